@@ -1,0 +1,34 @@
+# Quick start: `make demo` and `make test`. Both create .venv on first use.
+# torch==2.13.0 is installed before the project so that pip takes the CPU wheel
+# instead of resolving a multi-GB CUDA build for the bare `torch` requirement.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint check bench clean
+
+$(BIN)/portattn: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev,bench]"
+	touch $@
+
+demo: $(BIN)/portattn
+	$(BIN)/portattn demo
+
+check: $(BIN)/portattn
+	$(BIN)/portattn check
+
+test: $(BIN)/portattn
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+lint: $(BIN)/portattn
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,19 @@
+"""portattn: device-portable paged attention for LLM and VLM serving."""
+
+from .errors import OutOfPagesError, UnsupportedFeatureError
+from .local_attention import LocalAttentionBatches, make_local_attention_virtual_batches
+from .ops import paged_attention, varlen_attention
+from .paging import PageAllocator, to_page_table
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LocalAttentionBatches",
+    "OutOfPagesError",
+    "PageAllocator",
+    "UnsupportedFeatureError",
+    "make_local_attention_virtual_batches",
+    "paged_attention",
+    "to_page_table",
+    "varlen_attention",
+]

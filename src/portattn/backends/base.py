@@ -1,0 +1,232 @@
+"""The backend protocol: declared capabilities, per-forward metadata, per-layer parameters.
+
+A backend is one class. ``plan_*`` runs once per forward and does every host sync (Python ints for
+max lengths, split counts); the op methods run once per layer and must not sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..local_attention import LocalAttentionBatches
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do. ``None`` for a field means "any"."""
+
+    ops: frozenset[str]
+    features: frozenset[str] = frozenset()
+    dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    head_dims: frozenset[int] | None = None
+    device_types: frozenset[str] | None = None
+
+    def supports(self, kind: str, value: object) -> bool:
+        if kind == "op":
+            return value in self.ops
+        if kind == "feature":
+            return value in self.features
+        if kind == "dtype":
+            return value in self.dtypes
+        if kind == "head_dim":
+            return self.head_dims is None or value in self.head_dims
+        if kind == "device":
+            return self.device_types is None or value in self.device_types
+        raise ValueError(f"unknown capability kind {kind!r}")
+
+
+# Feature names, as they appear in UnsupportedFeatureError messages.
+OPS = ("paged_attention", "varlen_attention", "mla_decode")
+FEATURES = {
+    "window": "a sliding window (window_left / window_size)",
+    "chunk": "chunked local attention (attention_chunk_size)",
+    "sinks": "attention sinks",
+    "softcap": "logit_softcap",
+    "non_causal": "non-causal attention",
+    "dv_ne_d": "a value head dim different from the key head dim",
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one call needs; matched against :class:`Capabilities`."""
+
+    op: str
+    device_type: str
+    dtype: torch.dtype
+    head_dim: int
+    features: frozenset[str] = frozenset()
+
+    def missing(self, caps: Capabilities) -> tuple[str, object] | None:
+        """The first requirement ``caps`` lacks, as ``(kind, value)``, or ``None``."""
+        needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype), ("head_dim", self.head_dim)]
+        needs += [("feature", feature) for feature in sorted(self.features)]
+        for kind, value in needs:
+            if not caps.supports(kind, value):
+                return kind, value
+        return None
+
+
+def describe(kind: str, value: object) -> str:
+    if kind == "op":
+        return f"the {value} op"
+    if kind == "feature":
+        return FEATURES.get(str(value), str(value))
+    if kind == "device":
+        return f"device type {value!r}"
+    if kind == "dtype":
+        return f"dtype {value}"
+    return f"head dim {value}"
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionParams:
+    """Per-layer attention parameters (see DESIGN.md for the exact semantics).
+
+    ``window_right`` only applies when not causal; -1 means unbounded, as for ``window_left``.
+    """
+
+    scale: float
+    causal: bool = True
+    window_left: int = -1
+    window_right: int = -1
+    attention_chunk_size: int | None = None
+    sinks: torch.Tensor | None = None  # [Hq], float
+    logit_softcap: float = 0.0
+
+    def features(self, head_dim: int, value_dim: int) -> frozenset[str]:
+        needed = set()
+        if self.window_left >= 0 or (not self.causal and self.window_right >= 0):
+            needed.add("window")
+        if self.attention_chunk_size is not None:
+            needed.add("chunk")
+        if self.sinks is not None:
+            needed.add("sinks")
+        if self.logit_softcap > 0:
+            needed.add("softcap")
+        if not self.causal:
+            needed.add("non_causal")
+        if head_dim != value_dim:
+            needed.add("dv_ne_d")
+        return frozenset(needed)
+
+
+@dataclass(frozen=True, eq=False)
+class PagedMetadata:
+    """Per-forward facts for paged attention, built once by ``plan_paged``."""
+
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    seq_lens_k: torch.Tensor  # [B] int32
+    page_table: torch.Tensor  # [B, max_pages] int32, page-granular
+    page_size: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    q_lens: tuple[int, ...]  # host copies, for backends that loop over sequences
+    k_lens: tuple[int, ...]
+    local: LocalAttentionBatches | None = None  # for chunked layers on backends without native chunks
+    extra: dict = field(default_factory=dict)  # backend-specific plan results (split counts, buffers)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.k_lens)
+
+
+@dataclass(frozen=True, eq=False)
+class VarlenMetadata:
+    """Per-forward facts for varlen attention, built once by ``plan_varlen``."""
+
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    cu_seqlens_k: torch.Tensor  # [B + 1] int32
+    max_seqlen_q: int
+    max_seqlen_k: int
+    q_lens: tuple[int, ...]
+    k_lens: tuple[int, ...]
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.k_lens)
+
+
+class AttentionBackend:
+    """Base class of every attention backend.
+
+    Subclasses set ``name`` and ``capabilities`` and implement the op methods their capabilities
+    list. ``plan_paged`` / ``plan_varlen`` may be extended to precompute backend-specific launch
+    facts (stored in ``metadata.extra``).
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+    priority: ClassVar[int] = 0  # auto picks the highest-priority available backend that fits
+
+    @classmethod
+    def is_available(cls, device: torch.device) -> bool:
+        return True
+
+    def plan_paged(
+        self,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens_k: torch.Tensor,
+        page_table: torch.Tensor,
+        page_size: int,
+        *,
+        attention_chunk_size: int | None = None,
+        num_heads: int | None = None,
+    ) -> PagedMetadata:
+        q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+        k_lens = seq_lens_k.tolist()
+        return PagedMetadata(
+            cu_seqlens_q=cu_seqlens_q,
+            seq_lens_k=seq_lens_k,
+            page_table=page_table,
+            page_size=page_size,
+            max_seqlen_q=max(q_lens, default=0),
+            max_seqlen_k=max(k_lens, default=0),
+            q_lens=tuple(q_lens),
+            k_lens=tuple(k_lens),
+        )
+
+    def plan_varlen(
+        self,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        *,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
+    ) -> VarlenMetadata:
+        q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+        k_lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+        return VarlenMetadata(
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max(q_lens, default=0) if max_seqlen_q is None else max_seqlen_q,
+            max_seqlen_k=max(k_lens, default=0) if max_seqlen_k is None else max_seqlen_k,
+            q_lens=tuple(q_lens),
+            k_lens=tuple(k_lens),
+        )
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: PagedMetadata,
+        params: AttentionParams,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{self.name} does not implement paged_attention")
+
+    def varlen_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: VarlenMetadata,
+        params: AttentionParams,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{self.name} does not implement varlen_attention")

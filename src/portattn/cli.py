@@ -1,0 +1,31 @@
+"""The ``portattn`` command line: ``portattn check``, ``portattn demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="portattn", description="Device-portable paged attention.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log backend choices and progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from . import check
+
+    check_parser = sub.add_parser("check", help="check every backend on this device against float64")
+    check.add_arguments(check_parser)
+    check_parser.set_defaults(run=check.main)
+
+    demo_parser = sub.add_parser("demo", help="the main job on this machine (for now: check on the CPU)")
+    check.add_arguments(demo_parser)
+    demo_parser.set_defaults(run=check.main)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

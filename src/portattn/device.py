@@ -1,0 +1,59 @@
+"""The one place that asks a device about itself.
+
+Everything vendor-specific (CUDA's multiprocessor count, Intel's XPU properties) is read here,
+with a portable fallback, so that the rest of portattn stays device neutral. Nothing that decides
+correctness may depend on these numbers: they only tune performance.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+def is_triton_interpreter() -> bool:
+    """True when Triton kernels run on the CPU through ``TRITON_INTERPRET=1``."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def is_gpu(device: torch.device | str) -> bool:
+    """True for accelerators that Triton compiles for (NVIDIA/AMD via ``cuda``, Intel via ``xpu``)."""
+    return torch.device(device).type in ("cuda", "xpu")
+
+
+@functools.cache
+def _compute_units(device_type: str, index: int) -> int:
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(index).multi_processor_count
+    if device_type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        props = torch.xpu.get_device_properties(index)
+        for name in ("gpu_subslice_count", "max_compute_units"):
+            if getattr(props, name, 0):
+                return int(getattr(props, name))
+    return os.cpu_count() or 1
+
+
+def compute_units(device: torch.device | str) -> int:
+    """Number of parallel compute units (SMs, CUs, Xe cores; CPU cores as a fallback).
+
+    Used only to size launch grids for speed; never to size memory or pick results.
+    """
+    device = torch.device(device)
+    return _compute_units(device.type, device.index or 0)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for all work queued on ``device``."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    torch.accelerator.synchronize(device)
+
+
+def default_device() -> torch.device:
+    """The current accelerator if there is one, else the CPU."""
+    if torch.accelerator.is_available():
+        return torch.accelerator.current_accelerator()
+    return torch.device("cpu")

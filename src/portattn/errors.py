@@ -1,0 +1,22 @@
+"""Exceptions raised by portattn's public API."""
+
+from __future__ import annotations
+
+
+class UnsupportedFeatureError(ValueError):
+    """A backend was asked for a feature it does not declare.
+
+    The message names the feature, the backend asked and the registered backends that do
+    support it, so the fix (pick another backend, or drop the feature) is in the error itself.
+    """
+
+    def __init__(self, feature: str, backend: str, supported_by: list[str]):
+        self.feature = feature
+        self.backend = backend
+        self.supported_by = list(supported_by)
+        others = ", ".join(repr(name) for name in self.supported_by) or "no registered backend"
+        super().__init__(f"attention backend {backend!r} does not support {feature}; backends that do: {others}")
+
+
+class OutOfPagesError(RuntimeError):
+    """The page pool has fewer free pages than an allocation asked for."""
