@@ -1,0 +1,35 @@
+"""Shared test set-up: Triton runs through its CPU interpreter when no GPU is present."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.accelerator.is_available():
+    # Must be set before any @triton.jit function is defined, i.e. before kernels are imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from portattn.backends.registry import available_backends  # noqa: E402
+from portattn.device import default_device, is_triton_interpreter  # noqa: E402
+
+DEVICE = default_device()
+BACKENDS = available_backends(DEVICE)
+
+
+def dtypes_for(backend: str) -> list[torch.dtype]:
+    """dtypes a backend is tested in here: the interpreter computes bf16 dot products wrongly."""
+    if backend == "triton" and is_triton_interpreter():
+        return [torch.float32, torch.float16]
+    return [torch.float32, torch.float16, torch.bfloat16]
+
+
+def backend_dtype_params() -> list:
+    return [pytest.param(b, dt, id=f"{b}-{str(dt).removeprefix('torch.')}") for b in BACKENDS for dt in dtypes_for(b)]
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
