@@ -6,12 +6,14 @@ max lengths, split counts); the op methods run once per layer and must not sync.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
 from ..local_attention import LocalAttentionBatches
+from ..paging import num_pages_for, to_page_table
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class PagedMetadata:
     k_lens: tuple[int, ...]
     local: LocalAttentionBatches | None = None  # for chunked layers on backends without native chunks
     extra: dict = field(default_factory=dict)  # backend-specific plan results (split counts, buffers)
+    out_cache_loc: torch.Tensor | None = None  # [T] int64 slots of the new tokens (engine path, set by plan)
 
     @property
     def batch_size(self) -> int:
@@ -149,6 +152,74 @@ class VarlenMetadata:
     @property
     def batch_size(self) -> int:
         return len(self.k_lens)
+
+
+class PagedBatch(Protocol):
+    """What ``AttentionBackend.plan`` reads from an engine's forward batch (``portattn.engine.ForwardBatch``).
+
+    ``req_to_token`` is token-granular (``[max_reqs, max_context]`` int32, a multiple of
+    ``page_size`` wide); ``req_pool_indices [B]`` pick the batch's rows; ``out_cache_loc [T]`` are
+    the slots the new tokens' K/V go to; ``max_seqlen_k`` is a host int.
+    """
+
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens_k: torch.Tensor
+    out_cache_loc: torch.Tensor
+    page_size: int
+    max_seqlen_k: int
+    attention_chunk_size: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionLayer:
+    """One decoder attention layer, as a model describes it to the backend (built once per layer).
+
+    ``window_left = W`` (-1: none; Hugging Face ``sliding_window = S`` is ``W = S - 1``),
+    ``attention_chunk_size = C`` (absolute chunks), ``sinks [num_heads]`` and ``logit_softcap``
+    follow DESIGN.md. ``v_head_dim`` defaults to ``head_dim``.
+    """
+
+    layer_id: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    v_head_dim: int | None = None
+    window_left: int = -1
+    attention_chunk_size: int | None = None
+    sinks: torch.Tensor | None = None
+    logit_softcap: float = 0.0
+    params: AttentionParams = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("layer_id", "num_heads", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (0 if name == "layer_id" else 1):
+                raise ValueError(f"expected {name} to be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"expected num_heads divisible by num_kv_heads {self.num_kv_heads}, got {self.num_heads}")
+        if not self.scale > 0:
+            raise ValueError(f"expected a positive scale, got {self.scale}")
+        if self.window_left < -1:
+            raise ValueError(f"expected window_left >= -1, got {self.window_left}")
+        if self.attention_chunk_size is not None and self.attention_chunk_size < 1:
+            raise ValueError(f"expected attention_chunk_size None or >= 1, got {self.attention_chunk_size}")
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        params = AttentionParams(
+            scale=float(self.scale),
+            window_left=self.window_left,
+            attention_chunk_size=self.attention_chunk_size,
+            sinks=self.sinks,
+            logit_softcap=float(self.logit_softcap),
+        )
+        object.__setattr__(self, "params", params)
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.params.features(self.head_dim, self.v_head_dim)
 
 
 class AttentionBackend:
@@ -189,6 +260,45 @@ class AttentionBackend:
             q_lens=tuple(q_lens),
             k_lens=tuple(k_lens),
         )
+
+    def plan(self, batch: PagedBatch) -> PagedMetadata:
+        """Engine entry point, once per forward: page table from ``req_to_token``, then ``plan_paged``.
+
+        Every host sync of the forward happens here (``plan_paged`` reads the lengths).
+        """
+        width = num_pages_for(batch.max_seqlen_k, batch.page_size) * batch.page_size
+        rows = batch.req_to_token[batch.req_pool_indices, :width]  # [B, width] token-granular
+        page_table = to_page_table(rows, batch.page_size)  # [B, width / P] page-granular
+        metadata = self.plan_paged(
+            batch.cu_seqlens_q,
+            batch.seq_lens_k,
+            page_table,
+            batch.page_size,
+            attention_chunk_size=batch.attention_chunk_size,
+        )
+        return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: AttentionLayer,
+        metadata: PagedMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Engine entry point, once per layer: write the new K/V, then attend (no validation, no sync).
+
+        ``q [T, Hq, D]``, ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]``; ``kv_cache`` is the layer's
+        ``(k_cache [num_pages, P, Hkv, D], v_cache [num_pages, P, Hkv, Dv])``, contiguous.
+        Returns ``[T, Hq, Dv]``.
+        """
+        k_cache, v_cache = kv_cache
+        loc = metadata.out_cache_loc
+        k_cache.view(-1, *k_cache.shape[2:])[loc] = k  # slots: [num_pages * P, Hkv, D]
+        v_cache.view(-1, *v_cache.shape[2:])[loc] = v
+        out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+        return self.paged_attention(q, k_cache, v_cache, metadata, layer.params, out)
 
     def plan_varlen(
         self,
