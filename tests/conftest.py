@@ -10,10 +10,10 @@ if not torch.accelerator.is_available():
     # Must be set before any @triton.jit function is defined, i.e. before kernels are imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from portattn.backends.registry import available_backends  # noqa: E402
-from portattn.device import default_device, is_triton_interpreter  # noqa: E402
+from portattn.backends.registry import available_backends
+from portattn.device import default_device, is_triton_interpreter
 
 DEVICE = default_device()
 BACKENDS = available_backends(DEVICE)

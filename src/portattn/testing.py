@@ -126,9 +126,20 @@ def paged_attention_ref(
 
 
 def varlen_attention_ref(
-    q, k, v, cu_seqlens_q, cu_seqlens_k=None, *, window_size=(-1, -1), causal=False, upcast=True, **kwargs
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k=None,
+    *,
+    window_size=(-1, -1),
+    causal=False,
+    upcast=True,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    **kwargs,
 ) -> torch.Tensor:
-    """Reference for :func:`portattn.varlen_attention`."""
+    """Reference for :func:`portattn.varlen_attention` (the ``max_seqlen_*`` hints are ignored)."""
     cu_q = cu_seqlens_q.tolist()
     cu_k = cu_q if cu_seqlens_k is None else cu_seqlens_k.tolist()
     outs = [

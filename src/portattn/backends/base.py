@@ -236,6 +236,12 @@ class AttentionBackend:
 
     @classmethod
     def is_available(cls, device: torch.device) -> bool:
+        """Whether the backend imports and runs on ``device`` at all."""
+        return True
+
+    @classmethod
+    def runs_natively(cls, device: torch.device) -> bool:
+        """False where the backend only runs emulated (Triton's CPU interpreter): never chosen by auto."""
         return True
 
     def plan_paged(

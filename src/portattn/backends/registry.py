@@ -119,7 +119,8 @@ def select_backend(kind: str, name: str | None, request: Request) -> AttentionBa
     device = torch.device(request.device_type)
     if chosen == "auto":
         for candidate in available_backends(device):
-            if request.missing(backend_class(candidate).capabilities) is None:
+            cls = backend_class(candidate)
+            if cls.runs_natively(device) and request.missing(cls.capabilities) is None:
                 chosen = candidate
                 break
         else:
