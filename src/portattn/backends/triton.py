@@ -1,0 +1,145 @@
+"""The Triton backend: one kernel family for paged and varlen attention, split-KV for long decodes.
+
+``plan_paged`` / ``plan_varlen`` do every host sync once per forward and store the launch facts
+(longest query run, split count, contiguous key offsets) in ``metadata.extra``; the op methods only
+launch kernels. Runs on any device Triton compiles for (NVIDIA and AMD as ``cuda``, Intel as
+``xpu``) and on the CPU under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..device import is_gpu, is_triton_interpreter
+from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata
+
+try:
+    from ..kernels.triton.launch import MAX_SPLITS, attention_forward
+except ImportError as exc:  # the registry reports this with the install hint
+    raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
+
+# Split-KV: aim for about this many (sequence, query head) work items per launch, so that a batch
+# too small to fill a GPU is spread over key ranges instead. A pure function of the problem size:
+# the same batch is split the same way on every device, and so gives the same numbers.
+SPLIT_TARGET_WORK = 2048
+MIN_KEYS_PER_SPLIT = 512
+MAX_SPLIT_QUERIES = 8  # longer query runs parallelise over query blocks instead
+
+
+def choose_num_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
+    """How many key ranges each (query block, KV head) is split into; 1 = no split-KV."""
+    if max_seqlen_q > MAX_SPLIT_QUERIES or batch == 0:
+        return 1
+    by_work = -(-SPLIT_TARGET_WORK // max(batch * num_heads, 1))
+    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
+    return max(1, min(by_work, by_length, MAX_SPLITS))
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    priority = 10
+    capabilities = Capabilities(
+        ops=frozenset({"paged_attention", "varlen_attention"}),
+        features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"}),
+        dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
+        head_dims=frozenset({64, 80, 96, 128, 256}),
+        device_types=frozenset({"cuda", "xpu", "cpu"}),
+    )
+
+    @classmethod
+    def is_available(cls, device: torch.device) -> bool:
+        device = torch.device(device)
+        return is_gpu(device) or (device.type == "cpu" and is_triton_interpreter())
+
+    @classmethod
+    def runs_natively(cls, device: torch.device) -> bool:
+        return is_gpu(device)
+
+    def plan_paged(
+        self,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens_k: torch.Tensor,
+        page_table: torch.Tensor,
+        page_size: int,
+        *,
+        attention_chunk_size: int | None = None,
+        num_heads: int | None = None,
+        num_splits: int | None = None,
+    ) -> PagedMetadata:
+        """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks)."""
+        metadata = super().plan_paged(
+            cu_seqlens_q, seq_lens_k, page_table, page_size, attention_chunk_size=attention_chunk_size
+        )
+        if num_splits is None:
+            num_splits = choose_num_splits(
+                metadata.batch_size, num_heads or 1, metadata.max_seqlen_q, metadata.max_seqlen_k
+            )
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"expected num_splits in [1, {MAX_SPLITS}], got {num_splits}")
+        metadata.extra["num_splits"] = num_splits
+        return metadata
+
+    def plan_varlen(
+        self,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        *,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
+    ) -> VarlenMetadata:
+        metadata = super().plan_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        metadata.extra["seq_lens_k"] = cu_seqlens_k[1:] - cu_seqlens_k[:-1]  # [B] int32, on the device
+        return metadata
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: PagedMetadata,
+        params: AttentionParams,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        return attention_forward(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            metadata.cu_seqlens_q,
+            metadata.seq_lens_k,
+            max_seqlen_q=metadata.max_seqlen_q,
+            scale=params.scale,
+            page_table=metadata.page_table,
+            causal=params.causal,
+            window_left=params.window_left,
+            chunk_size=params.attention_chunk_size,
+            sinks=params.sinks,
+            logit_softcap=params.logit_softcap,
+            num_splits=metadata.extra.get("num_splits", 1),
+        )
+
+    def varlen_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: VarlenMetadata,
+        params: AttentionParams,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        return attention_forward(
+            q,
+            k,
+            v,
+            out,
+            metadata.cu_seqlens_q,
+            metadata.extra.get("seq_lens_k", metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]),
+            max_seqlen_q=metadata.max_seqlen_q,
+            scale=params.scale,
+            kv_start=metadata.cu_seqlens_k[:-1],
+            causal=params.causal,
+            window_left=params.window_left,
+            window_right=params.window_right,
+            sinks=params.sinks,
+            logit_softcap=params.logit_softcap,
+        )

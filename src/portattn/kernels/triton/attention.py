@@ -1,0 +1,409 @@
+"""One forward-attention kernel for paged and contiguous KV: decode, extend, prefill, varlen.
+
+A program owns ``BLOCK_Q`` query tokens of one sequence times the ``GROUP`` query heads that share
+one KV head (GQA packing: ``BLOCK_M = BLOCK_Q * GROUP_PAD`` rows, row ``r`` is token
+``r // GROUP_PAD`` and head ``r % GROUP_PAD``), so every K/V tile it loads serves the whole group.
+It walks the keys the block can see in tiles of ``BLOCK_N``, with an online softmax in the base-2
+domain. Each query position ``p`` sees the inclusive key range ``[lo(p), hi(p)]`` of ``masks.py``;
+the program visits only tiles that intersect ``[lo(first row), hi(last row)]`` and applies the
+element mask only to tiles that are not entirely visible to every row.
+
+Keys are addressed by logical index ``j``: paged (``PAGED``) through
+``page_table[b, j // PAGE_SIZE]`` and offset ``j % PAGE_SIZE``, which works for every page size;
+contiguous (varlen) at ``kv_start[b] + j``. Grid: ``(q blocks, KV heads, NUM_SPLITS)``. With
+``NUM_SPLITS > 1`` each program covers one share of the block's visible tiles and writes its
+normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (and adds sinks).
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_sequence(CuSeqlensQ, block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """Sequence owning global q block ``block_idx``; sequence b's blocks start at cu[b] // BLOCK_Q + b."""
+    left = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_block = tl.load(CuSeqlensQ + mid) // BLOCK_Q + mid
+        if first_block <= block_idx:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def _key_bounds(
+    pos,
+    num_keys,
+    window_left,
+    window_right,
+    chunk_size,
+    CAUSAL: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_CHUNK: tl.constexpr,
+):
+    """Inclusive key range [lo, hi] seen by position ``pos`` (scalar or vector), clipped to [0, L-1]."""
+    lo = pos * 0
+    if HAS_WINDOW_LEFT:
+        lo = tl.maximum(lo, pos - window_left)
+    if CAUSAL:
+        hi = pos
+    elif HAS_WINDOW_RIGHT:
+        hi = pos + window_right
+    else:
+        hi = pos * 0 + num_keys - 1
+    if HAS_CHUNK:
+        chunk_start = (pos // chunk_size) * chunk_size
+        lo = tl.maximum(lo, chunk_start)
+        hi = tl.minimum(hi, chunk_start + chunk_size - 1)
+    hi = tl.minimum(hi, num_keys - 1)
+    return lo, hi
+
+
+@triton.jit
+def _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+    """(page, offset within page) of logical keys ``offs_n``, and which of them exist."""
+    in_range = offs_n < num_keys
+    if PAGED:
+        page = tl.load(PageTableRow + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+        offset = offs_n % PAGE_SIZE
+    else:
+        page = tl.zeros_like(offs_n).to(tl.int64)
+        offset = kv_start + offs_n
+    return page, offset.to(tl.int64), in_range
+
+
+@triton.jit
+def _attend_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    PageTableRow,
+    kv_start,
+    num_keys,
+    tile_base,
+    tile_begin,
+    tile_end,
+    row_lo,
+    row_hi,
+    qk_scale,
+    softcap,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    offs_d,
+    offs_dv,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    VALUE_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax over key tiles ``tile_begin .. tile_end - 1`` (tile i starts at tile_base + i * BLOCK_N)."""
+    offs_tile = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    dv_ok = offs_dv < VALUE_DIM
+    for tile in range(tile_begin, tile_end):
+        offs_n = tile_base + tile * BLOCK_N + offs_tile
+        page, offset, in_range = _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE=PAGE_SIZE, PAGED=PAGED)
+        k_ptrs = K + page[:, None] * stride_kp + offset[:, None] * stride_ks + offs_d[None, :]
+        v_ptrs = V + page[:, None] * stride_vp + offset[:, None] * stride_vs + offs_dv[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=in_range[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=in_range[:, None] & dv_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if HAS_SOFTCAP:
+            # c * tanh(x / c), with tanh written through exp2 so that every Triton backend has it
+            x = s * (qk_scale / softcap)
+            e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
+            t = (1.0 - e) / (1.0 + e)
+            s = tl.where(x < 0, -t, t) * (softcap * LOG2E)
+        else:
+            s = s * (qk_scale * LOG2E)
+        if MASKED:
+            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]) & in_range[None, :]
+            s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_fwd_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    PartialOut,
+    PartialLse,
+    PageTable,
+    CuSeqlensQ,
+    SeqLensK,
+    KvStart,
+    Sinks,
+    num_seqs,
+    qk_scale,
+    softcap,
+    window_left,
+    window_right,
+    chunk_size,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_wt,
+    stride_wh,
+    stride_ws,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    VALUE_DIM: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr,
+    HAS_WINDOW_RIGHT: tl.constexpr,
+    HAS_CHUNK: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
+    block_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = _find_sequence(CuSeqlensQ, block_idx, num_seqs, BLOCK_Q=BLOCK_Q)
+    q_begin = tl.load(CuSeqlensQ + seq)
+    num_queries = tl.load(CuSeqlensQ + seq + 1) - q_begin
+    q_start = (block_idx - (q_begin // BLOCK_Q + seq)) * BLOCK_Q
+    if q_start >= num_queries:
+        return
+    num_keys = tl.load(SeqLensK + seq)
+    kv_start = 0
+    if not PAGED:
+        kv_start = tl.load(KvStart + seq)
+    PageTableRow = PageTable + seq.to(tl.int64) * stride_pt
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    token = q_start + offs_m // GROUP_PAD  # within the sequence
+    head_in_group = offs_m % GROUP_PAD
+    row_ok = (token < num_queries) & (head_in_group < GROUP)
+    head = kv_head * GROUP + head_in_group
+    q_row = (q_begin + token).to(tl.int64)
+
+    q_ptrs = Q + q_row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    # Key ranges: per row for the element mask, per block for which tiles to visit.
+    first_pos = num_keys - num_queries + q_start
+    last_pos = num_keys - num_queries + tl.minimum(q_start + BLOCK_Q, num_queries) - 1
+    row_lo, row_hi = _key_bounds(
+        num_keys - num_queries + token,
+        num_keys,
+        window_left,
+        window_right,
+        chunk_size,
+        CAUSAL=CAUSAL,
+        HAS_WINDOW_LEFT=HAS_WINDOW_LEFT,
+        HAS_WINDOW_RIGHT=HAS_WINDOW_RIGHT,
+        HAS_CHUNK=HAS_CHUNK,
+    )
+    first_lo, first_hi = _key_bounds(
+        first_pos,
+        num_keys,
+        window_left,
+        window_right,
+        chunk_size,
+        CAUSAL=CAUSAL,
+        HAS_WINDOW_LEFT=HAS_WINDOW_LEFT,
+        HAS_WINDOW_RIGHT=HAS_WINDOW_RIGHT,
+        HAS_CHUNK=HAS_CHUNK,
+    )
+    last_lo, last_hi = _key_bounds(
+        last_pos,
+        num_keys,
+        window_left,
+        window_right,
+        chunk_size,
+        CAUSAL=CAUSAL,
+        HAS_WINDOW_LEFT=HAS_WINDOW_LEFT,
+        HAS_WINDOW_RIGHT=HAS_WINDOW_RIGHT,
+        HAS_CHUNK=HAS_CHUNK,
+    )
+    # lo and hi never decrease with the position: the block sees [first_lo, last_hi], and every row
+    # sees all of [last_lo, first_hi].
+    # Integer division truncates in Triton: keep every dividend non-negative.
+    tile_base = (first_lo // BLOCK_N) * BLOCK_N
+    num_tiles = tl.cdiv(tl.maximum(last_hi + 1 - tile_base, 0), BLOCK_N)
+    full_begin = tl.minimum(tl.cdiv(last_lo - tile_base, BLOCK_N), num_tiles)
+    full_end = tl.minimum(tl.maximum(tl.maximum(first_hi + 1 - tile_base, 0) // BLOCK_N, full_begin), num_tiles)
+
+    # This split's share of the tiles.
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    split_begin = tl.minimum(split * tiles_per_split, num_tiles)
+    split_end = tl.minimum(split_begin + tiles_per_split, num_tiles)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    K = K + kv_head * stride_kh
+    V = V + kv_head * stride_vh
+    # Three phases: masked tiles before the fully visible ones, the fully visible ones, masked after.
+    head_end = tl.minimum(full_begin, split_end)
+    body_begin = tl.maximum(full_begin, split_begin)
+    body_end = tl.minimum(full_end, split_end)
+    tail_begin = tl.maximum(full_end, split_begin)
+    acc, l_i, m_i = _attend_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        PageTableRow,
+        kv_start,
+        num_keys,
+        tile_base,
+        split_begin,
+        head_end,
+        row_lo,
+        row_hi,
+        qk_scale,
+        softcap,
+        stride_kp,
+        stride_ks,
+        stride_vp,
+        stride_vs,
+        offs_d,
+        offs_dv,
+        BLOCK_N=BLOCK_N,
+        HEAD_DIM=HEAD_DIM,
+        VALUE_DIM=VALUE_DIM,
+        PAGE_SIZE=PAGE_SIZE,
+        PAGED=PAGED,
+        MASKED=True,
+        HAS_SOFTCAP=HAS_SOFTCAP,
+        DOT_PRECISION=DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attend_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        PageTableRow,
+        kv_start,
+        num_keys,
+        tile_base,
+        body_begin,
+        body_end,
+        row_lo,
+        row_hi,
+        qk_scale,
+        softcap,
+        stride_kp,
+        stride_ks,
+        stride_vp,
+        stride_vs,
+        offs_d,
+        offs_dv,
+        BLOCK_N=BLOCK_N,
+        HEAD_DIM=HEAD_DIM,
+        VALUE_DIM=VALUE_DIM,
+        PAGE_SIZE=PAGE_SIZE,
+        PAGED=PAGED,
+        MASKED=False,
+        HAS_SOFTCAP=HAS_SOFTCAP,
+        DOT_PRECISION=DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attend_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        PageTableRow,
+        kv_start,
+        num_keys,
+        tile_base,
+        tail_begin,
+        split_end,
+        row_lo,
+        row_hi,
+        qk_scale,
+        softcap,
+        stride_kp,
+        stride_ks,
+        stride_vp,
+        stride_vs,
+        offs_d,
+        offs_dv,
+        BLOCK_N=BLOCK_N,
+        HEAD_DIM=HEAD_DIM,
+        VALUE_DIM=VALUE_DIM,
+        PAGE_SIZE=PAGE_SIZE,
+        PAGED=PAGED,
+        MASKED=True,
+        HAS_SOFTCAP=HAS_SOFTCAP,
+        DOT_PRECISION=DOT_PRECISION,
+    )
+
+    dv_ok = offs_dv[None, :] < VALUE_DIM
+    if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * LOG2E
+            m_new = tl.maximum(m_i, sink)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.exp2(sink - m_safe)
+            acc = acc * alpha[:, None]
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that sees no key gives zeros
+        o_ptrs = Out + q_row[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i))
+        w_row = q_row * stride_wt + head * stride_wh + split * stride_ws
+        tl.store(PartialOut + w_row[:, None] * BLOCK_DV + offs_dv[None, :], out, mask=row_ok[:, None])
+        tl.store(PartialLse + w_row, lse, mask=row_ok)

@@ -1,0 +1,162 @@
+"""Launchers for the attention kernels: validate inputs, pick tiles, compute grids.
+
+Nothing here synchronises with the device: every Python int a launch needs (longest query run,
+split count) is passed in by the caller, who got it from ``plan_*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...device import is_triton_interpreter
+from .attention import attention_fwd_kernel
+from .merge import merge_splits_kernel
+
+MAX_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes and launch shape of one attention launch (``block_m = block_q * group_pad``)."""
+
+    block_q: int
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"expected {name} to be a power of two, got {value}")
+
+
+def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *, interpret: bool) -> TileConfig:
+    """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
+
+    Under the CPU interpreter tiles are kept small (the interpreter's cost grows with tile size,
+    and small tiles exercise multi-tile and masked-tile paths on short test sequences).
+    """
+    group_pad = triton.next_power_of_2(group)
+    wide = max(head_dim, value_dim) > 128
+    cap = 32 if interpret else (64 if wide else 128)
+    block_m = max(16, group_pad, min(cap, triton.next_power_of_2(max(max_seqlen_q, 1) * group_pad)))
+    block_n = 16 if interpret else (32 if wide else 64)
+    if interpret:
+        return TileConfig(block_m // group_pad, block_m, block_n)
+    num_warps = 8 if block_m >= 128 else 4
+    num_stages = 2 if wide else 3
+    return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
+
+
+def _expect(cond: bool, what: str, got: object) -> None:
+    if not cond:
+        raise ValueError(f"expected {what}, got {got}")
+
+
+def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
+    _expect(t.stride(-1) == 1, f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    *,
+    max_seqlen_q: int,
+    scale: float,
+    page_table: torch.Tensor | None = None,
+    kv_start: torch.Tensor | None = None,
+    causal: bool = True,
+    window_left: int = -1,
+    window_right: int = -1,
+    chunk_size: int | None = None,
+    sinks: torch.Tensor | None = None,
+    logit_softcap: float = 0.0,
+    num_splits: int = 1,
+    tiles: TileConfig | None = None,
+) -> torch.Tensor:
+    """Attention of ``q [T, Hq, D]`` over paged or contiguous K/V into ``out [T, Hq, Dv]``.
+
+    Paged (``page_table`` given): ``k [N, P, Hkv, D]``, ``v [N, P, Hkv, Dv]``. Contiguous
+    (``kv_start`` given, the first key row of each sequence, e.g. ``cu_seqlens_k[:-1]``):
+    ``k [Tk, Hkv, D]``, ``v [Tk, Hkv, Dv]``. ``seq_lens_k [B]`` counts the keys of each sequence.
+    """
+    paged = page_table is not None
+    _expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
+    tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_seqlens_q, "seq_lens_k": seq_lens_k}
+    if paged:
+        tensors["page_table"] = page_table
+    else:
+        tensors["kv_start"] = kv_start
+    for name, t in tensors.items():
+        _expect(t.device == q.device, f"{name} on {q.device}", t.device)
+    for name in ("k", "v", "out"):
+        _expect(tensors[name].dtype == q.dtype, f"{name} of dtype {q.dtype}", tensors[name].dtype)
+    for name in ("cu_seqlens_q", "seq_lens_k", "page_table" if paged else "kv_start"):
+        _expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
+    for name in ("q", "k", "v", "out"):
+        _check_inner_contiguous(name, tensors[name])
+    _expect(num_splits >= 1 and num_splits <= MAX_SPLITS, f"num_splits in [1, {MAX_SPLITS}]", num_splits)
+
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, value_dim = v.shape[-2], v.shape[-1]
+    _expect(tuple(out.shape) == (num_tokens, num_q_heads, value_dim), "out of shape [T, Hq, Dv]", tuple(out.shape))
+    group = num_q_heads // num_kv_heads
+    batch = seq_lens_k.shape[0]
+    if num_tokens == 0 or batch == 0:
+        return out
+    if tiles is None:
+        tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
+    group_pad = triton.next_power_of_2(group)
+    _expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
+    block_dv = triton.next_power_of_2(value_dim)
+
+    if paged:
+        stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
+        stride_vp, stride_vs, stride_vh = v.stride(0), v.stride(1), v.stride(2)
+        page_size, stride_pt, table, starts = k.shape[1], page_table.stride(0), page_table, cu_seqlens_q
+    else:
+        stride_kp, stride_ks, stride_kh = 0, k.stride(0), k.stride(1)
+        stride_vp, stride_vs, stride_vh = 0, v.stride(0), v.stride(1)
+        page_size, stride_pt, table, starts = 1, 0, kv_start, kv_start
+
+    if num_splits > 1:
+        partial_out = torch.empty((num_tokens, num_q_heads, num_splits, block_dv), dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        partial_out = partial_lse = out  # unused
+    grid = (num_tokens // tiles.block_q + batch, num_kv_heads, num_splits)
+    attention_fwd_kernel[grid](
+        q, k, v, out, partial_out, partial_lse,
+        table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
+        batch, scale, logit_softcap, window_left, window_right, chunk_size or 1,
+        q.stride(0), q.stride(1),
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        out.stride(0), out.stride(1),
+        stride_pt,
+        num_q_heads * num_splits if num_splits > 1 else 0, num_splits if num_splits > 1 else 0, 1,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tiles.block_q, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
+        PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, HAS_WINDOW_LEFT=window_left >= 0,
+        HAS_WINDOW_RIGHT=(not causal) and window_right >= 0, HAS_CHUNK=chunk_size is not None,
+        HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0, NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        merge_splits_kernel[(num_tokens, num_q_heads)](
+            partial_out, partial_lse, q if sinks is None else sinks, out,
+            num_q_heads, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_DV=block_dv,
+            VALUE_DIM=value_dim, HAS_SINKS=sinks is not None,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,177 @@
+"""Triton kernels of MLA decode: split-KV attention over the paged latent cache, then a merge.
+
+One program of ``mla_decode_split_kernel`` covers a block of query heads of one sequence over one
+contiguous range (split) of its keys. All heads share the single latent head, so each latent row
+``[c_kv | k_pe]`` is loaded once per program and used twice: in the scores (against
+``[q_nope | q_rope]``) and, as ``c_kv``, in the value product. Head blocks of one split are
+adjacent in the grid so that, when a problem needs several, they run together and share the rows
+through the L2 cache.
+
+Split ``s`` of a sequence of ``L`` keys covers keys ``[s·len, min((s+1)·len, L))`` with
+``len = ceil(ceil(L / S) / SPLIT_ALIGN) · SPLIT_ALIGN``: short sequences leave trailing splits
+empty. A split writes its normalised output and base-2 log-sum-exp to the workspace (or, with a
+single split, the output itself); ``mla_decode_merge_kernel`` combines a sequence's non-empty
+splits. Launchers are in ``mla_decode_launch.py``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _split_range(seq_len, split, num_splits, SPLIT_ALIGN: tl.constexpr):
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    per_split = tl.maximum(per_split, SPLIT_ALIGN)  # an empty sequence still gets a step > 0
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+    return start, end, per_split
+
+
+@triton.jit
+def mla_decode_split_kernel(
+    QNope,
+    QRope,
+    KV,
+    PageTable,
+    SeqLens,
+    Out,
+    PartOut,
+    PartLse,
+    qk_scale_log2,
+    num_heads,
+    num_splits,
+    stride_qn_b,
+    stride_qn_h,
+    stride_qn_d,
+    stride_qr_b,
+    stride_qr_h,
+    stride_qr_d,
+    stride_kv_page,
+    stride_kv_slot,
+    stride_kv_d,
+    stride_pt_b,
+    stride_pt_p,
+    stride_o_b,
+    stride_o_h,
+    stride_o_d,
+    KV_LORA_RANK: tl.constexpr,
+    ROPE_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_RP: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16 and BLOCK_R >= 16 and BLOCK_RP >= 16, "tl.dot tiles are >= 16")
+    head_block = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2).to(tl.int64)
+
+    seq_len = tl.load(SeqLens + seq)
+    start, end, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
+
+    offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_rp = tl.arange(0, BLOCK_RP)
+    head_ok = offs_h < num_heads
+    r_ok = offs_r < KV_LORA_RANK
+    rp_ok = offs_rp < ROPE_DIM
+
+    q_nope = tl.load(
+        QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + offs_r[None, :] * stride_qn_d,
+        mask=head_ok[:, None] & r_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_R]
+    q_rope = tl.load(
+        QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + offs_rp[None, :] * stride_qr_d,
+        mask=head_ok[:, None] & rp_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_H, BLOCK_RP]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_R], dtype=tl.float32)
+    page_row = PageTable + seq * stride_pt_b
+    for block_start in tl.range(start, end, BLOCK_N):
+        offs_n = block_start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        page = tl.load(page_row + (offs_n // PAGE_SIZE) * stride_pt_p, mask=n_ok, other=0).to(tl.int64)
+        rows = KV + page * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_slot  # [BLOCK_N] row starts
+        c_kv = tl.load(
+            rows[:, None] + offs_r[None, :] * stride_kv_d, mask=n_ok[:, None] & r_ok[None, :], other=0.0
+        )  # [BLOCK_N, BLOCK_R]
+        k_pe = tl.load(
+            rows[:, None] + (KV_LORA_RANK + offs_rp[None, :]) * stride_kv_d,
+            mask=n_ok[:, None] & rp_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_RP]
+
+        scores = tl.dot(q_nope, tl.trans(c_kv), input_precision=DOT_PRECISION)
+        scores = tl.dot(q_rope, tl.trans(k_pe), acc=scores, input_precision=DOT_PRECISION)
+        scores = tl.where(n_ok[None, :], scores * qk_scale_log2, float("-inf"))  # [BLOCK_H, BLOCK_N]
+
+        m_new = tl.maximum(m_i, tl.max(scores, 1))  # finite: every block holds a key
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(c_kv.dtype), c_kv, acc=acc, input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_R]
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
+    if WRITE_PARTIAL:
+        if start < end:  # empty splits (past the end of a short sequence) write nothing; the merge skips them
+            row = (seq * num_heads + offs_h) * num_splits + split  # [BLOCK_H] rows of [B, H, S]
+            tl.store(
+                PartOut + row[:, None] * KV_LORA_RANK + offs_r[None, :], out, mask=head_ok[:, None] & r_ok[None, :]
+            )
+            tl.store(PartLse + row, m_i + tl.log2(l_i), mask=head_ok)
+    else:
+        tl.store(
+            Out + seq * stride_o_b + offs_h[:, None] * stride_o_h + offs_r[None, :] * stride_o_d,
+            out.to(Out.dtype.element_ty),
+            mask=head_ok[:, None] & r_ok[None, :],
+        )
+
+
+@triton.jit
+def mla_decode_merge_kernel(
+    PartOut,
+    PartLse,
+    SeqLens,
+    Out,
+    num_heads,
+    num_splits,
+    stride_o_b,
+    stride_o_h,
+    stride_o_d,
+    KV_LORA_RANK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
+):
+    head = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(SeqLens + seq)
+    _, _, per_split = _split_range(seq_len, 0, num_splits, SPLIT_ALIGN)
+    num_active = tl.cdiv(seq_len, per_split)  # splits that saw keys; the others wrote nothing
+
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < KV_LORA_RANK
+    row0 = (seq * num_heads + head) * num_splits
+    m = float("-inf")
+    denom = 0.0
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for split in range(0, num_active):
+        lse = tl.load(PartLse + row0 + split)
+        part = tl.load(PartOut + (row0 + split) * KV_LORA_RANK + offs_r, mask=r_ok, other=0.0)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        weight = tl.exp2(lse - m_new)
+        denom = denom * alpha + weight
+        acc = acc * alpha + weight * part
+        m = m_new
+    out = acc / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(Out + seq * stride_o_b + head * stride_o_h + offs_r * stride_o_d, out.to(Out.dtype.element_ty), mask=r_ok)

@@ -1,0 +1,136 @@
+"""Launcher of the MLA decode kernels: validate inputs, pick tiles, compute grids.
+
+Nothing here synchronises with the device: the split count comes from the caller's plan
+(:func:`portattn.mla.plan_mla_decode`), and the tiles from the problem's static shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...device import is_triton_interpreter
+from ...mla import partial_buffers
+from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
+
+LOG2E = 1.4426950408889634
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class MLATileConfig:
+    """Tiles of one MLA decode launch: heads per program, keys per loop step, warps, stages."""
+
+    block_h: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_h", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"expected {name} to be a power of two >= 16, got {value}")
+
+
+def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLATileConfig:
+    """Tiles from the problem.
+
+    Few heads (the memory-bound case): one program holds all of them and streams 64-key blocks.
+    Many heads (compute-bound): 64-head blocks, so each latent row feeds a tall matrix product,
+    with narrower key blocks to keep the [64, kv_lora_rank] float32 accumulator in registers.
+    Under the CPU interpreter tiles stay small (its cost grows with tile size, and small tiles
+    exercise the multi-block and masked paths on short test sequences).
+    """
+    if interpret:
+        return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
+    wide = dtype == torch.float32
+    if num_heads <= 16:
+        return MLATileConfig(block_h=16, block_n=32 if wide else 64, num_warps=4, num_stages=2)
+    if num_heads <= 32:
+        return MLATileConfig(block_h=32, block_n=32, num_warps=4, num_stages=2)
+    return MLATileConfig(block_h=64, block_n=16 if wide else 32, num_warps=8, num_stages=2)
+
+
+def _expect(cond: bool, what: str, got: object) -> None:
+    if not cond:
+        raise ValueError(f"expected {what}, got {got}")
+
+
+def mla_decode_forward(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+    num_kv_splits: int,
+    workspace: torch.Tensor | None,
+    tiles: MLATileConfig | None = None,
+) -> torch.Tensor:
+    """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
+
+    ``page_table [B, max_pages]`` int32 page-granular, ``seq_lens [B]`` int32. With
+    ``num_kv_splits > 1``, ``workspace`` is a uint8 buffer of at least
+    ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes.
+    """
+    tensors = {"q_nope": q_nope, "q_rope": q_rope, "kv_cache": kv_cache, "out": out}
+    tensors |= {"page_table": page_table, "seq_lens": seq_lens}
+    for name, t in tensors.items():
+        _expect(t.device == q_nope.device, f"{name} on {q_nope.device}", t.device)
+    _expect(q_nope.dtype in _DTYPES, "q_nope of dtype float16, bfloat16 or float32", q_nope.dtype)
+    for name in ("q_rope", "kv_cache", "out"):
+        _expect(tensors[name].dtype == q_nope.dtype, f"{name} of dtype {q_nope.dtype}", tensors[name].dtype)
+    for name in ("page_table", "seq_lens"):
+        _expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
+    batch, num_heads, rank = q_nope.shape
+    rope_dim = q_rope.shape[2]
+    _expect(tuple(q_rope.shape[:2]) == (batch, num_heads), f"q_rope of shape [{batch}, {num_heads}, Dr]", q_rope.shape)
+    _expect(kv_cache.shape[2] == rank + rope_dim, f"kv_cache rows of {rank + rope_dim}", kv_cache.shape[2])
+    _expect(tuple(out.shape) == (batch, num_heads, rank), f"out of shape [{batch}, {num_heads}, {rank}]", out.shape)
+    _expect(seq_lens.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens.shape)
+    _expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
+    _expect(num_kv_splits >= 1, "num_kv_splits >= 1", num_kv_splits)
+    if batch == 0:
+        return out
+    if tiles is None:
+        tiles = choose_tiles(num_heads, q_nope.dtype, interpret=is_triton_interpreter())
+
+    split = num_kv_splits > 1
+    if split:
+        needed = 4 * batch * num_heads * num_kv_splits * (rank + 1)
+        _expect(
+            workspace is not None and workspace.dtype == torch.uint8 and workspace.numel() >= needed,
+            f"a uint8 workspace of at least {needed} bytes for {num_kv_splits} splits",
+            None if workspace is None else f"{workspace.dtype} of {workspace.numel()} elements",
+        )
+        part_out, part_lse = partial_buffers(workspace, batch, num_heads, num_kv_splits, rank)
+    else:
+        part_out = part_lse = out  # unused
+    block_r = max(16, triton.next_power_of_2(rank))
+    grid = (triton.cdiv(num_heads, tiles.block_h), num_kv_splits, batch)
+    mla_decode_split_kernel[grid](
+        q_nope, q_rope, kv_cache, page_table, seq_lens, out, part_out, part_lse,
+        scale * LOG2E,
+        num_heads, num_kv_splits,
+        *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
+        KV_LORA_RANK=rank, ROPE_DIM=rope_dim, PAGE_SIZE=kv_cache.shape[1],
+        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, BLOCK_R=block_r,
+        BLOCK_RP=max(16, triton.next_power_of_2(rope_dim)),
+        WRITE_PARTIAL=split, DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if split:
+        mla_decode_merge_kernel[(num_heads, batch)](
+            part_out, part_lse, seq_lens, out,
+            num_heads, num_kv_splits,
+            *out.stride(),
+            KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n,
+            num_warps=4,
+        )  # fmt: skip
+    return out
