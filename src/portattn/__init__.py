@@ -2,6 +2,7 @@
 
 from .errors import OutOfPagesError, UnsupportedFeatureError
 from .local_attention import LocalAttentionBatches, make_local_attention_virtual_batches
+from .mla import mla_decode, mla_workspace_size
 from .ops import paged_attention, varlen_attention
 from .paging import PageAllocator, to_page_table
 
@@ -13,6 +14,8 @@ __all__ = [
     "PageAllocator",
     "UnsupportedFeatureError",
     "make_local_attention_virtual_batches",
+    "mla_decode",
+    "mla_workspace_size",
     "paged_attention",
     "to_page_table",
     "varlen_attention",

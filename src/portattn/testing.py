@@ -158,6 +158,28 @@ def varlen_attention_ref(
     return torch.cat(outs)
 
 
+def mla_decode_ref(q_nope, q_rope, kv_cache, page_table, seq_lens, *, scale, upcast=True) -> torch.Tensor:
+    """Reference for :func:`portattn.mla_decode`: the absorbed-MLA formula, sequence by sequence.
+
+    Each key's latent row ``[c_kv | k_pe]`` is gathered through its slot; the score is
+    ``scale · (q_nope · c_kv + q_rope · k_pe)`` and the value is ``c_kv``. ``upcast`` as in
+    :func:`attention_ref` (float64, or the inputs' dtype the way a good kernel computes it).
+    """
+    dtype = torch.float64 if upcast else torch.float32
+    rank = q_nope.shape[2]
+    outs = []
+    for b, num_keys in enumerate(seq_lens.tolist()):
+        rows = gather_sequence(kv_cache, page_table[b], num_keys).to(dtype)  # [L, R + Dr]
+        c_kv, k_pe = rows[:, :rank], rows[:, rank:]
+        logits = scale * (q_nope[b].to(dtype) @ c_kv.T + q_rope[b].to(dtype) @ k_pe.T)  # [H, L]
+        probs = torch.softmax(logits, dim=-1) if num_keys else logits  # no key: zeros below
+        if not upcast:
+            probs = probs.to(q_nope.dtype).to(dtype)
+        outs.append(probs @ c_kv)  # [H, R]
+    out = torch.stack(outs) if outs else q_nope.new_zeros(q_nope.shape, dtype=dtype)
+    return out if upcast else out.to(q_nope.dtype)
+
+
 @dataclass(eq=False)
 class PagedCase:
     """Inputs of one :func:`portattn.paged_attention` call, as keyword arguments by ``inputs()``."""

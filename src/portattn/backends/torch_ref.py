@@ -7,11 +7,16 @@ softmax in float32 (float64 for float64 inputs).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
 from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata
+
+if TYPE_CHECKING:
+    from ..mla import MLADecodeMetadata
 
 
 def attend(
@@ -82,7 +87,7 @@ class TorchBackend(AttentionBackend):
     name = "torch"
     priority = 0
     capabilities = Capabilities(
-        ops=frozenset({"paged_attention", "varlen_attention"}),
+        ops=frozenset({"paged_attention", "varlen_attention", "mla_decode"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64}),
     )
@@ -137,4 +142,39 @@ class TorchBackend(AttentionBackend):
                 )
             q_start += n
             k_start += num_keys
+        return out
+
+    def mla_decode(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: MLADecodeMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """Absorbed MLA decode over a padded batch; ignores the split count and workspace."""
+        batch, _, rank = q_nope.shape
+        if batch == 0:
+            return out
+        page_size = metadata.page_size
+        acc = _accumulate_dtype(q_nope.dtype)
+        max_pages = max(1, num_pages_for(metadata.max_seq_len, page_size))
+        pages = metadata.page_table[:, :max_pages]  # [B, Pmax]
+        used = torch.arange(max_pages, device=pages.device) * page_size < metadata.seq_lens[:, None]
+        pages = torch.where(used, pages, 0)  # unused columns may hold any id
+        latent = kv_cache.index_select(0, pages.flatten()).flatten(0, 1).to(acc)  # [B*Pmax*P, R + Dr]
+        latent = latent.view(batch, max_pages * page_size, -1)  # [B, Lmax, R + Dr]
+        valid = torch.arange(latent.shape[1], device=pages.device) < metadata.seq_lens[:, None]  # [B, Lmax]
+        latent = latent.masked_fill(~valid[..., None], 0.0)  # unowned slots may hold NaN
+
+        q = torch.cat([q_nope, q_rope], dim=-1).to(acc)  # [B, H, R + Dr]
+        scores = torch.bmm(q, latent.transpose(1, 2)).mul_(scale)  # [B, H, Lmax]
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        row_max = scores.amax(dim=-1, keepdim=True)
+        row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # empty sequences
+        probs = torch.exp(scores - row_max)
+        denom = probs.sum(dim=-1, keepdim=True)
+        probs = probs / torch.where(denom == 0, 1.0, denom)
+        out.copy_(torch.bmm(probs, latent[..., :rank]))  # [B, H, R]
         return out
