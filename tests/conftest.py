@@ -12,7 +12,7 @@ if not torch.accelerator.is_available():
 
 import pytest
 
-from portattn.backends.registry import available_backends
+from portattn.backends.registry import available_backends, backend_class
 from portattn.device import default_device, is_triton_interpreter
 
 DEVICE = default_device()
@@ -26,8 +26,14 @@ def dtypes_for(backend: str) -> list[torch.dtype]:
     return [torch.float32, torch.float16, torch.bfloat16]
 
 
-def backend_dtype_params() -> list:
-    return [pytest.param(b, dt, id=f"{b}-{str(dt).removeprefix('torch.')}") for b in BACKENDS for dt in dtypes_for(b)]
+def backend_dtype_params(op: str) -> list:
+    """(backend, dtype) pairs for every backend here that implements ``op``."""
+    return [
+        pytest.param(b, dt, id=f"{b}-{str(dt).removeprefix('torch.')}")
+        for b in BACKENDS
+        if backend_class(b).capabilities.supports("op", op)
+        for dt in dtypes_for(b)
+    ]
 
 
 @pytest.fixture

@@ -144,3 +144,4 @@ def select_backend(kind: str, name: str | None, request: Request) -> AttentionBa
 
 register_backend("torch", "portattn.backends.torch_ref:TorchBackend")
 register_backend("triton", "portattn.backends.triton:TritonBackend")
+register_backend("sdpa", "portattn.backends.sdpa:SdpaBackend")
