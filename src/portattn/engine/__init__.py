@@ -1,0 +1,21 @@
+"""The inference engine: requests -> scheduler -> one ForwardBatch per step -> model -> sampler.
+
+``LLM`` and ``SamplingParams`` are imported lazily, so that model modules can import the engine's
+small building blocks (``kv_pool``) without pulling in the whole engine.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    if name in ("LLM", "RequestOutput"):
+        from . import llm
+
+        return getattr(llm, name)
+    if name == "SamplingParams":
+        from .sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,62 @@
+"""One request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Prompt plus output tokens, and where their K/V live.
+
+    The K/V of ``token_ids[:num_computed]`` are in the pool; ``pages[p]`` holds tokens
+    ``p * P .. p * P + P - 1``. ``page_hashes[p]`` is the prefix-cache key of full, computed page ``p``.
+    After a step that computes the last token, one new token is sampled and appended, so a running
+    sequence in decode has ``num_computed == num_tokens - 1``.
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    page_hashes: list[bytes] = field(default_factory=list)
+    req_pool_idx: int | None = None
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    logits: list[torch.Tensor] = field(default_factory=list)
+    prompt_logits: list[torch.Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_prompt_logits(self) -> int:
+        return sum(t.shape[0] for t in self.prompt_logits)

@@ -1,0 +1,38 @@
+"""Model families, registered by Hugging Face architecture name and imported on first use.
+
+A model class takes the transformers config and provides ``forward(input_ids, positions, ctx)``,
+``compute_logits``, ``kv_cache_spec()`` and ``checkpoint_name()`` (see ``layers.CausalLM``). New
+families register here with :func:`register_model`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_REGISTRY: dict[str, str] = {}
+
+
+def register_model(architecture: str, target: str) -> None:
+    """Register ``target`` (``"package.module:ClassName"``) for a config's ``architectures`` entry."""
+    if architecture in _REGISTRY and _REGISTRY[architecture] != target:
+        raise ValueError(f"architecture {architecture!r} is already registered as {_REGISTRY[architecture]}")
+    _REGISTRY[architecture] = target
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def model_class(architectures: list[str] | None) -> type:
+    """The class for the first supported name in a config's ``architectures``."""
+    for name in architectures or []:
+        if name in _REGISTRY:
+            module_name, class_name = _REGISTRY[name].split(":")
+            return getattr(importlib.import_module(module_name), class_name)
+    raise ValueError(f"expected a model architecture in {supported_architectures()}, got {architectures}")
+
+
+register_model("LlamaForCausalLM", "portattn.models.llama:LlamaForCausalLM")
+register_model("Qwen3ForCausalLM", "portattn.models.qwen3:Qwen3ForCausalLM")
+register_model("Llama4ForCausalLM", "portattn.models.llama4:Llama4ForCausalLM")
+register_model("Llama4ForConditionalGeneration", "portattn.models.llama4:Llama4ForCausalLM")
