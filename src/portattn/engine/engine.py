@@ -61,7 +61,11 @@ class Engine:
         self._ids = itertools.count()
         self.requests: dict[int, Sequence] = {}
         logger.info(
-            "engine: %d pages of %d tokens, max_len %d, backend %s", num_pages, page_size, self.max_len, self.backend.name
+            "engine: %d pages of %d tokens, max_len %d, backend %s",
+            num_pages,
+            page_size,
+            self.max_len,
+            self.backend.name,
         )
 
     def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:

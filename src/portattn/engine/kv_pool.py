@@ -39,7 +39,7 @@ class KVCacheSpec:
             raise ValueError(f"expected every layer to share (Hkv, D, Dv), got {sorted(shapes)}")
         if [layer.layer_id for layer in layers] != list(range(len(layers))):
             raise ValueError(f"expected layer ids 0..{len(layers) - 1}, got {[layer.layer_id for layer in layers]}")
-        (kv_heads, head_dim, v_head_dim), = shapes
+        ((kv_heads, head_dim, v_head_dim),) = shapes
         return cls(len(layers), kv_heads, head_dim, v_head_dim)
 
     def bytes_per_page(self, page_size: int, dtype: torch.dtype) -> int:

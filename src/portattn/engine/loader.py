@@ -59,9 +59,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, confi
                     raise ValueError(f"expected checkpoint tensors of {cls.__name__}, got unknown tensor {key!r}")
                 tensor = f.get_tensor(key)
                 if tuple(tensor.shape) != tuple(expected[name].shape):
-                    raise ValueError(
-                        f"expected {key} of shape {list(expected[name].shape)}, got {list(tensor.shape)}"
-                    )
+                    raise ValueError(f"expected {key} of shape {list(expected[name].shape)}, got {list(tensor.shape)}")
                 state[name] = tensor.to(device=device, dtype=dtype)
     tied = {"lm_head.weight"} if model.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(state) - tied)

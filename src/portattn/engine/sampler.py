@@ -22,9 +22,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> list[int]:
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of ``logits [N, V]``; a single host sync for the whole batch."""
     tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
     for i, p in enumerate(params):
