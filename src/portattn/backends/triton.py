@@ -55,6 +55,10 @@ class TritonBackend(AttentionBackend):
     def runs_natively(cls, device: torch.device) -> bool:
         return is_gpu(device)
 
+    @classmethod
+    def runs_natively(cls, device: torch.device) -> bool:
+        return is_gpu(device)
+
     def plan_paged(
         self,
         cu_seqlens_q: torch.Tensor,
@@ -66,15 +70,17 @@ class TritonBackend(AttentionBackend):
         num_heads: int | None = None,
         num_splits: int | None = None,
     ) -> PagedMetadata:
-        """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks)."""
+        """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks).
+
+        Without ``num_heads`` (the engine's ``plan``) the split count is left to the op method,
+        which computes it from the same host ints and the query's head count (no sync).
+        """
         metadata = super().plan_paged(
             cu_seqlens_q, seq_lens_k, page_table, page_size, attention_chunk_size=attention_chunk_size
         )
-        if num_splits is None:
-            num_splits = choose_num_splits(
-                metadata.batch_size, num_heads or 1, metadata.max_seqlen_q, metadata.max_seqlen_k
-            )
-        if not 1 <= num_splits <= MAX_SPLITS:
+        if num_splits is None and num_heads is not None:
+            num_splits = choose_num_splits(metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k)
+        if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"expected num_splits in [1, {MAX_SPLITS}], got {num_splits}")
         metadata.extra["num_splits"] = num_splits
         return metadata
@@ -100,6 +106,11 @@ class TritonBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
+        num_splits = metadata.extra.get("num_splits")
+        if num_splits is None:
+            num_splits = choose_num_splits(
+                metadata.batch_size, q.shape[1], metadata.max_seqlen_q, metadata.max_seqlen_k
+            )
         return attention_forward(
             q,
             k_cache,
@@ -115,7 +126,7 @@ class TritonBackend(AttentionBackend):
             chunk_size=params.attention_chunk_size,
             sinks=params.sinks,
             logit_softcap=params.logit_softcap,
-            num_splits=metadata.extra.get("num_splits", 1),
+            num_splits=num_splits,
         )
 
     def varlen_attention(
