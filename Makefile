@@ -23,12 +23,12 @@ check: $(BIN)/portattn
 	$(BIN)/portattn check
 
 test: $(BIN)/portattn
-	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 lint: $(BIN)/portattn
-	$(BIN)/ruff check src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
