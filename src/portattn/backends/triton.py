@@ -55,10 +55,6 @@ class TritonBackend(AttentionBackend):
     def runs_natively(cls, device: torch.device) -> bool:
         return is_gpu(device)
 
-    @classmethod
-    def runs_natively(cls, device: torch.device) -> bool:
-        return is_gpu(device)
-
     def plan_paged(
         self,
         cu_seqlens_q: torch.Tensor,
