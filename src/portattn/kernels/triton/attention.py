@@ -402,8 +402,9 @@ def attention_fwd_kernel(
         o_ptrs = Out + q_row[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
     else:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i))
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         w_row = q_row * stride_wt + head * stride_wh + split * stride_ws
         tl.store(PartialOut + w_row[:, None] * BLOCK_DV + offs_dv[None, :], out, mask=row_ok[:, None])
         tl.store(PartialLse + w_row, lse, mask=row_ok)

@@ -1,0 +1,213 @@
+"""Triton-specific cases: split-KV, long decodes, page and head-dim edges, poisoning, no host sync.
+
+Under ``TRITON_INTERPRET=1`` (CI, no GPU) shapes stay tiny and dtypes are fp32/fp16; on a GPU the
+same tests also run bf16 and the wide head dims.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import portattn
+from conftest import DEVICE
+from portattn import UnsupportedFeatureError
+from portattn.backends.base import AttentionParams
+from portattn.backends.registry import available_backends
+from portattn.device import is_triton_interpreter
+from portattn.testing import (
+    cu_seqlens,
+    make_paged_case,
+    max_error,
+    paged_attention_ref,
+    tolerance,
+    varlen_attention_ref,
+)
+
+pytestmark = pytest.mark.skipif("triton" not in available_backends(DEVICE), reason="triton does not run here")
+
+if "triton" in available_backends(DEVICE):
+    from portattn.backends.triton import TritonBackend, choose_num_splits
+    from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles
+
+INTERPRETED = is_triton_interpreter()
+DTYPES = [torch.float32, torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
+HEAD_DIMS = [64, 80, 128] if INTERPRETED else [64, 80, 96, 128, 256]
+
+
+def reference(case, **kwargs):
+    ref = paged_attention_ref(**case.inputs(), **kwargs)
+    lowp = paged_attention_ref(**case.inputs(), upcast=False, **kwargs)
+    return ref, tolerance(ref, lowp, case.q.dtype)
+
+
+def run_planned(case, num_splits=None, **kwargs):
+    """Plan once, then call the backend's per-layer method (the engine's path)."""
+    backend = TritonBackend()
+    metadata = backend.plan_paged(
+        case.cu_seqlens_q,
+        case.seq_lens_k,
+        case.page_table,
+        case.k_cache.shape[1],
+        num_heads=case.q.shape[1],
+        num_splits=num_splits,
+    )
+    params = AttentionParams(scale=case.q.shape[-1] ** -0.5, **kwargs)
+    out = torch.full((*case.q.shape[:2], case.v_cache.shape[-1]), float("nan"), dtype=case.q.dtype, device=DEVICE)
+    return backend.paged_attention(case.q, case.k_cache, case.v_cache, metadata, params, out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"window_left": 40}, {"attention_chunk_size": 64, "sinks": True}], ids=["causal", "window", "chunk"]
+)
+def test_forced_split_counts_agree_with_each_other_and_the_reference(dtype, kwargs):
+    # Decodes and a short extend; a window and a chunk leave some splits without any key.
+    case = make_paged_case([1, 1, 3, 1], [150, 7, 97, 1], page_size=7, dtype=dtype, device=DEVICE, seed=3)
+    kwargs = dict(kwargs)
+    if kwargs.pop("sinks", False):
+        kwargs["sinks"] = torch.linspace(-1.0, 3.0, case.q.shape[1], device=DEVICE)
+    ref, tol = reference(case, **kwargs)
+    outs = {s: run_planned(case, num_splits=s, **kwargs) for s in (1, 2, 3, 8)}
+    for s, out in outs.items():
+        assert max_error(out, ref) <= tol, f"{s} splits: {max_error(out, ref):.3e} > {tol:.3e}"
+        assert max_error(out, outs[1]) <= tol, f"{s} splits differ from 1 split"
+
+
+def test_long_decode_is_split_and_correct():
+    num_keys = 2048 if INTERPRETED else 65536
+    batch, heads = 1, 4
+    assert choose_num_splits(batch, heads, 1, num_keys) > 1
+    case = make_paged_case([1], [num_keys], page_size=16, dtype=torch.float16, device=DEVICE, seed=5)
+    ref, tol = reference(case)
+    out = portattn.paged_attention(**case.inputs(), backend="triton")
+    assert max_error(out, ref) <= tol
+
+
+def test_split_count_is_a_function_of_the_problem_size():
+    assert choose_num_splits(1, 32, 1, 65536) == 64  # one long sequence: spread over key ranges
+    assert choose_num_splits(64, 32, 1, 4096) == 1  # enough (sequence, head) pairs already
+    assert choose_num_splits(4, 32, 1, 4096) == 8  # bounded by 512 keys per split
+    assert choose_num_splits(1, 32, 1, 300) == 1  # too short to split
+    assert choose_num_splits(1, 32, 512, 65536) == 1  # long query runs use query blocks instead
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 7, 16, 64])
+def test_page_sizes_at_lengths_around_a_page(page_size):
+    p = page_size
+    k_lens = [1, max(p - 1, 1), p, p + 1, 2 * p + 3]
+    q_lens = [1, 1, min(2, p), 1, 2 * p + 3]
+    case = make_paged_case(q_lens, k_lens, page_size=p, dtype=torch.float16, device=DEVICE, seed=p)
+    ref, tol = reference(case)
+    out = run_planned(case)
+    assert max_error(out, ref) <= tol
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_head_dims_are_padded_with_masks(head_dim):
+    case = make_paged_case(
+        [1, 9], [21, 30], page_size=5, head_dim=head_dim, dtype=DTYPES[-1], device=DEVICE, seed=head_dim
+    )
+    ref, tol = reference(case)
+    assert max_error(run_planned(case), ref) <= tol
+
+
+def test_gqa_group_of_three_is_padded():
+    case = make_paged_case([1, 12], [19, 12], page_size=4, num_q_heads=6, num_kv_heads=2, device=DEVICE)
+    ref, tol = reference(case, window_left=6)
+    assert max_error(run_planned(case, window_left=6), ref) <= tol
+
+
+def test_poisoned_cache_and_output_every_row_written():
+    case = make_paged_case([1, 4, 17], [33, 20, 17], page_size=8, dtype=torch.float16, device=DEVICE, seed=11)
+    assert torch.isnan(case.k_cache[case.junk_page]).all()
+    ref, tol = reference(case, logit_softcap=3.0)
+    out = run_planned(case, logit_softcap=3.0)  # starts as NaN: every element must be overwritten
+    assert max_error(out, ref) <= tol
+
+
+def test_out_buffer_is_filled_in_place():
+    case = make_paged_case([2, 1], [10, 25], page_size=3, device=DEVICE, seed=2)
+    buf = torch.full((3, 4, 64), float("nan"), device=DEVICE)
+    got = portattn.paged_attention(**case.inputs(), backend="triton", out=buf)
+    ref, tol = reference(case)
+    assert got.data_ptr() == buf.data_ptr()
+    assert max_error(buf, ref) <= tol
+
+
+def test_varlen_window_and_sinks_across_tiles():
+    lens = [45, 3, 38]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(sum(lens), 4, 64, generator=gen).to(DEVICE)
+    k = torch.randn(sum(lens), 2, 64, generator=gen).to(DEVICE)
+    v = torch.randn(sum(lens), 2, 64, generator=gen).to(DEVICE)
+    cu = cu_seqlens(lens, DEVICE)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEVICE)
+    kwargs = {"window_size": (17, 5), "sinks": sinks, "logit_softcap": 6.0}
+    out = portattn.varlen_attention(q, k, v, cu, backend="triton", **kwargs)
+    ref = varlen_attention_ref(q, k, v, cu, **kwargs)
+    assert max_error(out, ref) <= tolerance(ref, varlen_attention_ref(q, k, v, cu, upcast=False, **kwargs), q.dtype)
+
+
+def test_per_layer_methods_do_not_sync(monkeypatch):
+    case = make_paged_case([1, 1], [700, 40], page_size=16, dtype=torch.float16, device=DEVICE, seed=4)
+    backend = TritonBackend()
+    metadata = backend.plan_paged(
+        case.cu_seqlens_q, case.seq_lens_k, case.page_table, 16, num_heads=case.q.shape[1]
+    )  # fmt: skip
+    cu = cu_seqlens([5, 9], DEVICE)
+    varlen_metadata = backend.plan_varlen(cu, cu)
+    x = torch.randn(14, 4, 64, device=DEVICE, dtype=torch.float16)
+    kv = torch.randn(14, 2, 64, device=DEVICE, dtype=torch.float16)
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("host sync in a per-layer method")
+
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, no_sync)
+    params = AttentionParams(scale=0.125, window_left=100)
+    out = torch.empty(2, 4, 64, device=DEVICE, dtype=torch.float16)
+    backend.paged_attention(case.q, case.k_cache, case.v_cache, metadata, params, out)
+    backend.varlen_attention(
+        x, kv, kv, varlen_metadata, AttentionParams(scale=0.125, causal=False), torch.empty_like(x)
+    )
+    monkeypatch.undo()
+    ref, tol = reference(case, window_left=100)
+    assert max_error(out, ref) <= tol
+
+
+def test_capabilities_and_selection():
+    caps = TritonBackend.capabilities
+    assert {"paged_attention", "varlen_attention"} <= caps.ops
+    assert {"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"} <= caps.features
+    assert TritonBackend.priority > 0  # above the torch reference, so auto picks it on GPUs
+    assert TritonBackend.runs_natively(torch.device("cpu")) is False
+    case = make_paged_case([1], [5], page_size=4, head_dim=48, device=DEVICE)
+    with pytest.raises(UnsupportedFeatureError, match="head dim 48"):
+        portattn.paged_attention(**case.inputs(), backend="triton")
+
+
+def test_launcher_validates_inputs():
+    case = make_paged_case([1], [5], page_size=4, device=DEVICE)
+    out = torch.empty(1, 4, 64, device=DEVICE)
+    args = (case.cu_seqlens_q, case.seq_lens_k)
+    with pytest.raises(ValueError, match="expected q with a contiguous last dim"):
+        q = case.q.transpose(1, 2).contiguous().transpose(1, 2)
+        attention_forward(
+            q, case.k_cache, case.v_cache, out, *args, max_seqlen_q=1, scale=0.1, page_table=case.page_table
+        )
+    with pytest.raises(ValueError, match="expected page_table of dtype int32"):
+        attention_forward(
+            case.q, case.k_cache, case.v_cache, out, *args, max_seqlen_q=1, scale=0.1, page_table=case.page_table.long()
+        )
+    with pytest.raises(ValueError, match="expected exactly one of page_table and kv_start"):
+        attention_forward(case.q, case.k_cache, case.v_cache, out, *args, max_seqlen_q=1, scale=0.1)
+    with pytest.raises(ValueError, match="expected block_n to be a power of two"):
+        TileConfig(block_q=1, block_m=16, block_n=48)
+
+
+def test_decode_tiles_pack_query_heads():
+    tiles = choose_tiles(1, 4, 128, 128, interpret=False)
+    assert (tiles.block_q, tiles.block_m) == (4, 16)  # 4 query heads of one KV head x 4 tokens
+    tiles = choose_tiles(4096, 4, 128, 128, interpret=False)
+    assert (tiles.block_q, tiles.block_m) == (32, 128)
