@@ -1,0 +1,65 @@
+"""``python -m portattn.bench [--case SUBSTRING] [--sweep] [--out DIR] [--tag NAME]`` (needs a GPU).
+
+Measures the ceilings, then every case of ``paged_attention`` and ``varlen_attention`` in bf16,
+prints the table and writes ``DIR/<tag>.json`` and ``DIR/<tag>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..device import default_device, is_gpu
+from . import paged_attention, report, varlen_attention
+from .ceilings import measure_ceilings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m portattn.bench", description=__doc__)
+    parser.add_argument("--case", action="append", default=None, help="run cases whose name contains this")
+    parser.add_argument("--sweep", action="store_true", help="also time other tile shapes and split counts")
+    parser.add_argument("--out", default="bench/results", help="folder for the JSON and PNG files")
+    parser.add_argument("--tag", default="bench", help="file name stem")
+    args = parser.parse_args(argv)
+    device = default_device()
+    if not is_gpu(device):
+        print(f"the benchmark needs a GPU (found {device}); the kernels' CPU path is the Triton interpreter")
+        return 1
+    cases = [(paged_attention, c) for c in paged_attention.CASES] + [
+        (varlen_attention, c) for c in varlen_attention.CASES
+    ]
+    if args.case:
+        cases = [(m, c) for m, c in cases if any(s in c.name for s in args.case)]
+    ceilings = measure_ceilings(device)
+    results = []
+    for module, case in cases:
+        t0 = time.time()
+        results.append(module.run_case(case, device, sweep=args.sweep))
+        print(f"{case.name}: {results[-1]['portattn_ms']:.3f} ms ({time.time() - t0:.0f} s)", flush=True)
+        if hasattr(torch.accelerator, "empty_cache"):
+            torch.accelerator.empty_cache()
+    rows = report.derive(results, ceilings)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import triton
+
+    meta = {"device": str(device), "torch": torch.__version__, "triton": triton.__version__}
+    report.write_json(out / f"{args.tag}.json", rows, ceilings, meta)
+    try:
+        report.plot(out / f"{args.tag}.png", rows)
+    except ImportError as exc:
+        print(f"no plot ({exc}); install matplotlib (`pip install portattn[bench]`)")
+    if args.sweep:
+        for r in rows:
+            for key, ms in r.get("sweep", {}).items():
+                print(f"sweep {r['case']:<38} {key:<36} {ms if isinstance(ms, str) else f'{ms:.3f} ms'}")
+    print(report.format_table(rows, ceilings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Benchmark of ``paged_attention`` (Triton backend): decode, long decode, page sizes, prefill, extend.
+
+Every case is a uniform batch (B sequences, n new tokens over L keys each) in pages placed at
+random in one pool; the Triton backend is planned once and its per-layer method is timed, as an
+engine calls it. Peers run on the same numbers gathered into contiguous ``[B, H, L, D]`` tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..backends.base import AttentionParams
+from ..backends.torch_ref import TorchBackend
+from ..kernels.triton.launch import TileConfig, attention_forward
+from . import peers
+from .timing import measure, num_input_sets
+from .work import count_work
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    name: str
+    batch: int
+    q_len: int
+    k_len: int
+    page_size: int = 16
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    window_left: int = -1
+    peers: tuple[str, ...] = ("cudnn", "flash", "flex")
+    torch_backend: bool = False  # the reference backend is timed only where it is tolerable
+
+    @property
+    def mode(self) -> str:
+        if self.q_len == 1:
+            return "decode"
+        return "prefill" if self.q_len == self.k_len else "extend"
+
+
+CASES = [
+    PagedCase("decode B=64 L=4096 P=16", 64, 1, 4096, torch_backend=True),
+    PagedCase("decode B=64 L=4096 P=64", 64, 1, 4096, page_size=64, peers=()),
+    PagedCase("decode B=64 L=4096 P=1", 64, 1, 4096, page_size=1, peers=()),
+    PagedCase("decode B=1 L=65536 P=16", 1, 1, 65536, torch_backend=True),
+    PagedCase("prefill B=1 L=8192 causal", 1, 8192, 8192),
+    PagedCase("extend B=8 512 over 8192", 8, 512, 8192 + 512, torch_backend=True),
+]
+
+# Alternatives timed with --sweep: (block_m or None for the default, block_n, num_warps, num_stages).
+SWEEP_TILES = {
+    "decode": [(None, 32, 4, 3), (None, 64, 4, 2), (None, 64, 4, 4), (None, 128, 4, 3), (None, 128, 8, 3)],
+    "long": [(64, 64, 4, 3), (128, 64, 8, 2), (128, 128, 8, 3), (128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3)],
+}
+
+
+def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    b, n, L, p = case.batch, case.q_len, case.k_len, case.page_size
+    pages_per_seq = -(-L // p)
+    num_pages = b * pages_per_seq + 8
+    perm = torch.randperm(num_pages, generator=gen, device=device)
+    page_table = perm[: b * pages_per_seq].view(b, pages_per_seq).to(torch.int32)  # [B, pages]
+    shape = (num_pages, p, case.num_kv_heads, case.head_dim)
+    k_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    v_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    q = torch.randn(b * n, case.num_q_heads, case.head_dim, generator=gen, device=device, dtype=dtype)
+
+    def contiguous(cache):  # [B, Hkv, L, D]
+        rows = cache[page_table.long()].flatten(1, 2)[:, :L]  # [B, L, Hkv, D]
+        return rows.transpose(1, 2).contiguous()
+
+    return {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "page_table": page_table,
+        "q4": q.view(b, n, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous(),  # [B, Hq, n, D]
+        "k4": contiguous(k_cache),
+        "v4": contiguous(v_cache),
+    }
+
+
+def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False) -> dict:
+    from ..backends.triton import TritonBackend
+
+    elt = torch.tensor([], dtype=dtype).element_size()
+    per_set = 3 * case.batch * case.k_len * case.num_kv_heads * case.head_dim * elt
+    sets = [_inputs(case, dtype, device, seed) for seed in range(num_input_sets(per_set))]
+    b = case.batch
+    cu_q = torch.arange(0, b + 1, device=device, dtype=torch.int32) * case.q_len
+    seq_lens = torch.full((b,), case.k_len, device=device, dtype=torch.int32)
+    scale = case.head_dim**-0.5
+    params = AttentionParams(scale=scale, window_left=case.window_left)
+    work = count_work(
+        [case.q_len] * b,
+        [case.k_len] * b,
+        num_q_heads=case.num_q_heads,
+        num_kv_heads=case.num_kv_heads,
+        head_dim=case.head_dim,
+        value_dim=case.head_dim,
+        element_size=elt,
+        window_left=case.window_left,
+        page_table_bytes=sets[0]["page_table"].numel() * 4,
+    )
+    out = torch.empty(b * case.q_len, case.num_q_heads, case.head_dim, device=device, dtype=dtype)
+    idx = list(range(len(sets)))
+
+    triton_backend = TritonBackend()
+    metadata = triton_backend.plan_paged(
+        cu_q, seq_lens, sets[0]["page_table"], case.page_size, num_heads=case.num_q_heads
+    )
+    ours = lambda i: triton_backend.paged_attention(
+        sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], metadata, params, out
+    )
+    result = {
+        "op": "paged_attention",
+        "case": case.name,
+        "mode": case.mode,
+        "flops": work.flops,
+        "bytes": work.bytes,
+        "num_splits": metadata.extra["num_splits"],
+        "portattn_ms": measure(ours, idx, device).median_ms,
+        "peers": {},
+    }
+
+    qs, ks, vs = ([s[key] for s in sets] for key in ("q4", "k4", "v4"))
+    for name in case.peers:
+        if name == "flex":
+            peer = peers.flex_peer(qs, ks, vs, mode=case.mode, scale=scale)
+        else:
+            peer = peers.sdpa_peer(name, qs, ks, vs, mode=case.mode, scale=scale)
+        result["peers"][name] = peer if isinstance(peer, str) else measure(peer, idx, device).median_ms
+    if case.torch_backend:
+        ref_backend = TorchBackend()
+        ref_meta = ref_backend.plan_paged(cu_q, seq_lens, sets[0]["page_table"], case.page_size)
+        ref = lambda i: ref_backend.paged_attention(
+            sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], ref_meta, params, out
+        )
+        result["peers"]["torch_backend"] = measure(ref, idx, device, warmup=1, runs=5).median_ms
+
+    if sweep:
+        result["sweep"] = _sweep(case, sets, cu_q, seq_lens, metadata, scale, device)
+    return result
+
+
+def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
+    """Median ms of other tile shapes and split counts (same kernel, launched directly)."""
+    from ..kernels.triton.launch import choose_tiles
+
+    group = case.num_q_heads // case.num_kv_heads
+    default = choose_tiles(case.q_len, group, case.head_dim, case.head_dim, interpret=False)
+    out = torch.empty(sets[0]["q"].shape, device=device, dtype=sets[0]["q"].dtype)
+    variants = {}
+    splits = metadata.extra["num_splits"]
+    tile_list = SWEEP_TILES["decode" if case.mode == "decode" else "long"]
+    split_list = sorted({1, 2, 4, splits} if case.batch > 1 else {splits // 4 or 1, splits // 2 or 1, splits})
+    trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list]
+    for tile, num_splits in trials:
+        if tile is None:
+            tiles = default
+        else:
+            block_m = tile[0] or default.block_m
+            tiles = TileConfig(block_m // (default.block_m // default.block_q), block_m, tile[1], tile[2], tile[3])
+        key = f"m{tiles.block_m} n{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages} splits{num_splits}"
+        fn = lambda i, tiles=tiles, num_splits=num_splits: attention_forward(
+            sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], out, cu_q, seq_lens,
+            max_seqlen_q=case.q_len, scale=scale, page_table=sets[i]["page_table"],
+            window_left=case.window_left, num_splits=num_splits, tiles=tiles,
+        )  # fmt: skip
+        try:
+            variants[key] = measure(fn, list(range(len(sets))), device, runs=20).median_ms
+        except Exception as exc:  # a tile shape that does not compile here is reported
+            variants[key] = peers._error(exc)
+    return variants
