@@ -149,7 +149,7 @@ def attention_forward(
         PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, HAS_WINDOW_LEFT=window_left >= 0,
         HAS_WINDOW_RIGHT=(not causal) and window_right >= 0, HAS_CHUNK=chunk_size is not None,
         HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0, NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if num_splits > 1:
