@@ -94,10 +94,16 @@ def mla_decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_R], dtype=tl.float32)
     page_row = PageTable + seq * stride_pt_b
+    # Page ids are read one block ahead: a latent load whose address comes from a load in the same
+    # iteration is not software-pipelined, one whose address is carried from the last iteration is.
+    offs_first = start + tl.arange(0, BLOCK_N)
+    next_page = tl.load(page_row + (offs_first // PAGE_SIZE) * stride_pt_p, mask=offs_first < end, other=0)
     for block_start in tl.range(start, end, BLOCK_N):
         offs_n = block_start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        page = tl.load(page_row + (offs_n // PAGE_SIZE) * stride_pt_p, mask=n_ok, other=0).to(tl.int64)
+        page = next_page.to(tl.int64)
+        offs_next = offs_n + BLOCK_N
+        next_page = tl.load(page_row + (offs_next // PAGE_SIZE) * stride_pt_p, mask=offs_next < end, other=0)
         rows = KV + page * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_slot  # [BLOCK_N] row starts
         c_kv = tl.load(
             rows[:, None] + offs_r[None, :] * stride_kv_d, mask=n_ok[:, None] & r_ok[None, :], other=0.0

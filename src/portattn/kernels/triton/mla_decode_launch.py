@@ -39,20 +39,20 @@ class MLATileConfig:
 def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLATileConfig:
     """Tiles from the problem.
 
-    Few heads (the memory-bound case): one program holds all of them and streams 64-key blocks.
-    Many heads (compute-bound): 64-head blocks, so each latent row feeds a tall matrix product,
-    with narrower key blocks to keep the [64, kv_lora_rank] float32 accumulator in registers.
-    Under the CPU interpreter tiles stay small (its cost grows with tile size, and small tiles
-    exercise the multi-block and masked paths on short test sequences).
+    Few heads (memory-bound): one program holds all of them and streams key blocks through a
+    three-stage pipeline. Many heads (compute-bound): 64-head blocks, so that each latent row feeds
+    a tall matrix product (Hopper's warpgroup MMA), with 16-key blocks to keep the
+    ``[64, kv_lora_rank]`` float32 accumulator in registers. Under the CPU interpreter tiles stay
+    small (its cost grows with tile size, and small tiles exercise the multi-block and masked paths
+    on short test sequences).
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
-    wide = dtype == torch.float32
-    if num_heads <= 16:
-        return MLATileConfig(block_h=16, block_n=32 if wide else 64, num_warps=4, num_stages=2)
+    if num_heads <= 16 or dtype == torch.float32:
+        return MLATileConfig(block_h=16, block_n=32, num_warps=8, num_stages=3)
     if num_heads <= 32:
-        return MLATileConfig(block_h=32, block_n=32, num_warps=4, num_stages=2)
-    return MLATileConfig(block_h=64, block_n=16 if wide else 32, num_warps=8, num_stages=2)
+        return MLATileConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
+    return MLATileConfig(block_h=64, block_n=16, num_warps=8, num_stages=2)
 
 
 def _expect(cond: bool, what: str, got: object) -> None:

@@ -1,0 +1,236 @@
+"""MLA decode benchmark: ``python -m portattn.bench.mla [--sweep] [--out FILE]`` (needs a GPU).
+
+DeepSeek-V3 shapes (bf16, kv_lora_rank 512, rope 64) over uniform decode batches: B sequences of
+L keys each, pages placed at random in one pool. Every case reports the median time of the
+per-layer call (planning done once, outside the timing), then
+
+* TB/s: the fewest bytes the call must move (latent rows once, queries, page table, output) over
+  the time, and its ratio to the device-to-device copy bandwidth measured in the same run;
+* TFLOP/s: ``2·B·H·L·(R + Dr)`` (scores) + ``2·B·H·L·R`` (values), and its ratio to a bf16
+  8192³ matrix product measured in the same run;
+* the torch reference backend's time on the small cases.
+
+``--sweep`` also times other tile shapes and split counts per case (page size 64) and reports
+the best.
+The timing helper is local to this module (median of ``triton.testing.do_bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+from ..backends.torch_ref import TorchBackend
+from ..device import default_device, is_gpu
+from ..mla import plan_mla_decode
+
+RANK, ROPE = 512, 64
+PAGE_SIZES = (64, 1)
+BATCHES = (64, 128)
+HEADS = (16, 128)
+LENGTHS = (4096, 32768)
+TORCH_MAX_TOKENS = 64 * 4096  # the reference backend runs on the small cases only
+SWEEP_PAGE_SIZES = (64,)  # tiles behave alike at every page size; sweeping one keeps compiles few
+
+
+def time_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median milliseconds of ``fn()`` (device events, L2 flushed between runs)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Device-to-device copy, bytes read plus bytes written per second (GB/s)."""
+    src = torch.randn(1 << 29, dtype=torch.bfloat16, device=device)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def matmul_tflops(device: torch.device) -> float:
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    ms = time_ms(lambda: a @ b)
+    return 2 * n**3 / ms / 1e9
+
+
+def case_cost(batch: int, heads: int, length: int, page_size: int) -> tuple[int, int]:
+    """(fewest bytes, flops) of one decode call."""
+    latent = batch * length * (RANK + ROPE) * 2
+    queries = batch * heads * (RANK + ROPE) * 2
+    out = batch * heads * RANK * 2
+    table = batch * math.ceil(length / page_size) * 4
+    flops = 2 * batch * heads * length * (RANK + ROPE) + 2 * batch * heads * length * RANK
+    return latent + queries + out + table, flops
+
+
+def sweep_variants(heads: int, splits: int) -> list[tuple[object, int]]:
+    from ..kernels.triton.mla_decode_launch import MLATileConfig as T
+
+    if heads <= 16:
+        tiles = [T(16, 64, 8, 3), T(16, 32, 8, 4), T(16, 64, 8, 2), T(16, 32, 4, 3)]
+    else:
+        tiles = [T(64, 32, 8, 2), T(64, 16, 8, 3), T(32, 32, 8, 3), T(16, 64, 8, 2)]
+    variants = [(t, splits) for t in tiles]
+    variants += [(None, s) for s in sorted({max(1, splits // 2), splits * 2, 1} - {splits})]
+    return variants
+
+
+def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, device) -> dict:
+    from ..kernels.triton.mla_decode_launch import choose_tiles, mla_decode_forward
+
+    pages_per_seq = length // page_size
+    cache = pool.view(-1, page_size, RANK + ROPE)  # [N, P, R + Dr]
+    perm = torch.randperm(cache.shape[0], device=device, generator=gen)[: batch * pages_per_seq]
+    page_table = perm.view(batch, pages_per_seq).to(torch.int32)  # random physical placement
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    q_nope = torch.randn(batch, heads, RANK, dtype=torch.bfloat16, device=device)
+    q_rope = torch.randn(batch, heads, ROPE, dtype=torch.bfloat16, device=device)
+    scale = 1.0 / math.sqrt(128 + ROPE)
+    nbytes, flops = case_cost(batch, heads, length, page_size)
+    plans = {}
+
+    def plan_for(splits: int | None):
+        if splits not in plans:
+            plans[splits] = plan_mla_decode(
+                page_table, seq_lens, page_size, num_heads=heads, kv_lora_rank=RANK, max_seq_len=length,
+                num_kv_splits=splits,
+            )  # fmt: skip
+        return plans[splits]
+
+    default_plan = plan_for(None)
+    default_tiles = choose_tiles(heads, torch.bfloat16, interpret=False)
+
+    def measure(tiles, splits) -> tuple[dict, torch.Tensor | None]:
+        out = torch.full_like(q_nope, float("nan"))
+        ws = plan_for(splits).workspace
+        row = {"tiles": vars(tiles or default_tiles), "num_kv_splits": splits}
+        fn = lambda: mla_decode_forward(
+            q_nope, q_rope, cache, page_table, seq_lens, out, scale=scale, num_kv_splits=splits, workspace=ws,
+            tiles=tiles,
+        )  # fmt: skip
+        try:
+            fn()
+            ms = time_ms(fn)
+        except Exception as exc:  # a tile shape that does not build on this device is reported, not fatal
+            return row | {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}, None
+        return row | {"ms": ms, "tb_s": nbytes / ms / 1e9, "tflop_s": flops / ms / 1e9}, out
+
+    result = {"batch": batch, "heads": heads, "length": length, "page_size": page_size, "bytes": nbytes, "flops": flops}
+    result["default"], out = measure(None, default_plan.num_kv_splits)
+    if torch_check and batch * length <= TORCH_MAX_TOKENS:
+        backend = TorchBackend()
+        torch_out = torch.empty_like(q_nope)
+        result["torch_ms"] = time_ms(lambda: backend.mla_decode(q_nope, q_rope, cache, default_plan, scale, torch_out))
+        if out is not None:
+            # The reference backend computes in float32 from the bf16 inputs; keep its float32 output.
+            reference = torch.empty(q_nope.shape, dtype=torch.float32, device=device)
+            backend.mla_decode(q_nope, q_rope, cache, default_plan, scale, reference)
+            result["default"]["max_rel_err_vs_fp32"] = _rel(out, reference)
+    if sweep and out is not None and page_size in SWEEP_PAGE_SIZES:
+        rows = []
+        for tiles, splits in sweep_variants(heads, default_plan.num_kv_splits):
+            row, got = measure(tiles, splits)
+            if got is not None:
+                row["max_rel_diff_vs_default"] = _rel(got, out)
+            rows.append(row)
+        result["sweep"] = rows
+        result["best"] = min((r for r in [result["default"], *rows] if "ms" in r), key=lambda r: r["ms"])
+    return result
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| (NaN anywhere gives NaN)."""
+    diff = (out.float() - ref.float()).abs().max()
+    return float(diff / ref.float().abs().max())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--sweep", action="store_true", help="also time other tiles and split counts")
+    parser.add_argument("--label", default="", help="a free-form device description stored in the JSON")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch reference backend")
+    args = parser.parse_args(argv)
+    device = default_device()
+    if not is_gpu(device):
+        print("portattn.bench.mla needs a GPU (Triton kernels are timed)", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device=device).manual_seed(0)
+    copy_gb_s = copy_bandwidth(device)
+    mm_tflops = matmul_tflops(device)
+    print(f"ceilings: copy {copy_gb_s:.0f} GB/s (read + write), bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
+    max_tokens = max(BATCHES) * max(LENGTHS)
+    pool = torch.randn(max_tokens, RANK + ROPE, dtype=torch.bfloat16, device=device)  # latent rows
+    results = []
+    for page_size in PAGE_SIZES:
+        for batch in BATCHES:
+            for heads in HEADS:
+                for length in LENGTHS:
+                    res = run_case(
+                        pool, batch, heads, length, page_size, sweep=args.sweep, torch_check=not args.no_torch,
+                        gen=gen, device=device,
+                    )  # fmt: skip
+                    results.append(res)
+                    print(_row(res, copy_gb_s, mm_tflops), flush=True)
+    report = {
+        "label": args.label,
+        "dtype": "bfloat16",
+        "kv_lora_rank": RANK,
+        "rope_dim": ROPE,
+        "ceilings": {"copy_gb_s": copy_gb_s, "matmul_bf16_tflop_s": mm_tflops},
+        "cases": results,
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    print()
+    print(_table(results, copy_gb_s, mm_tflops))
+    return 0
+
+
+def _row(res: dict, copy_gb_s: float, mm_tflops: float) -> str:
+    d = res["default"]
+    head = f"P={res['page_size']:<3} B={res['batch']:<4} H={res['heads']:<4} L={res['length']:<6}"
+    if "ms" not in d:
+        return f"{head} error: {d['error']}"
+    text = (
+        f"{head} S={d['num_kv_splits']:<3} {d['ms']:8.3f} ms {d['tb_s']:6.2f} TB/s "
+        f"({100 * d['tb_s'] * 1e3 / copy_gb_s:4.0f}% copy) {d['tflop_s']:6.1f} TFLOP/s "
+        f"({100 * d['tflop_s'] / mm_tflops:4.0f}% mm)"
+    )
+    if "torch_ms" in res:
+        text += f"  torch {res['torch_ms']:.2f} ms (x{res['torch_ms'] / d['ms']:.1f})"
+    if "best" in res:
+        b = res["best"]
+        text += f"  best {b['ms']:.3f} ms tiles={tuple(b['tiles'].values())} S={b['num_kv_splits']}"
+    return text
+
+
+def _table(results: list[dict], copy_gb_s: float, mm_tflops: float) -> str:
+    lines = ["| P | B | H | L | splits | ms | TB/s | % copy | TFLOP/s | % matmul | torch ms | best ms (tiles, S) |"]
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for res in results:
+        d = res["default"]
+        if "ms" not in d:
+            lines.append(f"| {res['page_size']} | {res['batch']} | {res['heads']} | {res['length']} | error |")
+            continue
+        best = res.get("best")
+        best_text = f"{best['ms']:.3f} ({tuple(best['tiles'].values())}, {best['num_kv_splits']})" if best else ""
+        torch_text = f"{res['torch_ms']:.2f}" if "torch_ms" in res else ""
+        lines.append(
+            f"| {res['page_size']} | {res['batch']} | {res['heads']} | {res['length']} | {d['num_kv_splits']} "
+            f"| {d['ms']:.3f} | {d['tb_s']:.2f} | {100 * d['tb_s'] * 1e3 / copy_gb_s:.0f} | {d['tflop_s']:.0f} "
+            f"| {100 * d['tflop_s'] / mm_tflops:.0f} | {torch_text} | {best_text} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
