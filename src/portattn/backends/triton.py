@@ -8,13 +8,19 @@ launch kernels. Runs on any device Triton compiles for (NVIDIA and AMD as ``cuda
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..device import is_gpu, is_triton_interpreter
 from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata
 
+if TYPE_CHECKING:
+    from ..mla import MLADecodeMetadata
+
 try:
     from ..kernels.triton.launch import MAX_SPLITS, attention_forward
+    from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
 
@@ -39,7 +45,7 @@ class TritonBackend(AttentionBackend):
     name = "triton"
     priority = 10
     capabilities = Capabilities(
-        ops=frozenset({"paged_attention", "varlen_attention"}),
+        ops=frozenset({"paged_attention", "varlen_attention", "mla_decode"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
         head_dims=frozenset({64, 80, 96, 128, 256}),
@@ -149,4 +155,25 @@ class TritonBackend(AttentionBackend):
             window_right=params.window_right,
             sinks=params.sinks,
             logit_softcap=params.logit_softcap,
+        )
+
+    def mla_decode(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: MLADecodeMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        return mla_decode_forward(
+            q_nope,
+            q_rope,
+            kv_cache,
+            metadata.page_table,
+            metadata.seq_lens,
+            out,
+            scale=scale,
+            num_kv_splits=metadata.num_kv_splits,
+            workspace=metadata.workspace,
         )
