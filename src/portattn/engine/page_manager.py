@@ -28,6 +28,7 @@ class PageManager:
         self.page_size = req_pool.page_size
         self.enable_prefix_caching = enable_prefix_caching
         self.cache: OrderedDict[bytes, int] = OrderedDict()  # key -> page, oldest use first
+        self.num_cached_tokens = 0  # prompt tokens served from the cache, over the engine's life
 
     # -- prefix cache ------------------------------------------------------------------------
 
@@ -52,6 +53,7 @@ class PageManager:
         self.allocator.retain(seq.pages)
         self.req_pool.write_pages(seq.req_pool_idx, 0, seq.pages)
         seq.num_computed = len(seq.pages) * size
+        self.num_cached_tokens += seq.num_computed
         return seq.num_computed
 
     def commit(self, seq: Sequence) -> None:
