@@ -14,7 +14,7 @@ MAX_NEW = 20
 # Lengths 1, short, just below the Llama 4 chunk (32) and past it; decodes cross the chunk boundary.
 PROMPTS = random_prompts([1, 5, 13, 30, 37])
 # Second wave: repeats and extensions of the first wave's prompts, which hit the prefix cache.
-SHARED = [PROMPTS[3], PROMPTS[4][:20] + [7, 8, 9], PROMPTS[2] + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+SHARED = [PROMPTS[3], [*PROMPTS[4][:20], 7, 8, 9], [*PROMPTS[2], *range(1, 12)]]
 TOL = 1e-4
 
 
