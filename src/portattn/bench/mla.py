@@ -11,8 +11,8 @@ per-layer call (planning done once, outside the timing), then
 * the torch reference backend's time on the small cases.
 
 ``--sweep`` also times other tile shapes and split counts per case (page size 64) and reports
-the best.
-The timing helper is local to this module (median of ``triton.testing.do_bench``).
+the best. Timing and ceilings are the package's (``timing.measure``, ``ceilings``); cases whose
+latent rows are few rotate through several page tables over one pool, past the L2 cache.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 
 import torch
 
 from ..backends.torch_ref import TorchBackend
 from ..device import default_device, is_gpu
 from ..mla import plan_mla_decode
+from .ceilings import measure_ceilings
+from .timing import measure, num_input_sets
 
 RANK, ROPE = 512, 64
 PAGE_SIZES = (64, 1)
@@ -35,29 +38,6 @@ HEADS = (16, 128)
 LENGTHS = (4096, 32768)
 TORCH_MAX_TOKENS = 64 * 4096  # the reference backend runs on the small cases only
 SWEEP_PAGE_SIZES = (64,)  # tiles behave alike at every page size; sweeping one keeps compiles few
-
-
-def time_ms(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median milliseconds of ``fn()`` (device events, L2 flushed between runs)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Device-to-device copy, bytes read plus bytes written per second (GB/s)."""
-    src = torch.randn(1 << 29, dtype=torch.bfloat16, device=device)  # 1 GiB
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / ms / 1e6
-
-
-def matmul_tflops(device: torch.device) -> float:
-    n = 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    ms = time_ms(lambda: a @ b)
-    return 2 * n**3 / ms / 1e9
 
 
 def case_cost(batch: int, heads: int, length: int, page_size: int) -> tuple[int, int]:
@@ -87,13 +67,18 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
 
     pages_per_seq = length // page_size
     cache = pool.view(-1, page_size, RANK + ROPE)  # [N, P, R + Dr]
-    perm = torch.randperm(cache.shape[0], device=device, generator=gen)[: batch * pages_per_seq]
-    page_table = perm.view(batch, pages_per_seq).to(torch.int32)  # random physical placement
+    nbytes, flops = case_cost(batch, heads, length, page_size)
+    tables = [  # random physical placement, a different one per input set
+        torch.randperm(cache.shape[0], device=device, generator=gen)[: batch * pages_per_seq]
+        .view(batch, pages_per_seq)
+        .to(torch.int32)
+        for _ in range(num_input_sets(nbytes, at_least=1))
+    ]
+    page_table = tables[0]
     seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
     q_nope = torch.randn(batch, heads, RANK, dtype=torch.bfloat16, device=device)
     q_rope = torch.randn(batch, heads, ROPE, dtype=torch.bfloat16, device=device)
     scale = 1.0 / math.sqrt(128 + ROPE)
-    nbytes, flops = case_cost(batch, heads, length, page_size)
     plans = {}
 
     def plan_for(splits: int | None):
@@ -107,27 +92,30 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
     default_plan = plan_for(None)
     default_tiles = choose_tiles(heads, torch.bfloat16, interpret=False)
 
-    def measure(tiles, splits) -> tuple[dict, torch.Tensor | None]:
+    def time_variant(tiles, splits) -> tuple[dict, torch.Tensor | None]:
         out = torch.full_like(q_nope, float("nan"))
         ws = plan_for(splits).workspace
         row = {"tiles": vars(tiles or default_tiles), "num_kv_splits": splits}
-        fn = lambda: mla_decode_forward(
-            q_nope, q_rope, cache, page_table, seq_lens, out, scale=scale, num_kv_splits=splits, workspace=ws,
+        fn = lambda table: mla_decode_forward(
+            q_nope, q_rope, cache, table, seq_lens, out, scale=scale, num_kv_splits=splits, workspace=ws,
             tiles=tiles,
         )  # fmt: skip
         try:
-            fn()
-            ms = time_ms(fn)
+            ms = measure(fn, tables, device).median_ms
+            fn(page_table)  # the output of the first table, for the error columns
         except Exception as exc:  # a tile shape that does not build on this device is reported, not fatal
             return row | {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}, None
         return row | {"ms": ms, "tb_s": nbytes / ms / 1e9, "tflop_s": flops / ms / 1e9}, out
 
     result = {"batch": batch, "heads": heads, "length": length, "page_size": page_size, "bytes": nbytes, "flops": flops}
-    result["default"], out = measure(None, default_plan.num_kv_splits)
+    result["default"], out = time_variant(None, default_plan.num_kv_splits)
     if torch_check and batch * length <= TORCH_MAX_TOKENS:
         backend = TorchBackend()
         torch_out = torch.empty_like(q_nope)
-        result["torch_ms"] = time_ms(lambda: backend.mla_decode(q_nope, q_rope, cache, default_plan, scale, torch_out))
+        torch_fn = lambda table: backend.mla_decode(
+            q_nope, q_rope, cache, replace(default_plan, page_table=table), scale, torch_out
+        )  # fmt: skip
+        result["torch_ms"] = measure(torch_fn, tables, device, runs=10).median_ms
         if out is not None:
             # The reference backend computes in float32 from the bf16 inputs; keep its float32 output.
             reference = torch.empty(q_nope.shape, dtype=torch.float32, device=device)
@@ -136,7 +124,7 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
     if sweep and out is not None and page_size in SWEEP_PAGE_SIZES:
         rows = []
         for tiles, splits in sweep_variants(heads, default_plan.num_kv_splits):
-            row, got = measure(tiles, splits)
+            row, got = time_variant(tiles, splits)
             if got is not None:
                 row["max_rel_diff_vs_default"] = _rel(got, out)
             rows.append(row)
@@ -163,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print("portattn.bench.mla needs a GPU (Triton kernels are timed)", file=sys.stderr)
         return 2
     gen = torch.Generator(device=device).manual_seed(0)
-    copy_gb_s = copy_bandwidth(device)
-    mm_tflops = matmul_tflops(device)
+    ceilings = measure_ceilings(device)
+    copy_gb_s, mm_tflops = ceilings.copy_tb_s * 1e3, ceilings.matmul_tflop_s
     print(f"ceilings: copy {copy_gb_s:.0f} GB/s (read + write), bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
     max_tokens = max(BATCHES) * max(LENGTHS)
     pool = torch.randn(max_tokens, RANK + ROPE, dtype=torch.bfloat16, device=device)  # latent rows
@@ -179,20 +167,28 @@ def main(argv: list[str] | None = None) -> int:
                     )  # fmt: skip
                     results.append(res)
                     print(_row(res, copy_gb_s, mm_tflops), flush=True)
-    report = {
-        "label": args.label,
-        "dtype": "bfloat16",
-        "kv_lora_rank": RANK,
-        "rope_dim": ROPE,
-        "ceilings": {"copy_gb_s": copy_gb_s, "matmul_bf16_tflop_s": mm_tflops},
-        "cases": results,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+                    if args.out:  # after every case, so that a run cut short keeps what it measured
+                        _write(args.out, args.label, ceilings, results)
     print()
     print(_table(results, copy_gb_s, mm_tflops))
     return 0
+
+
+def _write(path: str, label: str, ceilings, results: list[dict]) -> None:
+    import triton
+
+    report = {
+        "label": label,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": "bfloat16",
+        "kv_lora_rank": RANK,
+        "rope_dim": ROPE,
+        "ceilings": {"copy_gb_s": ceilings.copy_tb_s * 1e3, "matmul_bf16_tflop_s": ceilings.matmul_tflop_s},
+        "cases": results,
+    }
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
 
 
 def _row(res: dict, copy_gb_s: float, mm_tflops: float) -> str:
