@@ -208,6 +208,6 @@ def test_launcher_validates_inputs():
 
 def test_decode_tiles_pack_query_heads():
     tiles = choose_tiles(1, 4, 128, 128, interpret=False)
-    assert (tiles.block_q, tiles.block_m) == (4, 16)  # 4 query heads of one KV head x 4 tokens
+    assert (tiles.block_q, tiles.block_m, tiles.block_n) == (4, 16, 32)  # 4 query heads x 4 tokens
     tiles = choose_tiles(4096, 4, 128, 128, interpret=False)
     assert (tiles.block_q, tiles.block_m) == (32, 128)

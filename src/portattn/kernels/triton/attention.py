@@ -18,7 +18,7 @@ normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (an
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

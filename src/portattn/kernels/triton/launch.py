@@ -48,6 +48,8 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     block_n = 16 if interpret else (32 if wide else 64)
     if interpret:
         return TileConfig(block_m // group_pad, block_m, block_n)
+    if block_m <= 32:  # decode-like: keep the K/V tiles small, so that no registers spill
+        block_n = 32
     num_warps = 8 if block_m >= 128 else 4
     num_stages = 2 if wide else 3
     return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)

@@ -9,7 +9,7 @@ a row with no key and no sink gives zeros. Grid: ``(T, Hq)``.
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
