@@ -1,0 +1,121 @@
+"""Continuous batching: preemption, page accounting, aborts, token budgets, prefix sharing, EOS."""
+
+from __future__ import annotations
+
+import pytest
+
+from portattn import to_page_table
+from portattn.engine.forward_batch import ForwardBatch
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+
+from .conftest import checkpoint, hf_reference, random_prompts
+
+PROMPTS = random_prompts([3, 9, 17, 26, 31, 40], seed=1)
+MAX_NEW = 16
+
+
+def used_by_sequences(llm: LLM) -> int:
+    return len({p for seq in llm.engine.scheduler.running for p in seq.pages} | set(llm.engine.pages.cache.values()))
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["noprefix", "prefix"])
+@pytest.mark.parametrize("family", ["llama", "llama4"])
+def test_small_pool_preempts_and_gives_the_same_tokens(family, prefix, ckpt_root):
+    path = checkpoint(family, ckpt_root)
+    greedy = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, temperature=0.8, top_k=50, seed=7)
+    params = [greedy, seeded] * 3
+    big = LLM(path, page_size=4, num_pages=200, max_num_seqs=8, enable_prefix_caching=prefix)
+    small = LLM(path, page_size=4, num_pages=16, max_num_seqs=8, enable_prefix_caching=prefix)  # 64 slots
+    want = [o.token_ids for o in big.generate(PROMPTS, params, use_tqdm=False)]
+    got = [o.token_ids for o in small.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == want
+    assert small.engine.scheduler.num_preemptions > 0
+    assert big.engine.scheduler.num_preemptions == 0
+    for i in (0, 2, 4):  # greedy rows equal transformers
+        assert got[i] == hf_reference(path, tuple(PROMPTS[i]), MAX_NEW)[0]
+    small.engine.pages.clear_cache()
+    assert small.engine.allocator.num_free == 16
+    assert small.engine.req_pool.num_free == 8
+
+
+def test_pages_are_accounted_every_step_and_aborts_free_them(ckpt_root):
+    llm = LLM(checkpoint("qwen3", ckpt_root), page_size=3, num_pages=60, max_num_seqs=4, chunked_prefill_size=16)
+    engine = llm.engine
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS]
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+        assert engine.allocator.num_used == used_by_sequences(llm)
+        assert len(engine.scheduler.running) <= 4
+        if steps == 3:
+            victim = engine.scheduler.running[0]
+            assert victim.pages
+            engine.abort(victim.request_id)
+            assert victim.finish_reason == "abort" and victim.pages == [] and victim.req_pool_idx is None
+    assert engine.allocator.num_free == 60 and engine.req_pool.num_free == 4
+    assert sorted(len(s.output_token_ids) for s in seqs if s.finish_reason == "length") == [12] * 5
+
+
+def test_token_budget_and_batch_modes(ckpt_root, monkeypatch):
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=5, num_pages=100, chunked_prefill_size=10)
+    batches = []
+    build = ForwardBatch.build
+
+    def record(scheduled, *args, **kwargs):
+        batches.append([(seq.num_computed, n) for seq, n in scheduled])
+        out = build(scheduled, *args, **kwargs)
+        batches[-1] = (out.mode, batches[-1])
+        return out
+
+    monkeypatch.setattr(ForwardBatch, "build", staticmethod(record))
+    prompts = [PROMPTS[5], PROMPTS[0], PROMPTS[1]]  # 40 tokens: four chunks, then 3 and 9 beside decodes
+    outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert all(sum(n for _, n in sched) <= 10 for _, sched in batches)
+    modes = [mode for mode, _ in batches]
+    assert modes[:5] == ["prefill", "extend", "extend", "extend", "mixed"] and modes[-1] == "decode"
+    assert batches[4][1] == [(40, 1), (0, 3), (0, 6)]
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_reference(llm.config.model, tuple(prompt), 6)[0]
+
+
+def test_prefix_cache_shares_physical_pages(ckpt_root):
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, enable_prefix_caching=True)
+    engine = llm.engine
+    base = PROMPTS[5][:12]  # three full pages
+    llm.generate([[*base, 1]], SamplingParams(max_tokens=1), use_tqdm=False)
+    a = engine.add_request([*base, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    b = engine.add_request([*base, 4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    assert a.pages[:3] == b.pages[:3] and a.pages[3] != b.pages[3]
+    assert all(engine.allocator.ref_count(p) == 3 for p in a.pages[:3])  # two sequences and the cache
+    rows = engine.req_pool.req_to_token[[a.req_pool_idx, b.req_pool_idx], :16]
+    table = to_page_table(rows, 4, seq_lens=rows.new_tensor([a.num_computed, b.num_computed]), check=True)
+    assert table[0, :3].tolist() == table[1, :3].tolist() == a.pages[:3]
+    assert engine.pages.num_cached_tokens == 24
+    while engine.has_unfinished():
+        engine.step()
+    assert all(engine.allocator.ref_count(p) == 1 for p in engine.pages.cache.values())
+
+
+def test_stops_at_eos_unless_ignored(ckpt_root):
+    path = checkpoint("llama4", ckpt_root)
+    llm = LLM(path, page_size=8, num_pages=50)
+    tokens = hf_reference(path, tuple(PROMPTS[2]), MAX_NEW)[0]
+    eos = tokens[4]
+    llm.engine.eos_token_ids = {eos}
+    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=MAX_NEW), use_tqdm=False)[0]
+    assert out.token_ids == tokens[: tokens.index(eos) + 1] and out.finish_reason == "stop"
+    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)[0]
+    assert out.token_ids == tokens and out.finish_reason == "length"
+    assert llm.engine.allocator.num_free == 50
+
+
+def test_context_limit_finishes_with_length(ckpt_root):
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=5)  # 20 slots: max_len 20
+    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.token_ids) == 20 - len(PROMPTS[2]) and out.finish_reason == "length"
+    with pytest.raises(ValueError, match="shorter than max_len 20"):
+        llm.generate([PROMPTS[3]], SamplingParams(max_tokens=2), use_tqdm=False)
