@@ -18,7 +18,7 @@ normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (an
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
+# log2(e) is written out in the kernels: base-2 exponentials are the fast ones on every GPU.
 
 
 @triton.jit
@@ -132,11 +132,11 @@ def _attend_tiles(
         if HAS_SOFTCAP:
             # c * tanh(x / c), with tanh written through exp2 so that every Triton backend has it
             x = s * (qk_scale / softcap)
-            e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
+            e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
             t = (1.0 - e) / (1.0 + e)
-            s = tl.where(x < 0, -t, t) * (softcap * LOG2E)
+            s = tl.where(x < 0, -t, t) * (softcap * 1.4426950408889634)
         else:
-            s = s * (qk_scale * LOG2E)
+            s = s * (qk_scale * 1.4426950408889634)
         if MASKED:
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]) & in_range[None, :]
             s = tl.where(visible, s, float("-inf"))
@@ -392,7 +392,7 @@ def attention_fwd_kernel(
     dv_ok = offs_dv[None, :] < VALUE_DIM
     if NUM_SPLITS == 1:
         if HAS_SINKS:
-            sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * LOG2E
+            sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
             m_new = tl.maximum(m_i, sink)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)

@@ -9,8 +9,6 @@ a row with no key and no sink gives zeros. Grid: ``(T, Hq)``.
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
-
 
 @triton.jit
 def merge_splits_kernel(
@@ -37,7 +35,7 @@ def merge_splits_kernel(
     lse = tl.load(PartialLse + row + offs_s, mask=split_ok, other=float("-inf"))  # [SPLITS_PAD]
     m = tl.max(lse, 0)
     if HAS_SINKS:
-        sink = tl.load(Sinks + head).to(tl.float32) * LOG2E
+        sink = tl.load(Sinks + head).to(tl.float32) * 1.4426950408889634
         m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     weight = tl.exp2(lse - m_safe)  # [SPLITS_PAD]
