@@ -8,10 +8,22 @@ from .paging import PageAllocator, to_page_table
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The engine pulls in transformers; import it only when asked for.
+    if name in ("LLM", "SamplingParams"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "LLM",
     "LocalAttentionBatches",
     "OutOfPagesError",
     "PageAllocator",
+    "SamplingParams",
     "UnsupportedFeatureError",
     "make_local_attention_virtual_batches",
     "mla_decode",
