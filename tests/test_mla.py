@@ -312,3 +312,19 @@ def test_triton_tile_configs(block_h, block_n):
             num_kv_splits=splits, workspace=plan.workspace, tiles=MLATileConfig(block_h, block_n),
         )  # fmt: skip
         assert max_error(out, ref) <= tolerance(ref, lowp, dtype)
+
+
+@pytest.mark.skipif("triton" not in SPLITTING_BACKENDS, reason="triton backend not available here")
+def test_triton_launcher_rejects_bad_inputs():
+    """The per-layer launcher checks cheaply, but still says what is wrong."""
+    from portattn.kernels.triton.mla_decode_launch import mla_decode_forward
+
+    case = make_mla_case([5, 20], page_size=8, num_heads=4)
+    out = torch.empty_like(case.q_nope)
+    args = (case.q_nope, case.q_rope, case.kv_cache, case.page_table, case.seq_lens)
+    with pytest.raises(ValueError, match="expected seq_lens of dtype int32"):
+        mla_decode_forward(*args[:4], case.seq_lens.long(), out, scale=0.1, num_kv_splits=1)
+    with pytest.raises(ValueError, match=r"expected out of shape \[2, 4, 32\]"):
+        mla_decode_forward(*args, out[:, :2], scale=0.1, num_kv_splits=1)
+    with pytest.raises(ValueError, match="expected a uint8 workspace of at least"):
+        mla_decode_forward(*args, out, scale=0.1, num_kv_splits=2, workspace=None)

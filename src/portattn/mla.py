@@ -151,6 +151,7 @@ class MLADecodeMetadata:
     num_kv_splits: int
     workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
     workspace_bytes: int
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None  # partial_buffers views of the workspace
 
     @property
     def batch_size(self) -> int:
@@ -173,7 +174,8 @@ def plan_mla_decode(
     ``max_seq_len`` is a host int bounding ``seq_lens`` (an engine knows it); when omitted it is
     the page table's capacity ``max_pages · page_size``, so planning never syncs with the device.
     A given ``workspace`` must hold ``mla_workspace_size(max_seq_len, B, num_heads, page_size,
-    num_kv_splits=..., kv_lora_rank=...)`` bytes; otherwise one is allocated.
+    num_kv_splits=..., kv_lora_rank=...)`` bytes; otherwise one is allocated. Its partial-result
+    views are cut here, once, so that the per-layer launches only pass them on.
     """
     batch = seq_lens.shape[0]
     if max_seq_len is None:
@@ -193,14 +195,16 @@ def plan_mla_decode(
         )
     elif needed:
         workspace = torch.empty(needed, dtype=torch.uint8, device=seq_lens.device)
+    workspace = workspace if needed else None
     return MLADecodeMetadata(
         page_table=page_table,
         seq_lens=seq_lens,
         page_size=page_size,
         max_seq_len=max_seq_len,
         num_kv_splits=splits,
-        workspace=workspace if needed else None,
+        workspace=workspace,
         workspace_bytes=needed,
+        partials=None if workspace is None else partial_buffers(workspace, batch, num_heads, splits, kv_lora_rank),
     )
 
 

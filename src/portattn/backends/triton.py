@@ -175,5 +175,5 @@ class TritonBackend(AttentionBackend):
             out,
             scale=scale,
             num_kv_splits=metadata.num_kv_splits,
-            workspace=metadata.workspace,
+            partials=metadata.partials,
         )

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...device import is_triton_interpreter
 from ...mla import partial_buffers
@@ -41,18 +40,18 @@ def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLAT
 
     Few heads (memory-bound): one program holds all of them and streams key blocks through a
     three-stage pipeline. Many heads (compute-bound): 64-head blocks, so that each latent row feeds
-    a tall matrix product (Hopper's warpgroup MMA), with 16-key blocks to keep the
-    ``[64, kv_lora_rank]`` float32 accumulator in registers. Under the CPU interpreter tiles stay
+    a tall matrix product (Hopper's warpgroup MMA) and is read by few programs. The choices are
+    the fastest of a sweep on an H200 (bench/results/MLA_NOTES.md). Under the CPU interpreter tiles stay
     small (its cost grows with tile size, and small tiles exercise the multi-block and masked paths
     on short test sequences).
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
     if num_heads <= 16 or dtype == torch.float32:
-        return MLATileConfig(block_h=16, block_n=32, num_warps=8, num_stages=3)
+        return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
     if num_heads <= 32:
         return MLATileConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
-    return MLATileConfig(block_h=64, block_n=16, num_warps=8, num_stages=2)
+    return MLATileConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
 
 
 def _expect(cond: bool, what: str, got: object) -> None:
@@ -60,25 +59,8 @@ def _expect(cond: bool, what: str, got: object) -> None:
         raise ValueError(f"expected {what}, got {got}")
 
 
-def mla_decode_forward(
-    q_nope: torch.Tensor,
-    q_rope: torch.Tensor,
-    kv_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    scale: float,
-    num_kv_splits: int,
-    workspace: torch.Tensor | None,
-    tiles: MLATileConfig | None = None,
-) -> torch.Tensor:
-    """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
-
-    ``page_table [B, max_pages]`` int32 page-granular, ``seq_lens [B]`` int32. With
-    ``num_kv_splits > 1``, ``workspace`` is a uint8 buffer of at least
-    ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes.
-    """
+def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits) -> None:
+    """Raise a ValueError naming the first problem (the slow path, taken only when a check failed)."""
     tensors = {"q_nope": q_nope, "q_rope": q_rope, "kv_cache": kv_cache, "out": out}
     tensors |= {"page_table": page_table, "seq_lens": seq_lens}
     for name, t in tensors.items():
@@ -96,33 +78,83 @@ def mla_decode_forward(
     _expect(seq_lens.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens.shape)
     _expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     _expect(num_kv_splits >= 1, "num_kv_splits >= 1", num_kv_splits)
+    raise AssertionError("a launch check failed without an explanation")
+
+
+def mla_decode_forward(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+    num_kv_splits: int,
+    workspace: torch.Tensor | None = None,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tiles: MLATileConfig | None = None,
+) -> torch.Tensor:
+    """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
+
+    ``page_table [B, max_pages]`` int32 page-granular, ``seq_lens [B]`` int32. With
+    ``num_kv_splits > 1`` the partial results go to ``partials`` (float32 ``[B, H, S, R]`` and
+    ``[B, H, S]``, as :func:`portattn.mla.partial_buffers` cuts them from a workspace, e.g. once per
+    plan) or else to views of ``workspace``, a uint8 buffer of at least
+    ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes.
+    """
+    dtype, device = q_nope.dtype, q_nope.device
+    batch, num_heads, rank = q_nope.shape
+    rope_dim = q_rope.shape[2]
+    # One expression on the fast path: this runs once per layer, and formatting error messages
+    # eagerly would cost more host time than the kernel takes on a small batch.
+    valid = (
+        dtype in _DTYPES
+        and q_rope.dtype == dtype and kv_cache.dtype == dtype and out.dtype == dtype
+        and page_table.dtype == torch.int32 and seq_lens.dtype == torch.int32
+        and q_rope.device == device and kv_cache.device == device and out.device == device
+        and page_table.device == device and seq_lens.device == device
+        and q_rope.shape[:2] == q_nope.shape[:2] and kv_cache.shape[2] == rank + rope_dim
+        and out.shape == q_nope.shape and seq_lens.shape[0] == batch and page_table.shape[0] == batch
+        and math.isfinite(scale) and scale > 0 and num_kv_splits >= 1
+    )  # fmt: skip
+    if not valid:
+        _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits)
     if batch == 0:
         return out
     if tiles is None:
-        tiles = choose_tiles(num_heads, q_nope.dtype, interpret=is_triton_interpreter())
+        tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter())
 
     split = num_kv_splits > 1
-    if split:
+    if split and partials is None:
         needed = 4 * batch * num_heads * num_kv_splits * (rank + 1)
         _expect(
             workspace is not None and workspace.dtype == torch.uint8 and workspace.numel() >= needed,
             f"a uint8 workspace of at least {needed} bytes for {num_kv_splits} splits",
             None if workspace is None else f"{workspace.dtype} of {workspace.numel()} elements",
         )
-        part_out, part_lse = partial_buffers(workspace, batch, num_heads, num_kv_splits, rank)
+        partials = partial_buffers(workspace, batch, num_heads, num_kv_splits, rank)
+    if split:
+        part_out, part_lse = partials
+        _expect(
+            part_out.shape == (batch, num_heads, num_kv_splits, rank) and part_out.dtype == torch.float32
+            and part_lse.shape == (batch, num_heads, num_kv_splits) and part_lse.dtype == torch.float32,
+            f"float32 partials of shapes [{batch}, {num_heads}, {num_kv_splits}, {rank}] and [.., {num_kv_splits}]",
+            (part_out.shape, part_lse.shape),
+        )  # fmt: skip
     else:
         part_out = part_lse = out  # unused
-    block_r = max(16, triton.next_power_of_2(rank))
-    grid = (triton.cdiv(num_heads, tiles.block_h), num_kv_splits, batch)
+    block_r = max(16, 1 << (rank - 1).bit_length())
+    block_rp = max(16, 1 << (rope_dim - 1).bit_length()) if rope_dim else 16
+    grid = (-(-num_heads // tiles.block_h), num_kv_splits, batch)
     mla_decode_split_kernel[grid](
         q_nope, q_rope, kv_cache, page_table, seq_lens, out, part_out, part_lse,
         scale * LOG2E,
         num_heads, num_kv_splits,
         *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
         KV_LORA_RANK=rank, ROPE_DIM=rope_dim, PAGE_SIZE=kv_cache.shape[1],
-        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, BLOCK_R=block_r,
-        BLOCK_RP=max(16, triton.next_power_of_2(rope_dim)),
-        WRITE_PARTIAL=split, DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
+        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, BLOCK_R=block_r, BLOCK_RP=block_rp,
+        WRITE_PARTIAL=split, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split:
