@@ -249,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m portattn.bench.vision", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu (tiny tower vs transformers) or a GPU (real-size tower)")
     parser.add_argument("--size", choices=("small", "real"), default=None, help="default: small on cpu, else real")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     parser.add_argument("--out", default=None, help="write the results as JSON here (and a .md table beside it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     result = run(torch.device(args.device), args.size)
     table = markdown(result)
     print(table)
