@@ -206,7 +206,8 @@ def run(device: torch.device, size: str | None = None) -> dict:
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cpu":
-        return f"cpu ({torch.get_num_threads()} threads)"
+        threads = torch.get_num_threads()
+        return f"cpu ({threads} thread{'s' if threads != 1 else ''})"
     return str(torch.accelerator.current_accelerator()) + f" ({device})"
 
 
