@@ -1,4 +1,4 @@
-"""The ``portattn`` command line: ``portattn check``, ``portattn demo``."""
+"""The ``portattn`` command line: ``portattn check``, ``portattn generate``, ``portattn demo``."""
 
 from __future__ import annotations
 
@@ -18,9 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     check.add_arguments(check_parser)
     check_parser.set_defaults(run=check.main)
 
-    demo_parser = sub.add_parser("demo", help="the main job on this machine (for now: check on the CPU)")
-    check.add_arguments(demo_parser)
-    demo_parser.set_defaults(run=check.main)
+    from .engine import cli as engine_cli
+    from .engine import demo
+
+    generate_parser = sub.add_parser("generate", help="generate from a Hugging Face checkpoint directory")
+    engine_cli.add_arguments(generate_parser)
+    generate_parser.set_defaults(run=engine_cli.main)
+
+    demo_parser = sub.add_parser(
+        "demo", help="tiny random checkpoints of each family through the engine, checked against transformers"
+    )
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(run=demo.main)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")

@@ -96,6 +96,7 @@ def hf_reference(path: str, prompt: tuple[int, ...], max_new_tokens: int):
     with torch.no_grad():
         out = model.generate(
             ids,
+            attention_mask=torch.ones_like(ids),  # token 0 would otherwise be taken for padding
             max_new_tokens=max_new_tokens,
             do_sample=False,
             output_logits=True,
