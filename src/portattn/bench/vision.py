@@ -9,8 +9,8 @@ in every 8th, window 112, patch 14, merge 2; random weights, bf16) over images o
 Per backend: the tower's median time and tokens/s, the time of its 32 attention calls alone
 (replayed with the same shapes and per-forward metadata), their share of the tower, and their
 TFLOP/s (``4 * H * D * sum(L_i**2)`` per call, non-causal); ``transformers``' tower when it is
-installed. The timing helper is local (median of synchronised wall-clock runs, portable to every
-device).
+installed. Times come from :func:`portattn.bench.timing.measure`; the implementations of one case
+are measured in interleaved rounds (median of the rounds' medians).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ import logging
 import os
 import statistics
 import sys
-import time
 
 import torch
 from transformers import Qwen2_5_VLVisionConfig
 
 from ..backends.registry import available_backends, backend_class
-from ..device import synchronize
 from ..models.qwen2_5_vl import Qwen2_5_VisionTransformer
+from .timing import measure, num_input_sets
 
 SMALL = dict(  # CPU: a tower small enough to time in seconds on two cores
     depth=8,
@@ -60,24 +59,15 @@ GPU_CASES = {
 }
 
 
-def time_ms(fn, device: torch.device, *, warmup: int = 3, reps: int = 15) -> float:
-    """Median wall-clock milliseconds of ``fn()``, the device synchronised around each run."""
-    return time_interleaved({"fn": fn}, device, warmup=warmup, reps=reps)["fn"]
-
-
-def time_interleaved(fns: dict, device: torch.device, *, warmup: int = 3, reps: int = 15) -> dict[str, float]:
-    """Median milliseconds of each function, run in turn within each repetition so that load from
-    other processes falls on all of them alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for rep in range(warmup + reps):
+def time_interleaved(fns: dict, device: torch.device, *, rounds: int = 5, runs: int = 3) -> dict[str, float]:
+    """Median milliseconds of each function: ``rounds`` rounds of :func:`~portattn.bench.timing.measure`,
+    every function measured in each round, so that load from other processes falls on all alike."""
+    medians: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
         for name, fn in fns.items():
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            if rep >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+            timing = measure(lambda _, f=fn: f(), [None], device, warmup=2 if r == 0 else 1, runs=runs)
+            medians[name].append(timing.median_ms)
+    return {name: statistics.median(m) for name, m in medians.items()}
 
 
 def _config(sizes: dict) -> Qwen2_5_VLVisionConfig:
@@ -132,12 +122,16 @@ def _attention_only(tower, info, pixel_values) -> tuple[float, float]:
     """(ms, flops) of the tower's attention calls alone, with the forward's shapes and metadata."""
     device = pixel_values.device
     n, heads, dim = info.num_tokens, tower.config.num_heads, tower.head_dim
-    q, k, v = (torch.randn(n, heads, dim, device=device).to(pixel_values.dtype) for _ in range(3))
+    sets = num_input_sets(3 * n * heads * dim * pixel_values.element_size())  # rotated past the L2 cache
+    qkv = [
+        tuple(torch.randn(n, heads, dim, device=device).to(pixel_values.dtype) for _ in range(3)) for _ in range(sets)
+    ]
     full = sum(block.full_attention for block in tower.blocks)
     total_ms = flops = 0.0
     for count, metadata in ((full, info.full), (len(tower.blocks) - full, info.window)):
         if count:
-            total_ms += count * time_ms(lambda m=metadata: tower.attention(q, k, v, m), device)
+            timing = measure(lambda x, m=metadata: tower.attention(*x, m), qkv, device)
+            total_ms += count * timing.median_ms
             flops += count * 4 * heads * dim * sum(length**2 for length in metadata.q_lens)
     return total_ms, flops
 
