@@ -36,9 +36,10 @@ class SdpaBackend(AttentionBackend):
         q_start = k_start = 0
         for n, num_keys in zip(metadata.q_lens, metadata.k_lens):
             if n > 0:
-                qs = q[q_start : q_start + n].transpose(0, 1)  # [Hq, n, D]
-                ks = k[k_start : k_start + num_keys].transpose(0, 1)  # [Hkv, L, D]
-                vs = v[k_start : k_start + num_keys].transpose(0, 1)  # [Hkv, L, Dv]
+                # 4-D inputs: the fused SDPA kernels (flash, memory-efficient) take only those.
+                qs = q[q_start : q_start + n].transpose(0, 1)[None]  # [1, Hq, n, D]
+                ks = k[k_start : k_start + num_keys].transpose(0, 1)[None]  # [1, Hkv, L, D]
+                vs = v[k_start : k_start + num_keys].transpose(0, 1)[None]  # [1, Hkv, L, Dv]
                 mask = None
                 if params.causal and n != num_keys:
                     # SDPA's is_causal is top-left aligned; portattn's queries are bottom-right aligned.
@@ -52,7 +53,7 @@ class SdpaBackend(AttentionBackend):
                     is_causal=params.causal and mask is None,
                     scale=params.scale,
                     enable_gqa=gqa,
-                )  # [Hq, n, Dv]
+                )[0]  # [Hq, n, Dv]
                 if mask is not None:
                     res = res.nan_to_num(0.0)  # rows that see no key
                 out[q_start : q_start + n] = res.transpose(0, 1)
