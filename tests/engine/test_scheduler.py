@@ -56,6 +56,8 @@ def test_pages_are_accounted_every_step_and_aborts_free_them(ckpt_root):
             engine.abort(victim.request_id)
             assert victim.finish_reason == "abort" and victim.pages == [] and victim.req_pool_idx is None
     assert engine.allocator.num_free == 60 and engine.req_pool.num_free == 4
+    with pytest.raises(ValueError, match="expected the id of an unfinished request"):
+        engine.abort(seqs[0].request_id)
     assert sorted(len(s.output_token_ids) for s in seqs if s.finish_reason == "length") == [12] * 5
 
 

@@ -17,7 +17,8 @@ class EngineConfig:
     ``num_pages`` None sizes the pool from ``kv_cache_memory`` bytes (default 512 MiB), capped at
     what ``max_num_seqs`` sequences of ``max_model_len`` tokens can use. ``max_model_len`` None means
     the model's ``max_position_embeddings`` (capped by the pool). ``chunked_prefill_size`` is the
-    token budget of one forward (None: unlimited, prompts run whole).
+    token budget of one forward (None: unlimited, prompts run whole). ``mm_attention_backend`` is
+    the varlen backend for vision encoders (kept for multimodal models; text models do not use it).
     """
 
     model: str

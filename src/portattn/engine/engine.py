@@ -84,8 +84,10 @@ class Engine:
         return seq
 
     def abort(self, request_id: int) -> None:
-        seq = self.requests.pop(request_id)
-        self.scheduler.finish(seq, "abort")
+        """Stop an unfinished request now; its pages and request slot go back to the pools."""
+        if request_id not in self.requests:
+            raise ValueError(f"expected the id of an unfinished request, got {request_id}")
+        self.scheduler.finish(self.requests.pop(request_id), "abort")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -63,6 +63,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config, head_dim: int):
         super().__init__()
         inv_freq, self.scaling = rope_inv_freq(config, head_dim)
+        if 2 * inv_freq.shape[0] != head_dim:
+            raise ValueError(f"expected rotary embeddings over the whole head dim {head_dim}, got {2 * len(inv_freq)}")
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
