@@ -92,6 +92,20 @@ def test_missing_weight_is_named(tmp_path, ckpt_root):
         LLM(tmp_path)
 
 
+def test_old_rotary_buffers_in_checkpoints_are_skipped(tmp_path, ckpt_root):
+    src = Path(checkpoint("llama", ckpt_root))
+    state = load_file(src / "model.safetensors")
+    state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(state, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    out = LLM(tmp_path, num_pages=8).generate([PROMPT], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert out[0].token_ids == hf_reference(str(src), tuple(PROMPT), 5)[0]
+    state["model.layers.0.self_attn.extra.weight"] = torch.ones(8)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"unknown tensor 'model\.layers\.0\.self_attn\.extra\.weight'"):
+        LLM(tmp_path)
+
+
 def test_llama4_multimodal_checkpoint_names():
     with torch.device("meta"):
         model = Llama4ForCausalLM(CONFIGS["llama4"]())

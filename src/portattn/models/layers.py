@@ -142,6 +142,8 @@ class CausalLM(nn.Module):
         """The parameter a checkpoint tensor loads into (``None``: not used by this model)."""
         if name == "lm_head.weight" and self.tie_word_embeddings:
             return None
+        if name.endswith("rotary_emb.inv_freq"):  # saved by older transformers; recomputed from the config
+            return None
         return name
 
     def tie_weights(self) -> None:
