@@ -120,4 +120,5 @@ def test_context_limit_finishes_with_length(ckpt_root):
     out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 20 - len(PROMPTS[2]) and out.finish_reason == "length"
     with pytest.raises(ValueError, match="shorter than max_len 20"):
-        llm.generate([PROMPTS[3]], SamplingParams(max_tokens=2), use_tqdm=False)
+        llm.generate([PROMPTS[0], PROMPTS[3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert not llm.engine.has_unfinished()  # the valid prompt before it was not queued either

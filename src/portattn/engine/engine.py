@@ -69,12 +69,7 @@ class Engine:
         )
 
     def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:
-        if not token_ids:
-            raise ValueError("expected a prompt of at least one token, got an empty prompt")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
-            raise ValueError(f"expected token ids in [0, {self.vocab_size}), got {token_ids[:8]}...")
-        if len(token_ids) >= self.max_len:
-            raise ValueError(f"expected a prompt shorter than max_len {self.max_len}, got {len(token_ids)} tokens")
+        self.check_prompt(token_ids)
         generator = None
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
@@ -82,6 +77,14 @@ class Engine:
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("expected a prompt of at least one token, got an empty prompt")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
+            raise ValueError(f"expected token ids in [0, {self.vocab_size}), got {token_ids[:8]}...")
+        if len(token_ids) >= self.max_len:
+            raise ValueError(f"expected a prompt shorter than max_len {self.max_len}, got {len(token_ids)} tokens")
 
     def abort(self, request_id: int) -> None:
         """Stop an unfinished request now; its pages and request slot go back to the pools."""

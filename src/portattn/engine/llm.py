@@ -81,10 +81,18 @@ class LLM:
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"expected {len(prompts)} sampling params (one per prompt), got {len(params)}")
-        seqs = [self.engine.add_request(self._token_ids(p), sp) for p, sp in zip(prompts, params)]
-        with tqdm(total=len(seqs), desc="generating", unit="req", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished():
-                bar.update(len(self.engine.step()))
+        token_ids = [self._token_ids(p) for p in prompts]
+        for ids in token_ids:  # all prompts are checked before any is queued
+            self.engine.check_prompt(ids)
+        seqs = [self.engine.add_request(ids, sp) for ids, sp in zip(token_ids, params)]
+        try:
+            with tqdm(total=len(seqs), desc="generating", unit="req", disable=not use_tqdm) as bar:
+                while self.engine.has_unfinished():
+                    bar.update(len(self.engine.step()))
+        finally:  # an interrupted call leaves nothing queued and no pages held
+            for seq in seqs:
+                if seq.request_id in self.engine.requests:
+                    self.engine.abort(seq.request_id)
         return [self._output(seq) for seq in seqs]
 
     def _token_ids(self, prompt) -> list[int]:
