@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
   echo "== tests (GPU: fp32, fp16, bf16)"
   $PY -m pytest -q --maxfail=20 -n 8 -p no:cacheprovider tests/test_ops.py tests/test_triton_backend.py tests/test_bench.py 2>&1 | tail -n 15
   echo "== portattn check"
-  $PY -m portattn.cli check 2>&1 | tail -n 80
+  $PY -m portattn.cli check --dtype bf16 --dtype fp16 2>&1 | tail -n 80
   echo "== benchmark"
   $PY -m portattn.bench --out "$OUT" --tag h200_bench "$@" 2>&1
 } 2>&1 | tee "$LOG"

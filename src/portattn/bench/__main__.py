@@ -34,21 +34,21 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.case:
         cases = [(m, c) for m, c in cases if any(s in c.name for s in args.case)]
+    import triton
+
+    meta = {"device": str(device), "torch": torch.__version__, "triton": triton.__version__}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     ceilings = measure_ceilings(device)
     results = []
     for module, case in cases:
         t0 = time.time()
         results.append(module.run_case(case, device, sweep=args.sweep))
-        print(f"{case.name}: {results[-1]['portattn_ms']:.3f} ms ({time.time() - t0:.0f} s)", flush=True)
+        rows = report.derive(results, ceilings)
+        report.write_json(out / f"{args.tag}.json", rows, ceilings, meta)  # kept current if a later case fails
+        print(report.format_table(rows[-1:], ceilings).splitlines()[2], f"({time.time() - t0:.0f} s)", flush=True)
         if hasattr(torch.accelerator, "empty_cache"):
             torch.accelerator.empty_cache()
-    rows = report.derive(results, ceilings)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    import triton
-
-    meta = {"device": str(device), "torch": torch.__version__, "triton": triton.__version__}
-    report.write_json(out / f"{args.tag}.json", rows, ceilings, meta)
     try:
         report.plot(out / f"{args.tag}.png", rows)
     except ImportError as exc:

@@ -1,8 +1,9 @@
 """Benchmark of ``varlen_attention`` (Triton backend): a vision-encoder batch, non-causal.
 
 16 sequences of 1k-4k tokens (fixed seed), 16 heads of dim 80, packed ``[T, H, D]``. Peers:
-torch's FlashAttention varlen, SDPA looped per sequence, FlexAttention with a document mask on
-the packed tokens, and portattn's torch backend.
+torch's FlashAttention varlen, SDPA looped per sequence, portattn's torch backend, and (with
+``flex=True``; its compile takes tens of seconds) FlexAttention with a document mask on the
+packed tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ class VarlenCase:
 CASES = [VarlenCase("varlen encoder 16 x 1k-4k H=16 D=80")]
 
 
-def run_case(case: VarlenCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False) -> dict:
+def run_case(
+    case: VarlenCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False, flex: bool = False
+) -> dict:
     from ..backends.triton import TritonBackend
 
     lens = case.lengths()
@@ -74,14 +77,17 @@ def run_case(case: VarlenCase, device: torch.device, *, dtype=torch.bfloat16, sw
         "flash_varlen": peers.flash_varlen_peer(qs, ks, vs, cu, max(lens), scale=scale),
         "sdpa_loop": peers.sdpa_loop_peer(qs, ks, vs, bounds, scale=scale),
     }
-    doc_ids = torch.repeat_interleave(torch.arange(len(lens), device=device), torch.tensor(lens, device=device))
-    q4, k4, v4 = ([t[i].transpose(0, 1).unsqueeze(0).contiguous() for i in idx] for t in (qs, ks, vs))  # [1, H, T, D]
-    candidates["flex"] = peers.flex_peer(q4, k4, v4, mode="varlen", scale=scale, doc_ids=doc_ids)
+    if flex:
+        doc_ids = torch.repeat_interleave(torch.arange(len(lens), device=device), torch.tensor(lens, device=device))
+        q4, k4, v4 = (
+            [t[i].transpose(0, 1).unsqueeze(0).contiguous() for i in idx] for t in (qs, ks, vs)
+        )  # [1, H, T, D]
+        candidates["flex"] = peers.flex_peer(q4, k4, v4, mode="varlen", scale=scale, doc_ids=doc_ids)
     ref_backend = TorchBackend()
     ref_meta = ref_backend.plan_varlen(cu, cu)
     candidates["torch_backend"] = lambda i: ref_backend.varlen_attention(qs[i], ks[i], vs[i], ref_meta, params, out)
     for name, peer in candidates.items():
-        runs = 5 if name == "torch_backend" else 50
+        runs = 3 if name == "torch_backend" else 50
         result["peers"][name] = peer if isinstance(peer, str) else measure(peer, idx, device, runs=runs).median_ms
     if sweep:
         result["sweep"] = _sweep(case, qs, ks, vs, cu, max(lens), scale, device)
