@@ -109,15 +109,17 @@ def flash_varlen_peer(qs, ks, vs, cu, max_len: int, *, scale: float) -> Peer:
 
 
 def sdpa_loop_peer(qs, ks, vs, bounds: list[tuple[int, int]], *, scale: float) -> Peer:
-    """SDPA once per sequence of the packed ``[T, H, D]`` tensors; ``bounds`` are (start, end) rows."""
+    """SDPA once per sequence; ``bounds`` are (start, end) rows of the packed ``[T, H, D]`` tensors.
+
+    Each sequence is laid out as a contiguous ``[H, n, D]`` tensor before timing, so that SDPA can
+    pick its fused kernels (transposed views of the packed tensors send it to a slower path).
+    """
+    per_seq = [
+        [tuple(t[a:b].transpose(0, 1).contiguous() for t in (q, k, v)) for a, b in bounds]
+        for q, k, v in zip(qs, ks, vs)
+    ]
 
     def run(i: int):
-        out = torch.empty_like(qs[i])
-        for a, b in bounds:
-            q = qs[i][a:b].transpose(0, 1)  # [H, n, D]
-            k = ks[i][a:b].transpose(0, 1)
-            v = vs[i][a:b].transpose(0, 1)
-            out[a:b] = F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
-        return out
+        return [F.scaled_dot_product_attention(q, k, v, scale=scale) for q, k, v in per_seq[i]]
 
     return _try(run)
