@@ -206,7 +206,9 @@ def test_varlen_defaults_to_self_attention():
 
 def test_fully_masked_rows_with_sinks_are_zero():
     q, k, v, cu_q, cu_k = _varlen_inputs([4], [1], dtype=torch.float64)
-    out = portattn.varlen_attention(q, k, v, cu_q, cu_k, causal=True, sinks=torch.ones(4, dtype=torch.float64))
+    out = portattn.varlen_attention(
+        q, k, v, cu_q, cu_k, causal=True, sinks=torch.ones(4, dtype=torch.float64, device=DEVICE)
+    )
     assert torch.count_nonzero(out[:3]) == 0 and torch.count_nonzero(out[3]) > 0
 
 

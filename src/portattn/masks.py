@@ -53,5 +53,8 @@ def key_range(
 
 
 def range_mask(lo: torch.Tensor, hi: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """``[n, L]`` boolean mask: key ``k_pos[j]`` is visible to query ``i`` iff ``lo[i] <= k_pos[j] <= hi[i]``."""
-    return (k_pos[None, :] >= lo[:, None]) & (k_pos[None, :] <= hi[:, None])
+    """``[..., n, L]`` boolean mask: key ``k_pos[j]`` is visible to query ``i`` iff ``lo[i] <= k_pos[j] <= hi[i]``.
+
+    ``lo`` and ``hi`` are ``[..., n]`` (any leading batch dims), ``k_pos`` is ``[L]``.
+    """
+    return (k_pos >= lo[..., None]) & (k_pos <= hi[..., None])

@@ -270,8 +270,11 @@ def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def tolerance(ref: torch.Tensor, ref_lowp: torch.Tensor, dtype: torch.dtype) -> float:
     """Allowed error: a small multiple of what the reference math itself loses in ``dtype``.
 
-    ``ref`` is the float64 result, ``ref_lowp`` the same reference computed in ``dtype``.
+    ``ref`` is the float64 result, ``ref_lowp`` the same reference computed in ``dtype``. The floor
+    is one unit of rounding at the output's magnitude for 16-bit types; float32 results differ by
+    summation order more than by output rounding, so its floor is a few units (still ~1e-6).
     """
     eps = torch.finfo(dtype).eps
+    ulps = 8.0 if dtype == torch.float32 else 1.0
     scale = float(ref.abs().max()) if ref.numel() else 1.0
-    return 2.0 * max_error(ref_lowp, ref) + eps * max(scale, 1.0)
+    return 2.0 * max_error(ref_lowp, ref) + ulps * eps * max(scale, 1.0)

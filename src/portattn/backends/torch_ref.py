@@ -19,25 +19,52 @@ if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, params: AttentionParams
-) -> torch.Tensor:
-    """Attention of one sequence over contiguous keys at positions ``0 .. L-1``.
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the last dim of ``scores`` where ``mask`` holds (broadcast), in ``scores.dtype``.
 
-    ``q [n, Hq, D]``, ``k [L, Hkv, D]``, ``v [L, Hkv, Dv]``, ``q_pos [n]`` -> ``[n, Hq, Dv]`` in
-    ``q.dtype``. A query that sees no key returns zeros.
+    ``sinks`` (broadcastable to ``scores[..., :1]``) adds one logit per row to the denominator.
+    A row that sees nothing gets all-zero probabilities.
     """
-    n, num_q_heads, head_dim = q.shape
-    num_keys, num_kv_heads, value_dim = v.shape
+    scores = scores.masked_fill(~mask, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    if sinks is not None:
+        row_max = torch.maximum(row_max, sinks)
+    row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # rows that see nothing
+    probs = torch.exp(scores - row_max)
+    denom = probs.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        denom = denom + torch.exp(sinks - row_max)
+    return probs / torch.where(denom == 0, 1.0, denom)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    params: AttentionParams,
+    key_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of ``B`` sequences over contiguous keys at positions ``0 .. L-1``.
+
+    ``q [B, n, Hq, D]``, ``k [B, L, Hkv, D]``, ``v [B, L, Hkv, Dv]``, ``q_pos [B, n]`` (int64) ->
+    ``[B, n, Hq, Dv]`` in ``q.dtype``. ``key_lens [B]`` hides keys at or past it (padding; their
+    values must be finite). A query that sees no key returns zeros.
+    """
+    batch, n, num_q_heads, head_dim = q.shape
+    num_keys, num_kv_heads, value_dim = v.shape[1:]
     group = num_q_heads // num_kv_heads
     acc = _accumulate_dtype(q.dtype)
+    k, v = k.to(acc), v.to(acc)
 
-    qh = q.to(acc).view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, n, D]
-    qh = qh.reshape(num_kv_heads, group * n, head_dim)  # [Hkv, G*n, D]
-    kh = k.to(acc).permute(1, 2, 0)  # [Hkv, D, L]
-    vh = v.to(acc).permute(1, 0, 2)  # [Hkv, L, Dv]
-    scores = torch.bmm(qh, kh).mul_(params.scale)  # [Hkv, G*n, L]
-    scores = scores.view(num_kv_heads, group, n, num_keys)  # [Hkv, G, n, L]
+    qh = q.to(acc).view(batch, n, num_kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)  # [Hkv, B, G, n, D]
+    qh = qh.reshape(num_kv_heads, batch, group * n, head_dim)  # [Hkv, B, G*n, D]
+    # One bmm per KV head over strided views of k and v: permuting the keys into a head-major
+    # copy costs more than the products themselves.
+    scores = q.new_empty((num_kv_heads, batch, group * n, num_keys), dtype=acc)
+    for h in range(num_kv_heads):
+        torch.bmm(qh[h], k[:, :, h].transpose(1, 2), out=scores[h])  # [B, G*n, L]
+    scores = scores.mul_(params.scale).view(num_kv_heads, batch, group, n, num_keys)  # [Hkv, B, G, n, L]
     if params.logit_softcap > 0:
         scores = torch.tanh(scores / params.logit_softcap) * params.logit_softcap
 
@@ -48,23 +75,24 @@ def attend(
         window_right=params.window_right,
         chunk=params.attention_chunk_size,
     )
-    mask = range_mask(lo, hi, torch.arange(num_keys, device=q.device))  # [n, L]
-    scores = scores.masked_fill(~mask, float("-inf"))
+    k_pos = torch.arange(num_keys, device=q.device)
+    mask = range_mask(lo, hi, k_pos)  # [B, n, L]
+    if key_lens is not None:
+        mask &= (k_pos < key_lens[:, None])[:, None, :]
+    sinks = None if params.sinks is None else params.sinks.to(acc).view(num_kv_heads, 1, group, 1, 1)
+    probs = masked_softmax(scores, mask[None, :, None], sinks)  # [Hkv, B, G, n, L]
+    probs = probs.view(num_kv_heads, batch, group * n, num_keys)
 
-    row_max = scores.amax(dim=-1, keepdim=True)  # [Hkv, G, n, 1]
-    if params.sinks is not None:
-        sinks = params.sinks.to(acc).view(num_kv_heads, group, 1, 1)
-        row_max = torch.maximum(row_max, sinks)
-    row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # rows that see nothing
-    probs = torch.exp(scores - row_max)  # [Hkv, G, n, L]
-    denom = probs.sum(dim=-1, keepdim=True)
-    if params.sinks is not None:
-        denom = denom + torch.exp(sinks - row_max)
-    probs = probs / torch.where(denom == 0, 1.0, denom)
+    out = q.new_empty((num_kv_heads, batch, group * n, value_dim), dtype=acc)
+    for h in range(num_kv_heads):
+        torch.bmm(probs[h], v[:, :, h], out=out[h])  # [B, G*n, Dv]
+    out = out.view(num_kv_heads, batch, group, n, value_dim).permute(1, 3, 0, 2, 4)  # [B, n, Hkv, G, Dv]
+    return out.reshape(batch, n, num_q_heads, value_dim).to(q.dtype)
 
-    out = torch.bmm(probs.view(num_kv_heads, group * n, num_keys), vh)  # [Hkv, G*n, Dv]
-    out = out.view(num_kv_heads, group, n, value_dim).permute(2, 0, 1, 3)  # [n, Hkv, G, Dv]
-    return out.reshape(n, num_q_heads, value_dim).to(q.dtype)
+
+# Decode batches are attended in groups of sequences padded to the group's longest: one gather and
+# one matmul per group. This bounds the padded K/V copy (elements) a group may take.
+DECODE_GROUP_ELEMENTS = 1 << 25
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -101,6 +129,8 @@ class TorchBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
+        if q.shape[0] == metadata.batch_size:  # one query per sequence: a decode batch
+            return self._paged_decode(q, k_cache, v_cache, metadata, params, out)
         page_size = metadata.page_size
         # Gather buffers are allocated once per call: fresh allocations per sequence cost more
         # than the copies themselves.
@@ -116,8 +146,27 @@ class TorchBackend(AttentionBackend):
             k = _gather(k_cache, pages, *k_bufs).flatten(0, 1)[:num_keys]  # [L, Hkv, D]
             v = _gather(v_cache, pages, *v_bufs).flatten(0, 1)[:num_keys]  # [L, Hkv, Dv]
             q_pos = query_positions(n, num_keys, q.device)
-            out[start : start + n] = attend(q[start : start + n], k, v, q_pos, params)
+            out[start : start + n] = attend(q[None, start : start + n], k[None], v[None], q_pos[None], params)[0]
             start += n
+        return out
+
+    def _paged_decode(self, q, k_cache, v_cache, metadata: PagedMetadata, params: AttentionParams, out):
+        page_size = metadata.page_size
+        per_seq = num_pages_for(metadata.max_seqlen_k, page_size) * page_size * k_cache[0, 0].numel()
+        per_seq += num_pages_for(metadata.max_seqlen_k, page_size) * page_size * v_cache[0, 0].numel()
+        group = max(1, DECODE_GROUP_ELEMENTS // max(per_seq, 1))
+        for b0 in range(0, metadata.batch_size, group):
+            b1 = min(b0 + group, metadata.batch_size)
+            max_pages = num_pages_for(max(metadata.k_lens[b0:b1]), page_size)
+            key_lens = metadata.seq_lens_k[b0:b1].long()  # [g]
+            used = torch.arange(max_pages, device=q.device) * page_size < key_lens[:, None]  # [g, Pmax]
+            pages = torch.where(used, metadata.page_table[b0:b1, :max_pages], 0).flatten()  # unused ids: any
+            k = k_cache.index_select(0, pages).view(b1 - b0, max_pages * page_size, *k_cache.shape[2:])
+            v = v_cache.index_select(0, pages).view(b1 - b0, max_pages * page_size, *v_cache.shape[2:])
+            padding = torch.arange(v.shape[1], device=q.device) >= key_lens[:, None]  # [g, Lmax]
+            v.masked_fill_(padding[:, :, None, None], 0.0)  # unowned slots may hold NaN; 0 * NaN = NaN
+            q_pos = (key_lens - 1)[:, None]  # [g, 1]
+            out[b0:b1] = attend(q[b0:b1, None], k, v, q_pos, params, key_lens=key_lens)[:, 0]
         return out
 
     def varlen_attention(
@@ -134,12 +183,12 @@ class TorchBackend(AttentionBackend):
             if n > 0:
                 q_pos = query_positions(n, num_keys, q.device)
                 out[q_start : q_start + n] = attend(
-                    q[q_start : q_start + n],
-                    k[k_start : k_start + num_keys],
-                    v[k_start : k_start + num_keys],
-                    q_pos,
+                    q[None, q_start : q_start + n],
+                    k[None, k_start : k_start + num_keys],
+                    v[None, k_start : k_start + num_keys],
+                    q_pos[None],
                     params,
-                )
+                )[0]
             q_start += n
             k_start += num_keys
         return out
@@ -170,11 +219,6 @@ class TorchBackend(AttentionBackend):
 
         q = torch.cat([q_nope, q_rope], dim=-1).to(acc)  # [B, H, R + Dr]
         scores = torch.bmm(q, latent.transpose(1, 2)).mul_(scale)  # [B, H, Lmax]
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-        row_max = scores.amax(dim=-1, keepdim=True)
-        row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # empty sequences
-        probs = torch.exp(scores - row_max)
-        denom = probs.sum(dim=-1, keepdim=True)
-        probs = probs / torch.where(denom == 0, 1.0, denom)
+        probs = masked_softmax(scores, valid[:, None, :])  # empty sequences give zeros
         out.copy_(torch.bmm(probs, latent[..., :rank]))  # [B, H, R]
         return out
