@@ -1,0 +1,145 @@
+"""Multi-head Latent Attention (DeepSeek V2/V3) over the engine's latent KV pool.
+
+A layer caches one row per token, ``[c_kv | k_pe]`` (``kv_lora_rank + rope_dim``), and attends in
+one of two forms, chosen once per forward by :func:`plan_latent_attention`:
+
+* **absorbed** (every sequence has one new token, a decode batch): ``q_nope`` is multiplied into
+  the latent space through the key half of ``kv_b_proj``, :func:`portattn.mla_decode`'s kernel
+  (the backend's ``mla_decode``) attends to the latent rows, and its output leaves the latent space
+  through the value half of ``kv_b_proj``;
+* **expanded** (prefill, extend, mixed): the latent rows of every key of the batch's sequences are
+  gathered and expanded by ``kv_b_proj`` into per-head keys ``[k_nope | k_pe]`` and values, then
+  attended with the backend's varlen op (causal, queries bottom-right aligned).
+
+Both are exact rewrites of the same attention; the plan only picks the cheaper one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..backends.base import AttentionLayer, VarlenMetadata
+from ..backends.registry import backend_class, registered_backends
+from ..errors import UnsupportedFeatureError
+from ..mla import MLADecodeMetadata, plan_mla_decode, write_latent
+from .layers import ForwardContext, RMSNorm
+
+_LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
+
+
+@dataclass(frozen=True, eq=False)
+class LatentAttentionPlan:
+    """Per-forward facts shared by every MLA layer: the absorbed-decode metadata, or the expansion's."""
+
+    decode: MLADecodeMetadata | None = None
+    varlen: VarlenMetadata | None = None  # expanded form: queries and gathered keys per sequence
+    key_slots: torch.Tensor | None = None  # [K] int64 slots of every key, sequence after sequence
+
+
+def plan_latent_attention(ctx: ForwardContext, num_heads: int, kv_lora_rank: int) -> LatentAttentionPlan:
+    """Once per forward, from the backend's paged metadata (host lengths already in it)."""
+    backend, meta = ctx.backend, ctx.metadata
+    for op in ("mla_decode", "varlen_attention"):
+        if not backend.capabilities.supports("op", op):
+            have = [n for n in registered_backends() if (c := backend_class(n)) and c.capabilities.supports("op", op)]
+            raise UnsupportedFeatureError(f"the {op} op", backend.name, have)
+    if all(n == 1 for n in meta.q_lens):
+        decode = plan_mla_decode(
+            meta.page_table,
+            meta.seq_lens_k,
+            meta.page_size,
+            num_heads=num_heads,
+            kv_lora_rank=kv_lora_rank,
+            max_seq_len=meta.max_seqlen_k,
+        )
+        return LatentAttentionPlan(decode=decode)
+    device = meta.seq_lens_k.device
+    cu_k = torch.zeros(len(meta.k_lens) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(meta.k_lens, dtype=torch.int32), 0, out=cu_k[1:])
+    cu_k = cu_k.to(device)
+    total = sum(meta.k_lens)
+    seq = torch.repeat_interleave(
+        torch.arange(len(meta.k_lens), device=device), meta.seq_lens_k.long(), output_size=total
+    )  # [K] sequence of each key
+    pos = torch.arange(total, device=device) - cu_k[seq].long()  # [K] position of each key in its sequence
+    page_size = meta.page_size
+    key_slots = meta.page_table[seq, pos // page_size].long() * page_size + pos % page_size  # [K]
+    varlen = backend.plan_varlen(
+        meta.cu_seqlens_q, cu_k, max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k
+    )
+    return LatentAttentionPlan(varlen=varlen, key_slots=key_slots)
+
+
+class MultiheadLatentAttention(nn.Module):
+    """DeepSeek V3's attention; parameter names follow transformers' ``DeepseekV3Attention``.
+
+    ``rotary`` (a module with ``apply(x, cos, sin)``) rotates ``q_pe`` and ``k_pe``; ``scale`` is
+    the softmax scale (with YaRN's mscale folded in by the caller).
+    """
+
+    def __init__(self, config, layer_id: int, scale: float):
+        super().__init__()
+        self.num_heads = heads = config.num_attention_heads
+        self.q_lora_rank = config.q_lora_rank
+        self.kv_lora_rank = rank = config.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        qk_dim = self.nope_dim + self.rope_dim
+        bias, hidden = config.attention_bias, config.hidden_size
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, heads * qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, _LORA_NORM_EPS)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, heads * qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, rank + self.rope_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(rank, _LORA_NORM_EPS)
+        self.kv_b_proj = nn.Linear(rank, heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(heads * self.v_dim, hidden, bias=bias)
+        self.scale = scale
+        # What the engine's backend selection reads (the expanded form's shapes).
+        self.spec = AttentionLayer(layer_id, heads, heads, qk_dim, scale=scale, v_head_dim=self.v_dim)
+
+    def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext, plan: LatentAttentionPlan):
+        num_tokens = x.shape[0]
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(num_tokens, self.num_heads, self.nope_dim + self.rope_dim)  # [T, H, Dn + Dr]
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)  # [T, R], [T, Dr]
+        c_kv = self.kv_a_layernorm(c_kv)
+        q_pe = rotary.apply(q_pe, *cos_sin)  # [T, H, Dr]
+        k_pe = rotary.apply(k_pe[:, None, :], *cos_sin)[:, 0]  # [T, 1, Dr] -> [T, Dr]
+        cache = ctx.kv_cache(self.spec.layer_id)  # [num_pages, P, R + Dr]
+        write_latent(cache, c_kv, k_pe, ctx.metadata.out_cache_loc)
+        if plan.decode is not None:
+            out = self._absorbed(q_nope, q_pe, cache, ctx, plan.decode)
+        else:
+            out = self._expanded(q_nope, q_pe, cache, ctx, plan)
+        return self.o_proj(out.flatten(1))  # [T, H * Dv] -> [T, hidden]
+
+    def _kv_b_halves(self) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)  # [H, Dn+Dv, R]
+        return w[:, : self.nope_dim], w[:, self.nope_dim :]  # [H, Dn, R], [H, Dv, R]
+
+    def _absorbed(self, q_nope, q_pe, cache, ctx: ForwardContext, metadata: MLADecodeMetadata) -> torch.Tensor:
+        w_k, w_v = self._kv_b_halves()
+        q_latent = torch.einsum("bhn,hnr->bhr", q_nope, w_k)  # [B, H, R]
+        out = q_latent.new_empty(q_latent.shape)
+        ctx.backend.mla_decode(q_latent, q_pe.contiguous(), cache, metadata, self.scale, out)  # [B, H, R]
+        return torch.einsum("bhr,hvr->bhv", out, w_v)  # [B, H, Dv]
+
+    def _expanded(self, q_nope, q_pe, cache, ctx: ForwardContext, plan: LatentAttentionPlan) -> torch.Tensor:
+        rows = cache.view(-1, cache.shape[-1])[plan.key_slots]  # [K, R + Dr]
+        num_keys = rows.shape[0]
+        kv = self.kv_b_proj(rows[:, : self.kv_lora_rank])  # [K, H * (Dn + Dv)]
+        k_nope, v = kv.view(num_keys, self.num_heads, -1).split([self.nope_dim, self.v_dim], dim=-1)
+        k_pe = rows[:, None, self.kv_lora_rank :].expand(num_keys, self.num_heads, self.rope_dim)  # [K, H, Dr]
+        k = torch.cat([k_nope, k_pe], dim=-1)  # [K, H, Dn + Dr]
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, H, Dn + Dr]
+        out = q.new_empty((q.shape[0], self.num_heads, self.v_dim))
+        return ctx.backend.varlen_attention(q, k, v.contiguous(), plan.varlen, self.spec.params, out)  # [T, H, Dv]
