@@ -14,6 +14,7 @@ from . import loader
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from .kv_pool import ReqToTokenPool, make_kv_pool
 from .model_runner import ModelRunner
+from .multimodal import MultimodalData
 from .page_manager import PageManager
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -26,7 +27,9 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.hf_config = loader.load_config(config.model)
-        self.model = loader.load_model(config.model, config.dtype, config.device, self.hf_config)
+        self.model = loader.load_model(
+            config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend
+        )
         self.tokenizer = loader.load_tokenizer(config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
@@ -68,12 +71,14 @@ class Engine:
             self.backend.name,
         )
 
-    def add_request(self, token_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_request(
+        self, token_ids: list[int], params: SamplingParams, multimodal: MultimodalData | None = None
+    ) -> Sequence:
         self.check_prompt(token_ids)
         generator = None
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
-        seq = Sequence(next(self._ids), list(token_ids), params, generator)
+        seq = Sequence(next(self._ids), list(token_ids), params, generator, multimodal=multimodal)
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq

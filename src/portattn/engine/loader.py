@@ -40,13 +40,22 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, config=None) -> torch.nn.Module:
-    """Build the model for ``config.architectures`` and load its safetensors weights (sharded or not)."""
+def load_model(
+    path: str | Path, dtype: torch.dtype, device: torch.device, config=None, mm_attention_backend: str = "auto"
+) -> torch.nn.Module:
+    """Build the model for ``config.architectures`` and load its safetensors weights (sharded or not).
+
+    A multimodal class (``is_multimodal``) also gets ``dtype``, ``device`` and ``mm_attention_backend``,
+    to select its encoders' attention backend once, at construction.
+    """
     path = _checkpoint_dir(path)
     config = config if config is not None else load_config(path)
     cls = model_class(getattr(config, "architectures", None))
     with torch.device("meta"):
-        model = cls(config)
+        options = {}
+        if getattr(cls, "is_multimodal", False):
+            options = dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
+        model = cls(config, **options)
     expected = dict(model.named_parameters())
     state = {}
     for file in tqdm(safetensors_files(path), desc="loading weights", unit="shard", leave=False):

@@ -7,6 +7,7 @@ import torch
 from ..backends.base import AttentionBackend
 from .forward_batch import ForwardBatch, ForwardContext
 from .kv_pool import KVPool, ReqToTokenPool
+from .multimodal import build_multimodal_batch
 from .sampler import sample
 from .sequence import Sequence
 
@@ -29,7 +30,9 @@ class ModelRunner:
             scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size
         )
         metadata = self.backend.plan(batch)  # every host sync of the forward happens here
-        hidden = self.model(batch.input_ids, batch.positions, ForwardContext(self.backend, metadata, self.kv_pool))
+        multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
+        ctx = ForwardContext(self.backend, metadata, self.kv_pool, multimodal)
+        hidden = self.model(batch.input_ids, batch.positions, ctx)
 
         # Rows of `hidden` that need logits: the last token of each finishing sequence, and the
         # prompt positions of sequences that asked for prompt logits.

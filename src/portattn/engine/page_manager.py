@@ -2,8 +2,10 @@
 
 Prefix caching shares whole pages between sequences whose tokens agree up to the end of the page.
 A full, computed page is keyed by a hash chained over the page's tokens and its prefix's key, so a
-key names the entire prefix. The cache holds one reference on each page it indexes; a page that
-only the cache holds is evictable, least recently used first.
+key names the entire prefix. A page that holds image placeholders also hashes those images' content
+keys (``MultimodalData.content_key``), so equal token ids with different images never share a page.
+The cache holds one reference on each page it indexes; a page that only the cache holds is
+evictable, least recently used first.
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ from .kv_pool import ReqToTokenPool
 from .sequence import Sequence
 
 
-def page_key(parent: bytes, tokens: list[int]) -> bytes:
-    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
+def page_key(parent: bytes, tokens: list[int], extra: bytes = b"") -> bytes:
+    return hashlib.blake2b(parent + array("q", tokens).tobytes() + extra, digest_size=16).digest()
+
+
+def sequence_page_key(seq: Sequence, parent: bytes, page: int, page_size: int) -> bytes:
+    """The key of the sequence's logical page ``page``, chained on ``parent`` (the previous page's key)."""
+    first, last = page * page_size, (page + 1) * page_size
+    extra = seq.multimodal.content_key(first, last) if seq.multimodal is not None else b""
+    return page_key(parent, seq.token_ids[first:last], extra)
 
 
 class PageManager:
@@ -42,7 +51,7 @@ class PageManager:
             return 0
         size, parent = self.page_size, b""
         for p in range((seq.num_tokens - 1) // size):
-            key = page_key(parent, seq.token_ids[p * size : (p + 1) * size])
+            key = sequence_page_key(seq, parent, p, size)
             page = self.cache.get(key)
             if page is None:
                 break
@@ -63,7 +72,7 @@ class PageManager:
         size = self.page_size
         for p in range(len(seq.page_hashes), seq.num_computed // size):
             parent = seq.page_hashes[-1] if seq.page_hashes else b""
-            key = page_key(parent, seq.token_ids[p * size : (p + 1) * size])
+            key = sequence_page_key(seq, parent, p, size)
             seq.page_hashes.append(key)
             if key not in self.cache:  # an equal page computed by another sequence stays private
                 self.cache[key] = seq.pages[p]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .multimodal import MultimodalData
 from .sampling_params import SamplingParams
 
 
@@ -22,6 +23,7 @@ class Sequence:
 
     The K/V of ``token_ids[:num_computed]`` are in the pool; ``pages[p]`` holds tokens
     ``p * P .. p * P + P - 1``. ``page_hashes[p]`` is the prefix-cache key of full, computed page ``p``.
+    ``multimodal`` holds the prompt's images (``None`` for a text prompt).
     After a step that computes the last token, one new token is sampled and appended, so a running
     sequence in decode has ``num_computed == num_tokens - 1``.
     """
@@ -40,6 +42,7 @@ class Sequence:
     num_preemptions: int = 0
     logits: list[torch.Tensor] = field(default_factory=list)
     prompt_logits: list[torch.Tensor] = field(default_factory=list)
+    multimodal: MultimodalData | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

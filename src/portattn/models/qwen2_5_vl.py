@@ -20,6 +20,7 @@ the blocks only launch work.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -28,8 +29,11 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from ..encoder import EncoderAttention, EncoderSeqInfo
-from .layers import GatedMLP, RMSNorm
+from ..backends.base import AttentionLayer
+from ..encoder import EncoderAttention, EncoderSeqInfo, grid_list
+from ..engine.multimodal import MultimodalData, image_key
+from .layers import CausalLM, ForwardContext, GatedMLP, PagedAttention, RMSNorm, RotaryEmbedding
+from .llama import window_left_of
 
 logger = logging.getLogger("portattn")
 
@@ -260,3 +264,237 @@ def load_vision_tower(
     tower.eval().requires_grad_(False)
     logger.info("loaded the Qwen2.5-VL vision tower from %s (%s, %s)", path, dtype, device)
     return tower
+
+
+# -- the language model and the whole checkpoint ---------------------------------------------------
+
+
+def mrope_positions(
+    num_tokens: int, spans: list[tuple[int, int]], grid: list[tuple[int, int, int]], spatial_merge_size: int
+) -> tuple[torch.Tensor, int]:
+    """Multimodal rotary positions of a prompt: ``([3, num_tokens] int64, delta)`` (rows t, h, w).
+
+    As transformers (5.x) ``get_rope_index`` for images: text tokens count up on all three rows;
+    an image of merged grid ``t x h' x w'`` starting at position ``p`` places its tokens at
+    ``(p + frame, p + row, p + column)``, and the text after it resumes at ``p + max(h', w')``.
+    Tokens past the prompt sit at ``index + delta`` on every row, ``delta = max position + 1 - num_tokens``.
+    """
+    m = spatial_merge_size
+    pieces, current, text_start = [], 0, 0
+    for (start, end), (t, h, w) in zip(spans, grid):
+        pieces.append(torch.arange(start - text_start).expand(3, -1) + current)  # [3, text]
+        current += start - text_start
+        gh, gw = h // m, w // m
+        frame = torch.arange(t).view(t, 1, 1).expand(t, gh, gw)  # [t, h', w']
+        row = torch.arange(gh).view(1, gh, 1).expand(t, gh, gw)
+        col = torch.arange(gw).view(1, 1, gw).expand(t, gh, gw)
+        pieces.append(torch.stack([frame, row, col]).reshape(3, end - start) + current)  # [3, t*h'*w']
+        current += max(h, w) // m
+        text_start = end
+    pieces.append(torch.arange(num_tokens - text_start).expand(3, -1) + current)
+    positions = torch.cat(pieces, dim=1)  # [3, num_tokens]
+    return positions, int(positions.max()) + 1 - num_tokens
+
+
+def placeholder_runs(token_ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of every maximal run of ``token_id`` in ``token_ids``."""
+    runs, start = [], None
+    for i, t in enumerate([*token_ids, None]):
+        if t == token_id and start is None:
+            start = i
+        elif t != token_id and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Rotary embedding over three position rows: frequency ``i`` rotates by the position on row
+    ``axis[i]`` (``mrope_section = [a, b, c]``: the first ``a`` frequencies read t, the next ``b`` h,
+    the last ``c`` w)."""
+
+    def __init__(self, config, head_dim: int):
+        super().__init__(config, head_dim)
+        section = list((getattr(config, "rope_parameters", None) or {}).get("mrope_section") or [])
+        _expect(
+            len(section) == 3 and sum(section) == head_dim // 2,
+            f"mrope_section of three sizes summing to head_dim / 2 = {head_dim // 2}",
+            section,
+        )
+        axis = torch.cat([torch.full((n,), i) for i, n in enumerate(section)])  # [D / 2]
+        self.register_buffer("axis", axis, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, :, None].float() * self.inv_freq  # [3, T, D / 2]
+        freqs = freqs.gather(0, self.axis.expand(1, freqs.shape[1], -1))[0]  # [T, D / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        cos = (emb.cos() * self.scaling).to(q.dtype)[:, None, :]  # [T, 1, D]
+        sin = (emb.sin() * self.scaling).to(q.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+class Qwen2Attention(nn.Module):
+    """Qwen2 attention: biases on q, k and v (not on o); sliding-window layers from ``layer_types``."""
+
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = head_dim = config.hidden_size // heads
+        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=True)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=True)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=True)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=False)
+        spec = AttentionLayer(
+            layer_id, heads, kv_heads, head_dim, scale=head_dim**-0.5, window_left=window_left_of(config, layer_id)
+        )
+        self.attn = PagedAttention(spec)
+
+    def forward(self, positions, x, ctx: ForwardContext, rotary: MRotaryEmbedding) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, -1, self.head_dim)  # [T, Hq, D]
+        k = self.k_proj(x).view(n, -1, self.head_dim)  # [T, Hkv, D]
+        q, k = rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, self.v_proj(x), ctx))
+
+
+class Qwen2DecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        self.self_attn = Qwen2Attention(config, layer_id)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, x, ctx, rotary) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), ctx, rotary)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2_5_VLTextModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = MRotaryEmbedding(config, config.hidden_size // config.num_attention_heads)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``x [T, H]`` input embeddings, ``positions [3, T]`` -> final hidden states ``[T, H]``."""
+        for layer in self.layers:
+            x = layer(positions, x, ctx, self.rotary_emb)
+        return self.norm(x)
+
+
+class Qwen2_5_VLForConditionalGeneration(CausalLM):
+    """Qwen2.5-VL: the vision tower, and a Qwen2 language model with multimodal rotary positions.
+
+    The tower's attention runs on ``mm_attention_backend`` (resolved once here, for ``dtype`` on
+    ``device``). Prompts with images come in through :meth:`multimodal_data`; the engine hands each
+    forward's image embeddings and ``[3, T]`` positions to :meth:`forward` as ``ctx.multimodal``.
+    """
+
+    is_multimodal = True
+
+    def __init__(
+        self,
+        config,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        mm_attention_backend: str = "auto",
+    ):
+        super().__init__(config)
+        text = config.text_config
+        _expect(
+            config.vision_config.out_hidden_size == text.hidden_size,
+            f"vision out_hidden_size equal to the text hidden_size {text.hidden_size}",
+            config.vision_config.out_hidden_size,
+        )
+        self.image_token_id = config.image_token_id
+        self.spatial_merge_size = config.vision_config.spatial_merge_size
+        self.visual = Qwen2_5_VisionTransformer(
+            config.vision_config, dtype=dtype, device=device, mm_attention_backend=mm_attention_backend
+        )
+        self.model = Qwen2_5_VLTextModel(text)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``input_ids [T]``, ``positions [T]`` (used when no sequence of the batch has images)."""
+        x = self.model.embed_tokens(input_ids)  # [T, H]
+        mm = getattr(ctx, "multimodal", None)
+        if mm is None:
+            return self.model(x, positions.expand(3, -1), ctx)  # text only: t = h = w = index
+        if mm.embed_rows is not None:
+            x = x.index_copy(0, mm.embed_rows, mm.embeds.to(x.dtype))
+        return self.model(x, mm.positions, ctx)
+
+    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw) -> torch.Tensor:
+        """Merged image embeddings ``[sum(t*h*w) / merge**2, H]``, images in input order."""
+        return self.visual(pixel_values, image_grid_thw)
+
+    def multimodal_data(
+        self, token_ids: list[int], pixel_values: torch.Tensor | None, image_grid_thw
+    ) -> MultimodalData | None:
+        """Validate a prompt's image placeholders against its images; ``None`` for a text prompt.
+
+        Each image's placeholders are one run of ``image_token_id`` tokens, as many as its merged
+        patches (``t * h * w / merge**2``), runs in image order.
+        """
+        runs = placeholder_runs(token_ids, self.image_token_id)
+        if pixel_values is None and image_grid_thw is None:
+            _expect(not runs, "multi_modal_data for the prompt's image pad tokens", f"{len(runs)} runs and no images")
+            return None
+        _expect(
+            pixel_values is not None and image_grid_thw is not None,
+            "both pixel_values and image_grid_thw in multi_modal_data",
+            "only one of them",
+        )
+        m = self.spatial_merge_size
+        grid = grid_list(image_grid_thw, m)
+        patch_dim = self.visual.patch_embed.patch_dim
+        _expect(
+            isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 2 and pixel_values.shape[1] == patch_dim,
+            f"pixel_values of shape [num_patches, {patch_dim}]",
+            list(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__,
+        )
+        _expect(pixel_values.is_floating_point(), "floating-point pixel_values", pixel_values.dtype)
+        patches = [t * h * w for t, h, w in grid]
+        _expect(pixel_values.shape[0] == sum(patches), f"{sum(patches)} patches (sum of t*h*w)", pixel_values.shape[0])
+        _expect(
+            len(runs) == len(grid),
+            f"{len(grid)} runs of image pad tokens (id {self.image_token_id}), one per image",
+            len(runs),
+        )
+        for i, ((start, end), (t, h, w)) in enumerate(zip(runs, grid)):
+            _expect(
+                end - start == t * h * w // m**2,
+                f"{t * h * w // m**2} image pad tokens for image {i} (grid {t}x{h}x{w}, merge {m})",
+                end - start,
+            )
+        offsets = [0, *itertools.accumulate(patches)]
+        keys = [image_key(pixel_values[offsets[i] : offsets[i + 1]], g) for i, g in enumerate(grid)]
+        positions, delta = mrope_positions(len(token_ids), runs, grid, m)
+        return MultimodalData(pixel_values, grid, runs, keys, positions, delta)
+
+    def expand_placeholders(self, token_ids: list[int], image_grid_thw) -> list[int]:
+        """Widen each single image pad token to its image's merged patch count (the processor's
+        expansion of ``<|image_pad|>``); runs already of the full width are kept."""
+        grid = grid_list(image_grid_thw, self.spatial_merge_size)
+        runs = placeholder_runs(token_ids, self.image_token_id)
+        if len(runs) != len(grid) or any(end - start != 1 for start, end in runs):
+            return list(token_ids)
+        out, prev = [], 0
+        for (start, _), (t, h, w) in zip(runs, grid):
+            out += token_ids[prev:start] + [self.image_token_id] * (t * h * w // self.spatial_merge_size**2)
+            prev = start + 1
+        return out + token_ids[prev:]
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """transformers >= 4.52 (``model.language_model.*``, ``model.visual.*``) and the original
+        layout (``model.*``, ``visual.*``)."""
+        for prefix in _CHECKPOINT_PREFIXES:
+            if name.startswith(prefix):
+                return "visual." + name[len(prefix) :]
+        if name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model.") :]
+        return super().checkpoint_name(name)
