@@ -43,18 +43,18 @@ def check_config(config) -> None:
     _expect(method in TOPK_METHODS, f"topk_method in {list(TOPK_METHODS)}", method)
     scoring = getattr(config, "scoring_func", "sigmoid")
     _expect(scoring in SCORING_FUNCS, f"scoring_func in {list(SCORING_FUNCS)}", scoring)
-    _expect(config.num_attention_heads == config.num_key_value_heads, "num_key_value_heads == num_attention_heads",
-            config.num_key_value_heads)  # fmt: skip
-    _expect(config.qk_rope_head_dim % 2 == 0, "an even qk_rope_head_dim", config.qk_rope_head_dim)
-    if config.first_k_dense_replace < config.num_hidden_layers:  # some layers are MoE
-        experts, groups = config.n_routed_experts, config.n_group
-        _expect(isinstance(groups, int) and groups >= 1 and experts % groups == 0,
-                f"n_group dividing n_routed_experts {experts}", groups)  # fmt: skip
-        _expect(experts // groups >= 2, "at least 2 experts per group (a group scores its two best)", experts // groups)
-        _expect(1 <= config.topk_group <= groups, f"topk_group in [1, n_group {groups}]", config.topk_group)
-        most = config.topk_group * (experts // groups)
-        _expect(1 <= config.num_experts_per_tok <= most, f"num_experts_per_tok in [1, {most}]",
-                config.num_experts_per_tok)  # fmt: skip
+    rope_dim = config.qk_rope_head_dim
+    _expect(rope_dim % 2 == 0, "an even qk_rope_head_dim", rope_dim)
+    if config.first_k_dense_replace >= config.num_hidden_layers:
+        return  # no MoE layer
+    experts, groups = config.n_routed_experts, config.n_group
+    ok = isinstance(groups, int) and groups >= 1 and experts % groups == 0
+    _expect(ok, f"n_group dividing n_routed_experts {experts}", groups)
+    per_group = experts // groups
+    _expect(per_group >= 2, "at least 2 experts per group (a group scores its two best)", per_group)
+    _expect(1 <= config.topk_group <= groups, f"topk_group in [1, n_group {groups}]", config.topk_group)
+    most = config.topk_group * per_group
+    _expect(1 <= config.num_experts_per_tok <= most, f"num_experts_per_tok in [1, {most}]", config.num_experts_per_tok)
 
 
 def softmax_scale(config) -> float:
@@ -129,9 +129,7 @@ class DeepseekV3MoE(nn.Module):
         super().__init__()
         inter, act = config.moe_intermediate_size, config.hidden_act
         self.gate = DeepseekV3Router(config)
-        self.experts = nn.ModuleList(
-            GatedMLP(config.hidden_size, inter, act) for _ in range(config.n_routed_experts)
-        )
+        self.experts = nn.ModuleList(GatedMLP(config.hidden_size, inter, act) for _ in range(config.n_routed_experts))
         self.shared_experts = GatedMLP(config.hidden_size, inter * config.n_shared_experts, act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

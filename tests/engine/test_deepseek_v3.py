@@ -1,0 +1,207 @@
+"""DeepSeek V3 through the engine: greedy tokens and logits equal transformers' own at page sizes
+1, 16 and 64 (and 7 for the variant without q LoRA), with and without prefix caching and chunked
+prefill; decode goes through the backend's absorbed ``mla_decode``, planned once per forward."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+import portattn.mla
+from portattn.engine.llm import LLM
+from portattn.engine.mla_pool import MLAKVPool
+from portattn.engine.sampling_params import SamplingParams
+from portattn.models import deepseek_v3
+from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
+
+from .conftest import hf_reference, random_prompts, rel_err
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    first_k_dense_replace=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+)
+VARIANTS = {
+    # q LoRA, interleaved rope with YaRN (attention factor and softmax mscale both != 1), 4 groups
+    # of 2 experts of which 2 groups are kept, renormalised top-2 weights.
+    "yarn": dict(
+        q_lora_rank=32,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        rope_interleave=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.7,
+        },
+    ),
+    # One q_proj, rotate-half rope without scaling, 2 groups of 4 (one kept), raw sigmoid weights.
+    "plain": dict(
+        q_lora_rank=None,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        rope_interleave=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+}
+
+MAX_NEW = 12
+# Lengths 1, short, past one 16-token page, and past one 64-token page.
+PROMPTS = random_prompts([1, 6, 19, 41, 70], seed=3)
+# Second wave: a repeat and two extensions of first-wave prompts (prefix-cache hits at every page size).
+SHARED = [PROMPTS[4], [*PROMPTS[4][:66], 9, 8, 7], [*PROMPTS[3], *range(1, 30)]]
+TOL = 1e-4
+
+
+def config(variant: str, **overrides) -> DeepseekV3Config:
+    return DeepseekV3Config(**{**BASE, **VARIANTS[variant], **overrides})
+
+
+@functools.cache
+def checkpoint(variant: str, root: str) -> str:
+    """A random checkpoint whose norms and expert-score biases are not at their neutral init."""
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(config(variant))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.3 * torch.randn_like(param))
+        for layer in model.model.layers[BASE["first_k_dense_replace"] :]:
+            bias = layer.mlp.gate.e_score_correction_bias
+            bias.copy_(0.1 * torch.randn_like(bias))
+    path = f"{root}/deepseek_v3_{variant}"
+    model.save_pretrained(path)
+    return path
+
+
+def run(llm: LLM, path: str, prompts: list[list[int]], prompt_logits: bool) -> float:
+    """Generate; assert tokens equal transformers'; return the worst logit relative error."""
+    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits)
+    worst = 0.0
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        tokens, logits, ref_prompt_logits = hf_reference(path, tuple(prompt), MAX_NEW)
+        assert out.token_ids == tokens, f"prompt of {len(prompt)} tokens"
+        worst = max(worst, rel_err(out.logits, logits))
+        if prompt_logits:
+            worst = max(worst, rel_err(out.prompt_logits, ref_prompt_logits))
+    return worst
+
+
+def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
+    return LLM(
+        path,
+        page_size=page_size,
+        num_pages=-(-1600 // page_size),
+        max_num_seqs=8,
+        enable_prefix_caching=prefix,
+        chunked_prefill_size=16 if chunked else None,
+    )
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked16"])
+@pytest.mark.parametrize("prefix", [False, True], ids=["noprefix", "prefix"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_matches_transformers(page_size, prefix, chunked, ckpt_root):
+    path = checkpoint("yarn", ckpt_root)
+    llm = make_llm(path, page_size, prefix, chunked)
+    err = max(run(llm, path, PROMPTS, prompt_logits=True), run(llm, path, SHARED, prompt_logits=False))
+    print(f"page {page_size} prefix {prefix} chunked {chunked}: tokens equal, max logit rel err {err:.2e}")
+    assert err < TOL
+    pool = llm.engine.kv_pool
+    assert isinstance(pool, MLAKVPool)
+    assert pool.kv_cache(0).shape == (pool.num_pages, page_size, BASE["kv_lora_rank"] + BASE["qk_rope_head_dim"])
+    cached = llm.engine.pages.num_cached_tokens
+    if prefix:
+        assert cached >= page_size * (len(PROMPTS[4]) // page_size)  # the repeated prompt's full pages
+    else:
+        assert cached == 0
+    allocator = llm.engine.allocator
+    assert allocator.num_used == len(llm.engine.pages.cache)
+
+
+def test_without_q_lora_rotate_half_default_rope(ckpt_root):
+    path = checkpoint("plain", ckpt_root)
+    llm = make_llm(path, page_size=7, prefix=True, chunked=True)
+    err = max(run(llm, path, PROMPTS, prompt_logits=True), run(llm, path, SHARED, prompt_logits=False))
+    assert err < TOL
+    assert llm.engine.pages.num_cached_tokens > 0
+
+
+def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
+    path = checkpoint("yarn", ckpt_root)
+    llm = make_llm(path, page_size=5, prefix=False, chunked=True)
+    backend = llm.engine.backend
+    calls = dict.fromkeys(["steps", "plan", "plan_decode", "mla_decode", "varlen"], 0)
+
+    def count(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    latent = deepseek_v3.plan_latent_attention.__module__
+    monkeypatch.setattr(llm.engine, "step", count("steps", llm.engine.step))
+    monkeypatch.setattr(deepseek_v3, "plan_latent_attention", count("plan", deepseek_v3.plan_latent_attention))
+    monkeypatch.setattr(f"{latent}.plan_mla_decode", count("plan_decode", portattn.mla.plan_mla_decode))
+    monkeypatch.setattr(backend, "mla_decode", count("mla_decode", backend.mla_decode))
+    monkeypatch.setattr(backend, "varlen_attention", count("varlen", backend.varlen_attention))
+    monkeypatch.setattr(portattn.mla, "mla_decode", None)  # the engine must not go through the validating op
+    prompts = random_prompts([3, 30], seed=11)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_reference(path, tuple(prompt), 8)[0]
+    layers = BASE["num_hidden_layers"]
+    assert calls["plan"] == calls["steps"]
+    assert 0 < calls["plan_decode"] < calls["steps"]  # chunked prompt steps are expanded, decodes absorbed
+    assert calls["mla_decode"] == layers * calls["plan_decode"]
+    assert calls["varlen"] == layers * (calls["steps"] - calls["plan_decode"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"topk_method": "greedy"}, r"expected topk_method in \['noaux_tc'\], got 'greedy'"),
+        ({"scoring_func": "softmax"}, r"expected scoring_func in \['sigmoid'\], got 'softmax'"),
+        ({"n_group": 3}, "expected n_group dividing n_routed_experts 8, got 3"),
+        ({"n_group": 8, "topk_group": 2}, "expected at least 2 experts per group"),
+        ({"topk_group": 5}, r"expected topk_group in \[1, n_group 4\], got 5"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "expected a rope_type in"),
+    ],
+)
+def test_unsupported_configs_raise(overrides, match):
+    with torch.device("meta"), pytest.raises(ValueError, match=match):
+        DeepseekV3ForCausalLM(config("yarn", **overrides))
+
+
+def test_multi_token_prediction_layers_are_skipped():
+    with torch.device("meta"):
+        model = DeepseekV3ForCausalLM(config("yarn"))
+    assert model.checkpoint_name("model.layers.3.eh_proj.weight") is None  # layer num_hidden_layers: MTP
+    assert model.checkpoint_name("model.layers.2.mlp.gate.weight") == "model.layers.2.mlp.gate.weight"
