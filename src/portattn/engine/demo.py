@@ -21,7 +21,7 @@ TINY = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value
 
 def tiny_config(family: str):
     """A small random-weight config of ``family`` that exercises its distinctive features."""
-    from transformers import Llama4TextConfig, LlamaConfig, Qwen3Config
+    from transformers import DeepseekV3Config, Llama4TextConfig, LlamaConfig, Qwen3Config
 
     if family == "llama":
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0}
@@ -44,10 +44,30 @@ def tiny_config(family: str):
             attention_chunk_size=32,
             floor_scale=8,
         )
+    if family == "deepseek_v3":  # MLA with q LoRA and YaRN; a dense layer, then grouped top-k MoE
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024}
+        rope |= {"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+        return DeepseekV3Config(
+            **(TINY | {"num_key_value_heads": TINY["num_attention_heads"]}),
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            rope_parameters=rope,
+        )
     raise ValueError(f"expected a family in {FAMILIES}, got {family!r}")
 
 
-FAMILIES = ("llama", "qwen3", "llama4")
+FAMILIES = ("llama", "qwen3", "llama4", "deepseek_v3")
 
 
 def save_tiny_checkpoint(family: str, path: str | Path, seed: int = 0) -> str:
@@ -91,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     runs = [(p, False, None) for p in args.page_sizes] + [(16, True, 16)]
     print(f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens, {args.max_tokens} new tokens each\n")
-    print(f"{'family':8} {'page':>4} {'prefix+chunk':>12} {'tokens/s':>9}  greedy == transformers")
+    print(f"{'family':11} {'page':>4} {'prefix+chunk':>12} {'tokens/s':>9}  greedy == transformers")
     all_ok = True
     with tempfile.TemporaryDirectory() as root:
         for family in args.families:
@@ -113,6 +133,6 @@ def main(args: argparse.Namespace) -> int:
                 all_ok &= ok
                 extra = "yes" if prefix else "no"
                 rate = sum(len(o.token_ids) for o in outs) / seconds
-                print(f"{family:8} {page_size:>4} {extra:>12} {rate:>9.0f}  {'yes' if ok else 'NO'}")
+                print(f"{family:11} {page_size:>4} {extra:>12} {rate:>9.0f}  {'yes' if ok else 'NO'}")
     print("\nall greedy outputs equal transformers'" if all_ok else "\nMISMATCH against transformers")
     return 0 if all_ok else 1
