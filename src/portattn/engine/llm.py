@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from .config import EngineConfig
 from .engine import Engine
+from .multimodal import MultimodalData
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -67,6 +69,7 @@ class LLM:
         )
         self.engine = Engine(self.config)
         self.tokenizer = self.engine.tokenizer
+        self._image_processor = None  # loaded on the first raw image
 
     def generate(
         self,
@@ -74,17 +77,25 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for each prompt (a str, a list of token ids, or ``{"prompt_token_ids": [...]}``)."""
+        """Generate for each prompt: a str, a list of token ids, or a dict
+        ``{"prompt_token_ids": [...], "multi_modal_data": {...}}`` (``"prompt": str`` in place of the ids).
+
+        ``multi_modal_data`` (multimodal models) is either the Hugging Face image processor's outputs,
+        ``{"pixel_values": [N, patch_dim], "image_grid_thw": [num_images, 3]}``, with one run of image
+        pad tokens per image in the prompt, as many as its merged patches (``t * h * w / merge**2``);
+        or ``{"image": img or [img, ...]}`` (PIL images or arrays) processed with the checkpoint's
+        image processor, where a single pad token per image is widened to its patch count.
+        """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params if sampling_params is not None else SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"expected {len(prompts)} sampling params (one per prompt), got {len(params)}")
-        token_ids = [self._token_ids(p) for p in prompts]
-        for ids in token_ids:  # all prompts are checked before any is queued
+        requests = [self._request(p) for p in prompts]
+        for ids, _ in requests:  # all prompts are checked before any is queued
             self.engine.check_prompt(ids)
-        seqs = [self.engine.add_request(ids, sp) for ids, sp in zip(token_ids, params)]
+        seqs = [self.engine.add_request(ids, sp, mm) for (ids, mm), sp in zip(requests, params)]
         try:
             with tqdm(total=len(seqs), desc="generating", unit="req", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
@@ -95,20 +106,81 @@ class LLM:
                     self.engine.abort(seq.request_id)
         return [self._output(seq) for seq in seqs]
 
-    def _token_ids(self, prompt) -> list[int]:
+    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw) -> torch.Tensor:
+        """Merged image embeddings ``[sum(t * h * w) / merge**2, hidden]``, images in input order.
+
+        ``pixel_values [N, patch_dim]`` and ``image_grid_thw [num_images, 3]`` as the Hugging Face
+        image processor returns them (``N = sum(t * h * w)``).
+        """
+        model = self._multimodal_model()
+        with torch.inference_mode():
+            return model.encode_images(pixel_values.to(self.config.device), image_grid_thw)
+
+    def _multimodal_model(self):
+        model = self.engine.model
+        if not getattr(model, "is_multimodal", False):
+            raise ValueError(f"expected a multimodal model for images, got {type(model).__name__}")
+        return model
+
+    def _request(self, prompt) -> tuple[list[int], MultimodalData | None]:
+        """``(token ids, images)`` of one prompt, validated."""
+        data = None
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+            if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+                raise ValueError(
+                    "expected a dict with 'prompt_token_ids' or 'prompt' (and optionally 'multi_modal_data'), "
+                    f"got keys {sorted(prompt)}"
+                )
+            data = prompt.get("multi_modal_data")
+            prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("expected token-id prompts: the model directory has no tokenizer, got a str")
-            return self.tokenizer(prompt)["input_ids"]
-        if isinstance(prompt, dict):
-            if "multi_modal_data" in prompt:
+            token_ids = self.tokenizer(prompt)["input_ids"]
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = list(prompt)
+        else:
+            raise ValueError(f"expected a prompt as str, list[int] or dict, got {type(prompt).__name__}")
+        if not getattr(self.engine.model, "is_multimodal", False):
+            if data is not None:
                 raise ValueError(f"expected a text-only prompt for {type(self.engine.model).__name__}, got images")
-            if "prompt_token_ids" not in prompt:
-                raise ValueError(f"expected a dict with 'prompt_token_ids', got keys {sorted(prompt)}")
-            return list(prompt["prompt_token_ids"])
-        if isinstance(prompt, (list, tuple)):
-            return list(prompt)
-        raise ValueError(f"expected a prompt as str, list[int] or dict, got {type(prompt).__name__}")
+            return token_ids, None
+        model = self.engine.model
+        if data is None:
+            return token_ids, model.multimodal_data(token_ids, None, None)
+        if not isinstance(data, dict) or not data:
+            raise ValueError(f"expected multi_modal_data as a dict, got {data!r}")
+        if set(data) == {"image"}:
+            pixel_values, grid_thw = self._process_images(data["image"])
+            token_ids = model.expand_placeholders(token_ids, grid_thw)
+        elif set(data) == {"pixel_values", "image_grid_thw"}:
+            pixel_values, grid_thw = data["pixel_values"], data["image_grid_thw"]
+        else:
+            raise ValueError(
+                "expected multi_modal_data keys {'pixel_values', 'image_grid_thw'} or {'image'}, "
+                f"got {sorted(data)}"
+            )
+        return token_ids, model.multimodal_data(token_ids, pixel_values, grid_thw)
+
+    def _process_images(self, images) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw images (PIL or arrays) -> ``(pixel_values, image_grid_thw)`` by the checkpoint's processor."""
+        try:
+            import PIL  # noqa: F401  (the Qwen-VL image processors need it without torchvision)
+        except ImportError as err:
+            raise ImportError("raw images in multi_modal_data need pillow: pip install pillow") from err
+        if self._image_processor is None:
+            if not (Path(self.config.model) / "preprocessor_config.json").is_file():
+                raise ValueError(
+                    "expected preprocessor_config.json in the checkpoint directory to process raw images, got none; "
+                    "pass 'pixel_values' and 'image_grid_thw' instead"
+                )
+            from transformers import AutoImageProcessor
+
+            self._image_processor = AutoImageProcessor.from_pretrained(self.config.model)
+        images = list(images) if isinstance(images, (list, tuple)) else [images]
+        out = self._image_processor(images=images, return_tensors="pt")
+        return out["pixel_values"], out["image_grid_thw"]
 
     def _output(self, seq: Sequence) -> RequestOutput:
         tokens = seq.output_token_ids

@@ -321,7 +321,8 @@ class MRotaryEmbedding(RotaryEmbedding):
             f"mrope_section of three sizes summing to head_dim / 2 = {head_dim // 2}",
             section,
         )
-        axis = torch.cat([torch.full((n,), i) for i, n in enumerate(section)])  # [D / 2]
+        # Built on the CPU: models are constructed under torch.device("meta"); buffers must be real.
+        axis = torch.cat([torch.full((n,), i, device="cpu") for i, n in enumerate(section)])  # [D / 2]
         self.register_buffer("axis", axis, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
