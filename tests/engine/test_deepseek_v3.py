@@ -52,7 +52,7 @@ VARIANTS = {
             "rope_type": "yarn",
             "rope_theta": 10000.0,
             "factor": 4.0,
-            "original_max_position_embeddings": 32,
+            "original_max_position_embeddings": 64,  # max_position_embeddings / factor
             "beta_fast": 32,
             "beta_slow": 1,
             "mscale": 1.0,
