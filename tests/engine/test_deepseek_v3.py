@@ -184,6 +184,25 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
     assert calls["varlen"] == layers * (calls["steps"] - calls["plan_decode"])
 
 
+def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
+    path = checkpoint("yarn", ckpt_root)
+    llm = LLM(path, dtype="bfloat16", page_size=16, num_pages=64)
+    gate = llm.engine.model.model.layers[1].mlp.gate
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
+    assert llm.engine.model.model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
+    assert llm.engine.kv_pool.kv_cache(0).dtype == torch.bfloat16
+    # Greedy tokens of a short prompt agree with transformers' bfloat16 model (routing included).
+    prompt = PROMPTS[2]
+    want = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    assert want.model.layers[1].mlp.gate.weight.dtype == torch.float32
+    want.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        ref = want.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    out = llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    assert out.token_ids == ref[0, len(prompt) :].tolist()
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [

@@ -57,6 +57,7 @@ def load_model(
             options = dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
         model = cls(config, **options)
     expected = dict(model.named_parameters())
+    float32 = getattr(model, "float32_weights", frozenset())  # kept in float32 whatever dtype (e.g. routers)
     state = {}
     for file in tqdm(safetensors_files(path), desc="loading weights", unit="shard", leave=False):
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -69,7 +70,7 @@ def load_model(
                 tensor = f.get_tensor(key)
                 if tuple(tensor.shape) != tuple(expected[name].shape):
                     raise ValueError(f"expected {key} of shape {list(expected[name].shape)}, got {list(tensor.shape)}")
-                state[name] = tensor.to(device=device, dtype=dtype)
+                state[name] = tensor.to(device=device, dtype=torch.float32 if name in float32 else dtype)
     tied = {"lm_head.weight"} if model.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(state) - tied)
     if missing:

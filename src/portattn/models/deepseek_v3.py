@@ -198,6 +198,12 @@ class DeepseekV3ForCausalLM(CausalLM):
         self.model = DeepseekV3Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    @property
+    def float32_weights(self) -> frozenset[str]:
+        """Router weights, kept in float32 in any dtype (as transformers keeps them)."""
+        names = (name for name, _ in self.named_parameters())
+        return frozenset(n for n in names if n.endswith(("mlp.gate.weight", "mlp.gate.e_score_correction_bias")))
+
     def attention_layers(self):
         return [layer.self_attn.spec for layer in self.model.layers]
 
