@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -108,8 +108,10 @@ def _run_case(feature: Feature, backend: str, dtype: torch.dtype, page_size: int
     return testing.max_error(out, ref), testing.tolerance(ref, lowp, dtype)
 
 
-def run_check(device: torch.device, backends: list[str], dtypes: list[str], page_sizes: tuple[int, ...]) -> list[dict]:
-    rows = []
+def run_check(
+    device: torch.device, backends: list[str], dtypes: list[str], page_sizes: tuple[int, ...]
+) -> Iterator[dict]:
+    """One row per (feature, backend, dtype) that the backend supports, as soon as it is measured."""
     for feature in FEATURES:
         for backend in backends:
             for dtype_name in dtypes:
@@ -126,29 +128,25 @@ def run_check(device: torch.device, backends: list[str], dtypes: list[str], page
                     ok &= err <= tol
                     if not math.isfinite(err) or err / tol >= worst_err / max(worst_tol, 1e-30):
                         worst_err, worst_tol = err, tol
-                rows.append(
-                    dict(
-                        op=feature.op,
-                        feature=feature.name,
-                        backend=backend,
-                        dtype=dtype_name,
-                        max_error=worst_err,
-                        tolerance=worst_tol,
-                        ok=ok,
-                    )
+                yield dict(
+                    op=feature.op,
+                    feature=feature.name,
+                    backend=backend,
+                    dtype=dtype_name,
+                    max_error=worst_err,
+                    tolerance=worst_tol,
+                    ok=ok,
                 )
-    return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    header = f"{'op':<17} {'feature':<24} {'backend':<8} {'dtype':<5} {'max error':>10} {'tolerance':>10}  result"
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(
-            f"{r['op']:<17} {r['feature']:<24} {r['backend']:<8} {r['dtype']:<5} "
-            f"{r['max_error']:>10.2e} {r['tolerance']:>10.2e}  {'pass' if r['ok'] else 'FAIL'}"
-        )
-    return "\n".join(lines)
+HEADER = f"{'op':<17} {'feature':<24} {'backend':<8} {'dtype':<5} {'max error':>10} {'tolerance':>10}  result"
+
+
+def format_row(r: dict) -> str:
+    return (
+        f"{r['op']:<17} {r['feature']:<24} {r['backend']:<8} {r['dtype']:<5} "
+        f"{r['max_error']:>10.2e} {r['tolerance']:>10.2e}  {'pass' if r['ok'] else 'FAIL'}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,8 +182,12 @@ def main(args: argparse.Namespace) -> int:
         dtypes = [d for d in dtypes if d != "bf16"]
     page_sizes = tuple(args.page_size or PAGE_SIZES)
     print(f"portattn check on {device}: backends {backends}, dtypes {dtypes}, page sizes {list(page_sizes)}")
-    rows = run_check(device, backends, dtypes, page_sizes)
-    print(format_table(rows))
-    failed = sum(not r["ok"] for r in rows)
-    print(f"{len(rows) - failed} passed, {failed} failed")
+    print(HEADER)
+    print("-" * len(HEADER), flush=True)
+    passed = failed = 0
+    for row in run_check(device, backends, dtypes, page_sizes):
+        print(format_row(row), flush=True)  # rows stream: Triton compiles a kernel per new shape
+        passed += row["ok"]
+        failed += not row["ok"]
+    print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -7,9 +7,11 @@ softmax in float32 (float64 for float64 inputs).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
@@ -91,8 +93,57 @@ def attend(
 
 
 # Decode batches are attended in groups of sequences padded to the group's longest: one gather and
-# one matmul per group. This bounds the padded K/V copy (elements) a group may take.
-DECODE_GROUP_ELEMENTS = 1 << 25
+# one matmul per KV head per group. This bounds the keys (padding included) a group may hold.
+DECODE_GROUP_TOKENS = 1 << 15
+
+
+@dataclass(frozen=True, eq=False)
+class _DecodeGroup:
+    """Per-forward gather plan of sequences ``b0:b1`` of a decode batch (shared by every layer)."""
+
+    b0: int
+    b1: int
+    pages: torch.Tensor  # [g * Pmax] page ids; unused columns point at page 0 (never seen)
+    key_lens: torch.Tensor  # [g] int64
+    padding: torch.Tensor  # [g, Pmax * P] bool: keys past each sequence's length
+    q_pos: torch.Tensor  # [g, 1] int64
+
+
+def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
+    page_size, device = metadata.page_size, metadata.seq_lens_k.device
+    per_seq = num_pages_for(metadata.max_seqlen_k, page_size) * page_size
+    step = max(1, DECODE_GROUP_TOKENS // max(per_seq, 1))
+    groups = []
+    for b0 in range(0, metadata.batch_size, step):
+        b1 = min(b0 + step, metadata.batch_size)
+        max_pages = num_pages_for(max(metadata.k_lens[b0:b1]), page_size)
+        key_lens = metadata.seq_lens_k[b0:b1].long()  # [g]
+        used = torch.arange(max_pages, device=device) * page_size < key_lens[:, None]  # [g, Pmax]
+        pages = torch.where(used, metadata.page_table[b0:b1, :max_pages], 0).flatten()
+        padding = torch.arange(max_pages * page_size, device=device) >= key_lens[:, None]  # [g, Pmax*P]
+        groups.append(_DecodeGroup(b0, b1, pages, key_lens, padding, (key_lens - 1)[:, None]))
+    return groups
+
+
+def _sdpa_decode(q, k, v, group: _DecodeGroup, params: AttentionParams) -> torch.Tensor:
+    """One query per sequence through torch's fused SDPA, with the key range as a boolean mask."""
+    lo, hi = key_range(
+        group.q_pos,
+        causal=params.causal,
+        window_left=params.window_left,
+        window_right=params.window_right,
+        chunk=params.attention_chunk_size,
+    )
+    mask = range_mask(lo, hi, torch.arange(k.shape[1], device=q.device)) & ~group.padding[:, None, :]  # [g, 1, L]
+    out = F.scaled_dot_product_attention(
+        q[:, :, None],  # [g, Hq, 1, D]
+        k.transpose(1, 2),  # [g, Hkv, L, D]
+        v.transpose(1, 2),  # [g, Hkv, L, Dv]
+        attn_mask=mask[:, None],  # [g, 1, 1, L]
+        scale=params.scale,
+        enable_gqa=q.shape[1] != k.shape[2],
+    )  # [g, Hq, 1, Dv]
+    return out[:, :, 0]
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -120,6 +171,13 @@ class TorchBackend(AttentionBackend):
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64}),
     )
 
+    def plan_paged(self, cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs) -> PagedMetadata:
+        """As the base class; a decode batch (one query per sequence) also gets its gather plan."""
+        metadata = super().plan_paged(cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs)
+        if metadata.batch_size and all(n == 1 for n in metadata.q_lens):
+            metadata.extra["decode_groups"] = _decode_groups(metadata)
+        return metadata
+
     def paged_attention(
         self,
         q: torch.Tensor,
@@ -129,8 +187,8 @@ class TorchBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
-        if q.shape[0] == metadata.batch_size:  # one query per sequence: a decode batch
-            return self._paged_decode(q, k_cache, v_cache, metadata, params, out)
+        if "decode_groups" in metadata.extra:
+            return self._paged_decode(q, k_cache, v_cache, metadata.extra["decode_groups"], params, out)
         page_size = metadata.page_size
         # Gather buffers are allocated once per call: fresh allocations per sequence cost more
         # than the copies themselves.
@@ -150,23 +208,16 @@ class TorchBackend(AttentionBackend):
             start += n
         return out
 
-    def _paged_decode(self, q, k_cache, v_cache, metadata: PagedMetadata, params: AttentionParams, out):
-        page_size = metadata.page_size
-        per_seq = num_pages_for(metadata.max_seqlen_k, page_size) * page_size * k_cache[0, 0].numel()
-        per_seq += num_pages_for(metadata.max_seqlen_k, page_size) * page_size * v_cache[0, 0].numel()
-        group = max(1, DECODE_GROUP_ELEMENTS // max(per_seq, 1))
-        for b0 in range(0, metadata.batch_size, group):
-            b1 = min(b0 + group, metadata.batch_size)
-            max_pages = num_pages_for(max(metadata.k_lens[b0:b1]), page_size)
-            key_lens = metadata.seq_lens_k[b0:b1].long()  # [g]
-            used = torch.arange(max_pages, device=q.device) * page_size < key_lens[:, None]  # [g, Pmax]
-            pages = torch.where(used, metadata.page_table[b0:b1, :max_pages], 0).flatten()  # unused ids: any
-            k = k_cache.index_select(0, pages).view(b1 - b0, max_pages * page_size, *k_cache.shape[2:])
-            v = v_cache.index_select(0, pages).view(b1 - b0, max_pages * page_size, *v_cache.shape[2:])
-            padding = torch.arange(v.shape[1], device=q.device) >= key_lens[:, None]  # [g, Lmax]
-            v.masked_fill_(padding[:, :, None, None], 0.0)  # unowned slots may hold NaN; 0 * NaN = NaN
-            q_pos = (key_lens - 1)[:, None]  # [g, 1]
-            out[b0:b1] = attend(q[b0:b1, None], k, v, q_pos, params, key_lens=key_lens)[:, 0]
+    def _paged_decode(self, q, k_cache, v_cache, groups: list[_DecodeGroup], params: AttentionParams, out):
+        for g in groups:
+            k = k_cache.index_select(0, g.pages).view(g.b1 - g.b0, -1, *k_cache.shape[2:])  # [g, Lmax, Hkv, D]
+            v = v_cache.index_select(0, g.pages).view(g.b1 - g.b0, -1, *v_cache.shape[2:])  # [g, Lmax, Hkv, Dv]
+            v.masked_fill_(g.padding[:, :, None, None], 0.0)  # unowned slots may hold NaN; 0 * NaN = NaN
+            if params.sinks is None and params.logit_softcap == 0:
+                k.masked_fill_(g.padding[:, :, None, None], 0.0)  # SDPA adds its mask to NaN scores
+                out[g.b0 : g.b1] = _sdpa_decode(q[g.b0 : g.b1], k, v, g, params)
+            else:
+                out[g.b0 : g.b1] = attend(q[g.b0 : g.b1, None], k, v, g.q_pos, params, key_lens=g.key_lens)[:, 0]
         return out
 
     def varlen_attention(
