@@ -64,37 +64,78 @@ def tiny_config(family: str):
             num_experts_per_tok=2,
             rope_parameters=rope,
         )
-    raise ValueError(f"expected a family in {FAMILIES}, got {family!r}")
+    if family == "qwen2_5_vl":  # mrope language model; vision tower with window and full-attention blocks
+        from transformers import Qwen2_5_VLConfig
+
+        mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        vision = dict(depth=2, hidden_size=64, num_heads=4, intermediate_size=96, patch_size=4, spatial_merge_size=2)
+        vision |= dict(temporal_patch_size=2, window_size=16, out_hidden_size=64, fullatt_block_indexes=[1])
+        return Qwen2_5_VLConfig(
+            text_config=TINY | dict(intermediate_size=128, num_hidden_layers=2, rope_parameters=mrope),
+            vision_config=vision | dict(initializer_range=0.2),
+            image_token_id=IMAGE_PAD,
+            video_token_id=IMAGE_PAD + 1,
+            vision_start_token_id=IMAGE_PAD + 2,
+            vision_end_token_id=IMAGE_PAD + 3,
+        )
+    raise ValueError(f"expected a family in {FAMILIES + VISION_FAMILIES}, got {family!r}")
 
 
 FAMILIES = ("llama", "qwen3", "llama4", "deepseek_v3")
+VISION_FAMILIES = ("qwen2_5_vl",)  # prompts with a random image; transformers' image-text-to-text model
+IMAGE_PAD, IMAGE_GRID, PATCH_DIM = 500, (1, 8, 8), 3 * 2 * 4 * 4  # pad token, image grid (t, h, w), C*T*P*P
+
+
+def image_prompts(prompts: list[list[int]], seed: int = 0) -> list[dict]:
+    """Each prompt with a random image's pad tokens after its first two tokens."""
+    g = torch.Generator().manual_seed(seed)
+    t, h, w = IMAGE_GRID
+    out = []
+    for prompt in prompts:
+        ids = [x % IMAGE_PAD for x in prompt]  # no image tokens in the text
+        data = {
+            "pixel_values": torch.randn(t * h * w, PATCH_DIM, generator=g),
+            "image_grid_thw": torch.tensor([IMAGE_GRID]),
+        }
+        out.append({"prompt_token_ids": ids[:2] + [IMAGE_PAD] * (t * h * w // 4) + ids[2:], "multi_modal_data": data})
+    return out
 
 
 def save_tiny_checkpoint(family: str, path: str | Path, seed: int = 0) -> str:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(tiny_config(family)).save_pretrained(path)
+    auto = AutoModelForImageTextToText if family in VISION_FAMILIES else AutoModelForCausalLM
+    auto.from_config(tiny_config(family)).save_pretrained(path)
     return str(path)
 
 
-def transformers_greedy(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
+def transformers_greedy(path: str, prompts: list, max_tokens: int) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    auto = AutoModelForImageTextToText if any(isinstance(p, dict) for p in prompts) else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     outs = []
     with torch.no_grad():
         for prompt in prompts:
+            images = {}
+            if isinstance(prompt, dict):
+                prompt, images = prompt["prompt_token_ids"], dict(prompt["multi_modal_data"])
             ids = torch.tensor([prompt])
+            if images:  # transformers builds the 3-D rotary positions from the token types
+                images["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
             mask = torch.ones_like(ids)  # explicit: token 0 would otherwise be taken for padding
-            seq = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+            seq = model.generate(
+                ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=0, **images
+            )
             outs.append(seq[0, len(prompt) :].tolist())
     return outs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    families = FAMILIES + VISION_FAMILIES
+    parser.add_argument("--families", nargs="+", default=list(families), choices=families)
     parser.add_argument("--page-sizes", nargs="+", type=int, default=[1, 7, 16])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -116,7 +157,8 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as root:
         for family in args.families:
             path = save_tiny_checkpoint(family, Path(root) / family)
-            want = transformers_greedy(path, prompts, args.max_tokens)
+            inputs = image_prompts(prompts) if family in VISION_FAMILIES else prompts
+            want = transformers_greedy(path, inputs, args.max_tokens)
             for page_size, prefix, chunk in runs:
                 llm = LLM(
                     path,
@@ -127,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
                     num_pages=-(-len(prompts) * 96 // page_size),
                 )
                 start = time.perf_counter()
-                outs = llm.generate(prompts, params, use_tqdm=False)
+                outs = llm.generate(inputs, params, use_tqdm=False)
                 seconds = time.perf_counter() - start
                 ok = [o.token_ids for o in outs] == want
                 all_ok &= ok
