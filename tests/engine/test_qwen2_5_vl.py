@@ -284,3 +284,12 @@ def test_raw_images_through_the_checkpoint_processor(path, tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "PIL", None)
     with pytest.raises(ImportError, match="pip install pillow"):
         llm.generate(one_pad, params, use_tqdm=False)
+
+
+def test_demo_runs_the_vision_family(capsys):
+    from portattn.cli import main
+
+    argv = ["demo", "--families", "qwen2_5_vl", "--page-sizes", "5", "--num-prompts", "2", "--max-tokens", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "qwen2_5_vl     5           no" in out and "all greedy outputs equal transformers'" in out
