@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root, with PYTHONPATH=src (no install needed):
-# the op test suite and `portattn check` in every dtype (bf16 and fp16 included), then the benchmark.
-# Output goes to $OUT (default bench/results): gpu_check.txt, bench JSON and PNG.
-#   PYTHONPATH=src bash scripts/gpu_check.sh [extra args for python -m portattn.bench]
+# the op test suite on the GPU (fp32, fp16, bf16), `portattn check` (bf16), the attention benchmark
+# and the vision-tower benchmark. Each step has a time limit so that one slow step cannot take the
+# others' results with it. Output goes to $OUT (default bench/results).
+#   PYTHONPATH=src bash scripts/gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
@@ -14,9 +15,12 @@ PY=${PYTHON:-python3}
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   echo "== tests (GPU: fp32, fp16, bf16)"
-  $PY -m pytest -q --maxfail=20 -n 8 -p no:cacheprovider tests/test_ops.py tests/test_triton_backend.py tests/test_bench.py 2>&1 | tail -n 15
-  echo "== portattn check"
-  $PY -m portattn.cli check --dtype bf16 --dtype fp16 2>&1 | tail -n 80
+  timeout "${TEST_LIMIT:-240}" $PY -m pytest -q --maxfail=20 -n 8 -p no:cacheprovider \
+    tests/test_ops.py tests/test_triton_backend.py tests/test_mla.py tests/test_encoder.py 2>&1 | tail -n 25
+  echo "== portattn check (bf16)"
+  timeout "${CHECK_LIMIT:-110}" $PY -m portattn.cli check --dtype bf16 --page-size 1 --page-size 7 --page-size 64 2>&1
   echo "== benchmark"
-  $PY -m portattn.bench --out "$OUT" --tag h200_bench "$@" 2>&1
+  timeout "${BENCH_LIMIT:-80}" $PY -m portattn.bench --out "$OUT" --tag h200_bench 2>&1
+  echo "== vision benchmark"
+  timeout "${VISION_LIMIT:-90}" $PY -m portattn.bench.vision --device cuda --out "$OUT/vision_h200.json" 2>&1
 } 2>&1 | tee "$LOG"
