@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     runs = [(p, False, None) for p in args.page_sizes] + [(16, True, 16)]
     print(f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens, {args.max_tokens} new tokens each\n")
-    print(f"{'family':8} {'page':>4} {'prefix+chunk':>12} {'tokens/s':>9}  greedy == transformers")
+    print(f"{'family':11} {'page':>4} {'prefix+chunk':>12} {'tokens/s':>9}  greedy == transformers")
     all_ok = True
     with tempfile.TemporaryDirectory() as root:
         for family in args.families:
@@ -175,6 +175,6 @@ def main(args: argparse.Namespace) -> int:
                 all_ok &= ok
                 extra = "yes" if prefix else "no"
                 rate = sum(len(o.token_ids) for o in outs) / seconds
-                print(f"{family:8} {page_size:>4} {extra:>12} {rate:>9.0f}  {'yes' if ok else 'NO'}")
+                print(f"{family:11} {page_size:>4} {extra:>12} {rate:>9.0f}  {'yes' if ok else 'NO'}")
     print("\nall greedy outputs equal transformers'" if all_ok else "\nMISMATCH against transformers")
     return 0 if all_ok else 1
