@@ -16,7 +16,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from portattn.engine.llm import LLM
 from portattn.engine.multimodal import MultimodalData
 from portattn.engine.sampling_params import SamplingParams
-from portattn.models.qwen2_5_vl import mrope_positions, placeholder_runs
+from portattn.models.mrope import mrope_positions, placeholder_runs
 
 from .conftest import checkpoint, rel_err
 
@@ -292,4 +292,6 @@ def test_demo_runs_the_vision_family(capsys):
     argv = ["demo", "--families", "qwen2_5_vl", "--page-sizes", "5", "--num-prompts", "2", "--max-tokens", "4"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "qwen2_5_vl     5           no" in out and "all greedy outputs equal transformers'" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("qwen2_5_vl")]
+    assert [(r[1], r[2], r[4]) for r in rows] == [("5", "no", "yes"), ("16", "yes", "yes")]
+    assert "all greedy outputs equal transformers'" in out
