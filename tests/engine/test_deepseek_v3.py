@@ -5,19 +5,26 @@ prefill; decode goes through the backend's absorbed ``mla_decode``, planned once
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 import portattn.mla
+from portattn.backends.base import Request
+from portattn.backends.registry import select_backend
+from portattn.engine.kv_pool import KVCacheSpec, make_kv_pool
 from portattn.engine.llm import LLM
-from portattn.engine.mla_pool import MLAKVPool
+from portattn.engine.mla_pool import MLAKVPool, mla_cache_spec
 from portattn.engine.sampling_params import SamplingParams
+from portattn.errors import UnsupportedFeatureError
 from portattn.models import deepseek_v3
 from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
+from portattn.models.latent_attention import plan_latent_attention
 
 from .conftest import hf_reference, random_prompts, rel_err
+from .test_backend_api import make_batch
 
 BASE = dict(
     vocab_size=256,
@@ -201,6 +208,43 @@ def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
         ref = want.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0)
     out = llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
     assert out.token_ids == ref[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_size):
+    torch_backend = select_backend("attention", "torch", Request("paged_attention", "cpu", torch.float32, 24))
+    q_lens, k_lens = [2, 5, 1], [13, 5, 20]
+    batch = make_batch(page_size, q_lens, k_lens, num_pages=-(-64 // page_size))
+    metadata = torch_backend.plan(batch)
+    plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
+    rows = batch.req_pool_indices.tolist()
+    want = torch.cat([batch.req_to_token[row, :n] for row, n in zip(rows, k_lens)]).long()
+    assert plan.decode is None and torch.equal(plan.key_slots, want)
+    assert plan.varlen.k_lens == tuple(k_lens) and plan.varlen.q_lens == tuple(q_lens)
+
+    batch = make_batch(page_size, [1, 1, 1], k_lens, num_pages=-(-64 // page_size))
+    metadata = torch_backend.plan(batch)
+    plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
+    assert plan.key_slots is None and plan.decode.page_table is metadata.page_table
+    assert plan.decode.max_seq_len == max(k_lens)
+
+
+def test_backend_without_mla_decode_is_named():
+    sdpa = select_backend("mm", "sdpa", Request("varlen_attention", "cpu", torch.float32, 24))
+    ctx = SimpleNamespace(backend=sdpa, metadata=None)
+    with pytest.raises(UnsupportedFeatureError, match=r"'sdpa' does not support the mla_decode op; .*'torch'"):
+        plan_latent_attention(ctx, 4, 32)
+
+
+def test_mla_pool_layout_and_size():
+    spec = mla_cache_spec(3, kv_lora_rank=32, rope_dim=8)
+    assert spec.bytes_per_page(16, torch.bfloat16) == 3 * 16 * 40 * 2
+    pool = make_kv_pool(spec, num_pages=5, page_size=16, dtype=torch.float32, device="cpu")
+    assert isinstance(pool, MLAKVPool) and [tuple(pool.kv_cache(i).shape) for i in range(3)] == [(5, 16, 40)] * 3
+    with pytest.raises(ValueError, match="expected kv_lora_rank to be a positive int, got 0"):
+        mla_cache_spec(3, kv_lora_rank=0, rope_dim=8)
+    with pytest.raises(ValueError, match="expected an MLA spec with one latent head"):
+        MLAKVPool(KVCacheSpec(3, 2, 40, 40), 5, 16, torch.float32, torch.device("cpu"))
 
 
 @pytest.mark.parametrize(
