@@ -164,7 +164,7 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
     path = checkpoint("yarn", ckpt_root)
     llm = make_llm(path, page_size=5, prefix=False, chunked=True)
     backend = llm.engine.backend
-    calls = dict.fromkeys(["steps", "plan", "plan_decode", "mla_decode", "varlen"], 0)
+    calls = dict.fromkeys(["steps", "plan", "plan_decode", "plan_varlen", "mla_decode", "varlen"], 0)
 
     def count(name, fn):
         def wrapped(*args, **kwargs):
@@ -179,6 +179,7 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
     monkeypatch.setattr(f"{latent}.plan_mla_decode", count("plan_decode", portattn.mla.plan_mla_decode))
     monkeypatch.setattr(backend, "mla_decode", count("mla_decode", backend.mla_decode))
     monkeypatch.setattr(backend, "varlen_attention", count("varlen", backend.varlen_attention))
+    monkeypatch.setattr(backend, "plan_varlen", count("plan_varlen", backend.plan_varlen))
     monkeypatch.setattr(portattn.mla, "mla_decode", None)  # the engine must not go through the validating op
     prompts = random_prompts([3, 30], seed=11)
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -186,9 +187,11 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
         assert out.token_ids == hf_reference(path, tuple(prompt), 8)[0]
     layers = BASE["num_hidden_layers"]
     assert calls["plan"] == calls["steps"]
-    assert 0 < calls["plan_decode"] < calls["steps"]  # chunked prompt steps are expanded, decodes absorbed
+    # Prompt chunks are expanded, decodes absorbed; some steps (a decode beside a chunk) do both.
+    assert 0 < calls["plan_decode"] < calls["steps"] and 0 < calls["plan_varlen"] < calls["steps"]
+    assert calls["plan_decode"] + calls["plan_varlen"] > calls["steps"]
     assert calls["mla_decode"] == layers * calls["plan_decode"]
-    assert calls["varlen"] == layers * (calls["steps"] - calls["plan_decode"])
+    assert calls["varlen"] == layers * calls["plan_varlen"]
 
 
 def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
@@ -213,7 +216,7 @@ def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
 @pytest.mark.parametrize("page_size", [1, 3, 16])
 def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_size):
     torch_backend = select_backend("attention", "torch", Request("paged_attention", "cpu", torch.float32, 24))
-    q_lens, k_lens = [2, 5, 1], [13, 5, 20]
+    q_lens, k_lens = [2, 5, 3], [13, 5, 20]
     batch = make_batch(page_size, q_lens, k_lens, num_pages=-(-64 // page_size))
     metadata = torch_backend.plan(batch)
     plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
@@ -227,6 +230,16 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
     plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
     assert plan.key_slots is None and plan.decode.page_table is metadata.page_table
     assert plan.decode.max_seq_len == max(k_lens)
+
+    # Mixed: the decodes (sequences 1, 2) absorbed, sequence 0's chunk expanded; tokens picked by row.
+    batch = make_batch(page_size, [3, 1, 1], k_lens, num_pages=-(-64 // page_size))
+    metadata = torch_backend.plan(batch)
+    plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
+    assert torch.equal(plan.key_slots, batch.req_to_token[rows[0], : k_lens[0]].long())
+    assert plan.varlen.q_lens == (3,) and plan.varlen.k_lens == (k_lens[0],)
+    assert torch.equal(plan.decode.page_table, metadata.page_table[1:])
+    assert plan.decode.seq_lens.tolist() == k_lens[1:] and plan.decode.max_seq_len == max(k_lens[1:])
+    assert plan.decode_rows.tolist() == [3, 4] and plan.expand_rows.tolist() == [0, 1, 2]
 
 
 def test_backend_without_mla_decode_is_named():

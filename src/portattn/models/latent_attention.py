@@ -3,15 +3,16 @@
 A layer caches one row per token, ``[c_kv | k_pe]`` (``kv_lora_rank + rope_dim``), and attends in
 one of two forms, chosen once per forward by :func:`plan_latent_attention`:
 
-* **absorbed** (every sequence has one new token, a decode batch): ``q_nope`` is multiplied into
+* **absorbed** (sequences with one new token: decodes): ``q_nope`` is multiplied into
   the latent space through the key half of ``kv_b_proj``, :func:`portattn.mla_decode`'s kernel
   (the backend's ``mla_decode``) attends to the latent rows, and its output leaves the latent space
   through the value half of ``kv_b_proj``;
-* **expanded** (prefill, extend, mixed): the latent rows of every key of the batch's sequences are
+* **expanded** (prefill and extend chunks): the latent rows of every key of the batch's sequences are
   gathered and expanded by ``kv_b_proj`` into per-head keys ``[k_nope | k_pe]`` and values, then
   attended with the backend's varlen op (causal, queries bottom-right aligned).
 
-Both are exact rewrites of the same attention; the plan only picks the cheaper one.
+Both are exact rewrites of the same attention; the plan picks the cheaper one per sequence (a
+batch that mixes decodes and prompt chunks runs each part in its form).
 """
 
 from __future__ import annotations
@@ -32,11 +33,18 @@ _LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds the
 
 @dataclass(frozen=True, eq=False)
 class LatentAttentionPlan:
-    """Per-forward facts shared by every MLA layer: the absorbed-decode metadata, or the expansion's."""
+    """Per-forward facts shared by every MLA layer.
+
+    Sequences with one new token (decodes) are attended in the absorbed form (``decode``), the
+    others in the expanded form (``varlen``, ``key_slots``). In a batch of both kinds,
+    ``decode_rows`` and ``expand_rows`` pick each kind's query tokens; otherwise they are None.
+    """
 
     decode: MLADecodeMetadata | None = None
     varlen: VarlenMetadata | None = None  # expanded form: queries and gathered keys per sequence
     key_slots: torch.Tensor | None = None  # [K] int64 slots of every key, sequence after sequence
+    decode_rows: torch.Tensor | None = None  # [B_decode] int64 token rows
+    expand_rows: torch.Tensor | None = None  # [T_expand] int64 token rows
 
 
 def plan_latent_attention(ctx: ForwardContext, num_heads: int, kv_lora_rank: int) -> LatentAttentionPlan:
@@ -46,31 +54,48 @@ def plan_latent_attention(ctx: ForwardContext, num_heads: int, kv_lora_rank: int
         if not backend.capabilities.supports("op", op):
             have = [n for n in registered_backends() if (c := backend_class(n)) and c.capabilities.supports("op", op)]
             raise UnsupportedFeatureError(f"the {op} op", backend.name, have)
-    if all(n == 1 for n in meta.q_lens):
-        decode = plan_mla_decode(
-            meta.page_table,
-            meta.seq_lens_k,
+    device = meta.seq_lens_k.device
+    decodes = [b for b, n in enumerate(meta.q_lens) if n == 1]
+    expands = [b for b, n in enumerate(meta.q_lens) if n != 1]
+    mixed = bool(decodes and expands)
+    starts = [0]
+    for n in meta.q_lens:
+        starts.append(starts[-1] + n)
+    plan = {}
+    if decodes:
+        pick = torch.tensor(decodes, device=device)
+        plan["decode"] = plan_mla_decode(
+            meta.page_table[pick] if mixed else meta.page_table,
+            meta.seq_lens_k[pick] if mixed else meta.seq_lens_k,
             meta.page_size,
             num_heads=num_heads,
             kv_lora_rank=kv_lora_rank,
-            max_seq_len=meta.max_seqlen_k,
+            max_seq_len=max(meta.k_lens[b] for b in decodes),
         )
-        return LatentAttentionPlan(decode=decode)
-    device = meta.seq_lens_k.device
-    cu_k = torch.zeros(len(meta.k_lens) + 1, dtype=torch.int32)
-    torch.cumsum(torch.tensor(meta.k_lens, dtype=torch.int32), 0, out=cu_k[1:])
-    cu_k = cu_k.to(device)
-    total = sum(meta.k_lens)
-    seq = torch.repeat_interleave(
-        torch.arange(len(meta.k_lens), device=device), meta.seq_lens_k.long(), output_size=total
-    )  # [K] sequence of each key
-    pos = torch.arange(total, device=device) - cu_k[seq].long()  # [K] position of each key in its sequence
-    page_size = meta.page_size
-    key_slots = meta.page_table[seq, pos // page_size].long() * page_size + pos % page_size  # [K]
-    varlen = backend.plan_varlen(
-        meta.cu_seqlens_q, cu_k, max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k
-    )
-    return LatentAttentionPlan(varlen=varlen, key_slots=key_slots)
+    if expands:
+        q_lens = [meta.q_lens[b] for b in expands]
+        k_lens = [meta.k_lens[b] for b in expands]
+        page_table = meta.page_table[torch.tensor(expands, device=device)] if mixed else meta.page_table
+        cu_q, cu_k = _cumsum(q_lens, device), _cumsum(k_lens, device)
+        total = sum(k_lens)
+        seq = torch.repeat_interleave(
+            torch.arange(len(expands), device=device), torch.tensor(k_lens, device=device), output_size=total
+        )  # [K] sequence of each key
+        pos = torch.arange(total, device=device) - cu_k[seq].long()  # [K] position of each key in its sequence
+        page_size = meta.page_size
+        plan["key_slots"] = page_table[seq, pos // page_size].long() * page_size + pos % page_size  # [K]
+        plan["varlen"] = backend.plan_varlen(cu_q, cu_k, max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens))
+    if mixed:
+        plan["decode_rows"] = torch.tensor([starts[b] for b in decodes], device=device)
+        rows = [r for b in expands for r in range(starts[b], starts[b + 1])]
+        plan["expand_rows"] = torch.tensor(rows, device=device)
+    return LatentAttentionPlan(**plan)
+
+
+def _cumsum(lengths: list[int], device) -> torch.Tensor:
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
+    return cu.to(device)  # [n + 1] int32
 
 
 class MultiheadLatentAttention(nn.Module):
@@ -116,10 +141,15 @@ class MultiheadLatentAttention(nn.Module):
         k_pe = rotary.apply(k_pe[:, None, :], *cos_sin)[:, 0]  # [T, 1, Dr] -> [T, Dr]
         cache = ctx.kv_cache(self.spec.layer_id)  # [num_pages, P, R + Dr]
         write_latent(cache, c_kv, k_pe, ctx.metadata.out_cache_loc)
-        if plan.decode is not None:
+        if plan.varlen is None:
             out = self._absorbed(q_nope, q_pe, cache, ctx, plan.decode)
-        else:
+        elif plan.decode is None:
             out = self._expanded(q_nope, q_pe, cache, ctx, plan)
+        else:  # decodes absorbed, prefill/extend chunks expanded
+            out = q_nope.new_empty((num_tokens, self.num_heads, self.v_dim))
+            d, e = plan.decode_rows, plan.expand_rows
+            out[d] = self._absorbed(q_nope[d], q_pe[d], cache, ctx, plan.decode)
+            out[e] = self._expanded(q_nope[e], q_pe[e], cache, ctx, plan)
         return self.o_proj(out.flatten(1))  # [T, H * Dv] -> [T, hidden]
 
     def _kv_b_halves(self) -> tuple[torch.Tensor, torch.Tensor]:
