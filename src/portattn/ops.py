@@ -23,12 +23,22 @@ def _expect(cond: bool, what: str, got: object) -> None:
         raise ValueError(f"expected {what}, got {got}")
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same device when the current index is 0."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        current = torch.accelerator.current_device_index() if a.type != "cpu" else None
+        return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    return a.index == b.index
+
+
 def _check_tensor(name: str, t: object, dim: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> None:
     _expect(isinstance(t, torch.Tensor), f"{name} to be a torch.Tensor", type(t).__name__)
     _expect(t.dim() == dim, f"{name} with {dim} dims", f"shape {tuple(t.shape)}")
     names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
     _expect(t.dtype in dtypes, f"{name} of dtype {names}", t.dtype)
-    _expect(t.device == device, f"{name} on {device}", t.device)
+    _expect(_same_device(t.device, device), f"{name} on {device}", t.device)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> list[int]:

@@ -54,8 +54,8 @@ class SdpaBackend(AttentionBackend):
                     scale=params.scale,
                     enable_gqa=gqa,
                 )[0]  # [Hq, n, Dv]
-                if mask is not None:
-                    res = res.nan_to_num(0.0)  # rows that see no key
+                if mask is not None:  # rows that see no key: NaN from some SDPA kernels, else garbage
+                    res = torch.where(mask.any(-1)[None, :, None], res, 0.0)
                 out[q_start : q_start + n] = res.transpose(0, 1)
             q_start += n
             k_start += num_keys

@@ -162,7 +162,9 @@ def run(device: torch.device, size: str | None = None) -> dict:
             tokens = pixel_values.shape[0]
             fns = {b: functools.partial(t, pixel_values, grid_thw) for b, t in towers.items()}
             if hf is not None:
-                fns["transformers"] = functools.partial(hf, pixel_values, grid_thw)
+                fns["transformers"] = functools.partial(
+                    hf, pixel_values, grid_thw.to(device)
+                )  # its rotary reads the grid on the device
             ms_of = time_interleaved(fns, device)
             ref = hf(pixel_values, grid_thw).pooler_output.float() if hf is not None else None
             for backend, tower in towers.items():
