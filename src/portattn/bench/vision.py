@@ -104,8 +104,9 @@ def _hf_tower(config, state, *, dtype, device):
     with torch.device(device):
         hf = Qwen2_5_VisionTransformerPretrainedModel(config)
     hf.load_state_dict(state, strict=True)
-    inv_freq = hf.rotary_pos_emb.inv_freq.float()  # transformers keeps it in float32 when loading in bf16
-    hf.to(dtype).eval().requires_grad_(False)
+    # transformers keeps inv_freq in float32 when loading in bf16, and some versions build it on the CPU.
+    inv_freq = hf.rotary_pos_emb.inv_freq.to(device=device, dtype=torch.float32)
+    hf.to(device=device, dtype=dtype).eval().requires_grad_(False)
     hf.rotary_pos_emb.inv_freq = inv_freq
     return hf
 
@@ -155,18 +156,23 @@ def run(device: torch.device, size: str | None = None) -> dict:
     ]
     towers = {b: _build(config, state, dtype=dtype, device=device, backend=b) for b in backends}
     hf = _hf_tower(config, state, dtype=dtype, device=device)
+    peer_error = None
     rows = []
     with torch.inference_mode():
         for case, grids in cases.items():
             pixel_values, grid_thw = _inputs(grids, config, dtype, device)
             tokens = pixel_values.shape[0]
             fns = {b: functools.partial(t, pixel_values, grid_thw) for b, t in towers.items()}
+            ref = None
             if hf is not None:
-                fns["transformers"] = functools.partial(
-                    hf, pixel_values, grid_thw.to(device)
-                )  # its rotary reads the grid on the device
+                try:  # the peer is optional: a transformers version that fails here is recorded, not fatal
+                    ref = hf(pixel_values, grid_thw.to(device)).pooler_output.float()
+                    fns["transformers"] = functools.partial(hf, pixel_values, grid_thw.to(device))
+                except RuntimeError as exc:
+                    peer_error = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    print(f"transformers' tower skipped: {peer_error}", file=sys.stderr)
+                    hf = None
             ms_of = time_interleaved(fns, device)
-            ref = hf(pixel_values, grid_thw).pooler_output.float() if hf is not None else None
             for backend, tower in towers.items():
                 ms = ms_of[backend]
                 row = {
@@ -196,6 +202,7 @@ def run(device: torch.device, size: str | None = None) -> dict:
         "load_average": os.getloadavg()[0] if device.type == "cpu" else None,
         "torch": torch.__version__,
         "config": {**sizes, **COMMON},
+        "transformers_error": peer_error,
         "rows": rows,
     }
 
