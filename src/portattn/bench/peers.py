@@ -111,11 +111,11 @@ def flash_varlen_peer(qs, ks, vs, cu, max_len: int, *, scale: float) -> Peer:
 def sdpa_loop_peer(qs, ks, vs, bounds: list[tuple[int, int]], *, scale: float) -> Peer:
     """SDPA once per sequence; ``bounds`` are (start, end) rows of the packed ``[T, H, D]`` tensors.
 
-    Each sequence is laid out as a contiguous ``[H, n, D]`` tensor before timing, so that SDPA can
-    pick its fused kernels (transposed views of the packed tensors send it to a slower path).
+    Each sequence is laid out as a contiguous 4-D ``[1, H, n, D]`` tensor before timing: SDPA's fused
+    kernels take only 4-D inputs, and 3-D or transposed views send it to its slow math path.
     """
     per_seq = [
-        [tuple(t[a:b].transpose(0, 1).contiguous() for t in (q, k, v)) for a, b in bounds]
+        [tuple(t[a:b].transpose(0, 1).contiguous()[None] for t in (q, k, v)) for a, b in bounds]
         for q, k, v in zip(qs, ks, vs)
     ]
 
