@@ -221,3 +221,15 @@ def test_unused_slots_are_never_read():
     case.v_cache[torch.isnan(case.v_cache)] = -1e4
     b = portattn.paged_attention(**case.inputs(), backend="torch")
     assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("group_tokens", [1, 40, 1 << 12])
+def test_torch_decode_batches_in_groups(monkeypatch, group_tokens):
+    # The reference backend attends decode batches in padded groups; group edges must not matter.
+    from portattn.backends import torch_ref
+
+    monkeypatch.setattr(torch_ref, "DECODE_GROUP_TOKENS", group_tokens)
+    k_lens = [1, 6, 7, 8, 30, 2, 15]
+    case = make_paged_case([1] * len(k_lens), k_lens, page_size=7, dtype=torch.float32, device=DEVICE, seed=2)
+    check_paged(case, "torch", torch.float32, window_left=4)
+    check_paged(case, "torch", torch.float32, sinks=torch.tensor([0.0, 1.0, -1.0, 2.0], device=DEVICE))

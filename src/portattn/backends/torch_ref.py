@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
@@ -94,7 +93,7 @@ def attend(
 
 # Decode batches are attended in groups of sequences padded to the group's longest: one gather and
 # one matmul per KV head per group. This bounds the keys (padding included) a group may hold.
-DECODE_GROUP_TOKENS = 1 << 15
+DECODE_GROUP_TOKENS = 1 << 12
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,7 +104,7 @@ class _DecodeGroup:
     b1: int
     pages: torch.Tensor  # [g * Pmax] page ids; unused columns point at page 0 (never seen)
     key_lens: torch.Tensor  # [g] int64
-    padding: torch.Tensor  # [g, Pmax * P] bool: keys past each sequence's length
+    pad_rows: torch.Tensor  # flat rows of the [g * Pmax * P] gathered keys that lie past a length
     q_pos: torch.Tensor  # [g, 1] int64
 
 
@@ -120,30 +119,11 @@ def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
         key_lens = metadata.seq_lens_k[b0:b1].long()  # [g]
         used = torch.arange(max_pages, device=device) * page_size < key_lens[:, None]  # [g, Pmax]
         pages = torch.where(used, metadata.page_table[b0:b1, :max_pages], 0).flatten()
-        padding = torch.arange(max_pages * page_size, device=device) >= key_lens[:, None]  # [g, Pmax*P]
-        groups.append(_DecodeGroup(b0, b1, pages, key_lens, padding, (key_lens - 1)[:, None]))
+        width = max_pages * page_size
+        pad_rows = [b * width + j for b, n in enumerate(metadata.k_lens[b0:b1]) for j in range(n, width)]
+        pad_rows = torch.tensor(pad_rows, dtype=torch.int64, device=device)
+        groups.append(_DecodeGroup(b0, b1, pages, key_lens, pad_rows, (key_lens - 1)[:, None]))
     return groups
-
-
-def _sdpa_decode(q, k, v, group: _DecodeGroup, params: AttentionParams) -> torch.Tensor:
-    """One query per sequence through torch's fused SDPA, with the key range as a boolean mask."""
-    lo, hi = key_range(
-        group.q_pos,
-        causal=params.causal,
-        window_left=params.window_left,
-        window_right=params.window_right,
-        chunk=params.attention_chunk_size,
-    )
-    mask = range_mask(lo, hi, torch.arange(k.shape[1], device=q.device)) & ~group.padding[:, None, :]  # [g, 1, L]
-    out = F.scaled_dot_product_attention(
-        q[:, :, None],  # [g, Hq, 1, D]
-        k.transpose(1, 2),  # [g, Hkv, L, D]
-        v.transpose(1, 2),  # [g, Hkv, L, Dv]
-        attn_mask=mask[:, None],  # [g, 1, 1, L]
-        scale=params.scale,
-        enable_gqa=q.shape[1] != k.shape[2],
-    )  # [g, Hq, 1, Dv]
-    return out[:, :, 0]
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -209,15 +189,15 @@ class TorchBackend(AttentionBackend):
         return out
 
     def _paged_decode(self, q, k_cache, v_cache, groups: list[_DecodeGroup], params: AttentionParams, out):
+        max_pages = max(g.pages.shape[0] for g in groups)
+        k_bufs, v_bufs = _gather_buffers(k_cache, max_pages), _gather_buffers(v_cache, max_pages)
         for g in groups:
-            k = k_cache.index_select(0, g.pages).view(g.b1 - g.b0, -1, *k_cache.shape[2:])  # [g, Lmax, Hkv, D]
-            v = v_cache.index_select(0, g.pages).view(g.b1 - g.b0, -1, *v_cache.shape[2:])  # [g, Lmax, Hkv, Dv]
-            v.masked_fill_(g.padding[:, :, None, None], 0.0)  # unowned slots may hold NaN; 0 * NaN = NaN
-            if params.sinks is None and params.logit_softcap == 0:
-                k.masked_fill_(g.padding[:, :, None, None], 0.0)  # SDPA adds its mask to NaN scores
-                out[g.b0 : g.b1] = _sdpa_decode(q[g.b0 : g.b1], k, v, g, params)
-            else:
-                out[g.b0 : g.b1] = attend(q[g.b0 : g.b1, None], k, v, g.q_pos, params, key_lens=g.key_lens)[:, 0]
+            k = _gather(k_cache, g.pages, *k_bufs).view(g.b1 - g.b0, -1, *k_cache.shape[2:])  # [g, Lmax, Hkv, D]
+            v = _gather(v_cache, g.pages, *v_bufs).view(g.b1 - g.b0, -1, *v_cache.shape[2:])  # [g, Lmax, Hkv, Dv]
+            # Keys past a length are masked out of the scores (NaN included); their values must be
+            # finite too, since 0 * NaN = NaN in the value product.
+            v.view(-1, *v.shape[2:]).index_fill_(0, g.pad_rows, 0.0)
+            out[g.b0 : g.b1] = attend(q[g.b0 : g.b1, None], k, v, g.q_pos, params, key_lens=g.key_lens)[:, 0]
         return out
 
     def varlen_attention(
