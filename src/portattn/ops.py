@@ -41,6 +41,15 @@ def _check_tensor(name: str, t: object, dim: int, dtypes: tuple[torch.dtype, ...
     _expect(_same_device(t.device, device), f"{name} on {device}", t.device)
 
 
+def _check_head_groups(num_q_heads: int, num_kv_heads: int) -> None:
+    """MHA, GQA and MQA: every KV head serves the same number of query heads."""
+    _expect(
+        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
+        f"query heads divisible by KV heads ({num_kv_heads})",
+        num_q_heads,
+    )
+
+
 def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> list[int]:
     """Validate offsets and return the per-sequence lengths (host copy)."""
     _expect(cu.numel() >= 1, f"{name} of shape [B + 1]", f"shape {tuple(cu.shape)}")
@@ -164,11 +173,7 @@ def paged_attention(
         f"v_cache of shape [{num_pages}, {page_size}, {num_kv_heads}, Dv] (as k_cache)",
         list(v_cache.shape),
     )
-    _expect(
-        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
-        f"query heads divisible by KV heads ({num_kv_heads})",
-        num_q_heads,
-    )
+    _check_head_groups(num_q_heads, num_kv_heads)
     _check_tensor("page_table", page_table, 2, (torch.int32,), device)
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), device)
     _check_tensor("seq_lens_k", seq_lens_k, 1, (torch.int32,), device)
@@ -266,11 +271,7 @@ def varlen_attention(
         f"k of shape [{num_keys}, {num_kv_heads}, {head_dim}]",
         list(k.shape),
     )
-    _expect(
-        num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
-        f"query heads divisible by KV heads ({num_kv_heads})",
-        num_q_heads,
-    )
+    _check_head_groups(num_q_heads, num_kv_heads)
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), device)
     if cu_seqlens_k is None:
         _expect(num_keys == num_tokens, f"{num_tokens} keys (as queries) when cu_seqlens_k is None", num_keys)
