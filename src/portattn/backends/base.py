@@ -12,7 +12,6 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from ..local_attention import LocalAttentionBatches
 from ..paging import num_pages_for, to_page_table
 
 
@@ -128,7 +127,6 @@ class PagedMetadata:
     max_seqlen_k: int
     q_lens: tuple[int, ...]  # host copies, for backends that loop over sequences
     k_lens: tuple[int, ...]
-    local: LocalAttentionBatches | None = None  # for chunked layers on backends without native chunks
     extra: dict = field(default_factory=dict)  # backend-specific plan results (split counts, buffers)
     out_cache_loc: torch.Tensor | None = None  # [T] int64 slots of the new tokens (engine path, set by plan)
 
