@@ -71,7 +71,8 @@ def tiny_config(family: str):
         vision = dict(depth=2, hidden_size=64, num_heads=4, intermediate_size=96, patch_size=4, spatial_merge_size=2)
         vision |= dict(temporal_patch_size=2, window_size=16, out_hidden_size=64, fullatt_block_indexes=[1])
         return Qwen2_5_VLConfig(
-            text_config=TINY | dict(intermediate_size=128, num_hidden_layers=2, rope_parameters=mrope),
+            text_config=TINY
+            | dict(intermediate_size=128, num_hidden_layers=2, rope_parameters=mrope, bos_token_id=0, eos_token_id=1),
             vision_config=vision | dict(initializer_range=0.2),
             image_token_id=IMAGE_PAD,
             video_token_id=IMAGE_PAD + 1,
@@ -143,9 +144,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
     from .llm import LLM
     from .sampling_params import SamplingParams
 
+    hf_logging.set_verbosity_error()  # the reference runs' own progress bars and notes would bury the table
+    hf_logging.disable_progress_bar()
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(4, 48, (args.num_prompts,), generator=g).tolist()
     prompts = [torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist() for n in lengths]

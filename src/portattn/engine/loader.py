@@ -59,7 +59,8 @@ def load_model(
     expected = dict(model.named_parameters())
     float32 = getattr(model, "float32_weights", frozenset())  # kept in float32 whatever dtype (e.g. routers)
     state = {}
-    for file in tqdm(safetensors_files(path), desc="loading weights", unit="shard", leave=False):
+    files = safetensors_files(path)
+    for file in tqdm(files, desc="loading weights", unit="shard", leave=False, disable=len(files) < 2):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 name = model.checkpoint_name(key)
