@@ -7,7 +7,7 @@ softmax in float32 (float64 for float64 inputs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +27,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor
     A row that sees nothing gets all-zero probabilities.
     """
     scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:  # the fused softmax; rows that see nothing come out NaN
+        return torch.softmax(scores, dim=-1).nan_to_num_(0.0)
     row_max = scores.amax(dim=-1, keepdim=True)
     if sinks is not None:
         row_max = torch.maximum(row_max, sinks)
@@ -38,6 +40,24 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor
     return probs / torch.where(denom == 0, 1.0, denom)
 
 
+def visible_keys(
+    q_pos: torch.Tensor, num_keys: int, params: AttentionParams, key_lens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, n, L]`` mask of the keys each query sees; ``key_lens [B]`` hides padding past it."""
+    lo, hi = key_range(
+        q_pos,
+        causal=params.causal,
+        window_left=params.window_left,
+        window_right=params.window_right,
+        chunk=params.attention_chunk_size,
+    )
+    k_pos = torch.arange(num_keys, device=q_pos.device)
+    mask = range_mask(lo, hi, k_pos)  # [B, n, L]
+    if key_lens is not None:
+        mask &= (k_pos < key_lens[:, None])[:, None, :]
+    return mask
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -45,6 +65,7 @@ def attend(
     q_pos: torch.Tensor,
     params: AttentionParams,
     key_lens: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``B`` sequences over contiguous keys at positions ``0 .. L-1``.
 
@@ -69,17 +90,8 @@ def attend(
     if params.logit_softcap > 0:
         scores = torch.tanh(scores / params.logit_softcap) * params.logit_softcap
 
-    lo, hi = key_range(
-        q_pos,
-        causal=params.causal,
-        window_left=params.window_left,
-        window_right=params.window_right,
-        chunk=params.attention_chunk_size,
-    )
-    k_pos = torch.arange(num_keys, device=q.device)
-    mask = range_mask(lo, hi, k_pos)  # [B, n, L]
-    if key_lens is not None:
-        mask &= (k_pos < key_lens[:, None])[:, None, :]
+    if mask is None:
+        mask = visible_keys(q_pos, num_keys, params, key_lens)  # [B, n, L]
     sinks = None if params.sinks is None else params.sinks.to(acc).view(num_kv_heads, 1, group, 1, 1)
     probs = masked_softmax(scores, mask[None, :, None], sinks)  # [Hkv, B, G, n, L]
     probs = probs.view(num_kv_heads, batch, group * n, num_keys)
@@ -106,6 +118,14 @@ class _DecodeGroup:
     key_lens: torch.Tensor  # [g] int64
     pad_rows: torch.Tensor  # flat rows of the [g * Pmax * P] gathered keys that lie past a length
     q_pos: torch.Tensor  # [g, 1] int64
+    masks: dict = field(default_factory=dict)  # (causal, window, chunk) -> [g, 1, L] mask, filled by layer 1
+
+    def mask(self, params: AttentionParams, num_keys: int) -> torch.Tensor:
+        """The visible-key mask for ``params``: layers with the same mask rule share one per forward."""
+        rule = (params.causal, params.window_left, params.window_right, params.attention_chunk_size)
+        if rule not in self.masks:
+            self.masks[rule] = visible_keys(self.q_pos, num_keys, params, self.key_lens)
+        return self.masks[rule]
 
 
 def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
@@ -197,7 +217,8 @@ class TorchBackend(AttentionBackend):
             # Keys past a length are masked out of the scores (NaN included); their values must be
             # finite too, since 0 * NaN = NaN in the value product.
             v.view(-1, *v.shape[2:]).index_fill_(0, g.pad_rows, 0.0)
-            out[g.b0 : g.b1] = attend(q[g.b0 : g.b1, None], k, v, g.q_pos, params, key_lens=g.key_lens)[:, 0]
+            mask = g.mask(params, k.shape[1])
+            out[g.b0 : g.b1] = attend(q[g.b0 : g.b1, None], k, v, g.q_pos, params, mask=mask)[:, 0]
         return out
 
     def varlen_attention(
