@@ -6,6 +6,7 @@ split count) is passed in by the caller, who got it from ``plan_*``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ import triton
 from ...device import is_triton_interpreter
 from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel
+from .resources import fewer_stages_then, launch_fitting
 
 MAX_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
 
@@ -135,25 +137,36 @@ def attention_forward(
         partial_lse = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
-    grid = (num_tokens // tiles.block_q + batch, num_kv_heads, num_splits)
-    attention_fwd_kernel[grid](
-        q, k, v, out, partial_out, partial_lse,
-        table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
-        batch, scale, logit_softcap, window_left, window_right, chunk_size or 1,
-        q.stride(0), q.stride(1),
-        stride_kp, stride_ks, stride_kh,
-        stride_vp, stride_vs, stride_vh,
-        out.stride(0), out.stride(1),
-        stride_pt,
-        num_q_heads * num_splits if num_splits > 1 else 0, num_splits if num_splits > 1 else 0, 1,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tiles.block_q, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
-        PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, HAS_WINDOW_LEFT=window_left >= 0,
-        HAS_WINDOW_RIGHT=(not causal) and window_right >= 0, HAS_CHUNK=chunk_size is not None,
-        HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0, NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+    group_min = max(16, group_pad)
+
+    def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
+        smaller = fewer_stages_then(t, "block_n")
+        if smaller is None and t.block_m > group_min:
+            smaller = dataclasses.replace(t, block_m=t.block_m // 2, block_q=t.block_m // 2 // group_pad)
+        return smaller
+
+    def launch(t: TileConfig) -> None:
+        grid = (num_tokens // t.block_q + batch, num_kv_heads, num_splits)
+        attention_fwd_kernel[grid](
+            q, k, v, out, partial_out, partial_lse,
+            table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
+            batch, scale, logit_softcap, window_left, window_right, chunk_size or 1,
+            q.stride(0), q.stride(1),
+            stride_kp, stride_ks, stride_kh,
+            stride_vp, stride_vs, stride_vh,
+            out.stride(0), out.stride(1),
+            stride_pt,
+            num_q_heads * num_splits if num_splits > 1 else 0, num_splits if num_splits > 1 else 0, 1,
+            GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=t.block_q, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
+            PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, HAS_WINDOW_LEFT=window_left >= 0,
+            HAS_WINDOW_RIGHT=(not causal) and window_right >= 0, HAS_CHUNK=chunk_size is not None,
+            HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0, NUM_SPLITS=num_splits,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+    launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, head_dim, value_dim, page_size))
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out,

@@ -14,6 +14,7 @@ import torch
 from ...device import is_triton_interpreter
 from ...mla import partial_buffers
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
+from .resources import fewer_stages_then, launch_fitting
 
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -148,17 +149,27 @@ def mla_decode_forward(
         part_out = part_lse = out  # unused
     block_r = max(16, 1 << (rank - 1).bit_length())
     block_rp = max(16, 1 << (rope_dim - 1).bit_length()) if rope_dim else 16
-    grid = (-(-num_heads // tiles.block_h), num_kv_splits, batch)
-    mla_decode_split_kernel[grid](
-        q_nope, q_rope, kv_cache, page_table, seq_lens, out, part_out, part_lse,
-        scale * LOG2E,
-        num_heads, num_kv_splits,
-        *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
-        KV_LORA_RANK=rank, ROPE_DIM=rope_dim, PAGE_SIZE=kv_cache.shape[1],
-        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, BLOCK_R=block_r, BLOCK_RP=block_rp,
-        WRITE_PARTIAL=split, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+
+    def launch(t: MLATileConfig) -> None:
+        grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
+        mla_decode_split_kernel[grid](
+            q_nope, q_rope, kv_cache, page_table, seq_lens, out, part_out, part_lse,
+            scale * LOG2E,
+            num_heads, num_kv_splits,
+            *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
+            KV_LORA_RANK=rank, ROPE_DIM=rope_dim, PAGE_SIZE=kv_cache.shape[1],
+            BLOCK_H=t.block_h, BLOCK_N=t.block_n, BLOCK_R=block_r, BLOCK_RP=block_rp,
+            WRITE_PARTIAL=split, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+    # Splits are cut at multiples of block_n; the merge is told the tiles that ran.
+    tiles = launch_fitting(
+        launch,
+        tiles,
+        lambda t: fewer_stages_then(t, "block_n", "block_h"),
+        key=(q_nope.device, tiles, dtype, num_heads, rank, rope_dim, kv_cache.shape[1]),
+    )
     if split:
         mla_decode_merge_kernel[(num_heads, batch)](
             part_out, part_lse, seq_lens, out,
