@@ -32,7 +32,7 @@ if "triton" in available_backends(DEVICE):
 
 INTERPRETED = is_triton_interpreter()
 DTYPES = [torch.float32, torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
-HEAD_DIMS = [64, 80, 128] if INTERPRETED else [64, 80, 96, 128, 256]
+HEAD_DIMS = [64, 80, 128, 192] if INTERPRETED else [64, 80, 96, 128, 192, 256]
 
 
 def reference(case, **kwargs):
@@ -211,3 +211,18 @@ def test_decode_tiles_pack_query_heads():
     assert (tiles.block_q, tiles.block_m, tiles.block_n) == (4, 16, 32)  # 4 query heads x 4 tokens
     tiles = choose_tiles(4096, 4, 128, 128, interpret=False)
     assert (tiles.block_q, tiles.block_m) == (32, 128)
+
+
+def test_mla_prefill_shape_head_dim_192_value_dim_128():
+    # DeepSeek's expanded prefill: K = [k_nope 128 | k_pe 64], V 128 wide, causal varlen.
+    from portattn.testing import cu_seqlens, varlen_attention_ref
+
+    gen = torch.Generator().manual_seed(1)
+    lens = [5, 17]
+    q, k = (torch.randn(sum(lens), 4, 192, generator=gen).to(DTYPES[-1]).to(DEVICE) for _ in range(2))
+    v = torch.randn(sum(lens), 4, 128, generator=gen).to(DTYPES[-1]).to(DEVICE)
+    cu = cu_seqlens(lens, DEVICE)
+    out = portattn.varlen_attention(q, k, v, cu, causal=True, backend="triton")
+    ref = varlen_attention_ref(q, k, v, cu, causal=True)
+    lowp = varlen_attention_ref(q, k, v, cu, causal=True, upcast=False)
+    assert max_error(out, ref) <= tolerance(ref, lowp, DTYPES[-1])

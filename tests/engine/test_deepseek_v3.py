@@ -249,6 +249,13 @@ def test_backend_without_mla_decode_is_named():
         plan_latent_attention(ctx, 4, 32)
 
 
+def test_backend_without_the_models_ops_is_refused_at_start_up(ckpt_root):
+    # Before any weights run: the model's ops (varlen prefill, MLA decode) are part of the selection.
+    path = checkpoint("yarn", ckpt_root)
+    with pytest.raises(UnsupportedFeatureError, match=r"'sdpa' does not support the mla_decode op; .*'torch'"):
+        LLM(path, attention_backend="sdpa")
+
+
 def test_mla_pool_layout_and_size():
     spec = mla_cache_spec(3, kv_lora_rank=32, rope_dim=8)
     assert spec.bytes_per_page(16, torch.bfloat16) == 3 * 16 * 40 * 2

@@ -53,17 +53,19 @@ FEATURES = {
 
 @dataclass(frozen=True)
 class Request:
-    """What one call needs; matched against :class:`Capabilities`."""
+    """What one call (or one model: ``extra_ops`` it also runs) needs; matched against :class:`Capabilities`."""
 
     op: str
     device_type: str
     dtype: torch.dtype
     head_dim: int
     features: frozenset[str] = frozenset()
+    extra_ops: frozenset[str] = frozenset()
 
     def missing(self, caps: Capabilities) -> tuple[str, object] | None:
         """The first requirement ``caps`` lacks, as ``(kind, value)``, or ``None``."""
-        needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype), ("head_dim", self.head_dim)]
+        needs = [("op", op) for op in (self.op, *sorted(self.extra_ops))]
+        needs += [("device", self.device_type), ("dtype", self.dtype), ("head_dim", self.head_dim)]
         needs += [("feature", feature) for feature in sorted(self.features)]
         for kind, value in needs:
             if not caps.supports(kind, value):

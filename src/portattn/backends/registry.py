@@ -88,10 +88,11 @@ def _instance(name: str) -> AttentionBackend:
 
 def _supporters(kind: str, value: object, request: Request) -> list[str]:
     """Importable backends that have the missing capability (and the requested op)."""
+    op = value if kind == "op" else request.op
     names = []
     for name in _REGISTRY:
         cls = backend_class(name)
-        if cls is not None and cls.capabilities.supports("op", request.op) and cls.capabilities.supports(kind, value):
+        if cls is not None and cls.capabilities.supports("op", op) and cls.capabilities.supports(kind, value):
             names.append(name)
     return names
 

@@ -48,7 +48,7 @@ class TritonBackend(AttentionBackend):
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
-        head_dims=frozenset({64, 80, 96, 128, 256}),
+        head_dims=frozenset({64, 80, 96, 128, 192, 256}),  # padded to a power of two, masked
         device_types=frozenset({"cuda", "xpu", "cpu"}),
     )
 

@@ -37,7 +37,8 @@ class Engine:
 
         layers = self.model.attention_layers()
         features = frozenset().union(*(layer.features for layer in layers))
-        request = Request("paged_attention", config.device.type, config.dtype, layers[0].head_dim, features)
+        first, *others = self.model.attention_ops
+        request = Request(first, config.device.type, config.dtype, layers[0].head_dim, features, frozenset(others))
         self.backend = select_backend("attention", config.attention_backend, request)
 
         page_size = config.page_size

@@ -192,6 +192,8 @@ class DeepseekV3ForCausalLM(CausalLM):
     """DeepSeek V3 text model; the multi-token-prediction layers some checkpoints carry
     (``model.layers.{num_hidden_layers}..``) are skipped, as transformers skips them."""
 
+    attention_ops = ("varlen_attention", "mla_decode")  # expanded prefill, absorbed decode
+
     def __init__(self, config):
         check_config(config)
         super().__init__(config)

@@ -116,6 +116,7 @@ class CausalLM(nn.Module):
 
     model: nn.Module
     lm_head: nn.Linear
+    attention_ops: tuple[str, ...] = ("paged_attention",)  # backend ops the model calls; checked at start-up
 
     def __init__(self, config):
         super().__init__()
