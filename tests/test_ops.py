@@ -233,3 +233,13 @@ def test_torch_decode_batches_in_groups(monkeypatch, group_tokens):
     case = make_paged_case([1] * len(k_lens), k_lens, page_size=7, dtype=torch.float32, device=DEVICE, seed=2)
     check_paged(case, "torch", torch.float32, window_left=4)
     check_paged(case, "torch", torch.float32, sinks=torch.tensor([0.0, 1.0, -1.0, 2.0], device=DEVICE))
+
+
+@pytest.mark.parametrize("q_lens", [[1, 1], [3, 2]])  # decode groups and the per-sequence path
+def test_torch_backend_does_not_hide_a_corrupt_visible_key(q_lens):
+    # Masking must replace only keys nobody may see: a NaN in a visible key shows in the output.
+    case = make_paged_case(q_lens, [5, 4], page_size=2, dtype=torch.float32)
+    first_page = int(case.page_table[0, 0])
+    case.k_cache[first_page, 1] = float("nan")  # key 1 of sequence 0, seen by every query there
+    out = portattn.paged_attention(**case.inputs(), backend="torch")
+    assert torch.isnan(out[: q_lens[0]]).all() and torch.isfinite(out[q_lens[0] :]).all()

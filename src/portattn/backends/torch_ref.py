@@ -1,8 +1,9 @@
 """The PyTorch reference backend: every feature, any device, any page size.
 
-This is the executable specification of portattn's semantics. It gathers each sequence's keys
-page by page, then runs one batched matmul per sequence (no loop over tokens or pages), with the
-softmax in float32 (float64 for float64 inputs).
+This is the executable specification of portattn's semantics. It gathers keys page by page and
+attends with batched matmuls (no loop over tokens or pages): one sequence at a time for prefill
+and extend, groups of padded sequences for decode batches. The softmax runs in float32 (float64
+for float64 inputs).
 """
 
 from __future__ import annotations
@@ -27,17 +28,12 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor
     A row that sees nothing gets all-zero probabilities.
     """
     scores = scores.masked_fill(~mask, float("-inf"))
-    if sinks is None:  # the fused softmax; rows that see nothing come out NaN
-        return torch.softmax(scores, dim=-1).nan_to_num_(0.0)
-    row_max = scores.amax(dim=-1, keepdim=True)
-    if sinks is not None:
-        row_max = torch.maximum(row_max, sinks)
-    row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # rows that see nothing
+    if sinks is None:  # the fused softmax; rows that see nothing come out NaN and are zeroed
+        return torch.where(mask.any(dim=-1, keepdim=True), torch.softmax(scores, dim=-1), 0.0)
+    row_max = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)  # finite: the sink is
     probs = torch.exp(scores - row_max)
-    denom = probs.sum(dim=-1, keepdim=True)
-    if sinks is not None:
-        denom = denom + torch.exp(sinks - row_max)
-    return probs / torch.where(denom == 0, 1.0, denom)
+    denom = probs.sum(dim=-1, keepdim=True) + torch.exp(sinks - row_max)
+    return probs / denom
 
 
 def visible_keys(
@@ -64,14 +60,14 @@ def attend(
     v: torch.Tensor,
     q_pos: torch.Tensor,
     params: AttentionParams,
-    key_lens: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``B`` sequences over contiguous keys at positions ``0 .. L-1``.
 
     ``q [B, n, Hq, D]``, ``k [B, L, Hkv, D]``, ``v [B, L, Hkv, Dv]``, ``q_pos [B, n]`` (int64) ->
-    ``[B, n, Hq, Dv]`` in ``q.dtype``. ``key_lens [B]`` hides keys at or past it (padding; their
-    values must be finite). A query that sees no key returns zeros.
+    ``[B, n, Hq, Dv]`` in ``q.dtype``. ``mask [B, n, L]`` (default: :func:`visible_keys` of
+    ``params``) may also hide padding keys, whose values must then be finite. A query that sees
+    no key returns zeros.
     """
     batch, n, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads, value_dim = v.shape[1:]
@@ -91,7 +87,7 @@ def attend(
         scores = torch.tanh(scores / params.logit_softcap) * params.logit_softcap
 
     if mask is None:
-        mask = visible_keys(q_pos, num_keys, params, key_lens)  # [B, n, L]
+        mask = visible_keys(q_pos, num_keys, params)  # [B, n, L]
     sinks = None if params.sinks is None else params.sinks.to(acc).view(num_kv_heads, 1, group, 1, 1)
     probs = masked_softmax(scores, mask[None, :, None], sinks)  # [Hkv, B, G, n, L]
     probs = probs.view(num_kv_heads, batch, group * n, num_keys)
