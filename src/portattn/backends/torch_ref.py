@@ -21,15 +21,19 @@ if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
 
 
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def masked_softmax(
+    scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor | None = None, *, empty_rows: bool = True
+) -> torch.Tensor:
     """Softmax over the last dim of ``scores`` where ``mask`` holds (broadcast), in ``scores.dtype``.
 
     ``sinks`` (broadcastable to ``scores[..., :1]``) adds one logit per row to the denominator.
-    A row that sees nothing gets all-zero probabilities.
+    A row that sees nothing gets all-zero probabilities; ``empty_rows=False`` promises there is
+    none and skips that check.
     """
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:  # the fused softmax; rows that see nothing come out NaN and are zeroed
-        return torch.where(mask.any(dim=-1, keepdim=True), torch.softmax(scores, dim=-1), 0.0)
+        probs = torch.softmax(scores, dim=-1)
+        return torch.where(mask.any(dim=-1, keepdim=True), probs, 0.0) if empty_rows else probs
     row_max = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)  # finite: the sink is
     probs = torch.exp(scores - row_max)
     denom = probs.sum(dim=-1, keepdim=True) + torch.exp(sinks - row_max)
@@ -89,7 +93,9 @@ def attend(
     if mask is None:
         mask = visible_keys(q_pos, num_keys, params)  # [B, n, L]
     sinks = None if params.sinks is None else params.sinks.to(acc).view(num_kv_heads, 1, group, 1, 1)
-    probs = masked_softmax(scores, mask[None, :, None], sinks)  # [Hkv, B, G, n, L]
+    # Every query at a position p >= 0 sees key p under every mask rule; only more queries than
+    # keys (positions below 0) can leave a row empty.
+    probs = masked_softmax(scores, mask[None, :, None], sinks, empty_rows=n > num_keys)  # [Hkv, B, G, n, L]
     probs = probs.view(num_kv_heads, batch, group * n, num_keys)
 
     out = q.new_empty((num_kv_heads, batch, group * n, value_dim), dtype=acc)
