@@ -33,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    return args.run(args)
+    try:
+        return args.run(args)
+    except ValueError as exc:  # bad input: the message says what was expected; no traceback needed
+        if args.verbose:
+            raise
+        print(f"portattn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

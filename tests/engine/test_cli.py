@@ -19,3 +19,11 @@ def test_demo_runs_and_matches(capsys):
     assert main(["demo", "--families", "llama4", "--page-sizes", "7", "--num-prompts", "2", "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "llama4         7           no" in out and "all greedy outputs equal transformers'" in out
+
+
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path, capsys):
+    status = main(["generate", "--model", str(tmp_path / "missing"), "--prompt-ids", "1,2"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith("portattn generate: error: expected a Hugging Face checkpoint directory with config.json")
+    assert "Traceback" not in err
