@@ -30,12 +30,8 @@ import torch
 
 from .backends.base import AttentionBackend, Request, VarlenMetadata
 from .backends.registry import select_backend
+from .errors import expect
 from .ops import _attention_params
-
-
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got}")
 
 
 def grid_list(
@@ -43,16 +39,16 @@ def grid_list(
 ) -> list[tuple[int, int, int]]:
     """``grid_thw`` as Python ``(t, h, w)`` triples (one host copy), validated."""
     if isinstance(grid_thw, torch.Tensor):
-        _expect(
+        expect(
             grid_thw.dim() == 2 and grid_thw.shape[1] == 3, "grid_thw of shape [num_images, 3]", list(grid_thw.shape)
         )
-        _expect(not grid_thw.is_floating_point(), "grid_thw of an integer dtype", grid_thw.dtype)
+        expect(not grid_thw.is_floating_point(), "grid_thw of an integer dtype", grid_thw.dtype)
         grid_thw = grid_thw.tolist()
     grid = [tuple(int(x) for x in row) for row in grid_thw]
     for i, row in enumerate(grid):
-        _expect(len(row) == 3 and min(row) >= 1, f"grid_thw[{i}] = (t, h, w) of positive ints", row)
+        expect(len(row) == 3 and min(row) >= 1, f"grid_thw[{i}] = (t, h, w) of positive ints", row)
         _, h, w = row
-        _expect(
+        expect(
             h % spatial_merge_size == 0 and w % spatial_merge_size == 0,
             f"grid_thw[{i}] h and w divisible by spatial_merge_size {spatial_merge_size}",
             row,
@@ -87,7 +83,7 @@ def window_partition(
     each with its units row-major; ``window_lengths`` are in tokens. Windows on the bottom and
     right edges may be smaller.
     """
-    _expect(window_units >= 1, "a window of at least one merge unit", window_units)
+    expect(window_units >= 1, "a window of at least one merge unit", window_units)
     indices, lengths, offset = [], [], 0
     for t, h, w in grid:
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
@@ -174,17 +170,17 @@ class EncoderSeqInfo:
         device = torch.device(device)
         lengths = [int(n) for n in lengths]
         num_tokens = sum(lengths)
-        _expect(num_tokens % unit == 0, f"a token count divisible by the unit {unit}", num_tokens)
+        expect(num_tokens % unit == 0, f"a token count divisible by the unit {unit}", num_tokens)
         full = _plan(backend, lengths, device)
         if window is None:
             return cls(full, full, None, None, unit, num_tokens)
         window_index, window_lengths = window
-        _expect(
+        expect(
             tuple(window_index.shape) == (num_tokens // unit,),
             f"window_index of shape [{num_tokens // unit}]",
             list(window_index.shape),
         )
-        _expect(sum(window_lengths) == num_tokens, f"window lengths summing to {num_tokens}", sum(window_lengths))
+        expect(sum(window_lengths) == num_tokens, f"window lengths summing to {num_tokens}", sum(window_lengths))
         window_index = window_index.to(device=device, dtype=torch.int64)
         reverse_index = torch.argsort(window_index)  # [U]
         return cls(full, _plan(backend, window_lengths, device), window_index, reverse_index, unit, num_tokens)
@@ -234,9 +230,9 @@ class EncoderAttention:
         logit_softcap: float = 0.0,
     ):
         device = torch.device(device)
-        _expect(isinstance(num_heads, int) and num_heads >= 1, "num_heads to be a positive int", num_heads)
-        _expect(isinstance(head_dim, int) and head_dim >= 1, "head_dim to be a positive int", head_dim)
-        _expect(
+        expect(isinstance(num_heads, int) and num_heads >= 1, "num_heads to be a positive int", num_heads)
+        expect(isinstance(head_dim, int) and head_dim >= 1, "head_dim to be a positive int", head_dim)
+        expect(
             isinstance(window_size, (tuple, list)) and len(window_size) == 2,
             "window_size as a (left, right) pair",
             window_size,

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def expect(cond: bool, what: str, got: object) -> None:
+    """Raise ``ValueError("expected {what}, got {got}")`` unless ``cond``: the one form of input errors."""
+    if not cond:
+        raise ValueError(f"expected {what}, got {got}")
+
+
 class UnsupportedFeatureError(ValueError):
     """A backend was asked for a feature it does not declare.
 

@@ -20,7 +20,8 @@ import torch
 
 from .backends.base import Capabilities, Request
 from .backends.registry import select_backend
-from .ops import _check_tensor, _expect
+from .errors import expect
+from .ops import _check_tensor
 from .paging import num_pages_for
 
 # Programs (head group x split x sequence) that keep any current GPU busy with a few in flight
@@ -67,7 +68,7 @@ def choose_num_kv_splits(max_seq_len: int, batch_size: int, num_heads: int) -> i
 
 def _check_int(name: str, value: object, low: int) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    _expect(ok, f"{name} to be an int >= {low}", value)
+    expect(ok, f"{name} to be an int >= {low}", value)
 
 
 def resolve_num_kv_splits(num_kv_splits: int | None, max_seq_len: int, batch_size: int, num_heads: int) -> int:
@@ -186,9 +187,9 @@ def plan_mla_decode(
     )
     if workspace is not None:
         _check_tensor("workspace", workspace, 1, (torch.uint8,), seq_lens.device)
-        _expect(workspace.is_contiguous(), "a contiguous workspace", f"strides {workspace.stride()}")
-        _expect(workspace.data_ptr() % 16 == 0, "workspace aligned to 16 bytes", f"address {workspace.data_ptr()}")
-        _expect(
+        expect(workspace.is_contiguous(), "a contiguous workspace", f"strides {workspace.stride()}")
+        expect(workspace.data_ptr() % 16 == 0, "workspace aligned to 16 bytes", f"address {workspace.data_ptr()}")
+        expect(
             workspace.numel() >= needed,
             f"a workspace of at least {needed} bytes (mla_workspace_size for {splits} splits)",
             f"{workspace.numel()} bytes",
@@ -257,31 +258,31 @@ def mla_decode(
     _check_tensor("q_nope", q_nope, 3, _FLOAT_DTYPES, q_nope.device if isinstance(q_nope, torch.Tensor) else None)
     device, dtype = q_nope.device, q_nope.dtype
     batch, num_heads, rank = q_nope.shape
-    _expect(num_heads >= 1 and rank >= 1, "q_nope of shape [B, H >= 1, kv_lora_rank >= 1]", list(q_nope.shape))
+    expect(num_heads >= 1 and rank >= 1, "q_nope of shape [B, H >= 1, kv_lora_rank >= 1]", list(q_nope.shape))
     _check_tensor("q_rope", q_rope, 3, (dtype,), device)
     rope_dim = q_rope.shape[2]
-    _expect(
+    expect(
         tuple(q_rope.shape[:2]) == (batch, num_heads),
         f"q_rope of shape [{batch}, {num_heads}, rope_dim] (as q_nope)",
         list(q_rope.shape),
     )
     _check_tensor("kv_cache", kv_cache, 3, (dtype,), device)
     num_pages, page_size, row = kv_cache.shape
-    _expect(
+    expect(
         row == rank + rope_dim,
         f"kv_cache rows of kv_lora_rank + rope_dim = {rank} + {rope_dim} = {rank + rope_dim}",
         row,
     )
     _check_tensor("page_table", page_table, 2, (torch.int32,), device)
     _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), device)
-    _expect(seq_lens.shape[0] == batch, f"seq_lens of shape [{batch}] (one per sequence)", list(seq_lens.shape))
-    _expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
-    _expect(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
+    expect(seq_lens.shape[0] == batch, f"seq_lens of shape [{batch}] (one per sequence)", list(seq_lens.shape))
+    expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
+    expect(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     lens = seq_lens.tolist()
     bad = next((b for b, n in enumerate(lens) if n < 0), None)
-    _expect(bad is None, "seq_lens >= 0", f"seq_lens[{bad}] = {lens[bad]}" if bad is not None else "")
+    expect(bad is None, "seq_lens >= 0", f"seq_lens[{bad}] = {lens[bad]}" if bad is not None else "")
     max_seq_len = max(lens, default=0)
-    _expect(
+    expect(
         page_table.shape[1] * page_size >= max_seq_len,
         f"page_table with at least {num_pages_for(max_seq_len, page_size)} columns for {max_seq_len} keys "
         f"at page size {page_size}",

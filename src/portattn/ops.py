@@ -14,13 +14,9 @@ import torch
 
 from .backends.base import AttentionParams, Request
 from .backends.registry import select_backend
+from .errors import expect
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got}")
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -34,16 +30,16 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _check_tensor(name: str, t: object, dim: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> None:
-    _expect(isinstance(t, torch.Tensor), f"{name} to be a torch.Tensor", type(t).__name__)
-    _expect(t.dim() == dim, f"{name} with {dim} dims", f"shape {tuple(t.shape)}")
+    expect(isinstance(t, torch.Tensor), f"{name} to be a torch.Tensor", type(t).__name__)
+    expect(t.dim() == dim, f"{name} with {dim} dims", f"shape {tuple(t.shape)}")
     names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-    _expect(t.dtype in dtypes, f"{name} of dtype {names}", t.dtype)
-    _expect(_same_device(t.device, device), f"{name} on {device}", t.device)
+    expect(t.dtype in dtypes, f"{name} of dtype {names}", t.dtype)
+    expect(_same_device(t.device, device), f"{name} on {device}", t.device)
 
 
 def _check_head_groups(num_q_heads: int, num_kv_heads: int) -> None:
     """MHA, GQA and MQA: every KV head serves the same number of query heads."""
-    _expect(
+    expect(
         num_kv_heads > 0 and num_q_heads % num_kv_heads == 0,
         f"query heads divisible by KV heads ({num_kv_heads})",
         num_q_heads,
@@ -52,17 +48,17 @@ def _check_head_groups(num_q_heads: int, num_kv_heads: int) -> None:
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> list[int]:
     """Validate offsets and return the per-sequence lengths (host copy)."""
-    _expect(cu.numel() >= 1, f"{name} of shape [B + 1]", f"shape {tuple(cu.shape)}")
+    expect(cu.numel() >= 1, f"{name} of shape [B + 1]", f"shape {tuple(cu.shape)}")
     values = cu.tolist()
-    _expect(values[0] == 0, f"{name}[0] == 0", values[0])
+    expect(values[0] == 0, f"{name}[0] == 0", values[0])
     lens = [b - a for a, b in itertools.pairwise(values)]
     bad = next((i for i, n in enumerate(lens) if n < 0), None)
-    _expect(
+    expect(
         bad is None,
         f"non-decreasing {name}",
         f"{name}[{bad}:{bad + 2}] = {values[bad : bad + 2]}" if bad is not None else "",
     )
-    _expect(values[-1] == total, f"{name}[-1] == {total} (tokens in the input)", values[-1])
+    expect(values[-1] == total, f"{name}[-1] == {total} (tokens in the input)", values[-1])
     return lens
 
 
@@ -79,21 +75,21 @@ def _attention_params(
     logit_softcap: float,
     device: torch.device,
 ) -> AttentionParams:
-    _expect(isinstance(window_left, int) and window_left >= -1, "window_left to be an int >= -1", window_left)
-    _expect(isinstance(window_right, int) and window_right >= -1, "window_right to be an int >= -1", window_right)
+    expect(isinstance(window_left, int) and window_left >= -1, "window_left to be an int >= -1", window_left)
+    expect(isinstance(window_right, int) and window_right >= -1, "window_right to be an int >= -1", window_right)
     if attention_chunk_size is not None:
-        _expect(
+        expect(
             isinstance(attention_chunk_size, int) and attention_chunk_size >= 1,
             "attention_chunk_size to be None or a positive int",
             attention_chunk_size,
         )
-    _expect(logit_softcap >= 0, "logit_softcap >= 0 (0 disables it)", logit_softcap)
+    expect(logit_softcap >= 0, "logit_softcap >= 0 (0 disables it)", logit_softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    _expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
+    expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     if sinks is not None:
         _check_tensor("sinks", sinks, 1, _FLOAT_DTYPES, device)
-        _expect(
+        expect(
             sinks.shape[0] == num_q_heads, f"sinks of shape [{num_q_heads}] (one per query head)", tuple(sinks.shape)
         )
     return AttentionParams(
@@ -111,7 +107,7 @@ def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Ten
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     _check_tensor("out", out, len(shape), (like.dtype,), like.device)
-    _expect(tuple(out.shape) == shape, f"out of shape {list(shape)}", list(out.shape))
+    expect(tuple(out.shape) == shape, f"out of shape {list(shape)}", list(out.shape))
     return out
 
 
@@ -167,8 +163,8 @@ def paged_attention(
     _check_tensor("v_cache", v_cache, 4, (q.dtype,), device)
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     value_dim = v_cache.shape[3]
-    _expect(k_cache.shape[3] == head_dim, f"k_cache head dim {head_dim} (as q)", k_cache.shape[3])
-    _expect(
+    expect(k_cache.shape[3] == head_dim, f"k_cache head dim {head_dim} (as q)", k_cache.shape[3])
+    expect(
         tuple(v_cache.shape[:3]) == (num_pages, page_size, num_kv_heads),
         f"v_cache of shape [{num_pages}, {page_size}, {num_kv_heads}, Dv] (as k_cache)",
         list(v_cache.shape),
@@ -178,16 +174,14 @@ def paged_attention(
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), device)
     _check_tensor("seq_lens_k", seq_lens_k, 1, (torch.int32,), device)
     batch = seq_lens_k.shape[0]
-    _expect(
-        cu_seqlens_q.shape[0] == batch + 1, f"cu_seqlens_q of shape [{batch + 1}] (B + 1)", list(cu_seqlens_q.shape)
-    )
-    _expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
+    expect(cu_seqlens_q.shape[0] == batch + 1, f"cu_seqlens_q of shape [{batch + 1}] (B + 1)", list(cu_seqlens_q.shape))
+    expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
     q_lens = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, num_tokens)
     k_lens = seq_lens_k.tolist()
     for b, (n, num_keys) in enumerate(zip(q_lens, k_lens)):
-        _expect(num_keys >= n, f"seq_lens_k[{b}] >= its query count {n}", num_keys)
+        expect(num_keys >= n, f"seq_lens_k[{b}] >= its query count {n}", num_keys)
     max_keys = max(k_lens, default=0)
-    _expect(
+    expect(
         page_table.shape[1] * page_size >= max_keys,
         f"page_table with at least {-(-max_keys // page_size)} columns for {max_keys} keys at page size {page_size}",
         page_table.shape[1],
@@ -266,7 +260,7 @@ def varlen_attention(
     _check_tensor("k", k, 3, (q.dtype,), device)
     _check_tensor("v", v, 3, (q.dtype,), device)
     num_keys, num_kv_heads, value_dim = v.shape
-    _expect(
+    expect(
         tuple(k.shape) == (num_keys, num_kv_heads, head_dim),
         f"k of shape [{num_keys}, {num_kv_heads}, {head_dim}]",
         list(k.shape),
@@ -274,10 +268,10 @@ def varlen_attention(
     _check_head_groups(num_q_heads, num_kv_heads)
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), device)
     if cu_seqlens_k is None:
-        _expect(num_keys == num_tokens, f"{num_tokens} keys (as queries) when cu_seqlens_k is None", num_keys)
+        expect(num_keys == num_tokens, f"{num_tokens} keys (as queries) when cu_seqlens_k is None", num_keys)
         cu_seqlens_k = cu_seqlens_q
     _check_tensor("cu_seqlens_k", cu_seqlens_k, 1, (torch.int32,), device)
-    _expect(
+    expect(
         cu_seqlens_k.shape == cu_seqlens_q.shape,
         f"cu_seqlens_k of shape {list(cu_seqlens_q.shape)}",
         list(cu_seqlens_k.shape),
@@ -286,8 +280,8 @@ def varlen_attention(
     k_lens = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, num_keys)
     for name, hint, lens in (("max_seqlen_q", max_seqlen_q, q_lens), ("max_seqlen_k", max_seqlen_k, k_lens)):
         if hint is not None:
-            _expect(isinstance(hint, int) and hint >= max(lens, default=0), f"{name} >= {max(lens, default=0)}", hint)
-    _expect(
+            expect(isinstance(hint, int) and hint >= max(lens, default=0), f"{name} >= {max(lens, default=0)}", hint)
+    expect(
         isinstance(window_size, (tuple, list)) and len(window_size) == 2,
         "window_size as a (left, right) pair",
         window_size,

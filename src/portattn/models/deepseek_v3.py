@@ -24,6 +24,7 @@ from torch import nn
 
 from ..engine.kv_pool import KVCacheSpec
 from ..engine.mla_pool import mla_cache_spec
+from ..errors import expect
 from .latent_attention import MultiheadLatentAttention, plan_latent_attention
 from .layers import CausalLM, ForwardContext, GatedMLP, RMSNorm, rope_inv_freq
 
@@ -32,29 +33,24 @@ TOPK_METHODS = ("noaux_tc",)
 SCORING_FUNCS = ("sigmoid",)
 
 
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got!r}")
-
-
 def check_config(config) -> None:
     """Reject configs this model would compute differently from transformers."""
     method = getattr(config, "topk_method", "noaux_tc")
-    _expect(method in TOPK_METHODS, f"topk_method in {list(TOPK_METHODS)}", method)
+    expect(method in TOPK_METHODS, f"topk_method in {list(TOPK_METHODS)}", repr(method))
     scoring = getattr(config, "scoring_func", "sigmoid")
-    _expect(scoring in SCORING_FUNCS, f"scoring_func in {list(SCORING_FUNCS)}", scoring)
+    expect(scoring in SCORING_FUNCS, f"scoring_func in {list(SCORING_FUNCS)}", repr(scoring))
     rope_dim = config.qk_rope_head_dim
-    _expect(rope_dim % 2 == 0, "an even qk_rope_head_dim", rope_dim)
+    expect(rope_dim % 2 == 0, "an even qk_rope_head_dim", rope_dim)
     if config.first_k_dense_replace >= config.num_hidden_layers:
         return  # no MoE layer
     experts, groups = config.n_routed_experts, config.n_group
     ok = isinstance(groups, int) and groups >= 1 and experts % groups == 0
-    _expect(ok, f"n_group dividing n_routed_experts {experts}", groups)
+    expect(ok, f"n_group dividing n_routed_experts {experts}", groups)
     per_group = experts // groups
-    _expect(per_group >= 2, "at least 2 experts per group (a group scores its two best)", per_group)
-    _expect(1 <= config.topk_group <= groups, f"topk_group in [1, n_group {groups}]", config.topk_group)
+    expect(per_group >= 2, "at least 2 experts per group (a group scores its two best)", per_group)
+    expect(1 <= config.topk_group <= groups, f"topk_group in [1, n_group {groups}]", config.topk_group)
     most = config.topk_group * per_group
-    _expect(1 <= config.num_experts_per_tok <= most, f"num_experts_per_tok in [1, {most}]", config.num_experts_per_tok)
+    expect(1 <= config.num_experts_per_tok <= most, f"num_experts_per_tok in [1, {most}]", config.num_experts_per_tok)
 
 
 def softmax_scale(config) -> float:
@@ -76,7 +72,7 @@ class DeepseekRotary(nn.Module):
     def __init__(self, config):
         super().__init__()
         inv_freq, self.scaling = rope_inv_freq(config, config.qk_rope_head_dim)
-        _expect(2 * inv_freq.shape[0] == config.qk_rope_head_dim, f"rotary frequencies for all "
+        expect(2 * inv_freq.shape[0] == config.qk_rope_head_dim, f"rotary frequencies for all "
                 f"{config.qk_rope_head_dim} rope dims", 2 * inv_freq.shape[0])  # fmt: skip
         self.interleave = bool(getattr(config, "rope_interleave", True))
         self.register_buffer("inv_freq", inv_freq, persistent=False)

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import expect
 from .layers import RotaryEmbedding, _rotate_half
-
-
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got}")
 
 
 def mrope_positions(
@@ -63,7 +59,7 @@ class MRotaryEmbedding(RotaryEmbedding):
     def __init__(self, config, head_dim: int):
         super().__init__(config, head_dim)
         section = list((getattr(config, "rope_parameters", None) or {}).get("mrope_section") or [])
-        _expect(
+        expect(
             len(section) == 3 and sum(section) == head_dim // 2,
             f"mrope_section of three sizes summing to head_dim / 2 = {head_dim // 2}",
             section,

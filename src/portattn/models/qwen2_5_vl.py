@@ -34,6 +34,7 @@ from torch import nn
 from ..backends.base import AttentionLayer
 from ..encoder import EncoderAttention, EncoderSeqInfo, grid_list
 from ..engine.multimodal import MultimodalData, image_key
+from ..errors import expect
 from .layers import CausalLM, ForwardContext, GatedMLP, PagedAttention, RMSNorm
 from .llama import window_left_of
 from .mrope import MRotaryEmbedding, mrope_positions, placeholder_runs
@@ -42,11 +43,6 @@ logger = logging.getLogger("portattn")
 
 _NORM_EPS = 1e-6  # fixed in Qwen2.5-VL's vision tower (not in the config)
 _CHECKPOINT_PREFIXES = ("model.visual.", "visual.")  # transformers >= 4.52 / the original checkpoints
-
-
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got}")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -148,18 +144,18 @@ class Qwen2_5_VisionTransformer(nn.Module):
     ):
         super().__init__()
         self.config = config
-        _expect(config.hidden_size % config.num_heads == 0, "hidden_size divisible by num_heads", config.num_heads)
+        expect(config.hidden_size % config.num_heads == 0, "hidden_size divisible by num_heads", config.num_heads)
         self.head_dim = config.hidden_size // config.num_heads
-        _expect(self.head_dim % 4 == 0, "a head dim divisible by 4 (two axes, rotate-half)", self.head_dim)
+        expect(self.head_dim % 4 == 0, "a head dim divisible by 4 (two axes, rotate-half)", self.head_dim)
         rope = getattr(config, "rope_parameters", None) or {}
-        _expect(rope.get("rope_type", "axial") == "axial", "rope_type 'axial'", rope.get("rope_type"))
+        expect(rope.get("rope_type", "axial") == "axial", "rope_type 'axial'", rope.get("rope_type"))
         self.rope_theta = float(rope.get("rope_theta", 10000.0))
         self.spatial_merge_size = config.spatial_merge_size
         self.patch_size = config.patch_size
         self.window_units = config.window_size // config.spatial_merge_size // config.patch_size
-        _expect(self.window_units >= 1, "window_size >= spatial_merge_size * patch_size", config.window_size)
+        expect(self.window_units >= 1, "window_size >= spatial_merge_size * patch_size", config.window_size)
         full = set(config.fullatt_block_indexes)
-        _expect(full <= set(range(config.depth)), f"fullatt_block_indexes in [0, {config.depth})", sorted(full))
+        expect(full <= set(range(config.depth)), f"fullatt_block_indexes in [0, {config.depth})", sorted(full))
 
         self.attention = EncoderAttention(
             config.num_heads, self.head_dim, dtype=dtype, device=device, backend=mm_attention_backend
@@ -193,14 +189,14 @@ class Qwen2_5_VisionTransformer(nn.Module):
         processor returns them (``image_grid_thw``); ``N`` must equal ``sum(t * h * w)``.
         """
         patch_dim = self.patch_embed.patch_dim
-        _expect(
+        expect(
             isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 2 and pixel_values.shape[1] == patch_dim,
             f"pixel_values of shape [num_patches, {patch_dim}]",
             list(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__,
         )
-        _expect(pixel_values.is_floating_point(), "floating-point pixel_values", pixel_values.dtype)
+        expect(pixel_values.is_floating_point(), "floating-point pixel_values", pixel_values.dtype)
         info = self.plan(grid_thw)
-        _expect(
+        expect(
             pixel_values.shape[0] == info.num_tokens,
             f"{info.num_tokens} patches in pixel_values (sum of t*h*w over grid_thw)",
             pixel_values.shape[0],
@@ -234,7 +230,7 @@ def load_vision_tower(
     path = Path(path)
     config = config if config is not None else loader.load_config(path)
     vision_config = getattr(config, "vision_config", None)
-    _expect(
+    expect(
         vision_config is not None and getattr(config, "model_type", None) == "qwen2_5_vl",
         "a Qwen2.5-VL checkpoint (model_type 'qwen2_5_vl')",
         getattr(config, "model_type", None),
@@ -253,16 +249,16 @@ def load_vision_tower(
                 if prefix is None:
                     continue
                 name = key[len(prefix) :]
-                _expect(name in expected, "tensors of the Qwen2.5-VL vision tower", f"unknown tensor {key!r}")
+                expect(name in expected, "tensors of the Qwen2.5-VL vision tower", f"unknown tensor {key!r}")
                 tensor = f.get_tensor(key)
-                _expect(
+                expect(
                     tuple(tensor.shape) == tuple(expected[name].shape),
                     f"{key} of shape {list(expected[name].shape)}",
                     list(tensor.shape),
                 )
                 state[name] = tensor.to(device=device, dtype=dtype)
     missing = sorted(set(expected) - set(state))
-    _expect(not missing, "every vision-tower weight in the checkpoint", f"missing {missing[:5]}")
+    expect(not missing, "every vision-tower weight in the checkpoint", f"missing {missing[:5]}")
     tower.load_state_dict(state, strict=True, assign=True)
     tower.eval().requires_grad_(False)
     logger.info("loaded the Qwen2.5-VL vision tower from %s (%s, %s)", path, dtype, device)
@@ -344,7 +340,7 @@ class Qwen2_5_VLForConditionalGeneration(CausalLM):
     ):
         super().__init__(config)
         text = config.text_config
-        _expect(
+        expect(
             config.vision_config.out_hidden_size == text.hidden_size,
             f"vision out_hidden_size equal to the text hidden_size {text.hidden_size}",
             config.vision_config.out_hidden_size,
@@ -381,9 +377,9 @@ class Qwen2_5_VLForConditionalGeneration(CausalLM):
         """
         runs = placeholder_runs(token_ids, self.image_token_id)
         if pixel_values is None and image_grid_thw is None:
-            _expect(not runs, "multi_modal_data for the prompt's image pad tokens", f"{len(runs)} runs and no images")
+            expect(not runs, "multi_modal_data for the prompt's image pad tokens", f"{len(runs)} runs and no images")
             return None
-        _expect(
+        expect(
             pixel_values is not None and image_grid_thw is not None,
             "both pixel_values and image_grid_thw in multi_modal_data",
             "only one of them",
@@ -391,21 +387,21 @@ class Qwen2_5_VLForConditionalGeneration(CausalLM):
         m = self.spatial_merge_size
         grid = grid_list(image_grid_thw, m)
         patch_dim = self.visual.patch_embed.patch_dim
-        _expect(
+        expect(
             isinstance(pixel_values, torch.Tensor) and pixel_values.dim() == 2 and pixel_values.shape[1] == patch_dim,
             f"pixel_values of shape [num_patches, {patch_dim}]",
             list(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__,
         )
-        _expect(pixel_values.is_floating_point(), "floating-point pixel_values", pixel_values.dtype)
+        expect(pixel_values.is_floating_point(), "floating-point pixel_values", pixel_values.dtype)
         patches = [t * h * w for t, h, w in grid]
-        _expect(pixel_values.shape[0] == sum(patches), f"{sum(patches)} patches (sum of t*h*w)", pixel_values.shape[0])
-        _expect(
+        expect(pixel_values.shape[0] == sum(patches), f"{sum(patches)} patches (sum of t*h*w)", pixel_values.shape[0])
+        expect(
             len(runs) == len(grid),
             f"{len(grid)} runs of image pad tokens (id {self.image_token_id}), one per image",
             len(runs),
         )
         for i, ((start, end), (t, h, w)) in enumerate(zip(runs, grid)):
-            _expect(
+            expect(
                 end - start == t * h * w // m**2,
                 f"{t * h * w // m**2} image pad tokens for image {i} (grid {t}x{h}x{w}, merge {m})",
                 end - start,

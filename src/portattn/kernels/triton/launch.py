@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ...device import is_triton_interpreter
+from ...errors import expect
 from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel
 from .resources import fewer_stages_then, launch_fitting
@@ -57,13 +58,8 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
 
 
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got}")
-
-
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
-    _expect(t.stride(-1) == 1, f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
+    expect(t.stride(-1) == 1, f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
 
 
 def attention_forward(
@@ -94,25 +90,25 @@ def attention_forward(
     ``k [Tk, Hkv, D]``, ``v [Tk, Hkv, Dv]``. ``seq_lens_k [B]`` counts the keys of each sequence.
     """
     paged = page_table is not None
-    _expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
+    expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
     tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_seqlens_q, "seq_lens_k": seq_lens_k}
     if paged:
         tensors["page_table"] = page_table
     else:
         tensors["kv_start"] = kv_start
     for name, t in tensors.items():
-        _expect(t.device == q.device, f"{name} on {q.device}", t.device)
+        expect(t.device == q.device, f"{name} on {q.device}", t.device)
     for name in ("k", "v", "out"):
-        _expect(tensors[name].dtype == q.dtype, f"{name} of dtype {q.dtype}", tensors[name].dtype)
+        expect(tensors[name].dtype == q.dtype, f"{name} of dtype {q.dtype}", tensors[name].dtype)
     for name in ("cu_seqlens_q", "seq_lens_k", "page_table" if paged else "kv_start"):
-        _expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
+        expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
     for name in ("q", "k", "v", "out"):
         _check_inner_contiguous(name, tensors[name])
-    _expect(num_splits >= 1 and num_splits <= MAX_SPLITS, f"num_splits in [1, {MAX_SPLITS}]", num_splits)
+    expect(num_splits >= 1 and num_splits <= MAX_SPLITS, f"num_splits in [1, {MAX_SPLITS}]", num_splits)
 
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, value_dim = v.shape[-2], v.shape[-1]
-    _expect(tuple(out.shape) == (num_tokens, num_q_heads, value_dim), "out of shape [T, Hq, Dv]", tuple(out.shape))
+    expect(tuple(out.shape) == (num_tokens, num_q_heads, value_dim), "out of shape [T, Hq, Dv]", tuple(out.shape))
     group = num_q_heads // num_kv_heads
     batch = seq_lens_k.shape[0]
     if num_tokens == 0 or batch == 0:
@@ -120,7 +116,7 @@ def attention_forward(
     if tiles is None:
         tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
     group_pad = triton.next_power_of_2(group)
-    _expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
+    expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_dv = triton.next_power_of_2(value_dim)
 
     if paged:

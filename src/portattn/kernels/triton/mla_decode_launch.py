@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ...device import is_triton_interpreter
+from ...errors import expect
 from ...mla import partial_buffers
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
 from .resources import fewer_stages_then, launch_fitting
@@ -57,30 +58,25 @@ def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLAT
     return MLATileConfig(block_h=64, block_n=32, num_warps=8, num_stages=3)
 
 
-def _expect(cond: bool, what: str, got: object) -> None:
-    if not cond:
-        raise ValueError(f"expected {what}, got {got}")
-
-
 def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits) -> None:
     """Raise a ValueError naming the first problem (the slow path, taken only when a check failed)."""
     tensors = {"q_nope": q_nope, "q_rope": q_rope, "kv_cache": kv_cache, "out": out}
     tensors |= {"page_table": page_table, "seq_lens": seq_lens}
     for name, t in tensors.items():
-        _expect(t.device == q_nope.device, f"{name} on {q_nope.device}", t.device)
-    _expect(q_nope.dtype in _DTYPES, "q_nope of dtype float16, bfloat16 or float32", q_nope.dtype)
+        expect(t.device == q_nope.device, f"{name} on {q_nope.device}", t.device)
+    expect(q_nope.dtype in _DTYPES, "q_nope of dtype float16, bfloat16 or float32", q_nope.dtype)
     for name in ("q_rope", "kv_cache", "out"):
-        _expect(tensors[name].dtype == q_nope.dtype, f"{name} of dtype {q_nope.dtype}", tensors[name].dtype)
+        expect(tensors[name].dtype == q_nope.dtype, f"{name} of dtype {q_nope.dtype}", tensors[name].dtype)
     for name in ("page_table", "seq_lens"):
-        _expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
+        expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
     batch, num_heads, rank = q_nope.shape
     rope_dim = q_rope.shape[2]
-    _expect(tuple(q_rope.shape[:2]) == (batch, num_heads), f"q_rope of shape [{batch}, {num_heads}, Dr]", q_rope.shape)
-    _expect(kv_cache.shape[2] == rank + rope_dim, f"kv_cache rows of {rank + rope_dim}", kv_cache.shape[2])
-    _expect(tuple(out.shape) == (batch, num_heads, rank), f"out of shape [{batch}, {num_heads}, {rank}]", out.shape)
-    _expect(seq_lens.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens.shape)
-    _expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
-    _expect(num_kv_splits >= 1, "num_kv_splits >= 1", num_kv_splits)
+    expect(tuple(q_rope.shape[:2]) == (batch, num_heads), f"q_rope of shape [{batch}, {num_heads}, Dr]", q_rope.shape)
+    expect(kv_cache.shape[2] == rank + rope_dim, f"kv_cache rows of {rank + rope_dim}", kv_cache.shape[2])
+    expect(tuple(out.shape) == (batch, num_heads, rank), f"out of shape [{batch}, {num_heads}, {rank}]", out.shape)
+    expect(seq_lens.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens.shape)
+    expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
+    expect(num_kv_splits >= 1, "num_kv_splits >= 1", num_kv_splits)
     raise AssertionError("a launch check failed without an explanation")
 
 
@@ -131,7 +127,7 @@ def mla_decode_forward(
     split = num_kv_splits > 1
     if split and partials is None:
         needed = 4 * batch * num_heads * num_kv_splits * (rank + 1)
-        _expect(
+        expect(
             workspace is not None and workspace.dtype == torch.uint8 and workspace.numel() >= needed,
             f"a uint8 workspace of at least {needed} bytes for {num_kv_splits} splits",
             None if workspace is None else f"{workspace.dtype} of {workspace.numel()} elements",
@@ -139,7 +135,7 @@ def mla_decode_forward(
         partials = partial_buffers(workspace, batch, num_heads, num_kv_splits, rank)
     if split:
         part_out, part_lse = partials
-        _expect(
+        expect(
             part_out.shape == (batch, num_heads, num_kv_splits, rank) and part_out.dtype == torch.float32
             and part_lse.shape == (batch, num_heads, num_kv_splits) and part_lse.dtype == torch.float32,
             f"float32 partials of shapes [{batch}, {num_heads}, {num_kv_splits}, {rank}] and [.., {num_kv_splits}]",
