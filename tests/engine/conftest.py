@@ -113,6 +113,23 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max())
 
 
+def worst_error_against_transformers(
+    llm, path: str, prompts: list[list[int]], max_new: int, prompt_logits: bool
+) -> float:
+    """Generate greedily; assert the tokens equal transformers'; return the worst logit relative error."""
+    from portattn.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_new, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits)
+    worst = 0.0
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        tokens, logits, ref_prompt_logits = hf_reference(path, tuple(prompt), max_new)
+        assert out.token_ids == tokens, f"prompt of {len(prompt)} tokens"
+        worst = max(worst, rel_err(out.logits, logits))
+        if prompt_logits:
+            worst = max(worst, rel_err(out.prompt_logits, ref_prompt_logits))
+    return worst
+
+
 def random_prompts(lengths: list[int], seed: int = 0, vocab: int = 256) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]

@@ -23,7 +23,7 @@ from portattn.models import deepseek_v3
 from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
 from portattn.models.latent_attention import plan_latent_attention
 
-from .conftest import hf_reference, random_prompts, rel_err
+from .conftest import hf_reference, random_prompts, worst_error_against_transformers
 from .test_backend_api import make_batch
 
 BASE = dict(
@@ -107,19 +107,6 @@ def checkpoint(variant: str, root: str) -> str:
     return path
 
 
-def run(llm: LLM, path: str, prompts: list[list[int]], prompt_logits: bool) -> float:
-    """Generate; assert tokens equal transformers'; return the worst logit relative error."""
-    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits)
-    worst = 0.0
-    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
-        tokens, logits, ref_prompt_logits = hf_reference(path, tuple(prompt), MAX_NEW)
-        assert out.token_ids == tokens, f"prompt of {len(prompt)} tokens"
-        worst = max(worst, rel_err(out.logits, logits))
-        if prompt_logits:
-            worst = max(worst, rel_err(out.prompt_logits, ref_prompt_logits))
-    return worst
-
-
 def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
     return LLM(
         path,
@@ -137,7 +124,10 @@ def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
 def test_matches_transformers(page_size, prefix, chunked, ckpt_root):
     path = checkpoint("yarn", ckpt_root)
     llm = make_llm(path, page_size, prefix, chunked)
-    err = max(run(llm, path, PROMPTS, prompt_logits=True), run(llm, path, SHARED, prompt_logits=False))
+    err = max(
+        worst_error_against_transformers(llm, path, PROMPTS, MAX_NEW, prompt_logits=True),
+        worst_error_against_transformers(llm, path, SHARED, MAX_NEW, prompt_logits=False),
+    )
     print(f"page {page_size} prefix {prefix} chunked {chunked}: tokens equal, max logit rel err {err:.2e}")
     assert err < TOL
     pool = llm.engine.kv_pool
@@ -155,7 +145,10 @@ def test_matches_transformers(page_size, prefix, chunked, ckpt_root):
 def test_without_q_lora_rotate_half_default_rope(ckpt_root):
     path = checkpoint("plain", ckpt_root)
     llm = make_llm(path, page_size=7, prefix=True, chunked=True)
-    err = max(run(llm, path, PROMPTS, prompt_logits=True), run(llm, path, SHARED, prompt_logits=False))
+    err = max(
+        worst_error_against_transformers(llm, path, PROMPTS, MAX_NEW, prompt_logits=True),
+        worst_error_against_transformers(llm, path, SHARED, MAX_NEW, prompt_logits=False),
+    )
     assert err < TOL
     assert llm.engine.pages.num_cached_tokens > 0
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
-from portattn.engine.sampling_params import SamplingParams
 
-from .conftest import FAMILIES, checkpoint, hf_reference, random_prompts, rel_err
+from .conftest import FAMILIES, checkpoint, random_prompts, worst_error_against_transformers
 
 MAX_NEW = 20
 # Lengths 1, short, just below the Llama 4 chunk (32) and past it; decodes cross the chunk boundary.
@@ -16,19 +15,6 @@ PROMPTS = random_prompts([1, 5, 13, 30, 37])
 # Second wave: repeats and extensions of the first wave's prompts, which hit the prefix cache.
 SHARED = [PROMPTS[3], [*PROMPTS[4][:20], 7, 8, 9], [*PROMPTS[2], *range(1, 12)]]
 TOL = 1e-4
-
-
-def check(llm: LLM, path: str, prompts: list[list[int]], prompt_logits: bool) -> float:
-    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    worst = 0.0
-    for prompt, out in zip(prompts, outs):
-        tokens, logits, ref_prompt_logits = hf_reference(path, tuple(prompt), MAX_NEW)
-        assert out.token_ids == tokens, f"prompt of {len(prompt)} tokens"
-        worst = max(worst, rel_err(out.logits, logits))
-        if prompt_logits:
-            worst = max(worst, rel_err(out.prompt_logits, ref_prompt_logits))
-    return worst
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked8"])
@@ -45,8 +31,8 @@ def test_matches_transformers(family, page_size, prefix, chunked, ckpt_root):
         enable_prefix_caching=prefix,
         chunked_prefill_size=8 if chunked else None,
     )
-    err = check(llm, path, PROMPTS, prompt_logits=True)
-    err = max(err, check(llm, path, SHARED, prompt_logits=False))
+    err = worst_error_against_transformers(llm, path, PROMPTS, MAX_NEW, prompt_logits=True)
+    err = max(err, worst_error_against_transformers(llm, path, SHARED, MAX_NEW, prompt_logits=False))
     assert err < TOL
     cached = llm.engine.pages.num_cached_tokens
     if prefix:
