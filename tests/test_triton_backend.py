@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif("triton" not in available_backends(DEVICE), reas
 
 if "triton" in available_backends(DEVICE):
     from portattn.backends.triton import TritonBackend, choose_num_splits
-    from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles
+    from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles, column_tiles
 
 INTERPRETED = is_triton_interpreter()
 DTYPES = [torch.float32, torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
@@ -104,12 +104,34 @@ def test_page_sizes_at_lengths_around_a_page(page_size):
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_head_dims_are_padded_with_masks(head_dim):
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_head_dims_are_padded_with_masks(head_dim, num_splits):
     case = make_paged_case(
         [1, 9], [21, 30], page_size=5, head_dim=head_dim, dtype=DTYPES[-1], device=DEVICE, seed=head_dim
     )
     ref, tol = reference(case)
-    assert max_error(run_planned(case), ref) <= tol
+    assert max_error(run_planned(case, num_splits=num_splits), ref) <= tol
+
+
+@pytest.mark.parametrize(("head_dim", "value_dim"), [(80, 96), (96, 64), (192, 80)])
+def test_tail_columns_of_key_and_value_dims_apart(head_dim, value_dim):
+    # 80 and 96 are covered as 64 + 16 and 64 + 32 columns; 192 as 128 + 64.
+    case = make_paged_case(
+        [1, 6], [40, 13], page_size=3, head_dim=head_dim, value_dim=value_dim, dtype=DTYPES[-1], device=DEVICE
+    )
+    ref, tol = reference(case, window_left=20)
+    for num_splits in (1, 2):
+        out = run_planned(case, num_splits=num_splits, window_left=20)
+        assert max_error(out, ref) <= tol, f"{num_splits} splits"
+
+
+def test_column_tiles_pad_less_than_the_next_power_of_two():
+    assert column_tiles(128) == (128, 0)
+    assert column_tiles(80) == (64, 16)
+    assert column_tiles(96) == (64, 32)
+    assert column_tiles(192) == (128, 64)
+    assert column_tiles(112) == (128, 0)  # 64 + 64 would pad as much as 128
+    assert column_tiles(24) == (32, 0)  # a tail below 16 columns would not pay
 
 
 def test_gqa_group_of_three_is_padded():

@@ -51,25 +51,33 @@ CASES = [
 ]
 
 # Alternatives timed with --sweep: (block_m or None for the default, block_n, num_warps, num_stages).
-SWEEP_TILES = {
-    "decode": [
-        (None, 64, 8, 3),
-        (None, 64, 4, 3),
-        (None, 16, 2, 3),
-        (None, 32, 2, 3),
-        (None, 32, 4, 1),
-        (None, 128, 8, 3),
-    ],
-    "long": [
-        (128, 64, 8, 3),
-        (128, 32, 8, 3),
-        (128, 32, 4, 3),
-        (64, 64, 4, 3),
-        (64, 32, 4, 3),
-        (128, 128, 8, 3),
-        (128, 64, 8, 1),
-    ],
-}
+LONG_TILES = [
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 64, 8, 4),
+    (128, 32, 8, 3),
+    (128, 32, 8, 4),
+    (128, 128, 8, 2),
+    (128, 128, 8, 3),
+    (128, 64, 4, 3),
+    (128, 128, 4, 2),
+    (64, 64, 4, 3),
+    (64, 64, 4, 4),
+    (64, 128, 4, 3),
+    (64, 32, 4, 4),
+]
+SMEM_BUDGET = 200 * 1024  # bytes of K/V stages a swept tile may ask for (the H200 has 227 KB per SM)
+
+
+def sweep_tiles(case: PagedCase) -> list[tuple[int | None, int, int, int]]:
+    """Tile shapes to time for one case: a full grid for the batched decode, a few for the other decodes."""
+    if case.mode != "decode":
+        tiles = LONG_TILES
+    elif case.batch > 1 and case.page_size == 16:
+        tiles = [(None, n, w, s) for n in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4, 5)]
+    else:
+        tiles = [(None, 32, 4, 4), (None, 64, 4, 3), (None, 64, 4, 4), (None, 64, 8, 4), (None, 128, 8, 3)]
+    return [t for t in tiles if t[3] * t[1] * 2 * case.head_dim * 2 <= SMEM_BUDGET]
 
 
 def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
@@ -171,9 +179,11 @@ def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
     out = torch.empty(sets[0]["q"].shape, device=device, dtype=sets[0]["q"].dtype)
     variants = {}
     splits = metadata.extra["num_splits"]
-    tile_list = SWEEP_TILES["decode" if case.mode == "decode" else "long"]
+    tile_list = sweep_tiles(case)
     split_list = sorted({1, 2, 4, splits} if case.batch > 1 else {splits // 4 or 1, splits // 2 or 1, splits})
     trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list]
+    if case.mode == "decode":  # deeper pipelines with more splits
+        trials += [((None, 64, 4, 4), s) for s in split_list if s != splits]
     for tile, num_splits in trials:
         if tile is None:
             tiles = default

@@ -17,6 +17,7 @@ from ..backends.base import AttentionParams
 from ..backends.torch_ref import TorchBackend
 from ..testing import cu_seqlens
 from . import peers
+from .paged_attention import LONG_TILES
 from .timing import measure, num_input_sets
 from .work import count_work
 
@@ -100,8 +101,7 @@ def _sweep(case, qs, ks, vs, cu, max_len, scale, device) -> dict:
     out = torch.empty_like(qs[0])
     seq_lens = cu[1:] - cu[:-1]
     variants = {}
-    for block_m, block_n, warps, stages in [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
-                                            (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 2)]:  # fmt: skip
+    for block_m, block_n, warps, stages in LONG_TILES:
         tiles = TileConfig(block_m, block_m, block_n, warps, stages)
         fn = lambda i, tiles=tiles: attention_forward(
             qs[i], ks[i], vs[i], out, cu, seq_lens, max_seqlen_q=max_len, scale=scale, kv_start=cu[:-1],

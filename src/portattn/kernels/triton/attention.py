@@ -10,7 +10,11 @@ element mask only to tiles that are not entirely visible to every row.
 
 Keys are addressed by logical index ``j``: paged (``PAGED``) through
 ``page_table[b, j // PAGE_SIZE]`` and offset ``j % PAGE_SIZE``, which works for every page size;
-contiguous (varlen) at ``kv_start[b] + j``. Grid: ``(q blocks, KV heads, NUM_SPLITS)``. With
+contiguous (varlen) at ``kv_start[b] + j``. A head dim that is not a power of two is covered by two
+column tiles, a power of two plus a small tail (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64), instead
+of one tile padded to the next power of two: the dot products then do no work on padding columns.
+The same holds for the value dim. Grid: ``(q blocks, KV heads, NUM_SPLITS)``, the q blocks taken
+last first (a causal sequence's last block sees the most keys: it starts first, not last). With
 ``NUM_SPLITS > 1`` each program covers one share of the block's visible tiles and writes its
 normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (and adds sinks).
 """
@@ -82,9 +86,11 @@ def _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE: tl.constexpr
 @triton.jit
 def _attend_tiles(
     acc,
+    acc2,
     l_i,
     m_i,
     q,
+    q2,
     K,
     V,
     PageTableRow,
@@ -101,34 +107,44 @@ def _attend_tiles(
     stride_ks,
     stride_vp,
     stride_vs,
-    offs_d,
-    offs_dv,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr,
     VALUE_DIM: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DV2: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
     MASKED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Online softmax over key tiles ``tile_begin .. tile_end - 1`` (tile i starts at tile_base + i * BLOCK_N)."""
+    """Online softmax over key tiles ``tile_begin .. tile_end - 1`` (tile i starts at tile_base + i * BLOCK_N).
+
+    Columns ``[0, BLOCK_D)`` of q/K are in ``q``, the tail ``[BLOCK_D, BLOCK_D + BLOCK_D2)`` in ``q2``
+    (``BLOCK_D2 == 0``: no tail); likewise ``acc`` and ``acc2`` for the value columns.
+    """
     offs_tile = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_DIM
     dv_ok = offs_dv < VALUE_DIM
     for tile in range(tile_begin, tile_end):
         offs_n = tile_base + tile * BLOCK_N + offs_tile
         page, offset, in_range = _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE=PAGE_SIZE, PAGED=PAGED)
-        k_ptrs = K + page[:, None] * stride_kp + offset[:, None] * stride_ks + offs_d[None, :]
-        v_ptrs = V + page[:, None] * stride_vp + offset[:, None] * stride_vs + offs_dv[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=in_range[:, None] & d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=in_range[:, None] & dv_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
-
+        k_rows = K + page * stride_kp + offset * stride_ks  # [BLOCK_N] pointers to the first column
+        v_rows = V + page * stride_vp + offset * stride_vs
+        row_ok = in_range if MASKED else offs_tile < BLOCK_N  # unmasked tiles: every key exists
+        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if BLOCK_D2 > 0:
+            offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+            k2 = tl.load(
+                k_rows[:, None] + offs_d2[None, :], mask=row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :], other=0.0
+            )
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
         if HAS_SOFTCAP:
             # c * tanh(x / c), with tanh written through exp2 so that every Triton backend has it
             x = s * (qk_scale / softcap)
@@ -146,9 +162,16 @@ def _attend_tiles(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        p = p.to(v.dtype)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        if BLOCK_DV2 > 0:
+            offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+            v2 = tl.load(
+                v_rows[:, None] + offs_dv2[None, :], mask=row_ok[:, None] & (offs_dv2 < VALUE_DIM)[None, :], other=0.0
+            )
+            acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit
@@ -191,8 +214,11 @@ def attention_fwd_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr,
     VALUE_DIM: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_DV2: tl.constexpr,
+    PARTIAL_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -205,7 +231,7 @@ def attention_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
-    block_idx = tl.program_id(0)
+    block_idx = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks first
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
@@ -222,16 +248,21 @@ def attention_fwd_kernel(
     PageTableRow = PageTable + seq.to(tl.int64) * stride_pt
 
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
     token = q_start + offs_m // GROUP_PAD  # within the sequence
     head_in_group = offs_m % GROUP_PAD
     row_ok = (token < num_queries) & (head_in_group < GROUP)
     head = kv_head * GROUP + head_in_group
     q_row = (q_begin + token).to(tl.int64)
 
-    q_ptrs = Q + q_row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q_rows = Q + q_row * stride_qt + head * stride_qh  # [BLOCK_M] pointers to the first column
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q2 = q  # no tail columns: unused
+    if BLOCK_D2 > 0:
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        q2 = tl.load(
+            q_rows[:, None] + offs_d2[None, :], mask=row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :], other=0.0
+        )
 
     # Key ranges: per row for the element mask, per block for which tiles to visit.
     first_pos = num_keys - num_queries + q_start
@@ -284,7 +315,11 @@ def attention_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    offs_dv = tl.arange(0, BLOCK_DV)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc2 = l_i  # no tail columns: unused
+    if BLOCK_DV2 > 0:
+        acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)
     K = K + kv_head * stride_kh
     V = V + kv_head * stride_vh
     # Three phases: masked tiles before the fully visible ones, the fully visible ones, masked after.
@@ -292,11 +327,13 @@ def attention_fwd_kernel(
     body_begin = tl.maximum(full_begin, split_begin)
     body_end = tl.minimum(full_end, split_end)
     tail_begin = tl.maximum(full_end, split_begin)
-    acc, l_i, m_i = _attend_tiles(
+    acc, acc2, l_i, m_i = _attend_tiles(
         acc,
+        acc2,
         l_i,
         m_i,
         q,
+        q2,
         K,
         V,
         PageTableRow,
@@ -313,22 +350,26 @@ def attention_fwd_kernel(
         stride_ks,
         stride_vp,
         stride_vs,
-        offs_d,
-        offs_dv,
         BLOCK_N=BLOCK_N,
         HEAD_DIM=HEAD_DIM,
+        BLOCK_D=BLOCK_D,
+        BLOCK_D2=BLOCK_D2,
         VALUE_DIM=VALUE_DIM,
+        BLOCK_DV=BLOCK_DV,
+        BLOCK_DV2=BLOCK_DV2,
         PAGE_SIZE=PAGE_SIZE,
         PAGED=PAGED,
         MASKED=True,
         HAS_SOFTCAP=HAS_SOFTCAP,
         DOT_PRECISION=DOT_PRECISION,
     )
-    acc, l_i, m_i = _attend_tiles(
+    acc, acc2, l_i, m_i = _attend_tiles(
         acc,
+        acc2,
         l_i,
         m_i,
         q,
+        q2,
         K,
         V,
         PageTableRow,
@@ -345,22 +386,26 @@ def attention_fwd_kernel(
         stride_ks,
         stride_vp,
         stride_vs,
-        offs_d,
-        offs_dv,
         BLOCK_N=BLOCK_N,
         HEAD_DIM=HEAD_DIM,
+        BLOCK_D=BLOCK_D,
+        BLOCK_D2=BLOCK_D2,
         VALUE_DIM=VALUE_DIM,
+        BLOCK_DV=BLOCK_DV,
+        BLOCK_DV2=BLOCK_DV2,
         PAGE_SIZE=PAGE_SIZE,
         PAGED=PAGED,
         MASKED=False,
         HAS_SOFTCAP=HAS_SOFTCAP,
         DOT_PRECISION=DOT_PRECISION,
     )
-    acc, l_i, m_i = _attend_tiles(
+    acc, acc2, l_i, m_i = _attend_tiles(
         acc,
+        acc2,
         l_i,
         m_i,
         q,
+        q2,
         K,
         V,
         PageTableRow,
@@ -377,11 +422,13 @@ def attention_fwd_kernel(
         stride_ks,
         stride_vp,
         stride_vs,
-        offs_d,
-        offs_dv,
         BLOCK_N=BLOCK_N,
         HEAD_DIM=HEAD_DIM,
+        BLOCK_D=BLOCK_D,
+        BLOCK_D2=BLOCK_D2,
         VALUE_DIM=VALUE_DIM,
+        BLOCK_DV=BLOCK_DV,
+        BLOCK_DV2=BLOCK_DV2,
         PAGE_SIZE=PAGE_SIZE,
         PAGED=PAGED,
         MASKED=True,
@@ -390,6 +437,9 @@ def attention_fwd_kernel(
     )
 
     dv_ok = offs_dv[None, :] < VALUE_DIM
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        dv2_ok = offs_dv2[None, :] < VALUE_DIM
     if NUM_SPLITS == 1:
         if HAS_SINKS:
             sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
@@ -398,13 +448,27 @@ def attention_fwd_kernel(
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.exp2(sink - m_safe)
             acc = acc * alpha[:, None]
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that sees no key gives zeros
-        o_ptrs = Out + q_row[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
+            if BLOCK_DV2 > 0:
+                acc2 = acc2 * alpha[:, None]
+        inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)  # a row that sees no key gives zeros
+        o_rows = Out + q_row * stride_ot + head * stride_oh
+        tl.store(
+            o_rows[:, None] + offs_dv[None, :],
+            (acc * inv_l[:, None]).to(Out.dtype.element_ty),
+            mask=row_ok[:, None] & dv_ok,
+        )
+        if BLOCK_DV2 > 0:
+            tl.store(
+                o_rows[:, None] + offs_dv2[None, :],
+                (acc2 * inv_l[:, None]).to(Out.dtype.element_ty),
+                mask=row_ok[:, None] & dv2_ok,
+            )
     else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / l_safe[:, None]
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         w_row = q_row * stride_wt + head * stride_wh + split * stride_ws
-        tl.store(PartialOut + w_row[:, None] * BLOCK_DV + offs_dv[None, :], out, mask=row_ok[:, None])
+        w_rows = PartialOut + w_row * PARTIAL_DV
+        tl.store(w_rows[:, None] + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None] & dv_ok)
+        if BLOCK_DV2 > 0:
+            tl.store(w_rows[:, None] + offs_dv2[None, :], acc2 / l_safe[:, None], mask=row_ok[:, None] & dv2_ok)
         tl.store(PartialLse + w_row, lse, mask=row_ok)

@@ -58,6 +58,17 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
 
 
+def column_tiles(dim: int) -> tuple[int, int]:
+    """Column tiles ``(main, tail)`` covering a head dim: one power of two when that wastes nothing, else a
+    power of two plus a tail of at least 16 columns (80 = 64 + 16) when that pads less than rounding up."""
+    full = triton.next_power_of_2(dim)
+    main = full // 2
+    tail = max(16, triton.next_power_of_2(dim - main)) if dim > main else 0
+    if dim == full or main < 16 or main + tail >= full:
+        return full, 0
+    return main, tail
+
+
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
     expect(t.stride(-1) == 1, f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
 
@@ -117,7 +128,9 @@ def attention_forward(
         tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
     group_pad = triton.next_power_of_2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
-    block_dv = triton.next_power_of_2(value_dim)
+    block_d, block_d2 = column_tiles(head_dim)
+    block_dv, block_dv2 = column_tiles(value_dim)
+    partial_dv = triton.next_power_of_2(value_dim)
 
     if paged:
         stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
@@ -129,7 +142,7 @@ def attention_forward(
         page_size, stride_pt, table, starts = 1, 0, kv_start, kv_start
 
     if num_splits > 1:
-        partial_out = torch.empty((num_tokens, num_q_heads, num_splits, block_dv), dtype=torch.float32, device=q.device)
+        partial_out = torch.empty((num_tokens, num_q_heads, num_splits, partial_dv), dtype=torch.float32, device=q.device)
         partial_lse = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
@@ -154,7 +167,8 @@ def attention_forward(
             stride_pt,
             num_q_heads * num_splits if num_splits > 1 else 0, num_splits if num_splits > 1 else 0, 1,
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=t.block_q, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2,
+            VALUE_DIM=value_dim, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, PARTIAL_DV=partial_dv,
             PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, HAS_WINDOW_LEFT=window_left >= 0,
             HAS_WINDOW_RIGHT=(not causal) and window_right >= 0, HAS_CHUNK=chunk_size is not None,
             HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0, NUM_SPLITS=num_splits,
@@ -167,7 +181,7 @@ def attention_forward(
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out,
             num_q_heads, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_DV=block_dv,
+            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_DV=partial_dv,
             VALUE_DIM=value_dim, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out
