@@ -142,7 +142,9 @@ def attention_forward(
         page_size, stride_pt, table, starts = 1, 0, kv_start, kv_start
 
     if num_splits > 1:
-        partial_out = torch.empty((num_tokens, num_q_heads, num_splits, partial_dv), dtype=torch.float32, device=q.device)
+        partial_out = torch.empty(
+            (num_tokens, num_q_heads, num_splits, partial_dv), dtype=torch.float32, device=q.device
+        )
         partial_lse = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
