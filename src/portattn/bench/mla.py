@@ -105,10 +105,9 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
             q_nope, q_rope, cache, table, seq_lens, out, scale=scale, num_kv_splits=splits, partials=partials,
             tiles=tiles,
         )  # fmt: skip
-        queued = lambda table: [fn(table) for _ in range(QUEUED_CALLS)]
         try:
-            single_ms = measure(fn, tables, device).median_ms
-            ms = measure(queued, tables, device, runs=20).median_ms / QUEUED_CALLS
+            single_ms = measure(fn, tables, device, burst=0).median_ms
+            ms = measure(fn, tables, device, runs=20, burst=QUEUED_CALLS).median_ms
             fn(page_table)  # the output of the first table, for the error columns
         except Exception as exc:  # a tile shape that does not build on this device is reported, not fatal
             return row | {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}, None

@@ -65,6 +65,8 @@ LONG_TILES = [
     (64, 64, 4, 4),
     (64, 128, 4, 3),
     (64, 32, 4, 4),
+    (64, 64, 4, 2),
+    (128, 32, 4, 3),
 ]
 SMEM_BUDGET = 200 * 1024  # bytes of K/V stages a swept tile may ask for (the H200 has 227 KB per SM)
 
@@ -74,9 +76,9 @@ def sweep_tiles(case: PagedCase) -> list[tuple[int | None, int, int, int]]:
     if case.mode != "decode":
         tiles = LONG_TILES
     elif case.batch > 1 and case.page_size == 16:
-        tiles = [(None, n, w, s) for n in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4, 5)]
+        tiles = [(None, n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4, 5)]
     else:
-        tiles = [(None, 32, 4, 4), (None, 64, 4, 3), (None, 64, 4, 4), (None, 64, 8, 4), (None, 128, 8, 3)]
+        tiles = [(None, 32, 4, 4), (None, 64, 4, 4), (None, 64, 8, 4), (None, 64, 8, 5), (None, 128, 4, 3)]
     return [t for t in tiles if t[3] * t[1] * 2 * case.head_dim * 2 <= SMEM_BUDGET]
 
 

@@ -151,16 +151,18 @@ def _attend_tiles(
             e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
             t = (1.0 - e) / (1.0 + e)
             s = tl.where(x < 0, -t, t) * (softcap * 1.4426950408889634)
+            scale = 1.0
         else:
-            s = s * (qk_scale * 1.4426950408889634)
+            # the scale (positive) is applied in the exponent's fused multiply-add, not as its own pass
+            scale = qk_scale * 1.4426950408889634
         if MASKED:
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]) & in_range[None, :]
             s = tl.where(visible, s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
         alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(s * scale - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p.to(v.dtype)
         acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
