@@ -230,9 +230,13 @@ def test_launcher_validates_inputs():
 
 def test_decode_tiles_pack_query_heads():
     tiles = choose_tiles(1, 4, 128, 128, interpret=False)
-    assert (tiles.block_q, tiles.block_m, tiles.block_n) == (4, 16, 32)  # 4 query heads x 4 tokens
+    assert (tiles.block_q, tiles.block_m, tiles.block_n) == (4, 16, 64)  # 4 query heads x 4 tokens
     tiles = choose_tiles(4096, 4, 128, 128, interpret=False)
-    assert (tiles.block_q, tiles.block_m) == (32, 128)
+    assert (tiles.block_q, tiles.block_m, tiles.block_n) == (32, 128, 128)
+    tiles = choose_tiles(4096, 1, 80, 80, interpret=False)  # 64 + 16 columns: narrower tiles
+    assert (tiles.block_q, tiles.block_m, tiles.block_n) == (64, 64, 64)
+    tiles = choose_tiles(4096, 4, 256, 256, interpret=False)
+    assert (tiles.block_m, tiles.block_n) == (64, 32)
 
 
 def test_mla_prefill_shape_head_dim_192_value_dim_128():

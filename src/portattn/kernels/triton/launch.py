@@ -41,20 +41,31 @@ class TileConfig:
 def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *, interpret: bool) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
-    Under the CPU interpreter tiles are kept small (the interpreter's cost grows with tile size,
-    and small tiles exercise multi-tile and masked-tile paths on short test sequences).
+    The GPU defaults are the fastest shapes of ``python -m portattn.bench --sweep`` on an H200
+    (``bench/results/NOTES.md``): decode streams 64-key tiles through a 5-stage pipeline; long query
+    runs take 128 x 128 tiles at head dim 128, 64 x 64 tiles when the widest column tile is 64
+    (head dims 64, 80, 96) and 64 x 32 tiles above 128 columns (192, 256). Another GPU that lacks the shared memory steps down at the first launch
+    (``resources.py``). Under the CPU interpreter tiles are kept small (its cost grows with tile
+    size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
     """
     group_pad = triton.next_power_of_2(group)
-    wide = max(head_dim, value_dim) > 128
-    cap = 32 if interpret else (64 if wide else 128)
-    block_m = max(16, group_pad, min(cap, triton.next_power_of_2(max(max_seqlen_q, 1) * group_pad)))
-    block_n = 16 if interpret else (32 if wide else 64)
     if interpret:
-        return TileConfig(block_m // group_pad, block_m, block_n)
-    if block_m <= 32:  # decode-like: keep the K/V tiles small, so that no registers spill
-        block_n = 32
-    num_warps = 8 if block_m >= 128 else 4
-    num_stages = 2 if wide else 3
+        block_m = max(16, group_pad, min(32, triton.next_power_of_2(max(max_seqlen_q, 1) * group_pad)))
+        return TileConfig(block_m // group_pad, block_m, 16)
+    columns = [column_tiles(head_dim), column_tiles(value_dim)]
+    wide = max(sum(c) for c in columns) > 128
+    narrow = max(c[0] for c in columns) <= 64
+    if wide:
+        cap, block_n, num_warps, num_stages = 64, 32, 4, 2
+    elif narrow:
+        cap, block_n, num_warps, num_stages = 64, 64, 4, 3
+    else:
+        cap, block_n, num_warps, num_stages = 128, 128, 8, 2
+    block_m = max(16, group_pad, min(cap, triton.next_power_of_2(max(max_seqlen_q, 1) * group_pad)))
+    if block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
+        block_n, num_warps, num_stages = 64, 8, 5
+    elif block_m < 128:  # short query runs (speculative decoding, small extends)
+        block_n, num_warps, num_stages = min(block_n, 64), 4, max(num_stages, 3)
     return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
 
 
