@@ -11,7 +11,8 @@ LOG="$OUT/h200_gpu_check.txt"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 {
-  echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo no-git)"
+  # A hash of the source files as they are on this machine (a copied .git may lag behind them).
+  echo "== $(date -u +%FT%TZ) src sha256 $(find src scripts -type f -name '*.py' -o -name '*.sh' | sort | xargs cat | sha256sum | cut -c1-12)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   echo "== tests (GPU: fp32, fp16, bf16)"
