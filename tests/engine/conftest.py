@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -55,6 +56,9 @@ CONFIGS = {
     ),
 }
 FAMILIES = list(CONFIGS)
+# Where the parity tests run the engine (transformers' reference stays on the CPU, in float32):
+# the CPU in CI; `PORTATTN_TEST_ENGINE_DEVICE=cuda` runs them with the GPU's default backend.
+ENGINE_DEVICE = os.environ.get("PORTATTN_TEST_ENGINE_DEVICE", "cpu")
 
 
 @pytest.fixture(autouse=True)

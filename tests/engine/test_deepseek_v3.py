@@ -23,7 +23,7 @@ from portattn.models import deepseek_v3
 from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
 from portattn.models.latent_attention import plan_latent_attention
 
-from .conftest import hf_reference, random_prompts, worst_error_against_transformers
+from .conftest import ENGINE_DEVICE, hf_reference, random_prompts, worst_error_against_transformers
 from .test_backend_api import make_batch
 
 BASE = dict(
@@ -115,6 +115,7 @@ def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
         max_num_seqs=8,
         enable_prefix_caching=prefix,
         chunked_prefill_size=16 if chunked else None,
+        device=ENGINE_DEVICE,
     )
 
 

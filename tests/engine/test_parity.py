@@ -7,7 +7,7 @@ import pytest
 
 from portattn.engine.llm import LLM
 
-from .conftest import FAMILIES, checkpoint, random_prompts, worst_error_against_transformers
+from .conftest import ENGINE_DEVICE, FAMILIES, checkpoint, random_prompts, worst_error_against_transformers
 
 MAX_NEW = 20
 # Lengths 1, short, just below the Llama 4 chunk (32) and past it; decodes cross the chunk boundary.
@@ -30,6 +30,7 @@ def test_matches_transformers(family, page_size, prefix, chunked, ckpt_root):
         max_num_seqs=8,
         enable_prefix_caching=prefix,
         chunked_prefill_size=8 if chunked else None,
+        device=ENGINE_DEVICE,
     )
     err = worst_error_against_transformers(llm, path, PROMPTS, MAX_NEW, prompt_logits=True)
     err = max(err, worst_error_against_transformers(llm, path, SHARED, MAX_NEW, prompt_logits=False))

@@ -18,7 +18,7 @@ from portattn.engine.multimodal import MultimodalData
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models.mrope import mrope_positions, placeholder_runs
 
-from .conftest import checkpoint, rel_err
+from .conftest import ENGINE_DEVICE, checkpoint, rel_err
 
 PAD, START, END = 250, 248, 249  # image pad, vision start, vision end
 PATCH_DIM = 3 * 2 * 4 * 4  # channels * temporal_patch_size * patch_size**2
@@ -183,6 +183,7 @@ def test_image_prompt_matches_transformers(path, page_size, mode):
         max_num_seqs=4,
         chunked_prefill_size=8 if mode == "chunked" else None,
         enable_prefix_caching=mode == "prefix",
+        device=ENGINE_DEVICE,
     )
     err = check(llm, path, [(ONE, ONE_IMAGE)], prompt_logits=mode != "prefix")
     if mode == "prefix":  # the same prompt and image again: its full pages come from the cache
@@ -193,7 +194,7 @@ def test_image_prompt_matches_transformers(path, page_size, mode):
 
 def test_multi_image_prompt_beside_a_text_prompt(path):
     # Chunks of 8 tokens cut both images; the text prompt shares forwards with the image prompt.
-    llm = LLM(path, page_size=7, num_pages=64, chunked_prefill_size=8, enable_prefix_caching=True)
+    llm = LLM(path, page_size=7, num_pages=64, chunked_prefill_size=8, enable_prefix_caching=True, device=ENGINE_DEVICE)
     assert check(llm, path, [(TWO, TWO_IMAGES), (tuple(range(3, 20)), ())]) < TOL
 
 
