@@ -252,3 +252,11 @@ def test_mla_prefill_shape_head_dim_192_value_dim_128():
     ref = varlen_attention_ref(q, k, v, cu, causal=True)
     lowp = varlen_attention_ref(q, k, v, cu, causal=True, upcast=False)
     assert max_error(out, ref) <= tolerance(ref, lowp, DTYPES[-1])
+
+
+def test_host_power_of_two_equals_tritons():
+    import triton
+
+    from portattn.kernels.triton.launch import _pow2
+
+    assert [_pow2(n) for n in range(1, 1100)] == [triton.next_power_of_2(n) for n in range(1, 1100)]

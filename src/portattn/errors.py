@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 
 def expect(cond: bool, what: str, got: object) -> None:
     """Raise ``ValueError("expected {what}, got {got}")`` unless ``cond``: the one form of input errors."""
     if not cond:
-        raise ValueError(f"expected {what}, got {got}")
+        fail(what, got)
+
+
+def fail(what: str, got: object) -> NoReturn:
+    """Raise ``ValueError("expected {what}, got {got}")``; for hot paths that build the message only on error."""
+    raise ValueError(f"expected {what}, got {got}")
 
 
 class UnsupportedFeatureError(ValueError):

@@ -1,24 +1,30 @@
 """Launchers for the attention kernels: validate inputs, pick tiles, compute grids.
 
 Nothing here synchronises with the device: every Python int a launch needs (longest query run,
-split count) is passed in by the caller, who got it from ``plan_*``.
+split count) is passed in by the caller, who got it from ``plan_*``. The host path runs once per
+layer: tile choices are cached per shape, and error messages are built only for errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ...device import is_triton_interpreter
-from ...errors import expect
+from ...errors import expect, fail
 from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel
 from .resources import fewer_stages_then, launch_fitting
 
 MAX_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (``triton.next_power_of_2`` costs microseconds on the host)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class TileConfig:
                 raise ValueError(f"expected {name} to be a power of two, got {value}")
 
 
+@functools.cache
 def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *, interpret: bool) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -48,9 +55,9 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     (``resources.py``). Under the CPU interpreter tiles are kept small (its cost grows with tile
     size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
     """
-    group_pad = triton.next_power_of_2(group)
+    group_pad = _pow2(group)
     if interpret:
-        block_m = max(16, group_pad, min(32, triton.next_power_of_2(max(max_seqlen_q, 1) * group_pad)))
+        block_m = max(16, group_pad, min(32, _pow2(max(max_seqlen_q, 1) * group_pad)))
         return TileConfig(block_m // group_pad, block_m, 16)
     columns = [column_tiles(head_dim), column_tiles(value_dim)]
     wide = max(sum(c) for c in columns) > 128
@@ -61,7 +68,7 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
         cap, block_n, num_warps, num_stages = 64, 64, 4, 3
     else:
         cap, block_n, num_warps, num_stages = 128, 128, 8, 2
-    block_m = max(16, group_pad, min(cap, triton.next_power_of_2(max(max_seqlen_q, 1) * group_pad)))
+    block_m = max(16, group_pad, min(cap, _pow2(max(max_seqlen_q, 1) * group_pad)))
     if block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < 128:  # short query runs (speculative decoding, small extends)
@@ -69,19 +76,21 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
 
 
+@functools.cache
 def column_tiles(dim: int) -> tuple[int, int]:
     """Column tiles ``(main, tail)`` covering a head dim: one power of two when that wastes nothing, else a
     power of two plus a tail of at least 16 columns (80 = 64 + 16) when that pads less than rounding up."""
-    full = triton.next_power_of_2(dim)
+    full = _pow2(dim)
     main = full // 2
-    tail = max(16, triton.next_power_of_2(dim - main)) if dim > main else 0
+    tail = max(16, _pow2(dim - main)) if dim > main else 0
     if dim == full or main < 16 or main + tail >= full:
         return full, 0
     return main, tail
 
 
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
-    expect(t.stride(-1) == 1, f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
+    if t.stride(-1) != 1:
+        fail(f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
 
 
 def attention_forward(
@@ -119,11 +128,14 @@ def attention_forward(
     else:
         tensors["kv_start"] = kv_start
     for name, t in tensors.items():
-        expect(t.device == q.device, f"{name} on {q.device}", t.device)
+        if t.device != q.device:
+            fail(f"{name} on {q.device}", t.device)
     for name in ("k", "v", "out"):
-        expect(tensors[name].dtype == q.dtype, f"{name} of dtype {q.dtype}", tensors[name].dtype)
+        if tensors[name].dtype != q.dtype:
+            fail(f"{name} of dtype {q.dtype}", tensors[name].dtype)
     for name in ("cu_seqlens_q", "seq_lens_k", "page_table" if paged else "kv_start"):
-        expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
+        if tensors[name].dtype != torch.int32:
+            fail(f"{name} of dtype int32", tensors[name].dtype)
     for name in ("q", "k", "v", "out"):
         _check_inner_contiguous(name, tensors[name])
     expect(num_splits >= 1 and num_splits <= MAX_SPLITS, f"num_splits in [1, {MAX_SPLITS}]", num_splits)
@@ -137,11 +149,11 @@ def attention_forward(
         return out
     if tiles is None:
         tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
-    group_pad = triton.next_power_of_2(group)
+    group_pad = _pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_d, block_d2 = column_tiles(head_dim)
     block_dv, block_dv2 = column_tiles(value_dim)
-    partial_dv = triton.next_power_of_2(value_dim)
+    partial_dv = _pow2(value_dim)
 
     if paged:
         stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
@@ -194,7 +206,7 @@ def attention_forward(
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out,
             num_q_heads, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_DV=partial_dv,
+            NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits), BLOCK_DV=partial_dv,
             VALUE_DIM=value_dim, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out
