@@ -49,9 +49,10 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
     The GPU defaults are the fastest shapes of ``python -m portattn.bench --sweep`` on an H200
-    (``bench/results/NOTES.md``): decode streams 64-key tiles through a 5-stage pipeline; long query
-    runs take 128 x 128 tiles at head dim 128, 64 x 64 tiles when the widest column tile is 64
-    (head dims 64, 80, 96) and 64 x 32 tiles above 128 columns (192, 256). Another GPU that lacks the shared memory steps down at the first launch
+    (``bench/results/NOTES.md``): decode streams 64-key tiles through a 5-stage pipeline; long
+    query runs take 128 x 128 tiles at head dim 128 (64 x 64 for short runs), 64 x 64 tiles when
+    the widest column tile is 64 (head dims 64, 80, 96), and 64 x 32 tiles above 128 columns
+    (192, 256). A GPU that lacks the shared memory steps down at the first launch
     (``resources.py``). Under the CPU interpreter tiles are kept small (its cost grows with tile
     size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
     """
@@ -71,8 +72,8 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     block_m = max(16, group_pad, min(cap, _pow2(max(max_seqlen_q, 1) * group_pad)))
     if block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
-    elif block_m < 128:  # short query runs (speculative decoding, small extends)
-        block_n, num_warps, num_stages = min(block_n, 64), 4, max(num_stages, 3)
+    elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
+        block_n, num_warps, num_stages = 64, 4, 3
     return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
 
 
