@@ -43,10 +43,11 @@ def merge_splits_kernel(
     if HAS_SINKS:
         denom += tl.exp2(sink - m_safe)
 
+    dv_ok = offs_dv < VALUE_DIM  # columns past the value dim are never written by the splits
     partial = tl.load(
-        PartialOut + (row + offs_s)[:, None] * BLOCK_DV + offs_dv[None, :], mask=split_ok[:, None], other=0.0
+        PartialOut + (row + offs_s)[:, None] * BLOCK_DV + offs_dv[None, :],
+        mask=split_ok[:, None] & dv_ok[None, :],
+        other=0.0,
     )  # [SPLITS_PAD, BLOCK_DV]
     out = tl.sum(partial * weight[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
-    tl.store(
-        Out + token * stride_ot + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty), mask=offs_dv < VALUE_DIM
-    )
+    tl.store(Out + token * stride_ot + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty), mask=dv_ok)
