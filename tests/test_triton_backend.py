@@ -257,6 +257,6 @@ def test_mla_prefill_shape_head_dim_192_value_dim_128():
 def test_host_power_of_two_equals_tritons():
     import triton
 
-    from portattn.kernels.triton.launch import _pow2
+    from portattn.kernels.triton.launch import next_pow2
 
-    assert [_pow2(n) for n in range(1, 1100)] == [triton.next_power_of_2(n) for n in range(1, 1100)]
+    assert [next_pow2(n) for n in range(1, 1100)] == [triton.next_power_of_2(n) for n in range(1, 1100)]

@@ -140,13 +140,16 @@ class TritonBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
+        seq_lens_k = metadata.extra.get("seq_lens_k")  # from plan_varlen; metadata built elsewhere lacks it
+        if seq_lens_k is None:
+            seq_lens_k = metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]
         return attention_forward(
             q,
             k,
             v,
             out,
             metadata.cu_seqlens_q,
-            metadata.extra.get("seq_lens_k", metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]),
+            seq_lens_k,
             max_seqlen_q=metadata.max_seqlen_q,
             scale=params.scale,
             kv_start=metadata.cu_seqlens_k[:-1],

@@ -28,6 +28,7 @@ import torch
 from transformers import Qwen2_5_VLVisionConfig
 
 from ..backends.registry import available_backends, backend_class
+from ..backends.torch_ref import TorchBackend
 from ..models.qwen2_5_vl import Qwen2_5_VisionTransformer
 from .timing import measure, num_input_sets
 
@@ -60,7 +61,7 @@ GPU_CASES = {
 }
 
 
-REFERENCE = "torch"  # the float64-checked reference backend: on a GPU, timed on the smallest case only
+REFERENCE = TorchBackend.name  # the float64-checked reference backend: on a GPU, timed on the smallest case only
 REFERENCE_MAX_TOKENS_ON_GPU = 1024
 SLOW_MS = 250.0  # a tower slower than this per call (the reference backend on a GPU) is timed once
 

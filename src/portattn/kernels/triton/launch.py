@@ -22,8 +22,8 @@ from .resources import fewer_stages_then, launch_fitting
 MAX_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
 
 
-def _pow2(n: int) -> int:
-    """The smallest power of two >= n (``triton.next_power_of_2`` costs microseconds on the host)."""
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n, for launchers (``triton.next_power_of_2`` costs microseconds on the host)."""
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -56,9 +56,9 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     (``resources.py``). Under the CPU interpreter tiles are kept small (its cost grows with tile
     size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
     """
-    group_pad = _pow2(group)
+    group_pad = next_pow2(group)
     if interpret:
-        block_m = max(16, group_pad, min(32, _pow2(max(max_seqlen_q, 1) * group_pad)))
+        block_m = max(16, group_pad, min(32, next_pow2(max(max_seqlen_q, 1) * group_pad)))
         return TileConfig(block_m // group_pad, block_m, 16)
     columns = [column_tiles(head_dim), column_tiles(value_dim)]
     wide = max(sum(c) for c in columns) > 128
@@ -69,7 +69,7 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
         cap, block_n, num_warps, num_stages = 64, 64, 4, 3
     else:
         cap, block_n, num_warps, num_stages = 128, 128, 8, 2
-    block_m = max(16, group_pad, min(cap, _pow2(max(max_seqlen_q, 1) * group_pad)))
+    block_m = max(16, group_pad, min(cap, next_pow2(max(max_seqlen_q, 1) * group_pad)))
     if block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
@@ -81,9 +81,9 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
 def column_tiles(dim: int) -> tuple[int, int]:
     """Column tiles ``(main, tail)`` covering a head dim: one power of two when that wastes nothing, else a
     power of two plus a tail of at least 16 columns (80 = 64 + 16) when that pads less than rounding up."""
-    full = _pow2(dim)
+    full = next_pow2(dim)
     main = full // 2
-    tail = max(16, _pow2(dim - main)) if dim > main else 0
+    tail = max(16, next_pow2(dim - main)) if dim > main else 0
     if dim == full or main < 16 or main + tail >= full:
         return full, 0
     return main, tail
@@ -150,11 +150,11 @@ def attention_forward(
         return out
     if tiles is None:
         tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
-    group_pad = _pow2(group)
+    group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_d, block_d2 = column_tiles(head_dim)
     block_dv, block_dv2 = column_tiles(value_dim)
-    partial_dv = _pow2(value_dim)
+    partial_dv = next_pow2(value_dim)
 
     if paged:
         stride_kp, stride_ks, stride_kh = k.stride(0), k.stride(1), k.stride(2)
@@ -207,7 +207,7 @@ def attention_forward(
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out,
             num_q_heads, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=_pow2(num_splits), BLOCK_DV=partial_dv,
+            NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits), BLOCK_DV=partial_dv,
             VALUE_DIM=value_dim, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out

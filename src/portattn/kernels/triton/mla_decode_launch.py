@@ -14,6 +14,7 @@ import torch
 from ...device import is_triton_interpreter
 from ...errors import expect
 from ...mla import partial_buffers
+from .launch import next_pow2
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
 from .resources import fewer_stages_then, launch_fitting
 
@@ -143,8 +144,8 @@ def mla_decode_forward(
         )  # fmt: skip
     else:
         part_out = part_lse = out  # unused
-    block_r = max(16, 1 << (rank - 1).bit_length())
-    block_rp = max(16, 1 << (rope_dim - 1).bit_length()) if rope_dim else 16
+    block_r = max(16, next_pow2(rank))
+    block_rp = max(16, next_pow2(rope_dim)) if rope_dim else 16
 
     def launch(t: MLATileConfig) -> None:
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
