@@ -31,7 +31,7 @@ import torch
 from .backends.base import AttentionBackend, Request, VarlenMetadata
 from .backends.registry import select_backend
 from .errors import expect
-from .ops import _attention_params
+from .validation import attention_params
 
 
 def grid_list(
@@ -239,7 +239,7 @@ class EncoderAttention:
         )
         self.num_heads = num_heads
         self.head_dim = head_dim
-        self.params = _attention_params(
+        self.params = attention_params(
             head_dim=head_dim,
             num_q_heads=num_heads,
             scale=scale,

@@ -21,8 +21,8 @@ import torch
 from .backends.base import Capabilities, Request
 from .backends.registry import select_backend
 from .errors import expect
-from .ops import _check_tensor
 from .paging import num_pages_for
+from .validation import FLOAT_DTYPES, check_int, check_tensor
 
 # Programs (head group x split x sequence) that keep any current GPU busy with a few in flight
 # per compute unit (132 SMs on an H200, 64 Xe cores on a Max 1550, 304 CUs on an MI300X).
@@ -33,8 +33,6 @@ MAX_KV_SPLITS = 64
 # read back) stays small beside the latent rows it reads (~2·(kv_lora_rank + rope_dim) per token).
 MIN_SPLIT_TOKENS = 256
 MIN_SPLIT_TOKENS_PER_HEAD = 32
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class MLARequest(Request):
@@ -66,16 +64,11 @@ def choose_num_kv_splits(max_seq_len: int, batch_size: int, num_heads: int) -> i
     return max(1, min(wanted, max_seq_len // min_tokens, MAX_KV_SPLITS))
 
 
-def _check_int(name: str, value: object, low: int) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    expect(ok, f"{name} to be an int >= {low}", value)
-
-
 def resolve_num_kv_splits(num_kv_splits: int | None, max_seq_len: int, batch_size: int, num_heads: int) -> int:
     """``None`` or ``-1``: :func:`choose_num_kv_splits`; otherwise the given count (>= 1)."""
     if num_kv_splits is None or num_kv_splits == -1:
         return choose_num_kv_splits(max_seq_len, batch_size, num_heads)
-    _check_int("num_kv_splits", num_kv_splits, 1)
+    check_int("num_kv_splits", num_kv_splits, 1)
     return num_kv_splits
 
 
@@ -103,11 +96,11 @@ def mla_workspace_size(
     Allocate it as ``torch.empty(size, dtype=torch.uint8, device=...)``; its contents need no
     initialisation and are scratch after the call.
     """
-    _check_int("max_seq_len", max_seq_len, 0)
-    _check_int("batch_size", batch_size, 0)
-    _check_int("num_heads", num_heads, 1)
-    _check_int("page_size", page_size, 1)
-    _check_int("kv_lora_rank", kv_lora_rank, 1)
+    check_int("max_seq_len", max_seq_len, 0)
+    check_int("batch_size", batch_size, 0)
+    check_int("num_heads", num_heads, 1)
+    check_int("page_size", page_size, 1)
+    check_int("kv_lora_rank", kv_lora_rank, 1)
     splits = resolve_num_kv_splits(num_kv_splits, max_seq_len, batch_size, num_heads)
     if splits == 1:
         return 0
@@ -186,7 +179,7 @@ def plan_mla_decode(
         max_seq_len, batch, num_heads, page_size, num_kv_splits=splits, kv_lora_rank=kv_lora_rank
     )
     if workspace is not None:
-        _check_tensor("workspace", workspace, 1, (torch.uint8,), seq_lens.device)
+        check_tensor("workspace", workspace, 1, (torch.uint8,), seq_lens.device)
         expect(workspace.is_contiguous(), "a contiguous workspace", f"strides {workspace.stride()}")
         expect(workspace.data_ptr() % 16 == 0, "workspace aligned to 16 bytes", f"address {workspace.data_ptr()}")
         expect(
@@ -255,26 +248,26 @@ def mla_decode(
         ValueError: inputs of the wrong shape, dtype, device or value ("expected ..., got ...");
             ``UnsupportedFeatureError`` if ``backend`` lacks MLA decode.
     """
-    _check_tensor("q_nope", q_nope, 3, _FLOAT_DTYPES, q_nope.device if isinstance(q_nope, torch.Tensor) else None)
+    check_tensor("q_nope", q_nope, 3, FLOAT_DTYPES, q_nope.device if isinstance(q_nope, torch.Tensor) else None)
     device, dtype = q_nope.device, q_nope.dtype
     batch, num_heads, rank = q_nope.shape
     expect(num_heads >= 1 and rank >= 1, "q_nope of shape [B, H >= 1, kv_lora_rank >= 1]", list(q_nope.shape))
-    _check_tensor("q_rope", q_rope, 3, (dtype,), device)
+    check_tensor("q_rope", q_rope, 3, (dtype,), device)
     rope_dim = q_rope.shape[2]
     expect(
         tuple(q_rope.shape[:2]) == (batch, num_heads),
         f"q_rope of shape [{batch}, {num_heads}, rope_dim] (as q_nope)",
         list(q_rope.shape),
     )
-    _check_tensor("kv_cache", kv_cache, 3, (dtype,), device)
+    check_tensor("kv_cache", kv_cache, 3, (dtype,), device)
     num_pages, page_size, row = kv_cache.shape
     expect(
         row == rank + rope_dim,
         f"kv_cache rows of kv_lora_rank + rope_dim = {rank} + {rope_dim} = {rank + rope_dim}",
         row,
     )
-    _check_tensor("page_table", page_table, 2, (torch.int32,), device)
-    _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), device)
+    check_tensor("page_table", page_table, 2, (torch.int32,), device)
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,), device)
     expect(seq_lens.shape[0] == batch, f"seq_lens of shape [{batch}] (one per sequence)", list(seq_lens.shape))
     expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
     expect(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0, "a positive finite scale", scale)

@@ -9,8 +9,8 @@ import torch
 
 from ..backends.base import Request
 from ..backends.registry import select_backend
+from ..models import loader
 from ..paging import PageAllocator, num_pages_for
-from . import loader
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from .kv_pool import ReqToTokenPool, make_kv_pool
 from .model_runner import ModelRunner

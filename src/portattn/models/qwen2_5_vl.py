@@ -225,7 +225,7 @@ def load_vision_tower(
     Reads tensors under ``visual.`` or ``model.visual.`` (both layouts that transformers writes);
     every tower weight must be present with its expected shape.
     """
-    from ..engine import loader
+    from . import loader
 
     path = Path(path)
     config = config if config is not None else loader.load_config(path)

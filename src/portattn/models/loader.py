@@ -11,7 +11,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from ..models import model_class
+from . import model_class
 
 logger = logging.getLogger("portattn")
 
