@@ -18,14 +18,8 @@ from conftest import DEVICE, backend_dtype_params
 from portattn import UnsupportedFeatureError
 from portattn.backends import registry
 from portattn.backends.base import AttentionBackend, Capabilities
-from portattn.mla import (
-    MAX_KV_SPLITS,
-    choose_num_kv_splits,
-    mla_workspace_size,
-    plan_mla_decode,
-    split_latent,
-    write_latent,
-)
+from portattn.kernels.triton.mla_workspace import MAX_KV_SPLITS, choose_num_kv_splits
+from portattn.mla import mla_workspace_size, plan_mla_decode, split_latent, write_latent
 from portattn.testing import max_error, mla_decode_ref, tolerance
 
 RANK, ROPE = 32, 16

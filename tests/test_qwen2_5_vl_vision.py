@@ -19,7 +19,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from conftest import BACKENDS, DEVICE
 from portattn import UnsupportedFeatureError
 from portattn.encoder import EncoderSeqInfo
-from portattn.models.qwen2_5_vl import Qwen2_5_VisionTransformer, load_vision_tower
+from portattn.models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer, load_vision_tower
 
 GRIDS = [(1, 12, 8), (1, 6, 10)]  # merged 6x4 (6 full windows) and 3x5 (6 windows, 4 partial)
 RTOL = 1e-5

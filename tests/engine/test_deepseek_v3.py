@@ -5,23 +5,21 @@ prefill; decode goes through the backend's absorbed ``mla_decode``, planned once
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 import portattn.mla
+import portattn.runtime.plan
 from portattn.backends.base import Request
 from portattn.backends.registry import select_backend
-from portattn.engine.kv_pool import KVCacheSpec, make_kv_pool
 from portattn.engine.llm import LLM
-from portattn.engine.mla_pool import MLAKVPool, mla_cache_spec
 from portattn.engine.sampling_params import SamplingParams
 from portattn.errors import UnsupportedFeatureError
-from portattn.models import deepseek_v3
 from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
-from portattn.models.latent_attention import plan_latent_attention
+from portattn.runtime.kv_cache import KVCacheSpec, MLAKVPool, make_kv_pool, mla_cache_spec
+from portattn.runtime.plan import plan_latent_attention
 
 from .conftest import ENGINE_DEVICE, hf_reference, random_prompts, worst_error_against_transformers
 from .test_backend_api import make_batch
@@ -167,10 +165,10 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
 
         return wrapped
 
-    latent = deepseek_v3.plan_latent_attention.__module__
+    plan_module = portattn.runtime.plan
     monkeypatch.setattr(llm.engine, "step", count("steps", llm.engine.step))
-    monkeypatch.setattr(deepseek_v3, "plan_latent_attention", count("plan", deepseek_v3.plan_latent_attention))
-    monkeypatch.setattr(f"{latent}.plan_mla_decode", count("plan_decode", portattn.mla.plan_mla_decode))
+    monkeypatch.setattr(plan_module, "plan_latent_attention", count("plan", plan_module.plan_latent_attention))
+    monkeypatch.setattr(plan_module, "plan_mla_decode", count("plan_decode", portattn.mla.plan_mla_decode))
     monkeypatch.setattr(backend, "mla_decode", count("mla_decode", backend.mla_decode))
     monkeypatch.setattr(backend, "varlen_attention", count("varlen", backend.varlen_attention))
     monkeypatch.setattr(backend, "plan_varlen", count("plan_varlen", backend.plan_varlen))
@@ -213,7 +211,7 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
     q_lens, k_lens = [2, 5, 3], [13, 5, 20]
     batch = make_batch(page_size, q_lens, k_lens, num_pages=-(-64 // page_size))
     metadata = torch_backend.plan(batch)
-    plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32)
     rows = batch.req_pool_indices.tolist()
     want = torch.cat([batch.req_to_token[row, :n] for row, n in zip(rows, k_lens)]).long()
     assert plan.decode is None and torch.equal(plan.key_slots, want)
@@ -221,14 +219,14 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
 
     batch = make_batch(page_size, [1, 1, 1], k_lens, num_pages=-(-64 // page_size))
     metadata = torch_backend.plan(batch)
-    plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32)
     assert plan.key_slots is None and plan.decode.page_table is metadata.page_table
     assert plan.decode.max_seq_len == max(k_lens)
 
     # Mixed: the decodes (sequences 1, 2) absorbed, sequence 0's chunk expanded; tokens picked by row.
     batch = make_batch(page_size, [3, 1, 1], k_lens, num_pages=-(-64 // page_size))
     metadata = torch_backend.plan(batch)
-    plan = plan_latent_attention(SimpleNamespace(backend=torch_backend, metadata=metadata), 4, 32)
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32)
     assert torch.equal(plan.key_slots, batch.req_to_token[rows[0], : k_lens[0]].long())
     assert plan.varlen.q_lens == (3,) and plan.varlen.k_lens == (k_lens[0],)
     assert torch.equal(plan.decode.page_table, metadata.page_table[1:])
@@ -238,9 +236,8 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
 
 def test_backend_without_mla_decode_is_named():
     sdpa = select_backend("mm", "sdpa", Request("varlen_attention", "cpu", torch.float32, 24))
-    ctx = SimpleNamespace(backend=sdpa, metadata=None)
     with pytest.raises(UnsupportedFeatureError, match=r"'sdpa' does not support the mla_decode op; .*'torch'"):
-        plan_latent_attention(ctx, 4, 32)
+        plan_latent_attention(sdpa, None, num_heads=4, kv_lora_rank=32)
 
 
 def test_backend_without_the_models_ops_is_refused_at_start_up(ckpt_root):
@@ -258,7 +255,7 @@ def test_mla_pool_layout_and_size():
     with pytest.raises(ValueError, match="expected kv_lora_rank to be a positive int, got 0"):
         mla_cache_spec(3, kv_lora_rank=0, rope_dim=8)
     with pytest.raises(ValueError, match="expected an MLA spec with one latent head"):
-        MLAKVPool(KVCacheSpec(3, 2, 40, 40), 5, 16, torch.float32, torch.device("cpu"))
+        KVCacheSpec(3, 2, 40, 40, kind="mla", kv_lora_rank=32)
 
 
 @pytest.mark.parametrize(
@@ -277,8 +274,23 @@ def test_unsupported_configs_raise(overrides, match):
         DeepseekV3ForCausalLM(config("yarn", **overrides))
 
 
-def test_multi_token_prediction_layers_are_skipped():
+def test_checkpoint_names_skip_multi_token_prediction_and_stack_experts():
     with torch.device("meta"):
         model = DeepseekV3ForCausalLM(config("yarn"))
     assert model.checkpoint_name("model.layers.3.eh_proj.weight") is None  # layer num_hidden_layers: MTP
-    assert model.checkpoint_name("model.layers.2.mlp.gate.weight") == "model.layers.2.mlp.gate.weight"
+    assert model.checkpoint_name("model.layers.2.mlp.gate.weight") == ("model.layers.2.mlp.gate.weight", None)
+    # One nn.Linear per expert in the checkpoint -> shards of the stacked experts.
+    assert model.checkpoint_name("model.layers.2.mlp.experts.5.up_proj.weight") == (
+        "model.layers.2.mlp.experts.gate_up_proj",
+        (5, "up"),
+    )
+    assert model.checkpoint_name("model.layers.2.mlp.experts.0.down_proj.weight") == (
+        "model.layers.2.mlp.experts.down_proj",
+        (0, "down"),
+    )
+    # The MLA's own projections stay whole; the shared experts' gate/up merge.
+    assert model.checkpoint_name("model.layers.0.self_attn.q_a_proj.weight")[1] is None
+    assert model.checkpoint_name("model.layers.2.mlp.shared_experts.up_proj.weight") == (
+        "model.layers.2.mlp.shared_experts.gate_up_proj.weight",
+        1,
+    )

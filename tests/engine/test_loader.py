@@ -110,8 +110,9 @@ def test_llama4_multimodal_checkpoint_names():
     with torch.device("meta"):
         model = Llama4ForCausalLM(CONFIGS["llama4"]())
     assert model.checkpoint_name("language_model.model.layers.0.self_attn.q_proj.weight") == (
-        "model.layers.0.self_attn.q_proj.weight"
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "q",
     )
-    assert model.checkpoint_name("language_model.lm_head.weight") == "lm_head.weight"
+    assert model.checkpoint_name("language_model.lm_head.weight") == ("lm_head.weight", None)
     assert model.checkpoint_name("vision_model.patch_embedding.linear.weight") is None
     assert model.checkpoint_name("multi_modal_projector.linear_1.weight") is None

@@ -14,9 +14,9 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from portattn.engine.llm import LLM
-from portattn.engine.multimodal import MultimodalData
 from portattn.engine.sampling_params import SamplingParams
-from portattn.models.mrope import mrope_positions, placeholder_runs
+from portattn.models.qwen2_5_vl import mrope_positions, placeholder_runs
+from portattn.runtime.multimodal import MultimodalData
 
 from .conftest import ENGINE_DEVICE, checkpoint, rel_err
 
@@ -223,8 +223,8 @@ def test_embeddings_are_computed_once_per_request(path, monkeypatch):
     llm = LLM(path, page_size=4, num_pages=64, chunked_prefill_size=5)
     model = llm.engine.model
     calls = []
-    encode = model.encode_images
-    monkeypatch.setattr(model, "encode_images", lambda pv, grid: calls.append(list(grid)) or encode(pv, grid))
+    plan = model.plan_images  # the engine plans the tower's sequences once per encoder call, then runs it
+    monkeypatch.setattr(model, "plan_images", lambda grid: calls.append(list(grid)) or plan(grid))
     check(llm, path, [(ONE, ONE_IMAGE), (TWO, TWO_IMAGES)], prompt_logits=False)
     assert sorted(g for call in calls for g in call) == sorted([G1, G1, G2])  # each request's images, once
 

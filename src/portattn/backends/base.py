@@ -1,7 +1,9 @@
-"""The backend protocol: declared capabilities, per-forward metadata, per-layer parameters.
+"""The backend contract: declared capabilities, per-forward metadata, per-layer parameters.
 
-A backend is one class. ``plan_*`` runs once per forward and does every host sync (Python ints for
-max lengths, split counts); the op methods run once per layer and must not sync.
+A backend is one class. ``plan`` / ``plan_paged`` / ``plan_varlen`` run once per forward and do every
+host sync (Python ints for max lengths, split counts); they return the backend's own typed metadata
+(a subclass of :class:`PagedMetadata` / :class:`VarlenMetadata` with named fields for what its op
+methods need). The op methods run once per layer and never sync. See docs/design.md.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ class AttentionParams:
 
 @dataclass(frozen=True, eq=False)
 class PagedMetadata:
-    """Per-forward facts for paged attention, built once by ``plan_paged``."""
+    """Per-forward facts for paged attention, built once by ``plan_paged`` (backends subclass it to add
+    the launch facts their op methods need, as named fields)."""
 
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     seq_lens_k: torch.Tensor  # [B] int32
@@ -129,7 +132,6 @@ class PagedMetadata:
     max_seqlen_k: int
     q_lens: tuple[int, ...]  # host copies, for backends that loop over sequences
     k_lens: tuple[int, ...]
-    extra: dict = field(default_factory=dict)  # backend-specific plan results (split counts, buffers)
     out_cache_loc: torch.Tensor | None = None  # [T] int64 slots of the new tokens (engine path, set by plan)
 
     @property
@@ -139,7 +141,7 @@ class PagedMetadata:
 
 @dataclass(frozen=True, eq=False)
 class VarlenMetadata:
-    """Per-forward facts for varlen attention, built once by ``plan_varlen``."""
+    """Per-forward facts for varlen attention, built once by ``plan_varlen`` (subclassed as for paged)."""
 
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     cu_seqlens_k: torch.Tensor  # [B + 1] int32
@@ -147,11 +149,44 @@ class VarlenMetadata:
     max_seqlen_k: int
     q_lens: tuple[int, ...]
     k_lens: tuple[int, ...]
-    extra: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
         return len(self.k_lens)
+
+
+def paged_fields(
+    cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, page_table: torch.Tensor, page_size: int
+) -> dict:
+    """The :class:`PagedMetadata` fields (one host copy of the lengths), for ``plan_paged`` overrides."""
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+    k_lens = seq_lens_k.tolist()
+    return dict(
+        cu_seqlens_q=cu_seqlens_q,
+        seq_lens_k=seq_lens_k,
+        page_table=page_table,
+        page_size=page_size,
+        max_seqlen_q=max(q_lens, default=0),
+        max_seqlen_k=max(k_lens, default=0),
+        q_lens=tuple(q_lens),
+        k_lens=tuple(k_lens),
+    )
+
+
+def varlen_fields(
+    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None, max_seqlen_k: int | None
+) -> dict:
+    """The :class:`VarlenMetadata` fields (one host copy of the offsets), for ``plan_varlen`` overrides."""
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+    k_lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+    return dict(
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max(q_lens, default=0) if max_seqlen_q is None else max_seqlen_q,
+        max_seqlen_k=max(k_lens, default=0) if max_seqlen_k is None else max_seqlen_k,
+        q_lens=tuple(q_lens),
+        k_lens=tuple(k_lens),
+    )
 
 
 class PagedBatch(Protocol):
@@ -227,7 +262,7 @@ class AttentionBackend:
 
     Subclasses set ``name`` and ``capabilities`` and implement the op methods their capabilities
     list. ``plan_paged`` / ``plan_varlen`` may be extended to precompute backend-specific launch
-    facts (stored in ``metadata.extra``).
+    facts, returned in a metadata subclass with named fields.
     """
 
     name: ClassVar[str]
@@ -254,23 +289,13 @@ class AttentionBackend:
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
     ) -> PagedMetadata:
-        q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
-        k_lens = seq_lens_k.tolist()
-        return PagedMetadata(
-            cu_seqlens_q=cu_seqlens_q,
-            seq_lens_k=seq_lens_k,
-            page_table=page_table,
-            page_size=page_size,
-            max_seqlen_q=max(q_lens, default=0),
-            max_seqlen_k=max(k_lens, default=0),
-            q_lens=tuple(q_lens),
-            k_lens=tuple(k_lens),
-        )
+        return PagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
 
-    def plan(self, batch: PagedBatch) -> PagedMetadata:
+    def plan(self, batch: PagedBatch, *, num_heads: int | None = None) -> PagedMetadata:
         """Engine entry point, once per forward: page table from ``req_to_token``, then ``plan_paged``.
 
-        Every host sync of the forward happens here (``plan_paged`` reads the lengths).
+        Every host sync of the forward happens here (``plan_paged`` reads the lengths). ``num_heads``
+        (the model's query heads) lets a backend size its launches now rather than per layer.
         """
         width = num_pages_for(batch.max_seqlen_k, batch.page_size) * batch.page_size
         rows = batch.req_to_token[batch.req_pool_indices, :width]  # [B, width] token-granular
@@ -281,6 +306,7 @@ class AttentionBackend:
             page_table,
             batch.page_size,
             attention_chunk_size=batch.attention_chunk_size,
+            num_heads=num_heads,
         )
         return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
 
@@ -314,16 +340,7 @@ class AttentionBackend:
         max_seqlen_q: int | None = None,
         max_seqlen_k: int | None = None,
     ) -> VarlenMetadata:
-        q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
-        k_lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
-        return VarlenMetadata(
-            cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max(q_lens, default=0) if max_seqlen_q is None else max_seqlen_q,
-            max_seqlen_k=max(k_lens, default=0) if max_seqlen_k is None else max_seqlen_k,
-            q_lens=tuple(q_lens),
-            k_lens=tuple(k_lens),
-        )
+        return VarlenMetadata(**varlen_fields(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
     def paged_attention(
         self,

@@ -97,6 +97,14 @@ def _supporters(kind: str, value: object, request: Request) -> list[str]:
     return names
 
 
+def require_ops(backend: AttentionBackend, ops) -> None:
+    """Raise :class:`UnsupportedFeatureError` naming the backends that have it if ``backend`` lacks one of ``ops``."""
+    for op in ops:
+        if not backend.capabilities.supports("op", op):
+            have = [n for n in _REGISTRY if (c := backend_class(n)) and c.capabilities.supports("op", op)]
+            raise UnsupportedFeatureError(f"the {op} op", backend.name, have)
+
+
 def resolve_name(kind: str, name: str | None = None) -> tuple[str, str]:
     """The requested backend name and where it came from (argument, env var, or auto)."""
     if kind not in ENV_VARS:

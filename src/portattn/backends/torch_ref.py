@@ -8,6 +8,7 @@ for float64 inputs).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ import torch
 
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
-from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata
+from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata, paged_fields
 
 if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
@@ -148,6 +149,14 @@ def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
     return groups
 
 
+@dataclass(frozen=True, eq=False)
+class TorchPagedMetadata(PagedMetadata):
+    """The torch backend's paged plan: for a decode batch (one query per sequence), the gather groups
+    every layer shares (``None`` otherwise: sequences are attended one at a time)."""
+
+    decode_groups: tuple[_DecodeGroup, ...] | None = None
+
+
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -173,11 +182,11 @@ class TorchBackend(AttentionBackend):
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64}),
     )
 
-    def plan_paged(self, cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs) -> PagedMetadata:
+    def plan_paged(self, cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs) -> TorchPagedMetadata:
         """As the base class; a decode batch (one query per sequence) also gets its gather plan."""
-        metadata = super().plan_paged(cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs)
+        metadata = TorchPagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
         if metadata.batch_size and all(n == 1 for n in metadata.q_lens):
-            metadata.extra["decode_groups"] = _decode_groups(metadata)
+            metadata = dataclasses.replace(metadata, decode_groups=tuple(_decode_groups(metadata)))
         return metadata
 
     def paged_attention(
@@ -189,8 +198,9 @@ class TorchBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
-        if "decode_groups" in metadata.extra:
-            return self._paged_decode(q, k_cache, v_cache, metadata.extra["decode_groups"], params, out)
+        groups = getattr(metadata, "decode_groups", None)  # metadata planned by another backend has none
+        if groups is not None:
+            return self._paged_decode(q, k_cache, v_cache, groups, params, out)
         page_size = metadata.page_size
         # Gather buffers are allocated once per call: fresh allocations per sequence cost more
         # than the copies themselves.
@@ -210,7 +220,7 @@ class TorchBackend(AttentionBackend):
             start += n
         return out
 
-    def _paged_decode(self, q, k_cache, v_cache, groups: list[_DecodeGroup], params: AttentionParams, out):
+    def _paged_decode(self, q, k_cache, v_cache, groups: tuple[_DecodeGroup, ...], params: AttentionParams, out):
         max_pages = max(g.pages.shape[0] for g in groups)
         k_bufs, v_bufs = _gather_buffers(k_cache, max_pages), _gather_buffers(v_cache, max_pages)
         for g in groups:

@@ -1,19 +1,30 @@
 """The Triton backend: one kernel family for paged and varlen attention, split-KV for long decodes.
 
-``plan_paged`` / ``plan_varlen`` do every host sync once per forward and store the launch facts
-(longest query run, split count, contiguous key offsets) in ``metadata.extra``; the op methods only
-launch kernels. Runs on any device Triton compiles for (NVIDIA and AMD as ``cuda``, Intel as
+``plan_paged`` / ``plan_varlen`` do every host sync once per forward and return the launch facts
+(longest query run, split count, per-sequence key counts) as :class:`TritonPagedMetadata` /
+:class:`TritonVarlenMetadata`; the op methods only launch kernels.
+ Runs on any device Triton compiles for (NVIDIA and AMD as ``cuda``, Intel as
 ``xpu``) and on the CPU under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..device import is_gpu, is_triton_interpreter
-from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata
+from .base import (
+    AttentionBackend,
+    AttentionParams,
+    Capabilities,
+    PagedMetadata,
+    VarlenMetadata,
+    paged_fields,
+    varlen_fields,
+)
 
 if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
@@ -39,6 +50,21 @@ def choose_num_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_
     by_work = -(-SPLIT_TARGET_WORK // max(batch * num_heads, 1))
     by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
     return max(1, min(by_work, by_length, MAX_SPLITS))
+
+
+@dataclass(frozen=True, eq=False)
+class TritonPagedMetadata(PagedMetadata):
+    """``num_kv_splits``: key ranges per (query block, KV head); ``None`` when planned without the head
+    count (the op method then chooses from the same host ints and the query's heads, no sync)."""
+
+    num_kv_splits: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class TritonVarlenMetadata(VarlenMetadata):
+    """``seq_lens_k [B]`` int32 on the device: the key count of each sequence."""
+
+    seq_lens_k: torch.Tensor | None = None
 
 
 class TritonBackend(AttentionBackend):
@@ -71,21 +97,18 @@ class TritonBackend(AttentionBackend):
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
         num_splits: int | None = None,
-    ) -> PagedMetadata:
+    ) -> TritonPagedMetadata:
         """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks).
 
         Without ``num_heads`` (the engine's ``plan``) the split count is left to the op method,
         which computes it from the same host ints and the query's head count (no sync).
         """
-        metadata = super().plan_paged(
-            cu_seqlens_q, seq_lens_k, page_table, page_size, attention_chunk_size=attention_chunk_size
-        )
+        metadata = TritonPagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
         if num_splits is None and num_heads is not None:
             num_splits = choose_num_splits(metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k)
         if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"expected num_splits in [1, {MAX_SPLITS}], got {num_splits}")
-        metadata.extra["num_splits"] = num_splits
-        return metadata
+        return dataclasses.replace(metadata, num_kv_splits=num_splits)
 
     def plan_varlen(
         self,
@@ -94,10 +117,9 @@ class TritonBackend(AttentionBackend):
         *,
         max_seqlen_q: int | None = None,
         max_seqlen_k: int | None = None,
-    ) -> VarlenMetadata:
-        metadata = super().plan_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-        metadata.extra["seq_lens_k"] = cu_seqlens_k[1:] - cu_seqlens_k[:-1]  # [B] int32, on the device
-        return metadata
+    ) -> TritonVarlenMetadata:
+        fields = varlen_fields(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        return TritonVarlenMetadata(**fields, seq_lens_k=cu_seqlens_k[1:] - cu_seqlens_k[:-1])  # [B] int32
 
     def paged_attention(
         self,
@@ -108,7 +130,7 @@ class TritonBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
-        num_splits = metadata.extra.get("num_splits")
+        num_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
         if num_splits is None:
             num_splits = choose_num_splits(
                 metadata.batch_size, q.shape[1], metadata.max_seqlen_q, metadata.max_seqlen_k
@@ -140,7 +162,7 @@ class TritonBackend(AttentionBackend):
         params: AttentionParams,
         out: torch.Tensor,
     ) -> torch.Tensor:
-        seq_lens_k = metadata.extra.get("seq_lens_k")  # from plan_varlen; metadata built elsewhere lacks it
+        seq_lens_k = getattr(metadata, "seq_lens_k", None)  # from plan_varlen; metadata built elsewhere lacks it
         if seq_lens_k is None:
             seq_lens_k = metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]
         return attention_forward(

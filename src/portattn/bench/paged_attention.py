@@ -147,7 +147,7 @@ def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, swe
         "mode": case.mode,
         "flops": work.flops,
         "bytes": work.bytes,
-        "num_splits": metadata.extra["num_splits"],
+        "num_splits": metadata.num_kv_splits,
         "portattn_ms": measure(ours, idx, device).median_ms,
         "peers": {},
     }
@@ -180,7 +180,7 @@ def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
     default = choose_tiles(case.q_len, group, case.head_dim, case.head_dim, interpret=False)
     out = torch.empty(sets[0]["q"].shape, device=device, dtype=sets[0]["q"].dtype)
     variants = {}
-    splits = metadata.extra["num_splits"]
+    splits = metadata.num_kv_splits
     tile_list = sweep_tiles(case)
     split_list = sorted({1, 2, 4, splits} if case.batch > 1 else {splits // 4 or 1, splits // 2 or 1, splits})
     trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list]

@@ -29,7 +29,8 @@ from transformers import Qwen2_5_VLVisionConfig
 
 from ..backends.registry import available_backends, backend_class
 from ..backends.torch_ref import TorchBackend
-from ..models.qwen2_5_vl import Qwen2_5_VisionTransformer
+from ..models.loader import default_dtype, load_state
+from ..models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer, tower_checkpoint_name
 from .timing import measure, num_input_sets
 
 SMALL = dict(  # CPU: a tower small enough to time in seconds on two cores
@@ -87,10 +88,15 @@ def _config(sizes: dict) -> Qwen2_5_VLVisionConfig:
     return Qwen2_5_VLVisionConfig(**sizes, **COMMON)
 
 
-def _random_weights(tower: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+def _random_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights under transformers' tower names (the checkpoint's, less the ``visual.`` prefix)."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    with torch.device("meta"):
+        names = dict(Qwen2_5_VisionTransformerPretrainedModel(config).named_parameters())
     gen = torch.Generator().manual_seed(seed)
     state = {}
-    for name, p in tower.named_parameters():
+    for name, p in names.items():
         if "norm" in name or "ln_q" in name:
             state[name] = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
         elif name.endswith("bias"):
@@ -101,9 +107,9 @@ def _random_weights(tower: torch.nn.Module, seed: int = 0) -> dict[str, torch.Te
 
 
 def _build(config, state, *, dtype, device, backend) -> Qwen2_5_VisionTransformer:
-    with torch.device("meta"):
+    with torch.device(device), default_dtype(dtype):
         tower = Qwen2_5_VisionTransformer(config, dtype=dtype, device=device, mm_attention_backend=backend)
-    tower.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
+    load_state(tower, state, lambda key: tower_checkpoint_name("visual." + key), what="the vision tower")
     return tower.eval().requires_grad_(False)
 
 
@@ -159,9 +165,7 @@ def run(device: torch.device, size: str | None = None) -> dict:
     config = _config(sizes)
     dtype = torch.float32 if size == "small" else torch.bfloat16
     cases = CPU_CASES if size == "small" else GPU_CASES
-    with torch.device("meta"):
-        shapes = Qwen2_5_VisionTransformer(config, dtype=dtype, device=device, mm_attention_backend="torch")
-    state = _random_weights(shapes)
+    state = _random_weights(config)
     backends = [
         b
         for b in available_backends(device)

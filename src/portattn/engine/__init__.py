@@ -1,7 +1,6 @@
 """The inference engine: requests -> scheduler -> one ForwardBatch per step -> model -> sampler.
 
-``LLM`` and ``SamplingParams`` are imported lazily, so that model modules can import the engine's
-small building blocks (``kv_pool``) without pulling in the whole engine.
+``LLM`` and ``SamplingParams`` are imported lazily: ``import portattn`` stays cheap.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ from ..backends.base import Request
 from ..backends.registry import select_backend
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
+from ..runtime.kv_cache import make_kv_pool
+from ..runtime.multimodal import MultimodalData
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
-from .kv_pool import ReqToTokenPool, make_kv_pool
 from .model_runner import ModelRunner
-from .multimodal import MultimodalData
 from .page_manager import PageManager
+from .req_pool import ReqToTokenPool
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence

@@ -6,9 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends.base import AttentionBackend, PagedMetadata
-from .kv_pool import KVPool
-from .multimodal import MultimodalBatch
 from .sequence import Sequence
 
 MODES = ("prefill", "extend", "decode", "mixed")
@@ -76,17 +73,3 @@ class ForwardBatch:
             max_seqlen_k=max(k_lens),
             attention_chunk_size=attention_chunk_size,
         )
-
-
-@dataclass(frozen=True, eq=False)
-class ForwardContext:
-    """What the model's attention layers read during one forward (``multimodal``: image
-    embeddings and rotary positions, for multimodal models when the batch has images)."""
-
-    backend: AttentionBackend
-    metadata: PagedMetadata
-    kv_pool: KVPool
-    multimodal: MultimodalBatch | None = None
-
-    def kv_cache(self, layer_id: int):
-        return self.kv_pool.kv_cache(layer_id)

@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..models.base import MultimodalModel
+from ..runtime.multimodal import MultimodalData
 from .config import EngineConfig
 from .engine import Engine
-from .multimodal import MultimodalData
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -118,7 +119,7 @@ class LLM:
 
     def _multimodal_model(self):
         model = self.engine.model
-        if not getattr(model, "is_multimodal", False):
+        if not isinstance(model, MultimodalModel):
             raise ValueError(f"expected a multimodal model for images, got {type(model).__name__}")
         return model
 
@@ -142,7 +143,7 @@ class LLM:
             token_ids = list(prompt)
         else:
             raise ValueError(f"expected a prompt as str, list[int] or dict, got {type(prompt).__name__}")
-        if not getattr(self.engine.model, "is_multimodal", False):
+        if not isinstance(self.engine.model, MultimodalModel):
             if data is not None:
                 raise ValueError(f"expected a text-only prompt for {type(self.engine.model).__name__}, got images")
             return token_ids, None

@@ -1,13 +1,23 @@
-"""Runs one scheduled step: ForwardBatch -> backend plan -> model -> logits -> sampled tokens."""
+"""Runs one scheduled step: ForwardBatch -> plan -> model -> logits -> sampled tokens.
+
+The plan step (:meth:`ModelRunner.plan`) makes everything the forward reads before the model runs,
+and is the only place a step syncs with the device: the backend's paged metadata, the extra plan the
+model's KV cache kind needs (the latent-attention plan of an ``"mla"`` cache), and for multimodal
+models the vision encoder's plan and the image embeddings the step needs.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ..backends.base import AttentionBackend
-from .forward_batch import ForwardBatch, ForwardContext
-from .kv_pool import KVPool, ReqToTokenPool
+from ..models.base import MultimodalModel
+from ..runtime.context import ForwardContext
+from ..runtime.kv_cache import KVPool
+from ..runtime.plan import plan_for_cache
+from .forward_batch import ForwardBatch
 from .multimodal import build_multimodal_batch
+from .req_pool import ReqToTokenPool
 from .sampler import sample
 from .sequence import Sequence
 
@@ -18,20 +28,30 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.req_pool = req_pool
         self.backend = backend
-        chunks = {layer.attention_chunk_size for layer in model.attention_layers()} - {None}
+        layers = model.attention_layers()
+        chunks = {layer.attention_chunk_size for layer in layers} - {None}
         if len(chunks) > 1:
             raise ValueError(f"expected one attention_chunk_size across layers, got {sorted(chunks)}")
         self.attention_chunk_size = chunks.pop() if chunks else None
+        self.num_heads = max(layer.num_heads for layer in layers)  # sizes split-KV launches
+        self.multimodal = isinstance(model, MultimodalModel)
+
+    def plan(self, scheduled: list[tuple[Sequence, int]]) -> tuple[ForwardBatch, ForwardContext]:
+        """Everything the forward reads, made before the model runs (every host sync of the step)."""
+        batch = ForwardBatch.build(
+            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size
+        )
+        metadata = self.backend.plan(batch, num_heads=self.num_heads)
+        latent = plan_for_cache(self.kv_pool.spec, self.backend, metadata, num_heads=self.num_heads)
+        multimodal = None
+        if self.multimodal:
+            multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
+        return batch, ForwardContext(self.backend, metadata, self.kv_pool, latent, multimodal)
 
     @torch.inference_mode()
     def step(self, scheduled: list[tuple[Sequence, int]]) -> dict[Sequence, int]:
         """Run the forward; returns the token sampled for each sequence whose tokens are now all computed."""
-        batch = ForwardBatch.build(
-            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size
-        )
-        metadata = self.backend.plan(batch)  # every host sync of the forward happens here
-        multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
-        ctx = ForwardContext(self.backend, metadata, self.kv_pool, multimodal)
+        batch, ctx = self.plan(scheduled)
         hidden = self.model(batch.input_ids, batch.positions, ctx)
 
         # Rows of `hidden` that need logits: the last token of each finishing sequence, and the

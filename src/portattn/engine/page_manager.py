@@ -15,7 +15,7 @@ from array import array
 from collections import OrderedDict
 
 from ..paging import PageAllocator, num_pages_for
-from .kv_pool import ReqToTokenPool
+from .req_pool import ReqToTokenPool
 from .sequence import Sequence
 
 

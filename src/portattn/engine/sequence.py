@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .multimodal import MultimodalData
+from ..runtime.multimodal import MultimodalData
 from .sampling_params import SamplingParams
 
 

@@ -1,8 +1,8 @@
 """Model families, registered by Hugging Face architecture name and imported on first use.
 
 A model class takes the transformers config and provides ``forward(input_ids, positions, ctx)``,
-``compute_logits``, ``kv_cache_spec()`` and ``checkpoint_name()`` (see ``layers.CausalLM``). New
-families register here with :func:`register_model`.
+``compute_logits``, ``kv_cache_spec()`` and ``checkpoint_name()`` (see :class:`~portattn.models.base.CausalLM`);
+it is built from ``models/layers/``. New families register here with :func:`register_model`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def model_class(architectures: list[str] | None) -> type:
 
 
 register_model("LlamaForCausalLM", "portattn.models.llama:LlamaForCausalLM")
+register_model("Qwen2ForCausalLM", "portattn.models.qwen2:Qwen2ForCausalLM")
 register_model("Qwen3ForCausalLM", "portattn.models.qwen3:Qwen3ForCausalLM")
 register_model("Llama4ForCausalLM", "portattn.models.llama4:Llama4ForCausalLM")
 register_model("Llama4ForConditionalGeneration", "portattn.models.llama4:Llama4ForCausalLM")

@@ -17,16 +17,26 @@ from __future__ import annotations
 
 import math
 import re
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.kv_pool import KVCacheSpec
-from ..engine.mla_pool import mla_cache_spec
 from ..errors import expect
-from .latent_attention import MultiheadLatentAttention, plan_latent_attention
-from .layers import CausalLM, ForwardContext, GatedMLP, RMSNorm, rope_inv_freq
+from ..runtime.context import ForwardContext
+from ..runtime.kv_cache import KVCacheSpec, mla_cache_spec
+from .base import PACKED_MODULES, CausalLM
+from .layers import (
+    Embedding,
+    FusedMoE,
+    GatedMLP,
+    LMHead,
+    MultiheadLatentAttention,
+    PartialRotaryEmbedding,
+    RMSNorm,
+    new_parameter,
+)
 
 # Routing methods and scoring functions of the original DeepSeek configs that this model computes.
 TOPK_METHODS = ("noaux_tc",)
@@ -64,35 +74,6 @@ def softmax_scale(config) -> float:
     return scale
 
 
-class DeepseekRotary(nn.Module):
-    """Rotary embedding of the ``qk_rope_head_dim`` dims; interleaved pairs ``(x[2i], x[2i+1])``
-    when ``rope_interleave`` (written back as ``[rotated evens | rotated odds]``, as transformers
-    does), rotate-half otherwise."""
-
-    def __init__(self, config):
-        super().__init__()
-        inv_freq, self.scaling = rope_inv_freq(config, config.qk_rope_head_dim)
-        expect(2 * inv_freq.shape[0] == config.qk_rope_head_dim, f"rotary frequencies for all "
-                f"{config.qk_rope_head_dim} rope dims", 2 * inv_freq.shape[0])  # fmt: skip
-        self.interleave = bool(getattr(config, "rope_interleave", True))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin [T, Dr / 2]`` (interleaved) or ``[T, Dr]`` (rotate-half), in ``dtype``."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, Dr / 2]
-        emb = freqs if self.interleave else torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x [T, H, Dr]`` rotated by ``cos, sin`` of :meth:`forward`."""
-        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, *]
-        if self.interleave:
-            x1, x2 = x[..., 0::2], x[..., 1::2]  # [T, H, Dr / 2] each
-            return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
 class DeepseekV3Router(nn.Module):
     """Grouped top-k routing in float32 (``mlp.gate`` in checkpoints)."""
 
@@ -101,8 +82,9 @@ class DeepseekV3Router(nn.Module):
         experts = config.n_routed_experts
         self.top_k, self.num_groups, self.topk_group = config.num_experts_per_tok, config.n_group, config.topk_group
         self.norm_topk_prob, self.routed_scaling_factor = config.norm_topk_prob, config.routed_scaling_factor
-        self.weight = nn.Parameter(torch.empty(experts, config.hidden_size))
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(experts))
+        # float32 in any model dtype, as transformers keeps them
+        self.weight = new_parameter(experts, config.hidden_size, dtype=torch.float32)
+        self.e_score_correction_bias = new_parameter(experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, hidden]`` -> ``(weights [T, k] float32, expert ids [T, k])``."""
@@ -125,25 +107,12 @@ class DeepseekV3MoE(nn.Module):
         super().__init__()
         inter, act = config.moe_intermediate_size, config.hidden_act
         self.gate = DeepseekV3Router(config)
-        self.experts = nn.ModuleList(GatedMLP(config.hidden_size, inter, act) for _ in range(config.n_routed_experts))
+        self.experts = FusedMoE(config.n_routed_experts, config.hidden_size, inter, act, checkpoint_layout="per_expert")
         self.shared_experts = GatedMLP(config.hidden_size, inter * config.n_shared_experts, act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)  # [T, k] each
-        routed = torch.zeros_like(x)
-        # One host sync per MoE layer (the per-expert token lists); experts nobody chose cost nothing.
-        flat = ids.flatten()  # [T * k]
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                picks = order[start : start + n]  # [n] indices into [T * k]
-                tokens = picks // ids.shape[1]
-                out = self.experts[e](x[tokens]) * weights.flatten()[picks, None]  # [n, hidden] float32
-                routed.index_add_(0, tokens, out.to(x.dtype))
-            start += n
-        return routed + self.shared_experts(x)
+        return self.experts(x, weights, ids) + self.shared_experts(x)
 
 
 class DeepseekV3DecoderLayer(nn.Module):
@@ -157,8 +126,8 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos_sin, rotary, ctx, plan) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, rotary, ctx, plan)
+    def forward(self, x, cos_sin, rotary, ctx) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, rotary, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -166,22 +135,22 @@ class DeepseekV3Model(nn.Module):
     def __init__(self, config):
         super().__init__()
         scale = softmax_scale(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DeepseekV3DecoderLayer(config, i, scale) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = DeepseekRotary(config)
-        self.num_heads, self.kv_lora_rank = config.num_attention_heads, config.kv_lora_rank
+        interleave = bool(getattr(config, "rope_interleave", True))
+        self.rotary_emb = PartialRotaryEmbedding(config, config.qk_rope_head_dim, interleave=interleave)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        plan = plan_latent_attention(ctx, self.num_heads, self.kv_lora_rank)  # once per forward, for all layers
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary_emb(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos_sin, self.rotary_emb, ctx, plan)
+            x = layer(x, cos_sin, self.rotary_emb, ctx)
         return self.norm(x)
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 class DeepseekV3ForCausalLM(CausalLM):
@@ -189,18 +158,16 @@ class DeepseekV3ForCausalLM(CausalLM):
     (``model.layers.{num_hidden_layers}..``) are skipped, as transformers skips them."""
 
     attention_ops = ("varlen_attention", "mla_decode")  # expanded prefill, absorbed decode
+    # MLA's q_proj (no q LoRA) is its own module, not part of a merged q/k/v projection.
+    packed_modules: ClassVar[dict[str, tuple[str, object]]] = {
+        name: PACKED_MODULES[name] for name in ("gate_proj", "up_proj")
+    }
 
     def __init__(self, config):
         check_config(config)
         super().__init__(config)
         self.model = DeepseekV3Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    @property
-    def float32_weights(self) -> frozenset[str]:
-        """Router weights, kept in float32 in any dtype (as transformers keeps them)."""
-        names = (name for name, _ in self.named_parameters())
-        return frozenset(n for n in names if n.endswith(("mlp.gate.weight", "mlp.gate.e_score_correction_bias")))
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
 
     def attention_layers(self):
         return [layer.self_attn.spec for layer in self.model.layers]
@@ -209,8 +176,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         config = self.config
         return mla_cache_spec(config.num_hidden_layers, config.kv_lora_rank, config.qk_rope_head_dim)
 
-    def checkpoint_name(self, name: str) -> str | None:
+    def checkpoint_name(self, name: str) -> tuple[str, object] | None:
         match = _LAYER.match(name)
         if match and int(match.group(1)) >= self.config.num_hidden_layers:
             return None
+        expert = _EXPERT.match(name)
+        if expert:  # one nn.Linear per expert and projection -> the stacked experts
+            prefix, index, part = expert.groups()
+            param = "gate_up_proj" if part in ("gate", "up") else "down_proj"
+            return f"{prefix}.{param}", (int(index), part)
         return super().checkpoint_name(name)

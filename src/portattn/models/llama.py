@@ -1,4 +1,8 @@
-"""Llama (``LlamaForCausalLM``): GQA attention with rotary embeddings (llama3 scaling included)."""
+"""Llama (``LlamaForCausalLM``): GQA attention with rotary embeddings (llama3 scaling included).
+
+The decoder stack here is shared by the Llama-layout families: Qwen2 (q/k/v biases) and Qwen3 (q/k
+RMSNorm) are configurations of it (:class:`LlamaForCausalLM` class attributes).
+"""
 
 from __future__ import annotations
 
@@ -6,56 +10,29 @@ import torch
 from torch import nn
 
 from ..backends.base import AttentionLayer
-from .layers import CausalLM, ForwardContext, GatedMLP, PagedAttention, RMSNorm, RotaryEmbedding
+from ..runtime.context import ForwardContext
+from .base import CausalLM
+from .layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, SelfAttention, head_dim_of, window_left_of
 
 
-def head_dim_of(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def window_left_of(config, layer_id: int) -> int:
-    """Hugging Face ``sliding_window = S`` on ``sliding_attention`` layers is ``window_left = S - 1``."""
-    layer_types = getattr(config, "layer_types", None)
-    window = getattr(config, "sliding_window", None)
-    if layer_types is not None and layer_types[layer_id] == "sliding_attention" and window:
-        return window - 1
-    return -1
-
-
-class LlamaAttention(nn.Module):
-    def __init__(self, config, layer_id: int, qk_norm: bool = False):
-        super().__init__()
-        self.head_dim = head_dim = head_dim_of(config)
-        heads, kv_heads, bias = config.num_attention_heads, config.num_key_value_heads, config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
-        if qk_norm:  # Qwen3: RMSNorm over each head, before the rotary embedding
-            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
-        spec = AttentionLayer(
-            layer_id, heads, kv_heads, head_dim, scale=head_dim**-0.5, window_left=window_left_of(config, layer_id)
-        )
-        self.attn = PagedAttention(spec)
-
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: RotaryEmbedding
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x)  # [T, Hkv * D]
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, ctx))
+def self_attention(config, layer_id: int, *, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> SelfAttention:
+    head_dim = head_dim_of(config)
+    spec = AttentionLayer(
+        layer_id,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        head_dim,
+        scale=head_dim**-0.5,
+        window_left=window_left_of(config, layer_id),
+    )
+    eps = config.rms_norm_eps if qk_norm else None
+    return SelfAttention(config.hidden_size, spec, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm_eps=eps)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, qk_norm: bool = False):
+    def __init__(self, config, self_attn: SelfAttention):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, qk_norm)
+        self.self_attn = self_attn
         self.mlp = GatedMLP(
             config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
         )
@@ -68,24 +45,38 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, qk_norm: bool = False):
+    """Embeddings, decoder layers, final norm; ``rotary`` is Llama's, or the caller's (e.g. mrope)."""
+
+    def __init__(self, config, attention, rotary: nn.Module | None = None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, qk_norm) for i in range(config.num_hidden_layers))
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, attention(config, i)) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config, head_dim_of(config))
+        self.rotary_emb = rotary if rotary is not None else RotaryEmbedding(config, head_dim_of(config))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, H]
+        return self.run(self.embed_tokens(input_ids), positions, ctx)
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The layers and final norm over input embeddings ``x [T, H]`` (positions as the rotary takes them)."""
         for layer in self.layers:
             x = layer(positions, x, ctx, self.rotary_emb)
         return self.norm(x)
 
 
 class LlamaForCausalLM(CausalLM):
+    qkv_bias: bool | None = None  # None: the config's attention_bias (q, k, v and o alike)
     qk_norm = False
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = LlamaModel(config, qk_norm=self.qk_norm)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = LlamaModel(config, self.make_attention)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+
+    def make_attention(self, config, layer_id: int) -> SelfAttention:
+        bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = bias if self.qkv_bias is None else self.qkv_bias
+        o_bias = bias if self.qkv_bias is None else False
+        return self_attention(config, layer_id, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm)

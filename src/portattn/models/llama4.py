@@ -15,35 +15,23 @@ Per layer, as transformers' ``Llama4TextModel`` does it:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..backends.base import AttentionLayer
-from .layers import CausalLM, ForwardContext, GatedMLP, PagedAttention, RMSNorm, rope_inv_freq
-
-
-class Llama4Rotary(nn.Module):
-    """Rotary embedding on consecutive pairs ``(x[2i], x[2i+1])``, in complex float32 as transformers does."""
-
-    def __init__(self, config, head_dim: int):
-        super().__init__()
-        inv_freq, self.scaling = rope_inv_freq(config, head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, D / 2]
-        freqs_cis = torch.polar(torch.ones_like(freqs), freqs) * self.scaling  # [T, D / 2] complex
-        return _rotate(q, freqs_cis), _rotate(k, freqs_cis)
-
-
-def _rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [T, H, D / 2] complex
-    return torch.view_as_real(pairs * freqs_cis[:, None, :]).flatten(2).type_as(x)  # [T, H, D]
-
-
-def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+from ..runtime.context import ForwardContext
+from .base import CausalLM
+from .layers import (
+    Embedding,
+    FusedMoE,
+    GatedMLP,
+    InterleavedRotaryEmbedding,
+    Linear,
+    LMHead,
+    PagedAttention,
+    QKVLinear,
+    RMSNorm,
+    l2_norm,
+)
 
 
 class Llama4Attention(nn.Module):
@@ -56,10 +44,8 @@ class Llama4Attention(nn.Module):
         self.temperature = None
         if config.attn_temperature_tuning and not self.use_rope:
             self.temperature = (float(config.attn_scale), float(config.floor_scale))
-        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+        self.qkv_proj = QKVLinear(config.hidden_size, heads, kv_heads, head_dim, bias)
+        self.o_proj = Linear(heads * head_dim, config.hidden_size, bias)
         chunked = config.layer_types[layer_id] == "chunked_attention"
         spec = AttentionLayer(
             layer_id,
@@ -71,32 +57,22 @@ class Llama4Attention(nn.Module):
         )
         self.attn = PagedAttention(spec)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: Llama4Rotary):
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: InterleavedRotaryEmbedding
+    ):
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x)  # [T, Hkv * D]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q = q.view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
         if self.use_rope:
             q, k = rotary(positions, q, k)
         if self.qk_norm_eps is not None:
-            q, k = _l2_norm(q, self.qk_norm_eps), _l2_norm(k, self.qk_norm_eps)
+            q, k = l2_norm(q, self.qk_norm_eps), l2_norm(k, self.qk_norm_eps)
         if self.temperature is not None:
             attn_scale, floor_scale = self.temperature
             scales = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
             q = (q * scales[:, None, None]).to(q.dtype)
         return self.o_proj(self.attn(q, k, v, ctx))
-
-
-class Llama4Experts(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(experts, hidden, 2 * inter))
-        self.down_proj = nn.Parameter(torch.empty(experts, inter, hidden))
-
-    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = (x @ self.gate_up_proj[e]).chunk(2, dim=-1)  # [n, I] each
-        return (up * F.silu(gate)) @ self.down_proj[e]  # [n, H]
 
 
 class Llama4MoE(nn.Module):
@@ -105,27 +81,21 @@ class Llama4MoE(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.top_k = config.num_experts_per_tok
-        self.experts = Llama4Experts(config)
-        self.router = nn.Linear(config.hidden_size, config.num_local_experts, bias=False)
+        self.experts = FusedMoE(
+            config.num_local_experts,
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            weight_on_input=True,
+            checkpoint_layout="stacked_in_out",
+        )
+        self.router = Linear(config.hidden_size, config.num_local_experts)
         self.shared_expert = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top_logits, top_ids = torch.topk(self.router(x), self.top_k, dim=1)  # [T, k]
         scores = torch.sigmoid(top_logits.float()).to(x.dtype)  # [T, k]
-        out = self.shared_expert(x)
-        # One host sync per MoE layer (the per-expert token lists); experts nobody chose cost nothing.
-        flat_ids = top_ids.flatten()  # [T * k]
-        order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.experts.gate_up_proj.shape[0]).tolist()
-        tokens = order // self.top_k
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                idx = tokens[start : start + n]
-                routed = x[idx] * scores.flatten()[order[start : start + n], None]  # [n, H]
-                out.index_add_(0, idx, self.experts.expert(e, routed))
-            start += n
-        return out
+        return self.shared_expert(x) + self.experts(x, scores, top_ids)
 
 
 class Llama4DecoderLayer(nn.Module):
@@ -147,10 +117,10 @@ class Llama4DecoderLayer(nn.Module):
 class Llama4TextModel(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Llama4DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = Llama4Rotary(config, config.head_dim)
+        self.rotary_emb = InterleavedRotaryEmbedding(config, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, H]
@@ -166,9 +136,9 @@ class Llama4ForCausalLM(CausalLM):
         config = getattr(config, "text_config", None) or config
         super().__init__(config)
         self.model = Llama4TextModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
 
-    def checkpoint_name(self, name: str) -> str | None:
+    def checkpoint_name(self, name: str) -> tuple[str, object] | None:
         if name.startswith(("vision_model.", "multi_modal_projector.")):
             return None
         return super().checkpoint_name(name.removeprefix("language_model."))

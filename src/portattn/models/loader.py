@@ -1,17 +1,24 @@
-"""Hugging Face checkpoint directories -> our model classes, tokenizer and stop tokens."""
+"""Hugging Face checkpoint directories -> our model classes (weights through each parameter's
+``weight_loader``), tokenizer and stop tokens."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from . import model_class
+from .base import MultimodalModel
+from .layers import WeightShapeError, default_weight_loader
 
 logger = logging.getLogger("portattn")
 
@@ -40,43 +47,109 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Parameters created inside get ``dtype`` (those that ask for another keep theirs)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_weights(
+    module: nn.Module,
+    files: list[Path],
+    checkpoint_name: Callable[[str], tuple[str, object] | None],
+    *,
+    what: str,
+    tied: frozenset[str] = frozenset(),
+) -> None:
+    """Fill ``module``'s parameters from safetensors ``files`` through each parameter's ``weight_loader``.
+
+    ``checkpoint_name(key)`` maps a checkpoint tensor to ``(parameter name, shard)`` (``shard`` None:
+    the whole parameter) or ``None`` (not used). The parameter's ``weight_loader(param, tensor)`` (or
+    ``(param, tensor, shard)``) copies what it owns, converting dtype on the device. Every parameter
+    (every shard of a merged one) must be loaded, except ``tied`` ones.
+    """
+
+    def tensors():
+        for file in tqdm(files, desc="loading weights", unit="shard", leave=False, disable=len(files) < 2):
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield key, functools.partial(f.get_tensor, key)
+
+    _load(module, tensors(), checkpoint_name, what=what, tied=tied)
+
+
+def load_state(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    checkpoint_name: Callable[[str], tuple[str, object] | None],
+    *,
+    what: str,
+    tied: frozenset[str] = frozenset(),
+) -> None:
+    """:func:`load_weights` from tensors in memory, keyed by checkpoint names."""
+    _load(
+        module,
+        ((key, functools.partial(state.__getitem__, key)) for key in state),
+        checkpoint_name,
+        what=what,
+        tied=tied,
+    )
+
+
+def _load(module, tensors, checkpoint_name, *, what: str, tied: frozenset[str]) -> None:
+    params = dict(module.named_parameters())
+    loaded: set[tuple[str, object]] = set()
+    for key, get_tensor in tensors:
+        target = checkpoint_name(key)
+        if target is None:
+            continue
+        name, shard = target
+        if name not in params:
+            raise ValueError(f"expected checkpoint tensors of {what}, got unknown tensor {key!r}")
+        param = params[name]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            if shard is None:
+                loader(param, get_tensor())
+            else:
+                loader(param, get_tensor(), shard)
+        except WeightShapeError as err:
+            raise ValueError(f"expected {key} of shape {err.want}, got {err.got}") from None
+        loaded.add((name, shard))
+    expected = {
+        (name, shard)
+        for name, param in params.items()
+        if name not in tied
+        for shard in (getattr(param, "shards", None) or (None,))
+    }
+    missing = sorted(name if shard is None else f"{name} (shard {shard!r})" for name, shard in expected - loaded)
+    if missing:
+        raise ValueError(f"expected every weight of {what} in the checkpoint, missing {missing[:5]}")
+
+
 def load_model(
     path: str | Path, dtype: torch.dtype, device: torch.device, config=None, mm_attention_backend: str = "auto"
 ) -> torch.nn.Module:
-    """Build the model for ``config.architectures`` and load its safetensors weights (sharded or not).
+    """Build the model for ``config.architectures`` on ``device`` in ``dtype`` and load its safetensors
+    weights (sharded or not) through the parameters' ``weight_loader`` hooks.
 
-    A multimodal class (``is_multimodal``) also gets ``dtype``, ``device`` and ``mm_attention_backend``,
-    to select its encoders' attention backend once, at construction.
+    A multimodal class (:class:`~portattn.models.base.MultimodalModel`) also gets ``dtype``, ``device``
+    and ``mm_attention_backend``, to select its encoders' attention backend once, at construction.
     """
     path = _checkpoint_dir(path)
     config = config if config is not None else load_config(path)
     cls = model_class(getattr(config, "architectures", None))
-    with torch.device("meta"):
-        options = {}
-        if getattr(cls, "is_multimodal", False):
-            options = dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
+    options = {}
+    if issubclass(cls, MultimodalModel):
+        options = dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
+    with torch.device(device), default_dtype(dtype):
         model = cls(config, **options)
-    expected = dict(model.named_parameters())
-    float32 = getattr(model, "float32_weights", frozenset())  # kept in float32 whatever dtype (e.g. routers)
-    state = {}
-    files = safetensors_files(path)
-    for file in tqdm(files, desc="loading weights", unit="shard", leave=False, disable=len(files) < 2):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                name = model.checkpoint_name(key)
-                if name is None:
-                    continue
-                if name not in expected:
-                    raise ValueError(f"expected checkpoint tensors of {cls.__name__}, got unknown tensor {key!r}")
-                tensor = f.get_tensor(key)
-                if tuple(tensor.shape) != tuple(expected[name].shape):
-                    raise ValueError(f"expected {key} of shape {list(expected[name].shape)}, got {list(tensor.shape)}")
-                state[name] = tensor.to(device=device, dtype=torch.float32 if name in float32 else dtype)
-    tied = {"lm_head.weight"} if model.tie_word_embeddings else set()
-    missing = sorted(set(expected) - set(state) - tied)
-    if missing:
-        raise ValueError(f"expected every weight of {cls.__name__} in the checkpoint, missing {missing[:5]}")
-    model.load_state_dict(state, strict=False, assign=True)
+    load_weights(model, safetensors_files(path), model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters())
     model.tie_weights()
     model.to(device)  # the rotary buffers, built on the CPU
     model.eval().requires_grad_(False)

@@ -13,9 +13,9 @@ import torch
 
 from ...device import is_triton_interpreter
 from ...errors import expect
-from ...mla import partial_buffers
 from .launch import next_pow2
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
+from .mla_workspace import partial_buffers
 from .resources import fewer_stages_then, launch_fitting
 
 LOG2E = 1.4426950408889634
@@ -99,7 +99,7 @@ def mla_decode_forward(
 
     ``page_table [B, max_pages]`` int32 page-granular, ``seq_lens [B]`` int32. With
     ``num_kv_splits > 1`` the partial results go to ``partials`` (float32 ``[B, H, S, R]`` and
-    ``[B, H, S]``, as :func:`portattn.mla.partial_buffers` cuts them from a workspace, e.g. once per
+    ``[B, H, S]``, as :func:`~portattn.kernels.triton.mla_workspace.partial_buffers` cuts them from a workspace, e.g. once per
     plan) or else to views of ``workspace``, a uint8 buffer of at least
     ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes.
     """

@@ -1,7 +1,8 @@
 """Multi-head Latent Attention (DeepSeek V2/V3) over the engine's latent KV pool.
 
 A layer caches one row per token, ``[c_kv | k_pe]`` (``kv_lora_rank + rope_dim``), and attends in
-one of two forms, chosen once per forward by :func:`plan_latent_attention`:
+one of two forms, chosen once per forward in the engine's plan step
+(:func:`portattn.runtime.plan.plan_latent_attention`, read here as ``ctx.latent``):
 
 * **absorbed** (sequences with one new token: decodes): ``q_nope`` is multiplied into
   the latent space through the key half of ``kv_b_proj``, :func:`portattn.mla_decode`'s kernel
@@ -17,85 +18,17 @@ batch that mixes decodes and prompt chunks runs each part in its form).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer, VarlenMetadata
-from ..backends.registry import backend_class, registered_backends
-from ..errors import UnsupportedFeatureError
-from ..mla import MLADecodeMetadata, plan_mla_decode, write_latent
-from .layers import ForwardContext, RMSNorm
+from ...backends.base import AttentionLayer
+from ...mla import MLADecodeMetadata, write_latent
+from ...runtime.context import ForwardContext
+from ...runtime.plan import LatentAttentionPlan
+from .linear import Linear
+from .norm import RMSNorm
 
 _LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
-
-
-@dataclass(frozen=True, eq=False)
-class LatentAttentionPlan:
-    """Per-forward facts shared by every MLA layer.
-
-    Sequences with one new token (decodes) are attended in the absorbed form (``decode``), the
-    others in the expanded form (``varlen``, ``key_slots``). In a batch of both kinds,
-    ``decode_rows`` and ``expand_rows`` pick each kind's query tokens; otherwise they are None.
-    """
-
-    decode: MLADecodeMetadata | None = None
-    varlen: VarlenMetadata | None = None  # expanded form: queries and gathered keys per sequence
-    key_slots: torch.Tensor | None = None  # [K] int64 slots of every key, sequence after sequence
-    decode_rows: torch.Tensor | None = None  # [B_decode] int64 token rows
-    expand_rows: torch.Tensor | None = None  # [T_expand] int64 token rows
-
-
-def plan_latent_attention(ctx: ForwardContext, num_heads: int, kv_lora_rank: int) -> LatentAttentionPlan:
-    """Once per forward, from the backend's paged metadata (host lengths already in it)."""
-    backend, meta = ctx.backend, ctx.metadata
-    for op in ("mla_decode", "varlen_attention"):
-        if not backend.capabilities.supports("op", op):
-            have = [n for n in registered_backends() if (c := backend_class(n)) and c.capabilities.supports("op", op)]
-            raise UnsupportedFeatureError(f"the {op} op", backend.name, have)
-    device = meta.seq_lens_k.device
-    decodes = [b for b, n in enumerate(meta.q_lens) if n == 1]
-    expands = [b for b, n in enumerate(meta.q_lens) if n != 1]
-    mixed = bool(decodes and expands)
-    starts = [0]
-    for n in meta.q_lens:
-        starts.append(starts[-1] + n)
-    plan = {}
-    if decodes:
-        pick = torch.tensor(decodes, device=device)
-        plan["decode"] = plan_mla_decode(
-            meta.page_table[pick] if mixed else meta.page_table,
-            meta.seq_lens_k[pick] if mixed else meta.seq_lens_k,
-            meta.page_size,
-            num_heads=num_heads,
-            kv_lora_rank=kv_lora_rank,
-            max_seq_len=max(meta.k_lens[b] for b in decodes),
-        )
-    if expands:
-        q_lens = [meta.q_lens[b] for b in expands]
-        k_lens = [meta.k_lens[b] for b in expands]
-        page_table = meta.page_table[torch.tensor(expands, device=device)] if mixed else meta.page_table
-        cu_q, cu_k = _cumsum(q_lens, device), _cumsum(k_lens, device)
-        total = sum(k_lens)
-        seq = torch.repeat_interleave(
-            torch.arange(len(expands), device=device), torch.tensor(k_lens, device=device), output_size=total
-        )  # [K] sequence of each key
-        pos = torch.arange(total, device=device) - cu_k[seq].long()  # [K] position of each key in its sequence
-        page_size = meta.page_size
-        plan["key_slots"] = page_table[seq, pos // page_size].long() * page_size + pos % page_size  # [K]
-        plan["varlen"] = backend.plan_varlen(cu_q, cu_k, max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens))
-    if mixed:
-        plan["decode_rows"] = torch.tensor([starts[b] for b in decodes], device=device)
-        rows = [r for b in expands for r in range(starts[b], starts[b + 1])]
-        plan["expand_rows"] = torch.tensor(rows, device=device)
-    return LatentAttentionPlan(**plan)
-
-
-def _cumsum(lengths: list[int], device) -> torch.Tensor:
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
-    return cu.to(device)  # [n + 1] int32
 
 
 class MultiheadLatentAttention(nn.Module):
@@ -114,20 +47,21 @@ class MultiheadLatentAttention(nn.Module):
         qk_dim = self.nope_dim + self.rope_dim
         bias, hidden = config.attention_bias, config.hidden_size
         if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, heads * qk_dim, bias=False)
+            self.q_proj = Linear(hidden, heads * qk_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_proj = Linear(hidden, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, _LORA_NORM_EPS)
-            self.q_b_proj = nn.Linear(self.q_lora_rank, heads * qk_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, rank + self.rope_dim, bias=bias)
+            self.q_b_proj = Linear(self.q_lora_rank, heads * qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(hidden, rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(rank, _LORA_NORM_EPS)
-        self.kv_b_proj = nn.Linear(rank, heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(heads * self.v_dim, hidden, bias=bias)
+        self.kv_b_proj = Linear(rank, heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = Linear(heads * self.v_dim, hidden, bias=bias)
         self.scale = scale
         # What the engine's backend selection reads (the expanded form's shapes).
         self.spec = AttentionLayer(layer_id, heads, heads, qk_dim, scale=scale, v_head_dim=self.v_dim)
 
-    def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext, plan: LatentAttentionPlan):
+    def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext):
+        plan: LatentAttentionPlan = ctx.latent
         num_tokens = x.shape[0]
         if self.q_lora_rank is None:
             q = self.q_proj(x)

@@ -1,0 +1,44 @@
+"""``req_to_token``: each request's KV slots, token-granular, and the free request rows."""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """``req_to_token [max_reqs, max_context]`` int32 and its free rows.
+
+    Token-granular: column ``i`` of a request's row is the slot of its token ``i``. ``max_context``
+    is a multiple of the page size so that whole pages can always be written.
+    """
+
+    def __init__(self, max_reqs: int, max_context: int, page_size: int, device):
+        if max_context % page_size:
+            raise ValueError(f"expected max_context to be a multiple of page_size {page_size}, got {max_context}")
+        self.page_size = page_size
+        self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int32, device=device)
+        self._free = list(range(max_reqs - 1, -1, -1))
+        self._offsets = torch.arange(page_size, dtype=torch.int32, device=device)
+
+    @property
+    def max_context(self) -> int:
+        return self.req_to_token.shape[1]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int:
+        return self._free.pop()
+
+    def free(self, row: int) -> None:
+        self._free.append(row)
+
+    def write_pages(self, row: int, first_page: int, pages: list[int]) -> None:
+        """Point logical pages ``first_page ..`` of ``row`` at the physical ``pages`` (page-aligned)."""
+        if not pages:
+            return
+        page_ids = torch.tensor(pages, dtype=torch.int32).to(self.req_to_token.device)
+        slots = (page_ids[:, None] * self.page_size + self._offsets[None, :]).flatten()  # [n * P]
+        start = first_page * self.page_size
+        self.req_to_token[row, start : start + slots.shape[0]] = slots

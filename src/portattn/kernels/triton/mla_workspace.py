@@ -1,0 +1,98 @@
+"""Split-KV arithmetic of the MLA decode kernels: the split count, the workspace size and its layout.
+
+The Triton MLA decode kernel (``mla_decode.py`` beside this file) writes one float32 partial output
+``[B, H, S, R]`` and one float32 log-sum-exp ``[B, H, S]`` per split into a caller's workspace and
+merges them. This module owns that layout and imports no Triton, so that any caller (the engine's
+plan step, a graph-capturing runner, another backend) can size a workspace on any machine.
+
+The split count is a pure function of the problem (:func:`choose_num_kv_splits`); no device property
+enters it: a workspace sized on one machine fits the same call on any other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...validation import check_int
+
+# Programs (head group x split x sequence) that keep any current GPU busy with a few in flight
+# per compute unit (132 SMs on an H200, 64 Xe cores on a Max 1550, 304 CUs on an MI300X).
+TARGET_PROGRAMS = 256
+HEADS_PER_PROGRAM = 64  # query heads one program covers at most (for counting programs only)
+MAX_KV_SPLITS = 64
+# A split must be long enough that its partial output (4·kv_lora_rank bytes per head, written and
+# read back) stays small beside the latent rows it reads (~2·(kv_lora_rank + rope_dim) per token).
+MIN_SPLIT_TOKENS = 256
+MIN_SPLIT_TOKENS_PER_HEAD = 32
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def choose_num_kv_splits(max_seq_len: int, batch_size: int, num_heads: int) -> int:
+    """Split count for a decode batch, from the problem alone.
+
+    Without splits a batch offers ``batch_size · ceil(num_heads / 64)`` programs; splits are added
+    until there are about ``TARGET_PROGRAMS`` of them, but never so many that a split of the
+    longest sequence gets fewer than ``max(256, 32 · num_heads)`` tokens, and never more than
+    ``MAX_KV_SPLITS``. Always at least 1.
+    """
+    programs = max(1, batch_size) * _cdiv(max(1, num_heads), HEADS_PER_PROGRAM)
+    wanted = _cdiv(TARGET_PROGRAMS, programs)
+    min_tokens = max(MIN_SPLIT_TOKENS, MIN_SPLIT_TOKENS_PER_HEAD * num_heads)
+    return max(1, min(wanted, max_seq_len // min_tokens, MAX_KV_SPLITS))
+
+
+def resolve_num_kv_splits(num_kv_splits: int | None, max_seq_len: int, batch_size: int, num_heads: int) -> int:
+    """``None`` or ``-1``: :func:`choose_num_kv_splits`; otherwise the given count (>= 1)."""
+    if num_kv_splits is None or num_kv_splits == -1:
+        return choose_num_kv_splits(max_seq_len, batch_size, num_heads)
+    check_int("num_kv_splits", num_kv_splits, 1)
+    return num_kv_splits
+
+
+def mla_workspace_size(
+    max_seq_len: int,
+    batch_size: int,
+    num_heads: int,
+    page_size: int,
+    *,
+    num_kv_splits: int = -1,
+    kv_lora_rank: int = 512,
+) -> int:
+    """Bytes of workspace that :func:`mla_decode` needs for a batch of this shape.
+
+    A pure function of its arguments: ``S = num_kv_splits`` (or, for ``-1``,
+    ``choose_num_kv_splits(max_seq_len, batch_size, num_heads)``, the split count ``mla_decode``
+    then uses), and the size is ``4 · batch_size · num_heads · S · (kv_lora_rank + 1)`` -- one
+    float32 partial output and one float32 log-sum-exp per (sequence, head, split) -- or 0 when
+    ``S == 1`` (the kernel then writes the output directly).
+
+    ``max_seq_len`` is the longest sequence of the calls the workspace serves (any upper bound
+    works: the size never shrinks as it grows). ``page_size`` is checked but does not change the
+    size: splits are cut in tokens, so every page size needs the same workspace.
+
+    Allocate it as ``torch.empty(size, dtype=torch.uint8, device=...)``; its contents need no
+    initialisation and are scratch after the call.
+    """
+    check_int("max_seq_len", max_seq_len, 0)
+    check_int("batch_size", batch_size, 0)
+    check_int("num_heads", num_heads, 1)
+    check_int("page_size", page_size, 1)
+    check_int("kv_lora_rank", kv_lora_rank, 1)
+    splits = resolve_num_kv_splits(num_kv_splits, max_seq_len, batch_size, num_heads)
+    if splits == 1:
+        return 0
+    return 4 * batch_size * num_heads * splits * (kv_lora_rank + 1)
+
+
+def partial_buffers(
+    workspace: torch.Tensor, batch_size: int, num_heads: int, num_kv_splits: int, kv_lora_rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the workspace: partial outputs ``[B, H, S, R]`` and log-sum-exps ``[B, H, S]``, float32."""
+    rows = batch_size * num_heads * num_kv_splits
+    floats = workspace[: 4 * rows * (kv_lora_rank + 1)].view(torch.float32)
+    part_out = floats[: rows * kv_lora_rank].view(batch_size, num_heads, num_kv_splits, kv_lora_rank)
+    part_lse = floats[rows * kv_lora_rank :].view(batch_size, num_heads, num_kv_splits)
+    return part_out, part_lse

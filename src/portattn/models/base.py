@@ -1,0 +1,102 @@
+"""What every model class gives the engine, and the interface of models that take images."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ..backends.base import AttentionLayer
+from ..runtime.context import ForwardContext
+from ..runtime.kv_cache import KVCacheSpec
+from .layers import Embedding, LMHead, PagedAttention
+
+if TYPE_CHECKING:
+    from ..encoder import EncoderSeqInfo
+    from ..runtime.multimodal import MultimodalData
+
+# Checkpoint module names that load into one merged module: name -> (merged name, shard id).
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class CausalLM(nn.Module):
+    """``forward``, ``compute_logits``, the KV cache spec and the checkpoint name map, for the engine.
+
+    Subclasses build ``self.model`` (with ``embed_tokens``) and ``self.lm_head``.
+    """
+
+    model: nn.Module
+    lm_head: LMHead
+    attention_ops: ClassVar[tuple[str, ...]] = ("paged_attention",)  # backend ops the model calls
+    packed_modules: ClassVar[dict[str, tuple[str, object]]] = PACKED_MODULES
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``input_ids [T]``, ``positions [T]`` -> final hidden states ``[T, H]``."""
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [N, V]
+
+    def attention_layers(self) -> list[AttentionLayer]:
+        return [m.spec for m in self.modules() if isinstance(m, PagedAttention)]
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec.mha_from_layers(self.attention_layers())
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def tied_parameters(self) -> frozenset[str]:
+        """Parameters that :meth:`tie_weights` fills from others (not read from the checkpoint)."""
+        return frozenset({"lm_head.weight"}) if self.tie_word_embeddings else frozenset()
+
+    def checkpoint_name(self, name: str) -> tuple[str, object] | None:
+        """``(parameter, shard)`` a checkpoint tensor loads into (``shard`` None: the whole parameter),
+        or ``None`` for a tensor this model does not use."""
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None
+        if name.endswith("rotary_emb.inv_freq"):  # saved by older transformers; recomputed from the config
+            return None
+        parts = name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part in self.packed_modules:
+                merged, shard = self.packed_modules[part]
+                return ".".join([*parts[:i], merged, *parts[i + 1 :]]), shard
+        return name, None
+
+    def tie_weights(self) -> None:
+        if self.tie_word_embeddings:
+            embed: Embedding = self.model.embed_tokens
+            self.lm_head.tie(embed)
+
+
+@runtime_checkable
+class MultimodalModel(Protocol):
+    """A model whose prompts may carry images (Qwen2.5-VL). The engine validates a prompt's images with
+    :meth:`multimodal_data`, and in each step's plan step runs :meth:`plan_images` (every host sync of
+    the encoder) then :meth:`encode_planned_images` for the requests whose placeholders it reaches."""
+
+    def multimodal_data(
+        self, token_ids: list[int], pixel_values: torch.Tensor | None, image_grid_thw
+    ) -> MultimodalData | None: ...
+
+    def expand_placeholders(self, token_ids: list[int], image_grid_thw) -> list[int]: ...
+
+    def plan_images(self, image_grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> EncoderSeqInfo: ...
+
+    def encode_planned_images(self, pixel_values: torch.Tensor, plan: EncoderSeqInfo) -> torch.Tensor: ...
+
+    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw) -> torch.Tensor: ...

@@ -1,0 +1,53 @@
+"""Building blocks of the model families, one concept per file; a family is a composition of these.
+
+Each block computes exactly what its Hugging Face counterpart computes (same dtype casts, same order
+of operations), so that the engine's logits match ``transformers`` to float rounding.
+"""
+
+from .activation import ACTIVATIONS, activation, gated
+from .attention import PagedAttention, SelfAttention, head_dim_of, window_left_of
+from .embedding import Embedding, LMHead
+from .latent_attention import MultiheadLatentAttention
+from .linear import Linear, MergedLinear, QKVLinear, WeightShapeError, default_weight_loader, new_parameter
+from .mlp import GatedMLP
+from .moe import FusedMoE
+from .norm import RMSNorm, l2_norm
+from .rotary import (
+    InterleavedRotaryEmbedding,
+    MRotaryEmbedding,
+    PartialRotaryEmbedding,
+    RotaryEmbedding,
+    apply_rotary_float32,
+    rope_inv_freq,
+    rotate_half,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "Embedding",
+    "FusedMoE",
+    "GatedMLP",
+    "InterleavedRotaryEmbedding",
+    "LMHead",
+    "Linear",
+    "MRotaryEmbedding",
+    "MergedLinear",
+    "MultiheadLatentAttention",
+    "PagedAttention",
+    "PartialRotaryEmbedding",
+    "QKVLinear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SelfAttention",
+    "WeightShapeError",
+    "activation",
+    "apply_rotary_float32",
+    "default_weight_loader",
+    "gated",
+    "head_dim_of",
+    "l2_norm",
+    "new_parameter",
+    "rope_inv_freq",
+    "rotate_half",
+    "window_left_of",
+]

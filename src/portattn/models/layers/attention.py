@@ -1,0 +1,85 @@
+"""Decoder self-attention over the paged KV cache.
+
+:class:`PagedAttention` hands one layer's ``q, k, v`` to the backend (which writes K/V into the
+cache and attends); :class:`SelfAttention` is the layer the Llama-style families share: merged q/k/v
+projection (biases as configured), optional per-head RMSNorm of q and k, rotary, attention, output
+projection. Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norm) and the Qwen2.5-VL language model are
+configurations of it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...backends.base import AttentionLayer
+from ...runtime.context import ForwardContext
+from .linear import Linear, QKVLinear
+from .norm import RMSNorm
+
+
+class PagedAttention(nn.Module):
+    """Writes one layer's new K/V into its paged cache and attends, through the forward's backend."""
+
+    def __init__(self, spec: AttentionLayer):
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        spec = self.spec
+        q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
+        k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
+        v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
+        out = ctx.backend.forward(q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
+        return out.flatten(1)  # [T, Hq * Dv]
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def window_left_of(config, layer_id: int) -> int:
+    """Hugging Face ``sliding_window = S`` on ``sliding_attention`` layers is ``window_left = S - 1``."""
+    layer_types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if layer_types is not None and layer_types[layer_id] == "sliding_attention" and window:
+        return window - 1
+    return -1
+
+
+class SelfAttention(nn.Module):
+    """``o_proj(attention(rotary(norm(q)), rotary(norm(k)), v))`` for one decoder layer.
+
+    Checkpoint tensors ``q_proj``, ``k_proj``, ``v_proj`` load into ``qkv_proj`` (shards q, k, v).
+    ``qk_norm_eps`` (Qwen3, Gemma 3): RMSNorm over each head of q and k before the rotary embedding.
+    The attention rules (window, chunk, sinks, softcap, scale) are those of ``spec``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        spec: AttentionLayer,
+        *,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        qk_norm_unit_offset: bool = False,
+    ):
+        super().__init__()
+        self.spec = spec
+        self.qkv_proj = QKVLinear(hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, qkv_bias)
+        self.o_proj = Linear(spec.num_heads * spec.v_head_dim, hidden_size, o_bias)
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(spec.head_dim, qk_norm_eps, unit_offset=qk_norm_unit_offset)
+            self.k_norm = RMSNorm(spec.head_dim, qk_norm_eps, unit_offset=qk_norm_unit_offset)
+        self.attn = PagedAttention(spec)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: nn.Module) -> torch.Tensor:
+        num_tokens, head_dim = x.shape[0], self.spec.head_dim
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q = q.view(num_tokens, -1, head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, -1, head_dim)  # [T, Hkv, D]
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, ctx))

@@ -1,0 +1,32 @@
+"""The one object a model's layers read besides their inputs, built by the engine once per forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..backends.base import AttentionBackend, PagedMetadata
+    from .kv_cache import KVPool
+    from .multimodal import MultimodalBatch
+    from .plan import LatentAttentionPlan
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardContext:
+    """One forward's plan and caches, passed explicitly to every layer (never a module global).
+
+    ``metadata``: the backend's paged plan (page table, lengths, the new tokens' slots); ``latent``:
+    the latent-attention plan of an ``"mla"`` cache (``None`` for ``"mha"``); ``multimodal``: image
+    embeddings and rotary positions when the batch has images. Everything in it was made before the
+    model runs: no layer syncs with the device.
+    """
+
+    backend: AttentionBackend
+    metadata: PagedMetadata
+    kv_pool: KVPool
+    latent: LatentAttentionPlan | None = None
+    multimodal: MultimodalBatch | None = None
+
+    def kv_cache(self, layer_id: int):
+        return self.kv_pool.kv_cache(layer_id)

@@ -1,0 +1,140 @@
+"""What a model caches per token, and the pools that hold it for every layer.
+
+A model states its cache with a :class:`KVCacheSpec`; ``spec.kind`` picks the pool class from
+:data:`KV_CACHE_KINDS`, the one table of layouts:
+
+* ``"mha"``: per-layer K and V caches ``k [num_pages, P, Hkv, D]``, ``v [num_pages, P, Hkv, Dv]``;
+* ``"mla"``: per-layer latent caches ``[num_pages, P, kv_lora_rank + rope_dim]``, one row
+  ``[c_kv | k_pe]`` per token shared by every query head (the layout :func:`portattn.mla_decode`
+  reads). Pages, ``req_to_token`` and prefix caching are the engine's own: only what a slot holds
+  differs between kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What one model caches per token: ``num_layers`` layers of ``kind``.
+
+    ``"mha"``: ``num_kv_heads`` heads of ``head_dim`` keys and ``v_head_dim`` values. ``"mla"``
+    (built by :func:`mla_cache_spec`): one latent head (``num_kv_heads = 1``) of ``head_dim =
+    kv_lora_rank + rope_dim``, no separate values (``v_head_dim = 0``).
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    kind: str = "mha"
+    kv_lora_rank: int = 0  # "mla": the c_kv part of each row
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim", "v_head_dim", "kv_lora_rank"):
+            value = getattr(self, name)
+            positive = name not in ("v_head_dim", "kv_lora_rank")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and positive):
+                raise ValueError(
+                    f"expected {name} to be a {'positive' if positive else 'non-negative'} int, got {value!r}"
+                )
+        if self.kind not in KV_CACHE_KINDS:
+            raise ValueError(f"expected a KV cache kind in {sorted(KV_CACHE_KINDS)}, got {self.kind!r}")
+        KV_CACHE_KINDS[self.kind].check_spec(self)
+
+    @classmethod
+    def mha_from_layers(cls, layers) -> KVCacheSpec:
+        """One spec for attention layers that all share head counts and dims (``AttentionLayer``s)."""
+        shapes = {(layer.num_kv_heads, layer.head_dim, layer.v_head_dim) for layer in layers}
+        if len(shapes) != 1:
+            raise ValueError(f"expected every layer to share (Hkv, D, Dv), got {sorted(shapes)}")
+        if [layer.layer_id for layer in layers] != list(range(len(layers))):
+            raise ValueError(f"expected layer ids 0..{len(layers) - 1}, got {[layer.layer_id for layer in layers]}")
+        ((kv_heads, head_dim, v_head_dim),) = shapes
+        return cls(len(layers), kv_heads, head_dim, v_head_dim)
+
+    def bytes_per_page(self, page_size: int, dtype: torch.dtype) -> int:
+        return KV_CACHE_KINDS[self.kind].bytes_per_page(self, page_size, dtype)
+
+
+def mla_cache_spec(num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCacheSpec:
+    """A spec for ``num_layers`` latent caches with rows of ``kv_lora_rank + rope_dim``."""
+    for name, value in (("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"expected {name} to be a positive int, got {value!r}")
+    return KVCacheSpec(num_layers, 1, kv_lora_rank + rope_dim, 0, kind="mla", kv_lora_rank=kv_lora_rank)
+
+
+class KVPool:
+    """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is what the backend's ``forward`` gets.
+
+    Allocated with ``torch.empty``: a slot is only read after its token's K/V were written.
+    """
+
+    def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device):
+        self.spec, self.num_pages, self.page_size, self.dtype, self.device = spec, num_pages, page_size, dtype, device
+
+    @staticmethod
+    def check_spec(spec: KVCacheSpec) -> None:
+        """Raise ``ValueError`` if ``spec`` does not describe this layout."""
+
+    @staticmethod
+    def bytes_per_page(spec: KVCacheSpec, page_size: int, dtype: torch.dtype) -> int:
+        raise NotImplementedError
+
+    def kv_cache(self, layer_id: int):
+        raise NotImplementedError
+
+
+class MHAKVPool(KVPool):
+    """Per-layer ``k [num_pages, P, Hkv, D]`` and ``v [num_pages, P, Hkv, Dv]``."""
+
+    def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device):
+        super().__init__(spec, num_pages, page_size, dtype, device)
+        shape = (num_pages, page_size, spec.num_kv_heads)
+        self.k = [torch.empty((*shape, spec.head_dim), dtype=dtype, device=device) for _ in range(spec.num_layers)]
+        self.v = [torch.empty((*shape, spec.v_head_dim), dtype=dtype, device=device) for _ in range(spec.num_layers)]
+
+    @staticmethod
+    def bytes_per_page(spec: KVCacheSpec, page_size: int, dtype: torch.dtype) -> int:
+        per_token = spec.num_kv_heads * (spec.head_dim + spec.v_head_dim) * dtype.itemsize
+        return spec.num_layers * page_size * per_token
+
+    def kv_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer_id], self.v[layer_id]
+
+
+class MLAKVPool(KVPool):
+    """Per-layer latent caches ``[num_pages, P, kv_lora_rank + rope_dim]``."""
+
+    def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device):
+        super().__init__(spec, num_pages, page_size, dtype, device)
+        shape = (num_pages, page_size, spec.head_dim)
+        self.latent = [torch.empty(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
+
+    @staticmethod
+    def check_spec(spec: KVCacheSpec) -> None:
+        if spec.num_kv_heads != 1 or spec.v_head_dim != 0 or not 0 < spec.kv_lora_rank < spec.head_dim:
+            raise ValueError(
+                "expected an MLA spec with one latent head, no separate values and 0 < kv_lora_rank < head_dim "
+                f"(mla_cache_spec), got num_kv_heads={spec.num_kv_heads}, v_head_dim={spec.v_head_dim}, "
+                f"kv_lora_rank={spec.kv_lora_rank}, head_dim={spec.head_dim}"
+            )
+
+    @staticmethod
+    def bytes_per_page(spec: KVCacheSpec, page_size: int, dtype: torch.dtype) -> int:
+        return spec.num_layers * page_size * spec.head_dim * dtype.itemsize
+
+    def kv_cache(self, layer_id: int) -> torch.Tensor:
+        return self.latent[layer_id]
+
+
+# The layouts a KVCacheSpec can name. A new layout is a KVPool subclass added here.
+KV_CACHE_KINDS: dict[str, type[KVPool]] = {"mha": MHAKVPool, "mla": MLAKVPool}
+
+
+def make_kv_pool(spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device) -> KVPool:
+    return KV_CACHE_KINDS[spec.kind](spec, num_pages, page_size, dtype, torch.device(device))

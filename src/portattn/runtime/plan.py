@@ -1,0 +1,94 @@
+"""The per-forward plan of MLA models, made in the engine's plan step from the paged metadata.
+
+An ``"mla"`` cache is attended in one of two forms per sequence: **absorbed** for sequences with one
+new token (decodes: :func:`portattn.mla_decode`'s kernel over the latent rows) and **expanded** for
+prefill and extend chunks (the latent rows of every key gathered, expanded into per-head keys and
+values, and attended with the backend's varlen op). Which sequences take which form, their lengths,
+split counts, workspace and key slots depend only on the batch, so they are worked out once here and
+shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..backends.base import AttentionBackend, PagedMetadata, VarlenMetadata
+from ..backends.registry import require_ops
+from ..mla import MLADecodeMetadata, plan_mla_decode
+from .kv_cache import KVCacheSpec
+
+
+@dataclass(frozen=True, eq=False)
+class LatentAttentionPlan:
+    """Per-forward facts shared by every MLA layer.
+
+    Sequences with one new token are attended in the absorbed form (``decode``), the others in the
+    expanded form (``varlen``, ``key_slots``). In a batch of both kinds, ``decode_rows`` and
+    ``expand_rows`` pick each kind's query tokens; otherwise they are None.
+    """
+
+    decode: MLADecodeMetadata | None = None
+    varlen: VarlenMetadata | None = None  # expanded form: queries and gathered keys per sequence
+    key_slots: torch.Tensor | None = None  # [K] int64 slots of every key, sequence after sequence
+    decode_rows: torch.Tensor | None = None  # [B_decode] int64 token rows
+    expand_rows: torch.Tensor | None = None  # [T_expand] int64 token rows
+
+
+def plan_latent_attention(
+    backend: AttentionBackend, meta: PagedMetadata, *, num_heads: int, kv_lora_rank: int
+) -> LatentAttentionPlan:
+    """Once per forward, from the backend's paged metadata (its host lengths already in it)."""
+    require_ops(backend, ("mla_decode", "varlen_attention"))
+    device = meta.seq_lens_k.device
+    decodes = [b for b, n in enumerate(meta.q_lens) if n == 1]
+    expands = [b for b, n in enumerate(meta.q_lens) if n != 1]
+    mixed = bool(decodes and expands)
+    starts = [0]
+    for n in meta.q_lens:
+        starts.append(starts[-1] + n)
+    plan = {}
+    if decodes:
+        pick = torch.tensor(decodes, device=device)
+        plan["decode"] = plan_mla_decode(
+            meta.page_table[pick] if mixed else meta.page_table,
+            meta.seq_lens_k[pick] if mixed else meta.seq_lens_k,
+            meta.page_size,
+            num_heads=num_heads,
+            kv_lora_rank=kv_lora_rank,
+            max_seq_len=max(meta.k_lens[b] for b in decodes),
+        )
+    if expands:
+        q_lens = [meta.q_lens[b] for b in expands]
+        k_lens = [meta.k_lens[b] for b in expands]
+        page_table = meta.page_table[torch.tensor(expands, device=device)] if mixed else meta.page_table
+        cu_q, cu_k = _cumsum(q_lens, device), _cumsum(k_lens, device)
+        total = sum(k_lens)
+        seq = torch.repeat_interleave(
+            torch.arange(len(expands), device=device), torch.tensor(k_lens, device=device), output_size=total
+        )  # [K] sequence of each key
+        pos = torch.arange(total, device=device) - cu_k[seq].long()  # [K] position of each key in its sequence
+        page_size = meta.page_size
+        plan["key_slots"] = page_table[seq, pos // page_size].long() * page_size + pos % page_size  # [K]
+        plan["varlen"] = backend.plan_varlen(cu_q, cu_k, max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens))
+    if mixed:
+        plan["decode_rows"] = torch.tensor([starts[b] for b in decodes], device=device)
+        rows = [r for b in expands for r in range(starts[b], starts[b + 1])]
+        plan["expand_rows"] = torch.tensor(rows, device=device)
+    return LatentAttentionPlan(**plan)
+
+
+def _cumsum(lengths: list[int], device) -> torch.Tensor:
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
+    return cu.to(device)  # [n + 1] int32
+
+
+def plan_for_cache(
+    spec: KVCacheSpec, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int
+) -> LatentAttentionPlan | None:
+    """The plan a KV cache kind needs beyond the paged metadata: ``"mla"`` -> the latent-attention plan."""
+    if spec.kind == "mla":
+        return plan_latent_attention(backend, metadata, num_heads=num_heads, kv_lora_rank=spec.kv_lora_rank)
+    return None
