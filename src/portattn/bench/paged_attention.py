@@ -201,5 +201,5 @@ def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
         try:
             variants[key] = measure(fn, list(range(len(sets))), device, runs=20).median_ms
         except Exception as exc:  # a tile shape that does not compile here is reported
-            variants[key] = peers._error(exc)
+            variants[key] = peers.error_line(exc)
     return variants

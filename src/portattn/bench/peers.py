@@ -24,7 +24,8 @@ import torch.nn.functional as F
 Peer = Callable[[int], object] | str
 
 
-def _error(exc: Exception) -> str:
+def error_line(exc: Exception) -> str:
+    """One line naming an exception, for a result table."""
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
 
 
@@ -34,7 +35,7 @@ def _try(fn: Callable[[int], object]) -> Peer:
         fn(0)
         return fn
     except Exception as exc:  # a peer missing on this build is reported, not fatal
-        return _error(exc)
+        return error_line(exc)
 
 
 def sdpa_peer(backend: str, qs, ks, vs, *, mode: str, scale: float) -> Peer:
@@ -87,7 +88,7 @@ def flex_peer(qs, ks, vs, *, mode: str, scale: float, doc_ids: torch.Tensor | No
             )
         flex = _compiled_flex()
     except Exception as exc:
-        return _error(exc)
+        return error_line(exc)
     return _try(lambda i: flex(qs[i], ks[i], vs[i], block_mask=block_mask, scale=scale, enable_gqa=True))
 
 

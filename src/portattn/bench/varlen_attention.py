@@ -111,5 +111,5 @@ def _sweep(case, qs, ks, vs, cu, max_len, scale, device) -> dict:
         try:
             variants[key] = measure(fn, list(range(len(qs))), device, runs=20).median_ms
         except Exception as exc:
-            variants[key] = peers._error(exc)
+            variants[key] = peers.error_line(exc)
     return variants

@@ -1,0 +1,119 @@
+"""The shared layers: loading through weight_loader, the MoE's two paths, norms and the sync rule."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from portattn.models.layers import FusedMoE, GatedMLP, MergedLinear, QKVLinear, RMSNorm, WeightShapeError
+from portattn.models.layers.moe import DENSE_MAX_TOKENS
+from portattn.models.loader import load_state
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Fail on the tensor methods that copy a device value to the host (the sync points of a step)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync inside a region that must not sync")
+
+    saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__bool__", "__int__", "__float__")}
+    for name in saved:
+        setattr(torch.Tensor, name, refuse)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def test_merged_linear_loads_each_checkpoint_tensor_into_its_rows():
+    qkv = QKVLinear(8, num_heads=4, num_kv_heads=2, head_dim=2, bias=True)
+    q, k, v = torch.randn(8, 8), torch.randn(4, 8), torch.randn(4, 8)
+    bq, bk, bv = torch.randn(8), torch.randn(4), torch.randn(4)
+    state = {"q.w": q, "k.w": k, "v.w": v, "q.b": bq, "k.b": bk, "v.b": bv}
+    names = {"w": "weight", "b": "bias"}
+    load_state(qkv, state, lambda key: (names[key[2]], key[0]), what="qkv")
+    x = torch.randn(3, 8)
+    got = qkv.split(qkv(x))
+    for out, w, b in zip(got, (q, k, v), (bq, bk, bv)):
+        assert torch.allclose(out, F.linear(x, w, b), rtol=1e-6, atol=1e-6)  # one matmul vs three: rounding
+
+
+def test_missing_shard_and_wrong_shape_are_named():
+    mlp = GatedMLP(8, 16)
+    gate, up, down = torch.randn(16, 8), torch.randn(16, 8), torch.randn(8, 16)
+    mapping = {"gate": ("gate_up_proj.weight", 0), "up": ("gate_up_proj.weight", 1), "down": ("down_proj.weight", None)}
+    with pytest.raises(ValueError, match=r"missing \['gate_up_proj.weight \(shard 1\)'\]"):
+        load_state(mlp, {"gate": gate, "down": down}, mapping.get, what="the MLP")
+    with pytest.raises(ValueError, match=r"expected up of shape \[16, 8\], got \[15, 8\]"):
+        load_state(mlp, {"gate": gate, "up": up[:15], "down": down}, mapping.get, what="the MLP")
+    with pytest.raises(ValueError, match="unknown tensor 'extra'"):
+        load_state(mlp, {"extra": down}, lambda key: ("nope", None), what="the MLP")
+    load_state(mlp, {"gate": gate, "up": up, "down": down}, mapping.get, what="the MLP")
+    x = torch.randn(5, 8)
+    assert torch.allclose(mlp(x), F.linear(F.silu(x @ gate.t()) * (x @ up.t()), down), atol=1e-6)
+
+
+def test_merged_linear_refuses_an_unknown_shard():
+    layer = MergedLinear(4, [2, 3])
+    with pytest.raises(ValueError, match=r"expected a shard in \[0, 1\], got 2"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(2, 4), 2)
+    with pytest.raises(WeightShapeError):
+        layer.weight.weight_loader(layer.weight, torch.zeros(2, 4), 1)
+
+
+def _moe_reference(moe: FusedMoE, x, weights, ids):
+    """Token by token, expert by expert: the sum the layer must compute."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    inter = moe.intermediate_size
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].double(), ids[t].tolist()):
+            xin = x[t].double() * (w if moe.weight_on_input else 1.0)
+            gate_up = moe.gate_up_proj[e].double() @ xin
+            y = moe.down_proj[e].double() @ (F.silu(gate_up[:inter]) * gate_up[inter:])
+            out[t] += y if moe.weight_on_input else w * y
+    return out
+
+
+@pytest.mark.parametrize("weight_on_input", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, DENSE_MAX_TOKENS, DENSE_MAX_TOKENS + 5])
+def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_tokens):
+    g = torch.Generator().manual_seed(num_tokens)
+    moe = FusedMoE(6, 8, 12, weight_on_input=weight_on_input)
+    moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 3)
+    moe.down_proj.data.copy_(torch.randn(moe.down_proj.shape, generator=g) / 3)
+    x = torch.randn(num_tokens, 8, generator=g)
+    ids = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(num_tokens)])  # distinct per token
+    weights = torch.rand(num_tokens, 2, generator=g)
+    ref = _moe_reference(moe, x, weights, ids)
+    for path in (moe.forward_dense, moe.forward_grouped, moe.forward):
+        assert torch.allclose(path(x, weights, ids).double(), ref, atol=1e-5), path.__name__
+
+
+def test_moe_decode_path_and_layers_do_not_sync():
+    moe = FusedMoE(4, 8, 12)
+    for p in (moe.gate_up_proj, moe.down_proj):
+        p.data.normal_()
+    x, ids, weights = torch.randn(DENSE_MAX_TOKENS, 8), torch.randint(0, 4, (DENSE_MAX_TOKENS, 1)), torch.rand(16, 1)
+    with no_host_sync():
+        moe(x, weights, ids)
+        RMSNorm(8, 1e-6)(x)
+    with pytest.raises(AssertionError, match="host sync"), no_host_sync():
+        moe.forward_grouped(x, weights, ids)  # the prefill path's one sync per layer: the guard sees it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_variants(dtype):
+    x = torch.randn(4, 8).to(dtype)
+    w = torch.randn(8)
+    plain, gemma = RMSNorm(8, 1e-6), RMSNorm(8, 1e-6, unit_offset=True)
+    plain.weight.data.copy_(w.to(plain.weight.dtype))
+    gemma.weight.data.copy_(w.to(gemma.weight.dtype))
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(gemma(x), (normed * (1 + w)).to(dtype))
+    assert torch.equal(plain(x), plain.weight * normed.to(dtype))
+    assert torch.equal(RMSNorm(8, 1e-6, unit_offset=True).weight, torch.zeros(8))
