@@ -89,7 +89,7 @@ def describe(kind: str, value: object) -> str:
 
 @dataclass(frozen=True, eq=False)
 class AttentionParams:
-    """Per-layer attention parameters (see DESIGN.md for the exact semantics).
+    """Per-layer attention parameters (see docs/design.md for the exact semantics).
 
     ``window_right`` only applies when not causal; -1 means unbounded, as for ``window_left``.
     """
@@ -213,7 +213,7 @@ class AttentionLayer:
 
     ``window_left = W`` (-1: none; Hugging Face ``sliding_window = S`` is ``W = S - 1``),
     ``attention_chunk_size = C`` (absolute chunks), ``sinks [num_heads]`` and ``logit_softcap``
-    follow DESIGN.md. ``v_head_dim`` defaults to ``head_dim``.
+    follow docs/design.md. ``v_head_dim`` defaults to ``head_dim``.
     """
 
     layer_id: int
