@@ -14,58 +14,23 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from conftest import BACKENDS, DEVICE
 from portattn import UnsupportedFeatureError
 from portattn.encoder import EncoderSeqInfo
 from portattn.models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer, load_vision_tower
+from portattn.testing import tiny_vision_tower_model, vision_tower_config
 
 GRIDS = [(1, 12, 8), (1, 6, 10)]  # merged 6x4 (6 full windows) and 3x5 (6 windows, 4 partial)
 RTOL = 1e-5
 
-# hidden / heads: head dim 16 (torch, sdpa) and head dim 80 (every backend, Qwen2.5-VL's real one).
-VISION = {
-    "d16": dict(hidden_size=64, num_heads=4, intermediate_size=96),
-    "d80": dict(hidden_size=160, num_heads=2, intermediate_size=128),
-}
-
-
-def _config(name: str) -> Qwen2_5_VLConfig:
-    text = dict(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-    )
-    vision = dict(
-        depth=4,
-        patch_size=4,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=16,  # 2 x 2 merge units
-        out_hidden_size=32,
-        fullatt_block_indexes=[1, 3],
-        **VISION[name],
-    )
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, bos_token_id=0, eos_token_id=1)
+# Head dim 16 (torch, sdpa) and head dim 80 (every backend, Qwen2.5-VL's real one).
+VISION = ("d16", "d80")
 
 
 @functools.cache
 def _checkpoint(name: str, root: str) -> tuple[str, torch.nn.Module]:
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(_config(name)).eval()
-    with torch.no_grad():
-        for key, p in model.model.visual.named_parameters():
-            if "norm" in key or "ln_q" in key:
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            elif key.endswith("bias"):
-                p.normal_(0.0, 0.3)
-            else:
-                p.normal_(0.0, 1.5 / p[0].numel() ** 0.5)
+    model = tiny_vision_tower_model(name)
     path = f"{root}/{name}"
     model.save_pretrained(path)
     return path, model.model.visual
@@ -173,7 +138,7 @@ def test_bad_inputs_raise_value_errors(root):
 def test_triton_rejects_head_dim_16_at_construction():
     if "triton" not in BACKENDS:
         pytest.skip("triton does not run here")
-    config = _config("d16").vision_config
+    config = vision_tower_config("d16")
     with pytest.raises(UnsupportedFeatureError, match="head dim 16"):
         Qwen2_5_VisionTransformer(config, device=DEVICE, mm_attention_backend="triton")
 

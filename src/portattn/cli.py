@@ -18,8 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_arguments(check_parser)
     check_parser.set_defaults(run=check.main)
 
+    from . import demo
     from .engine import cli as engine_cli
-    from .engine import demo
 
     generate_parser = sub.add_parser("generate", help="generate from a Hugging Face checkpoint directory")
     engine_cli.add_arguments(generate_parser)

@@ -20,61 +20,10 @@ from portattn.errors import UnsupportedFeatureError
 from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
 from portattn.runtime.kv_cache import KVCacheSpec, MLAKVPool, make_kv_pool, mla_cache_spec
 from portattn.runtime.plan import plan_latent_attention
+from portattn.testing import DEEPSEEK_V3_VARIANTS, save_tiny_checkpoint, tiny_config
 
 from .conftest import ENGINE_DEVICE, hf_reference, random_prompts, worst_error_against_transformers
 from .test_backend_api import make_batch
-
-BASE = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    num_hidden_layers=3,
-    first_k_dense_replace=1,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    kv_lora_rank=32,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=16,
-    v_head_dim=16,
-    n_routed_experts=8,
-    n_shared_experts=1,
-    num_experts_per_tok=2,
-    max_position_embeddings=256,
-    initializer_range=0.2,
-)
-VARIANTS = {
-    # q LoRA, interleaved rope with YaRN (attention factor and softmax mscale both != 1), 4 groups
-    # of 2 experts of which 2 groups are kept, renormalised top-2 weights.
-    "yarn": dict(
-        q_lora_rank=32,
-        n_group=4,
-        topk_group=2,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
-        rope_interleave=True,
-        rope_parameters={
-            "rope_type": "yarn",
-            "rope_theta": 10000.0,
-            "factor": 4.0,
-            "original_max_position_embeddings": 64,  # max_position_embeddings / factor
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 1.0,
-            "mscale_all_dim": 0.7,
-        },
-    ),
-    # One q_proj, rotate-half rope without scaling, 2 groups of 4 (one kept), raw sigmoid weights.
-    "plain": dict(
-        q_lora_rank=None,
-        n_group=2,
-        topk_group=1,
-        norm_topk_prob=False,
-        routed_scaling_factor=1.5,
-        rope_interleave=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    ),
-}
 
 MAX_NEW = 12
 # Lengths 1, short, past one 16-token page, and past one 64-token page.
@@ -85,24 +34,16 @@ TOL = 1e-4
 
 
 def config(variant: str, **overrides) -> DeepseekV3Config:
-    return DeepseekV3Config(**{**BASE, **VARIANTS[variant], **overrides})
+    return tiny_config("deepseek_v3", **(DEEPSEEK_V3_VARIANTS[variant] | overrides))
+
+
+CONFIG = config("yarn")
 
 
 @functools.cache
 def checkpoint(variant: str, root: str) -> str:
-    """A random checkpoint whose norms and expert-score biases are not at their neutral init."""
-    torch.manual_seed(7)
-    model = AutoModelForCausalLM.from_config(config(variant))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.3 * torch.randn_like(param))
-        for layer in model.model.layers[BASE["first_k_dense_replace"] :]:
-            bias = layer.mlp.gate.e_score_correction_bias
-            bias.copy_(0.1 * torch.randn_like(bias))
-    path = f"{root}/deepseek_v3_{variant}"
-    model.save_pretrained(path)
-    return path
+    """The tiny DeepSeek V3 checkpoint of ``variant`` (norms and expert-score biases not at their neutral init)."""
+    return save_tiny_checkpoint("deepseek_v3", f"{root}/deepseek_v3_{variant}", **DEEPSEEK_V3_VARIANTS[variant])
 
 
 def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
@@ -131,7 +72,7 @@ def test_matches_transformers(page_size, prefix, chunked, ckpt_root):
     assert err < TOL
     pool = llm.engine.kv_pool
     assert isinstance(pool, MLAKVPool)
-    assert pool.kv_cache(0).shape == (pool.num_pages, page_size, BASE["kv_lora_rank"] + BASE["qk_rope_head_dim"])
+    assert pool.kv_cache(0).shape == (pool.num_pages, page_size, CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim)
     cached = llm.engine.pages.num_cached_tokens
     if prefix:
         assert cached >= page_size * (len(PROMPTS[4]) // page_size)  # the repeated prompt's full pages
@@ -177,7 +118,7 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == hf_reference(path, tuple(prompt), 8)[0]
-    layers = BASE["num_hidden_layers"]
+    layers = CONFIG.num_hidden_layers
     assert calls["plan"] == calls["steps"]
     # Prompt chunks are expanded, decodes absorbed; some steps (a decode beside a chunk) do both.
     assert 0 < calls["plan_decode"] < calls["steps"] and 0 < calls["plan_varlen"] < calls["steps"]

@@ -14,8 +14,9 @@ from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models import supported_architectures
 from portattn.models.llama4 import Llama4ForCausalLM
+from portattn.testing import tiny_config
 
-from .conftest import CONFIGS, checkpoint, hf_reference, random_prompts, rel_err
+from .conftest import checkpoint, hf_reference, random_prompts, rel_err
 
 PROMPT = random_prompts([11], seed=5)[0]
 
@@ -56,7 +57,7 @@ def test_tokenizer_and_text(tmp_path, ckpt_root):
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
-    config = CONFIGS["llama"]()
+    config = tiny_config("llama")
     config.architectures = ["MistralForCausalLM"]
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="expected a model architecture in") as err:
@@ -108,7 +109,7 @@ def test_old_rotary_buffers_in_checkpoints_are_skipped(tmp_path, ckpt_root):
 
 def test_llama4_multimodal_checkpoint_names():
     with torch.device("meta"):
-        model = Llama4ForCausalLM(CONFIGS["llama4"]())
+        model = Llama4ForCausalLM(tiny_config("llama4"))
     assert model.checkpoint_name("language_model.model.layers.0.self_attn.q_proj.weight") == (
         "model.layers.0.self_attn.qkv_proj.weight",
         "q",

@@ -11,70 +11,18 @@ import sys
 
 import pytest
 import torch
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models.qwen2_5_vl import mrope_positions, placeholder_runs
 from portattn.runtime.multimodal import MultimodalData
+from portattn.testing import IMAGE_PAD, PATCH_DIM, VISION_END, VISION_START, transformers_generate
 
-from .conftest import ENGINE_DEVICE, checkpoint, rel_err
+from .conftest import ENGINE_DEVICE, checkpoint, hf_model, rel_err
 
-PAD, START, END = 250, 248, 249  # image pad, vision start, vision end
-PATCH_DIM = 3 * 2 * 4 * 4  # channels * temporal_patch_size * patch_size**2
+PAD, START, END = IMAGE_PAD, VISION_START, VISION_END  # 250, 248, 249 in the tiny checkpoint's vocabulary
 TOL = 1e-4
 MAX_NEW = 10
-
-
-def config() -> Qwen2_5_VLConfig:
-    text = dict(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.2,
-        bos_token_id=0,
-        eos_token_id=1,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-    )
-    vision = dict(
-        depth=2,
-        hidden_size=64,
-        num_heads=4,
-        intermediate_size=96,
-        patch_size=4,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        window_size=16,  # 2 x 2 merge units: the 8 x 8 image has 4 windows
-        out_hidden_size=64,
-        fullatt_block_indexes=[1],
-        initializer_range=0.2,
-    )
-    return Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=PAD,
-        video_token_id=251,
-        vision_start_token_id=START,
-        vision_end_token_id=END,
-    )
-
-
-@functools.cache
-def vl_checkpoint(root: str) -> str:
-    torch.manual_seed(0)
-    path = f"{root}/qwen2_5_vl"
-    Qwen2_5_VLForConditionalGeneration(config()).save_pretrained(path)
-    return path
-
-
-@functools.cache
-def hf_model(path: str):
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    return model
 
 
 def image(grid: tuple[int, int, int], seed: int) -> torch.Tensor:
@@ -99,24 +47,7 @@ def pads(grid: tuple[int, int, int]) -> list[int]:
 @functools.cache
 def hf_reference(path: str, ids: tuple[int, ...], spec: tuple, max_new: int = MAX_NEW):
     """``(greedy tokens, generated-token logits [N, V], prompt logits [n, V])`` from transformers."""
-    model = hf_model(path)
-    x = torch.tensor([ids])
-    kwargs = dict(mm_token_type_ids=(x == PAD).int())  # without it transformers 5 skips the 3-D positions
-    if spec:
-        kwargs |= images(spec)
-    with torch.no_grad():
-        out = model.generate(
-            x,
-            attention_mask=torch.ones_like(x),  # token 0 is not padding
-            max_new_tokens=max_new,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-            **kwargs,
-        )
-        prompt_logits = model(x, **kwargs).logits[0]
-    return out.sequences[0, len(ids) :].tolist(), torch.cat(out.logits), prompt_logits
+    return transformers_generate(hf_model(path), prompt(ids, spec) if spec else list(ids), max_new)
 
 
 G1, G2 = (1, 8, 8), (1, 4, 12)  # 16 and 12 merged patches; after them text resumes 4 and 6 positions on
@@ -128,7 +59,7 @@ TWO_IMAGES = ((G1, 2), (G2, 3))
 
 @pytest.fixture(scope="module")
 def path(ckpt_root) -> str:
-    return vl_checkpoint(ckpt_root)
+    return checkpoint("qwen2_5_vl", ckpt_root)
 
 
 def prompt(ids, spec) -> dict:

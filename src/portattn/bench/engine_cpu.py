@@ -1,7 +1,7 @@
 """Engine benchmark on the CPU: ``python -m portattn.bench.engine_cpu [--threads N] [--out FILE.json]``.
 
 Tokens/s of the engine against ``transformers``' batched ``generate`` on the same tiny random
-checkpoint (one per family, built with transformers' config classes) and the same prompts: a batch
+checkpoint (one per text family, :func:`portattn.testing.save_tiny_checkpoint`) and the same prompts: a batch
 of 16 prompts of 128 tokens, 128 new greedy tokens each (end-of-sequence ignored), float32. Runs of
 the two are interleaved and the median is reported. The engine's attention share is the time spent
 in the backend's attention ops (paged, varlen, MLA decode; the CPU runs synchronously, so wall-clock
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine.demo import FAMILIES, save_tiny_checkpoint, tiny_config
+from ..testing import TEXT_FAMILIES, engine_families, save_tiny_checkpoint, tiny_config
 
 
 def _prompts(batch: int, length: int, vocab: int) -> torch.Tensor:
@@ -137,7 +137,8 @@ def _notes(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    families = [family for family in engine_families() if family in TEXT_FAMILIES]
+    parser.add_argument("--families", nargs="+", default=families, choices=families)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)

@@ -25,31 +25,17 @@ import statistics
 import sys
 
 import torch
-from transformers import Qwen2_5_VLVisionConfig
 
 from ..backends.registry import available_backends, backend_class
 from ..backends.torch_ref import TorchBackend
 from ..models.loader import default_dtype, load_state
 from ..models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer, tower_checkpoint_name
+from ..testing import vision_tower_config
 from .timing import measure, num_input_sets
 
-SMALL = dict(  # CPU: a tower small enough to time in seconds on two cores
-    depth=8,
-    hidden_size=256,
-    intermediate_size=512,
-    num_heads=4,
-    out_hidden_size=256,
-    fullatt_block_indexes=[3, 7],
-)
-REAL = dict(  # Qwen2.5-VL-7B's vision tower
-    depth=32,
-    hidden_size=1280,
-    intermediate_size=3420,
-    num_heads=16,
-    out_hidden_size=3584,
-    fullatt_block_indexes=[7, 15, 23, 31],
-)
-COMMON = dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112, hidden_act="silu")
+# The config entries recorded with the results (the towers: portattn.testing.vision_tower_config).
+CONFIG_KEYS = ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "fullatt_block_indexes")
+CONFIG_KEYS += ("patch_size", "spatial_merge_size", "temporal_patch_size", "window_size", "hidden_act")
 
 CPU_CASES = {  # name -> image grids (t, h, w) in patches
     "1 image 16x16": [(1, 16, 16)],
@@ -82,10 +68,6 @@ def time_interleaved(fns: dict, device: torch.device, *, rounds: int = 5, runs: 
             timing = measure(lambda _, f=fns[name]: f(), [None], device, warmup=1, runs=runs, burst=1)
             medians[name].append(timing.median_ms)
     return {name: statistics.median(m) for name, m in medians.items()} | slow
-
-
-def _config(sizes: dict) -> Qwen2_5_VLVisionConfig:
-    return Qwen2_5_VLVisionConfig(**sizes, **COMMON)
 
 
 def _random_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -161,8 +143,7 @@ def run(device: torch.device, size: str | None = None) -> dict:
     size = size or ("small" if device.type == "cpu" else "real")
     if size not in ("small", "real"):
         raise ValueError(f"expected size 'small' or 'real', got {size!r}")
-    sizes = SMALL if size == "small" else REAL
-    config = _config(sizes)
+    config = vision_tower_config(size)
     dtype = torch.float32 if size == "small" else torch.bfloat16
     cases = CPU_CASES if size == "small" else GPU_CASES
     state = _random_weights(config)
@@ -223,7 +204,7 @@ def run(device: torch.device, size: str | None = None) -> dict:
         "size": size,
         "load_average": os.getloadavg()[0] if device.type == "cpu" else None,
         "torch": torch.__version__,
-        "config": {**sizes, **COMMON},
+        "config": {key: getattr(config, key) for key in CONFIG_KEYS},
         "transformers_error": peer_error,
         "rows": rows,
     }

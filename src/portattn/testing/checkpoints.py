@@ -1,0 +1,283 @@
+"""Tiny random Hugging Face checkpoints of every supported family, and transformers' own outputs on them.
+
+The test suite, ``portattn demo`` and the CPU benchmarks all build their checkpoints here, so that
+a family's test checkpoint is one thing. Each config is built with transformers' config class and
+is small (hidden 64, vocab 256) but exercises what is distinctive about its family; weights are
+drawn from a seeded generator (``SEEDS``), and where transformers' initialisation leaves a feature
+inert (zero biases, unit norms, zero expert biases) those tensors are drawn at random too, so that a
+model that ignored them would not match.
+
+transformers is imported inside the functions: importing ``portattn.testing`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3")
+VISION_FAMILIES = ("qwen2_5_vl",)  # prompts carry images; transformers' image-text-to-text model
+FAMILIES = TEXT_FAMILIES + VISION_FAMILIES
+SEEDS = dict.fromkeys(("llama", "qwen2", "qwen3", "llama4"), 1234) | {"deepseek_v3": 7, "qwen2_5_vl": 0}
+ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama4": "Llama4ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+}
+
+COMMON = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
+
+# DeepSeek V3's two variants: tiny_config("deepseek_v3") is "yarn"; each variant sets the same keys,
+# so tiny_config("deepseek_v3", **DEEPSEEK_V3_VARIANTS[name]) gives either.
+DEEPSEEK_V3_VARIANTS = {
+    # q LoRA, interleaved rope with YaRN (attention factor and softmax mscale both != 1), 4 groups
+    # of 2 experts of which 2 groups are kept, renormalised top-2 weights.
+    "yarn": dict(
+        q_lora_rank=32,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        rope_interleave=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,  # max_position_embeddings / factor
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.7,
+        },
+    ),
+    # One q_proj, rotate-half rope without scaling, 2 groups of 4 (one kept), raw sigmoid weights.
+    "plain": dict(
+        q_lora_rank=None,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        rope_interleave=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+}
+
+# Qwen2.5-VL: special tokens at the top of the 256-token vocabulary, images of 4x4-pixel patches
+# over 2 frames merged 2x2; an image of grid (t, h, w) patches has t*h*w/4 pad tokens.
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = 248, 249, 250, 251
+PATCH_DIM = 3 * 2 * 4 * 4  # channels * temporal_patch_size * patch_size**2
+IMAGE_GRID = (1, 8, 8)  # image_prompts' grid: 4 windows of 2x2 merge units, 16 pad tokens
+
+
+def engine_families() -> tuple[str, ...]:
+    """The families whose architecture the engine runs (registered in :mod:`portattn.models`)."""
+    from ..models import supported_architectures
+
+    supported = set(supported_architectures())
+    return tuple(family for family in FAMILIES if ARCHITECTURES[family] in supported)
+
+
+def tiny_config(family: str, **overrides):
+    """transformers' config of ``family``'s tiny checkpoint; ``overrides`` replace its keyword arguments
+    (for ``"qwen2_5_vl"``: the top-level ones, ``text_config`` and ``vision_config`` whole)."""
+    import transformers
+
+    if family == "llama":  # llama3 rope scaling and tied embeddings
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0}
+        rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        kwargs = COMMON | dict(intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=True)
+        return transformers.LlamaConfig(**(kwargs | dict(rope_parameters=rope) | overrides))
+    if family in ("qwen2", "qwen3"):  # the second layer has a sliding window of 24 tokens
+        kwargs = COMMON | dict(intermediate_size=128, num_hidden_layers=2)
+        kwargs |= dict(use_sliding_window=True, sliding_window=24, max_window_layers=1)
+        if family == "qwen2":  # q/k/v biases (drawn at random by tiny_model)
+            return transformers.Qwen2Config(**(kwargs | overrides))
+        return transformers.Qwen3Config(**(kwargs | dict(head_dim=16) | overrides))  # and q/k norms
+    if family == "llama4":
+        # Chunked RoPE layers (0, 2) with chunk 32, NoPE layers (1, 3) with temperature tuning, MoE on
+        # layers 1 and 3 (4 experts, top-1, shared expert), dense MLPs on 0 and 2.
+        kwargs = COMMON | dict(intermediate_size=64, intermediate_size_mlp=128, num_hidden_layers=4, head_dim=16)
+        kwargs |= dict(num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2)
+        kwargs |= dict(no_rope_layer_interval=2, attention_chunk_size=32, floor_scale=8, attn_scale=0.5)
+        return transformers.Llama4TextConfig(**(kwargs | overrides))
+    if family == "deepseek_v3":  # MLA; a dense layer, then grouped top-k MoE with a shared expert
+        kwargs = COMMON | dict(num_key_value_heads=4, intermediate_size=96, num_hidden_layers=3)
+        kwargs |= dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+        kwargs |= dict(moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1)
+        kwargs |= dict(num_experts_per_tok=2, max_position_embeddings=256)
+        return transformers.DeepseekV3Config(**(kwargs | DEEPSEEK_V3_VARIANTS["yarn"] | overrides))
+    if family == "qwen2_5_vl":  # mrope language model; vision tower with window and full-attention blocks
+        mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        text = COMMON | dict(intermediate_size=128, num_hidden_layers=2, bos_token_id=0, eos_token_id=1)
+        vision = dict(depth=2, hidden_size=64, num_heads=4, intermediate_size=96, initializer_range=0.2)
+        vision |= dict(patch_size=4, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64)
+        vision |= dict(window_size=16, fullatt_block_indexes=[1])  # 2 x 2 merge units per window
+        kwargs = dict(text_config=text | dict(rope_parameters=mrope), vision_config=vision, image_token_id=IMAGE_PAD)
+        kwargs |= dict(video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+        return transformers.Qwen2_5_VLConfig(**(kwargs | overrides))
+    raise ValueError(f"expected a family in {FAMILIES}, got {family!r}")
+
+
+def tiny_model(family: str, *, seed: int | None = None, **overrides) -> torch.nn.Module:
+    """transformers' float32 model of ``tiny_config(family, **overrides)`` with random weights from
+    ``torch.manual_seed(seed)`` (default ``SEEDS[family]``); this reseeds torch's global generator."""
+    from transformers import AutoModelForCausalLM, Qwen2_5_VLForConditionalGeneration
+
+    config = tiny_config(family, **overrides)
+    torch.manual_seed(SEEDS[family] if seed is None else seed)
+    if family in VISION_FAMILIES:
+        return Qwen2_5_VLForConditionalGeneration(config)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        if family == "qwen2":
+            for name, param in model.named_parameters():
+                if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+                    param.normal_(0.0, 0.2)
+        if family == "deepseek_v3":  # norms and expert-score biases away from their neutral init
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.3 * torch.randn_like(param))
+            for layer in model.model.layers[config.first_k_dense_replace :]:
+                bias = layer.mlp.gate.e_score_correction_bias
+                bias.copy_(0.1 * torch.randn_like(bias))
+    return model
+
+
+def save_tiny_checkpoint(family: str, path: str | Path, *, seed: int | None = None, **overrides) -> str:
+    """Save :func:`tiny_model` with ``save_pretrained`` (config.json, model.safetensors) under ``path``;
+    returns ``str(path)``."""
+    tiny_model(family, seed=seed, **overrides).save_pretrained(path)
+    return str(path)
+
+
+def image_prompts(prompts: list[list[int]], seed: int = 0) -> list[dict]:
+    """Qwen2.5-VL prompts: each of ``prompts`` with a random ``IMAGE_GRID`` image (vision start, 16 pad
+    tokens, vision end) after its first two tokens, as :meth:`portattn.LLM.generate` takes them.
+    Token ids that collide with the special tokens are folded below ``VISION_START``."""
+    g = torch.Generator().manual_seed(seed)
+    t, h, w = IMAGE_GRID
+    out = []
+    for prompt in prompts:
+        ids = [x % VISION_START for x in prompt]
+        image = [VISION_START, *[IMAGE_PAD] * (t * h * w // 4), VISION_END]
+        data = {
+            "pixel_values": torch.randn(t * h * w, PATCH_DIM, generator=g),  # [t*h*w, PATCH_DIM]
+            "image_grid_thw": torch.tensor([IMAGE_GRID]),
+        }
+        out.append({"prompt_token_ids": ids[:2] + image + ids[2:], "multi_modal_data": data})
+    return out
+
+
+# -- vision towers alone -------------------------------------------------------------------------
+
+VISION_TOWER_SIZES = {
+    # The tower tests: head dim 16 (torch, sdpa) and head dim 80 (every backend, Qwen2.5-VL's real one).
+    "d16": dict(hidden_size=64, num_heads=4, intermediate_size=96),
+    "d80": dict(hidden_size=160, num_heads=2, intermediate_size=128),
+    # The CPU benchmark: a tower small enough to time in seconds on two cores.
+    "small": dict(depth=8, hidden_size=256, intermediate_size=512, num_heads=4, out_hidden_size=256)
+    | dict(fullatt_block_indexes=[3, 7]),
+    # Qwen2.5-VL-7B's tower.
+    "real": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584)
+    | dict(fullatt_block_indexes=[7, 15, 23, 31]),
+}
+_TOWER_TEST = dict(depth=4, patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16)
+_TOWER_TEST |= dict(out_hidden_size=32, fullatt_block_indexes=[1, 3])  # windows of 2 x 2 merge units
+_TOWER_BENCH = dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112, hidden_act="silu")
+
+
+def vision_tower_config(size: str):
+    """transformers' ``Qwen2_5_VLVisionConfig`` of a tower alone: ``"d16"`` / ``"d80"`` (the tower tests:
+    4 blocks, 2 of them full attention, patch 4) or ``"small"`` / ``"real"`` (the benchmark's: patch 14,
+    window 112 pixels)."""
+    from transformers import Qwen2_5_VLVisionConfig
+
+    return Qwen2_5_VLVisionConfig(**_vision_tower_kwargs(size))
+
+
+def _vision_tower_kwargs(size: str) -> dict:
+    if size not in VISION_TOWER_SIZES:
+        raise ValueError(f"expected a tower size in {list(VISION_TOWER_SIZES)}, got {size!r}")
+    return (_TOWER_TEST if size in ("d16", "d80") else _TOWER_BENCH) | VISION_TOWER_SIZES[size]
+
+
+def tiny_vision_tower_model(size: str, *, seed: int = 0) -> torch.nn.Module:
+    """A Qwen2.5-VL model (one-layer text model, vocab 128) around ``vision_tower_config(size)``, its
+    tower's weights drawn large enough that attention is far from uniform (a wrong window or a wrong
+    permutation shows in the output): norms ``1 + 0.3·N(0, 1)``, biases ``N(0, 0.3²)``, matrices
+    ``N(0, (1.5/√fan_in)²)``, from ``torch.manual_seed(seed)``."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    text = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    text |= dict(num_key_value_heads=1, rope_parameters=mrope)
+    vision = _vision_tower_kwargs(size)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for key, p in model.model.visual.named_parameters():
+            if "norm" in key or "ln_q" in key:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif key.endswith("bias"):
+                p.normal_(0.0, 0.3)
+            else:
+                p.normal_(0.0, 1.5 / p[0].numel() ** 0.5)
+    return model
+
+
+# -- transformers' outputs -----------------------------------------------------------------------
+
+
+class TransformersOutput(NamedTuple):
+    token_ids: list[int]  # greedy tokens, end-of-sequence ignored
+    logits: torch.Tensor  # [len(token_ids), V] float32, the logits each token was chosen from
+    prompt_logits: torch.Tensor  # [len(prompt), V] float32
+
+
+def transformers_model(path: str | Path) -> torch.nn.Module:
+    """transformers' float32 model of a checkpoint directory, in eval mode, with its end-of-sequence
+    token cleared (the engine's counterpart is ``SamplingParams(ignore_eos=True)``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    multimodal = hasattr(AutoConfig.from_pretrained(path), "vision_config")
+    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def transformers_generate(model: torch.nn.Module, prompt, max_new_tokens: int) -> TransformersOutput:
+    """Greedy generation of ``model`` (from :func:`transformers_model`) on one prompt: a list of token
+    ids, or ``{"prompt_token_ids": [...], "multi_modal_data": {"pixel_values", "image_grid_thw"}}``."""
+    images = {}
+    if isinstance(prompt, dict):
+        prompt, images = prompt["prompt_token_ids"], dict(prompt["multi_modal_data"])
+    ids = torch.tensor([list(prompt)])  # [1, n]
+    image_token = getattr(model.config, "image_token_id", None)
+    if image_token is not None:  # transformers 5 builds the 3-D rotary positions from the token types
+        images["mm_token_type_ids"] = (ids == image_token).int()
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),  # token 0 would otherwise be taken for padding
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            **images,
+        )
+        prompt_logits = model(ids, **images).logits[0]
+    return TransformersOutput(out.sequences[0, ids.shape[1] :].tolist(), torch.cat(out.logits), prompt_logits)
+
+
+def transformers_greedy(path: str | Path, prompts: list, max_tokens: int) -> list[list[int]]:
+    """transformers' greedy tokens for each prompt (as :func:`transformers_generate` takes them)."""
+    model = transformers_model(path)
+    return [transformers_generate(model, prompt, max_tokens).token_ids for prompt in prompts]
