@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
+
+from .arguments import doc
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20  # bytes, when neither num_pages nor kv_cache_memory is given
@@ -12,29 +15,39 @@ DEFAULT_KV_CACHE_MEMORY = 512 << 20  # bytes, when neither num_pages nor kv_cach
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Arguments of :class:`portattn.LLM`; ``dtype`` and ``device`` resolved to torch objects.
+    """Arguments of :class:`portattn.LLM` and flags of ``portattn generate``, one field each (help text
+    in the field's metadata); ``model`` becomes a ``str``, ``dtype`` and ``device`` torch objects."""
 
-    ``num_pages`` None sizes the pool from ``kv_cache_memory`` bytes (default 512 MiB), capped at
-    what ``max_num_seqs`` sequences of ``max_model_len`` tokens can use. ``max_model_len`` None means
-    the model's ``max_position_embeddings`` (capped by the pool). ``chunked_prefill_size`` is the
-    token budget of one forward (None: unlimited, prompts run whole). ``mm_attention_backend`` is
-    the varlen backend for vision encoders (kept for multimodal models; text models do not use it).
-    """
-
-    model: str
-    device: torch.device
-    dtype: torch.dtype
-    page_size: int = 16
-    attention_backend: str = "auto"
-    mm_attention_backend: str = "auto"
-    max_num_seqs: int = 64
-    num_pages: int | None = None
-    chunked_prefill_size: int | None = None
-    enable_prefix_caching: bool = False
-    max_model_len: int | None = None
-    kv_cache_memory: int | None = None
+    model: str = field(metadata=doc("Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer)"))
+    device: str | torch.device = field(default="cpu", metadata=doc("torch device: cpu, cuda, cuda:1, xpu, ..."))
+    dtype: str | torch.dtype = field(default="float32", metadata=doc("weights, activations, KV cache", choices=DTYPES))
+    page_size: int = field(default=16, metadata=doc("tokens per KV-cache page, any positive int"))
+    attention_backend: str = field(
+        default="auto", metadata=doc("language-model attention backend; auto: $PORTATTN_ATTENTION_BACKEND or fastest")
+    )
+    mm_attention_backend: str = field(
+        default="auto",
+        metadata=doc("vision-encoder attention backend; auto: $PORTATTN_MM_ATTENTION_BACKEND or fastest"),
+    )
+    max_num_seqs: int = field(default=64, metadata=doc("most sequences scheduled at once"))
+    num_pages: int | None = field(
+        default=None, metadata=doc("KV-cache pages (default: what kv_cache_memory holds, up to what max_num_seqs use)")
+    )
+    chunked_prefill_size: int | None = field(
+        default=None, metadata=doc("tokens per forward; longer prompts are prefilled in chunks (default: no limit)")
+    )
+    enable_prefix_caching: bool = field(default=False, metadata=doc("share full KV-cache pages of equal prefixes"))
+    max_model_len: int | None = field(
+        default=None, metadata=doc("longest prompt + output (default: max_position_embeddings); capped by the pool")
+    )
+    kv_cache_memory: int | None = field(
+        default=None, metadata=doc(f"KV-cache bytes without num_pages (default: {DEFAULT_KV_CACHE_MEMORY >> 20} MiB)")
+    )
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, os.PathLike)):
+            raise ValueError(f"expected model to be a checkpoint directory (str or path), got {self.model!r}")
+        object.__setattr__(self, "model", os.fspath(self.model))
         if isinstance(self.dtype, str):
             if self.dtype not in DTYPES:
                 raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")

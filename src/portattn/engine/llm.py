@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from ..models.base import MultimodalModel
 from ..runtime.multimodal import MultimodalData
+from .arguments import check_keywords, describe, keyword_signature
 from .config import EngineConfig
 from .engine import Engine
 from .sampling_params import SamplingParams
@@ -39,38 +40,16 @@ class LLM:
         print(out[0].text)
     """
 
-    def __init__(
-        self,
-        model: str,
-        device: str = "cpu",
-        dtype: str = "float32",
-        page_size: int = 16,
-        attention_backend: str = "auto",
-        mm_attention_backend: str = "auto",
-        max_num_seqs: int = 64,
-        num_pages: int | None = None,
-        chunked_prefill_size: int | None = None,
-        enable_prefix_caching: bool = False,
-        max_model_len: int | None = None,
-        kv_cache_memory: int | None = None,
-    ):
-        self.config = EngineConfig(
-            model=str(model),
-            device=device,
-            dtype=dtype,
-            page_size=page_size,
-            attention_backend=attention_backend,
-            mm_attention_backend=mm_attention_backend,
-            max_num_seqs=max_num_seqs,
-            num_pages=num_pages,
-            chunked_prefill_size=chunked_prefill_size,
-            enable_prefix_caching=enable_prefix_caching,
-            max_model_len=max_model_len,
-            kv_cache_memory=kv_cache_memory,
-        )
+    def __init__(self, model: str, **engine_args):
+        check_keywords(EngineConfig, engine_args, what="LLM")
+        self.config = EngineConfig(model=model, **engine_args)
         self.engine = Engine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._image_processor = None  # loaded on the first raw image
+
+    # help(LLM) and editors show EngineConfig's fields as the keywords, with their help text.
+    __init__.__signature__ = keyword_signature(EngineConfig, leading=("self", "model"))
+    __init__.__doc__ = "Keyword arguments (the fields of EngineConfig):\n\n" + describe(EngineConfig)
 
     def generate(
         self,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .arguments import doc
 
 
 @dataclass(frozen=True)
@@ -19,14 +21,20 @@ class SamplingParams:
     position (``[num_prompt_tokens, vocab]``) and makes the request skip the prefix cache.
     """
 
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    ignore_eos: bool = False
-    return_logits: bool = False
-    return_prompt_logits: bool = False
+    max_tokens: int = field(default=16, metadata=doc("most tokens generated per prompt"))
+    temperature: float = field(default=0.0, metadata=doc("softmax temperature; 0 is greedy"))
+    top_p: float = field(
+        default=1.0, metadata=doc("nucleus sampling: the smallest set of tokens with this much probability")
+    )
+    top_k: int = field(default=-1, metadata=doc("sample among the k likeliest tokens; -1 keeps all"))
+    seed: int | None = field(
+        default=None, metadata=doc("the request's own random generator's seed (default: torch's global one)")
+    )
+    ignore_eos: bool = field(default=False, metadata=doc("keep generating past an end-of-sequence token"))
+    return_logits: bool = field(default=False, metadata=doc("keep the logits each output token was sampled from"))
+    return_prompt_logits: bool = field(
+        default=False, metadata=doc("keep the logits at every prompt position (skips the prefix cache)")
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
