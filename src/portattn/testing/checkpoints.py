@@ -2,10 +2,10 @@
 
 The test suite, ``portattn demo`` and the CPU benchmarks all build their checkpoints here, so that
 a family's test checkpoint is one thing. Each config is built with transformers' config class and
-is small (hidden 64, vocab 256) but exercises what is distinctive about its family; weights are
-drawn from a seeded generator (``SEEDS``), and where transformers' initialisation leaves a feature
-inert (zero biases, unit norms, zero expert biases) those tensors are drawn at random too, so that a
-model that ignored them would not match.
+is small (hidden 64, vocab 256) but exercises what is distinctive about its family. Weights come
+from transformers' own initialisation under a fixed seed (``SEEDS``); where that initialisation would
+leave a family's feature inert, those tensors are drawn at random too (Qwen2's q/k/v biases, DeepSeek
+V3's norms and expert-score biases), so that a model that ignored them would not match.
 
 transformers is imported inside the functions: importing ``portattn.testing`` stays cheap.
 """
