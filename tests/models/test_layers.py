@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,23 +9,7 @@ import torch.nn.functional as F
 from portattn.models.layers import FusedMoE, GatedMLP, MergedLinear, QKVLinear, RMSNorm, WeightShapeError
 from portattn.models.layers.moe import DENSE_MAX_TOKENS
 from portattn.models.loader import load_state
-
-
-@contextlib.contextmanager
-def no_host_sync():
-    """Fail on the tensor methods that copy a device value to the host (the sync points of a step)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("host sync inside a region that must not sync")
-
-    saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__bool__", "__int__", "__float__")}
-    for name in saved:
-        setattr(torch.Tensor, name, refuse)
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
+from portattn.testing import no_host_sync
 
 
 def test_merged_linear_loads_each_checkpoint_tensor_into_its_rows():

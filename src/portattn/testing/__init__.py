@@ -3,6 +3,8 @@
 - :mod:`.reference`: dense float64 attention references and poisoned paged fixtures.
 - :mod:`.checkpoints`: tiny random Hugging Face checkpoints of every supported family and
   transformers' own outputs on them (transformers is imported only when one is built).
+- :mod:`.sync`: :func:`no_host_sync`, a guard that fails on device-to-host reads (the rule that a
+  model forward and a backend's per-layer calls never sync).
 """
 
 from .checkpoints import (
@@ -44,6 +46,7 @@ from .reference import (
     varlen_attention_ref,
     visible,
 )
+from .sync import no_host_sync
 
 __all__ = [
     "ARCHITECTURES",
@@ -69,6 +72,7 @@ __all__ = [
     "make_paged_case",
     "max_error",
     "mla_decode_ref",
+    "no_host_sync",
     "paged_attention_ref",
     "save_tiny_checkpoint",
     "tiny_config",

@@ -25,7 +25,7 @@ def visible(
     window_right: int = -1,
     chunk: int | None = None,
 ) -> torch.Tensor:
-    """``[n, L]`` mask, one predicate per rule of DESIGN.md."""
+    """``[n, L]`` mask, one predicate per rule of docs/design.md."""
     p, j = q_pos[:, None], k_pos[None, :]
     ok = torch.ones(p.shape[0], j.shape[1], dtype=torch.bool, device=q_pos.device)
     if causal:

@@ -1,0 +1,46 @@
+"""The plan step makes every host sync of an engine step: decode forwards of every family run under a
+guard that fails on any device-to-host read (the rule a captured decode graph depends on)."""
+
+from __future__ import annotations
+
+import pytest
+
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+from portattn.testing import image_prompts, no_host_sync
+
+from .conftest import checkpoint, hf_reference, random_prompts
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl"])
+def test_decode_forwards_do_not_sync(family, ckpt_root):
+    path = checkpoint(family, ckpt_root)
+    llm = LLM(path, page_size=4, num_pages=64)
+    model = llm.engine.model
+    forward, decodes = model.forward, []
+
+    def guarded(input_ids, positions, ctx):
+        if ctx.metadata.max_seqlen_q != 1:  # prefill may sync (MoE expert counts); decode may not
+            return forward(input_ids, positions, ctx)
+        decodes.append(len(ctx.metadata.q_lens))
+        with no_host_sync():
+            return forward(input_ids, positions, ctx)
+
+    model.forward = guarded
+    prompts = random_prompts([5, 9], seed=3)
+    inputs = image_prompts(prompts) if family == "qwen2_5_vl" else prompts
+    outs = llm.generate(inputs, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert decodes and max(decodes) == 2  # the guarded steps were batched decodes
+    if family != "qwen2_5_vl":
+        for prompt, out in zip(prompts, outs):
+            assert out.token_ids == hf_reference(path, tuple(prompt), 4)[0]
+
+
+def test_the_guard_sees_a_sync():
+    import torch
+
+    with pytest.raises(AssertionError, match=r"Tensor\.item"), no_host_sync():
+        torch.ones(2).sum().item()
+    with pytest.raises(AssertionError, match=r"Tensor\.__bool__"), no_host_sync():
+        bool(torch.ones(1) > 0)
+    assert torch.ones(1).item() == 1.0  # restored afterwards
