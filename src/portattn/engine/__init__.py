@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str):
-    if name in ("LLM", "RequestOutput"):
+    if name in ("LLM", "CompletionOutput", "RequestOutput"):
         from . import llm
 
         return getattr(llm, name)

@@ -13,7 +13,7 @@ from .config import EngineConfig
 from .sampling_params import SamplingParams
 
 # What the command does not print has no flag.
-NOT_FLAGS = ("return_logits", "return_prompt_logits")
+NOT_FLAGS = ("return_logits", "return_prompt_logits", "logprobs", "prompt_logprobs", "stop_token_ids")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,7 @@ def main(args: argparse.Namespace) -> int:
     for prompt, out in zip(prompts, llm.generate(prompts, params)):
         shown = prompt if isinstance(prompt, str) else out.prompt_token_ids
         print(f"prompt: {shown!r}")
-        print(f"output: {out.text!r}" if llm.tokenizer is not None else f"output ids: {out.token_ids}")
-        print(f"  ({len(out.token_ids)} tokens, finish: {out.finish_reason})")
+        for c in out.outputs:
+            print(f"output: {c.text!r}" if llm.tokenizer is not None else f"output ids: {c.token_ids}")
+            print(f"  ({len(c.token_ids)} tokens, finish: {c.finish_reason})")
     return 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 
-import torch
-
 from ..backends.base import Request
 from ..backends.registry import select_backend
 from ..models import loader
@@ -14,9 +12,11 @@ from ..paging import PageAllocator, num_pages_for
 from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
+from .sampler import sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -62,9 +62,11 @@ class Engine:
         )
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.chunked_prefill_size)
-        self.runner = ModelRunner(self.model, self.kv_pool, self.req_pool, self.backend)
+        self.runner = ModelRunner(self.model, self.kv_pool, self.req_pool, self.backend, frozenset(self.eos_token_ids))
         self._ids = itertools.count()
         self.requests: dict[int, Sequence] = {}
+        self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (recomputes included)
+        self.num_generated_tokens = 0
         logger.info(
             "engine: %d pages of %d tokens, max_len %d, backend %s",
             num_pages,
@@ -74,16 +76,32 @@ class Engine:
         )
 
     def add_request(
-        self, token_ids: list[int], params: SamplingParams, multimodal: MultimodalData | None = None
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        multimodal: MultimodalData | None = None,
+        *,
+        index: int = 0,
     ) -> Sequence:
+        """Queue one sequence: choice ``index`` of a request (its random stream is keyed by
+        ``(params.seed, index)``; :class:`SamplingParams` ``n`` is expanded by the caller)."""
         self.check_prompt(token_ids)
-        generator = None
-        if not params.greedy and params.seed is not None:
-            generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
-        seq = Sequence(next(self._ids), list(token_ids), params, generator, multimodal=multimodal)
+        self.check_params(params)
+        key = sample_key(params.seed, index)
+        seq = Sequence(next(self._ids), list(token_ids), params, key, index, multimodal=multimodal)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params)
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What the parameters ask that this model cannot give raises ``ValueError``."""
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"expected stop_token_ids below the vocabulary size {self.vocab_size}, got {bad}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("expected no stop strings: the model directory has no tokenizer, got stop")
 
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -107,21 +125,39 @@ class Engine:
         scheduled = self.scheduler.schedule()
         sampled = self.runner.step(scheduled)
         for seq, n in scheduled:
+            prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
+            self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
             seq.num_computed += n
             self.pages.commit(seq)
+        self.num_generated_tokens += len(sampled)
         finished = []
-        for seq, token in sampled.items():
+        for seq, (token, logprobs) in sampled.items():
             seq.token_ids.append(token)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs)
             reason = self._finish_reason(seq, token)
             if reason is not None:
+                if seq.detokenizer is not None:
+                    seq.detokenizer.flush()
                 self.scheduler.finish(seq, reason)
                 self.requests.pop(seq.request_id, None)
                 finished.append(seq)
         return finished
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in self.eos_token_ids and not seq.params.ignore_eos:
+        """Why ``seq`` stops after ``token`` (None: it goes on); updates its text and ``stop_reason``."""
+        params, detok = seq.params, seq.detokenizer
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            seq.stop_reason = token if token in params.stop_token_ids else None
+            if detok is not None and params.include_stop_str_in_output:
+                detok.append(token)
             return "stop"
-        if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_len:
+        if detok is not None:
+            grown = detok.append(token)
+            if params.stop and len(seq.output_token_ids) > params.min_tokens:
+                seq.stop_reason = detok.find_stop(grown)
+                if seq.stop_reason is not None:
+                    return "stop"
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_len:
             return "length"
         return None

@@ -18,13 +18,21 @@ from ..runtime.plan import plan_for_cache
 from .forward_batch import ForwardBatch
 from .multimodal import build_multimodal_batch
 from .req_pool import ReqToTokenPool
-from .sampler import sample
+from .sampler import SamplingBatch, TokenLogprobs, sample, to_host, token_logprobs, unpack_logprobs
 from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model, kv_pool: KVPool, req_pool: ReqToTokenPool, backend: AttentionBackend):
+    def __init__(
+        self,
+        model,
+        kv_pool: KVPool,
+        req_pool: ReqToTokenPool,
+        backend: AttentionBackend,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ):
         self.model = model
+        self.eos_token_ids = eos_token_ids  # banned while a request is short of min_tokens
         self.kv_pool = kv_pool
         self.req_pool = req_pool
         self.backend = backend
@@ -49,36 +57,68 @@ class ModelRunner:
         return batch, ForwardContext(self.backend, metadata, self.kv_pool, latent, multimodal)
 
     @torch.inference_mode()
-    def step(self, scheduled: list[tuple[Sequence, int]]) -> dict[Sequence, int]:
-        """Run the forward; returns the token sampled for each sequence whose tokens are now all computed."""
+    def step(self, scheduled: list[tuple[Sequence, int]]) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
+        """Run the forward; returns ``(token, its log-probabilities or None)`` for each sequence whose
+        tokens are now all computed. Sampled ids and log-probabilities reach the host in one transfer."""
         batch, ctx = self.plan(scheduled)
         hidden = self.model(batch.input_ids, batch.positions, ctx)
 
         # Rows of `hidden` that need logits: the last token of each finishing sequence, and the
-        # prompt positions of sequences that asked for prompt logits.
+        # prompt positions of sequences that asked for prompt logits or log-probabilities.
         sample_rows, sampling, prompt_rows = [], [], []
         start = 0
         for seq, n in scheduled:
-            if seq.params.return_prompt_logits:
-                first = max(seq.num_computed, seq.num_prompt_logits)
+            if seq.params.needs_prompt_logits:
+                first = max(seq.num_computed, seq.num_prompt_scored)
                 last = min(seq.num_computed + n, seq.num_prompt_tokens)
                 if first < last:
-                    prompt_rows.append((seq, start + first - seq.num_computed, last - first))
+                    prompt_rows.append((seq, start + first - seq.num_computed, first, last - first))
             if seq.num_computed + n == seq.num_tokens:
                 sample_rows.append(start + n - 1)
                 sampling.append(seq)
             start += n
         if not sample_rows and not prompt_rows:
             return {}
-        rows = sample_rows + [r for _, first, count in prompt_rows for r in range(first, first + count)]
+        rows = sample_rows + [r for _, row, _, count in prompt_rows for r in range(row, row + count)]
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)]).float()  # [N, V]
+        parts, prompt_parts = [], []
         offset = len(sample_rows)
-        for seq, _, count in prompt_rows:
-            seq.prompt_logits.append(logits[offset : offset + count].cpu())
+        for seq, _, first, count in prompt_rows:
+            seq_logits = logits[offset : offset + count]  # positions first .. first + count - 1
             offset += count
-        sample_logits = logits[: len(sample_rows)]
-        for i, seq in enumerate(sampling):
-            if seq.params.return_logits:
-                seq.logits.append(sample_logits[i].cpu())
-        tokens = sample(sample_logits, [s.params for s in sampling], [s.generator for s in sampling])
-        return dict(zip(sampling, tokens))
+            seq.num_prompt_scored = first + count
+            if seq.params.return_prompt_logits:
+                seq.prompt_logits.append(seq_logits.cpu())
+            scored = min(count, seq.num_prompt_tokens - 1 - first)  # position p scores prompt token p + 1
+            if seq.params.prompt_logprobs is not None and scored > 0:
+                nexts = seq.prompt_token_ids[first + 1 : first + 1 + scored]
+                target = torch.tensor(nexts, device=logits.device)
+                parts += token_logprobs(seq_logits[:scored], target, seq.params.prompt_logprobs)
+                prompt_parts.append((seq, nexts))
+        sampled: dict[Sequence, tuple[int, TokenLogprobs | None]] = {}
+        out = None
+        if sampling:
+            sample_logits = logits[: len(sample_rows)]
+            for i, seq in enumerate(sampling):
+                if seq.params.return_logits:
+                    seq.logits.append(sample_logits[i].cpu())
+            sbatch = SamplingBatch.build(sampling, self.eos_token_ids, sample_logits.shape[-1], logits.device)
+            out = sample(sample_logits, sbatch)
+            parts = [out.tokens, *parts]
+            if out.rows is not None:
+                parts += [out.rows, out.logprob, out.rank, out.top_ids, out.top_logprobs]
+        host = to_host(parts)
+        if out is not None:
+            tokens, host = host[0].tolist(), host[1:]
+            row_logprobs = {}
+            if out.rows is not None:
+                rows_, *lp = host[-5:]
+                host = host[:-5]
+                rows_ = rows_.tolist()
+                ks = [sampling[r].params.logprobs for r in rows_]
+                row_logprobs = dict(zip(rows_, unpack_logprobs([tokens[r] for r in rows_], *lp, ks)))
+            sampled = {seq: (tokens[i], row_logprobs.get(i)) for i, seq in enumerate(sampling)}
+        for j, (seq, nexts) in enumerate(prompt_parts):
+            lp = host[4 * j : 4 * j + 4]
+            seq.prompt_logprobs += unpack_logprobs(nexts, *lp, [seq.params.prompt_logprobs] * len(nexts))
+        return sampled

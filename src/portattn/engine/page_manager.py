@@ -47,7 +47,7 @@ class PageManager:
         At least one token is left to compute, so that the step that finishes the prompt has logits.
         """
         assert not seq.pages and seq.num_computed == 0
-        if not self.enable_prefix_caching or seq.params.return_prompt_logits:
+        if not self.enable_prefix_caching or seq.params.needs_prompt_logits:
             return 0
         size, parent = self.page_size, b""
         for p in range((seq.num_tokens - 1) // size):

@@ -1,32 +1,253 @@
-"""Greedy, temperature, top-k and top-p sampling, with a generator per seeded request."""
+"""Sampling for the whole batch on the logits' device, in a few batched tensor ops.
+
+One step's rows go through: log-probabilities of the raw logits (rows that asked) -> ``min_tokens``
+bans -> penalties -> greedy argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw.
+Every per-request value is a ``[N]`` tensor, so no Python loop touches the vocabulary.
+
+Randomness is counter-based: the uniform variate of row ``r``, token ``v`` is a hash of the
+request's 64-bit key, the number of tokens the request has generated so far, and ``v``; the draw is
+the Gumbel-max trick (``argmax(logits / T - log(-log u))`` samples from ``softmax(logits / T)``).
+A request's samples are therefore a function of its own key and position alone: they do not depend
+on which other requests share the batch, on the batch order, or on preemption (a recomputed request
+regenerates the same variates), and no per-request generator state has to be stored, advanced or
+moved between devices. A per-request ``torch.Generator`` would give the first two properties too, but
+forces one ``multinomial`` call per row; the hash keeps the step to a handful of batched kernels.
+The key is ``blake2b(seed, choice index)`` for a seeded request and a draw from torch's global
+generator otherwise.
+
+The results cross to the host once per step (:func:`to_host`): the sampled ids, plus the
+log-probabilities where a request asked for them.
+"""
 
 from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
 
 import torch
 
 from .sampling_params import SamplingParams
+from .sequence import Sequence
+
+_M32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # odd, < 2^31: products of 32-bit values stay below 2^63 in int64
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature-scaled ``[V]`` float32 logits with tokens outside top-k / top-p set to -inf."""
-    logits = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep the smallest head of the distribution whose mass reaches top_p (the top token always).
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
-        logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities at one position: the chosen token's, its rank (1 = likeliest), and the top k."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+def sample_key(seed: int | None, index: int = 0) -> int:
+    """A request's 63-bit random key: a hash of ``(seed, index)``, or a draw from torch's global generator."""
+    if seed is None:
+        return int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    data = seed.to_bytes((seed.bit_length() + 8) // 8 + 1, "little", signed=True) + index.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) of an int64 tensor with values in [0, 2^32)."""
+    x = ((x ^ (x >> 16)) * _MIX) & _M32
+    x = ((x ^ (x >> 16)) * _MIX) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(keys: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[N, V]`` float32 uniform variates in (0, 1), a pure function of ``(keys[r], steps[r], v)``."""
+    row = _mix32((keys & _M32) ^ _mix32(((keys >> 32) & _M32) ^ _mix32(steps & _M32)))  # [N]
+    row2 = _mix32(row ^ 0x5BD1E995)  # [N], a second, independent word for the row
+    col = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.int64))  # [V]
+    h = _mix32((_mix32(row[:, None] ^ col[None, :]) + row2[:, None]) & _M32)  # [N, V]
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 0 or 1
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingBatch:
+    """The per-row sampling parameters of one step as device tensors (``N`` rows)."""
+
+    params: list[SamplingParams]
+    greedy: torch.Tensor  # [N] bool
+    temperature: torch.Tensor  # [N] float32, 1 on greedy rows
+    top_k: torch.Tensor | None  # [N] int64, V for "all"; None when no row filters
+    top_p: torch.Tensor | None  # [N] float32
+    min_p: torch.Tensor | None  # [N] float32
+    keys: torch.Tensor | None  # [N] int64, None when every row is greedy
+    steps: torch.Tensor | None  # [N] int64 tokens generated so far
+    banned: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) masked to -inf (min_tokens)
+    penalties: tuple[torch.Tensor, ...] | None  # (presence, frequency, repetition [N], output ids, prompt ids)
+    logprob_rows: torch.Tensor | None  # [R] rows that asked for log-probabilities
+    num_logprobs: int  # the most top log-probabilities any row asked for
+
+    @classmethod
+    def build(cls, seqs: list[Sequence], eos_token_ids: set[int], vocab_size: int, device) -> SamplingBatch:
+        params = [s.params for s in seqs]
+
+        def column(values, dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device)
+
+        greedy = [p.greedy for p in params]
+        all_greedy = all(greedy)
+        top_k = top_p = min_p = keys = steps = None
+        if not all_greedy:
+            if any(p.top_k > 0 for p in params):
+                top_k = column([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64)
+            if any(p.top_p < 1 for p in params):
+                top_p = column([p.top_p for p in params], torch.float32)
+            if any(p.min_p > 0 for p in params):
+                min_p = column([p.min_p for p in params], torch.float32)
+            keys = column([s.sample_key for s in seqs], torch.int64)
+            steps = column([len(s.token_ids) - s.num_prompt_tokens for s in seqs], torch.int64)
+        rows, ids = [], []
+        for i, s in enumerate(seqs):
+            if len(s.token_ids) - s.num_prompt_tokens < s.params.min_tokens:
+                ban = set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else eos_token_ids)
+                ban = sorted(t for t in ban if t < vocab_size)
+                rows += [i] * len(ban)
+                ids += ban
+        banned = (column(rows, torch.int64), column(ids, torch.int64)) if rows else None
+        penalties = None
+        if any(p.has_penalties for p in params):
+            outputs = [s.output_token_ids for s in seqs]
+            prompts = [s.prompt_token_ids if s.params.repetition_penalty != 1 else [] for s in seqs]
+            penalties = (
+                column([p.presence_penalty for p in params], torch.float32),
+                column([p.frequency_penalty for p in params], torch.float32),
+                column([p.repetition_penalty for p in params], torch.float32),
+                column(_padded(outputs, vocab_size), torch.int64),
+                column(_padded(prompts, vocab_size), torch.int64),
+            )
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        return cls(
+            params=params,
+            greedy=column(greedy, torch.bool),
+            temperature=column([1.0 if p.greedy else p.temperature for p in params], torch.float32),
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            keys=keys,
+            steps=steps,
+            banned=banned,
+            penalties=penalties,
+            logprob_rows=column(wanted, torch.int64) if wanted else None,
+            num_logprobs=max((params[i].logprobs for i in wanted), default=0),
+        )
+
+
+def _padded(rows: list[list[int]], pad: int) -> list[list[int]]:
+    width = max(1, max(map(len, rows)))
+    return [r + [pad] * (width - len(r)) for r in rows]
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Ban tokens (``min_tokens``), then the presence, frequency and repetition penalties; ``[N, V]``."""
+    if batch.banned is not None:
+        logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
+    if batch.penalties is not None:
+        presence, frequency, repetition, output_ids, prompt_ids = batch.penalties
+        n, vocab = logits.shape
+        counts = torch.zeros(n, vocab + 1, device=logits.device)  # column V absorbs the padding
+        counts.scatter_add_(1, output_ids, torch.ones_like(output_ids, dtype=counts.dtype))
+        counts = counts[:, :vocab]  # [N, V] occurrences in the output
+        seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=logits.device)
+        seen.scatter_(1, prompt_ids, True)
+        seen = seen[:, :vocab] | (counts > 0)  # [N, V] in the prompt or the output
+        rep = repetition[:, None]
+        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of ``logits [N, V]``; a single host sync for the whole batch."""
+def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature-scaled ``[N, V]`` logits with tokens outside ``min_p`` / ``top_k`` / ``top_p`` at -inf."""
+    logits = logits / batch.temperature[:, None]
+    if batch.min_p is not None:
+        probs = torch.softmax(logits, dim=-1)
+        floor = batch.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    if batch.top_k is None and batch.top_p is None:
+        return logits
+    ordered, order = torch.sort(logits, dim=-1, descending=True)  # [N, V]
+    if batch.top_k is not None:
+        kth = ordered.gather(1, (batch.top_k - 1).clamp(max=logits.shape[-1] - 1)[:, None])  # [N, 1]
+        ordered = ordered.masked_fill(ordered < kth, float("-inf"))  # ties with the k-th value stay
+    if batch.top_p is not None:
+        probs = torch.softmax(ordered, dim=-1)
+        # Keep the smallest head whose mass reaches top_p (the likeliest token always stays).
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= batch.top_p[:, None]
+        drop &= (batch.top_p < 1)[:, None]
+        drop[:, 0] = False
+        ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, ordered)
+
+
+@dataclass(frozen=True, eq=False)
+class SamplerOutput:
+    """Device tensors of one step: ``tokens [N]``, and for ``rows [R]`` that asked for log-probabilities
+    the chosen token's ``logprob [R]`` and ``rank [R]`` and the ``top_ids / top_logprobs [R, k]``."""
+
+    tokens: torch.Tensor
+    rows: torch.Tensor | None = None
+    logprob: torch.Tensor | None = None
+    rank: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """One token per row of ``logits [N, V]`` (float32), on the logits' device, with no host sync."""
+    raw = logits
+    logits = apply_penalties(logits, batch)
     tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
-    for i, p in enumerate(params):
-        if not p.greedy:
-            probs = torch.softmax(filter_logits(logits[i], p), dim=-1)
-            tokens[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
-    return tokens.tolist()
+    if batch.keys is not None:
+        scores = filter_logits(logits, batch)
+        u = uniform_noise(batch.keys, batch.steps, logits.shape[-1])
+        drawn = torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)
+        tokens = torch.where(batch.greedy, tokens, drawn)
+    if batch.logprob_rows is None:
+        return SamplerOutput(tokens)
+    rows = batch.logprob_rows
+    chosen = tokens[rows]
+    logprob, rank, top_ids, top_logprobs = token_logprobs(raw[rows], chosen, batch.num_logprobs)
+    return SamplerOutput(tokens, rows, logprob, rank, top_ids, top_logprobs)
+
+
+def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """``log_softmax(logits [R, V])`` at ``chosen [R]``, the chosen token's rank, and the top ``k``."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
+    picked = logprobs.gather(1, chosen[:, None])  # [R, 1]
+    rank = (logprobs > picked).sum(dim=-1) + 1  # [R]
+    top = torch.topk(logprobs, k, dim=-1)  # [R, k]
+    return picked[:, 0], rank, top.indices, top.values
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy several small device tensors to the host in one transfer.
+
+    They are packed into one float64 vector (exact for integer ids below 2^53 and for float32
+    values), copied once, and split back to their shapes and dtypes on the host.
+    """
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start : start + t.numel()].reshape(t.shape).to(t.dtype))
+        start += t.numel()
+    return out
+
+
+def unpack_logprobs(token_ids: list[int], logprob, rank, top_ids, top_logprobs, ks: list[int]) -> list[TokenLogprobs]:
+    """Host tensors of log-probabilities (``[R]``, ``[R]``, ``[R, k]``, ``[R, k]``) -> one
+    :class:`TokenLogprobs` per row, with row ``i``'s chosen token ``token_ids[i]`` and top ``ks[i]``."""
+    logprob, rank, top_ids, top_logprobs = logprob.tolist(), rank.tolist(), top_ids.tolist(), top_logprobs.tolist()
+    return [
+        TokenLogprobs(t, logprob[i], int(rank[i]), tuple(top_ids[i][: ks[i]]), tuple(top_logprobs[i][: ks[i]]))
+        for i, t in enumerate(token_ids)
+    ]

@@ -10,10 +10,13 @@ tokens, which it keeps.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from .page_manager import PageManager
 from .sequence import Sequence, Status
+
+logger = logging.getLogger("portattn")
 
 
 class Scheduler:
@@ -83,6 +86,11 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+        logger.info(
+            "preempted request %s (out of KV pages); %d preemptions so far",
+            seq.request_id,
+            self.num_preemptions,
+        )
 
     def _release(self, seq: Sequence) -> None:
         self.pages.release(seq)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..runtime.multimodal import MultimodalData
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .detokenizer import IncrementalDetokenizer
+    from .sampler import TokenLogprobs
 
 
 class Status(enum.Enum):
@@ -24,6 +29,9 @@ class Sequence:
     The K/V of ``token_ids[:num_computed]`` are in the pool; ``pages[p]`` holds tokens
     ``p * P .. p * P + P - 1``. ``page_hashes[p]`` is the prefix-cache key of full, computed page ``p``.
     ``multimodal`` holds the prompt's images (``None`` for a text prompt).
+    ``sample_key`` keys the sequence's random stream (see :mod:`.sampler`); ``index`` is its choice
+    number among the ``n`` of its request. ``detokenizer`` holds the output's text (``None`` without a
+    tokenizer). ``stop_reason`` is the stop string or stop token id that finished it, if any.
     After a step that computes the last token, one new token is sampled and appended, so a running
     sequence in decode has ``num_computed == num_tokens - 1``.
     """
@@ -31,7 +39,8 @@ class Sequence:
     request_id: int
     prompt_token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None = None
+    sample_key: int = 0
+    index: int = 0
     token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     pages: list[int] = field(default_factory=list)
@@ -39,10 +48,15 @@ class Sequence:
     req_pool_idx: int | None = None
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
     num_preemptions: int = 0
     logits: list[torch.Tensor] = field(default_factory=list)
     prompt_logits: list[torch.Tensor] = field(default_factory=list)
+    num_prompt_scored: int = 0  # prompt positions whose logits were taken (prompt logits / logprobs)
     multimodal: MultimodalData | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # prompt tokens 1.., when asked
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -59,7 +73,3 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def num_prompt_logits(self) -> int:
-        return sum(t.shape[0] for t in self.prompt_logits)

@@ -1,0 +1,78 @@
+"""Output tokens -> text as they are generated, and stop strings matched on that text."""
+
+from __future__ import annotations
+
+from .sampling_params import SamplingParams
+
+
+class IncrementalDetokenizer:
+    """The text of one sequence's output tokens, extended one token at a time.
+
+    ``text`` always equals ``tokenizer.decode(tokens, skip_special_tokens=...)`` of the tokens given
+    so far, cut at a stop string: each step decodes only a short window (the tokens since the last
+    complete character, after a few tokens of context), and takes the part of the window's text past
+    the context. A window whose text ends in an incomplete UTF-8 sequence (the replacement character)
+    waits for the next token.
+
+    Streaming: :meth:`streamable` holds back the last ``len(longest stop string) - 1`` characters
+    while the sequence runs, so that a stop string that is still forming is never sent and then
+    retracted; joined deltas equal the final ``text``.
+    """
+
+    def __init__(self, tokenizer, params: SamplingParams):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = params.skip_special_tokens
+        self.stop = params.stop
+        self.include_stop = params.include_stop_str_in_output
+        longest = max(map(len, self.stop), default=0)
+        self.holdback = 0 if self.include_stop or not longest else longest - 1
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # start of the context window
+        self.read_offset = 0  # tokens before this are in `text`
+        self.text = ""
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def append(self, token_id: int) -> int:
+        """Add one token; returns how many characters ``text`` grew by."""
+        self.ids.append(token_id)
+        context = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        window = self._decode(self.ids[self.prefix_offset :])
+        if len(window) <= len(context) or window.endswith("\ufffd"):
+            return 0
+        delta = window[len(context) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += delta
+        return len(delta)
+
+    def flush(self) -> None:
+        """At the end: add what waited for more bytes (as ``decode`` renders it: replacement characters)."""
+        if self.stopped or self.read_offset == len(self.ids):
+            return
+        context = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        self.text += self._decode(self.ids[self.prefix_offset :])[len(context) :]
+        self.read_offset = len(self.ids)
+
+    def find_stop(self, num_new_chars: int) -> str | None:
+        """The stop string that the last ``num_new_chars`` characters completed (the earliest in the text),
+        with ``text`` cut before it (or after it, with ``include_stop_str_in_output``); else None."""
+        if not num_new_chars or not self.stop:
+            return None
+        best = None
+        for stop in self.stop:
+            start = max(0, len(self.text) - num_new_chars - len(stop) + 1)
+            at = self.text.find(stop, start)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, stop)
+        if best is None:
+            return None
+        at, stop = best
+        self.text = self.text[: at + len(stop)] if self.include_stop else self.text[:at]
+        self.stopped = True
+        return stop
+
+    def streamable(self, finished: bool) -> int:
+        """How many characters of ``text`` may be sent to a client now."""
+        return len(self.text) if finished else max(0, len(self.text) - self.holdback)

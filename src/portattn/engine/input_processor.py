@@ -1,0 +1,165 @@
+"""Prompts -> token ids (+ images): plain text, token ids, dicts with images, and chat messages
+through the checkpoint's chat template. Shared by :class:`portattn.LLM` and the HTTP server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..models.base import MultimodalModel
+from ..runtime.multimodal import MultimodalData
+
+
+class InputProcessor:
+    """Turns prompts into ``(token ids, images)`` for one loaded model.
+
+    ``tokenizer`` may be ``None`` (a directory without one): then only token-id prompts work.
+    """
+
+    def __init__(self, model, tokenizer, model_dir: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self._image_processor = None  # loaded on the first raw image
+        self._token_texts: dict[int, str] = {}
+
+    # -- text --------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """``text`` -> token ids; ``add_special_tokens`` adds what the tokenizer adds (a BOS, say)."""
+        if self.tokenizer is None:
+            raise ValueError("expected token-id prompts: the model directory has no tokenizer, got a str")
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token (special tokens included), as log-probabilities name it."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+            self._token_texts[token_id] = text
+        return text
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
+
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> tuple[str, list[int]]:
+        """One conversation -> ``(rendered text, token ids)`` through the chat template.
+
+        ``messages`` are ``{"role": str, "content": str | [{"type": "text", "text": str}, ...]}``.
+        The rendered text is tokenized without adding special tokens: the template writes its own
+        (a BOS, say), so none is doubled. ``chat_template`` overrides the checkpoint's template.
+        """
+        if self.tokenizer is None:
+            raise ValueError("expected a model directory with a tokenizer for chat, got none")
+        if chat_template is None and not self.has_chat_template:
+            raise ValueError(
+                f"expected a chat template in the tokenizer of {self.model_dir!r} (tokenizer_config.json "
+                "'chat_template' or chat_template.jinja), got none; pass chat_template= or use generate()"
+            )
+        messages = [_text_message(i, m) for i, m in enumerate(_messages(messages))]
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("expected add_generation_prompt=False with continue_final_message=True, got both True")
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+        )
+        return text, self.tokenize(text, add_special_tokens=False)
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    def process(self, prompt) -> tuple[list[int], MultimodalData | None]:
+        """``(token ids, images)`` of one prompt: a str, a list of ids, or a dict with
+        ``"prompt"`` or ``"prompt_token_ids"`` and optionally ``"multi_modal_data"``."""
+        data = None
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+            if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+                raise ValueError(
+                    "expected a dict with 'prompt_token_ids' or 'prompt' (and optionally 'multi_modal_data'), "
+                    f"got keys {sorted(prompt)}"
+                )
+            data = prompt.get("multi_modal_data")
+            prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
+        if isinstance(prompt, str):
+            token_ids = self.tokenize(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = list(prompt)
+        else:
+            raise ValueError(f"expected a prompt as str, list[int] or dict, got {type(prompt).__name__}")
+        if not isinstance(self.model, MultimodalModel):
+            if data is not None:
+                raise ValueError(f"expected a text-only prompt for {type(self.model).__name__}, got images")
+            return token_ids, None
+        model = self.model
+        if data is None:
+            return token_ids, model.multimodal_data(token_ids, None, None)
+        if not isinstance(data, dict) or not data:
+            raise ValueError(f"expected multi_modal_data as a dict, got {data!r}")
+        if set(data) == {"image"}:
+            pixel_values, grid_thw = self._process_images(data["image"])
+            token_ids = model.expand_placeholders(token_ids, grid_thw)
+        elif set(data) == {"pixel_values", "image_grid_thw"}:
+            pixel_values, grid_thw = data["pixel_values"], data["image_grid_thw"]
+        else:
+            raise ValueError(
+                "expected multi_modal_data keys {'pixel_values', 'image_grid_thw'} or {'image'}, "
+                f"got {sorted(data)}"
+            )
+        return token_ids, model.multimodal_data(token_ids, pixel_values, grid_thw)
+
+    def _process_images(self, images) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw images (PIL or arrays) -> ``(pixel_values, image_grid_thw)`` by the checkpoint's processor."""
+        try:
+            import PIL  # noqa: F401  (the Qwen-VL image processors need it without torchvision)
+        except ImportError as err:
+            raise ImportError("raw images in multi_modal_data need pillow: pip install pillow") from err
+        if self._image_processor is None:
+            if not (Path(self.model_dir) / "preprocessor_config.json").is_file():
+                raise ValueError(
+                    "expected preprocessor_config.json in the checkpoint directory to process raw images, got none; "
+                    "pass 'pixel_values' and 'image_grid_thw' instead"
+                )
+            from transformers import AutoImageProcessor
+
+            self._image_processor = AutoImageProcessor.from_pretrained(self.model_dir)
+        images = list(images) if isinstance(images, (list, tuple)) else [images]
+        out = self._image_processor(images=images, return_tensors="pt")
+        return out["pixel_values"], out["image_grid_thw"]
+
+
+def _messages(messages) -> list:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"expected messages as a non-empty list of {{'role', 'content'}} dicts, got {messages!r}")
+    return list(messages)
+
+
+def _text_message(i: int, message) -> dict:
+    """A message with its content as one string (text parts joined), checked."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
+        raise ValueError(f"expected messages[{i}] to be a dict with 'role' (str) and 'content', got {message!r}")
+    content = message["content"]
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"expected messages[{i}].content[{j}] to be a text part {{'type': 'text', 'text': str}} "
+                    f"(images go through generate's multi_modal_data), got {part!r}"
+                )
+            parts.append(part["text"])
+        content = "\n".join(parts)
+    elif content is not None and not isinstance(content, str):
+        raise ValueError(f"expected messages[{i}].content to be a str or a list of text parts, got {content!r}")
+    return {**message, "content": content if content is not None else ""}
