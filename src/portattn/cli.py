@@ -1,4 +1,4 @@
-"""The ``portattn`` command line: ``portattn check``, ``portattn generate``, ``portattn demo``."""
+"""The ``portattn`` command line: ``portattn check``, ``generate``, ``serve`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     generate_parser = sub.add_parser("generate", help="generate from a Hugging Face checkpoint directory")
     engine_cli.add_arguments(generate_parser)
     generate_parser.set_defaults(run=engine_cli.main)
+
+    from .server import cli as serve_cli
+
+    serve_parser = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
+    serve_cli.add_arguments(serve_parser)
+    serve_parser.set_defaults(run=serve_cli.main)
 
     demo_parser = sub.add_parser(
         "demo", help="tiny random checkpoints of each family through the engine, checked against transformers"

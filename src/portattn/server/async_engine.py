@@ -1,0 +1,231 @@
+"""An asyncio front over the engine: one thread owns the engine and steps it; requests are added and
+aborted while it runs, through a queue it drains before every step; each step's new tokens go to
+their HTTP handlers' asyncio queues.
+
+The engine is not thread-safe, so every call into it (add, abort, step) happens on that thread.
+Handlers only read finished sequences and the statistics snapshot the thread publishes after each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ..engine.engine import Engine
+from ..engine.input_processor import InputProcessor
+from ..engine.outputs import RequestOutput, RequestState
+from ..engine.sampling_params import SamplingParams
+from ..engine.sequence import Status
+
+logger = logging.getLogger("portattn")
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What ``/metrics`` reports about the engine, as of the last step."""
+
+    running: int = 0  # sequences scheduled
+    waiting: int = 0  # sequences queued (preempted ones included)
+    waiting_requests: int = 0  # requests none of whose sequences has started, not yet-to-be-added ones
+    pages_used: int = 0
+    pages_free: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    queried_prompt_tokens: int = 0  # prompt tokens of the sequences added
+    preemptions: int = 0
+    steps: int = 0
+
+
+class RequestStream:
+    """One HTTP request's engine requests (one per prompt): yields ``(prompt index, delta output)``
+    as steps produce them, until every prompt's request has finished."""
+
+    def __init__(self, async_engine: AsyncEngine, request_id: str, num_prompts: int):
+        self.engine = async_engine
+        self.request_id = request_id
+        self.states: list[RequestState] = []  # one per prompt, made on the engine thread
+        self.num_prompts = num_prompts
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+
+    def push(self, item) -> None:  # engine thread
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        remaining = self.num_prompts
+        while remaining:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            index, out = item
+            if out.finished:
+                remaining -= 1
+            yield index, out
+        self.finished = True
+
+    def abort(self) -> None:
+        """Abort what is unfinished (at the engine thread's next turn: pages go back before its next step)."""
+        if not self.finished:
+            self.engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    """Owns ``engine`` on a thread started by :meth:`start`; ``max_queue`` bounds the requests waiting."""
+
+    def __init__(self, engine: Engine, *, max_queue: int | None = None):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.stats = EngineStats()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._pending = 0  # requests submitted, not yet added by the engine thread
+        self._pending_lock = threading.Lock()
+        self._streams: dict[str, RequestStream] = {}  # engine thread only
+        self._queried = 0
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self.error: BaseException | None = None
+        # Token texts for log-probabilities, made on the engine thread with the engine's tokenizer
+        # (a tokenizer is not shared between threads).
+        self._texts = InputProcessor(engine.model, engine.tokenizer, engine.config.model)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="portattn-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- front (event loop) ------------------------------------------------------------------
+
+    def queue_full(self) -> bool:
+        if self.max_queue is None:
+            return False
+        with self._pending_lock:
+            pending = self._pending
+        return self.stats.waiting_requests + pending >= self.max_queue
+
+    def submit(
+        self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams
+    ) -> RequestStream:
+        """Queue one engine request per ``(prompt text, token ids)``; their outputs come on the stream."""
+        stream = RequestStream(self, request_id, len(prompts))
+        with self._pending_lock:
+            self._pending += 1
+        self._inbox.put(("add", stream, prompts, params))
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    # -- engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop:
+            self._drain()
+            if not engine.has_unfinished():
+                self._publish()
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                engine.step()
+                self._emit()
+            except Exception as err:  # the engine is broken: fail every request and stop taking new ones
+                logger.exception("engine step failed")
+                self.error = err
+                for stream in self._streams.values():
+                    stream.push(RuntimeError(f"engine step failed: {err}"))
+                self._streams.clear()
+                break
+            self._publish()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "add":
+                _, stream, prompts, params = msg
+                with self._pending_lock:
+                    self._pending -= 1
+                self._add(stream, prompts, params)
+            else:
+                self._abort(msg[1])
+
+    def _add(self, stream: RequestStream, prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> None:
+        added = []
+        try:
+            for i, (text, ids) in enumerate(prompts):
+                seqs = []
+                for j in range(params.n):
+                    seqs.append(self.engine.add_request(ids, params, index=j))
+                    added.append(seqs[-1])
+                stream.states.append(RequestState(f"{stream.request_id}-{i}", text, seqs, self._texts.token_text))
+                self._queried += len(ids) * params.n
+        except ValueError as err:  # the handler checked already: nothing else to blame
+            for seq in added:
+                self.engine.abort(seq.request_id)
+            stream.push(err)
+            return
+        self._streams[stream.request_id] = stream
+
+    def _abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        for state in stream.states:
+            for seq in state.seqs:
+                if seq.request_id in self.engine.requests:
+                    self.engine.abort(seq.request_id)
+
+    def _emit(self) -> None:
+        done = []
+        for request_id, stream in self._streams.items():
+            for i, state in enumerate(stream.states):
+                out = state.output(delta=True)
+                if out is not None:
+                    stream.push((i, out))
+            if all(state.finished for state in stream.states):
+                done.append(request_id)
+        for request_id in done:
+            del self._streams[request_id]
+
+    def _publish(self) -> None:
+        engine = self.engine
+        scheduler = engine.scheduler
+        waiting_requests = sum(
+            all(seq.status is Status.WAITING and not seq.token_ids[seq.num_prompt_tokens :] for seq in state.seqs)
+            for stream in self._streams.values()
+            for state in stream.states
+        )
+        self.stats = EngineStats(
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            waiting_requests=waiting_requests,
+            pages_used=engine.allocator.num_used,
+            pages_free=engine.allocator.num_free,
+            cached_prompt_tokens=engine.pages.num_cached_tokens,
+            queried_prompt_tokens=self._queried,
+            preemptions=scheduler.num_preemptions,
+            steps=self.stats.steps + 1,
+        )

@@ -1,0 +1,199 @@
+"""The OpenAI API's request bodies (with vLLM's extra sampling fields) and their mapping to
+:class:`SamplingParams`; OpenAI-style error bodies."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.sampling_params import SamplingParams
+
+# Fields of the OpenAI API that this server does not implement: a request that sets one gets a 400
+# naming it (rather than silently different behaviour). Unknown fields get a 422.
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "suffix", "audio", "prediction")
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Fields both endpoints share: OpenAI's, then vLLM's extras (sent with the client's ``extra_body``)."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: int | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # Present in the OpenAI API, not implemented here (a 400 names them).
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    suffix: Any = None
+    audio: Any = None
+    prediction: Any = None
+    # vLLM's extras.
+    top_k: int | None = None
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def check_supported(self) -> None:
+        for name in UNSUPPORTED:
+            if getattr(self, name) is not None:
+                raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported by this server", param="logit_bias", code="unsupported")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """The engine's parameters; a value it refuses becomes a 400 naming the field."""
+        try:
+            return SamplingParams(
+                n=self.n,
+                max_tokens=max_tokens,
+                min_tokens=self.min_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=-1 if self.top_k is None else self.top_k,
+                min_p=self.min_p,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty,
+                seed=self.seed,
+                stop=self.stop or (),
+                stop_token_ids=self.stop_token_ids or (),
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                prompt_logprobs=self.prompt_logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+            )
+        except ValueError as err:
+            raise APIError(400, str(err), param=_param_of(str(err)), code="invalid_value") from None
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``. ``prompt``: a string, a list of strings, token ids, or lists of them."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1)
+
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+        if isinstance(prompt[0], int):
+            return [prompt]
+        if any(isinstance(p, list) and not p for p in prompt):
+            raise APIError(400, "prompt must not hold an empty list of token ids", param="prompt")
+        return list(prompt)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise APIError(400, "best_of other than n is not supported by this server", param="best_of")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the template as they are
+
+    role: str
+    content: str | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+    # vLLM's extras for templates.
+    chat_template: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def message_dicts(self) -> list[dict]:
+        out = []
+        for m in self.messages:
+            d = m.model_dump(exclude_none=True)
+            if isinstance(m.content, list):
+                d["content"] = [part.model_dump() for part in m.content]
+            out.append(d)
+        return out
+
+
+def _param_of(message: str) -> str | None:
+    """The field an engine message names: ``"expected top_k to be ..."`` -> ``"top_k"``."""
+    words = message.split()
+    if len(words) > 1 and words[0] == "expected":
+        name = words[1].rstrip(",:")
+        return name if name.isidentifier() else None
+    return None
