@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("aiohttp")
@@ -51,3 +52,14 @@ def test_bench_starts_its_own_server(model_root, tmp_path):
     out = json.loads(result.read_text())
     assert out["summary"]["completed"] == 5 and out["config"]["server_args"] == ["--page-size", "8"]
     assert all(4 <= r["input_len"] <= 12 for r in out["requests"])
+
+
+def test_random_checkpoint_of_a_real_shape_loads(tmp_path):
+    from portattn.bench.random_checkpoint import write_random_llama
+    from portattn.engine.llm import LLM
+    from portattn.engine.sampling_params import SamplingParams
+
+    path = write_random_llama(tmp_path / "tiny", "tiny", dtype=torch.float32)
+    llm = LLM(path, page_size=8, num_pages=16)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.token_ids) == 3 and out.text == " ".join(f"t{t}" for t in out.token_ids)

@@ -1,0 +1,114 @@
+"""``python -m portattn.bench.random_checkpoint DIR [--shape llama3-8b] [--device cuda]``: a Llama
+checkpoint of a real model's shape with random weights (normal, std 0.02; norms at 1), in shards of
+safetensors with an index, plus a word-level tokenizer of the full vocabulary (``t0 t1 ...``), so that
+a server benchmark pays for detokenization too. Weights are drawn on ``--device`` (fast on a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # Meta-Llama-3-8B's config.
+    "llama3-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    # The same layout at toy size (tests).
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def _tensors(cfg: dict, layer: int | None) -> dict[str, tuple[int, ...]]:
+    """Hugging Face names and shapes: one decoder layer's, or (``None``) the embeddings, norm and head."""
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    d = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * d
+    if layer is None:
+        return {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    p = f"model.layers.{layer}."
+    return {
+        p + "input_layernorm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "self_attn.q_proj.weight": (h, h),
+        p + "self_attn.k_proj.weight": (kv, h),
+        p + "self_attn.v_proj.weight": (kv, h),
+        p + "self_attn.o_proj.weight": (h, h),
+        p + "mlp.gate_proj.weight": (i, h),
+        p + "mlp.up_proj.weight": (i, h),
+        p + "mlp.down_proj.weight": (h, i),
+    }
+
+
+def write_random_llama(
+    path: str | Path, shape: str = "llama3-8b", *, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0
+) -> str:
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
+
+    cfg = SHAPES[shape]
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    bos, eos = 0, 1
+    LlamaConfig(**cfg, bos_token_id=bos, eos_token_id=eos, architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    GenerationConfig(bos_token_id=bos, eos_token_id=eos).save_pretrained(path)
+    words = ["<s>", "</s>", *(f"t{k}" for k in range(2, cfg["vocab_size"]))]
+    tok = Tokenizer(models.WordLevel({w: k for k, w in enumerate(words)}, unk_token="t2"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="t2").save_pretrained(
+        path
+    )
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weight_map = {}
+    groups = [None, *range(cfg["num_hidden_layers"])]
+    for n, layer in enumerate(groups):
+        name = f"model-{n + 1:05d}-of-{len(groups):05d}.safetensors"
+        shard = {}
+        for key, size in _tensors(cfg, layer).items():
+            if len(size) == 1:
+                shard[key] = torch.ones(size, dtype=dtype)
+            else:
+                shard[key] = (torch.randn(size, generator=gen, device=device) * 0.02).to(dtype).cpu()
+            weight_map[key] = name
+        save_file(shard, path / name, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m portattn.bench.random_checkpoint", description=__doc__)
+    parser.add_argument("path")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="where the random weights are drawn")
+    args = parser.parse_args(argv)
+    print(write_random_llama(args.path, args.shape, dtype=getattr(torch, args.dtype), device=args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
