@@ -102,9 +102,10 @@ def test_flags_not_given_leave_the_dataclass_defaults(tmp_path):
 
 def test_every_sampling_field_the_command_uses_is_a_flag():
     fields = [f for f in dataclasses.fields(SamplingParams) if f.name not in engine_cli.NOT_FLAGS]
-    assert len(fields) == len(dataclasses.fields(SamplingParams)) - 2
+    assert len(fields) == len(dataclasses.fields(SamplingParams)) - len(engine_cli.NOT_FLAGS)
     values = {f.name: _other_value(SamplingParams, f) for f in fields}
-    values["top_p"] = 0.5  # in (0, 1]
+    values["top_p"] = values["min_p"] = 0.5  # in (0, 1]
+    values["stop"] = "x"  # a flag gives one stop string
     args = _parse(["--model", "m", *_argv(SamplingParams, values)])
     assert SamplingParams(**arguments.given(args, SamplingParams)) == SamplingParams(**values)
 

@@ -20,6 +20,7 @@ from portattn.engine.sampler import (
 )
 from portattn.engine.sampling_params import SamplingParams
 from portattn.engine.sequence import Sequence
+from portattn.testing import no_host_sync
 
 from .conftest import checkpoint, hf_reference, random_prompts
 
@@ -144,6 +145,28 @@ def test_sampled_logprobs_ranks_and_top_k():
     torch.testing.assert_close(out.logprob, want[[0, 1], [1, 2]])
     assert out.rank.tolist() == [1, 1]
     assert out.top_ids[0].tolist() == [1, 2]
+
+
+def test_sampling_makes_no_host_sync_and_one_transfer_per_step(ckpt_root, monkeypatch):
+    logits = torch.randn(4, 50)
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, logprobs=3, seed=1),
+        SamplingParams(temperature=1.0, presence_penalty=0.5, repetition_penalty=1.2, min_tokens=3),
+        SamplingParams(temperature=1.0, frequency_penalty=0.1),
+    ]
+    batch = make_batch(params, outputs=[[1, 2], [3], [4, 4], []], vocab=50)
+    with no_host_sync():  # the whole batch on the device: no value read back while sampling
+        sample(logits, batch)
+    from portattn.engine import model_runner
+
+    calls = []
+    real = model_runner.to_host
+    monkeypatch.setattr(model_runner, "to_host", lambda parts: calls.append(len(parts)) or real(parts))
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64)
+    sp = SamplingParams(n=2, max_tokens=5, temperature=1.0, logprobs=2, prompt_logprobs=1, ignore_eos=True)
+    llm.generate(random_prompts([5, 9]), sp, use_tqdm=False)
+    assert len(calls) == 5  # one copy per step (the first also carries the prompt log-probabilities)
 
 
 def test_to_host_round_trips_ids_and_float32_exactly():

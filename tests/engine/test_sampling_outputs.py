@@ -11,7 +11,7 @@ import torch
 from portattn.engine.detokenizer import IncrementalDetokenizer
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.testing_chat import save_tiny_chat_checkpoint
+from portattn.testing.chat import save_tiny_chat_checkpoint
 
 PROMPTS = ["The quick brown fox", "Servers stream tokens to", "At the café"]
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import torch
 
-from portattn.testing_chat import save_tiny_chat_checkpoint
+from portattn.testing.chat import save_tiny_chat_checkpoint
 
 ENGINE = dict(page_size=4, num_pages=1024, max_num_seqs=64, max_model_len=512)
 

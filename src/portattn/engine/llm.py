@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Iterator
@@ -35,12 +36,16 @@ class LLM:
         self.config = EngineConfig(model=model, **engine_args)
         self.engine = Engine(self.config)
         self.tokenizer = self.engine.tokenizer
-        self.processor = InputProcessor(self.engine.model, self.tokenizer, self.config.model)
         self._ids = itertools.count()
 
     # help(LLM) and editors show EngineConfig's fields as the keywords, with their help text.
     __init__.__signature__ = keyword_signature(EngineConfig, leading=("self", "model"))
     __init__.__doc__ = "Keyword arguments (the fields of EngineConfig):\n\n" + describe(EngineConfig)
+
+    @functools.cached_property
+    def processor(self) -> InputProcessor:
+        """Prompts and chat messages -> token ids (+ images), for this model."""
+        return InputProcessor(self.engine.model, self.tokenizer, self.config.model)
 
     def generate(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..engine import cli as engine_cli
+from ..engine import arguments
 from ..engine.config import EngineConfig
 
 logger = logging.getLogger("portattn")
@@ -13,21 +13,9 @@ logger = logging.getLogger("portattn")
 _MISSING = "portattn serve needs fastapi, uvicorn and prometheus_client: pip install 'portattn[serve]'"
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """Every engine flag, as ``portattn generate`` takes them (one function: the two cannot drift)."""
-    parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64")
-    engine_cli._add_flags(parser, EngineConfig, engine_cli._ENGINE_FLAGS)
-
-
-def engine_args(args: argparse.Namespace) -> dict:
-    """The ``portattn.LLM`` keywords given by :func:`add_engine_flags`' flags."""
-    return {name: getattr(args, name) for name in ("model", "device", "dtype", *engine_cli._ENGINE_FLAGS)}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_flags(parser.add_argument_group("engine"))
+    # Every field of EngineConfig is a flag, as for `portattn generate` (one source: the dataclass).
+    arguments.add_flags(parser.add_argument_group("engine (portattn.LLM keywords)"), EngineConfig)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000, help="(default: 8000)")
@@ -78,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         api_key=args.api_key,
         max_queue=args.max_queue,
-        **engine_args(args),
+        **arguments.given(args, EngineConfig),
     )
     logger.warning("serving %s on http://%s:%d", app.state.server.model_name, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
