@@ -43,6 +43,7 @@ main() {
   # 20000 pages of 16 tokens: 320k tokens of KV cache (128 KiB per token in bf16, about 40 GiB).
   $PY -m portattn.cli -v serve --model "$CKPT" --served-model-name "$SHAPE-random" --device "$DEVICE" \
     --dtype "$DTYPE" --page-size 16 --num-pages 20000 --max-num-seqs 256 --max-model-len 4096 \
+    --chunked-prefill-size 8192 \
     --host 127.0.0.1 --port "$PORT" >"$OUT/server.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 600); do
