@@ -58,7 +58,7 @@ def test_tokenizer_and_text(tmp_path, ckpt_root):
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     config = tiny_config("llama")
-    config.architectures = ["MistralForCausalLM"]
+    config.architectures = ["NoSuchModelForCausalLM"]
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="expected a model architecture in") as err:
         LLM(tmp_path)

@@ -4,7 +4,7 @@ Each block computes exactly what its Hugging Face counterpart computes (same dty
 of operations), so that the engine's logits match ``transformers`` to float rounding.
 """
 
-from .activation import ACTIVATIONS, activation, gated
+from .activation import ACTIVATIONS, ClampedSwiGLU, activation, gated
 from .attention import PagedAttention, SelfAttention, head_dim_of, window_left_of
 from .embedding import Embedding, LMHead
 from .latent_attention import MultiheadLatentAttention
@@ -12,6 +12,7 @@ from .linear import Linear, MergedLinear, QKVLinear, WeightShapeError, default_w
 from .mlp import GatedMLP
 from .moe import FusedMoE
 from .norm import RMSNorm, l2_norm
+from .quant import dequantize_mxfp4
 from .rotary import (
     InterleavedRotaryEmbedding,
     MRotaryEmbedding,
@@ -24,6 +25,7 @@ from .rotary import (
 
 __all__ = [
     "ACTIVATIONS",
+    "ClampedSwiGLU",
     "Embedding",
     "FusedMoE",
     "GatedMLP",
@@ -43,6 +45,7 @@ __all__ = [
     "activation",
     "apply_rotary_float32",
     "default_weight_loader",
+    "dequantize_mxfp4",
     "gated",
     "head_dim_of",
     "l2_norm",

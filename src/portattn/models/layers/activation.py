@@ -1,4 +1,5 @@
-"""Activations by their Hugging Face ``hidden_act`` names, and the gated form ``act(gate) * up``."""
+"""Activations by their Hugging Face ``hidden_act`` names, the gated form ``act(gate) * up``, and
+gpt-oss's clamped SwiGLU."""
 
 from __future__ import annotations
 
@@ -26,3 +27,23 @@ def gated(act: Callable[[torch.Tensor], torch.Tensor], gate_up: torch.Tensor) ->
     """``gate_up [..., 2I]`` (gate half first) -> ``act(gate) * up [..., I]``."""
     gate, up = gate_up.chunk(2, dim=-1)
     return act(gate) * up
+
+
+class ClampedSwiGLU:
+    """gpt-oss's expert activation on ``gate_up [..., 2I]`` with interleaved columns
+    ``[g0, u0, g1, u1, ...]`` (as its checkpoints store them) -> ``[..., I]``:
+    ``g = min(g, limit)``, ``u = clamp(u, -limit, limit)``, ``(u + 1) * g * sigmoid(alpha * g)``."""
+
+    def __init__(self, alpha: float, limit: float):
+        if not limit > 0:
+            raise ValueError(f"expected a positive swiglu limit, got {limit}")
+        self.alpha, self.limit = float(alpha), float(limit)
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]  # [..., I] each
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def __repr__(self) -> str:
+        return f"ClampedSwiGLU(alpha={self.alpha}, limit={self.limit})"

@@ -15,21 +15,32 @@ Two ways to compute the same sum, chosen from the token count (a Python int, no 
 * **grouped** (prefill): tokens are sorted by expert and each expert runs on its own tokens; the
   per-expert counts cost one host sync per layer.
 
-Checkpoints store experts either stacked (``checkpoint_layout="stacked_in_out"``: one tensor per
-projection ``[E, in, out]``, Llama 4) or one ``nn.Linear`` per expert and projection
-(``"per_expert"``: shards ``(expert, "gate" | "up")`` and ``(expert, "down")``, DeepSeek V3).
+Checkpoints store experts stacked (``checkpoint_layout="stacked_in_out"``: one tensor per
+projection ``[E, in, out]``, Llama 4, gpt-oss), one ``nn.Linear`` per expert and projection
+(``"per_expert"``: shards ``(expert, "gate" | "up")`` and ``(expert, "down")``, DeepSeek V3), or
+stacked in ``F.linear`` layout and MXFP4-quantized (``"mxfp4"``: shards ``"blocks"`` and ``"scales"``
+per projection, dequantized at load time by :mod:`.quant`; gpt-oss).
+
+Options for families whose experts differ from the plain gated MLP (gpt-oss): ``bias`` adds
+``gate_up_proj_bias [E, 2I]`` and ``down_proj_bias [E, H]``; ``gate_up_act`` replaces
+``act(gate) * up`` by any function of the whole ``gate_up [..., 2I] -> [..., I]`` (which then also
+decides how gate and up columns are laid out, e.g. interleaved).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from .activation import activation, gated
 from .linear import copy_checked, new_parameter
+from .quant import MXFP4Pairs
 
 DENSE_MAX_TOKENS = 16
-CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert")
+CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
 
 
 class FusedMoE(nn.Module):
@@ -42,28 +53,40 @@ class FusedMoE(nn.Module):
         *,
         weight_on_input: bool = False,
         checkpoint_layout: str = "per_expert",
+        bias: bool = False,
+        gate_up_act: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         super().__init__()
         if checkpoint_layout not in CHECKPOINT_LAYOUTS:
             raise ValueError(f"expected checkpoint_layout in {CHECKPOINT_LAYOUTS}, got {checkpoint_layout!r}")
+        if bias and weight_on_input:  # the dense path would add every unrouted expert's bias
+            raise ValueError("expected expert biases only with weights on the output, got weight_on_input=True")
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        self.act = activation(act)
+        self.gate_up_act = gate_up_act if gate_up_act is not None else functools.partial(gated, activation(act))
         self.weight_on_input = weight_on_input
         self.checkpoint_layout = checkpoint_layout
-        per_expert = checkpoint_layout == "per_expert"
         experts = range(num_experts)
+        gate_up_shards = down_shards = None
+        if checkpoint_layout == "per_expert":
+            gate_up_shards = [(e, part) for e in experts for part in ("gate", "up")]
+            down_shards = [(e, "down") for e in experts]
+        elif checkpoint_layout == "mxfp4":
+            gate_up_shards = down_shards = MXFP4Pairs.PARTS
+            self._mxfp4 = MXFP4Pairs()
         self.gate_up_proj = new_parameter(
-            num_experts, 2 * intermediate_size, hidden_size, loader=self.weight_loader,
-            shards=[(e, part) for e in experts for part in ("gate", "up")] if per_expert else None,
-        )  # fmt: skip
-        self.down_proj = new_parameter(
-            num_experts, hidden_size, intermediate_size, loader=self.weight_loader,
-            shards=[(e, "down") for e in experts] if per_expert else None,
-        )  # fmt: skip
+            num_experts, 2 * intermediate_size, hidden_size, loader=self.weight_loader, shards=gate_up_shards
+        )
+        self.down_proj = new_parameter(num_experts, hidden_size, intermediate_size, loader=self.weight_loader,
+                                       shards=down_shards)  # fmt: skip
+        self.gate_up_proj_bias = new_parameter(num_experts, 2 * intermediate_size) if bias else None
+        self.down_proj_bias = new_parameter(num_experts, hidden_size) if bias else None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, str] | None = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
         if shard is None:  # a stacked [E, in, out] tensor
             copy_checked(param.data, loaded.transpose(1, 2))
+            return
+        if self.checkpoint_layout == "mxfp4":  # "blocks" or "scales" of the [E, out, in] matrix
+            self._mxfp4.add(param, shard, loaded)
             return
         expert, part = shard
         inter = self.intermediate_size
@@ -82,8 +105,12 @@ class FusedMoE(nn.Module):
         combine.scatter_(1, topk_ids, topk_weights)  # [T, E]
         combine = combine.t()[:, :, None]  # [E, T, 1]
         inputs = (x[None] * combine).to(x.dtype) if self.weight_on_input else x.expand(self.num_experts, -1, -1)
-        hidden = gated(self.act, torch.bmm(inputs, self.gate_up_proj.transpose(1, 2)))  # [E, T, I]
-        out = torch.bmm(hidden, self.down_proj.transpose(1, 2))  # [E, T, H]
+        gate_up = torch.bmm(inputs, self.gate_up_proj.transpose(1, 2))  # [E, T, 2I]
+        if self.gate_up_proj_bias is not None:
+            gate_up = gate_up + self.gate_up_proj_bias[:, None, :]
+        out = torch.bmm(self.gate_up_act(gate_up), self.down_proj.transpose(1, 2))  # [E, T, H]
+        if self.down_proj_bias is not None:
+            out = out + self.down_proj_bias[:, None, :]
         if not self.weight_on_input:
             out = (out * combine).to(x.dtype)
         return out.sum(dim=0)  # [T, H]
@@ -103,8 +130,12 @@ class FusedMoE(nn.Module):
                 tokens = picks // top_k
                 weight = flat_weights[picks, None]  # [n, 1]
                 inputs = (x[tokens] * weight).to(x.dtype) if self.weight_on_input else x[tokens]
-                hidden = gated(self.act, inputs @ self.gate_up_proj[e].t())  # [n, I]
-                y = hidden @ self.down_proj[e].t()  # [n, H]
+                gate_up = inputs @ self.gate_up_proj[e].t()  # [n, 2I]
+                if self.gate_up_proj_bias is not None:
+                    gate_up = gate_up + self.gate_up_proj_bias[e]
+                y = self.gate_up_act(gate_up) @ self.down_proj[e].t()  # [n, H]
+                if self.down_proj_bias is not None:
+                    y = y + self.down_proj_bias[e]
                 out.index_add_(0, tokens, y if self.weight_on_input else (y * weight).to(x.dtype))
             start += n
         return out

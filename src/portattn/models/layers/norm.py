@@ -1,4 +1,4 @@
-"""RMSNorm as the Hugging Face families compute it (two variants), and the parameter-free L2 norm."""
+"""RMSNorm as the Hugging Face families compute it (three variants), and the parameter-free L2 norm."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ class RMSNorm(nn.Module):
 
     ``unit_offset=False`` (Llama, Qwen, DeepSeek): ``weight * normed.to(x.dtype)``, weight init 1.
     ``unit_offset=True`` (Gemma): ``(normed * (1 + weight)).to(x.dtype)`` in float32, weight init 0.
+    ``weight_in_float32=True`` (gpt-oss): ``(weight * normed).to(x.dtype)`` in float32.
     """
 
-    def __init__(self, dim: int, eps: float, *, unit_offset: bool = False):
+    def __init__(self, dim: int, eps: float, *, unit_offset: bool = False, weight_in_float32: bool = False):
         super().__init__()
-        self.eps, self.unit_offset = eps, unit_offset
+        if unit_offset and weight_in_float32:
+            raise ValueError("expected one of unit_offset and weight_in_float32, got both")
+        self.eps, self.unit_offset, self.weight_in_float32 = eps, unit_offset, weight_in_float32
         self.weight = nn.Parameter((torch.zeros if unit_offset else torch.ones)(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -23,6 +26,8 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:
             return (h * (1.0 + self.weight.float())).to(x.dtype)
+        if self.weight_in_float32:
+            return (self.weight.float() * h).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 

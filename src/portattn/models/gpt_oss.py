@@ -1,0 +1,151 @@
+"""gpt-oss (``GptOssForCausalLM``), as transformers' ``modeling_gpt_oss`` computes it.
+
+* Attention: q/k/v/o with biases, rotary embeddings (YaRN in the released models), and one learned
+  sink logit per query head (``self_attn.sinks``) that joins the softmax denominator and carries no
+  value. ``sliding_attention`` layers (every other one, from the first) see the last
+  ``sliding_window`` (128) tokens, the others everything. Head dim 64.
+* Every layer's MLP is a mixture of experts: a biased router picks the top ``num_experts_per_tok``
+  experts and weighs them by a softmax over the picked logits only; each expert is a biased
+  ``gate_up`` projection with interleaved gate and up columns, the clamped SwiGLU
+  (:class:`~portattn.models.layers.ClampedSwiGLU`, ``swiglu_alpha``, ``swiglu_limit``) and a biased
+  down projection.
+* Checkpoints whose experts are MXFP4-quantized (``quantization_config.quant_method == "mxfp4"``:
+  ``gate_up_proj_blocks`` / ``_scales`` and ``down_proj_blocks`` / ``_scales``) are dequantized at
+  load time into the model's dtype (:mod:`.layers.quant`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from ..backends.base import AttentionLayer
+from ..errors import expect
+from ..runtime.context import ForwardContext
+from .base import CausalLM
+from .layers import (
+    ClampedSwiGLU,
+    Embedding,
+    FusedMoE,
+    Linear,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    SelfAttention,
+    head_dim_of,
+    new_parameter,
+    window_left_of,
+)
+
+QUANT_METHODS = ("mxfp4",)
+
+
+def expert_checkpoint_layout(config) -> str:
+    """``"stacked_in_out"`` for unquantized experts, ``"mxfp4"`` for MXFP4 ones; other quantizations are refused."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return "stacked_in_out"
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    expect(method in QUANT_METHODS, f"unquantized experts or quant_method in {list(QUANT_METHODS)}", repr(method))
+    return "mxfp4"
+
+
+def check_config(config) -> None:
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    expect(len(layer_types) == config.num_hidden_layers, f"{config.num_hidden_layers} layer_types", layer_types)
+    kinds = set(layer_types) - {"sliding_attention", "full_attention"}
+    expect(not kinds, "layer_types of sliding_attention and full_attention", sorted(kinds))
+    top_k, experts = config.num_experts_per_tok, config.num_local_experts
+    expect(1 <= top_k <= experts, f"num_experts_per_tok in [1, num_local_experts {experts}]", top_k)
+    expert_checkpoint_layout(config)
+
+
+class GptOssAttention(SelfAttention):
+    """:class:`SelfAttention` with biases and the layer's learned sinks ``[num_heads]`` (loaded from
+    ``self_attn.sinks``; the backend reads them through the layer's :class:`AttentionLayer`)."""
+
+    def __init__(self, config, layer_id: int):
+        head_dim = head_dim_of(config)
+        sinks = new_parameter(config.num_attention_heads)
+        spec = AttentionLayer(
+            layer_id,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim,
+            scale=head_dim**-0.5,
+            window_left=window_left_of(config, layer_id),
+            sinks=sinks,
+        )
+        bias = bool(config.attention_bias)
+        super().__init__(config.hidden_size, spec, qkv_bias=bias, o_bias=bias)
+        self.sinks = sinks
+
+
+class GptOssMLP(nn.Module):
+    """Softmax over the top-k router logits; biased experts with the clamped SwiGLU."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.router = Linear(config.hidden_size, config.num_local_experts, bias=True)
+        self.experts = FusedMoE(
+            config.num_local_experts,
+            config.hidden_size,
+            config.intermediate_size,
+            checkpoint_layout=expert_checkpoint_layout(config),
+            bias=True,
+            gate_up_act=ClampedSwiGLU(config.swiglu_alpha, config.swiglu_limit),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_logits, top_ids = torch.topk(self.router(x), self.top_k, dim=-1)  # [T, k]
+        weights = torch.softmax(top_logits, dim=1, dtype=top_logits.dtype)  # [T, k]
+        return self.experts(x, weights, top_ids)
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        self.self_attn = GptOssAttention(config, layer_id)
+        self.mlp = GptOssMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
+
+    def forward(self, positions, x, ctx, rotary) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), ctx, rotary)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GptOssModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
+        self.rotary_emb = RotaryEmbedding(config, head_dim_of(config))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, H]
+        for layer in self.layers:
+            x = layer(positions, x, ctx, self.rotary_emb)
+        return self.norm(x)
+
+
+_MXFP4_PART = re.compile(r"(.*\.mlp\.experts\.(?:gate_up|down)_proj)_(blocks|scales)$")
+
+
+class GptOssForCausalLM(CausalLM):
+    def __init__(self, config):
+        check_config(config)
+        super().__init__(config)
+        self.model = GptOssModel(config)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+
+    def checkpoint_name(self, name: str) -> tuple[str, object] | None:
+        quantized = _MXFP4_PART.match(name)
+        if quantized:  # one half of an MXFP4 expert matrix
+            param, part = quantized.groups()
+            return param, part
+        return super().checkpoint_name(name)

@@ -1,0 +1,34 @@
+"""Gemma 2 through the engine: attention and final logit softcaps, ``query_pre_attn_scalar`` as the
+softmax scale, alternating local and global layers, ``(1 + w)`` pre- and post-norms, scaled
+embeddings; equal to transformers' own."""
+
+from __future__ import annotations
+
+import pytest
+
+from portattn.engine.llm import LLM
+
+from .family_parity import MATRIX, assert_matches_transformers, checkpoint
+from .tiny_families import tiny_config
+
+
+@MATRIX
+def test_gemma2_matches_transformers(page_size, prefix, chunked, ckpt_root):
+    assert_matches_transformers(checkpoint("gemma2", ckpt_root), page_size, prefix, chunked)
+
+
+def test_layers_alternate_local_and_global(ckpt_root):
+    config = tiny_config("gemma2")
+    layers = LLM(checkpoint("gemma2", ckpt_root), num_pages=8).engine.model.attention_layers()
+    assert [layer.window_left for layer in layers] == [config.sliding_window - 1, -1]
+    assert [layer.features for layer in layers] == [frozenset({"window", "softcap"}), frozenset({"softcap"})]
+    assert {layer.logit_softcap for layer in layers} == {config.attn_logit_softcapping}
+    assert {layer.scale for layer in layers} == {config.query_pre_attn_scalar**-0.5}
+
+
+def test_bidirectional_attention_is_refused(tmp_path):
+    config = tiny_config("gemma2", use_bidirectional_attention=True)
+    config.architectures = ["Gemma2ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="expected causal attention"):
+        LLM(tmp_path)
