@@ -50,6 +50,15 @@ FEATURES = [
     Feature("sinks", "paged_attention", lambda dt, dev: {"sinks": _sinks(dt, dev)}),
     Feature("softcap 5", "paged_attention", lambda dt, dev: {"logit_softcap": 5.0}),
     Feature("non-causal", "paged_attention", lambda dt, dev: {"causal": False}),
+    # The combinations the model families use: gpt-oss (sinks on sliding-window layers, head dim 64)
+    # and Gemma 2 (softcap on sliding-window layers, head dim 256).
+    Feature("sinks + window (D 64)", "paged_attention", lambda dt, dev: {"window_left": 5, "sinks": _sinks(dt, dev)}),
+    Feature(
+        "softcap + window (D 256)",
+        "paged_attention",
+        lambda dt, dev: {"window_left": 5, "logit_softcap": 5.0},
+        head_dim=256,
+    ),
     Feature("varlen non-causal", "varlen_attention", lambda dt, dev: {}),
     Feature("varlen causal", "varlen_attention", lambda dt, dev: {"causal": True}),
     Feature("varlen window (8, 8)", "varlen_attention", lambda dt, dev: {"window_size": (8, 8)}),
