@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.models.layers import ClampedSwiGLU, FusedMoE, dequantize_mxfp4
+from portattn.models.layers import ClampedSwiGLU, FusedMoE, RMSNorm, dequantize_mxfp4
 
 from .conftest import rel_err
 from .family_parity import MATRIX, PROMPTS, TOL, assert_matches_transformers, checkpoint, make_llm
@@ -170,3 +170,18 @@ def test_biased_experts_dense_and_grouped_paths_match_a_loop():
     torch.testing.assert_close(moe.forward_grouped(x, weights, ids), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="expected expert biases only with weights on the output"):
         FusedMoE(num_experts, hidden, inter, bias=True, weight_on_input=True)
+
+
+def test_rms_norm_weight_in_float32_matches_transformers():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    theirs = GptOssRMSNorm(64, eps=1e-5)  # float32 weight, as transformers keeps gpt-oss's norms
+    theirs.weight.data.normal_()
+    ours = RMSNorm(64, 1e-5, weight_in_float32=True).bfloat16()
+    ours.weight.data.copy_(theirs.weight.data)  # a bfloat16 checkpoint's values
+    theirs.weight.data.copy_(ours.weight.data.float())
+    assert torch.equal(ours(x), theirs(x))
+    plain = RMSNorm(64, 1e-5).bfloat16()  # weight * normed.to(bfloat16): rounds twice
+    plain.weight.data.copy_(ours.weight.data)
+    assert not torch.equal(plain(x), theirs(x))
