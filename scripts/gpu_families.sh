@@ -17,14 +17,13 @@ TESTS="tests/engine/test_gpt_oss.py tests/engine/test_gemma2.py tests/engine/tes
   $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   echo "== backend picked per family (engine on $PORTATTN_TEST_ENGINE_DEVICE)"
   timeout "${PICK_LIMIT:-120}" $PY - <<'PYEOF' 2>&1
-import os, sys, tempfile
-sys.path.insert(0, "tests/engine")
-from tiny_families import FAMILIES, save_tiny_checkpoint
+import os, tempfile
 from transformers.utils import logging
 from portattn.engine.llm import LLM
+from portattn.testing import save_tiny_checkpoint
 logging.disable_progress_bar()
 with tempfile.TemporaryDirectory() as root:
-    for family in FAMILIES:
+    for family in ("gpt_oss", "gemma2", "gemma3", "mistral"):
         engine = LLM(save_tiny_checkpoint(family, f"{root}/{family}"), num_pages=8, device=os.environ["PORTATTN_TEST_ENGINE_DEVICE"]).engine
         features = sorted(set().union(*(layer.features for layer in engine.model.attention_layers())))
         print(f"{family:8} backend {engine.backend.name:7} features {features}")

@@ -1,5 +1,6 @@
-"""The parity matrix each family's test module runs: greedy tokens and logits of the engine equal
-transformers' own at page sizes 1, 7 and 16, with and without prefix caching and chunked prefill.
+"""The parity matrix the test modules of gpt-oss, Gemma 2, Gemma 3 and Mistral run: greedy tokens
+and logits of the engine equal transformers' own at page sizes 1, 7 and 16, with and without prefix
+caching and chunked prefill.
 
 The tiny checkpoints' windows are 8 to 12 tokens: the prompts (1 to 37 tokens) and their 20 decoded
 tokens cross them, and the chunks of 8 tokens cross them while prefilling.
@@ -7,14 +8,11 @@ tokens cross them, and the chunks of 8 tokens cross them while prefilling.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 from portattn.engine.llm import LLM
 
 from .conftest import ENGINE_DEVICE, random_prompts, worst_error_against_transformers
-from .tiny_families import save_tiny_checkpoint
 
 MAX_NEW = 20
 PROMPTS = random_prompts([1, 5, 13, 30, 37])
@@ -31,11 +29,6 @@ MATRIX = pytest.mark.parametrize(
         for chunked in (False, True)
     ],
 )
-
-
-@functools.cache
-def checkpoint(family: str, root: str) -> str:
-    return save_tiny_checkpoint(family, f"{root}/{family}")
 
 
 def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
+from portattn.testing import tiny_config
 
-from .family_parity import MATRIX, assert_matches_transformers, checkpoint
-from .tiny_families import tiny_config
+from .conftest import checkpoint
+from .family_parity import MATRIX, assert_matches_transformers
 
 
 @MATRIX

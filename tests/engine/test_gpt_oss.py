@@ -13,12 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from portattn.engine.llm import LLM
-from portattn.engine.sampling_params import SamplingParams
 from portattn.models.layers import ClampedSwiGLU, FusedMoE, RMSNorm, dequantize_mxfp4
+from portattn.testing import quantize_mxfp4, save_tiny_mxfp4_checkpoint, tiny_config
 
-from .conftest import rel_err
-from .family_parity import MATRIX, PROMPTS, TOL, assert_matches_transformers, checkpoint, make_llm
-from .tiny_families import save_tiny_mxfp4_checkpoint, tiny_config
+from .conftest import checkpoint, hf_model, worst_error_against_transformers
+from .family_parity import MATRIX, PROMPTS, TOL, assert_matches_transformers, make_llm
 
 
 @MATRIX
@@ -27,15 +26,12 @@ def test_gpt_oss_matches_transformers(page_size, prefix, chunked, ckpt_root):
 
 
 def test_sinks_on_every_layer_window_on_every_other(ckpt_root):
-    from transformers import AutoModelForCausalLM
-
     path = checkpoint("gpt_oss", ckpt_root)
     layers = LLM(path, num_pages=8).engine.model.attention_layers()
     assert [layer.window_left for layer in layers] == [tiny_config("gpt_oss").sliding_window - 1, -1]
     assert [layer.features for layer in layers] == [frozenset({"window", "sinks"}), frozenset({"sinks"})]
     assert {layer.head_dim for layer in layers} == {64}
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    for layer, hf_layer in zip(layers, hf.model.layers):
+    for layer, hf_layer in zip(layers, hf_model(path).model.layers):
         assert torch.equal(layer.sinks.cpu(), hf_layer.self_attn.sinks.detach())
 
 
@@ -45,17 +41,6 @@ def test_sinks_on_every_layer_window_on_every_other(ckpt_root):
 @functools.cache
 def mxfp4_checkpoint(root: str) -> str:
     return save_tiny_mxfp4_checkpoint(f"{root}/gpt_oss_mxfp4")
-
-
-@functools.cache
-def mxfp4_transformers(path: str):
-    """transformers' model of the MXFP4 checkpoint, dequantized to float32 as it loads."""
-    from transformers import AutoModelForCausalLM, Mxfp4Config
-
-    quant = Mxfp4Config(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, quantization_config=quant).eval()
-    model.generation_config.eos_token_id = None
-    return model
 
 
 def test_mxfp4_checkpoint_is_quantized(ckpt_root):
@@ -68,7 +53,7 @@ def test_mxfp4_checkpoint_is_quantized(ckpt_root):
 def test_mxfp4_experts_load_as_transformers_dequantizes_them(ckpt_root):
     path = mxfp4_checkpoint(ckpt_root)
     ours = LLM(path, num_pages=8).engine.model.model.layers
-    theirs = mxfp4_transformers(path).model.layers
+    theirs = hf_model(path).model.layers  # transformers dequantizes to float32 as it loads
     for layer, hf_layer in zip(ours, theirs):
         experts, hf_experts = layer.mlp.experts, hf_layer.mlp.experts
         assert torch.equal(experts.gate_up_proj.transpose(1, 2).cpu(), hf_experts.gate_up_proj.detach())  # [E, H, 2I]
@@ -81,23 +66,8 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(ckpt_root):
 @pytest.mark.parametrize("page_size, prefix, chunked", [(7, True, True), (16, False, False)])
 def test_mxfp4_checkpoint_matches_transformers(page_size, prefix, chunked, ckpt_root):
     path = mxfp4_checkpoint(ckpt_root)
-    model = mxfp4_transformers(path)
     llm = make_llm(path, page_size, prefix, chunked)
-    params = SamplingParams(max_tokens=12, ignore_eos=True, return_logits=True)
-    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False)):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            ref = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=12,
-                do_sample=False,
-                output_logits=True,
-                return_dict_in_generate=True,
-                pad_token_id=0,
-            )
-        assert out.token_ids == ref.sequences[0, len(prompt) :].tolist()
-        assert rel_err(out.logits, torch.cat(ref.logits)) < TOL
+    assert worst_error_against_transformers(llm, path, PROMPTS, 12, prompt_logits=True) < TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -114,6 +84,19 @@ def test_dequantize_mxfp4_matches_transformers(dtype):
     # code 0x21 (low nibble 1 = +0.5, high nibble 2 = +1.0) at scale 2**1: elements 0 and 1 are 1.0 and 2.0
     one = dequantize_mxfp4(torch.full((1, 16), 0x21, dtype=torch.uint8), torch.tensor([128], dtype=torch.uint8))
     assert one.shape == (32,) and one[:4].tolist() == [1.0, 2.0, 1.0, 2.0]
+
+
+def test_quantize_mxfp4_round_trips():
+    g = torch.Generator().manual_seed(4)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    exact = grid[torch.randint(0, 8, (3, 64), generator=g)] * torch.tensor([[1.0], [0.25], [-8.0]])  # [3, 64]
+    exact[:, 0] = 6.0 * torch.tensor([1.0, 0.25, 8.0])  # each row's largest magnitude sets its scale
+    exact[:, 32] = exact[:, 0]
+    assert torch.equal(dequantize_mxfp4(*quantize_mxfp4(exact)), exact)
+    w = torch.randn(5, 96, generator=g)
+    back = dequantize_mxfp4(*quantize_mxfp4(w))  # [5, 96]
+    step = torch.exp2(torch.ceil(torch.log2(w.view(5, 3, 32).abs().amax(-1) / 6)))  # [5, 3] group scales
+    assert ((back - w).view(5, 3, 32).abs() <= step[..., None]).all()  # within one FP4 step (<= 1 x scale)
 
 
 def test_mxfp4_bad_inputs_raise(tmp_path, ckpt_root):

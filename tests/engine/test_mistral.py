@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
+from portattn.testing import save_tiny_checkpoint, tiny_config
 
-from .family_parity import MATRIX, assert_matches_transformers, checkpoint
-from .tiny_families import save_tiny_checkpoint, tiny_config
+from .conftest import checkpoint
+from .family_parity import MATRIX, assert_matches_transformers
 
 
 @MATRIX

@@ -12,7 +12,9 @@ from portattn.testing import image_prompts, no_host_sync
 from .conftest import checkpoint, hf_reference, random_prompts
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl", "mistral", "gemma2", "gemma3", "gpt_oss"]
+)
 def test_decode_forwards_do_not_sync(family, ckpt_root):
     path = checkpoint(family, ckpt_root)
     llm = LLM(path, page_size=4, num_pages=64)

@@ -5,7 +5,10 @@ a family's test checkpoint is one thing. Each config is built with transformers'
 is small (hidden 64, vocab 256) but exercises what is distinctive about its family. Weights come
 from transformers' own initialisation under a fixed seed (``SEEDS``); where that initialisation would
 leave a family's feature inert, those tensors are drawn at random too (Qwen2's q/k/v biases, DeepSeek
-V3's norms and expert-score biases), so that a model that ignored them would not match.
+V3's norms and expert-score biases, gpt-oss's attention and expert biases and sinks, Gemma's
+``(1 + w)`` norm weights), so that a model that ignored them would not match. Sliding windows are 8
+to 24 tokens, so that the test prompts and decodes cross them. :func:`save_tiny_mxfp4_checkpoint`
+stores gpt-oss's experts as its released checkpoints do (MXFP4).
 
 transformers is imported inside the functions: importing ``portattn.testing`` stays cheap.
 """
@@ -17,16 +20,21 @@ from typing import NamedTuple
 
 import torch
 
-TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3")
+TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3", "mistral", "gemma2", "gemma3", "gpt_oss")
 VISION_FAMILIES = ("qwen2_5_vl",)  # prompts carry images; transformers' image-text-to-text model
 FAMILIES = TEXT_FAMILIES + VISION_FAMILIES
-SEEDS = dict.fromkeys(("llama", "qwen2", "qwen3", "llama4"), 1234) | {"deepseek_v3": 7, "qwen2_5_vl": 0}
+SEEDS = dict.fromkeys(("llama", "qwen2", "qwen3", "llama4", "mistral", "gemma2", "gemma3", "gpt_oss"), 1234)
+SEEDS |= {"deepseek_v3": 7, "qwen2_5_vl": 0}
 ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "llama4": "Llama4ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
 
@@ -120,6 +128,33 @@ def tiny_config(family: str, **overrides):
         kwargs = dict(text_config=text | dict(rope_parameters=mrope), vision_config=vision, image_token_id=IMAGE_PAD)
         kwargs |= dict(video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
         return transformers.Qwen2_5_VLConfig(**(kwargs | overrides))
+    if family == "mistral":  # a window of 11 tokens on every layer, head dim 128
+        kwargs = COMMON | dict(head_dim=128, intermediate_size=128, num_hidden_layers=2, sliding_window=11)
+        return transformers.MistralConfig(**(kwargs | dict(max_position_embeddings=512) | overrides))
+    if family == "gemma2":
+        # Sliding (12 tokens) and full layers, head dim 256, softmax scale 144 ** -0.5, attention and
+        # final softcaps low enough to bend the tiny model's scores and logits.
+        kwargs = COMMON | dict(head_dim=256, intermediate_size=128, num_hidden_layers=2, sliding_window=12)
+        kwargs |= dict(query_pre_attn_scalar=144, attn_logit_softcapping=20.0, final_logit_softcapping=8.0)
+        return transformers.Gemma2Config(**(kwargs | dict(max_position_embeddings=512) | overrides))
+    if family == "gemma3":
+        # Five sliding (10 tokens) layers, then a full one; local base 10k, global base 1M with linear
+        # scaling; q/k norms; head dim 128, softmax scale 96 ** -0.5.
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        }
+        kwargs = COMMON | dict(head_dim=128, intermediate_size=128, num_hidden_layers=6, sliding_window=10)
+        kwargs |= dict(query_pre_attn_scalar=96, max_position_embeddings=512)
+        return transformers.Gemma3TextConfig(**(kwargs | dict(rope_parameters=rope) | overrides))
+    if family == "gpt_oss":
+        # Sliding (8 tokens) and full layers, head dim 64, YaRN, 4 experts of which 2 are picked, and
+        # a SwiGLU limit low enough that the clamps act.
+        yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0}
+        yarn |= {"truncate": False, "original_max_position_embeddings": 128}
+        kwargs = COMMON | dict(head_dim=64, intermediate_size=32, num_hidden_layers=2, sliding_window=8)
+        kwargs |= dict(num_local_experts=4, num_experts_per_tok=2, swiglu_limit=2.0, max_position_embeddings=512)
+        return transformers.GptOssConfig(**(kwargs | dict(rope_parameters=yarn) | overrides))
     raise ValueError(f"expected a family in {FAMILIES}, got {family!r}")
 
 
@@ -145,6 +180,16 @@ def tiny_model(family: str, *, seed: int | None = None, **overrides) -> torch.nn
             for layer in model.model.layers[config.first_k_dense_replace :]:
                 bias = layer.mlp.gate.e_score_correction_bias
                 bias.copy_(0.1 * torch.randn_like(bias))
+        if family == "gpt_oss":  # attention and expert biases (zero at init), sinks of either sign
+            for name, param in model.named_parameters():
+                if name.endswith(("_proj.bias", "_proj_bias")):
+                    param.normal_(0.0, 0.2)
+                elif name.endswith("self_attn.sinks"):
+                    param.normal_(0.0, 1.0)
+        if family in ("gemma2", "gemma3"):  # (1 + w) norms (w = 0 at init)
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, 0.3)
     return model
 
 
@@ -152,6 +197,45 @@ def save_tiny_checkpoint(family: str, path: str | Path, *, seed: int | None = No
     """Save :func:`tiny_model` with ``save_pretrained`` (config.json, model.safetensors) under ``path``;
     returns ``str(path)``."""
     tiny_model(family, seed=seed, **overrides).save_pretrained(path)
+    return str(path)
+
+
+_FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [..., cols]`` (cols a multiple of 32) -> MXFP4 ``(blocks [..., cols/32, 16], scales
+    [..., cols/32])`` uint8: per group of 32 values, the smallest power of two that brings the group
+    within FP4's ±6 (biased by 127), and each value rounded to the nearest FP4 number (two codes per
+    byte, the low nibble first)."""
+    groups = w.float().reshape(*w.shape[:-1], -1, 32)  # [..., G, 32]
+    amax = groups.abs().amax(dim=-1)  # [..., G]
+    exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.zeros_like(amax)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)[..., None]
+    codes = (scaled[..., None] - torch.tensor(_FP4_VALUES)).abs().argmin(dim=-1).to(torch.uint8)  # [..., G, 32]
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)  # [..., G, 16]
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+def save_tiny_mxfp4_checkpoint(path: str | Path, *, seed: int | None = None, **overrides) -> str:
+    """The tiny gpt-oss checkpoint with its experts stored as gpt-oss's released checkpoints store them:
+    ``mlp.experts.{gate_up,down}_proj_{blocks,scales}`` (:func:`quantize_mxfp4` of the ``[E, out, in]``
+    matrices) and ``quantization_config = {"quant_method": "mxfp4", ...}``; returns ``str(path)``."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = Path(save_tiny_checkpoint("gpt_oss", path, seed=seed, **overrides))
+    file = path / "model.safetensors"
+    state = load_file(file)
+    for key in [k for k in state if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+        blocks, scales = quantize_mxfp4(state.pop(key).transpose(1, 2))  # [E, in, out] -> [E, out, in]
+        state[f"{key}_blocks"], state[f"{key}_scales"] = blocks.contiguous(), scales.contiguous()
+    save_file(state, file, metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    not_converted = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": not_converted}
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     return str(path)
 
 
@@ -245,9 +329,14 @@ def transformers_model(path: str | Path) -> torch.nn.Module:
     token cleared (the engine's counterpart is ``SamplingParams(ignore_eos=True)``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    multimodal = hasattr(AutoConfig.from_pretrained(path), "vision_config")
-    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
-    model = auto.from_pretrained(path, dtype=torch.float32).eval()
+    config = AutoConfig.from_pretrained(path)
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    options = {}
+    if (getattr(config, "quantization_config", None) or {}).get("quant_method") == "mxfp4":
+        from transformers import Mxfp4Config
+
+        options["quantization_config"] = Mxfp4Config(dequantize=True)  # dequantized to float32 as it loads
+    model = auto.from_pretrained(path, dtype=torch.float32, **options).eval()
     model.generation_config.eos_token_id = None
     return model
 
