@@ -76,8 +76,9 @@ class FusedMoE(nn.Module):
         self.gate_up_proj = new_parameter(
             num_experts, 2 * intermediate_size, hidden_size, loader=self.weight_loader, shards=gate_up_shards
         )
-        self.down_proj = new_parameter(num_experts, hidden_size, intermediate_size, loader=self.weight_loader,
-                                       shards=down_shards)  # fmt: skip
+        self.down_proj = new_parameter(
+            num_experts, hidden_size, intermediate_size, loader=self.weight_loader, shards=down_shards
+        )
         self.gate_up_proj_bias = new_parameter(num_experts, 2 * intermediate_size) if bias else None
         self.down_proj_bias = new_parameter(num_experts, hidden_size) if bias else None
 
