@@ -172,6 +172,6 @@ def test_env_var_selects_and_explicit_name_wins(monkeypatch):
 def test_unsupported_head_dim_is_reported_at_selection():
     if "triton" not in BACKENDS:
         pytest.skip("triton does not run here")
-    with pytest.raises(UnsupportedFeatureError, match="head dim 16") as info:
-        EncoderAttention(4, 16, dtype=torch.float32, device=DEVICE, backend="triton")
+    with pytest.raises(UnsupportedFeatureError, match="head dim 264") as info:
+        EncoderAttention(4, 264, dtype=torch.float32, device=DEVICE, backend="triton")
     assert "'torch'" in str(info.value) and "'sdpa'" in str(info.value)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif("triton" not in available_backends(DEVICE), reas
 
 if "triton" in available_backends(DEVICE):
     from portattn.backends.triton import TritonBackend, choose_num_splits
-    from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles, column_tiles
+    from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles, column_tiles, next_pow2
 
 INTERPRETED = is_triton_interpreter()
 DTYPES = [torch.float32, torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
@@ -126,12 +126,20 @@ def test_tail_columns_of_key_and_value_dims_apart(head_dim, value_dim):
 
 
 def test_column_tiles_pad_less_than_the_next_power_of_two():
-    assert column_tiles(128) == (128, 0)
-    assert column_tiles(80) == (64, 16)
-    assert column_tiles(96) == (64, 32)
-    assert column_tiles(192) == (128, 64)
-    assert column_tiles(112) == (128, 0)  # 64 + 64 would pad as much as 128
-    assert column_tiles(24) == (32, 0)  # a tail below 16 columns would not pay
+    assert column_tiles(128) == (128, 0, 0)
+    assert column_tiles(80) == (64, 16, 0)
+    assert column_tiles(96) == (64, 32, 0)
+    assert column_tiles(192) == (128, 64, 0)
+    assert column_tiles(112) == (64, 32, 16)
+    assert column_tiles(224) == (128, 64, 32)
+    assert column_tiles(72) == (64, 16, 0)  # tiles are at least 16 wide: 8 columns masked
+    assert column_tiles(24) == (32, 0, 0)
+    assert column_tiles(8) == (16, 0, 0)
+    assert column_tiles(240) == (256, 0, 0)  # four tiles would not pay
+    for dim in range(1, 257):
+        tiles = column_tiles(dim)
+        assert (sum(tiles) >= dim and sum(tiles) - dim < 16) or tiles == (next_pow2(dim), 0, 0)
+        assert all(t == 0 or (t >= 16 and t & (t - 1) == 0) for t in tiles)
 
 
 def test_gqa_group_of_three_is_padded():
@@ -204,8 +212,13 @@ def test_capabilities_and_selection():
     assert {"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"} <= caps.features
     assert TritonBackend.priority > 0  # above the torch reference, so auto picks it on GPUs
     assert TritonBackend.runs_natively(torch.device("cpu")) is False
-    case = make_paged_case([1], [5], page_size=4, head_dim=48, device=DEVICE)
-    with pytest.raises(UnsupportedFeatureError, match="head dim 48"):
+    assert {"lse", "alibi"} <= caps.features and "merge_attention_states" in caps.ops
+    assert set(range(8, 257, 8)) <= caps.head_dims
+    case = make_paged_case([1], [5], page_size=4, head_dim=264, device=DEVICE)
+    with pytest.raises(UnsupportedFeatureError, match="head dim 264"):
+        portattn.paged_attention(**case.inputs(), backend="triton")
+    case = make_paged_case([1], [5], page_size=4, head_dim=64, value_dim=272, device=DEVICE)
+    with pytest.raises(UnsupportedFeatureError, match="value head dim 272"):
         portattn.paged_attention(**case.inputs(), backend="triton")
 
 
@@ -256,7 +269,5 @@ def test_mla_prefill_shape_head_dim_192_value_dim_128():
 
 def test_host_power_of_two_equals_tritons():
     import triton
-
-    from portattn.kernels.triton.launch import next_pow2
 
     assert [next_pow2(n) for n in range(1, 1100)] == [triton.next_power_of_2(n) for n in range(1, 1100)]

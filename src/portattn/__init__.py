@@ -1,5 +1,6 @@
 """portattn: device-portable paged attention for LLM and VLM serving."""
 
+from .cascade import cascade_attention, merge_attention_states
 from .errors import OutOfPagesError, UnsupportedFeatureError
 from .local_attention import LocalAttentionBatches, make_local_attention_virtual_batches
 from .mla import mla_decode, mla_workspace_size
@@ -25,7 +26,9 @@ __all__ = [
     "PageAllocator",
     "SamplingParams",
     "UnsupportedFeatureError",
+    "cascade_attention",
     "make_local_attention_virtual_batches",
+    "merge_attention_states",
     "mla_decode",
     "mla_workspace_size",
     "paged_attention",

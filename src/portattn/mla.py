@@ -136,7 +136,8 @@ def mla_decode(
     num_kv_splits: int | None = None,
     workspace: torch.Tensor | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """MLA decode: one query per sequence over its paged latent cache (absorbed form).
 
     Shapes (``B`` sequences, ``H`` query heads, ``R = kv_lora_rank``, ``Dr = rope_dim``,
@@ -149,6 +150,7 @@ def mla_decode(
                                                logical page p (see portattn.to_page_table)
         seq_lens    [B] int32                  keys of sequence b (the current token included)
         -> out      [B, H, R]                  dtype of q_nope
+        -> lse      [B, H] float32             with return_lse=True (float64 for float64 inputs)
 
     For each sequence ``b`` and head ``h``, over its keys ``j < seq_lens[b]``::
 
@@ -166,6 +168,10 @@ def mla_decode(
     tensor of at least ``mla_workspace_size(max(seq_lens), B, H, P, num_kv_splits=...,
     kv_lora_rank=R)`` bytes (allocated per call when omitted; pass one to reuse it, e.g. under a
     captured graph). Backends that need no workspace (``torch``) ignore it.
+
+    ``return_lse=True`` returns ``(out, lse)`` with ``lse[b, h] = log Σ_j exp(s_j)`` (natural log;
+    -inf for a sequence without keys), so that decodes over parts of a sequence's keys merge with
+    :func:`portattn.merge_attention_states`.
 
     Raises:
         ValueError: inputs of the wrong shape, dtype, device or value ("expected ..., got ...");
@@ -214,7 +220,8 @@ def mla_decode(
                 f"expected page ids in [0, {num_pages}) for used pages, got {int(page_table[b, col])} "
                 f"at page_table[{b}, {col}]"
             )
-    request = MLARequest("mla_decode", device.type, dtype, rank + rope_dim)
+    features = frozenset({"lse"}) if return_lse else frozenset()
+    request = MLARequest("mla_decode", device.type, dtype, rank + rope_dim, features)
     impl = select_backend("attention", backend, request)
     metadata = plan_mla_decode(
         page_table,
@@ -227,4 +234,8 @@ def mla_decode(
         workspace=workspace,
     )
     out = torch.empty((batch, num_heads, rank), dtype=dtype, device=device)
-    return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out)
+    if not return_lse:
+        return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out)
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    lse = torch.empty((batch, num_heads), dtype=lse_dtype, device=device)
+    return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out, lse), lse

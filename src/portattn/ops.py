@@ -7,9 +7,11 @@ These are public so that other engines can call them with their own page tables.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .backends.base import Request
+from .backends.base import AttentionParams, Request
 from .backends.registry import select_backend
 from .errors import expect
 from .validation import (
@@ -38,7 +40,10 @@ def paged_attention(
     logit_softcap: float = 0.0,
     backend: str = "auto",
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    window_right: int = -1,
+    alibi_slopes: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of new query tokens over a paged KV cache (decode, extend, prefill, mixed).
 
     Shapes (``T`` query tokens in ``B`` sequences, ``P`` = page size)::
@@ -50,7 +55,8 @@ def paged_attention(
                                                 logical page p (see portattn.to_page_table)
         cu_seqlens_q [B + 1] int32              queries of sequence b are q[cu[b]:cu[b+1]]
         seq_lens_k   [B] int32                  keys of sequence b, the new tokens included
-        -> out       [T, Hq, Dv]
+        -> out       [T, Hq, Dv]                dtype of q
+        -> lse       [T, Hq] float32            with return_lse=True (float64 for float64 q)
 
     The keys of sequence ``b`` are its first ``seq_lens_k[b]`` slots; the new tokens' K/V must
     already be in the cache. Queries are bottom-right aligned: query ``i`` of ``n`` sits at
@@ -59,13 +65,86 @@ def paged_attention(
 
     Masks: ``causal`` (key ``j <= p``); ``window_left = W`` (also ``j >= p - W``, -1 = off; a
     Hugging Face ``sliding_window = S`` is ``W = S - 1``); ``attention_chunk_size = C`` (also
-    ``j // C == p // C``, absolute positions). ``sinks [Hq]`` adds one logit per head to the
-    softmax denominator; ``logit_softcap = c`` maps scores to ``c * tanh(s / c)`` before masking.
-    ``scale`` defaults to ``1 / sqrt(D)``. A query that sees no key returns zeros.
+    ``j // C == p // C``, absolute positions); ``window_right = R`` (only with ``causal=False``:
+    ``j <= p + R``, -1 = unbounded; a causal call takes -1 or 0). With ``L = 8`` keys, 3
+    queries, ``causal=False, window_left=1, window_right=2`` (``x`` = visible)::
+
+        p=5  . . . . x x x x        (j <= 7: the last key bounds the window)
+        p=6  . . . . . x x x
+        p=7  . . . . . . x x
+
+    ``sinks [Hq]`` adds one logit per head to the softmax denominator; ``logit_softcap = c`` maps
+    scores to ``c * tanh(s / c)`` before masking. ``alibi_slopes [Hq]`` (float) adds the bias
+    ``-slope[h] * |p - j|`` to the scaled (and softcapped) score, as FlashAttention defines it
+    (``-slope * (p - j)`` for a causal mask). ``scale`` defaults to ``1 / sqrt(D)``. A query that
+    sees no key returns zeros.
+
+    ``return_lse=True`` returns ``(out, lse)``: ``lse[t, h] = log(sum_j exp(s_j) + exp(sink_h))``
+    over the keys the row sees (natural log, biases and softcap included in ``s_j``; the sink term
+    only with ``sinks``). A row that sees no key gets -inf (the sink itself when ``sinks`` are
+    given). Partial results over disjoint key sets merge exactly with
+    :func:`portattn.merge_attention_states`.
 
     Raises:
         ValueError: inputs of the wrong shape, dtype, device or value (the message says what was
             expected and what came); ``UnsupportedFeatureError`` if ``backend`` lacks a feature.
+    """
+    page_size, value_dim, _, _ = check_paged_inputs(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k)
+    device = q.device
+    num_tokens, num_q_heads, head_dim = q.shape
+    expect(
+        window_right in (-1, 0) or not causal,
+        "window_right -1 or 0 with causal=True (it applies to non-causal calls)",
+        window_right,
+    )
+    params = attention_params(
+        head_dim=head_dim,
+        num_q_heads=num_q_heads,
+        scale=scale,
+        causal=causal,
+        window_left=window_left,
+        window_right=-1 if causal else window_right,
+        attention_chunk_size=attention_chunk_size,
+        sinks=sinks,
+        logit_softcap=logit_softcap,
+        device=device,
+    )
+    params = with_alibi(params, alibi_slopes, num_q_heads, device)
+    out = check_out(out, (num_tokens, num_q_heads, value_dim), q)
+    lse = new_lse(q) if return_lse else None
+    request = Request(
+        "paged_attention",
+        device.type,
+        q.dtype,
+        head_dim,
+        params.features(head_dim, value_dim) | ({"lse"} if return_lse else set()),
+        value_dim=value_dim,
+    )
+    impl = select_backend("attention", backend, request)
+    metadata = impl.plan_paged(
+        cu_seqlens_q,
+        seq_lens_k,
+        page_table,
+        page_size,
+        attention_chunk_size=attention_chunk_size,
+        num_heads=num_q_heads,
+    )
+    if not return_lse:  # backends that do not declare "lse" keep the six-argument form
+        return impl.paged_attention(q, k_cache, v_cache, metadata, params, out)
+    return impl.paged_attention(q, k_cache, v_cache, metadata, params, out, lse=lse), lse
+
+
+def check_paged_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+) -> tuple[int, int, list[int], list[int]]:
+    """Validate the tensors of a paged call (as :func:`paged_attention` takes them).
+
+    Returns ``(page_size, Dv, q_lens, k_lens)``, the lengths as host lists.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, q.device if isinstance(q, torch.Tensor) else None)
     device = q.device
@@ -107,30 +186,28 @@ def paged_attention(
                 f"expected page ids in [0, {num_pages}) for used pages, got {int(page_table[row, col])} "
                 f"at page_table[{row}, {col}]"
             )
-    params = attention_params(
-        head_dim=head_dim,
-        num_q_heads=num_q_heads,
-        scale=scale,
-        causal=causal,
-        window_left=window_left,
-        window_right=-1,
-        attention_chunk_size=attention_chunk_size,
-        sinks=sinks,
-        logit_softcap=logit_softcap,
-        device=device,
+    return page_size, value_dim, q_lens, k_lens
+
+
+def with_alibi(
+    params: AttentionParams, alibi_slopes: torch.Tensor | None, num_q_heads: int, device: torch.device
+) -> AttentionParams:
+    """``params`` with validated ALiBi slopes (``[Hq]``, a float dtype) added."""
+    if alibi_slopes is None:
+        return params
+    check_tensor("alibi_slopes", alibi_slopes, 1, FLOAT_DTYPES, device)
+    expect(
+        alibi_slopes.shape[0] == num_q_heads,
+        f"alibi_slopes of shape [{num_q_heads}] (one per query head)",
+        tuple(alibi_slopes.shape),
     )
-    out = check_out(out, (num_tokens, num_q_heads, value_dim), q)
-    request = Request("paged_attention", device.type, q.dtype, head_dim, params.features(head_dim, value_dim))
-    impl = select_backend("attention", backend, request)
-    metadata = impl.plan_paged(
-        cu_seqlens_q,
-        seq_lens_k,
-        page_table,
-        page_size,
-        attention_chunk_size=attention_chunk_size,
-        num_heads=num_q_heads,
-    )
-    return impl.paged_attention(q, k_cache, v_cache, metadata, params, out)
+    return dataclasses.replace(params, alibi_slopes=alibi_slopes)
+
+
+def new_lse(q: torch.Tensor) -> torch.Tensor:
+    """An LSE buffer ``[T, Hq]`` for ``q [T, Hq, D]``: float32, or float64 for float64 inputs."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.empty(q.shape[:2], dtype=dtype, device=q.device)
 
 
 def varlen_attention(
@@ -148,7 +225,9 @@ def varlen_attention(
     sinks: torch.Tensor | None = None,
     logit_softcap: float = 0.0,
     backend: str = "auto",
-) -> torch.Tensor:
+    alibi_slopes: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over packed variable-length sequences (vision encoders, dense prefill).
 
     Shapes::
@@ -156,13 +235,16 @@ def varlen_attention(
         q            [Tq, Hq, D]        cu_seqlens_q [B + 1] int32
         k            [Tk, Hkv, D]       cu_seqlens_k [B + 1] int32 (default: cu_seqlens_q)
         v            [Tk, Hkv, Dv]
-        -> out       [Tq, Hq, Dv]
+        -> out       [Tq, Hq, Dv]       dtype of q
+        -> lse       [Tq, Hq] float32   with return_lse=True (float64 for float64 q)
 
     Sequence ``b`` attends only within itself. Queries are bottom-right aligned (query ``i`` of
     ``n`` over ``L`` keys sits at position ``L - n + i``). ``window_size = (left, right)`` follows
     FlashAttention: key ``j`` is visible to position ``p`` iff ``p - left <= j <= p + right``, -1
     meaning unbounded; ``causal`` forces ``right = 0``. ``max_seqlen_*`` are optional hints; when
     given they must be at least the longest sequence. A query that sees no key returns zeros.
+    ``sinks``, ``logit_softcap``, ``alibi_slopes`` and ``return_lse`` are as in
+    :func:`paged_attention` (ALiBi: ``-slope * |p - j|`` with the positions above).
     Backend selection uses the ``mm`` kind (``PORTATTN_MM_ATTENTION_BACKEND``).
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, q.device if isinstance(q, torch.Tensor) else None)
@@ -210,8 +292,19 @@ def varlen_attention(
         logit_softcap=logit_softcap,
         device=device,
     )
+    params = with_alibi(params, alibi_slopes, num_q_heads, device)
     out = torch.empty((num_tokens, num_q_heads, value_dim), dtype=q.dtype, device=device)
-    request = Request("varlen_attention", device.type, q.dtype, head_dim, params.features(head_dim, value_dim))
+    lse = new_lse(q) if return_lse else None
+    request = Request(
+        "varlen_attention",
+        device.type,
+        q.dtype,
+        head_dim,
+        params.features(head_dim, value_dim) | ({"lse"} if return_lse else set()),
+        value_dim=value_dim,
+    )
     impl = select_backend("mm", backend, request)
     metadata = impl.plan_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    return impl.varlen_attention(q, k, v, metadata, params, out)
+    if not return_lse:
+        return impl.varlen_attention(q, k, v, metadata, params, out)
+    return impl.varlen_attention(q, k, v, metadata, params, out, lse=lse), lse

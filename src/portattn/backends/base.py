@@ -34,7 +34,7 @@ class Capabilities:
             return value in self.features
         if kind == "dtype":
             return value in self.dtypes
-        if kind == "head_dim":
+        if kind in ("head_dim", "value_dim"):
             return self.head_dims is None or value in self.head_dims
         if kind == "device":
             return self.device_types is None or value in self.device_types
@@ -42,7 +42,7 @@ class Capabilities:
 
 
 # Feature names, as they appear in UnsupportedFeatureError messages.
-OPS = ("paged_attention", "varlen_attention", "mla_decode")
+OPS = ("paged_attention", "varlen_attention", "mla_decode", "merge_attention_states")
 FEATURES = {
     "window": "a sliding window (window_left / window_size)",
     "chunk": "chunked local attention (attention_chunk_size)",
@@ -50,24 +50,33 @@ FEATURES = {
     "softcap": "logit_softcap",
     "non_causal": "non-causal attention",
     "dv_ne_d": "a value head dim different from the key head dim",
+    "lse": "the softmax log-sum-exp output (return_lse)",
+    "alibi": "ALiBi slopes (alibi_slopes)",
 }
 
 
 @dataclass(frozen=True)
 class Request:
-    """What one call (or one model: ``extra_ops`` it also runs) needs; matched against :class:`Capabilities`."""
+    """What one call (or one model: ``extra_ops`` it also runs) needs; matched against :class:`Capabilities`.
+
+    ``head_dim`` / ``value_dim`` ``None``: not matched (ops whose width is not a head dim, e.g. merging).
+    """
 
     op: str
     device_type: str
     dtype: torch.dtype
-    head_dim: int
+    head_dim: int | None
     features: frozenset[str] = frozenset()
     extra_ops: frozenset[str] = frozenset()
+    value_dim: int | None = None
 
     def missing(self, caps: Capabilities) -> tuple[str, object] | None:
         """The first requirement ``caps`` lacks, as ``(kind, value)``, or ``None``."""
         needs = [("op", op) for op in (self.op, *sorted(self.extra_ops))]
-        needs += [("device", self.device_type), ("dtype", self.dtype), ("head_dim", self.head_dim)]
+        needs += [("device", self.device_type), ("dtype", self.dtype)]
+        needs += [
+            (kind, dim) for kind, dim in (("head_dim", self.head_dim), ("value_dim", self.value_dim)) if dim is not None
+        ]
         needs += [("feature", feature) for feature in sorted(self.features)]
         for kind, value in needs:
             if not caps.supports(kind, value):
@@ -84,6 +93,8 @@ def describe(kind: str, value: object) -> str:
         return f"device type {value!r}"
     if kind == "dtype":
         return f"dtype {value}"
+    if kind == "value_dim":
+        return f"value head dim {value}"
     return f"head dim {value}"
 
 
@@ -92,6 +103,8 @@ class AttentionParams:
     """Per-layer attention parameters (see docs/design.md for the exact semantics).
 
     ``window_right`` only applies when not causal; -1 means unbounded, as for ``window_left``.
+    ``alibi_slopes [Hq]`` adds ``-slope * |p - j|`` to the (scaled, softcapped) score of query
+    position ``p`` and key ``j``.
     """
 
     scale: float
@@ -101,6 +114,7 @@ class AttentionParams:
     attention_chunk_size: int | None = None
     sinks: torch.Tensor | None = None  # [Hq], float
     logit_softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None  # [Hq], float
 
     def features(self, head_dim: int, value_dim: int) -> frozenset[str]:
         needed = set()
@@ -116,6 +130,8 @@ class AttentionParams:
             needed.add("non_causal")
         if head_dim != value_dim:
             needed.add("dv_ne_d")
+        if self.alibi_slopes is not None:
+            needed.add("alibi")
         return frozenset(needed)
 
 
@@ -350,7 +366,9 @@ class AttentionBackend:
         metadata: PagedMetadata,
         params: AttentionParams,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Attend into ``out [T, Hq, Dv]``; with ``lse [T, Hq]`` also write each row's natural-log LSE."""
         raise NotImplementedError(f"{self.name} does not implement paged_attention")
 
     def varlen_attention(
@@ -361,5 +379,12 @@ class AttentionBackend:
         metadata: VarlenMetadata,
         params: AttentionParams,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError(f"{self.name} does not implement varlen_attention")
+
+    def merge_attention_states(
+        self, outs: list[torch.Tensor], lses: list[torch.Tensor], out: torch.Tensor, out_lse: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Merge partial attentions ``outs[i] [T, H, Dv]`` with LSEs ``lses[i] [T, H]`` into ``out``, ``out_lse``."""
+        raise NotImplementedError(f"{self.name} does not implement merge_attention_states")

@@ -23,22 +23,30 @@ if TYPE_CHECKING:
 
 
 def masked_softmax(
-    scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor | None = None, *, empty_rows: bool = True
-) -> torch.Tensor:
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    *,
+    empty_rows: bool = True,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the last dim of ``scores`` where ``mask`` holds (broadcast), in ``scores.dtype``.
 
     ``sinks`` (broadcastable to ``scores[..., :1]``) adds one logit per row to the denominator.
     A row that sees nothing gets all-zero probabilities; ``empty_rows=False`` promises there is
-    none and skips that check.
+    none and skips that check. ``return_lse`` also returns the log of each row's denominator
+    (``scores.shape[:-1]``; sinks included, -inf for a row with neither keys nor sink).
     """
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is None:  # the fused softmax; rows that see nothing come out NaN and are zeroed
         probs = torch.softmax(scores, dim=-1)
-        return torch.where(mask.any(dim=-1, keepdim=True), probs, 0.0) if empty_rows else probs
+        probs = torch.where(mask.any(dim=-1, keepdim=True), probs, 0.0) if empty_rows else probs
+        return (probs, torch.logsumexp(scores, dim=-1)) if return_lse else probs
     row_max = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)  # finite: the sink is
     probs = torch.exp(scores - row_max)
     denom = probs.sum(dim=-1, keepdim=True) + torch.exp(sinks - row_max)
-    return probs / denom
+    probs = probs / denom
+    return (probs, (row_max + denom.log()).squeeze(-1)) if return_lse else probs
 
 
 def visible_keys(
@@ -66,13 +74,16 @@ def attend(
     q_pos: torch.Tensor,
     params: AttentionParams,
     mask: torch.Tensor | None = None,
-) -> torch.Tensor:
+    *,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``B`` sequences over contiguous keys at positions ``0 .. L-1``.
 
     ``q [B, n, Hq, D]``, ``k [B, L, Hkv, D]``, ``v [B, L, Hkv, Dv]``, ``q_pos [B, n]`` (int64) ->
-    ``[B, n, Hq, Dv]`` in ``q.dtype``. ``mask [B, n, L]`` (default: :func:`visible_keys` of
-    ``params``) may also hide padding keys, whose values must then be finite. A query that sees
-    no key returns zeros.
+    ``[B, n, Hq, Dv]`` in the accumulation dtype (float32, or float64 for float64 inputs), and with
+    ``return_lse`` the natural-log LSE ``[B, n, Hq]``. ``mask [B, n, L]`` (default:
+    :func:`visible_keys` of ``params``) may also hide padding keys, whose values must then be
+    finite. A query that sees no key returns zeros.
     """
     batch, n, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads, value_dim = v.shape[1:]
@@ -90,20 +101,29 @@ def attend(
     scores = scores.mul_(params.scale).view(num_kv_heads, batch, group, n, num_keys)  # [Hkv, B, G, n, L]
     if params.logit_softcap > 0:
         scores = torch.tanh(scores / params.logit_softcap) * params.logit_softcap
+    if params.alibi_slopes is not None:
+        distance = (q_pos[:, :, None] - torch.arange(num_keys, device=q.device)).abs().to(acc)  # [B, n, L]
+        slopes = params.alibi_slopes.to(acc).view(num_kv_heads, 1, group, 1, 1)
+        scores = scores - slopes * distance[None, :, None]  # [Hkv, B, G, n, L]
 
     if mask is None:
         mask = visible_keys(q_pos, num_keys, params)  # [B, n, L]
     sinks = None if params.sinks is None else params.sinks.to(acc).view(num_kv_heads, 1, group, 1, 1)
     # Every query at a position p >= 0 sees key p under every mask rule; only more queries than
     # keys (positions below 0) can leave a row empty.
-    probs = masked_softmax(scores, mask[None, :, None], sinks, empty_rows=n > num_keys)  # [Hkv, B, G, n, L]
+    probs = masked_softmax(scores, mask[None, :, None], sinks, empty_rows=n > num_keys, return_lse=return_lse)
+    if return_lse:
+        probs, lse = probs  # lse [Hkv, B, G, n]
     probs = probs.view(num_kv_heads, batch, group * n, num_keys)
 
     out = q.new_empty((num_kv_heads, batch, group * n, value_dim), dtype=acc)
     for h in range(num_kv_heads):
         torch.bmm(probs[h], v[:, :, h], out=out[h])  # [B, G*n, Dv]
     out = out.view(num_kv_heads, batch, group, n, value_dim).permute(1, 3, 0, 2, 4)  # [B, n, Hkv, G, Dv]
-    return out.reshape(batch, n, num_q_heads, value_dim).to(q.dtype)
+    out = out.reshape(batch, n, num_q_heads, value_dim)
+    if not return_lse:
+        return out
+    return out, lse.permute(1, 3, 0, 2).reshape(batch, n, num_q_heads)  # [B, n, Hq]
 
 
 # Decode batches are attended in groups of sequences padded to the group's longest: one gather and
@@ -177,8 +197,8 @@ class TorchBackend(AttentionBackend):
     name = "torch"
     priority = 0
     capabilities = Capabilities(
-        ops=frozenset({"paged_attention", "varlen_attention", "mla_decode"}),
-        features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"}),
+        ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
+        features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64}),
     )
 
@@ -197,10 +217,11 @@ class TorchBackend(AttentionBackend):
         metadata: PagedMetadata,
         params: AttentionParams,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         groups = getattr(metadata, "decode_groups", None)  # metadata planned by another backend has none
         if groups is not None:
-            return self._paged_decode(q, k_cache, v_cache, groups, params, out)
+            return self._paged_decode(q, k_cache, v_cache, groups, params, out, lse)
         page_size = metadata.page_size
         # Gather buffers are allocated once per call: fresh allocations per sequence cost more
         # than the copies themselves.
@@ -216,11 +237,12 @@ class TorchBackend(AttentionBackend):
             k = _gather(k_cache, pages, *k_bufs).flatten(0, 1)[:num_keys]  # [L, Hkv, D]
             v = _gather(v_cache, pages, *v_bufs).flatten(0, 1)[:num_keys]  # [L, Hkv, Dv]
             q_pos = query_positions(n, num_keys, q.device)
-            out[start : start + n] = attend(q[None, start : start + n], k[None], v[None], q_pos[None], params)[0]
+            rows = slice(start, start + n)
+            _attend_into(out, lse, rows, q[None, rows], k[None], v[None], q_pos[None], params)
             start += n
         return out
 
-    def _paged_decode(self, q, k_cache, v_cache, groups: tuple[_DecodeGroup, ...], params: AttentionParams, out):
+    def _paged_decode(self, q, k_cache, v_cache, groups: tuple[_DecodeGroup, ...], params: AttentionParams, out, lse):
         max_pages = max(g.pages.shape[0] for g in groups)
         k_bufs, v_bufs = _gather_buffers(k_cache, max_pages), _gather_buffers(v_cache, max_pages)
         for g in groups:
@@ -230,7 +252,8 @@ class TorchBackend(AttentionBackend):
             # finite too, since 0 * NaN = NaN in the value product.
             v.view(-1, *v.shape[2:]).index_fill_(0, g.pad_rows, 0.0)
             mask = g.mask(params, k.shape[1])
-            out[g.b0 : g.b1] = attend(q[g.b0 : g.b1, None], k, v, g.q_pos, params, mask=mask)[:, 0]
+            rows = slice(g.b0, g.b1)
+            _attend_into(out, lse, rows, q[rows, None], k, v, g.q_pos, params, mask=mask, batched=True)
         return out
 
     def varlen_attention(
@@ -241,18 +264,14 @@ class TorchBackend(AttentionBackend):
         metadata: VarlenMetadata,
         params: AttentionParams,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         q_start = k_start = 0
         for n, num_keys in zip(metadata.q_lens, metadata.k_lens):
             if n > 0:
                 q_pos = query_positions(n, num_keys, q.device)
-                out[q_start : q_start + n] = attend(
-                    q[None, q_start : q_start + n],
-                    k[None, k_start : k_start + num_keys],
-                    v[None, k_start : k_start + num_keys],
-                    q_pos[None],
-                    params,
-                )[0]
+                rows, keys = slice(q_start, q_start + n), slice(k_start, k_start + num_keys)
+                _attend_into(out, lse, rows, q[None, rows], k[None, keys], v[None, keys], q_pos[None], params)
             q_start += n
             k_start += num_keys
         return out
@@ -265,6 +284,7 @@ class TorchBackend(AttentionBackend):
         metadata: MLADecodeMetadata,
         scale: float,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Absorbed MLA decode over a padded batch; ignores the split count and workspace."""
         batch, _, rank = q_nope.shape
@@ -283,6 +303,34 @@ class TorchBackend(AttentionBackend):
 
         q = torch.cat([q_nope, q_rope], dim=-1).to(acc)  # [B, H, R + Dr]
         scores = torch.bmm(q, latent.transpose(1, 2)).mul_(scale)  # [B, H, Lmax]
-        probs = masked_softmax(scores, valid[:, None, :])  # empty sequences give zeros
+        probs, row_lse = masked_softmax(scores, valid[:, None, :], return_lse=True)  # empty sequences give zeros
         out.copy_(torch.bmm(probs, latent[..., :rank]))  # [B, H, R]
+        if lse is not None:
+            lse.copy_(row_lse)  # [B, H]
         return out
+
+    def merge_attention_states(
+        self, outs: list[torch.Tensor], lses: list[torch.Tensor], out: torch.Tensor, out_lse: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        acc = _accumulate_dtype(out.dtype)
+        lse = torch.stack([x.to(acc) for x in lses])  # [N, T, H]
+        top = lse.amax(dim=0)  # [T, H]
+        top = torch.where(top == float("-inf"), 0.0, top)  # rows no part saw anything
+        weights = torch.exp(lse - top)  # [N, T, H]; 0 for parts that saw nothing
+        denom = weights.sum(dim=0)  # [T, H]
+        total = torch.zeros(out.shape, dtype=acc, device=out.device)
+        for w, part in zip(weights, outs):
+            # A part with no weight contributes nothing, whatever its output holds.
+            total += torch.where(w[..., None] > 0, w[..., None] * part.to(acc), 0.0)
+        out.copy_(total / torch.where(denom > 0, denom, 1.0)[..., None])
+        out_lse.copy_(torch.where(denom > 0, top + denom.log(), float("-inf")))
+        return out, out_lse
+
+
+def _attend_into(out, lse, rows, q, k, v, q_pos, params, mask=None, batched=False) -> None:
+    """:func:`attend` into the query rows ``rows`` of ``out`` (and ``lse``): one sequence, or a batch of decodes."""
+    got = attend(q, k, v, q_pos, params, mask, return_lse=lse is not None)
+    res, res_lse = got if lse is not None else (got, None)
+    out[rows] = res[:, 0] if batched else res[0]
+    if lse is not None:
+        lse[rows] = res_lse[:, 0] if batched else res_lse[0]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
 
 try:
-    from ..kernels.triton.launch import MAX_SPLITS, attention_forward
+    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
@@ -40,14 +40,21 @@ except ImportError as exc:  # the registry reports this with the install hint
 # the same batch is split the same way on every device, and so gives the same numbers.
 SPLIT_TARGET_WORK = 2048
 MIN_KEYS_PER_SPLIT = 512
-MAX_SPLIT_QUERIES = 8  # longer query runs parallelise over query blocks instead
+QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 
 
 def choose_num_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
-    """How many key ranges each (query block, KV head) is split into; 1 = no split-KV."""
-    if max_seqlen_q > MAX_SPLIT_QUERIES or batch == 0:
+    """How many key ranges each (query block, KV head) is split into; 1 = no split-KV.
+
+    Work items are (sequence, query head, run of 8 queries); splits are added until there are
+    about ``SPLIT_TARGET_WORK`` of them, keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split.
+    Decode batches and short extends split when few; so do the many queries of a cascade's
+    shared-prefix pass (one sequence, every request's queries); long prefills do not.
+    """
+    if batch == 0:
         return 1
-    by_work = -(-SPLIT_TARGET_WORK // max(batch * num_heads, 1))
+    work = batch * num_heads * max(1, -(-max_seqlen_q // QUERIES_PER_WORK_ITEM))
+    by_work = -(-SPLIT_TARGET_WORK // work)
     by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
     return max(1, min(by_work, by_length, MAX_SPLITS))
 
@@ -71,10 +78,12 @@ class TritonBackend(AttentionBackend):
     name = "triton"
     priority = 10
     capabilities = Capabilities(
-        ops=frozenset({"paged_attention", "varlen_attention", "mla_decode"}),
-        features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d"}),
+        ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
+        features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
-        head_dims=frozenset({64, 80, 96, 128, 192, 256}),  # padded to a power of two, masked
+        # Any key and value head dim up to 256, in column tiles of at least 16 (launch.column_tiles);
+        # multiples of 8 keep every row's loads aligned.
+        head_dims=frozenset(range(1, 257)),
         device_types=frozenset({"cuda", "xpu", "cpu"}),
     )
 
@@ -129,6 +138,7 @@ class TritonBackend(AttentionBackend):
         metadata: PagedMetadata,
         params: AttentionParams,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
         if num_splits is None:
@@ -147,9 +157,12 @@ class TritonBackend(AttentionBackend):
             page_table=metadata.page_table,
             causal=params.causal,
             window_left=params.window_left,
+            window_right=params.window_right,
             chunk_size=params.attention_chunk_size,
             sinks=params.sinks,
             logit_softcap=params.logit_softcap,
+            alibi_slopes=params.alibi_slopes,
+            lse=lse,
             num_splits=num_splits,
         )
 
@@ -161,6 +174,7 @@ class TritonBackend(AttentionBackend):
         metadata: VarlenMetadata,
         params: AttentionParams,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_lens_k = getattr(metadata, "seq_lens_k", None)  # from plan_varlen; metadata built elsewhere lacks it
         if seq_lens_k is None:
@@ -180,6 +194,8 @@ class TritonBackend(AttentionBackend):
             window_right=params.window_right,
             sinks=params.sinks,
             logit_softcap=params.logit_softcap,
+            alibi_slopes=params.alibi_slopes,
+            lse=lse,
         )
 
     def mla_decode(
@@ -190,6 +206,7 @@ class TritonBackend(AttentionBackend):
         metadata: MLADecodeMetadata,
         scale: float,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return mla_decode_forward(
             q_nope,
@@ -201,4 +218,22 @@ class TritonBackend(AttentionBackend):
             scale=scale,
             num_kv_splits=metadata.num_kv_splits,
             partials=metadata.partials,
+            lse=lse,
         )
+
+    def merge_attention_states(
+        self, outs: list[torch.Tensor], lses: list[torch.Tensor], out: torch.Tensor, out_lse: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pairwise merges; intermediate states stay in float32 (``out`` is rounded once)."""
+        if len(outs) == 1:
+            return out.copy_(outs[0]), out_lse.copy_(lses[0])
+        if len(outs) > 2:  # one float32 state, merged into in place (a program reads its row, then writes it)
+            tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+            tmp_lse = torch.empty(out_lse.shape, dtype=torch.float32, device=out.device)
+        acc_out, acc_lse = outs[0], lses[0]
+        for i in range(1, len(outs)):
+            last = i == len(outs) - 1
+            dst, dst_lse = (out, out_lse) if last else (tmp, tmp_lse)
+            merge_states_forward(acc_out, acc_lse, outs[i], lses[i], dst, dst_lse)
+            acc_out, acc_lse = dst, dst_lse
+        return out, out_lse

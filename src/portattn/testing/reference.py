@@ -51,14 +51,18 @@ def attention_ref(
     chunk: int | None = None,
     sinks: torch.Tensor | None = None,
     logit_softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
     upcast: bool = True,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """One sequence: ``q [n, Hq, D]`` (bottom-right aligned) over ``k [L, Hkv, D]``, ``v [L, Hkv, Dv]``.
 
     ``upcast=True`` computes in float64 and returns float64. ``upcast=False`` computes the way a
     good kernel in the inputs' dtype does (float32 accumulation, probabilities rounded to the
     dtype before the value product, output rounded to the dtype): the baseline error that a
-    backend's own error is compared with.
+    backend's own error is compared with. ``alibi_slopes [Hq]`` add ``-slope * |p - j|``.
+    ``return_lse`` also returns ``[n, Hq]``: the log of each softmax denominator (float64, or
+    float32 without ``upcast``), the sink's column included.
     """
     n, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads, _ = k.shape
@@ -71,6 +75,11 @@ def attention_ref(
     if logit_softcap > 0:
         logits = logit_softcap * torch.tanh(logits / logit_softcap)
     q_pos = torch.arange(num_keys - n, num_keys, device=q.device)
+    if alibi_slopes is not None:
+        distance = torch.cdist(
+            q_pos[:, None].to(dtype), torch.arange(num_keys, device=q.device)[:, None].to(dtype), p=1
+        )
+        logits = logits + torch.einsum("h,nl->hnl", -alibi_slopes.to(dtype), distance)  # [Hq, n, L]
     mask = visible(
         q_pos,
         torch.arange(num_keys, device=q.device),
@@ -87,7 +96,15 @@ def attention_ref(
     if not upcast:
         probs = probs.to(q.dtype).to(dtype)
     out = torch.einsum("hnl,lhd->nhd", probs, v)
-    return out if upcast else out.to(q.dtype)
+    out = out if upcast else out.to(q.dtype)
+    return (out, torch.logsumexp(logits, dim=-1).T) if return_lse else out
+
+
+def _cat_parts(parts: list) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate per-sequence results (outputs, or (output, lse) pairs) along the tokens."""
+    if parts and isinstance(parts[0], tuple):
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return torch.cat(parts)
 
 
 def gather_sequence(cache: torch.Tensor, page_row: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -111,7 +128,10 @@ def paged_attention_ref(
     upcast=True,
     **kwargs,
 ) -> torch.Tensor:
-    """Reference for :func:`portattn.paged_attention` (same arguments, minus ``backend`` / ``out``)."""
+    """Reference for :func:`portattn.paged_attention` (same arguments, minus ``backend`` / ``out``).
+
+    With ``return_lse=True`` returns ``(out, lse)`` as the op does (see :func:`attention_ref`).
+    """
     outs = []
     cu = cu_seqlens_q.tolist()
     for b, num_keys in enumerate(seq_lens_k.tolist()):
@@ -122,7 +142,7 @@ def paged_attention_ref(
                 q[cu[b] : cu[b + 1]], k, v, window_left=window_left, chunk=attention_chunk_size, upcast=upcast, **kwargs
             )
         )
-    return torch.cat(outs)
+    return _cat_parts(outs)
 
 
 def varlen_attention_ref(
@@ -155,19 +175,20 @@ def varlen_attention_ref(
         )
         for b in range(len(cu_q) - 1)
     ]
-    return torch.cat(outs)
+    return _cat_parts(outs)
 
 
-def mla_decode_ref(q_nope, q_rope, kv_cache, page_table, seq_lens, *, scale, upcast=True) -> torch.Tensor:
+def mla_decode_ref(q_nope, q_rope, kv_cache, page_table, seq_lens, *, scale, upcast=True, return_lse=False):
     """Reference for :func:`portattn.mla_decode`: the absorbed-MLA formula, sequence by sequence.
 
     Each key's latent row ``[c_kv | k_pe]`` is gathered through its slot; the score is
     ``scale · (q_nope · c_kv + q_rope · k_pe)`` and the value is ``c_kv``. ``upcast`` as in
-    :func:`attention_ref` (float64, or the inputs' dtype the way a good kernel computes it).
+    :func:`attention_ref` (float64, or the inputs' dtype the way a good kernel computes it);
+    ``return_lse`` also returns the log-sum-exp of the scores ``[B, H]`` (-inf without keys).
     """
     dtype = torch.float64 if upcast else torch.float32
     rank = q_nope.shape[2]
-    outs = []
+    outs, lses = [], []
     for b, num_keys in enumerate(seq_lens.tolist()):
         rows = gather_sequence(kv_cache, page_table[b], num_keys).to(dtype)  # [L, R + Dr]
         c_kv, k_pe = rows[:, :rank], rows[:, rank:]
@@ -176,8 +197,12 @@ def mla_decode_ref(q_nope, q_rope, kv_cache, page_table, seq_lens, *, scale, upc
         if not upcast:
             probs = probs.to(q_nope.dtype).to(dtype)
         outs.append(probs @ c_kv)  # [H, R]
+        lses.append(torch.logsumexp(logits, dim=-1) if num_keys else logits.new_full(logits.shape[:1], -math.inf))
     out = torch.stack(outs) if outs else q_nope.new_zeros(q_nope.shape, dtype=dtype)
-    return out if upcast else out.to(q_nope.dtype)
+    out = out if upcast else out.to(q_nope.dtype)
+    if not return_lse:
+        return out
+    return out, (torch.stack(lses) if lses else q_nope.new_zeros(q_nope.shape[:2], dtype=dtype))
 
 
 @dataclass(eq=False)

@@ -10,13 +10,15 @@ element mask only to tiles that are not entirely visible to every row.
 
 Keys are addressed by logical index ``j``: paged (``PAGED``) through
 ``page_table[b, j // PAGE_SIZE]`` and offset ``j % PAGE_SIZE``, which works for every page size;
-contiguous (varlen) at ``kv_start[b] + j``. A head dim that is not a power of two is covered by two
-column tiles, a power of two plus a small tail (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64), instead
-of one tile padded to the next power of two: the dot products then do no work on padding columns.
-The same holds for the value dim. Grid: ``(q blocks, KV heads, NUM_SPLITS)``, the q blocks taken
+contiguous (varlen) at ``kv_start[b] + j``. A head dim that is not a power of two is covered by up
+to three column tiles of decreasing powers of two, each at least 16 wide (80 = 64 + 16, 224 = 128 +
+64 + 32, 72 = 64 + 16 with 8 masked columns), instead of one tile padded to the next power of two:
+the dot products then do little or no work on padding columns. The same holds for the value dim. Grid: ``(q blocks, KV heads, NUM_SPLITS)``, the q blocks taken
 last first (a causal sequence's last block sees the most keys: it starts first, not last). With
 ``NUM_SPLITS > 1`` each program covers one share of the block's visible tiles and writes its
 normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (and adds sinks).
+With ``HAS_LSE`` the natural-log LSE of each row is written too (by the merge when split).
+ALiBi (``HAS_ALIBI``) adds ``-slope * |p - j|`` to the scaled, softcapped scores.
 """
 
 import triton
@@ -84,13 +86,28 @@ def _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE: tl.constexpr
 
 
 @triton.jit
+def _load_columns(rows, row_ok, START: tl.constexpr, BLOCK: tl.constexpr, DIM: tl.constexpr):
+    """Columns ``[START, START + BLOCK)`` of the rows at pointers ``rows`` (column 0), zero past ``DIM``."""
+    offs = START + tl.arange(0, BLOCK)
+    return tl.load(rows[:, None] + offs[None, :], mask=row_ok[:, None] & (offs < DIM)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_columns(rows, row_ok, values, START: tl.constexpr, BLOCK: tl.constexpr, DIM: tl.constexpr):
+    offs = START + tl.arange(0, BLOCK)
+    tl.store(rows[:, None] + offs[None, :], values, mask=row_ok[:, None] & (offs < DIM)[None, :])
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     acc2,
+    acc3,
     l_i,
     m_i,
     q,
     q2,
+    q3,
     K,
     V,
     PageTableRow,
@@ -101,6 +118,8 @@ def _attend_tiles(
     tile_end,
     row_lo,
     row_hi,
+    row_pos,
+    row_slope,
     qk_scale,
     softcap,
     stride_kp,
@@ -111,40 +130,40 @@ def _attend_tiles(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_D2: tl.constexpr,
+    BLOCK_D3: tl.constexpr,
     VALUE_DIM: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_DV2: tl.constexpr,
+    BLOCK_DV3: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
     MASKED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Online softmax over key tiles ``tile_begin .. tile_end - 1`` (tile i starts at tile_base + i * BLOCK_N).
 
-    Columns ``[0, BLOCK_D)`` of q/K are in ``q``, the tail ``[BLOCK_D, BLOCK_D + BLOCK_D2)`` in ``q2``
-    (``BLOCK_D2 == 0``: no tail); likewise ``acc`` and ``acc2`` for the value columns.
+    Columns ``[0, BLOCK_D)`` of q/K are in ``q``, the next ``BLOCK_D2`` in ``q2`` and the next
+    ``BLOCK_D3`` in ``q3`` (a zero width: no such tile); likewise ``acc``, ``acc2``, ``acc3`` for
+    the value columns. ``row_pos`` / ``row_slope`` (slope * log2(e)) are read only with ALiBi.
     """
     offs_tile = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    d_ok = offs_d < HEAD_DIM
-    dv_ok = offs_dv < VALUE_DIM
     for tile in range(tile_begin, tile_end):
         offs_n = tile_base + tile * BLOCK_N + offs_tile
         page, offset, in_range = _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE=PAGE_SIZE, PAGED=PAGED)
         k_rows = K + page * stride_kp + offset * stride_ks  # [BLOCK_N] pointers to the first column
         v_rows = V + page * stride_vp + offset * stride_vs
         row_ok = in_range if MASKED else offs_tile < BLOCK_N  # unmasked tiles: every key exists
-        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+        k = _load_columns(k_rows, row_ok, 0, BLOCK_D, HEAD_DIM)
+        v = _load_columns(v_rows, row_ok, 0, BLOCK_DV, VALUE_DIM)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if BLOCK_D2 > 0:
-            offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
-            k2 = tl.load(
-                k_rows[:, None] + offs_d2[None, :], mask=row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :], other=0.0
-            )
+            k2 = _load_columns(k_rows, row_ok, BLOCK_D, BLOCK_D2, HEAD_DIM)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
+        if BLOCK_D3 > 0:
+            k3 = _load_columns(k_rows, row_ok, BLOCK_D + BLOCK_D2, BLOCK_D3, HEAD_DIM)
+            s = tl.dot(q3, tl.trans(k3), s, input_precision=DOT_PRECISION)
         if HAS_SOFTCAP:
             # c * tanh(x / c), with tanh written through exp2 so that every Triton backend has it
             x = s * (qk_scale / softcap)
@@ -155,6 +174,12 @@ def _attend_tiles(
         else:
             # the scale (positive) is applied in the exponent's fused multiply-add, not as its own pass
             scale = qk_scale * 1.4426950408889634
+        if HAS_ALIBI:
+            if not HAS_SOFTCAP:
+                s = s * scale
+            distance = tl.abs(row_pos[:, None] - offs_n[None, :]).to(tl.float32)
+            s = s - row_slope[:, None] * distance
+            scale = 1.0
         if MASKED:
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]) & in_range[None, :]
             s = tl.where(visible, s, float("-inf"))
@@ -167,13 +192,13 @@ def _attend_tiles(
         p = p.to(v.dtype)
         acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV2 > 0:
-            offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
-            v2 = tl.load(
-                v_rows[:, None] + offs_dv2[None, :], mask=row_ok[:, None] & (offs_dv2 < VALUE_DIM)[None, :], other=0.0
-            )
+            v2 = _load_columns(v_rows, row_ok, BLOCK_DV, BLOCK_DV2, VALUE_DIM)
             acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
+        if BLOCK_DV3 > 0:
+            v3 = _load_columns(v_rows, row_ok, BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
+            acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
-    return acc, acc2, l_i, m_i
+    return acc, acc2, acc3, l_i, m_i
 
 
 @triton.jit
@@ -182,6 +207,7 @@ def attention_fwd_kernel(
     K,
     V,
     Out,
+    Lse,
     PartialOut,
     PartialLse,
     PageTable,
@@ -189,6 +215,7 @@ def attention_fwd_kernel(
     SeqLensK,
     KvStart,
     Sinks,
+    AlibiSlopes,
     num_seqs,
     qk_scale,
     softcap,
@@ -205,6 +232,8 @@ def attention_fwd_kernel(
     stride_vh,
     stride_ot,
     stride_oh,
+    stride_lt,
+    stride_lh,
     stride_pt,
     stride_wt,
     stride_wh,
@@ -217,9 +246,11 @@ def attention_fwd_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_D2: tl.constexpr,
+    BLOCK_D3: tl.constexpr,
     VALUE_DIM: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_DV2: tl.constexpr,
+    BLOCK_DV3: tl.constexpr,
     PARTIAL_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
@@ -229,6 +260,8 @@ def attention_fwd_kernel(
     HAS_CHUNK: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_LSE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -257,20 +290,20 @@ def attention_fwd_kernel(
     q_row = (q_begin + token).to(tl.int64)
 
     q_rows = Q + q_row * stride_qt + head * stride_qh  # [BLOCK_M] pointers to the first column
-    offs_d = tl.arange(0, BLOCK_D)
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    q2 = q  # no tail columns: unused
+    q = _load_columns(q_rows, row_ok, 0, BLOCK_D, HEAD_DIM)
+    q2 = q  # no second column tile: unused
+    q3 = q
     if BLOCK_D2 > 0:
-        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
-        q2 = tl.load(
-            q_rows[:, None] + offs_d2[None, :], mask=row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :], other=0.0
-        )
+        q2 = _load_columns(q_rows, row_ok, BLOCK_D, BLOCK_D2, HEAD_DIM)
+    if BLOCK_D3 > 0:
+        q3 = _load_columns(q_rows, row_ok, BLOCK_D + BLOCK_D2, BLOCK_D3, HEAD_DIM)
 
     # Key ranges: per row for the element mask, per block for which tiles to visit.
+    row_pos = num_keys - num_queries + token
     first_pos = num_keys - num_queries + q_start
     last_pos = num_keys - num_queries + tl.minimum(q_start + BLOCK_Q, num_queries) - 1
     row_lo, row_hi = _key_bounds(
-        num_keys - num_queries + token,
+        row_pos,
         num_keys,
         window_left,
         window_right,
@@ -315,133 +348,75 @@ def attention_fwd_kernel(
     split_begin = tl.minimum(split * tiles_per_split, num_tiles)
     split_end = tl.minimum(split_begin + tiles_per_split, num_tiles)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    row_slope = l_i  # no ALiBi: unused
+    if HAS_ALIBI:
+        row_slope = tl.load(AlibiSlopes + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    acc2 = l_i  # no tail columns: unused
+    acc2 = l_i  # no second value tile: unused
+    acc3 = l_i
     if BLOCK_DV2 > 0:
         acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)
+    if BLOCK_DV3 > 0:
+        acc3 = tl.zeros([BLOCK_M, BLOCK_DV3], dtype=tl.float32)
     K = K + kv_head * stride_kh
     V = V + kv_head * stride_vh
     # Three phases: masked tiles before the fully visible ones, the fully visible ones, masked after.
-    head_end = tl.minimum(full_begin, split_end)
-    body_begin = tl.maximum(full_begin, split_begin)
-    body_end = tl.minimum(full_end, split_end)
-    tail_begin = tl.maximum(full_end, split_begin)
-    acc, acc2, l_i, m_i = _attend_tiles(
-        acc,
-        acc2,
-        l_i,
-        m_i,
-        q,
-        q2,
-        K,
-        V,
-        PageTableRow,
-        kv_start,
-        num_keys,
-        tile_base,
-        split_begin,
-        head_end,
-        row_lo,
-        row_hi,
-        qk_scale,
-        softcap,
-        stride_kp,
-        stride_ks,
-        stride_vp,
-        stride_vs,
-        BLOCK_N=BLOCK_N,
-        HEAD_DIM=HEAD_DIM,
-        BLOCK_D=BLOCK_D,
-        BLOCK_D2=BLOCK_D2,
-        VALUE_DIM=VALUE_DIM,
-        BLOCK_DV=BLOCK_DV,
-        BLOCK_DV2=BLOCK_DV2,
-        PAGE_SIZE=PAGE_SIZE,
-        PAGED=PAGED,
-        MASKED=True,
-        HAS_SOFTCAP=HAS_SOFTCAP,
-        DOT_PRECISION=DOT_PRECISION,
-    )
-    acc, acc2, l_i, m_i = _attend_tiles(
-        acc,
-        acc2,
-        l_i,
-        m_i,
-        q,
-        q2,
-        K,
-        V,
-        PageTableRow,
-        kv_start,
-        num_keys,
-        tile_base,
-        body_begin,
-        body_end,
-        row_lo,
-        row_hi,
-        qk_scale,
-        softcap,
-        stride_kp,
-        stride_ks,
-        stride_vp,
-        stride_vs,
-        BLOCK_N=BLOCK_N,
-        HEAD_DIM=HEAD_DIM,
-        BLOCK_D=BLOCK_D,
-        BLOCK_D2=BLOCK_D2,
-        VALUE_DIM=VALUE_DIM,
-        BLOCK_DV=BLOCK_DV,
-        BLOCK_DV2=BLOCK_DV2,
-        PAGE_SIZE=PAGE_SIZE,
-        PAGED=PAGED,
-        MASKED=False,
-        HAS_SOFTCAP=HAS_SOFTCAP,
-        DOT_PRECISION=DOT_PRECISION,
-    )
-    acc, acc2, l_i, m_i = _attend_tiles(
-        acc,
-        acc2,
-        l_i,
-        m_i,
-        q,
-        q2,
-        K,
-        V,
-        PageTableRow,
-        kv_start,
-        num_keys,
-        tile_base,
-        tail_begin,
-        split_end,
-        row_lo,
-        row_hi,
-        qk_scale,
-        softcap,
-        stride_kp,
-        stride_ks,
-        stride_vp,
-        stride_vs,
-        BLOCK_N=BLOCK_N,
-        HEAD_DIM=HEAD_DIM,
-        BLOCK_D=BLOCK_D,
-        BLOCK_D2=BLOCK_D2,
-        VALUE_DIM=VALUE_DIM,
-        BLOCK_DV=BLOCK_DV,
-        BLOCK_DV2=BLOCK_DV2,
-        PAGE_SIZE=PAGE_SIZE,
-        PAGED=PAGED,
-        MASKED=True,
-        HAS_SOFTCAP=HAS_SOFTCAP,
-        DOT_PRECISION=DOT_PRECISION,
-    )
+    for phase in tl.static_range(3):
+        if phase == 0:
+            begin = split_begin
+            end = tl.minimum(full_begin, split_end)
+        elif phase == 1:
+            begin = tl.maximum(full_begin, split_begin)
+            end = tl.minimum(full_end, split_end)
+        else:
+            begin = tl.maximum(full_end, split_begin)
+            end = split_end
+        acc, acc2, acc3, l_i, m_i = _attend_tiles(
+            acc,
+            acc2,
+            acc3,
+            l_i,
+            m_i,
+            q,
+            q2,
+            q3,
+            K,
+            V,
+            PageTableRow,
+            kv_start,
+            num_keys,
+            tile_base,
+            begin,
+            end,
+            row_lo,
+            row_hi,
+            row_pos,
+            row_slope,
+            qk_scale,
+            softcap,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            BLOCK_N=BLOCK_N,
+            HEAD_DIM=HEAD_DIM,
+            BLOCK_D=BLOCK_D,
+            BLOCK_D2=BLOCK_D2,
+            BLOCK_D3=BLOCK_D3,
+            VALUE_DIM=VALUE_DIM,
+            BLOCK_DV=BLOCK_DV,
+            BLOCK_DV2=BLOCK_DV2,
+            BLOCK_DV3=BLOCK_DV3,
+            PAGE_SIZE=PAGE_SIZE,
+            PAGED=PAGED,
+            MASKED=phase != 1,
+            HAS_SOFTCAP=HAS_SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI,
+            DOT_PRECISION=DOT_PRECISION,
+        )
 
-    dv_ok = offs_dv[None, :] < VALUE_DIM
-    if BLOCK_DV2 > 0:
-        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
-        dv2_ok = offs_dv2[None, :] < VALUE_DIM
     if NUM_SPLITS == 1:
         if HAS_SINKS:
             sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
@@ -449,28 +424,33 @@ def attention_fwd_kernel(
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.exp2(sink - m_safe)
+            m_i = m_safe
             acc = acc * alpha[:, None]
             if BLOCK_DV2 > 0:
                 acc2 = acc2 * alpha[:, None]
+            if BLOCK_DV3 > 0:
+                acc3 = acc3 * alpha[:, None]
         inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)  # a row that sees no key gives zeros
         o_rows = Out + q_row * stride_ot + head * stride_oh
-        tl.store(
-            o_rows[:, None] + offs_dv[None, :],
-            (acc * inv_l[:, None]).to(Out.dtype.element_ty),
-            mask=row_ok[:, None] & dv_ok,
-        )
+        _store_columns(o_rows, row_ok, (acc * inv_l[:, None]).to(Out.dtype.element_ty), 0, BLOCK_DV, VALUE_DIM)
         if BLOCK_DV2 > 0:
-            tl.store(
-                o_rows[:, None] + offs_dv2[None, :],
-                (acc2 * inv_l[:, None]).to(Out.dtype.element_ty),
-                mask=row_ok[:, None] & dv2_ok,
-            )
+            o2 = (acc2 * inv_l[:, None]).to(Out.dtype.element_ty)
+            _store_columns(o_rows, row_ok, o2, BLOCK_DV, BLOCK_DV2, VALUE_DIM)
+        if BLOCK_DV3 > 0:
+            o3 = (acc3 * inv_l[:, None]).to(Out.dtype.element_ty)
+            _store_columns(o_rows, row_ok, o3, BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
+        if HAS_LSE:  # natural log: the base-2 running max and sum times ln(2)
+            lse = (m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i))) * 0.6931471805599453
+            lse = tl.where(l_i == 0.0, float("-inf"), lse)
+            tl.store(Lse + q_row * stride_lt + head * stride_lh, lse, mask=row_ok)
     else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         w_row = q_row * stride_wt + head * stride_wh + split * stride_ws
         w_rows = PartialOut + w_row * PARTIAL_DV
-        tl.store(w_rows[:, None] + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None] & dv_ok)
+        _store_columns(w_rows, row_ok, acc / l_safe[:, None], 0, BLOCK_DV, VALUE_DIM)
         if BLOCK_DV2 > 0:
-            tl.store(w_rows[:, None] + offs_dv2[None, :], acc2 / l_safe[:, None], mask=row_ok[:, None] & dv2_ok)
+            _store_columns(w_rows, row_ok, acc2 / l_safe[:, None], BLOCK_DV, BLOCK_DV2, VALUE_DIM)
+        if BLOCK_DV3 > 0:
+            _store_columns(w_rows, row_ok, acc3 / l_safe[:, None], BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
         tl.store(PartialLse + w_row, lse, mask=row_ok)

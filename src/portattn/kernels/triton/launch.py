@@ -16,7 +16,7 @@ import torch
 from ...device import is_triton_interpreter
 from ...errors import expect, fail
 from .attention import attention_fwd_kernel
-from .merge import merge_splits_kernel
+from .merge import merge_splits_kernel, merge_states_kernel
 from .resources import fewer_stages_then, launch_fitting
 
 MAX_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
@@ -51,8 +51,8 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     The GPU defaults are the fastest shapes of ``python -m portattn.bench --sweep`` on an H200
     (``bench/results/NOTES.md``): decode streams 64-key tiles through a 5-stage pipeline; long
     query runs take 128 x 128 tiles at head dim 128 (64 x 64 for short runs), 64 x 64 tiles when
-    the widest column tile is 64 (head dims 64, 80, 96), and 64 x 32 tiles above 128 columns
-    (192, 256). A GPU that lacks the shared memory steps down at the first launch
+    no column tile is wider than 64 (head dims 64, 80, 96, 112, ...), and 64 x 32 tiles above 128
+    columns (160, 192, 224, 256). A GPU that lacks the shared memory steps down at the first launch
     (``resources.py``). Under the CPU interpreter tiles are kept small (its cost grows with tile
     size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
     """
@@ -78,15 +78,19 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
 
 
 @functools.cache
-def column_tiles(dim: int) -> tuple[int, int]:
-    """Column tiles ``(main, tail)`` covering a head dim: one power of two when that wastes nothing, else a
-    power of two plus a tail of at least 16 columns (80 = 64 + 16) when that pads less than rounding up."""
-    full = next_pow2(dim)
-    main = full // 2
-    tail = max(16, next_pow2(dim - main)) if dim > main else 0
-    if dim == full or main < 16 or main + tail >= full:
-        return full, 0
-    return main, tail
+def column_tiles(dim: int) -> tuple[int, int, int]:
+    """Column tiles covering a head dim: up to three powers of two, each at least 16 wide, largest first.
+
+    The dim rounded up to a multiple of 16 is written as a sum of its binary digits (80 = 64 + 16,
+    224 = 128 + 64 + 32, 72 -> 80 = 64 + 16); where that takes more than three tiles (240) one
+    tile of the next power of two is used. Unused tiles are 0 wide: ``(128, 0, 0)``.
+    """
+    full = max(16, next_pow2(dim))
+    rounded = -(-dim // 16) * 16
+    tiles = [1 << bit for bit in range(rounded.bit_length() - 1, 3, -1) if rounded >> bit & 1]
+    if len(tiles) > 3:
+        tiles = [full]
+    return (*tiles, 0, 0)[:3]
 
 
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
@@ -112,6 +116,8 @@ def attention_forward(
     chunk_size: int | None = None,
     sinks: torch.Tensor | None = None,
     logit_softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
     num_splits: int = 1,
     tiles: TileConfig | None = None,
 ) -> torch.Tensor:
@@ -120,6 +126,8 @@ def attention_forward(
     Paged (``page_table`` given): ``k [N, P, Hkv, D]``, ``v [N, P, Hkv, Dv]``. Contiguous
     (``kv_start`` given, the first key row of each sequence, e.g. ``cu_seqlens_k[:-1]``):
     ``k [Tk, Hkv, D]``, ``v [Tk, Hkv, Dv]``. ``seq_lens_k [B]`` counts the keys of each sequence.
+    ``out`` is of q's dtype or float32 (partial results that are merged later); ``lse [T, Hq]``
+    float32, when given, receives each row's natural-log LSE.
     """
     paged = page_table is not None
     expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
@@ -131,9 +139,13 @@ def attention_forward(
     for name, t in tensors.items():
         if t.device != q.device:
             fail(f"{name} on {q.device}", t.device)
-    for name in ("k", "v", "out"):
+    for name in ("k", "v"):
         if tensors[name].dtype != q.dtype:
             fail(f"{name} of dtype {q.dtype}", tensors[name].dtype)
+    if out.dtype not in (q.dtype, torch.float32):
+        fail(f"out of dtype {q.dtype} or float32", out.dtype)
+    if lse is not None and (lse.dtype != torch.float32 or lse.shape != q.shape[:2] or lse.device != q.device):
+        fail(f"lse of dtype float32 and shape {list(q.shape[:2])} on {q.device}", (lse.dtype, lse.shape, lse.device))
     for name in ("cu_seqlens_q", "seq_lens_k", "page_table" if paged else "kv_start"):
         if tensors[name].dtype != torch.int32:
             fail(f"{name} of dtype int32", tensors[name].dtype)
@@ -152,8 +164,8 @@ def attention_forward(
         tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
-    block_d, block_d2 = column_tiles(head_dim)
-    block_dv, block_dv2 = column_tiles(value_dim)
+    block_d, block_d2, block_d3 = column_tiles(head_dim)
+    block_dv, block_dv2, block_dv3 = column_tiles(value_dim)
     partial_dv = next_pow2(value_dim)
 
     if paged:
@@ -172,6 +184,7 @@ def attention_forward(
         partial_lse = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
+    lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
     group_min = max(16, group_pad)
 
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
@@ -183,21 +196,24 @@ def attention_forward(
     def launch(t: TileConfig) -> None:
         grid = (num_tokens // t.block_q + batch, num_kv_heads, num_splits)
         attention_fwd_kernel[grid](
-            q, k, v, out, partial_out, partial_lse,
+            q, k, v, out, lse_buf, partial_out, partial_lse,
             table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
+            q if alibi_slopes is None else alibi_slopes,
             batch, scale, logit_softcap, window_left, window_right, chunk_size or 1,
             q.stride(0), q.stride(1),
             stride_kp, stride_ks, stride_kh,
             stride_vp, stride_vs, stride_vh,
             out.stride(0), out.stride(1),
+            lse_buf.stride(0), lse_buf.stride(1),
             stride_pt,
             num_q_heads * num_splits if num_splits > 1 else 0, num_splits if num_splits > 1 else 0, 1,
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=t.block_q, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2,
-            VALUE_DIM=value_dim, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, PARTIAL_DV=partial_dv,
-            PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, HAS_WINDOW_LEFT=window_left >= 0,
-            HAS_WINDOW_RIGHT=(not causal) and window_right >= 0, HAS_CHUNK=chunk_size is not None,
-            HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0, NUM_SPLITS=num_splits,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
+            VALUE_DIM=value_dim, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, BLOCK_DV3=block_dv3,
+            PARTIAL_DV=partial_dv, PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal,
+            HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
+            HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
+            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, NUM_SPLITS=num_splits,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
@@ -205,9 +221,36 @@ def attention_forward(
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, head_dim, value_dim, page_size))
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_q_heads)](
-            partial_out, partial_lse, q if sinks is None else sinks, out,
-            num_q_heads, out.stride(0), out.stride(1),
+            partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
+            num_q_heads, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
             NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits), BLOCK_DV=partial_dv,
-            VALUE_DIM=value_dim, HAS_SINKS=sinks is not None,
+            VALUE_DIM=value_dim, HAS_SINKS=sinks is not None, HAS_LSE=lse is not None,
         )  # fmt: skip
     return out
+
+
+def merge_states_forward(
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    out: torch.Tensor,
+    out_lse: torch.Tensor,
+) -> None:
+    """Merge two attention states ``out_* [T, H, Dv]`` with natural-log ``lse_* [T, H]`` into ``out``, ``out_lse``.
+
+    Any float dtypes (the math runs in float32) and strides, except a contiguous last dim of the
+    outputs; ``out`` may alias ``out_a`` or ``out_b`` (each program reads its row before writing it).
+    """
+    for name, t in (("out_a", out_a), ("out_b", out_b), ("out", out)):
+        _check_inner_contiguous(name, t)
+    num_tokens, num_heads, value_dim = out.shape
+    if num_tokens == 0 or num_heads == 0:
+        return
+    merge_states_kernel[(num_tokens, num_heads)](
+        out_a, lse_a, out_b, lse_b, out, out_lse,
+        out_a.stride(0), out_a.stride(1), lse_a.stride(0), lse_a.stride(1),
+        out_b.stride(0), out_b.stride(1), lse_b.stride(0), lse_b.stride(1),
+        out.stride(0), out.stride(1), out_lse.stride(0), out_lse.stride(1),
+        VALUE_DIM=value_dim, BLOCK_DV=next_pow2(value_dim),
+    )  # fmt: skip

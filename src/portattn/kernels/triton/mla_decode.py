@@ -11,7 +11,9 @@ Split ``s`` of a sequence of ``L`` keys covers keys ``[s·len, min((s+1)·len, L
 ``len = ceil(ceil(L / S) / SPLIT_ALIGN) · SPLIT_ALIGN``: short sequences leave trailing splits
 empty. A split writes its normalised output and base-2 log-sum-exp to the workspace (or, with a
 single split, the output itself); ``mla_decode_merge_kernel`` combines a sequence's non-empty
-splits. Launchers are in ``mla_decode_launch.py``.
+splits. With ``WRITE_LSE`` the natural-log LSE of each (sequence, head) is written too, by the
+split kernel when there is one split and by the merge otherwise. Launchers are in
+``mla_decode_launch.py``.
 """
 
 import triton
@@ -35,6 +37,7 @@ def mla_decode_split_kernel(
     PageTable,
     SeqLens,
     Out,
+    Lse,
     PartOut,
     PartLse,
     qk_scale_log2,
@@ -54,6 +57,8 @@ def mla_decode_split_kernel(
     stride_o_b,
     stride_o_h,
     stride_o_d,
+    stride_lse_b,
+    stride_lse_h,
     KV_LORA_RANK: tl.constexpr,
     ROPE_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -62,6 +67,7 @@ def mla_decode_split_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_RP: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16 and BLOCK_R >= 16 and BLOCK_RP >= 16, "tl.dot tiles are >= 16")
@@ -141,6 +147,9 @@ def mla_decode_split_kernel(
             out.to(Out.dtype.element_ty),
             mask=head_ok[:, None] & r_ok[None, :],
         )
+        if WRITE_LSE:  # natural log; -inf for a sequence without keys
+            lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+            tl.store(Lse + seq * stride_lse_b + offs_h * stride_lse_h, lse, mask=head_ok)
 
 
 @triton.jit
@@ -149,14 +158,18 @@ def mla_decode_merge_kernel(
     PartLse,
     SeqLens,
     Out,
+    Lse,
     num_heads,
     num_splits,
     stride_o_b,
     stride_o_h,
     stride_o_d,
+    stride_lse_b,
+    stride_lse_h,
     KV_LORA_RANK: tl.constexpr,
     BLOCK_R: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -181,3 +194,8 @@ def mla_decode_merge_kernel(
         m = m_new
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(Out + seq * stride_o_b + head * stride_o_h + offs_r * stride_o_d, out.to(Out.dtype.element_ty), mask=r_ok)
+    if WRITE_LSE:
+        lse = tl.where(
+            denom > 0.0, (m + tl.log2(tl.where(denom > 0.0, denom, 1.0))) * 0.6931471805599453, float("-inf")
+        )
+        tl.store(Lse + seq * stride_lse_b + head * stride_lse_h, lse)

@@ -93,6 +93,7 @@ def mla_decode_forward(
     num_kv_splits: int,
     workspace: torch.Tensor | None = None,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    lse: torch.Tensor | None = None,
     tiles: MLATileConfig | None = None,
 ) -> torch.Tensor:
     """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
@@ -101,7 +102,8 @@ def mla_decode_forward(
     ``num_kv_splits > 1`` the partial results go to ``partials`` (float32 ``[B, H, S, R]`` and
     ``[B, H, S]``, as :func:`~portattn.kernels.triton.mla_workspace.partial_buffers` cuts them from a workspace, e.g. once per
     plan) or else to views of ``workspace``, a uint8 buffer of at least
-    ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes.
+    ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes. ``lse [B, H]`` float32, when
+    given, receives the natural-log LSE of each row.
     """
     dtype, device = q_nope.dtype, q_nope.device
     batch, num_heads, rank = q_nope.shape
@@ -120,6 +122,11 @@ def mla_decode_forward(
     )  # fmt: skip
     if not valid:
         _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits)
+    expect(
+        lse is None or (lse.dtype == torch.float32 and lse.shape == (batch, num_heads) and lse.device == device),
+        f"lse of dtype float32 and shape [{batch}, {num_heads}] on {device}",
+        None if lse is None else (lse.dtype, tuple(lse.shape), lse.device),
+    )
     if batch == 0:
         return out
     if tiles is None:
@@ -144,19 +151,21 @@ def mla_decode_forward(
         )  # fmt: skip
     else:
         part_out = part_lse = out  # unused
+    lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
     block_r = max(16, next_pow2(rank))
     block_rp = max(16, next_pow2(rope_dim)) if rope_dim else 16
 
     def launch(t: MLATileConfig) -> None:
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
         mla_decode_split_kernel[grid](
-            q_nope, q_rope, kv_cache, page_table, seq_lens, out, part_out, part_lse,
+            q_nope, q_rope, kv_cache, page_table, seq_lens, out, lse_buf, part_out, part_lse,
             scale * LOG2E,
             num_heads, num_kv_splits,
             *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
+            *lse_buf.stride(),
             KV_LORA_RANK=rank, ROPE_DIM=rope_dim, PAGE_SIZE=kv_cache.shape[1],
             BLOCK_H=t.block_h, BLOCK_N=t.block_n, BLOCK_R=block_r, BLOCK_RP=block_rp,
-            WRITE_PARTIAL=split, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+            WRITE_PARTIAL=split, WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
@@ -169,10 +178,10 @@ def mla_decode_forward(
     )
     if split:
         mla_decode_merge_kernel[(num_heads, batch)](
-            part_out, part_lse, seq_lens, out,
+            part_out, part_lse, seq_lens, out, lse_buf,
             num_heads, num_kv_splits,
-            *out.stride(),
-            KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n,
+            *out.stride(), *lse_buf.stride(),
+            KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n, WRITE_LSE=lse is not None,
             num_warps=4,
         )  # fmt: skip
     return out
