@@ -23,6 +23,7 @@ from portattn.testing import (
 
 PAGE_SIZES = [1, 3, 7, 16, 64]
 BACKEND_DTYPES = backend_dtype_params("paged_attention")
+SLOPES = torch.tensor([0.5, 0.25, 0.0625, 0.0078125], device=DEVICE)  # ALiBi: 2^-1, 2^-2, 2^-4, 2^-7
 VARLEN_BACKEND_DTYPES = backend_dtype_params("varlen_attention")
 
 
@@ -84,7 +85,9 @@ def test_paged_gqa_ratios(backend, dtype, num_q_heads, num_kv_heads):
     check_paged(case, backend, dtype, window_left=4)
 
 
-@pytest.mark.parametrize(("head_dim", "value_dim"), [(64, 64), (80, 80), (128, 128), (64, 32), (80, 128)])
+@pytest.mark.parametrize(
+    ("head_dim", "value_dim"), [(64, 64), (80, 80), (128, 128), (64, 32), (80, 128), (40, 40), (72, 72), (224, 224)]
+)
 @pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
 def test_paged_head_dims(backend, dtype, head_dim, value_dim):
     q_lens, k_lens = mixed_batch(16)
@@ -92,6 +95,60 @@ def test_paged_head_dims(backend, dtype, head_dim, value_dim):
         q_lens, k_lens, page_size=16, head_dim=head_dim, value_dim=value_dim, dtype=dtype, device=DEVICE, seed=head_dim
     )
     check_paged(case, backend, dtype)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
+def test_paged_non_causal_local_windows(backend, dtype, page_size):
+    # window_right: keys up to p + R, clipped by the last key; 0 is the causal mask. Decodes see
+    # only the left part of their window; the extend's early queries see keys past themselves.
+    case = make_paged_case([1, 1, 7, 12], [1, 9, 20, 12], page_size=page_size, dtype=dtype, device=DEVICE, seed=9)
+    for left, right in ((-1, 3), (4, 1), (0, 0)):
+        check_paged(case, backend, dtype, causal=False, window_left=left, window_right=right)
+    causal = portattn.paged_attention(**case.inputs(), backend=backend)
+    assert torch.equal(causal, portattn.paged_attention(**case.inputs(), backend=backend, causal=False, window_right=0))
+
+
+@pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"window_left": 4, "logit_softcap": 3.0},
+        {"attention_chunk_size": 8, "sinks": True},
+        {"causal": False, "window_left": 5, "window_right": 3},
+    ],
+    ids=["plain", "window_softcap", "chunk_sinks", "non_causal_window"],
+)
+def test_paged_alibi_with_masks(backend, dtype, kwargs):
+    page_size = 1 + len(kwargs) * 5  # 1, 11, 11, 16
+    q_lens, k_lens = mixed_batch(page_size)
+    case = make_paged_case(q_lens, k_lens, page_size=page_size, dtype=dtype, device=DEVICE, seed=13)
+    kwargs = dict(kwargs)
+    if kwargs.pop("sinks", False):
+        kwargs["sinks"] = torch.tensor([-2.0, 0.5, 1.5, 4.0], device=DEVICE).to(dtype)
+    check_paged(case, backend, dtype, alibi_slopes=SLOPES, **kwargs)
+
+
+def test_alibi_is_the_distance_bias():
+    # Larger slopes attend more locally: with slope s, key p - d weighs e^(-s d) more than a bias-free key.
+    case = make_paged_case([1], [6], page_size=4, dtype=torch.float64, seed=1)
+    steep = torch.tensor([40.0, 40.0, 40.0, 40.0], dtype=torch.float64)
+    out = portattn.paged_attention(**case.inputs(), alibi_slopes=steep, backend="torch")
+    v_last = case.v_cache[case.page_table[0, 1], 1].repeat_interleave(2, dim=0)  # key 5: [Hq, D]
+    assert max_error(out[0], v_last) <= 1e-12  # every other key is e^-40 behind
+
+
+def test_window_right_and_alibi_inputs_are_checked():
+    case = make_paged_case([1], [5], page_size=4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="expected window_right -1 or 0 with causal=True"):
+        portattn.paged_attention(**case.inputs(), window_right=3)
+    with pytest.raises(ValueError, match="expected window_right to be an int >= -1"):
+        portattn.paged_attention(**case.inputs(), causal=False, window_right=-2)
+    with pytest.raises(ValueError, match=r"expected alibi_slopes of shape \[4\] \(one per query head\)"):
+        portattn.paged_attention(**case.inputs(), alibi_slopes=torch.ones(2))
+    with pytest.raises(ValueError, match="expected alibi_slopes with 1 dims"):
+        portattn.paged_attention(**case.inputs(), alibi_slopes=torch.ones(1, 4))
 
 
 @pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
@@ -170,6 +227,7 @@ def check_varlen(args, backend, dtype, **kwargs):
 
 VARLEN_FEATURES = {
     "full": {},
+    "alibi_window": {"window_size": (6, 2), "alibi_slopes": SLOPES, "logit_softcap": 3.0},
     "causal": {"causal": True},
     "window_8_8": {"window_size": (8, 8)},
     "window_3_0": {"window_size": (3, 0)},

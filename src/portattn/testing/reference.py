@@ -224,6 +224,25 @@ class PagedCase:
         }
 
 
+def share_prefix(case: PagedCase, shared_len: int) -> PagedCase:
+    """A copy of ``case`` whose sequences share sequence 0's first ``shared_len`` keys, page for page.
+
+    ``shared_len`` is a multiple of the page size and at most every sequence's length. Every row's
+    first ``shared_len / P`` page ids become row 0's; the pages they replace are no longer owned
+    and are filled with NaN.
+    """
+    page_size = case.k_cache.shape[1]
+    if shared_len % page_size or any(n < shared_len for n in case.seq_lens_k.tolist()):
+        raise ValueError(f"expected a multiple of {page_size} no longer than any sequence, got {shared_len}")
+    shared = shared_len // page_size
+    page_table, k_cache, v_cache = case.page_table.clone(), case.k_cache.clone(), case.v_cache.clone()
+    replaced = page_table[1:, :shared].flatten().long()
+    k_cache[replaced] = float("nan")
+    v_cache[replaced] = float("nan")
+    page_table[1:, :shared] = page_table[:1, :shared]
+    return PagedCase(case.q, k_cache, v_cache, page_table, case.cu_seqlens_q, case.seq_lens_k, case.junk_page)
+
+
 def cu_seqlens(lens: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
     """``[len(lens) + 1]`` int32 offsets."""
     out = [0]
@@ -290,6 +309,24 @@ def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if out.shape != ref.shape or not bool(torch.isfinite(out).all()):
         return math.inf
     return float((out.double() - ref.double()).abs().max()) if out.numel() else 0.0
+
+
+def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest absolute difference of the finite LSEs; ``inf`` if NaN appears or the -inf entries differ."""
+    if lse.shape != ref.shape or bool(torch.isnan(lse).any()):
+        return math.inf
+    if not torch.equal(torch.isneginf(lse).cpu(), torch.isneginf(ref).cpu()):
+        return math.inf
+    finite = torch.isfinite(ref)
+    return float((lse.double() - ref.double())[finite].abs().max()) if bool(finite.any()) else 0.0
+
+
+def lse_tolerance(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """Allowed LSE error: the LSE is accumulated in float32 (float64 for float64 inputs) from scores of
+    exactly rounded inputs, so a few dozen units of rounding at the largest magnitude."""
+    eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    finite = ref[torch.isfinite(ref)]
+    return 64.0 * eps * max(float(finite.abs().max()) if finite.numel() else 1.0, 1.0)
 
 
 def tolerance(ref: torch.Tensor, ref_lowp: torch.Tensor, dtype: torch.dtype) -> float:

@@ -148,21 +148,35 @@ def _attend_tiles(
     ``BLOCK_D3`` in ``q3`` (a zero width: no such tile); likewise ``acc``, ``acc2``, ``acc3`` for
     the value columns. ``row_pos`` / ``row_slope`` (slope * log2(e)) are read only with ALiBi.
     """
+    # Loads are written out here rather than through _load_columns: under the CPU interpreter
+    # every call in this loop costs as much as the arithmetic.
     offs_tile = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    if BLOCK_D2 > 0:
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+    if BLOCK_D3 > 0:
+        offs_d3 = BLOCK_D + BLOCK_D2 + tl.arange(0, BLOCK_D3)
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+    if BLOCK_DV3 > 0:
+        offs_dv3 = BLOCK_DV + BLOCK_DV2 + tl.arange(0, BLOCK_DV3)
     for tile in range(tile_begin, tile_end):
         offs_n = tile_base + tile * BLOCK_N + offs_tile
         page, offset, in_range = _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE=PAGE_SIZE, PAGED=PAGED)
         k_rows = K + page * stride_kp + offset * stride_ks  # [BLOCK_N] pointers to the first column
         v_rows = V + page * stride_vp + offset * stride_vs
         row_ok = in_range if MASKED else offs_tile < BLOCK_N  # unmasked tiles: every key exists
-        k = _load_columns(k_rows, row_ok, 0, BLOCK_D, HEAD_DIM)
-        v = _load_columns(v_rows, row_ok, 0, BLOCK_DV, VALUE_DIM)
+        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+        v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & (offs_dv < VALUE_DIM)[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if BLOCK_D2 > 0:
-            k2 = _load_columns(k_rows, row_ok, BLOCK_D, BLOCK_D2, HEAD_DIM)
+            k2_ok = row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :]
+            k2 = tl.load(k_rows[:, None] + offs_d2[None, :], mask=k2_ok, other=0.0)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
         if BLOCK_D3 > 0:
-            k3 = _load_columns(k_rows, row_ok, BLOCK_D + BLOCK_D2, BLOCK_D3, HEAD_DIM)
+            k3_ok = row_ok[:, None] & (offs_d3 < HEAD_DIM)[None, :]
+            k3 = tl.load(k_rows[:, None] + offs_d3[None, :], mask=k3_ok, other=0.0)
             s = tl.dot(q3, tl.trans(k3), s, input_precision=DOT_PRECISION)
         if HAS_SOFTCAP:
             # c * tanh(x / c), with tanh written through exp2 so that every Triton backend has it
@@ -192,10 +206,12 @@ def _attend_tiles(
         p = p.to(v.dtype)
         acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV2 > 0:
-            v2 = _load_columns(v_rows, row_ok, BLOCK_DV, BLOCK_DV2, VALUE_DIM)
+            v2_ok = row_ok[:, None] & (offs_dv2 < VALUE_DIM)[None, :]
+            v2 = tl.load(v_rows[:, None] + offs_dv2[None, :], mask=v2_ok, other=0.0)
             acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV3 > 0:
-            v3 = _load_columns(v_rows, row_ok, BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
+            v3_ok = row_ok[:, None] & (offs_dv3 < VALUE_DIM)[None, :]
+            v3 = tl.load(v_rows[:, None] + offs_dv3[None, :], mask=v3_ok, other=0.0)
             acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, acc2, acc3, l_i, m_i
