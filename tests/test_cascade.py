@@ -100,3 +100,13 @@ def test_share_prefix_poisons_the_pages_it_replaces():
     assert torch.isnan(shared.k_cache[old]).all() and torch.isnan(shared.v_cache[old]).all()
     assert torch.equal(shared.page_table[1, :2], shared.page_table[0, :2])
     assert torch.equal(shared.page_table[:, 2:], case.page_table[:, 2:])
+
+
+def test_the_cascade_benchmark_runs_a_tiny_case():
+    from portattn.bench.cascade import CascadeCase, run_case
+
+    case = CascadeCase("tiny", 3, 8, 5, q_len=2, page_size=4, num_q_heads=4, num_kv_heads=2, head_dim=32)
+    result = run_case(case, torch.device("cpu"), dtype=torch.float32, backend="torch", runs=2)
+    assert result["max_abs_diff_vs_plain"] <= 1e-5
+    assert set(result["ms"]) == {"plain", "cascade", "shared_pass", "own_pass", "merge", "plain_distinct"}
+    assert result["kv_bytes"] == {"plain": 3 * 13 * 2 * 2 * 32 * 4, "cascade": (8 + 3 * 5) * 2 * 2 * 32 * 4}

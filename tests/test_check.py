@@ -16,8 +16,9 @@ class WindowBlindBackend(TorchBackend):
 
     name = "window_blind"
 
-    def paged_attention(self, q, k_cache, v_cache, metadata, params, out):
-        return super().paged_attention(q, k_cache, v_cache, metadata, dataclasses.replace(params, window_left=-1), out)
+    def paged_attention(self, q, k_cache, v_cache, metadata, params, out, lse=None):
+        params = dataclasses.replace(params, window_left=-1)
+        return super().paged_attention(q, k_cache, v_cache, metadata, params, out, lse=lse)
 
 
 @pytest.fixture

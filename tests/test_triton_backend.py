@@ -17,6 +17,8 @@ from portattn.backends.registry import available_backends
 from portattn.device import is_triton_interpreter
 from portattn.testing import (
     cu_seqlens,
+    lse_error,
+    lse_tolerance,
     make_paged_case,
     max_error,
     paged_attention_ref,
@@ -32,7 +34,8 @@ if "triton" in available_backends(DEVICE):
 
 INTERPRETED = is_triton_interpreter()
 DTYPES = [torch.float32, torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
-HEAD_DIMS = [64, 80, 128, 192] if INTERPRETED else [64, 80, 96, 128, 192, 256]
+# Any head dim up to 256: one, two or three column tiles, and dims that are not multiples of 16.
+HEAD_DIMS = [32, 40, 72, 112, 160, 224] if INTERPRETED else [*range(8, 257, 8), 59, 111]
 
 
 def reference(case, **kwargs):
@@ -41,8 +44,8 @@ def reference(case, **kwargs):
     return ref, tolerance(ref, lowp, case.q.dtype)
 
 
-def run_planned(case, num_splits=None, **kwargs):
-    """Plan once, then call the backend's per-layer method (the engine's path)."""
+def run_planned(case, num_splits=None, return_lse=False, **kwargs):
+    """Plan once, then call the backend's per-layer method (the engine's path); NaN-filled outputs."""
     backend = TritonBackend()
     metadata = backend.plan_paged(
         case.cu_seqlens_q,
@@ -54,12 +57,17 @@ def run_planned(case, num_splits=None, **kwargs):
     )
     params = AttentionParams(scale=case.q.shape[-1] ** -0.5, **kwargs)
     out = torch.full((*case.q.shape[:2], case.v_cache.shape[-1]), float("nan"), dtype=case.q.dtype, device=DEVICE)
-    return backend.paged_attention(case.q, case.k_cache, case.v_cache, metadata, params, out)
+    if not return_lse:
+        return backend.paged_attention(case.q, case.k_cache, case.v_cache, metadata, params, out)
+    lse = torch.full(case.q.shape[:2], float("nan"), device=DEVICE)
+    return backend.paged_attention(case.q, case.k_cache, case.v_cache, metadata, params, out, lse=lse), lse
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "kwargs", [{}, {"window_left": 40}, {"attention_chunk_size": 64, "sinks": True}], ids=["causal", "window", "chunk"]
+    "kwargs",
+    [{}, {"window_left": 40, "alibi": True}, {"attention_chunk_size": 64, "sinks": True}],
+    ids=["causal", "window_alibi", "chunk_sinks"],
 )
 def test_forced_split_counts_agree_with_each_other_and_the_reference(dtype, kwargs):
     # Decodes and a short extend; a window and a chunk leave some splits without any key.
@@ -67,11 +75,15 @@ def test_forced_split_counts_agree_with_each_other_and_the_reference(dtype, kwar
     kwargs = dict(kwargs)
     if kwargs.pop("sinks", False):
         kwargs["sinks"] = torch.linspace(-1.0, 3.0, case.q.shape[1], device=DEVICE)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.tensor([0.5, 0.25, 0.0625, 0.0078125], device=DEVICE)
     ref, tol = reference(case, **kwargs)
-    outs = {s: run_planned(case, num_splits=s, **kwargs) for s in (1, 2, 3, 8)}
-    for s, out in outs.items():
+    _, ref_lse = paged_attention_ref(**case.inputs(), return_lse=True, **kwargs)
+    outs = {s: run_planned(case, num_splits=s, return_lse=True, **kwargs) for s in (1, 2, 3, 8)}
+    for s, (out, lse) in outs.items():
         assert max_error(out, ref) <= tol, f"{s} splits: {max_error(out, ref):.3e} > {tol:.3e}"
-        assert max_error(out, outs[1]) <= tol, f"{s} splits differ from 1 split"
+        assert max_error(out, outs[1][0]) <= tol, f"{s} splits differ from 1 split"
+        assert lse_error(lse, ref_lse) <= lse_tolerance(ref_lse, dtype), f"{s} splits: LSE"
 
 
 def test_long_decode_is_split_and_correct():
@@ -90,6 +102,8 @@ def test_split_count_is_a_function_of_the_problem_size():
     assert choose_num_splits(4, 32, 1, 4096) == 8  # bounded by 512 keys per split
     assert choose_num_splits(1, 32, 1, 300) == 1  # too short to split
     assert choose_num_splits(1, 32, 512, 65536) == 1  # long query runs use query blocks instead
+    assert choose_num_splits(1, 32, 64, 8192) == 8  # a cascade's shared pass: 64 queries over a long prefix
+    assert choose_num_splits(4, 32, 16, 8192) == 8  # short extends over long contexts
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 7, 16, 64])
@@ -113,9 +127,10 @@ def test_head_dims_are_padded_with_masks(head_dim, num_splits):
     assert max_error(run_planned(case, num_splits=num_splits), ref) <= tol
 
 
-@pytest.mark.parametrize(("head_dim", "value_dim"), [(80, 96), (96, 64), (192, 80)])
+@pytest.mark.parametrize(("head_dim", "value_dim"), [(80, 96), (192, 80), (224, 40), (59, 112)])
 def test_tail_columns_of_key_and_value_dims_apart(head_dim, value_dim):
-    # 80 and 96 are covered as 64 + 16 and 64 + 32 columns; 192 as 128 + 64.
+    # 80 and 96 are covered as 64 + 16 and 64 + 32 columns, 192 as 128 + 64, 224 as 128 + 64 + 32,
+    # 40 as 32 + 16 (8 masked), 59 as 64 (5 masked), 112 as 64 + 32 + 16.
     case = make_paged_case(
         [1, 6], [40, 13], page_size=3, head_dim=head_dim, value_dim=value_dim, dtype=DTYPES[-1], device=DEVICE
     )

@@ -38,12 +38,19 @@ def _sinks(dtype: torch.dtype, device: torch.device, heads: int = 8) -> torch.Te
     return torch.linspace(-1.0, 2.0, heads).to(dtype=dtype, device=device)
 
 
+def _slopes(device: torch.device, heads: int = 8) -> torch.Tensor:
+    """ALiBi slopes as BLOOM builds them for 8 heads: 2^-1, 2^-2, ..., 2^-8."""
+    return torch.tensor([2.0 ** -(h + 1) for h in range(heads)], device=device)
+
+
 FEATURES = [
     Feature("causal", "paged_attention", lambda dt, dev: {}),
     Feature("mha (Hq = Hkv)", "paged_attention", lambda dt, dev: {}, num_q_heads=4, num_kv_heads=4),
     Feature("mqa (Hkv = 1)", "paged_attention", lambda dt, dev: {}, num_kv_heads=1),
     Feature("head dim 80", "paged_attention", lambda dt, dev: {}, head_dim=80),
     Feature("head dim 128", "paged_attention", lambda dt, dev: {}, head_dim=128),
+    Feature("head dim 40", "paged_attention", lambda dt, dev: {}, head_dim=40),
+    Feature("head dims 224 / Dv 112", "paged_attention", lambda dt, dev: {}, head_dim=224, value_dim=112),
     Feature("Dv != D", "paged_attention", lambda dt, dev: {}, value_dim=32),
     Feature("window_left 5", "paged_attention", lambda dt, dev: {"window_left": 5}),
     Feature("chunk 8", "paged_attention", lambda dt, dev: {"attention_chunk_size": 8}),
@@ -59,6 +66,16 @@ FEATURES = [
         lambda dt, dev: {"window_left": 5, "logit_softcap": 5.0},
         head_dim=256,
     ),
+    Feature(
+        "window_right (3, 2)", "paged_attention", lambda dt, dev: {"causal": False, "window_left": 3, "window_right": 2}
+    ),
+    Feature("alibi", "paged_attention", lambda dt, dev: {"alibi_slopes": _slopes(dev)}),
+    Feature(
+        "alibi + window + softcap",
+        "paged_attention",
+        lambda dt, dev: {"alibi_slopes": _slopes(dev), "window_left": 5, "logit_softcap": 5.0},
+    ),
+    Feature("return_lse + sinks", "paged_attention", lambda dt, dev: {"sinks": _sinks(dt, dev), "return_lse": True}),
     Feature("varlen non-causal", "varlen_attention", lambda dt, dev: {}),
     Feature("varlen causal", "varlen_attention", lambda dt, dev: {"causal": True}),
     Feature("varlen window (8, 8)", "varlen_attention", lambda dt, dev: {"window_size": (8, 8)}),
@@ -68,6 +85,12 @@ FEATURES = [
         lambda dt, dev: {"window_size": (8, 8), "sinks": _sinks(dt, dev)},
         head_dim=80,
     ),
+    Feature(
+        "varlen alibi + window",
+        "varlen_attention",
+        lambda dt, dev: {"alibi_slopes": _slopes(dev), "window_size": (8, 4)},
+    ),
+    Feature("varlen return_lse", "varlen_attention", lambda dt, dev: {"causal": True, "return_lse": True}),
 ]
 
 
@@ -102,19 +125,27 @@ def _run_case(feature: Feature, backend: str, dtype: torch.dtype, page_size: int
         device=device,
         seed=seed,
     )
+    lse_asked = kwargs.pop("return_lse", False)
     if feature.op == "paged_attention":
-        out = ops.paged_attention(**case.inputs(), backend=backend, **kwargs)
-        ref = testing.paged_attention_ref(**case.inputs(), **kwargs)
-        lowp = testing.paged_attention_ref(**case.inputs(), upcast=False, **kwargs)
+        run = lambda **kw: ops.paged_attention(**case.inputs(), backend=backend, **kw)
+        reference = lambda **kw: testing.paged_attention_ref(**case.inputs(), **kw)
     else:  # varlen over the same sequences laid out contiguously
         k = torch.cat([testing.gather_sequence(case.k_cache, case.page_table[b], L) for b, L in enumerate(k_lens)])
         v = torch.cat([testing.gather_sequence(case.v_cache, case.page_table[b], L) for b, L in enumerate(k_lens)])
-        cu_k = testing.cu_seqlens(k_lens, device)
-        args = (case.q, k, v, case.cu_seqlens_q, cu_k)
-        out = ops.varlen_attention(*args, backend=backend, **kwargs)
-        ref = testing.varlen_attention_ref(*args, **kwargs)
-        lowp = testing.varlen_attention_ref(*args, upcast=False, **kwargs)
-    return testing.max_error(out, ref), testing.tolerance(ref, lowp, dtype)
+        args = (case.q, k, v, case.cu_seqlens_q, testing.cu_seqlens(k_lens, device))
+        run = lambda **kw: ops.varlen_attention(*args, backend=backend, **kw)
+        reference = lambda **kw: testing.varlen_attention_ref(*args, **kw)
+    lowp = reference(upcast=False, **kwargs)
+    if not lse_asked:
+        ref = reference(**kwargs)
+        out = run(**kwargs)
+        return testing.max_error(out, ref), testing.tolerance(ref, lowp, dtype)
+    (out, lse), (ref, ref_lse) = run(return_lse=True, **kwargs), reference(return_lse=True, **kwargs)
+    results = [
+        (testing.max_error(out, ref), testing.tolerance(ref, lowp, dtype)),
+        (testing.lse_error(lse, ref_lse), testing.lse_tolerance(ref_lse, dtype)),
+    ]
+    return max(results, key=lambda r: r[0] / r[1])  # the output's or the LSE's, whichever is further off
 
 
 def run_check(

@@ -168,7 +168,9 @@ def _attend_tiles(
         v_rows = V + page * stride_vp + offset * stride_vs
         row_ok = in_range if MASKED else offs_tile < BLOCK_N  # unmasked tiles: every key exists
         k = tl.load(k_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-        v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & (offs_dv < VALUE_DIM)[None, :], other=0.0)
+        v = tl.load(
+            v_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & (offs_dv < VALUE_DIM)[None, :], other=0.0
+        )
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if BLOCK_D2 > 0:
             k2_ok = row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :]
