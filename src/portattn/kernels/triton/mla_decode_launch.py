@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ...device import is_triton_interpreter
-from ...errors import expect
+from ...errors import expect, fail
 from .launch import next_pow2
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
 from .mla_workspace import partial_buffers
@@ -122,11 +122,10 @@ def mla_decode_forward(
     )  # fmt: skip
     if not valid:
         _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits)
-    expect(
-        lse is None or (lse.dtype == torch.float32 and lse.shape == (batch, num_heads) and lse.device == device),
-        f"lse of dtype float32 and shape [{batch}, {num_heads}] on {device}",
-        None if lse is None else (lse.dtype, tuple(lse.shape), lse.device),
-    )
+    if lse is not None and not (
+        lse.dtype == torch.float32 and lse.shape == (batch, num_heads) and lse.device == device
+    ):
+        fail(f"lse of dtype float32 and shape [{batch}, {num_heads}] on {device}", (lse.dtype, lse.shape, lse.device))
     if batch == 0:
         return out
     if tiles is None:
