@@ -160,9 +160,9 @@ class _Bench:
         found = {
             "ms": ms,
             "num_splits": {
-                "plain": plain_md.extra.get("num_splits"),
-                "shared_pass": md.shared.extra.get("num_splits"),
-                "own_pass": md.own.extra.get("num_splits"),
+                "plain": getattr(plain_md, "num_kv_splits", None),
+                "shared_pass": getattr(md.shared, "num_kv_splits", None),
+                "own_pass": getattr(md.own, "num_kv_splits", None),
             },
             "max_abs_diff_vs_plain": float((plain_out.float() - cascade_out.float()).abs().max()),
         }
