@@ -8,7 +8,7 @@ its own, the new tokens among them. Timed in the same run, planned once and call
   and the merge (``portattn.cascade.run_cascade``), with its three steps also timed apart;
 * ``plain_distinct``: plain paged attention where every request has prefix pages of its own (no
   page is shared, so none is served again from the L2 cache): what the keys cost unshared;
-* with ``--sweep``, the shared pass at other split counts (Triton).
+* with ``--sweep``, the whole cascade with the shared pass at other split counts (Triton, decodes).
 
 ``kv_bytes`` counts the K/V bytes each way must read at least: plain ``B * (S + own)`` rows,
 cascade ``S + B * own`` rows. Results (median ms, ratios, the largest difference between the
@@ -99,7 +99,7 @@ def run_case(
     b = case.batch
     result = {
         "case": case.name,
-        **asdict(case),
+        **{key: value for key, value in asdict(case).items() if key != "name"},
         "backend": impl.name,
         "dtype": str(dtype).removeprefix("torch."),
         "kv_bytes": {
@@ -109,7 +109,8 @@ def run_case(
         "ms": {},
     }
     bench = _Bench(case, impl, device, dtype, runs)
-    result.update(bench.shared_layout(sweep=sweep and impl.name == "triton"))
+    # The sweep is for decode batches: a long query run's shared pass is not split anyway.
+    result.update(bench.shared_layout(sweep=sweep and impl.name == "triton" and case.q_len <= 8))
     result["ms"]["plain_distinct"] = bench.distinct_layout()
     ms = result["ms"]
     result["speedup_vs_plain"] = ms["plain"] / ms["cascade"]
