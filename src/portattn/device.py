@@ -7,6 +7,7 @@ correctness may depend on these numbers: they only tune performance.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -57,3 +58,42 @@ def default_device() -> torch.device:
     if torch.accelerator.is_available():
         return torch.accelerator.current_accelerator()
     return torch.device("cpu")
+
+
+# -- graphs ------------------------------------------------------------------------------------
+# Graph capture replays a recorded sequence of kernel launches with one host call. torch has it
+# for NVIDIA/AMD (``torch.cuda.CUDAGraph``) and, in recent versions, Intel (``torch.xpu.XPUGraph``).
+
+
+def graph_support(device: torch.device | str) -> str | None:
+    """The graph API torch has for ``device`` (``"cuda"`` or ``"xpu"``), or ``None`` (run eagerly)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return "cuda"
+    if device.type == "xpu" and hasattr(torch, "xpu") and hasattr(torch.xpu, "XPUGraph") and torch.xpu.is_available():
+        return "xpu"
+    return None
+
+
+def _graph_module(device: torch.device | str):
+    kind = graph_support(device)
+    if kind is None:
+        raise ValueError(f"expected a device with graph support (cuda, xpu), got {torch.device(device)}")
+    return torch.cuda if kind == "cuda" else torch.xpu
+
+
+def new_graph(device: torch.device | str):
+    """An empty graph for ``device`` (``torch.cuda.CUDAGraph`` or ``torch.xpu.XPUGraph``)."""
+    module = _graph_module(device)
+    return module.CUDAGraph() if module is torch.cuda else module.XPUGraph()
+
+
+@contextlib.contextmanager
+def graph_capture(device: torch.device | str, graph, pool=None):
+    """Record the work queued inside the ``with`` block on ``device`` into ``graph`` (nothing runs).
+
+    ``pool``: the memory pool of an earlier graph (``graph.pool()``), so that graphs share memory.
+    """
+    module = _graph_module(device)
+    with module.device(torch.device(device)), module.graph(graph, pool=pool):
+        yield
