@@ -45,6 +45,33 @@ def compute_units(device: torch.device | str) -> int:
     return _compute_units(device.type, device.index or 0)
 
 
+@functools.cache
+def _shared_memory(device_type: str, index: int) -> int | None:
+    if device_type == "cuda" and torch.cuda.is_available():
+        value = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
+        if value:
+            return int(value)
+    if device_type in ("cuda", "xpu"):
+        try:  # Triton's own figure, the one its launches are checked against
+            from triton.runtime import driver
+
+            return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+        except (ImportError, AttributeError, KeyError, RuntimeError):
+            return None
+    return None
+
+
+def max_shared_memory(device: torch.device | str) -> int | None:
+    """Bytes of shared memory (LDS, SLM) one program may use on ``device``; ``None`` if unknown.
+
+    Used only to choose kernel tiles that fit before compiling them; never to pick results.
+    """
+    device = torch.device(device)
+    if is_triton_interpreter() or device.type == "cpu":
+        return None
+    return _shared_memory(device.type, device.index or 0)
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for all work queued on ``device``."""
     device = torch.device(device)
