@@ -9,6 +9,7 @@ methods need). The op methods run once per layer and never sync. See docs/design
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -158,11 +159,24 @@ class VarlenMetadata:
 
 
 def paged_fields(
-    cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, page_table: torch.Tensor, page_size: int
+    cu_seqlens_q: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    *,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> dict:
-    """The :class:`PagedMetadata` fields (one host copy of the lengths), for ``plan_paged`` overrides."""
-    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
-    k_lens = seq_lens_k.tolist()
+    """The :class:`PagedMetadata` fields (one host copy of the lengths), for ``plan_paged`` overrides.
+
+    ``host_lens = (q_lens, k_lens)``: the lengths as the caller already has them on the host (an
+    engine built the batch from them); they must equal the tensors'. Without them the tensors are
+    read back (a host sync).
+    """
+    if host_lens is None:
+        q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+        k_lens = seq_lens_k.tolist()
+    else:
+        q_lens, k_lens = host_lens
     return dict(
         cu_seqlens_q=cu_seqlens_q,
         seq_lens_k=seq_lens_k,
@@ -196,7 +210,8 @@ class PagedBatch(Protocol):
 
     ``req_to_token`` is token-granular (``[max_reqs, max_context]`` int32, a multiple of
     ``page_size`` wide); ``req_pool_indices [B]`` pick the batch's rows; ``out_cache_loc [T]`` are
-    the slots the new tokens' K/V go to; ``max_seqlen_k`` is a host int.
+    the slots the new tokens' K/V go to; ``max_seqlen_k`` is a host int. A batch may also carry
+    ``q_lens`` and ``k_lens`` (tuples of host ints), which spare the plan reading the lengths back.
     """
 
     req_to_token: torch.Tensor
@@ -350,14 +365,16 @@ class AttentionBackend:
         *,
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
+        host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> PagedMetadata:
-        return PagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
+        return PagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens))
 
     def plan(self, batch: PagedBatch, *, num_heads: int | None = None) -> PagedMetadata:
         """Engine entry point, once per forward: page table from ``req_to_token``, then ``plan_paged``.
 
-        Every host sync of the forward happens here (``plan_paged`` reads the lengths). ``num_heads``
-        (the model's query heads) lets a backend size its launches now rather than per layer.
+        Every host sync of the forward happens here (``plan_paged`` reads the lengths, unless the
+        batch carries host copies ``q_lens`` and ``k_lens``). ``num_heads`` (the model's query heads)
+        lets a backend size its launches now rather than per layer.
         """
         width = num_pages_for(batch.max_seqlen_k, batch.page_size) * batch.page_size
         rows = batch.req_to_token[batch.req_pool_indices, :width]  # [B, width] token-granular
@@ -369,6 +386,7 @@ class AttentionBackend:
             batch.page_size,
             attention_chunk_size=batch.attention_chunk_size,
             num_heads=num_heads,
+            host_lens=(batch.q_lens, batch.k_lens) if getattr(batch, "k_lens", None) is not None else None,
         )
         return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
 

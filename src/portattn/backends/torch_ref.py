@@ -246,7 +246,8 @@ class TorchBackend(AttentionBackend):
 
     def plan_paged(self, cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs) -> TorchPagedMetadata:
         """As the base class; a decode batch (one query per sequence) also gets its gather plan."""
-        metadata = TorchPagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
+        fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=kwargs.get("host_lens"))
+        metadata = TorchPagedMetadata(**fields)
         if metadata.batch_size and all(n == 1 for n in metadata.q_lens):
             metadata = dataclasses.replace(metadata, decode_groups=tuple(_decode_groups(metadata)))
         return metadata

@@ -100,13 +100,15 @@ class TritonBackend(AttentionBackend):
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
         num_splits: int | None = None,
+        host_lens=None,
     ) -> TritonPagedMetadata:
         """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks).
 
         Without ``num_heads`` (the engine's ``plan``) the split count is left to the op method,
         which computes it from the same host ints and the query's head count (no sync).
         """
-        metadata = TritonPagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
+        fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
+        metadata = TritonPagedMetadata(**fields)
         if num_splits is None and num_heads is not None:
             num_splits = choose_num_splits(metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k)
         if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:

@@ -15,7 +15,7 @@ from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
 from ..runtime.plan import plan_for_cache
-from .forward_batch import ForwardBatch
+from .forward_batch import ForwardBatch, Staging
 from .graphs import DecodeGraphs
 from .multimodal import build_multimodal_batch
 from .req_pool import ReqToTokenPool
@@ -45,6 +45,7 @@ class ModelRunner:
         self.backend = backend
         self.scratch_row, self.scratch_page = scratch_row, scratch_page
         self.graphs: DecodeGraphs | None = None
+        self.staging = Staging(kv_pool.device)  # the pinned buffer of every eager step's integers
         layers = model.attention_layers()
         chunks = {layer.attention_chunk_size for layer in layers} - {None}
         if len(chunks) > 1:
@@ -56,7 +57,7 @@ class ModelRunner:
     def plan(self, scheduled: list[tuple[Sequence, int]]) -> tuple[ForwardBatch, ForwardContext]:
         """Everything the forward reads, made before the model runs (every host sync of the step)."""
         batch = ForwardBatch.build(
-            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size
+            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
         )
         metadata = self.backend.plan(batch, num_heads=self.num_heads)
         latent = plan_for_cache(self.kv_pool.spec, self.backend, metadata, num_heads=self.num_heads)
