@@ -284,14 +284,24 @@ def part_decode(args, results: dict) -> dict:
 
 
 def part_launches(args, results: dict) -> dict:
+    from ..models.layers.fused import set_fused_kernels
+
     path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
     llm = decode_llm(args, path)
     engine, runner = llm.engine, llm.engine.runner
     seqs = start_decoding(engine, 1, args.context, max_tokens=64)
     scheduled = engine.scheduler.schedule()
     batch, ctx = runner.plan(scheduled)
+    out = {"layers": args.layers}
+    try:
+        set_fused_kernels(False)  # the layers' torch code: the count before fusion
+        unfused, unfused_names = count_kernels(lambda: runner.model(batch.input_ids, batch.positions, ctx))
+    finally:
+        set_fused_kernels(True)
+    out |= {"unfused_kernels": unfused, "unfused_per_layer": unfused / args.layers}
+    out["unfused_top"] = unfused_names.most_common(25)
     eager, eager_names = count_kernels(lambda: runner.model(batch.input_ids, batch.positions, ctx))
-    out = {"layers": args.layers, "eager_kernels": eager, "eager_per_layer": eager / args.layers}
+    out |= {"eager_kernels": eager, "eager_per_layer": eager / args.layers}
     out["eager_top"] = eager_names.most_common(25)
     if runner.graphs is not None:
         graph = runner.graphs.graphs[runner.graphs.bucket(1)]
@@ -300,7 +310,7 @@ def part_launches(args, results: dict) -> dict:
         out["replay_top"] = replay_names.most_common(25)
     for seq in seqs:
         engine.abort(seq.request_id)
-    print(f"[launches] eager {out['eager_per_layer']:.1f} per layer", flush=True)
+    print(f"[launches] {out['unfused_per_layer']:.1f} -> {out['eager_per_layer']:.1f} per layer", flush=True)
     return out
 
 
@@ -517,7 +527,8 @@ def notes(results: dict) -> str:
     launches = results.get("launches")
     if launches:
         lines += [f"## Launches: {launches['eager_per_layer']:.1f} kernels per layer per eager decode step "
-                  f"({launches['eager_kernels']} in all)"]  # fmt: skip
+                  f"({launches['eager_kernels']} in all; {launches['unfused_per_layer']:.1f} without the fused "
+                  "kernels)"]  # fmt: skip
         if "replay_per_layer" in launches:
             lines[-1] += f"; a replay shows {launches['replay_per_layer']:.1f} per layer"
         lines += ["", "Most frequent (eager): " + ", ".join(f"{n} x{c}" for n, c in launches["eager_top"][:12]), ""]
