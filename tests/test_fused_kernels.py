@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import BACKENDS, DEVICE
-from portattn.models.layers import RMSNorm
+from portattn.models.layers import RMSNorm, RotaryEmbedding
 from portattn.models.layers.activation import ACTIVATIONS
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 
 if "triton" in BACKENDS:
-    from portattn.kernels.triton.fused_launch import ACTIVATION_CODES, add_rmsnorm, gated_activation
+    from portattn.kernels.triton.fused_launch import ACTIVATION_CODES, add_rmsnorm, gated_activation, rotary_kv_write
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
 ULP = {torch.float32: 2e-6, torch.float16: 2**-10, torch.bfloat16: 2**-7}
@@ -75,3 +75,31 @@ def test_layers_take_their_torch_code_on_the_cpu():
     from portattn.models.layers.fused import fused_ops
 
     assert fused_ops(torch.zeros(1)) is None  # the interpreter is for tests, not the model path
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim):
+    """Exactly the layer's rotation (each product rounded, then the sum) and the backend's cache write."""
+    from transformers import LlamaConfig
+
+    g = torch.Generator().manual_seed(head_dim)
+    num_tokens, hq, hkv, page_size, num_pages = 5, 4, 2, 3, 6
+    config = LlamaConfig(hidden_size=hq * head_dim, num_attention_heads=hq, head_dim=head_dim, rope_theta=1e4)
+    rotary = RotaryEmbedding(config, head_dim).to(DEVICE)
+    qkv = torch.randn(num_tokens, (hq + 2 * hkv) * head_dim, generator=g).to(DEVICE, dtype)  # one projection
+    q, k, v = (t.view(num_tokens, -1, head_dim) for t in qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], 1))
+    positions = torch.tensor([0, 7, 8, 300, 4095], device=DEVICE)
+    cos, sin = rotary.table(positions, dtype)
+    slots = torch.tensor([17, 0, 5, 9, 12], device=DEVICE)
+    caches = [torch.full((num_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype, device=DEVICE) for _ in "kv"]
+    got_q = rotary_kv_write(q, k, v, cos, sin, *caches, slots)
+
+    want_q, want_k = RotaryEmbedding.apply(q, k, cos, sin)
+    want = [torch.full_like(c, float("nan")) for c in caches]
+    want[0].view(-1, hkv, head_dim)[slots] = want_k
+    want[1].view(-1, hkv, head_dim)[slots] = v
+    assert torch.equal(got_q, want_q)
+    for got, expected in zip(caches, want):
+        assert torch.equal(got.isnan(), expected.isnan())  # no other slot written
+        assert torch.equal(got.nan_to_num(), expected.nan_to_num())

@@ -10,6 +10,7 @@ import torch
 
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_norm import add_rmsnorm_kernel
+from .fused_rotary import rotary_kv_write_kernel
 from .launch import next_pow2
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
@@ -64,3 +65,44 @@ def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:
             ACT=ACTIVATION_CODES[name], BLOCK=block, num_warps=4,
         )  # fmt: skip
     return out.view(*gate_up.shape[:-1], inter)
+
+
+def rotary_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Rotated queries ``[T, Hq, D]`` (a new tensor); rotated keys and the values go to cache ``slots``.
+
+    ``q [T, Hq, D]``, ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]`` (heads and tokens may be strided, the
+    last dim contiguous); ``cos, sin [T, D]`` (any leading strides; rows of the rotate-half
+    embedding, in q's dtype); ``k_cache [N, P, Hkv, D]`` and ``v_cache [N, P, Hkv, Dv]`` contiguous;
+    ``slots [T]`` int64 (``page * P + offset``).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, value_dim = v.shape[1], v.shape[2]
+    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return out
+    cos, sin = cos.reshape(num_tokens, head_dim), sin.reshape(num_tokens, head_dim)
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"expected {name} with a contiguous last dim, got strides {t.stride()}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("expected contiguous k_cache and v_cache (a slot is page * P + offset), got strided ones")
+    grid = (num_tokens, num_q_heads + 2 * num_kv_heads)
+    rotary_kv_write_kernel[grid](
+        q, k, v, cos, sin, slots, out, k_cache, v_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
+        BLOCK=next_pow2(head_dim // 2), VALUE_DIM=value_dim, BLOCK_V=next_pow2(value_dim),
+        num_warps=1,
+    )  # fmt: skip
+    return out
