@@ -17,9 +17,10 @@ from portattn.engine.graphs import DecodeGraphs, batch_size_buckets
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models.layers.moe import FusedMoE
+from portattn.testing import image_prompts, no_host_sync
+from portattn.testing.checkpoints import COMMON
 
-from .conftest import COMMON, checkpoint, random_prompts
-from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
+from .conftest import checkpoint, random_prompts
 
 BUCKETS = (1, 2, 4)  # 3 sequences pad to 4; 5 or more run eagerly
 # Lengths 1 (a one-token prompt decodes at once), short, around a 16-token page and the Llama 4
@@ -27,10 +28,6 @@ BUCKETS = (1, 2, 4)  # 3 sequences pad to 4; 5 or more run eagerly
 PROMPTS = random_prompts([1, 5, 15, 17, 30, 37], seed=11)
 MAX_TOKENS = [24, 5, 9, 13, 30, 18]
 TOL = 1e-5
-
-
-def family_path(family: str, root: str) -> str:
-    return deepseek_checkpoint("yarn", root) if family == "deepseek_v3" else checkpoint(family, root)
 
 
 def static_llm(path: str, buckets=BUCKETS, **kwargs) -> LLM:
@@ -56,9 +53,9 @@ def replays(llm: LLM) -> int:
 
 
 @pytest.mark.parametrize("page_size", [1, 7, 16])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama4", "deepseek_v3"])
 def test_static_decode_equals_eager(family, page_size, ckpt_root):
-    path = family_path(family, ckpt_root)
+    path = checkpoint(family, ckpt_root)
     kwargs = dict(page_size=page_size, num_pages=-(-900 // page_size), max_num_seqs=8)
     want = generate(LLM(path, enforce_eager=True, **kwargs), PROMPTS, MAX_TOKENS)
     llm = static_llm(path, **kwargs)
@@ -107,15 +104,32 @@ def test_static_decode_on_triton_interpreter(ckpt_root):
 
 
 def test_vision_language_model_decodes_through_the_buffers(ckpt_root):
-    from .test_qwen2_5_vl import ONE, ONE_IMAGE, TWO, TWO_IMAGES, prompt, vl_checkpoint
-
-    path = vl_checkpoint(ckpt_root)
-    prompts = [prompt(ONE, ONE_IMAGE), list(range(3, 12)), prompt(TWO, TWO_IMAGES)]
+    path = checkpoint("qwen2_5_vl", ckpt_root)
+    prompts = [*image_prompts(random_prompts([5, 9], seed=4)), list(range(3, 12))]
     kwargs = dict(page_size=4, num_pages=200, max_num_seqs=4, chunked_prefill_size=8)
     want = generate(LLM(path, enforce_eager=True, **kwargs), prompts, [10, 12, 14])
     llm = static_llm(path, **kwargs)
     assert_same(generate(llm, prompts, [10, 12, 14]), want)
     assert replays(llm) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl"])
+def test_the_replayed_forward_does_not_sync(family, ckpt_root):
+    """What a graph records (the model's forward over the static buffers) never reads the device: the
+    Llama 4 MoE layers included, at a bucket above their default dense limit."""
+    llm = static_llm(checkpoint(family, ckpt_root), buckets=(1, 24), page_size=4, num_pages=300, max_num_seqs=24)
+    graphs = llm.engine.runner.graphs
+    forward = graphs._forward
+
+    def guarded(batch_size):
+        with no_host_sync():
+            return forward(batch_size)
+
+    graphs._forward = guarded
+    prompts = random_prompts([3] * 20, seed=6)
+    inputs = image_prompts(prompts) if family == "qwen2_5_vl" else prompts
+    llm.generate(inputs, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert graphs.padded[20] == 2  # 20 decodes ran padded to the bucket of 24, twice
 
 
 def test_padding_rows_write_only_the_scratch_page(ckpt_root):

@@ -14,9 +14,9 @@ import torch
 from portattn.device import graph_support
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
+from portattn.testing import image_prompts
 
 from .conftest import ENGINE_DEVICE, checkpoint, random_prompts
-from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
 
 pytestmark = pytest.mark.skipif(
     graph_support(ENGINE_DEVICE) is None,
@@ -28,12 +28,6 @@ pytestmark = pytest.mark.skipif(
 PROMPTS = random_prompts([1, 5, 15, 17, 30, 37, 44], seed=11)
 MAX_TOKENS = [24, 5, 9, 13, 30, 18, 40]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
-
-
-def family_path(family: str, root: str) -> str:
-    if family == "deepseek_v3":
-        return deepseek_checkpoint("yarn", root)
-    return checkpoint(family, root)
 
 
 def generate(llm: LLM, prompts, max_tokens) -> list:
@@ -64,9 +58,9 @@ def engines(path: str, dtype: torch.dtype, **kwargs) -> tuple[LLM, LLM]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama4", "deepseek_v3"])
 def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
-    path = family_path(family, ckpt_root)
+    path = checkpoint(family, ckpt_root)
     graphs, eager = engines(path, dtype, page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8)
     compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
     runner = graphs.engine.runner.graphs
@@ -87,10 +81,8 @@ def test_graphs_after_preemption_and_with_prefix_caching(backend, ckpt_root):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_vision_language_model_graphs(dtype, ckpt_root):
-    from .test_qwen2_5_vl import ONE, ONE_IMAGE, TWO, TWO_IMAGES, prompt, vl_checkpoint
-
-    path = vl_checkpoint(ckpt_root)
-    prompts = [prompt(ONE, ONE_IMAGE), list(range(3, 12)), prompt(TWO, TWO_IMAGES)]
+    path = checkpoint("qwen2_5_vl", ckpt_root)
+    prompts = [*image_prompts(random_prompts([5, 9], seed=4)), list(range(3, 12))]
     graphs, eager = engines(path, dtype, page_size=16, num_pages=60, max_num_seqs=4)
     compare(generate(graphs, prompts, [10, 12, 14]), generate(eager, prompts, [10, 12, 14]), dtype)
     assert graphs.engine.runner.graphs.replays > 0
