@@ -31,10 +31,12 @@ def add_rmsnorm(
     torch; ``"unit_offset"``: ``1 + weight`` in float32; ``"float32"``: the weight in float32)."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()  # rows may be strided, their elements not
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if mode == "dtype" else x.dtype
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     if residual is not None:
         residual2 = residual.reshape(-1, hidden)
+        residual2 = residual2 if residual2.stride(-1) == 1 else residual2.contiguous()
         residual_out = torch.empty_like(x2)
     else:
         residual2 = residual_out = x2  # unused
