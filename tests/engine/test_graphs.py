@@ -10,7 +10,6 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
 
 from portattn.engine.config import EngineConfig
 from portattn.engine.graphs import DecodeGraphs, batch_size_buckets
@@ -18,7 +17,7 @@ from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models.layers.moe import FusedMoE
 from portattn.testing import image_prompts, no_host_sync
-from portattn.testing.checkpoints import COMMON
+from portattn.testing.checkpoints import save_tiny_checkpoint
 
 from .conftest import checkpoint, random_prompts
 
@@ -81,20 +80,13 @@ def test_static_decode_after_preemption_and_with_prefix_caching(ckpt_root):
 
 
 @functools.cache
-def wide_head_checkpoint(root: str) -> str:
-    """Qwen3 with head dim 64 (a Triton head dim) and a sliding-window layer."""
-    torch.manual_seed(5)
-    config = Qwen3Config(
-        **COMMON, intermediate_size=128, num_hidden_layers=2, head_dim=64,
-        use_sliding_window=True, sliding_window=24, max_window_layers=1,
-    )  # fmt: skip
-    path = f"{root}/qwen3_head64"
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+def wide_head_checkpoint(family: str, root: str) -> str:
+    """The family's tiny checkpoint at head dim 64 (a head dim of the Triton kernels)."""
+    return save_tiny_checkpoint(family, f"{root}/{family}_head64", head_dim=64)
 
 
 def test_static_decode_on_triton_interpreter(ckpt_root):
-    path = wide_head_checkpoint(ckpt_root)
+    path = wide_head_checkpoint("qwen3", ckpt_root)  # a sliding-window layer
     kwargs = dict(page_size=16, num_pages=60, max_num_seqs=4, attention_backend="triton")
     prompts, max_tokens = PROMPTS[1:4], [3, 4, 5]
     want = generate(LLM(path, enforce_eager=True, **kwargs), prompts, max_tokens)

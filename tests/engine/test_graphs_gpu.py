@@ -67,9 +67,25 @@ def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
     assert runner.replays > 0 and runner.padded
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("family", ["qwen3", "llama4"])
+def test_triton_graphs_equal_eager(family, page_size, dtype, ckpt_root):
+    """The tiny checkpoints at head dim 64, where the Triton kernels run (a sliding window; chunks)."""
+    from .test_graphs import wide_head_checkpoint
+
+    path = wide_head_checkpoint(family, ckpt_root)
+    kwargs = dict(page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8, attention_backend="triton")
+    graphs, eager = engines(path, dtype, **kwargs)
+    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
+    assert graphs.engine.runner.graphs.padded
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_graphs_after_preemption_and_with_prefix_caching(backend, ckpt_root):
-    path = checkpoint("llama4", ckpt_root)
+    from .test_graphs import wide_head_checkpoint
+
+    path = wide_head_checkpoint("llama4", ckpt_root)
     kwargs = dict(page_size=8, num_pages=14, max_num_seqs=8, enable_prefix_caching=True, attention_backend=backend)
     graphs, eager = engines(path, torch.float32, **kwargs)
     shared = [*PROMPTS[4], 3, 1, 4]
