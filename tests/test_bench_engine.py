@@ -65,3 +65,15 @@ def test_notes_and_targets():
     assert "throughput 6.5x hf (target >= 5.0x): met" in text
     assert "transformers static cache + compile: did not run (RuntimeError: no)" in text
     assert "bf16 cold start 45.0 s (target <= 60 s): met" in text
+
+
+@pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
+def test_random_checkpoints_of_moe_families_load(family, tmp_path):
+    """Tensor names as save_pretrained writes them (DeepSeek V3: one tensor per expert and projection)."""
+    from portattn.engine.llm import LLM
+    from portattn.testing.checkpoints import tiny_config
+
+    path = write_random_checkpoint(tiny_config(family), tmp_path / family, device="cpu")
+    llm = LLM(str(path), page_size=4, num_pages=64, max_num_seqs=2)
+    out = llm.generate([[3, 4, 5]], use_tqdm=False)[0]
+    assert len(out.token_ids) > 0

@@ -9,6 +9,7 @@ directory that already holds a checkpoint of the same config is reused.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -22,6 +23,27 @@ def _value(name: str, shape: torch.Size, dtype: torch.dtype, device: torch.devic
     if name.endswith(".bias") or name.endswith("e_score_correction_bias"):
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.randn(shape, dtype=dtype, device=device, generator=generator).mul_(0.02)
+
+
+_FUSED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def checkpoint_shapes(model, config):
+    """``(name, shape)`` of each tensor as ``save_pretrained`` writes it: transformers' DeepSeek V3 keeps
+    its experts stacked in memory but saves one ``gate_proj`` / ``up_proj`` / ``down_proj`` per expert."""
+    for name, meta in model.state_dict().items():
+        match = _FUSED_EXPERTS.match(name) if config.model_type == "deepseek_v3" else None
+        if match is None:
+            yield name, meta.shape
+            continue
+        prefix, kind = match.groups()
+        experts, inter, hidden = config.n_routed_experts, config.moe_intermediate_size, config.hidden_size
+        for e in range(experts):
+            if kind == "gate_up_proj":
+                yield f"{prefix}.{e}.gate_proj.weight", torch.Size((inter, hidden))
+                yield f"{prefix}.{e}.up_proj.weight", torch.Size((inter, hidden))
+            else:
+                yield f"{prefix}.{e}.down_proj.weight", torch.Size((hidden, inter))
 
 
 def write_random_checkpoint(
@@ -52,10 +74,10 @@ def write_random_checkpoint(
             weight_map.update(dict.fromkeys(shard, name))
             shard, shard_bytes, index = {}, 0, index + 1
 
-    for name, meta in model.state_dict().items():
+    for name, shape in checkpoint_shapes(model, config):
         if name in tied:
             continue
-        shard[name] = _value(name, meta.shape, dtype, torch.device(device), generator).cpu()
+        shard[name] = _value(name, shape, dtype, torch.device(device), generator).cpu()
         shard_bytes += shard[name].numel() * shard[name].element_size()
         if shard_bytes >= SHARD_BYTES:
             flush()
