@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from portattn.bench import engine as bench
-from portattn.bench.checkpoint import write_random_checkpoint
+from portattn.bench.random_checkpoint import write_random_checkpoint
 
 
 @pytest.fixture

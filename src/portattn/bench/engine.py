@@ -89,7 +89,7 @@ def deepseek_v3_config(layers: int):
 
 
 def checkpoint(name: str, config, workdir: Path) -> str:
-    from .checkpoint import write_random_checkpoint
+    from .random_checkpoint import write_random_checkpoint
 
     start = time.perf_counter()
     path = write_random_checkpoint(config, workdir / name, device=DEVICE)
