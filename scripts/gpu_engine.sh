@@ -23,8 +23,10 @@ bench() { timeout "${LIMIT:-560}" $PY -m portattn.bench.engine --out "$OUT" "$@"
   $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   case "$STEP" in
     tests)
-      PORTATTN_TEST_ENGINE_DEVICE=cuda timeout "${LIMIT:-560}" $PY -m pytest -q -n 4 -p no:cacheprovider --maxfail=20 \
-        tests/test_graph_plan.py tests/test_fused_kernels.py tests/engine/test_graphs_gpu.py tests/engine/test_parity.py tests/engine/test_deepseek_v3.py \
+      timeout "${LIMIT:-250}" $PY -m pytest -q -n 4 -p no:cacheprovider --maxfail=20 \
+        tests/test_graph_plan.py tests/test_fused_kernels.py 2>&1 | tail -n 20
+      PORTATTN_TEST_ENGINE_DEVICE=cuda timeout "${LIMIT:-330}" $PY -m pytest -q -n 4 -p no:cacheprovider --maxfail=20 \
+        tests/engine/test_graphs_gpu.py tests/engine/test_parity.py tests/engine/test_deepseek_v3.py \
         tests/engine/test_qwen2_5_vl.py -k "graphs or matches_transformers or image_prompt" 2>&1 | tail -n 40 ;;
     decode) bench --parts copy decode launches ;;
     throughput) bench --parts throughput ;;
