@@ -59,9 +59,15 @@ def test_staging_grows_past_its_first_size():
     staging = Staging(torch.device("cpu"))
     big = make_scheduled([(0, 3000), (10, 2000)])
     req_to_token = torch.arange(16 * 5120, dtype=torch.int32).view(16, 5120)
-    batch = ForwardBatch.build(big, req_to_token, 16, staging=staging)
+    with torch.inference_mode():  # as in a step; the grown buffers must stay writable outside it
+        batch = ForwardBatch.build(big, req_to_token, 16, staging=staging)
     assert batch.input_ids.tolist() == reference(big, req_to_token)[0]
     assert staging.host.shape[0] >= 3 * 5000 + 3 * 2 + 1
+    small = make_scheduled([(4, 1), (17, 1)])
+    assert (
+        ForwardBatch.build(small, req_to_token, 16, staging=staging).input_ids.tolist()
+        == reference(small, req_to_token)[0]
+    )
 
 
 def test_plan_from_host_lengths_equals_plan_from_the_device():

@@ -172,6 +172,7 @@ def start_decoding(engine, batch: int, context: int, max_tokens: int, seed: int 
     return seqs
 
 
+@torch.inference_mode()
 def time_mode(engine, graphs, steps: int) -> dict:
     """Wall time per engine step; the host plan and the forward of the next step alone (decode)."""
     runner = engine.runner
@@ -283,6 +284,7 @@ def part_decode(args, results: dict) -> dict:
     return {"model": "llama3-8b", "layers": args.layers, "copy_tb_s": bandwidth, "rows": rows}
 
 
+@torch.inference_mode()
 def part_launches(args, results: dict) -> dict:
     from ..models.layers.fused import set_fused_kernels
 

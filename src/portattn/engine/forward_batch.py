@@ -29,9 +29,12 @@ class Staging:
         self._grow(1 << 12)
 
     def _grow(self, size: int) -> None:
-        self.host = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+        # Plain tensors even when a step (under inference mode) grows them: a plan made outside
+        # inference mode may write them too.
+        with torch.inference_mode(False):
+            self.host = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+            self.dev = torch.empty(size, dtype=torch.int64, device=self.device)
         self.host_np = self.host.numpy()
-        self.dev = torch.empty(size, dtype=torch.int64, device=self.device)
 
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         """Device int64 copies of ``arrays`` (views of one buffer, valid until the next upload)."""
