@@ -51,8 +51,11 @@ def replays(llm: LLM) -> int:
     return llm.engine.runner.graphs.replays
 
 
-@pytest.mark.parametrize("page_size", [1, 7, 16])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama4", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "family,page_size",
+    [(f, p) for f in ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3") for p in (1, 7, 16)]
+    + [(f, 7) for f in ("mistral", "gemma2", "gemma3", "gpt_oss")],  # softcap, sinks, per-layer rotary
+)
 def test_static_decode_equals_eager(family, page_size, ckpt_root):
     path = checkpoint(family, ckpt_root)
     kwargs = dict(page_size=page_size, num_pages=-(-900 // page_size), max_num_seqs=8)
@@ -105,7 +108,7 @@ def test_vision_language_model_decodes_through_the_buffers(ckpt_root):
     assert replays(llm) > 0
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3", "gpt_oss", "gemma2", "qwen2_5_vl"])
 def test_the_replayed_forward_does_not_sync(family, ckpt_root):
     """What a graph records (the model's forward over the static buffers) never reads the device: the
     Llama 4 MoE layers included, at a bucket above their default dense limit."""

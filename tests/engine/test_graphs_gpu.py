@@ -57,8 +57,11 @@ def engines(path: str, dtype: torch.dtype, **kwargs) -> tuple[LLM, LLM]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama4", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "family,page_size",
+    [(f, p) for f in ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3") for p in (1, 16)]
+    + [(f, 16) for f in ("mistral", "gemma2", "gemma3", "gpt_oss")],
+)
 def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
     path = checkpoint(family, ckpt_root)
     graphs, eager = engines(path, dtype, page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8)
