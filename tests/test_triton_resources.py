@@ -108,3 +108,29 @@ def test_mla_launch_fits_smaller_tiles_and_merges_with_them(monkeypatch):
     assert small.seen[-1] == {"num_stages": 1, "BLOCK_N": 16}
     ref = mla_decode_ref(q_nope, q_rope, kv_cache, page_table, seq_lens, scale=0.2)
     assert max_error(out, ref) < 1e-5
+
+
+H200_SHARED = 232448  # bytes per program (shared_memory_per_block_optin)
+
+
+@pytest.mark.parametrize("max_seqlen_q", [1, 40, 512])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+def test_tiles_fit_shared_memory_up_front(head_dim, max_seqlen_q):
+    """Every dtype gets tiles whose pipeline fits before anything compiles (fp32 halves what fits)."""
+    for itemsize in (2, 4):
+        tiles = launch.choose_tiles(
+            max_seqlen_q, 4, head_dim, head_dim, interpret=False, itemsize=itemsize, shared_memory=H200_SHARED
+        )
+        assert launch.shared_memory_bytes(tiles, head_dim, head_dim, itemsize) <= H200_SHARED
+        unbounded = launch.choose_tiles(max_seqlen_q, 4, head_dim, head_dim, interpret=False, itemsize=itemsize)
+        if launch.shared_memory_bytes(unbounded, head_dim, head_dim, itemsize) <= H200_SHARED:
+            assert tiles == unbounded  # tiles that fit are the tuned defaults
+
+
+def test_fp32_prefill_tiles_at_head_dim_128_step_down_once_in_stages():
+    # 128 x 128 tiles in 2 stages need 262144 bytes in float32 (the H200 refused them): one stage fits.
+    bf16 = launch.choose_tiles(512, 4, 128, 128, interpret=False, itemsize=2, shared_memory=H200_SHARED)
+    fp32 = launch.choose_tiles(512, 4, 128, 128, interpret=False, itemsize=4, shared_memory=H200_SHARED)
+    assert (bf16.block_m, bf16.block_n, bf16.num_stages) == (128, 128, 2)
+    assert launch.shared_memory_bytes(bf16.__class__(32, 128, 128, 8, 2), 128, 128, 4) == 262144
+    assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 128, 1)

@@ -9,6 +9,7 @@ methods need). The op methods run once per layer and never sync. See docs/design
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -145,14 +146,16 @@ class PagedMetadata:
     page_table: torch.Tensor  # [B, max_pages] int32, page-granular
     page_size: int
     max_seqlen_q: int
-    max_seqlen_k: int
-    q_lens: tuple[int, ...]  # host copies, for backends that loop over sequences
-    k_lens: tuple[int, ...]
+    max_seqlen_k: int  # an upper bound of seq_lens_k (its maximum, except in a graph plan)
+    # Host copies, for backends that loop over sequences; None in a graph plan (graph_metadata),
+    # whose lengths change between replays and live on the device only.
+    q_lens: tuple[int, ...] | None
+    k_lens: tuple[int, ...] | None
     out_cache_loc: torch.Tensor | None = None  # [T] int64 slots of the new tokens (engine path, set by plan)
 
     @property
     def batch_size(self) -> int:
-        return len(self.k_lens)
+        return self.seq_lens_k.shape[0]
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,11 +175,24 @@ class VarlenMetadata:
 
 
 def paged_fields(
-    cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, page_table: torch.Tensor, page_size: int
+    cu_seqlens_q: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    *,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> dict:
-    """The :class:`PagedMetadata` fields (one host copy of the lengths), for ``plan_paged`` overrides."""
-    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
-    k_lens = seq_lens_k.tolist()
+    """The :class:`PagedMetadata` fields (one host copy of the lengths), for ``plan_paged`` overrides.
+
+    ``host_lens = (q_lens, k_lens)``: the lengths as the caller already has them on the host (an
+    engine built the batch from them); they must equal the tensors'. Without them the tensors are
+    read back (a host sync).
+    """
+    if host_lens is None:
+        q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+        k_lens = seq_lens_k.tolist()
+    else:
+        q_lens, k_lens = host_lens
     return dict(
         cu_seqlens_q=cu_seqlens_q,
         seq_lens_k=seq_lens_k,
@@ -210,7 +226,8 @@ class PagedBatch(Protocol):
 
     ``req_to_token`` is token-granular (``[max_reqs, max_context]`` int32, a multiple of
     ``page_size`` wide); ``req_pool_indices [B]`` pick the batch's rows; ``out_cache_loc [T]`` are
-    the slots the new tokens' K/V go to; ``max_seqlen_k`` is a host int.
+    the slots the new tokens' K/V go to; ``max_seqlen_k`` is a host int. A batch may also carry
+    ``q_lens`` and ``k_lens`` (tuples of host ints), which spare the plan reading the lengths back.
     """
 
     req_to_token: torch.Tensor
@@ -221,6 +238,65 @@ class PagedBatch(Protocol):
     page_size: int
     max_seqlen_k: int
     attention_chunk_size: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class GraphBuffers:
+    """Static inputs of captured decode steps (one new token per sequence), allocated once.
+
+    A graph replays the kernels it recorded on the memory it recorded them with, so every per-step
+    fact a decode step reads lives here, at a fixed address and at full size: up to
+    ``max_batch_size`` sequences, page tables ``max_pages`` wide (the engine's longest context).
+    :meth:`AttentionBackend.plan_into` writes one step into the first rows;
+    :meth:`AttentionBackend.graph_metadata` views the first ``batch_size`` rows once per captured
+    batch size. Backends subclass it to add their own static buffers.
+    """
+
+    cu_seqlens_q: torch.Tensor  # [max_batch_size + 1] int32: 0, 1, 2, ... (one query per sequence; constant)
+    seq_lens_k: torch.Tensor  # [max_batch_size] int32, the new token included
+    page_table: torch.Tensor  # [max_batch_size, max_pages] int32, page-granular, full width
+    out_cache_loc: torch.Tensor  # [max_batch_size] int64 slots the new tokens' K/V go to
+    page_size: int
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.seq_lens_k.shape[0]
+
+    @property
+    def max_seqlen_k(self) -> int:
+        """The longest context a row can hold (the bound a graph plan gives for its lengths)."""
+        return self.page_table.shape[1] * self.page_size
+
+
+def graph_buffer_fields(max_batch_size: int, max_pages: int, page_size: int, device: torch.device) -> dict:
+    """The :class:`GraphBuffers` fields, for ``init_graph_buffers`` overrides. Every row starts as a
+    one-key sequence in page 0 (valid, so that a warm-up replay before any ``plan_into`` reads
+    nothing out of range)."""
+    return dict(
+        cu_seqlens_q=torch.arange(max_batch_size + 1, dtype=torch.int32, device=device),
+        seq_lens_k=torch.ones(max_batch_size, dtype=torch.int32, device=device),
+        page_table=torch.zeros((max_batch_size, max_pages), dtype=torch.int32, device=device),
+        out_cache_loc=torch.zeros(max_batch_size, dtype=torch.int64, device=device),
+        page_size=page_size,
+    )
+
+
+def graph_fields(buffers: GraphBuffers, batch_size: int) -> dict:
+    """The :class:`PagedMetadata` fields of a graph plan of ``batch_size`` decodes: views of the first
+    rows of ``buffers``; no host copy of the lengths (they change between replays)."""
+    if not 1 <= batch_size <= buffers.max_batch_size:
+        raise ValueError(f"expected batch_size in [1, {buffers.max_batch_size}], got {batch_size}")
+    return dict(
+        cu_seqlens_q=buffers.cu_seqlens_q[: batch_size + 1],
+        seq_lens_k=buffers.seq_lens_k[:batch_size],
+        page_table=buffers.page_table[:batch_size],
+        page_size=buffers.page_size,
+        max_seqlen_q=1,
+        max_seqlen_k=buffers.max_seqlen_k,
+        q_lens=None,
+        k_lens=None,
+        out_cache_loc=buffers.out_cache_loc[:batch_size],
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +360,7 @@ class AttentionBackend:
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
     priority: ClassVar[int] = 0  # auto picks the highest-priority available backend that fits
+    supports_graphs: ClassVar[bool] = False  # implements the graph plan (graph_metadata, plan_into)
 
     @classmethod
     def is_available(cls, device: torch.device) -> bool:
@@ -304,14 +381,16 @@ class AttentionBackend:
         *,
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
+        host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> PagedMetadata:
-        return PagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
+        return PagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens))
 
     def plan(self, batch: PagedBatch, *, num_heads: int | None = None) -> PagedMetadata:
         """Engine entry point, once per forward: page table from ``req_to_token``, then ``plan_paged``.
 
-        Every host sync of the forward happens here (``plan_paged`` reads the lengths). ``num_heads``
-        (the model's query heads) lets a backend size its launches now rather than per layer.
+        Every host sync of the forward happens here (``plan_paged`` reads the lengths, unless the
+        batch carries host copies ``q_lens`` and ``k_lens``). ``num_heads`` (the model's query heads)
+        lets a backend size its launches now rather than per layer.
         """
         width = num_pages_for(batch.max_seqlen_k, batch.page_size) * batch.page_size
         rows = batch.req_to_token[batch.req_pool_indices, :width]  # [B, width] token-granular
@@ -323,6 +402,7 @@ class AttentionBackend:
             batch.page_size,
             attention_chunk_size=batch.attention_chunk_size,
             num_heads=num_heads,
+            host_lens=(batch.q_lens, batch.k_lens) if getattr(batch, "k_lens", None) is not None else None,
         )
         return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
 
@@ -347,6 +427,50 @@ class AttentionBackend:
         v_cache.view(-1, *v_cache.shape[2:])[loc] = v
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
         return self.paged_attention(q, k_cache, v_cache, metadata, layer.params, out)
+
+    # -- captured decode (graphs) -----------------------------------------------------------
+    # A backend with ``supports_graphs`` plans decode steps into static buffers: ``init_graph_buffers``
+    # once, ``graph_metadata`` once per captured batch size (its Python values are then fixed for
+    # every replay), ``plan_into`` before each replay (writes the step's lengths and tables into the
+    # buffers). Its op methods must then read per-step facts from the device only.
+
+    def init_graph_buffers(
+        self, max_batch_size: int, max_pages: int, page_size: int, device: torch.device, *, num_heads: int
+    ) -> GraphBuffers:
+        """The static buffers of captured decode steps of up to ``max_batch_size`` sequences."""
+        self._require_graphs()
+        return GraphBuffers(**graph_buffer_fields(max_batch_size, max_pages, page_size, device))
+
+    def graph_metadata(self, buffers: GraphBuffers, batch_size: int, *, num_heads: int) -> PagedMetadata:
+        """The plan a captured decode of ``batch_size`` sequences reads: views of ``buffers`` (built
+        once per batch size; every replay reads what :meth:`plan_into` last wrote)."""
+        self._require_graphs()
+        return PagedMetadata(**graph_fields(buffers, batch_size))
+
+    def plan_into(
+        self,
+        buffers: GraphBuffers,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens_k: torch.Tensor,
+    ) -> None:
+        """Write one decode step into the first ``B = len(req_pool_indices)`` rows of ``buffers``.
+
+        ``req_to_token [max_reqs, max_context]`` int32 token-granular (``max_context = max_pages *
+        P``); ``req_pool_indices [B]`` int64 rows of it; ``seq_lens_k [B]`` int32 keys per sequence,
+        the new token (at position ``seq_lens_k - 1``) included. Device work only: no host sync.
+        """
+        self._require_graphs()
+        batch = req_pool_indices.shape[0]
+        rows = req_to_token.index_select(0, req_pool_indices)  # [B, max_context] token-granular
+        buffers.page_table[:batch].copy_(to_page_table(rows, buffers.page_size))  # [B, max_pages]
+        buffers.seq_lens_k[:batch].copy_(seq_lens_k)
+        last = (seq_lens_k.long() - 1)[:, None]  # [B, 1] column of the new token
+        buffers.out_cache_loc[:batch].copy_(rows.gather(1, last)[:, 0])
+
+    def _require_graphs(self) -> None:
+        if not self.supports_graphs:
+            raise NotImplementedError(f"the {self.name} backend has no graph plan (supports_graphs is False)")
 
     def plan_varlen(
         self,

@@ -16,7 +16,17 @@ import torch
 
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
-from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, VarlenMetadata, paged_fields
+from .base import (
+    AttentionBackend,
+    AttentionParams,
+    Capabilities,
+    GraphBuffers,
+    PagedMetadata,
+    VarlenMetadata,
+    graph_buffer_fields,
+    graph_fields,
+    paged_fields,
+)
 
 if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
@@ -133,22 +143,39 @@ DECODE_GROUP_TOKENS = 1 << 12
 
 @dataclass(frozen=True, eq=False)
 class _DecodeGroup:
-    """Per-forward gather plan of sequences ``b0:b1`` of a decode batch (shared by every layer)."""
+    """Per-forward gather plan of sequences ``b0:b1`` of a decode batch (shared by every layer).
+
+    Keys past a sequence's length are named by ``pad_rows`` (a per-step plan) or by ``pad_mask``
+    (a graph plan, whose lengths live on the device only).
+    """
 
     b0: int
     b1: int
     pages: torch.Tensor  # [g * Pmax] page ids; unused columns point at page 0 (never seen)
     key_lens: torch.Tensor  # [g] int64
-    pad_rows: torch.Tensor  # flat rows of the [g * Pmax * P] gathered keys that lie past a length
+    pad_rows: torch.Tensor | None  # flat rows of the [g * Pmax * P] gathered keys that lie past a length
     q_pos: torch.Tensor  # [g, 1] int64
-    masks: dict = field(default_factory=dict)  # (causal, window, chunk) -> [g, 1, L] mask, filled by layer 1
+    # (causal, window, chunk) -> [g, 1, L] mask, filled by layer 1; None: made per layer (a graph plan
+    # is reused for every replay, so nothing computed from its buffers may be kept on the host side)
+    masks: dict | None = field(default_factory=dict)
+    pad_mask: torch.Tensor | None = None  # [g * Pmax * P] bool, True past a length
 
     def mask(self, params: AttentionParams, num_keys: int) -> torch.Tensor:
         """The visible-key mask for ``params``: layers with the same mask rule share one per forward."""
+        if self.masks is None:
+            return visible_keys(self.q_pos, num_keys, params, self.key_lens)
         rule = (params.causal, params.window_left, params.window_right, params.attention_chunk_size)
         if rule not in self.masks:
             self.masks[rule] = visible_keys(self.q_pos, num_keys, params, self.key_lens)
         return self.masks[rule]
+
+    def zero_padding(self, v: torch.Tensor) -> None:
+        """Zero the gathered values ``v [g, Lmax, Hkv, Dv]`` past each length (they may hold NaN)."""
+        flat = v.view(-1, *v.shape[2:])  # [g * Lmax, Hkv, Dv]
+        if self.pad_rows is not None:
+            flat.index_fill_(0, self.pad_rows, 0.0)
+        else:
+            flat.masked_fill_(self.pad_mask[:, None, None], 0.0)
 
 
 def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
@@ -177,6 +204,40 @@ class TorchPagedMetadata(PagedMetadata):
     decode_groups: tuple[_DecodeGroup, ...] | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class TorchGraphBuffers(GraphBuffers):
+    """The gather plan of a captured decode, at full width ``L = max_pages * P``, per row: ``pages
+    [max_batch_size, max_pages]`` (unused columns at page 0), ``key_lens [max_batch_size]`` int64,
+    ``pad_mask [max_batch_size, L]`` bool (True past a length) and ``q_pos [max_batch_size, 1]``."""
+
+    pages: torch.Tensor | None = None
+    key_lens: torch.Tensor | None = None
+    pad_mask: torch.Tensor | None = None
+    q_pos: torch.Tensor | None = None
+
+
+def _graph_groups(buffers: TorchGraphBuffers, batch_size: int) -> tuple[_DecodeGroup, ...]:
+    """Decode groups over views of the static buffers: every group spans the full width."""
+    width = buffers.max_seqlen_k
+    step = max(1, DECODE_GROUP_TOKENS // width)
+    groups = []
+    for b0 in range(0, batch_size, step):
+        b1 = min(b0 + step, batch_size)
+        groups.append(
+            _DecodeGroup(
+                b0,
+                b1,
+                pages=buffers.pages[b0:b1].flatten(),
+                key_lens=buffers.key_lens[b0:b1],
+                pad_rows=None,
+                q_pos=buffers.q_pos[b0:b1],
+                masks=None,
+                pad_mask=buffers.pad_mask[b0:b1].flatten(),
+            )
+        )
+    return tuple(groups)
+
+
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -196,6 +257,7 @@ def _gather(cache: torch.Tensor, pages: torch.Tensor, buf: torch.Tensor, acc_buf
 class TorchBackend(AttentionBackend):
     name = "torch"
     priority = 0
+    supports_graphs = True
     capabilities = Capabilities(
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
@@ -204,10 +266,39 @@ class TorchBackend(AttentionBackend):
 
     def plan_paged(self, cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs) -> TorchPagedMetadata:
         """As the base class; a decode batch (one query per sequence) also gets its gather plan."""
-        metadata = TorchPagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
+        fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=kwargs.get("host_lens"))
+        metadata = TorchPagedMetadata(**fields)
         if metadata.batch_size and all(n == 1 for n in metadata.q_lens):
             metadata = dataclasses.replace(metadata, decode_groups=tuple(_decode_groups(metadata)))
         return metadata
+
+    def init_graph_buffers(
+        self, max_batch_size: int, max_pages: int, page_size: int, device: torch.device, *, num_heads: int
+    ) -> TorchGraphBuffers:
+        width = max_pages * page_size
+        return TorchGraphBuffers(
+            **graph_buffer_fields(max_batch_size, max_pages, page_size, device),
+            pages=torch.zeros((max_batch_size, max_pages), dtype=torch.int64, device=device),
+            key_lens=torch.ones(max_batch_size, dtype=torch.int64, device=device),
+            pad_mask=torch.arange(width, device=device).expand(max_batch_size, width) >= 1,
+            q_pos=torch.zeros((max_batch_size, 1), dtype=torch.int64, device=device),
+        )
+
+    def graph_metadata(self, buffers: TorchGraphBuffers, batch_size: int, *, num_heads: int) -> TorchPagedMetadata:
+        return TorchPagedMetadata(**graph_fields(buffers, batch_size), decode_groups=_graph_groups(buffers, batch_size))
+
+    def plan_into(self, buffers: TorchGraphBuffers, req_to_token, req_pool_indices, seq_lens_k) -> None:
+        """As the base class, then the gather plan of every row from the lengths (device work only)."""
+        super().plan_into(buffers, req_to_token, req_pool_indices, seq_lens_k)
+        batch, page_size = req_pool_indices.shape[0], buffers.page_size
+        key_lens = seq_lens_k.long()  # [B]
+        max_pages = buffers.page_table.shape[1]
+        used = torch.arange(max_pages, device=key_lens.device) * page_size < key_lens[:, None]  # [B, max_pages]
+        buffers.pages[:batch].copy_(torch.where(used, buffers.page_table[:batch], 0))
+        buffers.key_lens[:batch].copy_(key_lens)
+        width = buffers.pad_mask.shape[1]
+        torch.ge(torch.arange(width, device=key_lens.device), key_lens[:, None], out=buffers.pad_mask[:batch])
+        buffers.q_pos[:batch].copy_(key_lens[:, None] - 1)
 
     def paged_attention(
         self,
@@ -250,7 +341,7 @@ class TorchBackend(AttentionBackend):
             v = _gather(v_cache, g.pages, *v_bufs).view(g.b1 - g.b0, -1, *v_cache.shape[2:])  # [g, Lmax, Hkv, Dv]
             # Keys past a length are masked out of the scores (NaN included); their values must be
             # finite too, since 0 * NaN = NaN in the value product.
-            v.view(-1, *v.shape[2:]).index_fill_(0, g.pad_rows, 0.0)
+            g.zero_padding(v)
             mask = g.mask(params, k.shape[1])
             rows = slice(g.b0, g.b1)
             _attend_into(out, lse, rows, q[rows, None], k, v, g.q_pos, params, mask=mask, batched=True)

@@ -20,8 +20,10 @@ from .base import (
     AttentionBackend,
     AttentionParams,
     Capabilities,
+    GraphBuffers,
     PagedMetadata,
     VarlenMetadata,
+    graph_fields,
     paged_fields,
     varlen_fields,
 )
@@ -77,6 +79,7 @@ class TritonVarlenMetadata(VarlenMetadata):
 class TritonBackend(AttentionBackend):
     name = "triton"
     priority = 10
+    supports_graphs = True
     capabilities = Capabilities(
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
@@ -106,18 +109,27 @@ class TritonBackend(AttentionBackend):
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
         num_splits: int | None = None,
+        host_lens=None,
     ) -> TritonPagedMetadata:
         """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks).
 
         Without ``num_heads`` (the engine's ``plan``) the split count is left to the op method,
         which computes it from the same host ints and the query's head count (no sync).
         """
-        metadata = TritonPagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size))
+        fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
+        metadata = TritonPagedMetadata(**fields)
         if num_splits is None and num_heads is not None:
             num_splits = choose_num_splits(metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k)
         if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"expected num_splits in [1, {MAX_SPLITS}], got {num_splits}")
         return dataclasses.replace(metadata, num_kv_splits=num_splits)
+
+    def graph_metadata(self, buffers: GraphBuffers, batch_size: int, *, num_heads: int) -> TritonPagedMetadata:
+        """As the base class, with the split count fixed for the batch size: chosen for the longest
+        context a row can hold. The kernel cuts each sequence's keys into that many ranges from its
+        length on the device, so shorter contexts leave some splits empty (merged as nothing)."""
+        splits = choose_num_splits(batch_size, num_heads, 1, buffers.max_seqlen_k)
+        return TritonPagedMetadata(**graph_fields(buffers, batch_size), num_kv_splits=splits)
 
     def plan_varlen(
         self,

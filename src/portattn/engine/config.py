@@ -43,6 +43,9 @@ class EngineConfig:
     kv_cache_memory: int | None = field(
         default=None, metadata=doc(f"KV-cache bytes without num_pages (default: {DEFAULT_KV_CACHE_MEMORY >> 20} MiB)")
     )
+    enforce_eager: bool = field(
+        default=False, metadata=doc("run every step eagerly (default: decode steps replay captured CUDA/XPU graphs)")
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -60,6 +63,8 @@ class EngineConfig:
         for name in ("num_pages", "chunked_prefill_size", "max_model_len", "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"expected enforce_eager to be a bool, got {self.enforce_eager!r}")
         for name in ("attention_backend", "mm_attention_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"expected {name} to be a backend name or 'auto', got {getattr(self, name)!r}")

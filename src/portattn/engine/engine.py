@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
+
+from tqdm.auto import tqdm
 
 from ..backends.base import Request
 from ..backends.registry import select_backend
+from ..device import graph_support, is_gpu
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
@@ -22,6 +27,10 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 
 logger = logging.getLogger("portattn")
+
+# Prompt lengths of the warm-up requests: the query-tile classes of prefill (long and short runs)
+# and of decode, compiled before the first request.
+WARM_UP_PROMPTS = (256, 16, 1)
 
 
 class Engine:
@@ -55,14 +64,25 @@ class Engine:
             if num_pages < 1:
                 raise ValueError(f"expected kv_cache_memory to hold at least one page, got {budget} bytes")
         self.max_len = min(max_len, num_pages * page_size)
-        self.kv_pool = make_kv_pool(spec, num_pages, page_size, config.dtype, config.device)
+        # One page and one request row beyond what sequences get: the scratch that the padding rows
+        # of captured decode steps write to (graphs.py). The allocator never hands them out.
+        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, config.dtype, config.device)
         self.allocator = PageAllocator(num_pages)
         self.req_pool = ReqToTokenPool(
-            config.max_num_seqs, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
+            config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
         )
+        scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.chunked_prefill_size)
-        self.runner = ModelRunner(self.model, self.kv_pool, self.req_pool, self.backend, frozenset(self.eos_token_ids))
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_pool,
+            self.req_pool,
+            self.backend,
+            frozenset(self.eos_token_ids),
+            scratch_row=scratch_row,
+            scratch_page=num_pages,
+        )
         self._ids = itertools.count()
         self.requests: dict[int, Sequence] = {}
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (recomputes included)
@@ -73,6 +93,57 @@ class Engine:
             page_size,
             self.max_len,
             self.backend.name,
+        )
+        reason = self._eager_reason()
+        if reason is None:
+            self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
+        logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
+        self.warm_up()
+
+    def _eager_reason(self) -> str | None:
+        """Why decode steps run eagerly (None: they replay captured graphs)."""
+        if self.config.enforce_eager:
+            return "enforce_eager"
+        if graph_support(self.config.device) is None:
+            return f"torch has no graphs for device type {self.config.device.type!r}"
+        if not self.backend.supports_graphs:
+            return f"the {self.backend.name} backend has no graph plan"
+        return None
+
+    def warm_up(self) -> None:
+        """Capture the decode graphs and compile the kernels the model uses (GPU), with a progress bar.
+
+        Every decode batch size is planned and captured (its kernels compiled first); then a few
+        throw-away prompts (long, short, one token) are prefilled and decoded, so that the first
+        requests find their prefill kernels compiled. Logs how long each part took.
+        """
+        graphs = self.runner.graphs
+        prompts = [n for n in WARM_UP_PROMPTS if n < self.max_len - 2] if is_gpu(self.config.device) else []
+        if not prompts and graphs is None:
+            return
+        start = time.perf_counter()
+        steps = len(prompts) + (len(graphs.batch_sizes) if graphs is not None else 0)
+        with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
+            if graphs is not None:
+                graphs.capture_all(progress=lambda _: bar.update(1))
+            captured = time.perf_counter() - start
+            for i, length in enumerate(prompts):
+                seq = Sequence(-1 - i, [0] * length, SamplingParams(max_tokens=2, ignore_eos=True))
+                self.scheduler.add(seq)
+                while self.scheduler.has_unfinished():
+                    self.step()
+                self.pages.clear_cache()  # the next prompt must not hit this one's pages
+                bar.update(1)
+        self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
+        self.num_prompt_tokens_computed = self.num_generated_tokens = 0
+        logger.info(
+            "warm-up: %.1f s (decode graphs for %d batch sizes %s in %.1f s; %d warm-up prompts in %.1f s)",
+            time.perf_counter() - start,
+            len(graphs.batch_sizes) if graphs is not None else 0,
+            "captured" if graphs is not None and graphs.capture else "planned",
+            captured,
+            len(prompts),
+            time.perf_counter() - start - captured,
         )
 
     def add_request(

@@ -1,14 +1,54 @@
-"""One forward's inputs, built once per step from the scheduler's choice."""
+"""One forward's inputs, built once per step from the scheduler's choice.
+
+The host work of a step is a few numpy operations over per-sequence arrays (no Python loop over
+tokens or context), and every integer the step needs goes to the device in one copy from a pinned
+buffer (:class:`Staging`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..device import is_gpu
 from .sequence import Sequence
 
 MODES = ("prefill", "extend", "decode", "mixed")
+
+
+class Staging:
+    """A pinned host buffer and its device twin, reused every step: :meth:`upload` moves int64 arrays
+    to the device in one asynchronous copy and returns device views of them."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.pinned = is_gpu(self.device)
+        self.event = torch.Event(device=self.device) if self.pinned else None
+        self._grow(1 << 12)
+
+    def _grow(self, size: int) -> None:
+        # Plain tensors even when a step (under inference mode) grows them: a plan made outside
+        # inference mode may write them too.
+        with torch.inference_mode(False):
+            self.host = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+            self.dev = torch.empty(size, dtype=torch.int64, device=self.device)
+        self.host_np = self.host.numpy()
+
+    def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """Device int64 copies of ``arrays`` (views of one buffer, valid until the next upload)."""
+        sizes = [a.shape[0] for a in arrays]
+        total = sum(sizes)
+        if self.event is not None:
+            self.event.synchronize()  # the previous upload has left the pinned buffer
+        if total > self.host.shape[0]:
+            self._grow(1 << (total - 1).bit_length())
+        np.concatenate(arrays, out=self.host_np[:total])
+        self.dev[:total].copy_(self.host[:total], non_blocking=True)
+        if self.event is not None:
+            self.event.record()
+        return list(self.dev[:total].split(sizes))
 
 
 @dataclass(frozen=True, eq=False)
@@ -17,6 +57,7 @@ class ForwardBatch:
 
     ``mode``: ``prefill`` (no sequence has cached tokens), ``decode`` (one new token each),
     ``extend`` (new tokens after cached ones), ``mixed`` (decodes and prefills/extends together).
+    ``q_lens`` / ``k_lens``: host copies of the lengths (the plan reads these, not the device).
     """
 
     mode: str
@@ -30,6 +71,8 @@ class ForwardBatch:
     page_size: int
     max_seqlen_k: int
     attention_chunk_size: int | None = None
+    q_lens: tuple[int, ...] | None = None
+    k_lens: tuple[int, ...] | None = None
 
     @classmethod
     def build(
@@ -38,38 +81,48 @@ class ForwardBatch:
         req_to_token: torch.Tensor,
         page_size: int,
         attention_chunk_size: int | None = None,
+        staging: Staging | None = None,
     ) -> ForwardBatch:
-        device = req_to_token.device
-        input_ids, positions, rows, q_lens, k_lens = [], [], [], [], []
-        for seq, n in scheduled:
-            start = seq.num_computed
-            input_ids += seq.token_ids[start : start + n]
-            positions += range(start, start + n)
-            rows += [seq.req_pool_idx] * n
-            q_lens.append(n)
-            k_lens.append(start + n)
-        decodes = sum(n == 1 and k > 1 for n, k in zip(q_lens, k_lens))
-        if decodes == len(q_lens):
+        staging = staging if staging is not None else Staging(req_to_token.device)
+        starts = np.fromiter((seq.num_computed for seq, _ in scheduled), np.int64, len(scheduled))  # [B]
+        q_lens = np.fromiter((n for _, n in scheduled), np.int64, len(scheduled))  # [B]
+        rows = np.fromiter((seq.req_pool_idx for seq, _ in scheduled), np.int64, len(scheduled))  # [B]
+        k_lens = starts + q_lens
+        cu = np.zeros(len(scheduled) + 1, np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        num_tokens = int(cu[-1])
+        if num_tokens == len(scheduled):  # one token each: no slices
+            input_ids = np.fromiter((seq.token_ids[seq.num_computed] for seq, _ in scheduled), np.int64, num_tokens)
+        else:
+            input_ids = np.empty(num_tokens, np.int64)
+            for (seq, n), start, offset in zip(scheduled, starts.tolist(), cu.tolist()):
+                input_ids[offset : offset + n] = seq.token_ids[start : start + n]
+        positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - cu[:-1], q_lens)  # [T]
+        token_rows = np.repeat(rows, q_lens)  # [T]
+
+        decodes = int(np.count_nonzero((q_lens == 1) & (k_lens > 1)))
+        if decodes == len(scheduled):
             mode = "decode"
         elif decodes:
             mode = "mixed"
         else:
-            mode = "prefill" if all(n == k for n, k in zip(q_lens, k_lens)) else "extend"
-        positions_t = torch.tensor(positions, dtype=torch.int64)
-        cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-        torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0, out=cu[1:])
-        rows_t = torch.tensor(rows, dtype=torch.int64).to(device)
-        positions_t = positions_t.to(device)
+            mode = "prefill" if bool((q_lens == k_lens).all()) else "extend"
+        ids_t, positions_t, token_rows_t, cu_t, k_lens_t, rows_t = staging.upload(
+            [input_ids, positions, token_rows, cu, k_lens, rows]
+        )
+        q_list, k_list = q_lens.tolist(), k_lens.tolist()
         return cls(
             mode=mode,
-            input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
+            input_ids=ids_t,
             positions=positions_t,
-            cu_seqlens_q=cu.to(device),
-            seq_lens_k=torch.tensor(k_lens, dtype=torch.int32).to(device),
-            req_pool_indices=torch.tensor([seq.req_pool_idx for seq, _ in scheduled], dtype=torch.int64).to(device),
+            cu_seqlens_q=cu_t.int(),
+            seq_lens_k=k_lens_t.int(),
+            req_pool_indices=rows_t,
             req_to_token=req_to_token,
-            out_cache_loc=req_to_token[rows_t, positions_t].long(),  # [T]
+            out_cache_loc=req_to_token[token_rows_t, positions_t].long(),  # [T]
             page_size=page_size,
-            max_seqlen_k=max(k_lens),
+            max_seqlen_k=max(k_list),
             attention_chunk_size=attention_chunk_size,
+            q_lens=tuple(q_list),
+            k_lens=tuple(k_list),
         )

@@ -15,7 +15,8 @@ from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
 from ..runtime.plan import plan_for_cache
-from .forward_batch import ForwardBatch
+from .forward_batch import ForwardBatch, Staging
+from .graphs import DecodeGraphs
 from .multimodal import build_multimodal_batch
 from .req_pool import ReqToTokenPool
 from .sampler import SamplingBatch, TokenLogprobs, sample, to_host, token_logprobs, unpack_logprobs
@@ -23,6 +24,9 @@ from .sequence import Sequence
 
 
 class ModelRunner:
+    """``scratch_row`` / ``scratch_page``: a ``req_to_token`` row and a KV page the engine never hands
+    to a sequence, where the padding rows of captured decode steps write (:meth:`enable_graphs`)."""
+
     def __init__(
         self,
         model,
@@ -30,12 +34,18 @@ class ModelRunner:
         req_pool: ReqToTokenPool,
         backend: AttentionBackend,
         eos_token_ids: frozenset[int] = frozenset(),
+        *,
+        scratch_row: int | None = None,
+        scratch_page: int | None = None,
     ):
         self.model = model
         self.eos_token_ids = eos_token_ids  # banned while a request is short of min_tokens
         self.kv_pool = kv_pool
         self.req_pool = req_pool
         self.backend = backend
+        self.scratch_row, self.scratch_page = scratch_row, scratch_page
+        self.graphs: DecodeGraphs | None = None
+        self.staging = Staging(kv_pool.device)  # the pinned buffer of every eager step's integers
         layers = model.attention_layers()
         chunks = {layer.attention_chunk_size for layer in layers} - {None}
         if len(chunks) > 1:
@@ -47,7 +57,7 @@ class ModelRunner:
     def plan(self, scheduled: list[tuple[Sequence, int]]) -> tuple[ForwardBatch, ForwardContext]:
         """Everything the forward reads, made before the model runs (every host sync of the step)."""
         batch = ForwardBatch.build(
-            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size
+            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
         )
         metadata = self.backend.plan(batch, num_heads=self.num_heads)
         latent = plan_for_cache(self.kv_pool.spec, self.backend, metadata, num_heads=self.num_heads)
@@ -56,13 +66,40 @@ class ModelRunner:
             multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
         return batch, ForwardContext(self.backend, metadata, self.kv_pool, latent, multimodal)
 
+    def enable_graphs(self, batch_sizes: tuple[int, ...], *, capture: bool) -> DecodeGraphs:
+        """Run decode steps of up to ``max(batch_sizes)`` sequences through static buffers, padded to
+        the next of ``batch_sizes``; ``capture`` records a graph per batch size (see ``graphs.py``).
+        Call :meth:`DecodeGraphs.capture_all` on the result before the next step."""
+        if self.scratch_row is None or self.scratch_page is None:
+            raise ValueError("expected a runner built with scratch_row and scratch_page, got None")
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            self.kv_pool,
+            self.req_pool,
+            batch_sizes=batch_sizes,
+            num_heads=self.num_heads,
+            scratch_row=self.scratch_row,
+            scratch_page=self.scratch_page,
+            capture=capture,
+        )
+        return self.graphs
+
     @torch.inference_mode()
     def step(self, scheduled: list[tuple[Sequence, int]]) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
         """Run the forward; returns ``(token, its log-probabilities or None)`` for each sequence whose
         tokens are now all computed. Sampled ids and log-probabilities reach the host in one transfer."""
-        batch, ctx = self.plan(scheduled)
-        hidden = self.model(batch.input_ids, batch.positions, ctx)
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            hidden = self.graphs.run(scheduled)  # [n, H]
+        else:
+            batch, ctx = self.plan(scheduled)
+            hidden = self.model(batch.input_ids, batch.positions, ctx)
+        return self.sample_step(scheduled, hidden)
 
+    def sample_step(
+        self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor
+    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
+        """Logits of the rows that need them, and the token of each sequence that completed its tokens."""
         # Rows of `hidden` that need logits: the last token of each finishing sequence, and the
         # prompt positions of sequences that asked for prompt logits or log-probabilities.
         sample_rows, sampling, prompt_rows = [], [], []
@@ -80,7 +117,9 @@ class ModelRunner:
         if not sample_rows and not prompt_rows:
             return {}
         rows = sample_rows + [r for _, row, _, count in prompt_rows for r in range(row, row + count)]
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)]).float()  # [N, V]
+        if rows != list(range(hidden.shape[0])):  # a decode step samples every row, in order
+            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+        logits = self.model.compute_logits(hidden).float()  # [N, V]
         parts, prompt_parts = [], []
         offset = len(sample_rows)
         for seq, _, first, count in prompt_rows:

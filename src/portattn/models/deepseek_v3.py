@@ -126,9 +126,15 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos_sin, rotary, ctx) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, rotary, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos_sin, rotary, ctx, residual=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(MLP output, residual stream before it)``, as ``LlamaDecoderLayer``."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos_sin, rotary, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class DeepseekV3Model(nn.Module):
@@ -144,9 +150,10 @@ class DeepseekV3Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary_emb(positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, cos_sin, self.rotary_emb, ctx)
-        return self.norm(x)
+            x, residual = layer(x, cos_sin, self.rotary_emb, ctx, residual)
+        return self.norm(x, residual)[0]
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")

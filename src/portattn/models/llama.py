@@ -39,9 +39,17 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, x, ctx, rotary) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx, rotary)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions, x, ctx, rotary, residual=None, table=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual stream before it)``: the next layer (or the final norm) adds the two
+        in its fused add + norm. ``residual`` None: ``x`` is the embedding (the stream itself).
+        ``table``: the forward's rotary ``cos, sin``."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(positions, h, ctx, rotary, table)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -61,9 +69,10 @@ class LlamaModel(nn.Module):
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The layers and final norm over input embeddings ``x [T, H]`` (positions as the rotary takes them)."""
+        residual, table = None, self.rotary_emb.table(positions, x.dtype)  # cos, sin once per forward
         for layer in self.layers:
-            x = layer(positions, x, ctx, self.rotary_emb)
-        return self.norm(x)
+            x, residual = layer(positions, x, ctx, self.rotary_emb, residual, table)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(CausalLM):

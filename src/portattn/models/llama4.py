@@ -109,9 +109,15 @@ class Llama4DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, x, ctx, rotary) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx, rotary)
-        return x + self.feed_forward(self.post_attention_layernorm(x))
+    def forward(self, positions, x, ctx, rotary, residual=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(feed-forward output, residual stream before it)``, as ``LlamaDecoderLayer``."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(positions, h, ctx, rotary)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.feed_forward(h), residual
 
 
 class Llama4TextModel(nn.Module):
@@ -124,9 +130,10 @@ class Llama4TextModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, H]
+        residual = None
         for layer in self.layers:
-            x = layer(positions, x, ctx, self.rotary_emb)
-        return self.norm(x)
+            x, residual = layer(positions, x, ctx, self.rotary_emb, residual)
+        return self.norm(x, residual)[0]
 
 
 class Llama4ForCausalLM(CausalLM):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...device import is_triton_interpreter
+from ...device import is_triton_interpreter, max_shared_memory
 from ...errors import expect, fail
 from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel, merge_states_kernel
@@ -44,8 +44,34 @@ class TileConfig:
                 raise ValueError(f"expected {name} to be a power of two, got {value}")
 
 
+def shared_memory_bytes(tiles: TileConfig, head_dim: int, value_dim: int, itemsize: int) -> int:
+    """Shared memory the kernel's software pipeline holds: one K and one V tile per stage (what Triton
+    allocates for these kernels on an H200: 128 x 128 fp32 tiles in 2 stages need 262144 bytes)."""
+    columns = sum(column_tiles(head_dim)) + sum(column_tiles(value_dim))
+    return tiles.num_stages * tiles.block_n * columns * itemsize
+
+
+def smaller_tiles(tiles: TileConfig, group: int) -> TileConfig | None:
+    """The next smaller tiles: one stage less, then half the key tile, then half the query rows."""
+    smaller = fewer_stages_then(tiles, "block_n")
+    group_pad = next_pow2(group)
+    if smaller is None and tiles.block_m > max(16, group_pad):
+        block_m = tiles.block_m // 2
+        smaller = dataclasses.replace(tiles, block_m=block_m, block_q=block_m // group_pad)
+    return smaller
+
+
 @functools.cache
-def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *, interpret: bool) -> TileConfig:
+def choose_tiles(
+    max_seqlen_q: int,
+    group: int,
+    head_dim: int,
+    value_dim: int,
+    *,
+    interpret: bool,
+    itemsize: int = 2,
+    shared_memory: int | None = None,
+) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
     The GPU defaults are the fastest shapes of ``python -m portattn.bench --sweep`` on an H200
@@ -55,6 +81,11 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
     columns (160, 192, 224, 256). A GPU that lacks the shared memory steps down at the first launch
     (``resources.py``). Under the CPU interpreter tiles are kept small (its cost grows with tile
     size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
+
+    ``shared_memory`` (bytes per program, ``device.max_shared_memory``) steps the tiles down up
+    front, for the element size ``itemsize``, until their pipeline fits (:func:`shared_memory_bytes`):
+    float32 takes twice the bytes of bf16, and a launch that does not fit would compile, fail and
+    compile again.
     """
     group_pad = next_pow2(group)
     if interpret:
@@ -74,7 +105,13 @@ def choose_tiles(max_seqlen_q: int, group: int, head_dim: int, value_dim: int, *
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
         block_n, num_warps, num_stages = 64, 4, 3
-    return TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
+    tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
+    while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, itemsize) > shared_memory:
+        smaller = smaller_tiles(tiles, group)
+        if smaller is None:
+            break  # the smallest tiles: the launch reports what the device lacks
+        tiles = smaller
+    return tiles
 
 
 @functools.cache
@@ -161,7 +198,15 @@ def attention_forward(
     if num_tokens == 0 or batch == 0:
         return out
     if tiles is None:
-        tiles = choose_tiles(max_seqlen_q, group, head_dim, value_dim, interpret=is_triton_interpreter())
+        tiles = choose_tiles(
+            max_seqlen_q,
+            group,
+            head_dim,
+            value_dim,
+            interpret=is_triton_interpreter(),
+            itemsize=q.element_size(),
+            shared_memory=max_shared_memory(q.device),
+        )
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_d, block_d2, block_d3 = column_tiles(head_dim)
@@ -185,13 +230,9 @@ def attention_forward(
     else:
         partial_out = partial_lse = out  # unused
     lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
-    group_min = max(16, group_pad)
 
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
-        smaller = fewer_stages_then(t, "block_n")
-        if smaller is None and t.block_m > group_min:
-            smaller = dataclasses.replace(t, block_m=t.block_m // 2, block_q=t.block_m // 2 // group_pad)
-        return smaller
+        return smaller_tiles(t, group)
 
     def launch(t: TileConfig) -> None:
         grid = (num_tokens // t.block_q + batch, num_kv_heads, num_splits)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...backends.base import AttentionLayer
+from ...backends.base import AttentionBackend, AttentionLayer
 from ...runtime.context import ForwardContext
+from .fused import fused_ops
 from .linear import Linear, QKVLinear
 from .norm import RMSNorm
 
@@ -32,6 +33,20 @@ class PagedAttention(nn.Module):
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
         out = ctx.backend.forward(q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
         return out.flatten(1)  # [T, Hq * Dv]
+
+    def forward_rotary(self, q, k, v, cos, sin, ctx: ForwardContext, ops) -> torch.Tensor | None:
+        """Rotate q and k by ``cos, sin`` and write K/V in one fused kernel, then attend; ``None`` where
+        the backend writes its cache its own way (the caller then rotates and calls :meth:`forward`)."""
+        if type(ctx.backend).forward is not AttentionBackend.forward:
+            return None
+        spec = self.spec
+        k_cache, v_cache = ctx.kv_cache(spec.layer_id)
+        q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
+        k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
+        v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
+        q = ops.rotary_kv_write(q, k, v, cos, sin, k_cache, v_cache, ctx.metadata.out_cache_loc)
+        out = q.new_empty((q.shape[0], spec.num_heads, spec.v_head_dim))
+        return ctx.backend.paged_attention(q, k_cache, v_cache, ctx.metadata, spec.params, out).flatten(1)
 
 
 def head_dim_of(config) -> int:
@@ -74,12 +89,27 @@ class SelfAttention(nn.Module):
             self.k_norm = RMSNorm(spec.head_dim, qk_norm_eps, unit_offset=qk_norm_unit_offset)
         self.attn = PagedAttention(spec)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: nn.Module) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        ctx: ForwardContext,
+        rotary: nn.Module,
+        table: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``table``: the rotary ``cos, sin`` of this forward's tokens (``rotary.table``), made once
+        per forward by the model; computed here when not given."""
         num_tokens, head_dim = x.shape[0], self.spec.head_dim
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = q.view(num_tokens, -1, head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, head_dim)  # [T, Hkv, D]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        cos, sin = table if table is not None else rotary.table(positions, q.dtype)
+        ops = fused_ops(q)
+        if ops is not None:
+            out = self.attn.forward_rotary(q, k, v, cos, sin, ctx, ops)
+            if out is not None:
+                return self.o_proj(out)
+        q, k = rotary.apply(q, k, cos, sin)
         return self.o_proj(self.attn(q, k, v, ctx))

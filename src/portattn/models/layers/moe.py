@@ -8,7 +8,8 @@ expert ids and weights; the weights scale either the expert's output (the usual 
 
 Two ways to compute the same sum, chosen from the token count (a Python int, no sync):
 
-* **dense** (``T <= DENSE_MAX_TOKENS``, decode steps): every expert runs on every token with a
+* **dense** (``T <= dense_max_tokens``, by default ``DENSE_MAX_TOKENS``; an engine that captures
+  decode steps raises it to its largest captured batch): every expert runs on every token with a
   combine weight that is zero where the token did not pick it: three batched matmuls, no host sync,
   so a captured decode graph can contain it. It reads every expert once, as a decode batch that
   touches most experts does anyway.
@@ -63,6 +64,7 @@ class FusedMoE(nn.Module):
             raise ValueError("expected expert biases only with weights on the output, got weight_on_input=True")
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
         self.gate_up_act = gate_up_act if gate_up_act is not None else functools.partial(gated, activation(act))
+        self.dense_max_tokens = DENSE_MAX_TOKENS
         self.weight_on_input = weight_on_input
         self.checkpoint_layout = checkpoint_layout
         experts = range(num_experts)
@@ -96,7 +98,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype."""
-        if x.shape[0] <= DENSE_MAX_TOKENS:
+        if x.shape[0] <= self.dense_max_tokens:
             return self.forward_dense(x, topk_weights, topk_ids)
         return self.forward_grouped(x, topk_weights, topk_ids)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .fused import fused_ops
+
 
 class RMSNorm(nn.Module):
     """``x / rms(x)`` scaled by the weight, normalised in float32.
@@ -12,6 +14,10 @@ class RMSNorm(nn.Module):
     ``unit_offset=False`` (Llama, Qwen, DeepSeek): ``weight * normed.to(x.dtype)``, weight init 1.
     ``unit_offset=True`` (Gemma): ``(normed * (1 + weight)).to(x.dtype)`` in float32, weight init 0.
     ``weight_in_float32=True`` (gpt-oss): ``(weight * normed).to(x.dtype)`` in float32.
+
+    ``forward(x, residual)`` adds the residual first and returns ``(norm(x + residual), x +
+    residual)`` (the sum rounded to the dtype, as a separate add would): a decoder layer's
+    "residual add, then norm" in one fused kernel on GPUs (``kernels/triton/fused_norm.py``).
     """
 
     def __init__(self, dim: int, eps: float, *, unit_offset: bool = False, weight_in_float32: bool = False):
@@ -21,7 +27,24 @@ class RMSNorm(nn.Module):
         self.eps, self.unit_offset, self.weight_in_float32 = eps, unit_offset, weight_in_float32
         self.weight = nn.Parameter((torch.zeros if unit_offset else torch.ones)(dim), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def mode(self) -> str:
+        return "unit_offset" if self.unit_offset else "float32" if self.weight_in_float32 else "dtype"
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        ops = fused_ops(x)
+        if ops is not None:
+            out, summed = ops.add_rmsnorm(x, self.weight, self.eps, residual, mode=self.mode)
+            return out if residual is None else (out, summed)
+        if residual is not None:
+            summed = x + residual
+            return self.norm(summed), summed
+        return self.norm(x)
+
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch reference of the norm alone."""
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:

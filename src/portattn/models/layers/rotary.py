@@ -68,9 +68,20 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         return (emb.cos() * self.scaling).to(dtype)[:, None, :], (emb.sin() * self.scaling).to(dtype)[:, None, :]
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(positions[:, None].float() * self.inv_freq[None, :], q.dtype)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin [T, 1, D]`` of the tokens at ``positions [T]``: once per forward, shared by every layer."""
+        return self.cos_sin(positions[:, None].float() * self.inv_freq[None, :], dtype)
+
+    @staticmethod
+    def apply(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q [T, Hq, D]``, ``k [T, Hkv, D]`` rotated by a :meth:`table` (the reference of the fused
+        rotary + cache-write kernel)."""
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.apply(q, k, *self.table(positions, q.dtype))
 
 
 class InterleavedRotaryEmbedding(nn.Module):
@@ -135,11 +146,11 @@ class MRotaryEmbedding(RotaryEmbedding):
         axis = torch.cat([torch.full((n,), i, device="cpu") for i, n in enumerate(section)])  # [D / 2]
         self.register_buffer("axis", axis, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin [T, 1, D]`` of the tokens at ``positions [3, T]``."""
         freqs = positions[:, :, None].float() * self.inv_freq  # [3, T, D / 2]
         freqs = freqs.gather(0, self.axis.expand(1, freqs.shape[1], -1))[0]  # [T, D / 2]
-        cos, sin = self.cos_sin(freqs, q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return self.cos_sin(freqs, dtype)
 
 
 def apply_rotary_float32(

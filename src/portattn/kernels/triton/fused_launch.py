@@ -1,0 +1,110 @@
+"""Launchers of the fused elementwise kernels (RMSNorm with the residual add, gated activation).
+
+The model layers call these on GPUs (``models/layers/norm.py``, ``activation.py``); their torch code
+is the reference and the path everywhere else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
+from .fused_norm import add_rmsnorm_kernel
+from .fused_rotary import rotary_kv_write_kernel
+from .launch import next_pow2
+
+NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
+ACTIVATION_CODES = {"silu": SILU, "swish": SILU, "gelu": GELU, "gelu_pytorch_tanh": GELU_TANH, "gelu_tanh": GELU_TANH}
+
+
+def add_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    *,
+    mode: str = "dtype",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(rmsnorm(x + residual), x + residual)`` for ``x, residual [T, H]`` (rows contiguous);
+    ``(rmsnorm(x), None)`` without a residual. ``mode``: where the weight applies, as ``RMSNorm``
+    (``"dtype"``: to the normed row rounded to the dtype, output in the dtype of ``weight * x`` as in
+    torch; ``"unit_offset"``: ``1 + weight`` in float32; ``"float32"``: the weight in float32)."""
+    hidden = x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()  # rows may be strided, their elements not
+    out_dtype = torch.promote_types(weight.dtype, x.dtype) if mode == "dtype" else x.dtype
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    if residual is not None:
+        residual2 = residual.reshape(-1, hidden)
+        residual2 = residual2 if residual2.stride(-1) == 1 else residual2.contiguous()
+        residual_out = torch.empty_like(x2)
+    else:
+        residual2 = residual_out = x2  # unused
+    rows = x2.shape[0]
+    if rows:
+        block = next_pow2(hidden)
+        add_rmsnorm_kernel[(rows,)](
+            x2, residual2, weight, out, residual_out, hidden, eps,
+            x2.stride(0), residual2.stride(0), out.stride(0), residual_out.stride(0),
+            HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode], BLOCK=block,
+            num_warps=max(1, min(16, block // 256)),
+        )  # fmt: skip
+    out = out.view(x.shape)
+    return out, (residual_out.view(x.shape) if residual is not None else None)
+
+
+def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:
+    """``act(gate) * up`` of ``gate_up [..., 2I]`` (gate half first) -> ``[..., I]``."""
+    width = gate_up.shape[-1]
+    inter = width // 2
+    rows_in = gate_up.reshape(-1, width)
+    out = torch.empty((rows_in.shape[0], inter), dtype=gate_up.dtype, device=gate_up.device)
+    if rows_in.shape[0]:
+        block = min(1024, next_pow2(inter))
+        grid = (rows_in.shape[0], -(-inter // block))
+        gated_activation_kernel[grid](
+            rows_in, out, inter, rows_in.stride(0), out.stride(0),
+            ACT=ACTIVATION_CODES[name], BLOCK=block, num_warps=4,
+        )  # fmt: skip
+    return out.view(*gate_up.shape[:-1], inter)
+
+
+def rotary_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Rotated queries ``[T, Hq, D]`` (a new tensor); rotated keys and the values go to cache ``slots``.
+
+    ``q [T, Hq, D]``, ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]`` (heads and tokens may be strided, the
+    last dim contiguous); ``cos, sin [T, D]`` (any leading strides; rows of the rotate-half
+    embedding, in q's dtype); ``k_cache [N, P, Hkv, D]`` and ``v_cache [N, P, Hkv, Dv]`` contiguous;
+    ``slots [T]`` int64 (``page * P + offset``).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, value_dim = v.shape[1], v.shape[2]
+    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return out
+    cos, sin = cos.reshape(num_tokens, head_dim), sin.reshape(num_tokens, head_dim)
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"expected {name} with a contiguous last dim, got strides {t.stride()}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("expected contiguous k_cache and v_cache (a slot is page * P + offset), got strided ones")
+    grid = (num_tokens, num_q_heads + 2 * num_kv_heads)
+    rotary_kv_write_kernel[grid](
+        q, k, v, cos, sin, slots, out, k_cache, v_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
+        BLOCK=next_pow2(head_dim // 2), VALUE_DIM=value_dim, BLOCK_V=next_pow2(value_dim),
+        num_warps=1,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,48 @@
+"""RMSNorm of one row, with the residual add before it: ``r = x + residual`` (rounded to the input
+dtype, as a separate add would), ``y = weight * (r / rms(r))`` normalised in float32. Grid: ``(T,)``.
+
+``MODE`` 0 (Llama, Qwen, DeepSeek): the normed row is rounded to the input dtype before the weight
+multiplies it, as transformers computes ``weight * normed.to(dtype)``; 1 (Gemma): ``normed * (1 +
+weight)`` in float32; 2 (gpt-oss): ``weight * normed`` in float32.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_rmsnorm_kernel(
+    X,
+    Residual,
+    Weight,
+    Out,
+    ResidualOut,
+    hidden,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(Residual + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(ResidualOut + row * stride_ro + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / hidden + eps)
+    normed = h * inv_rms
+    w = tl.load(Weight + offs, mask=mask, other=0.0).to(tl.float32)
+    if MODE == 1:
+        y = normed * (1.0 + w)
+    elif MODE == 2:
+        y = w * normed
+    else:
+        y = w * normed.to(X.dtype.element_ty).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, y.to(Out.dtype.element_ty), mask=mask)

@@ -1,0 +1,184 @@
+"""Captured decode's static-buffer path, run eagerly (no capture) on the CPU: the same buffers, per-bucket
+plans, padding rows and scratch page as a graph replay, compared token for token and logit for logit
+with the plain eager engine for every family, at page sizes 1, 7 and 16, for batches between buckets,
+after preemption and with prefix caching. (scripts/gpu_engine.sh runs the captured graphs on a GPU.)"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import pytest
+import torch
+
+from portattn.engine.config import EngineConfig
+from portattn.engine.graphs import DecodeGraphs, batch_size_buckets
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+from portattn.models.layers.moe import FusedMoE
+from portattn.testing import image_prompts, no_host_sync
+from portattn.testing.checkpoints import save_tiny_checkpoint
+
+from .conftest import checkpoint, random_prompts
+
+BUCKETS = (1, 2, 4)  # 3 sequences pad to 4; 5 or more run eagerly
+# Lengths 1 (a one-token prompt decodes at once), short, around a 16-token page and the Llama 4
+# chunk of 32; each request stops at its own length, so decode batches shrink through 6, 5, ..., 1.
+PROMPTS = random_prompts([1, 5, 15, 17, 30, 37], seed=11)
+MAX_TOKENS = [24, 5, 9, 13, 30, 18]
+TOL = 1e-5
+
+
+def static_llm(path: str, buckets=BUCKETS, **kwargs) -> LLM:
+    llm = LLM(path, enforce_eager=True, **kwargs)
+    llm.engine.runner.enable_graphs(buckets, capture=False).capture_all()
+    return llm
+
+
+def generate(llm: LLM, prompts, max_tokens) -> list:
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def assert_same(got: list, want: list) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        err = float((g.logits - w.logits).abs().max() / w.logits.abs().max())
+        assert err < TOL, err
+
+
+def replays(llm: LLM) -> int:
+    return llm.engine.runner.graphs.replays
+
+
+@pytest.mark.parametrize(
+    "family,page_size",
+    [(f, p) for f in ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3") for p in (1, 7, 16)]
+    + [(f, 7) for f in ("mistral", "gemma2", "gemma3", "gpt_oss")],  # softcap, sinks, per-layer rotary
+)
+def test_static_decode_equals_eager(family, page_size, ckpt_root):
+    path = checkpoint(family, ckpt_root)
+    kwargs = dict(page_size=page_size, num_pages=-(-900 // page_size), max_num_seqs=8)
+    want = generate(LLM(path, enforce_eager=True, **kwargs), PROMPTS, MAX_TOKENS)
+    llm = static_llm(path, **kwargs)
+    assert_same(generate(llm, PROMPTS, MAX_TOKENS), want)
+    graphs = llm.engine.runner.graphs
+    # Steps 10 to 30 (after the prefill and the requests of 5 and 9 tokens) have 4 or fewer decodes.
+    assert graphs.replays == 21
+    assert set(graphs.padded) == {3}  # 3 decodes ran padded to 4
+
+
+def test_static_decode_after_preemption_and_with_prefix_caching(ckpt_root):
+    path = checkpoint("llama4", ckpt_root)
+    # 12 pages of 8 tokens cannot hold six growing sequences: the newest are preempted and recomputed.
+    kwargs = dict(page_size=8, num_pages=12, max_num_seqs=6, enable_prefix_caching=True)
+    shared = [*PROMPTS[4], 3, 1, 4]  # extends a first-wave prompt: hits the prefix cache
+    plain = LLM(path, enforce_eager=True, **kwargs)
+    llm = static_llm(path, **kwargs)
+    for prompts, max_tokens in ((PROMPTS, MAX_TOKENS), ([shared, PROMPTS[5]], [20, 20])):
+        assert_same(generate(llm, prompts, max_tokens), generate(plain, prompts, max_tokens))
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.pages.num_cached_tokens > 0
+    assert replays(llm) > 0
+
+
+@functools.cache
+def wide_head_checkpoint(family: str, root: str) -> str:
+    """The family's tiny checkpoint at head dim 64 (a head dim of the Triton kernels)."""
+    return save_tiny_checkpoint(family, f"{root}/{family}_head64", head_dim=64)
+
+
+def test_static_decode_on_triton_interpreter(ckpt_root):
+    path = wide_head_checkpoint("qwen3", ckpt_root)  # a sliding-window layer
+    kwargs = dict(page_size=16, num_pages=60, max_num_seqs=4, attention_backend="triton")
+    prompts, max_tokens = PROMPTS[1:4], [3, 4, 5]
+    want = generate(LLM(path, enforce_eager=True, **kwargs), prompts, max_tokens)
+    llm = static_llm(path, **kwargs)
+    assert_same(generate(llm, prompts, max_tokens), want)
+    assert replays(llm) > 0
+
+
+def test_vision_language_model_decodes_through_the_buffers(ckpt_root):
+    path = checkpoint("qwen2_5_vl", ckpt_root)
+    prompts = [*image_prompts(random_prompts([5, 9], seed=4)), list(range(3, 12))]
+    kwargs = dict(page_size=4, num_pages=200, max_num_seqs=4, chunked_prefill_size=8)
+    want = generate(LLM(path, enforce_eager=True, **kwargs), prompts, [10, 12, 14])
+    llm = static_llm(path, **kwargs)
+    assert_same(generate(llm, prompts, [10, 12, 14]), want)
+    assert replays(llm) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "llama4", "deepseek_v3", "gpt_oss", "gemma2", "qwen2_5_vl"])
+def test_the_replayed_forward_does_not_sync(family, ckpt_root):
+    """What a graph records (the model's forward over the static buffers) never reads the device: the
+    Llama 4 MoE layers included, at a bucket above their default dense limit."""
+    llm = static_llm(checkpoint(family, ckpt_root), buckets=(1, 24), page_size=4, num_pages=300, max_num_seqs=24)
+    graphs = llm.engine.runner.graphs
+    forward = graphs._forward
+
+    def guarded(batch_size):
+        with no_host_sync():
+            return forward(batch_size)
+
+    graphs._forward = guarded
+    prompts = random_prompts([3] * 20, seed=6)
+    inputs = image_prompts(prompts) if family == "qwen2_5_vl" else prompts
+    llm.generate(inputs, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert graphs.padded[20] == 2  # 20 decodes ran padded to the bucket of 24, twice
+
+
+def test_padding_rows_write_only_the_scratch_page(ckpt_root):
+    path = checkpoint("llama", ckpt_root)
+    llm = static_llm(path, page_size=4, num_pages=80, max_num_seqs=8)
+    engine = llm.engine
+    pool, scratch = engine.kv_pool, engine.runner.scratch_page
+    assert scratch == engine.allocator.num_pages == pool.num_pages - 1  # never handed to a sequence
+    for k in pool.k:
+        k[scratch].fill_(float("nan"))
+    generate(llm, PROMPTS[1:4], [4, 4, 4])  # three decodes padded to four
+    graphs: DecodeGraphs = engine.runner.graphs
+    buffers = graphs.buffers
+    assert torch.equal(buffers.out_cache_loc[3] // 4, torch.tensor(scratch))
+    assert bool((buffers.page_table[3] == scratch).all())
+    assert int(buffers.seq_lens_k[3]) == 1
+    assert not pool.k[0][scratch, 0].isnan().any()  # the padding row wrote its key there
+    assert graphs.replays == 3
+
+
+def test_buckets():
+    assert batch_size_buckets(1) == (1,)
+    assert batch_size_buckets(6) == (1, 2, 4, 6)
+    assert batch_size_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+    assert batch_size_buckets(100) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100)
+    assert batch_size_buckets(128)[-3:] == (96, 112, 128)
+
+
+def test_graph_plan_has_no_host_lengths(ckpt_root):
+    llm = static_llm(checkpoint("llama", ckpt_root), page_size=16, num_pages=40)
+    graphs = llm.engine.runner.graphs
+    for batch_size, ctx in graphs.contexts.items():
+        meta = ctx.metadata
+        assert meta.q_lens is None and meta.k_lens is None  # nothing per-step baked in as a Python value
+        assert meta.batch_size == batch_size
+        assert meta.page_table.shape == (batch_size, graphs.buffers.page_table.shape[1])  # full width
+        assert meta.page_table.data_ptr() == graphs.buffers.page_table.data_ptr()
+
+
+def test_moe_layers_stay_sync_free_up_to_the_largest_bucket(ckpt_root):
+    llm = static_llm(checkpoint("llama4", ckpt_root), buckets=(1, 8, 24), page_size=16, num_pages=40)
+    moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+    assert moe and all(m.dense_max_tokens == 24 for m in moe)
+
+
+def test_cpu_and_enforce_eager_run_eagerly(ckpt_root, caplog):
+    path = checkpoint("llama", ckpt_root)
+    with caplog.at_level(logging.INFO, logger="portattn"):
+        llm = LLM(path, page_size=16, num_pages=40)
+    assert llm.engine.runner.graphs is None
+    assert "decode runs eagerly (torch has no graphs for device type 'cpu')" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="portattn"):
+        LLM(path, page_size=16, num_pages=40, enforce_eager=True)
+    assert "decode runs eagerly (enforce_eager)" in caplog.text
+    with pytest.raises(ValueError, match="expected enforce_eager to be a bool, got 'yes'"):
+        EngineConfig(model=path, device="cpu", dtype="float32", enforce_eager="yes")

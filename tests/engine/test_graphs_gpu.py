@@ -1,0 +1,107 @@
+"""Captured decode graphs on a GPU against the eager engine on the same GPU (skipped where torch has no
+graphs for the device): every family, page sizes 1 and 16, batches between buckets, after preemption
+and with prefix caching. float32: equal greedy tokens and logits within 1e-4; bfloat16: logits within
+bf16 tolerance and equal greedy tokens up to a near tie of the eager logits (where the two may round
+differently: a graph plan fixes the split-KV count per bucket, an eager one per step).
+
+Run by scripts/gpu_engine.sh (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from portattn.device import graph_support
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+from portattn.testing import image_prompts
+
+from .conftest import ENGINE_DEVICE, checkpoint, random_prompts
+
+pytestmark = pytest.mark.skipif(
+    graph_support(ENGINE_DEVICE) is None,
+    reason=f"torch has no graphs for {ENGINE_DEVICE} (set PORTATTN_TEST_ENGINE_DEVICE=cuda on a GPU)",
+)
+
+# Lengths around pages and the Llama 4 chunk (32); each request stops at its own length, so decode
+# batches shrink through 7, 6, ..., 1 (buckets 1, 2, 4, 8: 3, 5, 6 and 7 are padded).
+PROMPTS = random_prompts([1, 5, 15, 17, 30, 37, 44], seed=11)
+MAX_TOKENS = [24, 5, 9, 13, 30, 18, 40]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def generate(llm: LLM, prompts, max_tokens) -> list:
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def compare(got: list, want: list, dtype: torch.dtype) -> None:
+    """Equal tokens (bf16: until a near tie of the eager logits), logits within the dtype's tolerance."""
+    tol = TOL[dtype]
+    for g, w in zip(got, want, strict=True):
+        scale = float(w.logits.abs().max())
+        for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)):
+            err = float((g.logits[i] - w.logits[i]).abs().max()) / scale
+            assert err < tol, f"token {i}: logit error {err:.2e}"
+            if a != b:
+                gap = float(w.logits[i, b] - w.logits[i, a]) / scale
+                assert dtype != torch.float32 and gap < 2 * tol, f"token {i}: {a} != {b} (eager gap {gap:.2e})"
+                break  # the continuations differ from here on
+
+
+def engines(path: str, dtype: torch.dtype, **kwargs) -> tuple[LLM, LLM]:
+    kwargs = dict(device=ENGINE_DEVICE, dtype=str(dtype).removeprefix("torch."), **kwargs)
+    graphs = LLM(path, **kwargs)
+    assert graphs.engine.runner.graphs is not None and graphs.engine.runner.graphs.capture
+    return graphs, LLM(path, enforce_eager=True, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "family,page_size",
+    [(f, p) for f in ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3") for p in (1, 16)]
+    + [(f, 16) for f in ("mistral", "gemma2", "gemma3", "gpt_oss")],
+)
+def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
+    path = checkpoint(family, ckpt_root)
+    graphs, eager = engines(path, dtype, page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8)
+    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
+    runner = graphs.engine.runner.graphs
+    assert runner.replays > 0 and runner.padded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("family", ["qwen3", "llama4"])
+def test_triton_graphs_equal_eager(family, page_size, dtype, ckpt_root):
+    """The tiny checkpoints at head dim 64, where the Triton kernels run (a sliding window; chunks)."""
+    from .test_graphs import wide_head_checkpoint
+
+    path = wide_head_checkpoint(family, ckpt_root)
+    kwargs = dict(page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8, attention_backend="triton")
+    graphs, eager = engines(path, dtype, **kwargs)
+    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
+    assert graphs.engine.runner.graphs.padded
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_graphs_after_preemption_and_with_prefix_caching(backend, ckpt_root):
+    from .test_graphs import wide_head_checkpoint
+
+    path = wide_head_checkpoint("llama4", ckpt_root)
+    kwargs = dict(page_size=8, num_pages=14, max_num_seqs=8, enable_prefix_caching=True, attention_backend=backend)
+    graphs, eager = engines(path, torch.float32, **kwargs)
+    shared = [*PROMPTS[4], 3, 1, 4]
+    for prompts, max_tokens in ((PROMPTS, MAX_TOKENS), ([shared, PROMPTS[5]], [20, 20])):
+        compare(generate(graphs, prompts, max_tokens), generate(eager, prompts, max_tokens), torch.float32)
+    assert graphs.engine.scheduler.num_preemptions > 0
+    assert graphs.engine.pages.num_cached_tokens > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_vision_language_model_graphs(dtype, ckpt_root):
+    path = checkpoint("qwen2_5_vl", ckpt_root)
+    prompts = [*image_prompts(random_prompts([5, 9], seed=4)), list(range(3, 12))]
+    graphs, eager = engines(path, dtype, page_size=16, num_pages=60, max_num_seqs=4)
+    compare(generate(graphs, prompts, [10, 12, 14]), generate(eager, prompts, [10, 12, 14]), dtype)
+    assert graphs.engine.runner.graphs.replays > 0

@@ -1,0 +1,105 @@
+"""The fused elementwise kernels (residual add + RMSNorm, gated activation) against the layers' torch
+code, which is their reference (on the CPU through Triton's interpreter; on a GPU natively)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from portattn.models.layers import RMSNorm, RotaryEmbedding
+from portattn.models.layers.activation import ACTIVATIONS
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+
+if "triton" in BACKENDS:
+    from portattn.kernels.triton.fused_launch import ACTIVATION_CODES, add_rmsnorm, gated_activation, rotary_kv_write
+
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
+ULP = {torch.float32: 2e-6, torch.float16: 2**-10, torch.bfloat16: 2**-7}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    """Within one rounding step of the dtype of each value (sums in another order, exp/erf by another
+    library), plus a few float32 steps of the largest value (where a value is near zero)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    got, want = got.double(), want.double()
+    bound = 1.01 * ULP[dtype] * want.abs() + 4 * ULP[torch.float32] * want.abs().max()
+    excess = (got - want).abs() - bound
+    assert float(excess.max()) <= 0, float(((got - want).abs() / want.abs().max()).max())
+
+
+@pytest.mark.parametrize("mode", ["dtype", "unit_offset", "float32"])
+@pytest.mark.parametrize("hidden", [64, 80, 1000])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_add_rmsnorm_equals_the_layer(dtype, hidden, mode):
+    g = torch.Generator().manual_seed(hidden)
+    norm = RMSNorm(hidden, 1e-5, unit_offset=mode == "unit_offset", weight_in_float32=mode == "float32")
+    norm = norm.to(DEVICE, dtype)
+    assert norm.mode == mode
+    norm.weight.copy_(torch.randn(hidden, generator=g).to(DEVICE, dtype))
+    x = torch.randn(7, hidden, generator=g).to(DEVICE, dtype)
+    residual = torch.randn(7, hidden, generator=g).to(DEVICE, dtype)
+    out, none = add_rmsnorm(x, norm.weight, norm.eps, mode=mode)
+    assert none is None
+    close(out, norm.norm(x), dtype)
+    out, summed = add_rmsnorm(x, norm.weight, norm.eps, residual, mode=mode)
+    assert torch.equal(summed, x + residual)  # the add rounds as a separate add does
+    close(out, norm.norm(x + residual), dtype)
+    assert add_rmsnorm(x[:0], norm.weight, norm.eps, residual[:0])[0].shape == (0, hidden)
+
+
+def test_add_rmsnorm_takes_strided_rows():
+    x = torch.randn(5, 3, 64).to(DEVICE)[:, 1]  # rows 192 apart
+    weight = torch.rand(64).to(DEVICE)
+    out, _ = add_rmsnorm(x, weight, 1e-6)
+    norm = RMSNorm(64, 1e-6).to(DEVICE)
+    norm.weight.copy_(weight)
+    close(out, norm.norm(x), torch.float32)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATION_CODES))
+@pytest.mark.parametrize("inter", [48, 1500])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gated_activation_equals_the_torch_code(dtype, inter, name):
+    g = torch.Generator().manual_seed(inter)
+    gate_up = (3 * torch.randn(2, 3, 2 * inter, generator=g)).to(DEVICE, dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = ACTIVATIONS[name](gate) * up
+    got = gated_activation(name, gate_up)
+    assert got.shape == (2, 3, inter)
+    close(got, want, dtype)
+
+
+def test_layers_take_their_torch_code_on_the_cpu():
+    from portattn.models.layers.fused import fused_ops
+
+    assert fused_ops(torch.zeros(1)) is None  # the interpreter is for tests, not the model path
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim):
+    """Exactly the layer's rotation (each product rounded, then the sum) and the backend's cache write."""
+    from transformers import LlamaConfig
+
+    g = torch.Generator().manual_seed(head_dim)
+    num_tokens, hq, hkv, page_size, num_pages = 5, 4, 2, 3, 6
+    config = LlamaConfig(hidden_size=hq * head_dim, num_attention_heads=hq, head_dim=head_dim, rope_theta=1e4)
+    rotary = RotaryEmbedding(config, head_dim).to(DEVICE)
+    qkv = torch.randn(num_tokens, (hq + 2 * hkv) * head_dim, generator=g).to(DEVICE, dtype)  # one projection
+    q, k, v = (t.view(num_tokens, -1, head_dim) for t in qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], 1))
+    positions = torch.tensor([0, 7, 8, 300, 4095], device=DEVICE)
+    cos, sin = rotary.table(positions, dtype)
+    slots = torch.tensor([17, 0, 5, 9, 12], device=DEVICE)
+    caches = [torch.full((num_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype, device=DEVICE) for _ in "kv"]
+    got_q = rotary_kv_write(q, k, v, cos, sin, *caches, slots)
+
+    want_q, want_k = RotaryEmbedding.apply(q, k, cos, sin)
+    want = [torch.full_like(c, float("nan")) for c in caches]
+    want[0].view(-1, hkv, head_dim)[slots] = want_k
+    want[1].view(-1, hkv, head_dim)[slots] = v
+    assert torch.equal(got_q, want_q)
+    for got, expected in zip(caches, want):
+        assert torch.equal(got.isnan(), expected.isnan())  # no other slot written
+        assert torch.equal(got.nan_to_num(), expected.nan_to_num())
