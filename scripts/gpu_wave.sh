@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call that runs several GPU scripts side by side on a two-GPU machine (nvidia-h200-x2):
+# each lane is a list of "script args" run one after the other on its own GPU. Every script writes
+# under $OUT/<lane>/; at the end the folder is packed into $OUT/results.tar.gz (one file comes back).
+#   OUT=/tmp/o LANE0="gpu_engine.sh tests;gpu_engine.sh decode" LANE1="gpu_issue17.sh" bash scripts/gpu_wave.sh
+# A lane variable may also set environment for its steps with "VAR=value script args".
+set -uo pipefail
+OUT=${OUT:-/tmp/wave}
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+run_lane() {
+  local gpu=$1 steps=$2 dir="$OUT/lane$1"
+  mkdir -p "$dir"
+  IFS=';' read -ra items <<<"$steps"
+  for item in "${items[@]}"; do
+    [ -z "${item// }" ] && continue
+    echo "== $(date -u +%T) lane $gpu: $item"
+    (export CUDA_VISIBLE_DEVICES=$gpu OUT="$dir"; eval "bash scripts/$item") >"$dir/$(echo "$item" | tr -c 'a-zA-Z0-9_.-' '_').log" 2>&1
+    echo "== $(date -u +%T) lane $gpu: done $item (exit $?)"
+  done
+}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+[ -n "${BOTH:-}" ] && { echo "== both GPUs: $BOTH"; mkdir -p "$OUT/both"; (export OUT="$OUT/both"; eval "bash scripts/$BOTH") >"$OUT/both/run.log" 2>&1; }
+LIMIT_LANE=${LIMIT_LANE:-540}
+timeout "$LIMIT_LANE" bash -c "$(declare -f run_lane); OUT='$OUT'; run_lane 0 \"${LANE0:-}\"" &
+timeout "$LIMIT_LANE" bash -c "$(declare -f run_lane); OUT='$OUT'; run_lane 1 \"${LANE1:-}\"" &
+wait
+tar -czf "$OUT/results.tar.gz" -C "$OUT" --exclude results.tar.gz . && ls -la "$OUT"
