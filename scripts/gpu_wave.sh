@@ -3,7 +3,8 @@
 # each lane is a list of "script args" run one after the other on its own GPU. Every script writes
 # under $OUT/<lane>/; at the end the folder is packed into $OUT/results.tar.gz (one file comes back).
 #   OUT=/tmp/o LANE0="gpu_engine.sh tests;gpu_engine.sh decode" LANE1="gpu_issue17.sh" bash scripts/gpu_wave.sh
-# A lane variable may also set environment for its steps with "VAR=value script args".
+# A lane variable may also set environment for its steps with "VAR=value script args". On a one-GPU
+# machine ONE_GPU=0 runs both lanes on that GPU (for tests, not for timings).
 set -uo pipefail
 OUT=${OUT:-/tmp/wave}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -14,7 +15,7 @@ run_lane() {
   for item in "${items[@]}"; do
     [ -z "${item// }" ] && continue
     echo "== $(date -u +%T) lane $gpu: $item"
-    (export CUDA_VISIBLE_DEVICES=$gpu OUT="$dir"; eval "bash scripts/$item") >"$dir/$(echo "$item" | tr -c 'a-zA-Z0-9_.-' '_').log" 2>&1
+    (export CUDA_VISIBLE_DEVICES=${ONE_GPU:-$gpu} OUT="$dir"; eval "bash scripts/$item") >"$dir/$(echo "$item" | tr -c 'a-zA-Z0-9_.-' '_').log" 2>&1
     echo "== $(date -u +%T) lane $gpu: done $item (exit $?)"
   done
 }
