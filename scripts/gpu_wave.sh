@@ -2,8 +2,10 @@
 # One device call that runs several GPU scripts side by side on a two-GPU machine (nvidia-h200-x2):
 # each lane is a list of "script args" run one after the other on its own GPU. Every script writes
 # under $OUT/<lane>/; at the end the folder is packed into $OUT/results.tar.gz (one file comes back).
-#   OUT=/tmp/o LANE0="gpu_engine.sh tests;gpu_engine.sh decode" LANE1="gpu_issue17.sh" bash scripts/gpu_wave.sh
-# A lane variable may also set environment for its steps with "VAR=value script args". On a one-GPU
+#   OUT=/tmp/o LANE0="bash scripts/gpu_engine.sh tests;bash scripts/gpu_engine.sh decode" \
+#     LANE1="STEPS=tests bash scripts/gpu_issue17.sh" bash scripts/gpu_wave.sh
+# Each step is a shell command (environment assignments first, as usual). AFTER runs once both lanes
+# are done (e.g. timings that need a quiet GPU). On a one-GPU
 # machine ONE_GPU=0 runs both lanes on that GPU (for tests, not for timings).
 set -uo pipefail
 OUT=${OUT:-/tmp/wave}
@@ -15,15 +17,16 @@ run_lane() {
   for item in "${items[@]}"; do
     [ -z "${item// }" ] && continue
     echo "== $(date -u +%T) lane $gpu: $item"
-    (export CUDA_VISIBLE_DEVICES=${ONE_GPU:-$gpu} OUT="$dir"; eval "bash scripts/$item") >"$dir/$(echo "$item" | tr -c 'a-zA-Z0-9_.-' '_').log" 2>&1
+    (export CUDA_VISIBLE_DEVICES=${ONE_GPU:-$gpu} OUT="$dir"; eval "$item") >"$dir/$(echo "$item" | tr -c 'a-zA-Z0-9_.-' '_').log" 2>&1
     echo "== $(date -u +%T) lane $gpu: done $item (exit $?)"
   done
 }
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
-[ -n "${BOTH:-}" ] && { echo "== both GPUs: $BOTH"; mkdir -p "$OUT/both"; (export OUT="$OUT/both"; eval "bash scripts/$BOTH") >"$OUT/both/run.log" 2>&1; }
+[ -n "${BOTH:-}" ] && { echo "== both GPUs: $BOTH"; mkdir -p "$OUT/both"; (export OUT="$OUT/both"; eval "$BOTH") >"$OUT/both/run.log" 2>&1; }
 LIMIT_LANE=${LIMIT_LANE:-540}
 timeout "$LIMIT_LANE" bash -c "$(declare -f run_lane); OUT='$OUT'; run_lane 0 \"${LANE0:-}\"" &
 timeout "$LIMIT_LANE" bash -c "$(declare -f run_lane); OUT='$OUT'; run_lane 1 \"${LANE1:-}\"" &
 wait
+[ -n "${AFTER:-}" ] && { echo "== after the lanes: $AFTER"; mkdir -p "$OUT/after"; (export CUDA_VISIBLE_DEVICES=0 OUT="$OUT/after"; timeout "${LIMIT_AFTER:-300}" bash -c "$AFTER") >"$OUT/after/run.log" 2>&1; }
 tar -czf "$OUT/results.tar.gz" -C "$OUT" --exclude results.tar.gz . && ls -la "$OUT"

@@ -83,6 +83,12 @@ class GptOssAttention(SelfAttention):
         self.sinks = sinks
 
 
+def swiglu_parameters(config) -> tuple[float, float]:
+    """``(alpha, limit)`` of the clamped SwiGLU: the config's, else gpt-oss's published 1.702 and 7.0
+    (configs of transformers before 5.2x do not carry ``swiglu_alpha``; its modeling code fixed it)."""
+    return float(getattr(config, "swiglu_alpha", 1.702)), float(getattr(config, "swiglu_limit", 7.0))
+
+
 class GptOssMLP(nn.Module):
     """Softmax over the top-k router logits; biased experts with the clamped SwiGLU."""
 
@@ -96,7 +102,7 @@ class GptOssMLP(nn.Module):
             config.intermediate_size,
             checkpoint_layout=expert_checkpoint_layout(config),
             bias=True,
-            gate_up_act=ClampedSwiGLU(config.swiglu_alpha, config.swiglu_limit),
+            gate_up_act=ClampedSwiGLU(*swiglu_parameters(config)),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
