@@ -80,7 +80,7 @@ def test_varlen_lse_and_rows_that_see_no_key(backend, dtype):
     q_lens, k_lens = [6, 3, 0, 5], [2, 9, 4, 5]
     q = torch.randn(sum(q_lens), 4, 64, generator=gen).to(dtype).to(DEVICE)
     k = torch.randn(sum(k_lens), 2, 64, generator=gen).to(dtype).to(DEVICE)
-    v = torch.randn(sum(k_lens), 2, 32, generator=gen).to(dtype).to(DEVICE)
+    v = torch.randn(sum(k_lens), 2, 64, generator=gen).to(dtype).to(DEVICE)
     args = (q, k, v, cu_seqlens(q_lens, DEVICE), cu_seqlens(k_lens, DEVICE))
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEVICE).to(dtype)
     slopes = torch.tensor(SLOPES, device=DEVICE)

@@ -12,6 +12,7 @@ import torch
 import portattn
 from conftest import DEVICE, backend_dtype_params
 from portattn import UnsupportedFeatureError
+from portattn.backends.registry import backend_class
 from portattn.testing import (
     cu_seqlens,
     make_paged_case,
@@ -90,6 +91,9 @@ def test_paged_gqa_ratios(backend, dtype, num_q_heads, num_kv_heads):
 )
 @pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
 def test_paged_head_dims(backend, dtype, head_dim, value_dim):
+    caps = backend_class(backend).capabilities
+    if not (caps.supports("head_dim", head_dim) and caps.supports("head_dim", value_dim)):
+        pytest.skip(f"{backend} does not declare head dim {head_dim} / {value_dim}")
     q_lens, k_lens = mixed_batch(16)
     case = make_paged_case(
         q_lens, k_lens, page_size=16, head_dim=head_dim, value_dim=value_dim, dtype=dtype, device=DEVICE, seed=head_dim
