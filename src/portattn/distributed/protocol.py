@@ -110,7 +110,11 @@ class SequenceMirror:
                 seq = Sequence(step.request_id, [], SamplingParams(), multimodal=step.multimodal)
                 self.seqs[step.request_id] = seq
             seq.req_pool_idx, seq.num_computed = step.req_pool_idx, step.start
-            del seq.token_ids[step.start :]
-            seq.token_ids.extend(step.tokens)  # what ForwardBatch reads: token_ids[start : start + n]
+            # What ForwardBatch reads is token_ids[start : start + n]; tokens before `start` (computed
+            # in earlier steps, or cached pages of a prefix this rank never saw) are not read again.
+            tokens = seq.token_ids
+            del tokens[step.start :]
+            tokens.extend([0] * (step.start - len(tokens)))
+            tokens.extend(step.tokens)
             scheduled.append((seq, len(step.tokens)))
         return scheduled

@@ -1,0 +1,91 @@
+"""Tiny checkpoints of every family, the engine at TP=1 and TP=2 on them, and the check that no
+rank process outlives its engine."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from engine import conftest as engine_conftest
+from engine import test_deepseek_v3, test_qwen2_5_vl
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+
+FAMILIES = ("llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl")
+ROOT = "checkpoints"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Each rank process takes one of the machine's cores; the test process keeps to one as well."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp(ROOT))
+
+
+@functools.cache
+def checkpoint(family: str, root: str) -> str:
+    if family == "deepseek_v3":
+        return test_deepseek_v3.checkpoint("yarn", root)
+    if family == "qwen2_5_vl":
+        return test_qwen2_5_vl.vl_checkpoint(root)
+    return engine_conftest.checkpoint(family, root)
+
+
+def prompts(family: str) -> list:
+    """Short prompts of lengths 1 to 30; the Qwen2.5-VL ones carry an 8x8 image whose 16 placeholders
+    a chunk of 8 tokens cuts."""
+    ids = engine_conftest.random_prompts([1, 5, 13, 30], seed=11)
+    if family != "qwen2_5_vl":
+        return ids
+    vl = test_qwen2_5_vl
+    return [ids[0], {"prompt_token_ids": list(vl.ONE), "multi_modal_data": vl.images(vl.ONE_IMAGE)}, *ids[2:]]
+
+
+def generate(llm: LLM, batch: list, max_tokens: int, prompt_logits: bool):
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits
+    )
+    return llm.generate(batch, params, use_tqdm=False)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def rank_pids(llm: LLM) -> list[int]:
+    return [p.pid for p in llm.engine.parallel.processes]
+
+
+def alive(pid: int) -> bool:
+    """A process of that id exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """Ids of the live child processes of ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
