@@ -36,11 +36,13 @@ import torch.distributed as dist
 from ..models import registered_models
 from .group import TPGroup
 from .process_group import (
-    IDLE_TIMEOUT,
+    START_TIMEOUT,
+    TIMEOUT_ENV,
     broadcast_message,
     check_groups,
     destroy_groups,
     init_groups,
+    make_groups,
     rank_device,
     step_timeout,
     use_device,
@@ -77,7 +79,7 @@ def start(config) -> Driver:
 
 def _spawn(config) -> Driver:
     size = config.tensor_parallel_size
-    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=step_timeout())
+    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
     level = logging.getLogger("portattn").getEffectiveLevel()
     processes = []
     for rank in range(1, size):
@@ -132,10 +134,9 @@ def _join_torchrun(config) -> Driver:
 
 
 def _existing_group(device, rank: int, size: int) -> TPGroup:
-    expected = dist.get_default_backend_for_device(device)
-    if dist.get_backend() != expected:
-        raise ValueError(f"expected the default process group on backend {expected!r}, got {dist.get_backend()!r}")
-    return TPGroup(rank, size, dist.group.WORLD, dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT))
+    if dist.get_world_size() != size:
+        raise ValueError(f"expected a default process group of world size {size}, got {dist.get_world_size()}")
+    return make_groups(device, rank, size)
 
 
 class Driver:
@@ -169,7 +170,7 @@ class Driver:
         """After rank 0's engine is built: check every rank is up, then start sending steps."""
         req_pool.take_journal()  # the warm-up's writes: every rank made its own
         self.sender = StepSender(req_pool)
-        self._guarded(lambda: check_groups(self.tp, self.device))
+        self._guarded(lambda: check_groups(self.tp))
 
     def step(self, runner, scheduled, live: set[int]):
         """Send the step to the other ranks and run it here; returns rank 0's sampled tokens."""
@@ -225,7 +226,13 @@ class Driver:
     def fail(self, cause: BaseException) -> BaseException:
         """Stop the engine after ``cause``; returns the exception to raise (the failing rank's error
         when one reported, else ``cause``)."""
-        error = self._rank_error() or cause
+        error = self._rank_error()
+        if error is None and _raised_by_collective(cause):
+            error = WorkerError(
+                "a tensor-parallel collective failed and no rank reported an error (a rank that does not "
+                f"answer is given up on after {TIMEOUT_ENV} = {step_timeout().total_seconds():g} s): {cause}"
+            )
+        error = error or cause
         self.error = error
         self.shutdown()
         return error
@@ -283,6 +290,14 @@ class Driver:
                 process.stdin.close()
         if owns_groups:
             destroy_groups()
+
+
+def _raised_by_collective(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside ``torch.distributed`` (a collective that failed or timed out)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("torch.distributed")
 
 
 def _shutdown_at_exit(ref):

@@ -5,9 +5,13 @@ joins, and how long a collective may wait.
   (``get_default_backend_for_device``: NCCL on NVIDIA, XCCL on Intel GPUs, gloo on the CPU), with
   ``PORTATTN_TP_TIMEOUT_S`` (default 300 s) as the longest a collective of the forward may wait: a
   rank that stops answering makes the others' step fail after at most that long;
-* the **control group** (``TPGroup.cpu_group``): gloo, on which rank 0 broadcasts each step's batch.
-  The other ranks wait on it between requests for as long as the engine is idle (the group's timeout
-  is :data:`IDLE_TIMEOUT`); a rank that dies closes its connections, which ends any wait at once.
+* the **control group** (``TPGroup.cpu_group``): gloo, on which rank 0 broadcasts each step's batch
+  and the ranks check in once loaded. The other ranks wait on it between requests for as long as the
+  engine is idle (the group's timeout is :data:`IDLE_TIMEOUT`, as long as loading may take); a rank
+  that dies closes its connections, which ends any wait at once.
+
+The default process group (joined with :data:`START_TIMEOUT`, for ranks that take a while to start)
+only serves to make these two.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .group import TPGroup
 TIMEOUT_ENV = "PORTATTN_TP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
 IDLE_TIMEOUT = timedelta(days=7)
+START_TIMEOUT = timedelta(minutes=10)
 
 
 def step_timeout() -> timedelta:
@@ -52,18 +57,24 @@ def use_device(device: torch.device) -> None:
 
 def init_groups(device: torch.device, rank: int, world_size: int, store: dist.Store | None = None) -> TPGroup:
     """Join the default process group (through ``store``, or the ``env://`` variables torchrun sets)
-    and make the control group; returns this rank's :class:`TPGroup`."""
+    and make the compute and control groups; returns this rank's :class:`TPGroup`."""
     backend = dist.get_default_backend_for_device(device)
     kwargs = dict(store=store) if store is not None else dict(init_method="env://")
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=step_timeout(), **kwargs)
-    cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    return TPGroup(rank, world_size, dist.group.WORLD, cpu_group)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=START_TIMEOUT, **kwargs)
+    return make_groups(device, rank, world_size)
 
 
-def check_groups(tp: TPGroup, device: torch.device) -> None:
-    """One all-reduce over the compute group: every rank is up (and its communicator is built)."""
-    ones = torch.ones(1, device=device)
-    tp.all_reduce(ones)
+def make_groups(device: torch.device, rank: int, world_size: int) -> TPGroup:
+    """The compute and control groups over every rank of the default process group."""
+    compute = dist.new_group(backend=dist.get_default_backend_for_device(device), timeout=step_timeout())
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return TPGroup(rank, world_size, compute, control)
+
+
+def check_groups(tp: TPGroup) -> None:
+    """One all-reduce over the control group, made by each rank once its engine is built."""
+    ones = torch.ones(1)
+    dist.all_reduce(ones, group=tp.cpu_group)
     if int(ones.item()) != tp.size:
         raise RuntimeError(f"expected the start-up all-reduce to count {tp.size} ranks, got {int(ones.item())}")
 

@@ -56,7 +56,7 @@ def run_rank(config, tp: TPGroup, device: torch.device) -> None:
     from ..engine.engine import Engine
 
     engine = Engine(dataclasses.replace(config, device=device), tp=tp)
-    check_groups(tp, device)
+    check_groups(tp)
     serve(engine, tp)
 
 
