@@ -18,7 +18,6 @@ and at interpreter exit) stops the ranks and leaves no process behind.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import logging
@@ -139,6 +138,47 @@ def _existing_group(device, rank: int, size: int) -> TPGroup:
     return make_groups(device, rank, size)
 
 
+class _Ranks:
+    """What stopping the ranks needs, apart from the :class:`Driver`, so that a driver that is
+    garbage-collected (or alive at interpreter exit) without a shutdown still stops them politely."""
+
+    def __init__(self, processes: list[subprocess.Popen], owns_groups: bool):
+        self.processes = processes
+        self.owns_groups = owns_groups
+        self.tp: TPGroup | None = None
+        self.error: BaseException | None = None  # set once the engine stopped after a failure
+        self.closed = False
+        self.dead_rank: int | None = None  # a rank seen exiting while the engine ran
+        self.watch_stop = threading.Event()
+
+    def stop(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.watch_stop.set()
+        told = False
+        if self.error is None and self.tp is not None:
+            with contextlib.suppress(Exception):  # a rank already gone is terminated below
+                broadcast_message(STOP, self.tp)
+                told = True
+        deadline = time.monotonic() + (JOIN_TIMEOUT_S if told else 0.0)  # ranks not told are terminated now
+        for process in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=2.0)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        if self.owns_groups:
+            destroy_groups()
+
+
 class Driver:
     """Rank 0's side of a tensor-parallel engine (built by :func:`start`)."""
 
@@ -147,22 +187,32 @@ class Driver:
         self.device = device
         self.store = store
         self.processes = processes
-        self.owns_groups = owns_groups
-        self.tp: TPGroup | None = None
         self.sender: StepSender | None = None
-        self.error: BaseException | None = None  # set once the engine has stopped after a failure
-        self.closed = False
-        self._dead_rank: int | None = None
-        self._watch_stop = threading.Event()
-        if processes:
-            threading.Thread(target=self._watch, name="portattn-tp-watch", daemon=True).start()
-        # At interpreter exit: a normal shutdown (the ranks are told to stop). A driver collected
-        # without one: its ranks are terminated and the process group left.
-        self._at_exit = _shutdown_at_exit(weakref.ref(self))
-        atexit.register(self._at_exit)
-        cleanup = (processes, self._watch_stop, 0.0, owns_groups)
-        self._finalizer = weakref.finalize(self, Driver._cleanup, *cleanup)
-        self._finalizer.atexit = False
+        self.ranks = _Ranks(processes, owns_groups)
+        if processes:  # the thread holds the ranks, not the driver (which may then be collected)
+            threading.Thread(target=_watch, args=(self.ranks,), name="portattn-tp-watch", daemon=True).start()
+        # Runs once: at shutdown(), when the driver is collected, or at interpreter exit.
+        self._stop = weakref.finalize(self, self.ranks.stop)
+
+    @property
+    def tp(self) -> TPGroup | None:
+        return self.ranks.tp
+
+    @tp.setter
+    def tp(self, tp: TPGroup) -> None:
+        self.ranks.tp = tp
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.ranks.error
+
+    @error.setter
+    def error(self, error: BaseException) -> None:
+        self.ranks.error = error
+
+    @property
+    def closed(self) -> bool:
+        return self.ranks.closed
 
     # -- the engine's calls ------------------------------------------------------------------------
 
@@ -195,18 +245,7 @@ class Driver:
 
     def shutdown(self) -> None:
         """Stop the other ranks (told, then terminated if they do not exit) and leave the process groups."""
-        if self.closed:
-            return
-        self.closed = True
-        told = False
-        if self.error is None and self.tp is not None:
-            with contextlib.suppress(Exception):  # a rank already gone is terminated below
-                broadcast_message(STOP, self.tp)
-                told = True
-        join_timeout = JOIN_TIMEOUT_S if told else 0.0  # ranks not told to stop are terminated now
-        Driver._cleanup(self.processes, self._watch_stop, join_timeout, self.owns_groups)
-        self._finalizer.detach()
-        atexit.unregister(self._at_exit)
+        self._stop()
 
     # -- failures ----------------------------------------------------------------------------------
 
@@ -219,8 +258,8 @@ class Driver:
             result = fn()
         except BaseException as err:
             raise self.fail(err) from err
-        if self._dead_rank is not None:  # an aborted communicator may have returned garbage
-            raise self.fail(RuntimeError("a rank exited during the step"))
+        if self.ranks.dead_rank is not None:  # an aborted communicator may have returned garbage
+            raise self.fail(RuntimeError(f"rank {self.ranks.dead_rank} exited during the step"))
         return result
 
     def fail(self, cause: BaseException) -> BaseException:
@@ -258,38 +297,19 @@ class Driver:
                 return None
             time.sleep(0.05)
 
-    def _watch(self) -> None:
-        """Notice a started rank exiting while the engine runs; abort the compute group, so that a step
-        waiting on a dead rank's collective (NCCL waits on the device, not a socket) ends."""
-        while not self._watch_stop.wait(0.2):
-            dead = [rank for rank, p in enumerate(self.processes, 1) if p.poll() is not None]
-            if dead and not self.closed:
-                self._dead_rank = dead[0]
-                group = self.tp.group if self.tp is not None else None
-                if group is not None and dist.get_backend(group) != "gloo":
-                    with contextlib.suppress(Exception):  # best effort: else the step fails on its timeout
-                        group.abort()
-                return
 
-    @staticmethod
-    def _cleanup(processes: list[subprocess.Popen], watch_stop, join_timeout: float, owns_groups: bool) -> None:
-        watch_stop.set()
-        deadline = time.monotonic() + join_timeout
-        for process in processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=2.0)
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        if owns_groups:
-            destroy_groups()
+def _watch(ranks: _Ranks) -> None:
+    """Notice a started rank exiting while the engine runs, and abort the compute group: a step
+    waiting on a dead rank's collective then ends (NCCL waits on the device, not on a socket)."""
+    while not ranks.watch_stop.wait(0.2):
+        dead = [rank for rank, p in enumerate(ranks.processes, 1) if p.poll() is not None]
+        if dead and not ranks.closed:
+            ranks.dead_rank = dead[0]
+            group = ranks.tp.group if ranks.tp is not None else None
+            if group is not None and dist.get_backend(group) != "gloo":
+                with contextlib.suppress(Exception):  # best effort: else the step fails on its timeout
+                    group.abort()
+            return
 
 
 def _raised_by_collective(err: BaseException) -> bool:
@@ -298,12 +318,3 @@ def _raised_by_collective(err: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("torch.distributed")
-
-
-def _shutdown_at_exit(ref):
-    def shutdown() -> None:
-        driver = ref()
-        if driver is not None:
-            driver.shutdown()
-
-    return shutdown
