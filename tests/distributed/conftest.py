@@ -15,6 +15,8 @@ from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 
 FAMILIES = ("llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl")
+# The CPU (gloo) in CI; `PORTATTN_TEST_ENGINE_DEVICE=cuda` runs every engine here on GPUs (NCCL).
+DEVICE = engine_conftest.ENGINE_DEVICE
 ROOT = "checkpoints"
 
 

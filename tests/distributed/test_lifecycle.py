@@ -13,16 +13,16 @@ import pytest
 
 from portattn.engine.llm import LLM
 
-from .conftest import alive, checkpoint, children_of, generate, rank_pids
+from .conftest import DEVICE, alive, checkpoint, children_of, generate, rank_pids
 
 PROMPTS = [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
 
 
 def test_shutdown_then_a_second_llm(ckpt_root):
     path = checkpoint("llama", ckpt_root)
-    want = [out.token_ids for out in generate(LLM(path, num_pages=32), PROMPTS, 6, prompt_logits=False)]
+    want = [out.token_ids for out in generate(LLM(path, num_pages=32, device=DEVICE), PROMPTS, 6, prompt_logits=False)]
     for _ in range(2):
-        llm = LLM(path, num_pages=32, tensor_parallel_size=2)
+        llm = LLM(path, num_pages=32, tensor_parallel_size=2, device=DEVICE)
         pids = rank_pids(llm)
         assert all(alive(pid) for pid in pids)
         assert [out.token_ids for out in generate(llm, PROMPTS, 6, prompt_logits=False)] == want
@@ -38,7 +38,7 @@ def test_interpreter_exit_stops_the_ranks(ckpt_root):
     script = textwrap.dedent(
         f"""
         import portattn
-        llm = portattn.LLM({checkpoint("llama", ckpt_root)!r}, num_pages=32, tensor_parallel_size=2)
+        llm = portattn.LLM({checkpoint("llama", ckpt_root)!r}, num_pages=32, tensor_parallel_size=2, device={DEVICE!r})
         out = llm.generate([[1, 2, 3]], portattn.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
         print("pids", *[p.pid for p in llm.engine.parallel.processes], flush=True)
         print("tokens", *out[0].token_ids, flush=True)
@@ -54,5 +54,5 @@ def test_interpreter_exit_stops_the_ranks(ckpt_root):
 
 def test_heads_that_do_not_divide_fail_at_start_up(ckpt_root):
     with pytest.raises(ValueError, match=r"num_attention_heads divisible by tensor_parallel_size 3, got 4"):
-        LLM(checkpoint("llama", ckpt_root), num_pages=32, tensor_parallel_size=3)
+        LLM(checkpoint("llama", ckpt_root), num_pages=32, tensor_parallel_size=3, device=DEVICE)
     assert children_of(os.getpid()) == []

@@ -9,7 +9,7 @@ import pytest
 
 from portattn.engine.llm import LLM
 
-from .conftest import FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
+from .conftest import DEVICE, FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
 
 MAX_NEW = 8
 TOL = 1e-4
@@ -25,6 +25,7 @@ def make_llm(path: str, tp: int) -> LLM:
         chunked_prefill_size=8,
         enable_prefix_caching=True,
         tensor_parallel_size=tp,
+        device=DEVICE,
     )
 
 

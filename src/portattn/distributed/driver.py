@@ -53,6 +53,7 @@ logger = logging.getLogger("portattn")
 
 JOIN_TIMEOUT_S = 10.0  # a rank told to stop gets this long before it is terminated
 ERROR_WAIT_S = 5.0  # after a failed collective: how long to wait for the failing rank's report
+STEP_DEADLINE = 0.8  # a step running this fraction of the step timeout is aborted (before NCCL's watchdog)
 
 
 class WorkerError(RuntimeError):
@@ -149,6 +150,8 @@ class _Ranks:
         self.error: BaseException | None = None  # set once the engine stopped after a failure
         self.closed = False
         self.dead_rank: int | None = None  # a rank seen exiting while the engine ran
+        self.step_started: float | None = None  # time.monotonic() when the running step began
+        self.timed_out = False  # a step outlived the step timeout (and the compute group was aborted)
         self.watch_stop = threading.Event()
 
     def stop(self) -> None:
@@ -189,8 +192,8 @@ class Driver:
         self.processes = processes
         self.sender: StepSender | None = None
         self.ranks = _Ranks(processes, owns_groups)
-        if processes:  # the thread holds the ranks, not the driver (which may then be collected)
-            threading.Thread(target=_watch, args=(self.ranks,), name="portattn-tp-watch", daemon=True).start()
+        # The watching thread holds the ranks, not the driver (which may then be collected).
+        threading.Thread(target=_watch, args=(self.ranks,), name="portattn-tp-watch", daemon=True).start()
         # Runs once: at shutdown(), when the driver is collected, or at interpreter exit.
         self._stop = weakref.finalize(self, self.ranks.stop)
 
@@ -254,12 +257,17 @@ class Driver:
             raise RuntimeError(f"the tensor-parallel engine stopped after an error: {self.error}") from self.error
         if self.closed:
             raise RuntimeError("expected a running engine, got one that was shut down")
+        self.ranks.step_started = time.monotonic()
         try:
             result = fn()
         except BaseException as err:
             raise self.fail(err) from err
+        finally:
+            self.ranks.step_started = None
         if self.ranks.dead_rank is not None:  # an aborted communicator may have returned garbage
             raise self.fail(RuntimeError(f"rank {self.ranks.dead_rank} exited during the step"))
+        if self.ranks.timed_out:
+            raise self.fail(WorkerError(f"a tensor-parallel step took longer than {TIMEOUT_ENV}"))
         return result
 
     def fail(self, cause: BaseException) -> BaseException:
@@ -299,17 +307,25 @@ class Driver:
 
 
 def _watch(ranks: _Ranks) -> None:
-    """Notice a started rank exiting while the engine runs, and abort the compute group: a step
-    waiting on a dead rank's collective then ends (NCCL waits on the device, not on a socket)."""
+    """Notice a started rank exiting while the engine runs, or a step running past the step timeout,
+    and abort the compute group, so that a step waiting on a collective that cannot complete ends.
+    On gloo the waiting collective fails by itself (a closed connection, its own timeout); NCCL
+    waits on the device and its own watchdog, at the same timeout, would end the whole process."""
+    limit = STEP_DEADLINE * step_timeout().total_seconds()
     while not ranks.watch_stop.wait(0.2):
+        group = ranks.tp.group if ranks.tp is not None else None
+        on_device = group is not None and dist.get_backend(group) != "gloo"
         dead = [rank for rank, p in enumerate(ranks.processes, 1) if p.poll() is not None]
-        if dead and not ranks.closed:
-            ranks.dead_rank = dead[0]
-            group = ranks.tp.group if ranks.tp is not None else None
-            if group is not None and dist.get_backend(group) != "gloo":
-                with contextlib.suppress(Exception):  # best effort: else the step fails on its timeout
-                    group.abort()
-            return
+        started = ranks.step_started
+        late = on_device and started is not None and time.monotonic() - started > limit
+        if ranks.closed or not (dead or late):
+            continue
+        ranks.dead_rank = dead[0] if dead else None
+        ranks.timed_out = late and not dead
+        if on_device:
+            with contextlib.suppress(Exception):  # best effort: else the step fails on its timeout
+                group.abort()
+        return
 
 
 def _raised_by_collective(err: BaseException) -> bool:
