@@ -239,6 +239,8 @@ class Driver:
     def call(self, engine, fn, *args):
         """``fn(engine, *args)`` on every rank (``fn`` a module-level function, ``args`` picklable);
         returns rank 0's result. ``fn`` may make collectives over ``engine.tp``: every rank makes them."""
+        if getattr(fn, "__module__", "__main__") == "__main__" or "<locals>" in getattr(fn, "__qualname__", "<"):
+            raise ValueError(f"expected a module-level function the other ranks can import, got {fn!r}")
 
         def run():
             broadcast_message(CallMessage(fn, args), self.tp)
