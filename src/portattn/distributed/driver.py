@@ -47,7 +47,7 @@ from .process_group import (
     use_device,
 )
 from .protocol import STOP, CallMessage, JournaledReqToTokenPool, StepSender
-from .worker import error_key, report_error, run_rank
+from .worker import error_key, joined_key, report_error, run_rank
 
 logger = logging.getLogger("portattn")
 
@@ -93,6 +93,7 @@ def _spawn(config) -> Driver:
     device = rank_device(config.device, 0)
     driver = Driver(config, device, store, processes, owns_groups=True)
     try:
+        driver.wait_for_ranks()
         use_device(device)
         driver.tp = init_groups(device, 0, size, store)
     except BaseException as err:
@@ -251,6 +252,16 @@ class Driver:
     def shutdown(self) -> None:
         """Stop the other ranks (told, then terminated if they do not exit) and leave the process groups."""
         self._stop()
+
+    def wait_for_ranks(self) -> None:
+        """Wait until every started rank reached the process-group rendezvous; a rank that exits
+        first (no such device, a failed import) raises here instead of leaving rank 0 waiting."""
+        keys = [joined_key(rank) for rank in range(1, self.config.tensor_parallel_size)]
+        deadline = time.monotonic() + START_TIMEOUT.total_seconds()
+        while not self.store.check(keys):
+            if any(p.poll() is not None for p in self.processes) or time.monotonic() > deadline:
+                raise self._rank_error() or WorkerError("tensor-parallel ranks did not start in time")
+            time.sleep(0.05)
 
     # -- failures ----------------------------------------------------------------------------------
 

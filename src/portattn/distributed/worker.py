@@ -30,6 +30,10 @@ def error_key(rank: int) -> str:
     return f"portattn/tp/error/{rank}"
 
 
+def joined_key(rank: int) -> str:
+    return f"portattn/tp/joined/{rank}"
+
+
 def report_error(store, rank: int) -> None:
     """Put the current exception's traceback where rank 0 reads it (best effort: the store may be gone)."""
     with contextlib.suppress(Exception):
@@ -92,6 +96,7 @@ def worker_main() -> None:
         store = dist.TCPStore(args["host"], args["port"], world_size, is_master=False)
         device = rank_device(config.device, rank)
         use_device(device)
+        store.set(joined_key(rank), "1")  # rank 0 waits for every rank to get this far
         tp = init_groups(device, rank, world_size, store)
         run_rank(config, tp, device)
         destroy_groups()
