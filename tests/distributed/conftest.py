@@ -9,15 +9,13 @@ import os
 import pytest
 import torch
 
-from engine import conftest as engine_conftest
-from engine import test_deepseek_v3, test_qwen2_5_vl
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
+from portattn.testing import image_prompts, save_tiny_checkpoint
 
 FAMILIES = ("llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl")
 # The CPU (gloo) in CI; `PORTATTN_TEST_ENGINE_DEVICE=cuda` runs every engine here on GPUs (NCCL).
-DEVICE = engine_conftest.ENGINE_DEVICE
-ROOT = "checkpoints"
+DEVICE = os.environ.get("PORTATTN_TEST_ENGINE_DEVICE", "cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -31,26 +29,26 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def ckpt_root(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp(ROOT))
+    return str(tmp_path_factory.mktemp("checkpoints"))
 
 
 @functools.cache
 def checkpoint(family: str, root: str) -> str:
-    if family == "deepseek_v3":
-        return test_deepseek_v3.checkpoint("yarn", root)
-    if family == "qwen2_5_vl":
-        return test_qwen2_5_vl.vl_checkpoint(root)
-    return engine_conftest.checkpoint(family, root)
+    return save_tiny_checkpoint(family, f"{root}/{family}")
+
+
+def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 248, (n,), generator=g).tolist() for n in lengths]
 
 
 def prompts(family: str) -> list:
-    """Short prompts of lengths 1 to 30; the Qwen2.5-VL ones carry an 8x8 image whose 16 placeholders
-    a chunk of 8 tokens cuts."""
-    ids = engine_conftest.random_prompts([1, 5, 13, 30], seed=11)
+    """Prompts of lengths 1 to 30; the second Qwen2.5-VL one carries an 8x8 image (16 placeholders,
+    cut by chunks of 8 tokens)."""
+    ids = random_prompts([1, 5, 13, 30], seed=11)
     if family != "qwen2_5_vl":
         return ids
-    vl = test_qwen2_5_vl
-    return [ids[0], {"prompt_token_ids": list(vl.ONE), "multi_modal_data": vl.images(vl.ONE_IMAGE)}, *ids[2:]]
+    return [ids[0], *image_prompts([ids[1]]), *ids[2:]]
 
 
 def generate(llm: LLM, batch: list, max_tokens: int, prompt_logits: bool):

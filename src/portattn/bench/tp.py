@@ -1,8 +1,8 @@
 """Tensor-parallel benchmark on GPUs: ``python -m portattn.bench.tp [--out DIR] [--checkpoint DIR]``.
 
 A Llama-3-8B-shaped checkpoint (32 layers, hidden 4096, 32 query / 8 KV heads, MLP 14336, vocab
-128256) with random bf16 weights is written to a temporary folder (or read from ``--checkpoint``),
-then run at TP=1 and TP=2 in the same process:
+128256) with random bf16 weights (:mod:`.random_checkpoint`) is written to a temporary folder (or
+to ``--checkpoint``, and read from there on later runs), then run at TP=1 and TP=2 in one process:
 
 * greedy tokens of TP=2 against TP=1 (random weights give flat logits: where tokens part, the
   TP=1 gap between the two best logits at that step is reported, to tell a near-tie from an error);
@@ -28,66 +28,14 @@ from pathlib import Path
 
 import torch
 
-LLAMA3_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=8192,
-    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
-# A shape small enough to check this script on a CPU (--shape tiny); the results mean nothing there.
-TINY = LLAMA3_8B | dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_attention_heads=8)
-TINY |= dict(num_key_value_heads=2, num_hidden_layers=2)
-SHAPES = {"llama3_8b": LLAMA3_8B, "tiny": TINY}
+from .random_checkpoint import SHAPES, write_random_llama
+
 TARGET_BATCH1_RATIO = 0.6  # batch-1 decode step at TP=2 over TP=1
 
 
-def write_checkpoint(path: Path, shape: dict, device: torch.device) -> None:
-    """A checkpoint of ``shape`` with N(0, 0.02) bf16 weights (unit norms), one file per layer."""
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(**shape)
-    layers = config.num_hidden_layers
-    config.architectures = ["LlamaForCausalLM"]
-    config.save_pretrained(path)
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    d = h // config.num_attention_heads
-    kv = config.num_key_value_heads * d
-    g = torch.Generator(device=device).manual_seed(0)
-
-    def randn(*shape):
-        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).bfloat16().cpu()
-
-    weight_map = {}
-
-    def save(name: str, tensors: dict) -> None:
-        save_file(tensors, str(path / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-
-    save("embed.safetensors", {"model.embed_tokens.weight": randn(v, h)})
-    for n in range(layers):
-        p = f"model.layers.{n}."
-        shapes = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h)}
-        shapes |= {"self_attn.o_proj": (h, h), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h)}
-        shapes |= {"mlp.down_proj": (h, i)}
-        tensors = {f"{p}{name}.weight": randn(*shape) for name, shape in shapes.items()}
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            tensors[f"{p}{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
-        save(f"layer{n:03d}.safetensors", tensors)
-    save("head.safetensors", {"model.norm.weight": torch.ones(h, dtype=torch.bfloat16), "lm_head.weight": randn(v, h)})
-    index = {"metadata": {}, "weight_map": weight_map}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index))
-
-
-def prompts(count: int, length: int, seed: int, vocab: int = 1000) -> list[list[int]]:
+def prompts(count: int, length: int, seed: int, vocab: int = 500) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (count, length), generator=g).tolist()
+    return torch.randint(2, vocab, (count, length), generator=g).tolist()  # 0, 1: bos, eos
 
 
 def greedy(llm, batch: list[list[int]], max_tokens: int):
@@ -190,7 +138,7 @@ def run(tp: int, path: str, args, device: torch.device) -> tuple[dict, list]:
         from . import tp as this  # the other ranks import the function by module name (not __main__)
 
         shape = SHAPES[args.shape]
-        hidden, layers = shape["hidden_size"], shape["num_hidden_layers"]
+        hidden, layers = shape["hidden_size"], shape["num_hidden_layers"]  # two all-reduces per layer
         for batch in (1, 64):
             _, nccl_ms = decode_steps(llm, batch, args.steps, profile=True)
             alone = llm.engine.call(this.time_all_reduce, batch * hidden, 100)
@@ -264,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--checkpoint", default=None, help="reuse (or write to) this folder")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3_8b")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b", help="tiny: a CPU check of the script")
     parser.add_argument("--sweep-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")
     parser.add_argument("--greedy-tokens", type=int, default=32)
@@ -278,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (path / "config.json").is_file():
             start = time.perf_counter()
             path.mkdir(parents=True, exist_ok=True)
-            write_checkpoint(path, SHAPES[args.shape], device)
+            write_random_llama(path, args.shape, device=device)
             print(f"wrote the checkpoint in {time.perf_counter() - start:.0f} s", flush=True)
         results = dict(shape=args.shape, greedy_tokens=args.greedy_tokens)
         results["tp1"], out1 = run(1, str(path), args, device)
