@@ -97,3 +97,23 @@ def test_a_checkpoint_tensor_of_the_wrong_full_shape_is_named():
     state = {"q": torch.randn(4, 4), "k": torch.randn(6, 4), "v": torch.randn(4, 4)}
     with pytest.raises(ValueError, match=r"expected k of shape \[4, 4\], got \[6, 4\]"):
         load_state(qkv, state, lambda key: ("weight", key), what="qkv")
+
+
+def test_checkpoint_slice_reads_the_narrowed_part(tmp_path):
+    from safetensors.torch import save_file
+
+    m, s = torch.arange(24.0).view(4, 6), torch.tensor(3.0)
+    save_file({"m": m, "s": s}, str(tmp_path / "x.safetensors"))
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:
+        handle = f.get_slice("m")
+        part = CheckpointSlice(handle, handle.get_shape()).narrow(1, 2, 3).narrow(0, 1, 2)  # rows 1-2, cols 2-4
+        assert part.shape == (2, 3)
+        assert torch.equal(part.read(), m[1:3, 2:5])
+        dst = torch.zeros(2, 3)
+        dst.copy_(part)  # used as a tensor, it reads itself
+        assert torch.equal(dst, m[1:3, 2:5])
+        assert torch.equal(part.t(), m[1:3, 2:5].t())
+        scalar = f.get_slice("s")
+        assert torch.equal(CheckpointSlice(scalar, scalar.get_shape()).read(), s)
+        with pytest.raises(ValueError, match=r"expected a range within dim 1 of size 6, got \[4, 7\)"):
+            CheckpointSlice(handle, handle.get_shape()).narrow(1, 4, 3)

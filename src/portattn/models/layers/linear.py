@@ -57,9 +57,7 @@ class CheckpointSlice:
         return CheckpointSlice(self.source, (*self.shape[:dim], length, *self.shape[dim + 1 :]), index)
 
     def read(self) -> torch.Tensor:
-        if not self.index:
-            return self.source[...] if isinstance(self.source, torch.Tensor) else self.source[:]
-        return self.source[self.index]
+        return self.source[self.index if self.index else ...]
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
