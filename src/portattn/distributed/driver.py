@@ -81,15 +81,16 @@ def _spawn(config) -> Driver:
     size = config.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
     level = logging.getLogger("portattn").getEffectiveLevel()
+    common = dict(config=config, world_size=size, host="127.0.0.1", port=store.port, log_level=level)
+    common |= dict(models=registered_models(), sys_path=list(sys.path))
+    payloads = [pickle.dumps(common | dict(rank=rank)) for rank in range(1, size)]  # before any process starts
     processes = []
-    for rank in range(1, size):
-        args = dict(config=config, rank=rank, world_size=size, host="127.0.0.1", port=store.port)
-        args |= dict(models=registered_models(), sys_path=list(sys.path), log_level=level)
+    for payload in payloads:
         command = [sys.executable, "-m", "portattn.distributed.worker"]
         process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_child_env())
-        process.stdin.write(pickle.dumps(args))
-        process.stdin.flush()  # stdin stays open: the rank exits when it closes
         processes.append(process)
+        process.stdin.write(payload)
+        process.stdin.flush()  # stdin stays open: the rank exits when it closes
     device = rank_device(config.device, 0)
     driver = Driver(config, device, store, processes, owns_groups=True)
     try:

@@ -2,8 +2,8 @@
 
 A rank that fails records its traceback in the job's store (:func:`report_error`) and exits at
 once, which closes its connections: rank 0's pending collective fails and rank 0 raises that
-traceback from ``generate``. A spawned rank also exits when rank 0's process goes away (it watches
-a pipe whose other end only rank 0 holds).
+traceback from ``generate``. A rank the engine started also exits when rank 0's process goes away
+(its stdin, which only rank 0 holds open, reaches end of file).
 """
 
 from __future__ import annotations
