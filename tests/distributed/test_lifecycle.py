@@ -1,13 +1,15 @@
 """Start and stop: shutdown leaves no rank process behind, a second LLM works in the same process,
-interpreter exit stops the ranks of an LLM never shut down, and head counts that do not divide
-fail at start-up with the numbers (and no process left)."""
+the ranks end with rank 0's process (interpreter exit without a shutdown, or rank 0 killed), and
+head counts that do not divide fail at start-up with the numbers (and no process left)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -34,21 +36,30 @@ def test_shutdown_then_a_second_llm(ckpt_root):
             generate(llm, PROMPTS, 2, prompt_logits=False)
 
 
-def test_interpreter_exit_stops_the_ranks(ckpt_root):
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_ranks_end_with_rank_0s_process(end, ckpt_root):
+    """At interpreter exit (the LLM never shut down) the ranks are told to stop; when rank 0's
+    process is killed outright, they notice and exit by themselves."""
     script = textwrap.dedent(
         f"""
+        import os, signal
         import portattn
         llm = portattn.LLM({checkpoint("llama", ckpt_root)!r}, num_pages=32, tensor_parallel_size=2, device={DEVICE!r})
         out = llm.generate([[1, 2, 3]], portattn.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
         print("pids", *[p.pid for p in llm.engine.parallel.processes], flush=True)
         print("tokens", *out[0].token_ids, flush=True)
+        if {end!r} == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == (0 if end == "exit" else -signal.SIGKILL), done.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert len(lines["tokens"].split()) == 3
     pids = [int(pid) for pid in lines["pids"].split()]
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert pids and not any(alive(pid) for pid in pids)
 
 
