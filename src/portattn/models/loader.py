@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 from collections.abc import Callable
@@ -148,6 +149,12 @@ def _load(module, tensors, checkpoint_name, *, what: str, tied: frozenset[str]) 
         raise ValueError(f"expected every weight of {what} in the checkpoint, missing {missing[:5]}")
 
 
+def supports_tensor_parallel(cls: type) -> bool:
+    """A class that declares ``supports_tensor_parallel`` and whose constructor takes ``tp`` (a subclass
+    that overrides ``__init__`` without it does not inherit the support)."""
+    return bool(getattr(cls, "supports_tensor_parallel", False)) and "tp" in inspect.signature(cls).parameters
+
+
 def load_model(
     path: str | Path,
     dtype: torch.dtype,
@@ -169,7 +176,7 @@ def load_model(
     cls = model_class(getattr(config, "architectures", None))
     tp = tp_or_single(tp)
     options = {}
-    if getattr(cls, "supports_tensor_parallel", False):
+    if supports_tensor_parallel(cls):
         options["tp"] = tp
     elif tp.size > 1:
         raise ValueError(
