@@ -65,9 +65,11 @@ def init_groups(device: torch.device, rank: int, world_size: int, store: dist.St
 
 
 def make_groups(device: torch.device, rank: int, world_size: int) -> TPGroup:
-    """The compute and control groups over every rank of the default process group."""
+    """The compute and control groups over every rank of the default process group. One all-reduce
+    on the device builds the compute group's communicator now: a captured graph cannot build it."""
     compute = dist.new_group(backend=dist.get_default_backend_for_device(device), timeout=step_timeout())
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    dist.all_reduce(torch.zeros(1, device=device), group=compute)
     return TPGroup(rank, world_size, compute, control)
 
 
