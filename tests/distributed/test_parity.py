@@ -1,7 +1,7 @@
 """Tensor parallelism over 2 CPU processes (gloo) computes what one process computes: greedy tokens
 equal and logits within 1e-4 (relative to their largest) for every family, through chunked
 prefill (chunks of 8 that cut prompts and an image), prefix caching and preemption (a pool too
-small for the batch)."""
+small for the batch); and through the static decode path of captured graphs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from portattn.engine.llm import LLM
 
 from .conftest import DEVICE, FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
+from .static_decode import enable_static_decode, static_replays
 
 MAX_NEW = 8
 TOL = 1e-4
@@ -53,3 +54,19 @@ def test_tp2_equals_tp1(family, ckpt_root):
         assert rel_err(g.logits, w.logits) < TOL
         if w.prompt_logits is not None:
             assert rel_err(g.prompt_logits, w.prompt_logits) < TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_tp2_static_decode_equals_tp1(family, ckpt_root):
+    """Decode through the static buffers that captured graphs replay (run eagerly here), on every rank."""
+    path = checkpoint(family, ckpt_root)
+    one = make_llm(path, 1)
+    one.engine.call(enable_static_decode)
+    want = run(one, family)
+    with make_llm(path, 2) as two:
+        two.engine.call(enable_static_decode)
+        got = run(two, family)
+        assert two.engine.call(static_replays) > 0
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        assert rel_err(g.logits, w.logits) < TOL
