@@ -113,8 +113,8 @@ def test_every_sampling_field_the_command_uses_is_a_flag():
 def test_a_new_field_gets_its_flag_and_keyword_without_other_edits():
     @dataclasses.dataclass(frozen=True)
     class Future(EngineConfig):
-        enforce_eager: bool = dataclasses.field(default=False, metadata=arguments.doc("no graphs"))
-        tensor_parallel_size: int = dataclasses.field(default=1, metadata=arguments.doc("devices per model"))
+        cpu_offload: bool = dataclasses.field(default=False, metadata=arguments.doc("weights in host memory"))
+        pipeline_parallel_size: int = dataclasses.field(default=1, metadata=arguments.doc("devices per model"))
         kv_cache_dtype: str | None = dataclasses.field(
             default=None, metadata=arguments.doc("KV dtype", choices=("fp8", "bf16"))
         )
@@ -122,17 +122,17 @@ def test_a_new_field_gets_its_flag_and_keyword_without_other_edits():
     parser = argparse.ArgumentParser()
     arguments.add_flags(parser, Future)
     args = parser.parse_args(
-        ["--model", "m", "--enforce-eager", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"]
+        ["--model", "m", "--cpu-offload", "--pipeline-parallel-size", "2", "--kv-cache-dtype", "fp8"]
     )
     assert arguments.given(args, Future) == {
         "model": "m",
-        "enforce_eager": True,
-        "tensor_parallel_size": 2,
+        "cpu_offload": True,
+        "pipeline_parallel_size": 2,
         "kv_cache_dtype": "fp8",
     }
     assert list(arguments.keyword_signature(Future).parameters)[-3:] == [
-        "enforce_eager",
-        "tensor_parallel_size",
+        "cpu_offload",
+        "pipeline_parallel_size",
         "kv_cache_dtype",
     ]
 

@@ -46,6 +46,9 @@ class EngineConfig:
     enforce_eager: bool = field(
         default=False, metadata=doc("run every step eagerly (default: decode steps replay captured CUDA/XPU graphs)")
     )
+    tensor_parallel_size: int = field(
+        default=1, metadata=doc("devices the model is sharded over, one process each (device names the first)")
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -58,7 +61,7 @@ class EngineConfig:
         if self.dtype not in DTYPES.values():
             raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "device", torch.device(self.device))
-        for name in ("page_size", "max_num_seqs"):
+        for name in ("page_size", "max_num_seqs", "tensor_parallel_size"):
             _positive(name, getattr(self, name))
         for name in ("num_pages", "chunked_prefill_size", "max_model_len", "kv_cache_memory"):
             if getattr(self, name) is not None:

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from ..backends.base import Request
 from ..backends.registry import select_backend
 from ..device import graph_support, is_gpu
+from ..distributed.group import TPGroup, tp_or_single
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.kv_cache import make_kv_pool
@@ -34,11 +35,37 @@ WARM_UP_PROMPTS = (256, 16, 1)
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    """One engine; with ``tensor_parallel_size > 1`` this is rank 0, which starts the other ranks
+    (:mod:`portattn.distributed.driver`) and sends them each step. ``tp`` (given on those ranks)
+    builds this rank's shard without starting anything."""
+
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None):
+        self.parallel = None
+        parallel = None
+        if config.tensor_parallel_size > 1 and tp is None:
+            from ..distributed.driver import start
+
+            parallel = start(config)  # on a torchrun rank other than 0: serves, then SystemExit
+            config, tp = parallel.config, parallel.tp
+        try:
+            # Every rank builds and warms up the same engine on its own (the same steps in the same
+            # order, so their collectives meet); rank 0 sends steps from then on.
+            self._build(config, tp_or_single(tp), journaled=parallel is not None)
+        except BaseException as err:
+            if parallel is not None:
+                parallel.error = err
+                parallel.shutdown()
+            raise
+        if parallel is not None:
+            parallel.attach(self.req_pool)
+            self.parallel = parallel
+
+    def _build(self, config: EngineConfig, tp: TPGroup, *, journaled: bool) -> None:
         self.config = config
+        self.tp = tp
         self.hf_config = loader.load_config(config.model)
         self.model = loader.load_model(
-            config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend
+            config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
         )
         self.tokenizer = loader.load_tokenizer(config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
@@ -68,7 +95,10 @@ class Engine:
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
         self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, config.dtype, config.device)
         self.allocator = PageAllocator(num_pages)
-        self.req_pool = ReqToTokenPool(
+        pool_class = ReqToTokenPool
+        if journaled:  # rank 0 records its page-table writes for the other ranks
+            from ..distributed.protocol import JournaledReqToTokenPool as pool_class
+        self.req_pool = pool_class(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
         )
         scratch_row = self.req_pool.alloc()
@@ -194,7 +224,10 @@ class Engine:
     def step(self) -> list[Sequence]:
         """One forward; returns the sequences that finished in it."""
         scheduled = self.scheduler.schedule()
-        sampled = self.runner.step(scheduled)
+        if self.parallel is not None:
+            sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
+        else:
+            sampled = self.runner.step(scheduled)
         for seq, n in scheduled:
             prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
             self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
@@ -214,6 +247,18 @@ class Engine:
                 self.requests.pop(seq.request_id, None)
                 finished.append(seq)
         return finished
+
+    def call(self, fn, *args):
+        """``fn(self, *args)``, on every rank under tensor parallelism (``fn`` a module-level function
+        whose collectives every rank makes); returns this rank's result."""
+        if self.parallel is None:
+            return fn(self, *args)
+        return self.parallel.call(self, fn, *args)
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do for one process)."""
+        if self.parallel is not None:
+            self.parallel.shutdown()
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         """Why ``seq`` stops after ``token`` (None: it goes on); updates its text and ``stop_reason``."""

@@ -29,6 +29,9 @@ class LLM:
         llm = portattn.LLM(model="/path/to/checkpoint", device="cpu", dtype="float32", page_size=16)
         out = llm.generate(["Hello"], portattn.SamplingParams(max_tokens=32))
         print(out[0].outputs[0].text)   # or out[0].text, the first choice's
+
+    ``tensor_parallel_size=N`` shards the model over N devices, one process each, started here and
+    stopped by :meth:`shutdown` (or ``with LLM(...) as llm:``, or at interpreter exit).
     """
 
     def __init__(self, model: str, **engine_args):
@@ -127,6 +130,17 @@ class LLM:
                         yield out
 
         return deltas()
+
+    def shutdown(self) -> None:
+        """Stop the engine's other tensor-parallel processes (they also stop at interpreter exit).
+        Safe to call twice; the ``LLM`` cannot generate afterwards."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def encode_images(self, pixel_values: torch.Tensor, image_grid_thw) -> torch.Tensor:
         """Merged image embeddings ``[sum(t * h * w) / merge**2, hidden]``, images in input order.

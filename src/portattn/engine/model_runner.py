@@ -8,6 +8,8 @@ models the vision encoder's plan and the image embeddings the step needs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..backends.base import AttentionBackend
@@ -21,6 +23,13 @@ from .multimodal import build_multimodal_batch
 from .req_pool import ReqToTokenPool
 from .sampler import SamplingBatch, TokenLogprobs, sample, to_host, token_logprobs, unpack_logprobs
 from .sequence import Sequence
+
+
+@dataclass(frozen=True)
+class LogitRows:
+    rows: list[int]  # sampled rows first, then prompt rows
+    sampling: list[Sequence]  # the sequences that sample, in the order of their rows
+    prompt_rows: list[tuple[Sequence, int, int, int]]  # (sequence, first row, first position, count)
 
 
 class ModelRunner:
@@ -85,23 +94,10 @@ class ModelRunner:
         )
         return self.graphs
 
-    @torch.inference_mode()
-    def step(self, scheduled: list[tuple[Sequence, int]]) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
-        """Run the forward; returns ``(token, its log-probabilities or None)`` for each sequence whose
-        tokens are now all computed. Sampled ids and log-probabilities reach the host in one transfer."""
-        if self.graphs is not None and self.graphs.can_run(scheduled):
-            hidden = self.graphs.run(scheduled)  # [n, H]
-        else:
-            batch, ctx = self.plan(scheduled)
-            hidden = self.model(batch.input_ids, batch.positions, ctx)
-        return self.sample_step(scheduled, hidden)
-
-    def sample_step(
-        self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor
-    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
-        """Logits of the rows that need them, and the token of each sequence that completed its tokens."""
-        # Rows of `hidden` that need logits: the last token of each finishing sequence, and the
-        # prompt positions of sequences that asked for prompt logits or log-probabilities.
+    def logit_rows(self, scheduled: list[tuple[Sequence, int]]) -> LogitRows:
+        """Rows of the step's hidden states that need logits: the last token of each sequence whose
+        tokens are then all computed (it samples), and the prompt positions of sequences that asked
+        for prompt logits or log-probabilities."""
         sample_rows, sampling, prompt_rows = [], [], []
         start = 0
         for seq, n in scheduled:
@@ -114,12 +110,53 @@ class ModelRunner:
                 sample_rows.append(start + n - 1)
                 sampling.append(seq)
             start += n
-        if not sample_rows and not prompt_rows:
-            return {}
         rows = sample_rows + [r for _, row, _, count in prompt_rows for r in range(row, row + count)]
+        return LogitRows(rows, sampling, prompt_rows)
+
+    @torch.inference_mode()
+    def forward(self, scheduled: list[tuple[Sequence, int]], rows: list[int]) -> torch.Tensor | None:
+        """The model over the step (a captured graph when one fits, else planned and run eagerly), then
+        the logits ``[len(rows), V]`` float32 of hidden-state ``rows`` (``None`` when no row needs them).
+        Under tensor parallelism every rank runs this on the same step."""
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            hidden = self.graphs.run(scheduled)  # [n, H]
+        else:
+            batch, ctx = self.plan(scheduled)
+            hidden = self.model(batch.input_ids, batch.positions, ctx)
+        return self.logits(hidden, rows)
+
+    def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
+        if not rows:
+            return None
         if rows != list(range(hidden.shape[0])):  # a decode step samples every row, in order
             hidden = hidden[torch.tensor(rows, device=hidden.device)]
-        logits = self.model.compute_logits(hidden).float()  # [N, V]
+        return self.model.compute_logits(hidden).float()  # [N, V]
+
+    @torch.inference_mode()
+    def step(
+        self, scheduled: list[tuple[Sequence, int]], want: LogitRows | None = None
+    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
+        """Run the forward; returns ``(token, its log-probabilities or None)`` for each sequence whose
+        tokens are now all computed. Sampled ids and log-probabilities reach the host in one transfer.
+        ``want``: :meth:`logit_rows` of ``scheduled``, when the caller has it already."""
+        want = want if want is not None else self.logit_rows(scheduled)
+        return self.sample_from(want, self.forward(scheduled, want.rows))
+
+    def sample_step(
+        self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor
+    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
+        """Logits of the rows that need them, and the token of each sequence that completed its tokens."""
+        want = self.logit_rows(scheduled)
+        return self.sample_from(want, self.logits(hidden, want.rows))
+
+    def sample_from(
+        self, want: LogitRows, logits: torch.Tensor | None
+    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
+        """Prompt logits / log-probabilities kept, and one token sampled per sequence of ``want.sampling``."""
+        if logits is None:
+            return {}
+        sampling, prompt_rows = want.sampling, want.prompt_rows
+        sample_rows = range(len(sampling))
         parts, prompt_parts = [], []
         offset = len(sample_rows)
         for seq, _, first, count in prompt_rows:

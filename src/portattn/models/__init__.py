@@ -19,6 +19,11 @@ def register_model(architecture: str, target: str) -> None:
     _REGISTRY[architecture] = target
 
 
+def registered_models() -> dict[str, str]:
+    """Architecture -> ``"package.module:ClassName"``, for processes that must know the same models."""
+    return dict(_REGISTRY)
+
+
 def supported_architectures() -> list[str]:
     return sorted(_REGISTRY)
 

@@ -36,6 +36,8 @@ class CausalLM(nn.Module):
     model: nn.Module
     lm_head: LMHead
     attention_ops: ClassVar[tuple[str, ...]] = ("paged_attention",)  # backend ops the model calls
+    # A class that shards itself over a tensor-parallel group takes ``tp=`` (a TPGroup) when built.
+    supports_tensor_parallel: ClassVar[bool] = False
     packed_modules: ClassVar[dict[str, tuple[str, object]]] = PACKED_MODULES
 
     def __init__(self, config):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVCacheSpec, mla_cache_spec
@@ -103,26 +104,29 @@ class DeepseekV3Router(nn.Module):
 
 
 class DeepseekV3MoE(nn.Module):
-    def __init__(self, config):
+    """Routed experts plus shared experts; under tensor parallelism one all-reduce for both."""
+
+    def __init__(self, config, tp: TPGroup | None = None):
         super().__init__()
-        inter, act = config.moe_intermediate_size, config.hidden_act
+        self.tp = tp_or_single(tp)
+        inter, act, hidden = config.moe_intermediate_size, config.hidden_act, config.hidden_size
         self.gate = DeepseekV3Router(config)
-        self.experts = FusedMoE(config.n_routed_experts, config.hidden_size, inter, act, checkpoint_layout="per_expert")
-        self.shared_experts = GatedMLP(config.hidden_size, inter * config.n_shared_experts, act)
+        self.experts = FusedMoE(config.n_routed_experts, hidden, inter, act, checkpoint_layout="per_expert", tp=tp)
+        self.shared_experts = GatedMLP(hidden, inter * config.n_shared_experts, act, tp=tp, reduce=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)  # [T, k] each
-        return self.experts(x, weights, ids) + self.shared_experts(x)
+        return self.tp.all_reduce(self.experts(x, weights, ids) + self.shared_experts(x))
 
 
 class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, scale: float):
+    def __init__(self, config, layer_id: int, scale: float, tp: TPGroup | None = None):
         super().__init__()
-        self.self_attn = MultiheadLatentAttention(config, layer_id, scale)
+        self.self_attn = MultiheadLatentAttention(config, layer_id, scale, tp=tp)
         if layer_id >= config.first_k_dense_replace:
-            self.mlp = DeepseekV3MoE(config)
+            self.mlp = DeepseekV3MoE(config, tp)
         else:
-            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -138,11 +142,12 @@ class DeepseekV3DecoderLayer(nn.Module):
 
 
 class DeepseekV3Model(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, tp: TPGroup | None = None):
         super().__init__()
         scale = softmax_scale(config)
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeepseekV3DecoderLayer(config, i, scale) for i in range(config.num_hidden_layers))
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp=tp)
+        layers = range(config.num_hidden_layers)
+        self.layers = nn.ModuleList(DeepseekV3DecoderLayer(config, i, scale, tp) for i in layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         interleave = bool(getattr(config, "rope_interleave", True))
         self.rotary_emb = PartialRotaryEmbedding(config, config.qk_rope_head_dim, interleave=interleave)
@@ -170,11 +175,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         name: PACKED_MODULES[name] for name in ("gate_proj", "up_proj")
     }
 
-    def __init__(self, config):
+    supports_tensor_parallel = True
+
+    def __init__(self, config, *, tp: TPGroup | None = None):
         check_config(config)
         super().__init__(config)
-        self.model = DeepseekV3Model(config)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+        self.model = DeepseekV3Model(config, tp)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
 
     def attention_layers(self):
         return [layer.self_attn.spec for layer in self.model.layers]

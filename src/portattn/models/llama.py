@@ -10,12 +10,15 @@ import torch
 from torch import nn
 
 from ..backends.base import AttentionLayer
+from ..distributed.group import TPGroup
 from ..runtime.context import ForwardContext
 from .base import CausalLM
 from .layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, SelfAttention, head_dim_of, window_left_of
 
 
-def self_attention(config, layer_id: int, *, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> SelfAttention:
+def self_attention(
+    config, layer_id: int, *, qkv_bias: bool, o_bias: bool, qk_norm: bool, tp: TPGroup | None = None
+) -> SelfAttention:
     head_dim = head_dim_of(config)
     spec = AttentionLayer(
         layer_id,
@@ -26,15 +29,15 @@ def self_attention(config, layer_id: int, *, qkv_bias: bool, o_bias: bool, qk_no
         window_left=window_left_of(config, layer_id),
     )
     eps = config.rms_norm_eps if qk_norm else None
-    return SelfAttention(config.hidden_size, spec, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm_eps=eps)
+    return SelfAttention(config.hidden_size, spec, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm_eps=eps, tp=tp)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, self_attn: SelfAttention):
+    def __init__(self, config, self_attn: SelfAttention, tp: TPGroup | None = None):
         super().__init__()
         self.self_attn = self_attn
         self.mlp = GatedMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False)
+            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False), tp=tp
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -53,13 +56,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embeddings, decoder layers, final norm; ``rotary`` is Llama's, or the caller's (e.g. mrope)."""
+    """Embeddings, decoder layers, final norm; ``rotary`` is Llama's, or the caller's (e.g. mrope).
+    ``attention(config, layer_id)`` builds each layer's attention (for the same ``tp``)."""
 
-    def __init__(self, config, attention, rotary: nn.Module | None = None):
+    def __init__(self, config, attention, rotary: nn.Module | None = None, tp: TPGroup | None = None):
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp=tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attention(config, i)) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, attention(config, i), tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = rotary if rotary is not None else RotaryEmbedding(config, head_dim_of(config))
@@ -78,14 +82,16 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(CausalLM):
     qkv_bias: bool | None = None  # None: the config's attention_bias (q, k, v and o alike)
     qk_norm = False
+    supports_tensor_parallel = True
 
-    def __init__(self, config):
+    def __init__(self, config, *, tp: TPGroup | None = None):
         super().__init__(config)
-        self.model = LlamaModel(config, self.make_attention)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+        self.tp = tp
+        self.model = LlamaModel(config, self.make_attention, tp=tp)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
 
     def make_attention(self, config, layer_id: int) -> SelfAttention:
         bias = bool(getattr(config, "attention_bias", False))
         qkv_bias = bias if self.qkv_bias is None else self.qkv_bias
         o_bias = bias if self.qkv_bias is None else False
-        return self_attention(config, layer_id, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm)
+        return self_attention(config, layer_id, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm, tp=self.tp)

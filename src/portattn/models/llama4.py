@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..backends.base import AttentionLayer
+from ..distributed.group import TPGroup, tp_or_single
 from ..runtime.context import ForwardContext
 from .base import CausalLM
 from .layers import (
@@ -30,12 +31,14 @@ from .layers import (
     PagedAttention,
     QKVLinear,
     RMSNorm,
+    RowParallelLinear,
     l2_norm,
 )
+from .layers.attention import local_heads
 
 
 class Llama4Attention(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, tp: TPGroup | None = None):
         super().__init__()
         self.head_dim = head_dim = config.head_dim
         heads, kv_heads, bias = config.num_attention_heads, config.num_key_value_heads, config.attention_bias
@@ -44,8 +47,8 @@ class Llama4Attention(nn.Module):
         self.temperature = None
         if config.attn_temperature_tuning and not self.use_rope:
             self.temperature = (float(config.attn_scale), float(config.floor_scale))
-        self.qkv_proj = QKVLinear(config.hidden_size, heads, kv_heads, head_dim, bias)
-        self.o_proj = Linear(heads * head_dim, config.hidden_size, bias)
+        self.qkv_proj = QKVLinear(config.hidden_size, heads, kv_heads, head_dim, bias, tp=tp)
+        self.o_proj = RowParallelLinear(heads * head_dim, config.hidden_size, bias, tp=tp)
         chunked = config.layer_types[layer_id] == "chunked_attention"
         spec = AttentionLayer(
             layer_id,
@@ -55,7 +58,7 @@ class Llama4Attention(nn.Module):
             scale=head_dim**-0.5,
             attention_chunk_size=config.attention_chunk_size if chunked else None,
         )
-        self.attn = PagedAttention(spec)
+        self.attn = PagedAttention(local_heads(spec, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads))
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: InterleavedRotaryEmbedding
@@ -76,10 +79,12 @@ class Llama4Attention(nn.Module):
 
 
 class Llama4MoE(nn.Module):
-    """Top-k sigmoid routing with a shared expert; an expert sees its tokens pre-scaled by their score."""
+    """Top-k sigmoid routing with a shared expert; an expert sees its tokens pre-scaled by their score.
+    Under tensor parallelism the routed and shared experts' partial sums share one all-reduce."""
 
-    def __init__(self, config):
+    def __init__(self, config, tp: TPGroup | None = None):
         super().__init__()
+        self.tp = tp_or_single(tp)
         self.top_k = config.num_experts_per_tok
         self.experts = FusedMoE(
             config.num_local_experts,
@@ -88,24 +93,26 @@ class Llama4MoE(nn.Module):
             config.hidden_act,
             weight_on_input=True,
             checkpoint_layout="stacked_in_out",
+            tp=tp,
         )
         self.router = Linear(config.hidden_size, config.num_local_experts)
-        self.shared_expert = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        hidden, act = config.hidden_size, config.hidden_act
+        self.shared_expert = GatedMLP(hidden, config.intermediate_size, act, tp=tp, reduce=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top_logits, top_ids = torch.topk(self.router(x), self.top_k, dim=1)  # [T, k]
         scores = torch.sigmoid(top_logits.float()).to(x.dtype)  # [T, k]
-        return self.shared_expert(x) + self.experts(x, scores, top_ids)
+        return self.tp.all_reduce(self.shared_expert(x) + self.experts(x, scores, top_ids))
 
 
 class Llama4DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, tp: TPGroup | None = None):
         super().__init__()
-        self.self_attn = Llama4Attention(config, layer_id)
+        self.self_attn = Llama4Attention(config, layer_id, tp)
         if layer_id in config.moe_layers:
-            self.feed_forward = Llama4MoE(config)
+            self.feed_forward = Llama4MoE(config, tp)
         else:
-            self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size_mlp, config.hidden_act)
+            self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size_mlp, config.hidden_act, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -121,10 +128,10 @@ class Llama4DecoderLayer(nn.Module):
 
 
 class Llama4TextModel(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, tp: TPGroup | None = None):
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Llama4DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp=tp)
+        self.layers = nn.ModuleList(Llama4DecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = InterleavedRotaryEmbedding(config, config.head_dim)
 
@@ -139,11 +146,13 @@ class Llama4TextModel(nn.Module):
 class Llama4ForCausalLM(CausalLM):
     """Text-only Llama 4; also loads ``Llama4ForConditionalGeneration`` checkpoints (vision skipped)."""
 
-    def __init__(self, config):
+    supports_tensor_parallel = True
+
+    def __init__(self, config, *, tp: TPGroup | None = None):
         config = getattr(config, "text_config", None) or config
         super().__init__(config)
-        self.model = Llama4TextModel(config)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+        self.model = Llama4TextModel(config, tp)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
 
     def checkpoint_name(self, name: str) -> tuple[str, object] | None:
         if name.startswith(("vision_model.", "multi_modal_projector.")):

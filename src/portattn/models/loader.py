@@ -1,10 +1,16 @@
 """Hugging Face checkpoint directories -> our model classes (weights through each parameter's
-``weight_loader``), tokenizer and stop tokens."""
+``weight_loader``), tokenizer and stop tokens.
+
+Checkpoint tensors reach the ``weight_loader`` hooks as :class:`~portattn.models.layers.CheckpointSlice`
+handles (safetensors ``get_slice``): a sharded parameter narrows the handle to its rank's part and only
+that part is read from the file, so under tensor parallelism no rank reads a sharded tensor whole.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 from collections.abc import Callable
@@ -16,9 +22,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from ..distributed.group import TPGroup, tp_or_single
 from . import model_class
 from .base import MultimodalModel
-from .layers import WeightShapeError, default_weight_loader
+from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
 
 logger = logging.getLogger("portattn")
 
@@ -69,16 +76,22 @@ def load_weights(
     """Fill ``module``'s parameters from safetensors ``files`` through each parameter's ``weight_loader``.
 
     ``checkpoint_name(key)`` maps a checkpoint tensor to ``(parameter name, shard)`` (``shard`` None:
-    the whole parameter) or ``None`` (not used). The parameter's ``weight_loader(param, tensor)`` (or
-    ``(param, tensor, shard)``) copies what it owns, converting dtype on the device. Every parameter
-    (every shard of a merged one) must be loaded, except ``tied`` ones.
+    the whole parameter) or ``None`` (not used). The parameter's ``weight_loader(param, loaded)`` (or
+    ``(param, loaded, shard)``) copies what it owns, converting dtype on the device; ``loaded`` is a
+    :class:`~portattn.models.layers.CheckpointSlice` of the file's tensor, read only where (and as
+    far as) the hook reads it. Every parameter (every shard of a merged one) must be loaded, except
+    ``tied`` ones.
     """
+
+    def lazy(f, key: str) -> CheckpointSlice:
+        part = f.get_slice(key)
+        return CheckpointSlice(part, part.get_shape())
 
     def tensors():
         for file in tqdm(files, desc="loading weights", unit="shard", leave=False, disable=len(files) < 2):
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield key, functools.partial(f.get_tensor, key)
+                    yield key, functools.partial(lazy, f, key)
 
     _load(module, tensors(), checkpoint_name, what=what, tied=tied)
 
@@ -92,9 +105,13 @@ def load_state(
     tied: frozenset[str] = frozenset(),
 ) -> None:
     """:func:`load_weights` from tensors in memory, keyed by checkpoint names."""
+
+    def lazy(key: str) -> CheckpointSlice:
+        return CheckpointSlice(state[key], state[key].shape)
+
     _load(
         module,
-        ((key, functools.partial(state.__getitem__, key)) for key in state),
+        ((key, functools.partial(lazy, key)) for key in state),
         checkpoint_name,
         what=what,
         tied=tied,
@@ -132,28 +149,50 @@ def _load(module, tensors, checkpoint_name, *, what: str, tied: frozenset[str]) 
         raise ValueError(f"expected every weight of {what} in the checkpoint, missing {missing[:5]}")
 
 
+def supports_tensor_parallel(cls: type) -> bool:
+    """A class that declares ``supports_tensor_parallel`` and whose constructor takes ``tp`` (a subclass
+    that overrides ``__init__`` without it does not inherit the support)."""
+    return bool(getattr(cls, "supports_tensor_parallel", False)) and "tp" in inspect.signature(cls).parameters
+
+
 def load_model(
-    path: str | Path, dtype: torch.dtype, device: torch.device, config=None, mm_attention_backend: str = "auto"
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    config=None,
+    mm_attention_backend: str = "auto",
+    tp: TPGroup | None = None,
 ) -> torch.nn.Module:
     """Build the model for ``config.architectures`` on ``device`` in ``dtype`` and load its safetensors
     weights (sharded or not) through the parameters' ``weight_loader`` hooks.
 
     A multimodal class (:class:`~portattn.models.base.MultimodalModel`) also gets ``dtype``, ``device``
     and ``mm_attention_backend``, to select its encoders' attention backend once, at construction.
+    ``tp`` (a tensor-parallel group of more than one rank) builds this rank's shard of the model,
+    for a class that declares ``supports_tensor_parallel``; its parameters read only their slices.
     """
     path = _checkpoint_dir(path)
     config = config if config is not None else load_config(path)
     cls = model_class(getattr(config, "architectures", None))
+    tp = tp_or_single(tp)
     options = {}
+    if supports_tensor_parallel(cls):
+        options["tp"] = tp
+    elif tp.size > 1:
+        raise ValueError(
+            f"expected a model class that supports tensor parallelism for tensor_parallel_size {tp.size}, "
+            f"got {cls.__name__}"
+        )
     if issubclass(cls, MultimodalModel):
-        options = dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
+        options |= dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
     with torch.device(device), default_dtype(dtype):
         model = cls(config, **options)
     load_weights(model, safetensors_files(path), model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters())
     model.tie_weights()
     model.to(device)  # the rotary buffers, built on the CPU
     model.eval().requires_grad_(False)
-    logger.info("loaded %s from %s (%s, %s)", cls.__name__, path, dtype, device)
+    shard = f", rank {tp.rank} of {tp.size}" if tp.size > 1 else ""
+    logger.info("loaded %s from %s (%s, %s%s)", cls.__name__, path, dtype, device, shard)
     return model
 
 

@@ -6,9 +6,20 @@ of operations), so that the engine's logits match ``transformers`` to float roun
 
 from .activation import ACTIVATIONS, ClampedSwiGLU, activation, gated
 from .attention import PagedAttention, SelfAttention, head_dim_of, window_left_of
-from .embedding import Embedding, LMHead
+from .embedding import Embedding, LMHead, VocabParallel
 from .latent_attention import MultiheadLatentAttention
-from .linear import Linear, MergedLinear, QKVLinear, WeightShapeError, default_weight_loader, new_parameter
+from .linear import (
+    CheckpointSlice,
+    ColumnParallelLinear,
+    Linear,
+    MergedLinear,
+    QKVLinear,
+    RowParallelLinear,
+    WeightShapeError,
+    as_tensor,
+    default_weight_loader,
+    new_parameter,
+)
 from .mlp import GatedMLP
 from .moe import FusedMoE
 from .norm import RMSNorm, l2_norm
@@ -25,7 +36,9 @@ from .rotary import (
 
 __all__ = [
     "ACTIVATIONS",
+    "CheckpointSlice",
     "ClampedSwiGLU",
+    "ColumnParallelLinear",
     "Embedding",
     "FusedMoE",
     "GatedMLP",
@@ -40,10 +53,13 @@ __all__ = [
     "QKVLinear",
     "RMSNorm",
     "RotaryEmbedding",
+    "RowParallelLinear",
     "SelfAttention",
+    "VocabParallel",
     "WeightShapeError",
     "activation",
     "apply_rotary_float32",
+    "as_tensor",
     "default_weight_loader",
     "dequantize_mxfp4",
     "gated",

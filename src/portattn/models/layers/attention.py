@@ -5,17 +5,24 @@ cache and attends); :class:`SelfAttention` is the layer the Llama-style families
 projection (biases as configured), optional per-head RMSNorm of q and k, rotary, attention, output
 projection. Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norm) and the Qwen2.5-VL language model are
 configurations of it.
+
+Under tensor parallelism the heads are split (:class:`~portattn.models.layers.linear.QKVLinear`):
+``spec`` holds this rank's head counts, the paged cache holds this rank's KV heads, and ``o_proj`` is
+row-parallel (the layer's one all-reduce).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
 
 from ...backends.base import AttentionBackend, AttentionLayer
+from ...distributed.group import TPGroup
 from ...runtime.context import ForwardContext
 from .fused import fused_ops
-from .linear import Linear, QKVLinear
+from .linear import QKVLinear, RowParallelLinear
 from .norm import RMSNorm
 
 
@@ -49,6 +56,15 @@ class PagedAttention(nn.Module):
         return ctx.backend.paged_attention(q, k_cache, v_cache, ctx.metadata, spec.params, out).flatten(1)
 
 
+def local_heads(spec: AttentionLayer, num_heads: int, num_kv_heads: int) -> AttentionLayer:
+    """``spec`` with this rank's head counts."""
+    if (num_heads, num_kv_heads) == (spec.num_heads, spec.num_kv_heads):
+        return spec
+    if spec.sinks is not None:
+        raise ValueError(f"expected no attention sinks under tensor parallelism, got sinks on layer {spec.layer_id}")
+    return dataclasses.replace(spec, num_heads=num_heads, num_kv_heads=num_kv_heads)
+
+
 def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
@@ -67,7 +83,8 @@ class SelfAttention(nn.Module):
 
     Checkpoint tensors ``q_proj``, ``k_proj``, ``v_proj`` load into ``qkv_proj`` (shards q, k, v).
     ``qk_norm_eps`` (Qwen3, Gemma 3): RMSNorm over each head of q and k before the rotary embedding.
-    The attention rules (window, chunk, sinks, softcap, scale) are those of ``spec``.
+    The attention rules (window, chunk, sinks, softcap, scale) are those of ``spec``, whose head
+    counts are the model's; ``self.spec`` (what the engine and the cache see) has this rank's.
     """
 
     def __init__(
@@ -79,11 +96,13 @@ class SelfAttention(nn.Module):
         o_bias: bool = False,
         qk_norm_eps: float | None = None,
         qk_norm_unit_offset: bool = False,
+        tp: TPGroup | None = None,
     ):
         super().__init__()
+        self.qkv_proj = QKVLinear(hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, qkv_bias, tp=tp)
+        self.o_proj = RowParallelLinear(spec.num_heads * spec.v_head_dim, hidden_size, o_bias, tp=tp)
+        spec = local_heads(spec, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads)
         self.spec = spec
-        self.qkv_proj = QKVLinear(hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, qkv_bias)
-        self.o_proj = Linear(spec.num_heads * spec.v_head_dim, hidden_size, o_bias)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(spec.head_dim, qk_norm_eps, unit_offset=qk_norm_unit_offset)
             self.k_norm = RMSNorm(spec.head_dim, qk_norm_eps, unit_offset=qk_norm_unit_offset)

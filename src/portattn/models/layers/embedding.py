@@ -1,4 +1,11 @@
-"""Token embeddings and the LM head (a linear over the hidden states, optionally tied to the embeddings)."""
+"""Token embeddings and the LM head, vocab-parallel under tensor parallelism.
+
+Both split the vocabulary the same way: rank ``r`` holds rows ``[r * Vp, (r + 1) * Vp)`` of the
+``[vocab, hidden]`` table, ``Vp = ceil(vocab / size)`` (the last rank's tail past ``vocab`` is zero
+padding), so a tied LM head shares the embedding's shard. The embedding looks up the ids in its
+range, zeroes the others and all-reduces (exactly one rank contributes each row); the LM head
+computes its ``Vp`` logits and all-gathers them into ``[N, vocab]`` on every rank, for sampling.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +13,65 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import Linear, copy_checked, new_parameter
+from ...distributed.group import TPGroup, tp_or_single
+from .linear import copy_checked, new_parameter, shard_of
 
 
-class Embedding(nn.Module):
-    """``weight [num_embeddings, embedding_dim]``; ``forward(ids [T]) -> [T, embedding_dim]``."""
+class VocabParallel(nn.Module):
+    """``weight [Vp, dim]``: this rank's rows ``[vocab_start, vocab_end)`` of the ``[vocab, dim]`` table."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, dtype: torch.dtype | None = None):
+    def __init__(self, vocab_size: int, dim: int, *, tp: TPGroup | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = new_parameter(num_embeddings, embedding_dim, dtype=dtype, loader=self.weight_loader)
+        self.tp = tp_or_single(tp)
+        self.vocab_size, self.dim = vocab_size, dim
+        self.rows_per_rank = -(-vocab_size // self.tp.size)
+        self.vocab_start = min(self.tp.rank * self.rows_per_rank, vocab_size)
+        self.vocab_end = min(self.vocab_start + self.rows_per_rank, vocab_size)
+        self.weight = new_parameter(self.rows_per_rank, dim, dtype=dtype, loader=self.weight_loader)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        copy_checked(param.data, loaded)
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
+        rows = self.vocab_end - self.vocab_start
+        copy_checked(param.data[:rows], shard_of(loaded, [self.vocab_size, self.dim], 0, self.vocab_start, rows))
+        param.data[rows:].zero_()
+
+
+class Embedding(VocabParallel):
+    """``forward(ids [T]) -> [T, embedding_dim]``; ``weight [num_embeddings / size (rounded up), embedding_dim]``."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, tp: TPGroup | None = None, dtype: torch.dtype | None = None
+    ):
+        super().__init__(num_embeddings, embedding_dim, tp=tp, dtype=dtype)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_end - self.vocab_start)  # [T]
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)  # [T, dim]
+        return self.tp.all_reduce(out.masked_fill(outside[:, None], 0))
 
 
-class LMHead(Linear):
-    """Hidden states ``[N, H]`` -> logits ``[N, vocab]``; :meth:`tie` shares the embedding's weight."""
+class LMHead(VocabParallel):
+    """Hidden states ``[N, H]`` -> logits ``[N, vocab]`` (gathered from every rank);
+    :meth:`tie` shares the embedding's weight (and shard)."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, *, dtype: torch.dtype | None = None):
-        super().__init__(hidden_size, vocab_size, bias=False, dtype=dtype)
+    def __init__(
+        self, hidden_size: int, vocab_size: int, *, tp: TPGroup | None = None, dtype: torch.dtype | None = None
+    ):
+        super().__init__(vocab_size, hidden_size, tp=tp, dtype=dtype)
 
     def tie(self, embedding: Embedding) -> None:
+        if (embedding.vocab_size, embedding.tp.size) != (self.vocab_size, self.tp.size):
+            raise ValueError(
+                f"expected an embedding of vocab {self.vocab_size} over {self.tp.size} ranks to tie, "
+                f"got vocab {embedding.vocab_size} over {embedding.tp.size}"
+            )
         self.weight = embedding.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)  # [N, Vp]
+        if self.tp.size == 1:
+            return logits
+        return self.tp.all_gather(logits, dim=-1)[..., : self.vocab_size]  # [N, vocab]

@@ -14,6 +14,11 @@ one of two forms, chosen once per forward in the engine's plan step
 
 Both are exact rewrites of the same attention; the plan picks the cheaper one per sequence (a
 batch that mixes decodes and prompt chunks runs each part in its form).
+
+Under tensor parallelism the heads are split: ``q_proj`` / ``q_b_proj`` and ``kv_b_proj`` are
+column-parallel by heads, ``o_proj`` row-parallel (the layer's one all-reduce); the low-rank
+down-projections, their norms and the latent cache (one row per token, shared by all heads) are
+replicated on every rank.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ import torch
 from torch import nn
 
 from ...backends.base import AttentionLayer
+from ...distributed.group import TPGroup, tp_or_single
 from ...mla import MLADecodeMetadata, write_latent
 from ...runtime.context import ForwardContext
 from ...runtime.plan import LatentAttentionPlan
-from .linear import Linear
+from .linear import ColumnParallelLinear, Linear, RowParallelLinear
 from .norm import RMSNorm
 
 _LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
@@ -38,27 +44,30 @@ class MultiheadLatentAttention(nn.Module):
     the softmax scale (with YaRN's mscale folded in by the caller).
     """
 
-    def __init__(self, config, layer_id: int, scale: float):
+    def __init__(self, config, layer_id: int, scale: float, *, tp: TPGroup | None = None):
         super().__init__()
-        self.num_heads = heads = config.num_attention_heads
+        tp = tp_or_single(tp)
+        heads = config.num_attention_heads
+        self.num_heads = tp.split(heads, "num_attention_heads")  # this rank's
         self.q_lora_rank = config.q_lora_rank
         self.kv_lora_rank = rank = config.kv_lora_rank
         self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         qk_dim = self.nope_dim + self.rope_dim
         bias, hidden = config.attention_bias, config.hidden_size
         if self.q_lora_rank is None:
-            self.q_proj = Linear(hidden, heads * qk_dim, bias=False)
+            self.q_proj = ColumnParallelLinear(hidden, heads * qk_dim, bias=False, tp=tp)
         else:
             self.q_a_proj = Linear(hidden, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, _LORA_NORM_EPS)
-            self.q_b_proj = Linear(self.q_lora_rank, heads * qk_dim, bias=False)
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, heads * qk_dim, bias=False, tp=tp)
         self.kv_a_proj_with_mqa = Linear(hidden, rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(rank, _LORA_NORM_EPS)
-        self.kv_b_proj = Linear(rank, heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = Linear(heads * self.v_dim, hidden, bias=bias)
+        self.kv_b_proj = ColumnParallelLinear(rank, heads * (self.nope_dim + self.v_dim), bias=False, tp=tp)
+        self.o_proj = RowParallelLinear(heads * self.v_dim, hidden, bias=bias, tp=tp)
         self.scale = scale
-        # What the engine's backend selection reads (the expanded form's shapes).
-        self.spec = AttentionLayer(layer_id, heads, heads, qk_dim, scale=scale, v_head_dim=self.v_dim)
+        # What the engine's backend selection reads (the expanded form's shapes, this rank's heads).
+        local = self.num_heads
+        self.spec = AttentionLayer(layer_id, local, local, qk_dim, scale=scale, v_head_dim=self.v_dim)
 
     def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext):
         plan: LatentAttentionPlan = ctx.latent

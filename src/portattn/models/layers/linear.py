@@ -1,10 +1,18 @@
 """Linear layers whose parameters are filled by the checkpoint loader through ``weight_loader``.
 
-Every parameter carries ``weight_loader(param, loaded_tensor[, shard])``: the loader
-(:mod:`portattn.models.loader`) hands it each checkpoint tensor that maps to the parameter and the
-parameter copies what it owns. A plain linear copies the whole tensor; a merged linear (several
-projections of one input in one matmul: q/k/v, gate/up) copies each checkpoint tensor into its rows.
-Sharded (tensor-parallel) or quantized variants override the same hook to slice or convert.
+Every parameter carries ``weight_loader(param, loaded[, shard])``: the loader
+(:mod:`portattn.models.loader`) hands it each checkpoint tensor that maps to the parameter, as a
+:class:`CheckpointSlice` (nothing read yet), and the parameter copies what it owns. A plain linear
+copies the whole tensor; a merged linear (several projections of one input in one matmul: q/k/v,
+gate/up) copies each checkpoint tensor into its rows.
+
+Tensor parallelism (a :class:`~portattn.distributed.group.TPGroup` of ``size`` ranks) shards the
+matmuls the Megatron way: a **column-parallel** linear keeps rank ``r``'s share of the output
+features (its rows of ``W``) and leaves its output split; a **row-parallel** linear keeps the matching
+share of the input features (columns of ``W``) and all-reduces its partial products. Each rank's
+``weight_loader`` narrows the checkpoint tensor to its share before anything is read, so no rank
+reads (or holds) a sharded tensor whole. With ``tp=None`` (one process) every layer computes what
+``nn.Linear`` computes.
 
 Parameters are created with ``torch.empty`` on the current default device and dtype (the loader
 builds models under ``torch.device(device)`` and the model dtype), so construction costs no
@@ -19,6 +27,67 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...distributed.group import TPGroup, attention_heads, tp_or_single
+
+
+class CheckpointSlice:
+    """A checkpoint tensor (or a part of one) not read yet.
+
+    ``source`` is anything indexable by a tuple of slices that returns a tensor: a safetensors
+    ``get_slice`` handle (which then reads only the indexed bytes) or a tensor. :meth:`narrow`
+    selects a part as ``torch.Tensor.narrow`` does; :meth:`read` reads it. Used where a tensor is
+    expected (``param.copy_(loaded)``, ``loaded.t()``), it reads itself first.
+    """
+
+    def __init__(self, source, shape: Sequence[int], index: tuple[slice, ...] | None = None):
+        self.source = source
+        self.shape = torch.Size(shape)
+        self.index = index if index is not None else tuple(slice(0, n) for n in self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def narrow(self, dim: int, start: int, length: int) -> CheckpointSlice:
+        dim = dim % self.dim()
+        if start < 0 or length < 0 or start + length > self.shape[dim]:
+            size = self.shape[dim]
+            raise ValueError(f"expected a range within dim {dim} of size {size}, got [{start}, {start + length})")
+        first = self.index[dim].start + start
+        index = (*self.index[:dim], slice(first, first + length), *self.index[dim + 1 :])
+        return CheckpointSlice(self.source, (*self.shape[:dim], length, *self.shape[dim + 1 :]), index)
+
+    def read(self) -> torch.Tensor:
+        return self.source[self.index if self.index else ...]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return func(*_read_all(args), **{k: _read_all(v) for k, v in (kwargs or {}).items()})
+
+    def __getattr__(self, name: str):  # any other tensor attribute: read, then ask the tensor
+        if name in ("source", "shape", "index"):
+            raise AttributeError(name)
+        return getattr(self.read(), name)
+
+
+def _read_all(value):
+    if isinstance(value, CheckpointSlice):
+        return value.read()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_read_all(v) for v in value)
+    return value
+
+
+def shard_of(loaded, full_shape: Sequence[int], dim: int, start: int, length: int):
+    """``loaded.narrow(dim, start, length)`` after checking ``loaded`` has the full (unsharded) shape."""
+    if list(loaded.shape) != list(full_shape):
+        raise WeightShapeError(full_shape, loaded.shape)
+    return loaded.narrow(dim, start, length)
+
+
+def as_tensor(loaded: torch.Tensor | CheckpointSlice) -> torch.Tensor:
+    """The tensor itself, or the slice read."""
+    return loaded.read() if isinstance(loaded, CheckpointSlice) else loaded
+
 
 class WeightShapeError(ValueError):
     """A checkpoint tensor's shape differs from the parameter (or shard) it loads into."""
@@ -28,14 +97,14 @@ class WeightShapeError(ValueError):
         super().__init__(f"expected shape {self.want}, got {self.got}")
 
 
-def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` (casting to ``dst``'s dtype) after checking the shapes agree."""
+def copy_checked(dst: torch.Tensor, src: torch.Tensor | CheckpointSlice) -> None:
+    """``dst.copy_(src)`` (casting to ``dst``'s dtype, reading a slice) after checking the shapes agree."""
     if tuple(dst.shape) != tuple(src.shape):
         raise WeightShapeError(dst.shape, src.shape)
-    dst.copy_(src)
+    dst.copy_(as_tensor(src))
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor | CheckpointSlice) -> None:
     """The whole tensor into the whole parameter."""
     copy_checked(param.data, loaded)
 
@@ -49,7 +118,8 @@ def new_parameter(*shape: int, dtype: torch.dtype | None = None, loader=None, sh
 
 
 class Linear(nn.Module):
-    """``y = x W^T + b`` with ``W [out_features, in_features]`` (parameter names as ``nn.Linear``)."""
+    """``y = x W^T + b`` with ``W [out_features, in_features]`` (parameter names as ``nn.Linear``);
+    replicated: every rank holds and computes all of it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, dtype: torch.dtype | None = None):
         super().__init__()
@@ -57,19 +127,82 @@ class Linear(nn.Module):
         self.weight = new_parameter(out_features, in_features, dtype=dtype, loader=self.weight_loader)
         self.bias = new_parameter(out_features, dtype=dtype, loader=self.weight_loader) if bias else None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
         copy_checked(param.data, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
-class MergedLinear(Linear):
-    """Projections of the same input concatenated on the output dim, computed in one matmul.
+class ColumnParallelLinear(Linear):
+    """:class:`Linear` with its ``out_features`` split over the ranks: rank ``r`` holds rows
+    ``[r * out / size, (r + 1) * out / size)`` of ``W`` and ``b``, and returns ``[..., out / size]``
+    (its part of the output, not gathered). ``out_features`` is the full size."""
 
-    ``output_sizes[i]`` rows belong to shard ``shard_ids[i]`` (default ``0, 1, ...``); the
-    checkpoint keeps one tensor per shard, loaded with ``weight_loader(param, tensor, shard_id)``.
-    :meth:`split` cuts an output back into the shards' parts.
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        *,
+        tp: TPGroup | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        tp = tp_or_single(tp)
+        local = tp.split(out_features, f"output features ({in_features} -> {out_features} linear)")
+        super().__init__(in_features, local, bias, dtype=dtype)
+        self.tp = tp
+
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
+        rows = param.shape[0]
+        full = [rows * self.tp.size, *param.shape[1:]]
+        copy_checked(param.data, shard_of(loaded, full, 0, self.tp.rank * rows, rows))
+
+
+class RowParallelLinear(Linear):
+    """:class:`Linear` with its ``in_features`` split over the ranks: rank ``r`` holds columns
+    ``[r * in / size, (r + 1) * in / size)`` of ``W``, takes that part of the input
+    (``[..., in / size]``, a column-parallel layer's output) and returns the full ``[..., out]``:
+    the partial products all-reduced (``reduce=True``), or this rank's partial sum (``reduce=False``,
+    for a caller that adds other partial sums before one all-reduce). The bias is added once."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        *,
+        tp: TPGroup | None = None,
+        reduce: bool = True,
+        dtype: torch.dtype | None = None,
+    ):
+        tp = tp_or_single(tp)
+        local = tp.split(in_features, f"input features ({in_features} -> {out_features} linear)")
+        super().__init__(local, out_features, bias, dtype=dtype)
+        self.tp, self.reduce = tp, reduce
+
+    def weight_loader(self, param: nn.Parameter, loaded) -> None:
+        if param.dim() == 1:  # the bias: whole on every rank
+            copy_checked(param.data, loaded)
+            return
+        cols = param.shape[1]
+        full = [param.shape[0], cols * self.tp.size]
+        copy_checked(param.data, shard_of(loaded, full, 1, self.tp.rank * cols, cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None)  # [..., out] partial
+        return self.tp.all_reduce(y) if self.reduce else y
+
+
+class MergedLinear(Linear):
+    """Projections of the same input concatenated on the output dim, computed in one matmul;
+    column-parallel: each projection is split over the ranks and rank ``r`` holds its share of each.
+
+    ``output_sizes[i]`` (full sizes) rows belong to shard ``shard_ids[i]`` (default ``0, 1, ...``);
+    the checkpoint keeps one tensor per shard, loaded with ``weight_loader(param, tensor, shard_id)``.
+    :meth:`split` cuts an output ``[..., sum(local sizes)]`` back into the shards' parts.
     """
 
     def __init__(
@@ -79,26 +212,37 @@ class MergedLinear(Linear):
         bias: bool = False,
         *,
         shard_ids: Sequence[object] | None = None,
+        tp: TPGroup | None = None,
         dtype: torch.dtype | None = None,
     ):
-        shard_ids = list(range(len(output_sizes))) if shard_ids is None else list(shard_ids)
-        if len(shard_ids) != len(output_sizes):
-            raise ValueError(f"expected one shard id per output size {list(output_sizes)}, got {shard_ids}")
-        super().__init__(in_features, sum(output_sizes), bias, dtype=dtype)
-        self.output_sizes = list(output_sizes)
+        tp = tp_or_single(tp)
+        what = "each merged projection's output features"
+        local = [tp.split(size, f"{what} {list(output_sizes)}") for size in output_sizes]
+        sources = [tp.rank * n for n in local]
+        self._init_shards(in_features, local, sources, output_sizes, bias, shard_ids, tp, dtype)
+
+    def _init_shards(self, in_features, local_sizes, sources, full_sizes, bias, shard_ids, tp, dtype) -> None:
+        """Shard ``i``: ``local_sizes[i]`` rows here, read from row ``sources[i]`` of its checkpoint
+        tensor of ``full_sizes[i]`` rows."""
+        shard_ids = list(range(len(local_sizes))) if shard_ids is None else list(shard_ids)
+        if len(shard_ids) != len(local_sizes):
+            raise ValueError(f"expected one shard id per output size {list(local_sizes)}, got {shard_ids}")
+        Linear.__init__(self, in_features, sum(local_sizes), bias, dtype=dtype)
+        self.tp = tp
+        self.output_sizes = list(local_sizes)
         offsets = [0]
-        for size in output_sizes:
+        for size in local_sizes:
             offsets.append(offsets[-1] + size)
-        self.rows = {sid: (offsets[i], offsets[i + 1]) for i, sid in enumerate(shard_ids)}
+        self.rows = {sid: (offsets[i], offsets[i + 1], sources[i], full_sizes[i]) for i, sid in enumerate(shard_ids)}
         for param in (self.weight, self.bias):
             if param is not None:
                 param.shards = tuple(shard_ids)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id not in self.rows:
             raise ValueError(f"expected a shard in {list(self.rows)}, got {shard_id!r}")
-        start, end = self.rows[shard_id]
-        copy_checked(param.data[start:end], loaded)
+        start, end, source, full = self.rows[shard_id]
+        copy_checked(param.data[start:end], shard_of(loaded, [full, *param.shape[1:]], 0, source, end - start))
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``y [..., sum(output_sizes)]`` -> one view per shard, in order."""
@@ -106,10 +250,29 @@ class MergedLinear(Linear):
 
 
 class QKVLinear(MergedLinear):
-    """The query, key and value projections of one attention layer (shards ``"q"``, ``"k"``, ``"v"``)."""
+    """The query, key and value projections of one attention layer (shards ``"q"``, ``"k"``, ``"v"``).
+
+    Column-parallel by heads: rank ``r`` holds its ``num_heads / size`` query heads and their KV
+    heads (:func:`~portattn.distributed.group.attention_heads`: split when there are at least as many
+    KV heads as ranks, else the one KV head its query heads use, replicated). ``num_heads`` and
+    ``num_kv_heads`` are the model's totals; :attr:`num_heads` / :attr:`num_kv_heads` this rank's.
+    """
 
     def __init__(
-        self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False, *, dtype=None
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+        *,
+        tp: TPGroup | None = None,
+        dtype=None,
     ):
-        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
-        super().__init__(hidden_size, sizes, bias, shard_ids=("q", "k", "v"), dtype=dtype)
+        tp = tp_or_single(tp)
+        heads, kv_heads, first_kv = attention_heads(num_heads, num_kv_heads, tp)
+        sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        sources = [tp.rank * heads * head_dim, first_kv * head_dim, first_kv * head_dim]
+        full = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        self._init_shards(hidden_size, sizes, sources, full, bias, ("q", "k", "v"), tp, dtype)
+        self.num_heads, self.num_kv_heads = heads, kv_heads

@@ -1,22 +1,37 @@
-"""The gated MLP of every decoder family: ``down(act(gate(x)) * up(x))``, gate and up in one matmul."""
+"""The gated MLP of every decoder family: ``down(act(gate(x)) * up(x))``, gate and up in one matmul.
+
+Under tensor parallelism gate/up is column-parallel and down row-parallel: one all-reduce per MLP
+(none with ``reduce=False``, for a caller that adds other partial sums first, as a MoE layer's
+shared expert does).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ...distributed.group import TPGroup
 from .activation import activation, gated
-from .linear import Linear, MergedLinear
+from .linear import MergedLinear, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
     """``gate_up_proj`` holds the checkpoint's ``gate_proj`` (shard 0) and ``up_proj`` (shard 1)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        act: str = "silu",
+        bias: bool = False,
+        *,
+        tp: TPGroup | None = None,
+        reduce: bool = True,
+    ):
         super().__init__()
         self.act = activation(act)
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], bias, tp=tp)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp=tp, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(gated(self.act, self.gate_up_proj(x)))

@@ -26,6 +26,14 @@ Options for families whose experts differ from the plain gated MLP (gpt-oss): ``
 ``gate_up_proj_bias [E, 2I]`` and ``down_proj_bias [E, H]``; ``gate_up_act`` replaces
 ``act(gate) * up`` by any function of the whole ``gate_up [..., 2I] -> [..., I]`` (which then also
 decides how gate and up columns are laid out, e.g. interleaved).
+
+Tensor parallelism is tensor-parallel *inside* every expert (not expert-parallel): rank ``r`` holds
+its ``I / size`` share of every expert's intermediate dim (gate/up column-parallel, down
+row-parallel) and returns its partial sum, which the model all-reduces once, together with the
+shared expert's. Every rank then does the same share of work whatever the router picks, and no
+tokens move between ranks (an expert-parallel split would leave the rank of a popular expert
+doing its whole load while the others wait, and needs a token exchange around the experts).
+Expert biases, a custom ``gate_up_act`` and MXFP4 checkpoints are not sharded yet.
 """
 
 from __future__ import annotations
@@ -36,8 +44,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...distributed.group import TPGroup, tp_or_single
 from .activation import activation, gated
-from .linear import copy_checked, new_parameter
+from .linear import as_tensor, copy_checked, new_parameter, shard_of
 from .quant import MXFP4Pairs
 
 DENSE_MAX_TOKENS = 16
@@ -56,12 +65,21 @@ class FusedMoE(nn.Module):
         checkpoint_layout: str = "per_expert",
         bias: bool = False,
         gate_up_act: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        tp: TPGroup | None = None,
     ):
         super().__init__()
         if checkpoint_layout not in CHECKPOINT_LAYOUTS:
             raise ValueError(f"expected checkpoint_layout in {CHECKPOINT_LAYOUTS}, got {checkpoint_layout!r}")
         if bias and weight_on_input:  # the dense path would add every unrouted expert's bias
             raise ValueError("expected expert biases only with weights on the output, got weight_on_input=True")
+        self.tp = tp = tp_or_single(tp)
+        if tp.size > 1 and (bias or gate_up_act is not None or checkpoint_layout == "mxfp4"):
+            raise ValueError(
+                "expected experts without biases, custom gate_up_act or MXFP4 weights under tensor parallelism, "
+                f"got bias={bias}, gate_up_act={gate_up_act is not None}, checkpoint_layout={checkpoint_layout!r}"
+            )
+        self.full_intermediate_size = intermediate_size
+        intermediate_size = tp.split(intermediate_size, "the experts' intermediate size")
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
         self.gate_up_act = gate_up_act if gate_up_act is not None else functools.partial(gated, activation(act))
         self.dense_max_tokens = DENSE_MAX_TOKENS
@@ -84,20 +102,33 @@ class FusedMoE(nn.Module):
         self.gate_up_proj_bias = new_parameter(num_experts, 2 * intermediate_size) if bias else None
         self.down_proj_bias = new_parameter(num_experts, hidden_size) if bias else None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: object = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard: object = None) -> None:
+        inter, full = self.intermediate_size, self.full_intermediate_size
+        experts, hidden = self.num_experts, self.down_proj.shape[1]
+        first = self.tp.rank * inter  # this rank's intermediate columns [first, first + inter)
         if shard is None:  # a stacked [E, in, out] tensor
-            copy_checked(param.data, loaded.transpose(1, 2))
+            if param is self.gate_up_proj:  # [E, H, 2I]: the first I columns, then the last I
+                want = [experts, hidden, 2 * full]
+                gate, up = shard_of(loaded, want, 2, first, inter), shard_of(loaded, want, 2, full + first, inter)
+                copy_checked(param.data[:, :inter], as_tensor(gate).transpose(1, 2))
+                copy_checked(param.data[:, inter:], as_tensor(up).transpose(1, 2))
+            else:  # [E, I, H]
+                part = shard_of(loaded, [experts, full, hidden], 1, first, inter)
+                copy_checked(param.data, as_tensor(part).transpose(1, 2))
             return
         if self.checkpoint_layout == "mxfp4":  # "blocks" or "scales" of the [E, out, in] matrix
-            self._mxfp4.add(param, shard, loaded)
+            self._mxfp4.add(param, shard, as_tensor(loaded))  # kept until its pair arrives: read now
             return
         expert, part = shard
-        inter = self.intermediate_size
-        rows = {"gate": slice(0, inter), "up": slice(inter, 2 * inter), "down": slice(None)}[part]
-        copy_checked(param.data[expert, rows], loaded)
+        if part == "down":  # [H, I]
+            copy_checked(param.data[expert], shard_of(loaded, [hidden, full], 1, first, inter))
+            return
+        rows = slice(0, inter) if part == "gate" else slice(inter, 2 * inter)  # gate or up: [I, H]
+        copy_checked(param.data[expert, rows], shard_of(loaded, [full, hidden], 0, first, inter))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype."""
+        """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype
+        (under tensor parallelism: this rank's partial sum, to be all-reduced by the caller)."""
         if x.shape[0] <= self.dense_max_tokens:
             return self.forward_dense(x, topk_weights, topk_ids)
         return self.forward_grouped(x, topk_weights, topk_ids)

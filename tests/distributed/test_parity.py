@@ -1,0 +1,72 @@
+"""Tensor parallelism over 2 CPU processes (gloo) computes what one process computes: greedy tokens
+equal and logits within 1e-4 (relative to their largest) for every family, through chunked
+prefill (chunks of 8 that cut prompts and an image), prefix caching and preemption (a pool too
+small for the batch); and through the static decode path of captured graphs."""
+
+from __future__ import annotations
+
+import pytest
+
+from portattn.engine.llm import LLM
+
+from .conftest import DEVICE, FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
+from .static_decode import enable_static_decode, static_replays
+
+MAX_NEW = 8
+TOL = 1e-4
+
+
+def make_llm(path: str, tp: int) -> LLM:
+    # 7-token pages, 8 of them: the four sequences (2 + 2 + 3 + 6 pages at their ends) do not fit at once.
+    return LLM(
+        path,
+        page_size=7,
+        num_pages=8,
+        max_num_seqs=4,
+        chunked_prefill_size=8,
+        enable_prefix_caching=True,
+        tensor_parallel_size=tp,
+        device=DEVICE,
+    )
+
+
+def run(llm: LLM, family: str):
+    first = prompts(family)
+    second = [first[3], [*first[3][:20], 3, 1, 4]]  # a repeat and an extension: prefix-cache hits
+    return generate(llm, first, MAX_NEW, prompt_logits=True) + generate(llm, second, MAX_NEW, prompt_logits=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tp2_equals_tp1(family, ckpt_root):
+    path = checkpoint(family, ckpt_root)
+    one = make_llm(path, 1)
+    want = run(one, family)
+    with make_llm(path, 2) as two:
+        pids = rank_pids(two)
+        got = run(two, family)
+        engine = two.engine
+        assert engine.scheduler.num_preemptions > 0
+        assert engine.pages.num_cached_tokens > 0
+        assert engine.scheduler.num_preemptions == one.engine.scheduler.num_preemptions
+    assert not any(alive(pid) for pid in pids)
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        assert rel_err(g.logits, w.logits) < TOL
+        if w.prompt_logits is not None:
+            assert rel_err(g.prompt_logits, w.prompt_logits) < TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_tp2_static_decode_equals_tp1(family, ckpt_root):
+    """Decode through the static buffers that captured graphs replay (run eagerly here), on every rank."""
+    path = checkpoint(family, ckpt_root)
+    one = make_llm(path, 1)
+    one.engine.call(enable_static_decode)
+    want = run(one, family)
+    with make_llm(path, 2) as two:
+        two.engine.call(enable_static_decode)
+        got = run(two, family)
+        assert two.engine.call(static_replays) > 0
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        assert rel_err(g.logits, w.logits) < TOL
