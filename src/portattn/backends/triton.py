@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..device import is_gpu, is_triton_interpreter
+from ..kv_quant import FP8_DTYPES
 from .base import (
     AttentionBackend,
     AttentionParams,
@@ -88,6 +89,9 @@ class TritonBackend(AttentionBackend):
         # multiples of 8 keep every row's loads aligned.
         head_dims=frozenset(range(1, 257)),
         device_types=frozenset({"cuda", "xpu", "cpu"}),
+        # fp8 K/V are converted to the query's dtype in registers (Triton's fp8 conversions: NVIDIA
+        # from sm_89 for e4m3, AMD and Intel as their Triton backends provide them).
+        kv_dtypes=frozenset(FP8_DTYPES),
     )
 
     @classmethod
@@ -176,6 +180,8 @@ class TritonBackend(AttentionBackend):
             alibi_slopes=params.alibi_slopes,
             lse=lse,
             num_splits=num_splits,
+            k_scale=params.k_scale,
+            v_scale=params.v_scale,
         )
 
     def varlen_attention(
@@ -219,6 +225,7 @@ class TritonBackend(AttentionBackend):
         scale: float,
         out: torch.Tensor,
         lse: torch.Tensor | None = None,
+        kv_scale: float = 1.0,
     ) -> torch.Tensor:
         return mla_decode_forward(
             q_nope,
@@ -231,6 +238,7 @@ class TritonBackend(AttentionBackend):
             num_kv_splits=metadata.num_kv_splits,
             partials=metadata.partials,
             lse=lse,
+            kv_scale=kv_scale,
         )
 
     def merge_attention_states(
