@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from ..backends.base import Request
 from ..backends.registry import select_backend
 from ..device import graph_support, is_gpu
+from ..kv_quant import is_quantized
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.kv_cache import make_kv_pool
@@ -48,7 +49,16 @@ class Engine:
         layers = self.model.attention_layers()
         features = frozenset().union(*(layer.features for layer in layers))
         first, *others = self.model.attention_ops
-        request = Request(first, config.device.type, config.dtype, layers[0].head_dim, features, frozenset(others))
+        kv_dtype = config.kv_cache_dtype
+        request = Request(
+            first,
+            config.device.type,
+            config.dtype,
+            layers[0].head_dim,
+            features,
+            frozenset(others),
+            kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,
+        )
         self.backend = select_backend("attention", config.attention_backend, request)
 
         page_size = config.page_size
@@ -58,7 +68,7 @@ class Engine:
         if num_pages is None:
             budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
             num_pages = min(
-                budget // spec.bytes_per_page(page_size, config.dtype),
+                budget // spec.bytes_per_page(page_size, kv_dtype),
                 config.max_num_seqs * num_pages_for(max_len, page_size),
             )
             if num_pages < 1:
@@ -66,7 +76,9 @@ class Engine:
         self.max_len = min(max_len, num_pages * page_size)
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
-        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, config.dtype, config.device)
+        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, kv_dtype, config.device)
+        if is_quantized(kv_dtype):
+            self.kv_pool.set_kv_scales(loader.kv_cache_scales(config.model, spec.num_layers))
         self.allocator = PageAllocator(num_pages)
         self.req_pool = ReqToTokenPool(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
@@ -88,9 +100,10 @@ class Engine:
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (recomputes included)
         self.num_generated_tokens = 0
         logger.info(
-            "engine: %d pages of %d tokens, max_len %d, backend %s",
+            "engine: %d pages of %d tokens (%s), max_len %d, backend %s",
             num_pages,
             page_size,
+            str(kv_dtype).removeprefix("torch."),
             self.max_len,
             self.backend.name,
         )

@@ -31,7 +31,10 @@ class PagedAttention(nn.Module):
         q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
         k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
-        out = ctx.backend.forward(q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
+        k_scale, v_scale = ctx.kv_scales(spec.layer_id)
+        out = ctx.backend.forward(
+            q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id), k_scale=k_scale, v_scale=v_scale
+        )
         return out.flatten(1)  # [T, Hq * Dv]
 
     def forward_rotary(self, q, k, v, cos, sin, ctx: ForwardContext, ops) -> torch.Tensor | None:
