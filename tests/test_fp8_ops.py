@@ -37,6 +37,8 @@ def params(op: str, interpreted: torch.dtype) -> list:
     if not is_triton_interpreter():
         return pairs
     return [p for p in pairs if p.values[0] != "triton" or p.values[1] == interpreted]
+
+
 K_SCALE, V_SCALE = 0.25, 0.0625  # stored K is 4x the key, stored V 16x the value: both far from 1
 
 
@@ -184,7 +186,7 @@ def test_quantize_saturates_and_keeps_nan():
         assert quantize_kv(torch.tensor([1024.0]), dtype, 0.25).float().item() == min(4096.0, limit)
     x = torch.randn(1000, dtype=torch.float64)
     assert torch.equal(quantize_kv(x, torch.float8_e4m3fn, 0.5), (x / 0.5).clamp(-448, 448).to(torch.float8_e4m3fn))
-    with pytest.raises(ValueError, match="scale 1.0 for a torch.float16 cache"):
+    with pytest.raises(ValueError, match=r"scale 1\.0 for a torch\.float16 cache"):
         quantize_kv(x, torch.float16, 0.5)
 
 
@@ -251,7 +253,7 @@ def test_fp8_input_errors():
         portattn.paged_attention(**{**inputs, "v_cache": case.v_cache.float()})
     with pytest.raises(ValueError, match="expected v_cache of dtype float8_e4m3fn"):
         portattn.paged_attention(**{**inputs, "v_cache": case.v_cache.view(torch.uint8).view(torch.float8_e5m2)})
-    with pytest.raises(ValueError, match="expected k_scale to be a positive finite float, got -1.0"):
+    with pytest.raises(ValueError, match=r"expected k_scale to be a positive finite float, got -1\.0"):
         portattn.paged_attention(**inputs, k_scale=-1.0)
     with pytest.raises(ValueError, match="expected v_scale to be a positive finite float"):
         portattn.paged_attention(**inputs, v_scale=torch.tensor(1.0))
@@ -261,5 +263,5 @@ def test_fp8_input_errors():
     with pytest.raises(ValueError, match=r"expected scales 1.0 with a torch.float32 cache, got \(2.0, 1.0\)"):
         portattn.paged_attention(**plain.inputs(), k_scale=2.0)
     mla = make_mla_case([3], page_size=2, num_heads=2)
-    with pytest.raises(ValueError, match="expected kv_scale 1.0 with a torch.float32 cache"):
+    with pytest.raises(ValueError, match=r"expected kv_scale 1\.0 with a torch\.float32 cache"):
         portattn.mla_decode(**mla.inputs(), scale=0.1, kv_scale=0.5)
