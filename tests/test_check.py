@@ -48,12 +48,15 @@ class PagedOnlyBackend(TorchBackend):
 
 @pytest.fixture
 def extra_backends(monkeypatch):
-    for cls in (WindowBlindBackend, CrashingMLABackend, PagedOnlyBackend):
-        monkeypatch.setitem(registry._REGISTRY, cls.name, registry._Entry(cls.name, f"{__name__}:{cls.__name__}"))
+    """The test backends registered for one test (``--register`` adds to the same registry)."""
+    before = dict(registry._REGISTRY)
+    for cls in (CrashingMLABackend, PagedOnlyBackend):
+        registry.register_backend(cls.name, f"{__name__}:{cls.__name__}")
     yield
-    for cls in (WindowBlindBackend, CrashingMLABackend, PagedOnlyBackend):
-        registry._CLASSES.pop(cls.name, None)
-        registry._INSTANCES.pop(cls.name, None)
+    for name in set(registry._REGISTRY) - set(before):
+        del registry._REGISTRY[name]
+        registry._CLASSES.pop(name, None)
+        registry._INSTANCES.pop(name, None)
 
 
 def test_check_passes_for_the_reference_backend(capsys):
@@ -71,7 +74,9 @@ def test_check_passes_for_the_reference_backend(capsys):
 
 def test_a_failure_names_its_case_and_its_rerun_command(extra_backends, capsys):
     cases = ["mixed batch (D 64)", "window_left 5", "fp8 e4m3 + window + sinks", "long decode (split-KV)"]
-    argv = ["check", "--backend", "window_blind", "--dtype", "fp32", "--page-size", "1", "--page-size", "7"]
+    register = f"window_blind={__name__}:WindowBlindBackend"
+    argv = ["check", "--register", register, "--backend", "window_blind", "--dtype", "fp32"]
+    argv += ["--page-size", "1", "--page-size", "7"]
     status = cli.main([*argv, *(a for c in cases for a in ("--case", c))])
     out = capsys.readouterr().out
     assert status == 1
@@ -82,8 +87,8 @@ def test_a_failure_names_its_case_and_its_rerun_command(extra_backends, capsys):
     case, repro = lines[failed[0] + 1], lines[failed[0] + 2]
     assert case.startswith("    case: page_size 7, dtype fp32, q_lens [1, 1, 7, 2, 5, 19], k_lens [1, 6, 7, 8, 23, 19]")
     assert "head_dim 64" in case and "window_left=5" in case and "seed " in case
-    rerun_argv = "check --device cpu --backend window_blind --dtype fp32 --page-size 7 --case 'window_left 5'"
-    assert repro == f"    repro: portattn {rerun_argv}"  # the worse of the two page sizes
+    rerun_argv = f"check --register {register} --device cpu --backend window_blind --dtype fp32 --page-size 7"
+    assert repro == f"    repro: portattn {rerun_argv} --case 'window_left 5'"  # the worse of the two page sizes
 
     # The printed command reruns exactly that case, and fails again.
     assert cli.main(shlex.split(repro.removeprefix("    repro: portattn "))) == 1
@@ -102,7 +107,8 @@ def test_crashes_fail_their_rows_and_unsupported_cases_are_skipped(extra_backend
 
 
 def test_json_output(extra_backends, tmp_path, capsys):
-    argv = ["check", "--backend", "torch", "--backend", "window_blind", "--dtype", "fp32", "--page-size", "3"]
+    argv = ["check", "--register", f"window_blind={__name__}:WindowBlindBackend", "--backend", "torch"]
+    argv += ["--backend", "window_blind", "--dtype", "fp32", "--page-size", "3"]
     assert cli.main([*argv, "--case", "window_left 5", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)  # the JSON alone on stdout
     env = doc["environment"]
@@ -120,7 +126,7 @@ def test_json_output(extra_backends, tmp_path, capsys):
     assert json.loads(path.read_text())["rows"][0]["feature"] == "sinks"
 
 
-def test_case_names_and_bad_flags(capsys):
+def test_case_names_and_bad_flags(extra_backends, capsys):
     assert cli.main(["check", "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == len(FEATURES) and listed[0].split(None, 1)[1] == FEATURES[0].name
@@ -128,3 +134,7 @@ def test_case_names_and_bad_flags(capsys):
     assert "expected --case in [" in capsys.readouterr().err
     assert cli.main(["check", "--backend", "nope"]) == 2
     assert "expected --backend in [" in capsys.readouterr().err
+    assert cli.main(["check", "--register", "x=no_such_module:B"]) == 2
+    assert "--register x=no_such_module:B: cannot import" in capsys.readouterr().err
+    assert cli.main(["check", "--register", f"other={__name__}:WindowBlindBackend"]) == 2
+    assert "WindowBlindBackend.name == 'other'" in capsys.readouterr().err
