@@ -265,3 +265,18 @@ def test_fp8_input_errors():
     mla = make_mla_case([3], page_size=2, num_heads=2)
     with pytest.raises(ValueError, match=r"expected kv_scale 1\.0 with a torch\.float32 cache"):
         portattn.mla_decode(**mla.inputs(), scale=0.1, kv_scale=0.5)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton does not run here")
+def test_triton_refuses_an_fp8_format_the_gpu_cannot_convert(monkeypatch):
+    """On a GPU without e4m3 conversions (NVIDIA before sm_89) e4m3 is refused up front, naming torch;
+    e5m2 still runs there."""
+    import portattn.backends.triton as triton_backend
+
+    monkeypatch.setattr(triton_backend, "triton_fp8_dtypes", lambda device: frozenset({torch.float8_e5m2}))
+    case = fp8_case([1], [9], kv_dtype=torch.float8_e4m3fn, q_dtype=torch.float16, page_size=4)
+    with pytest.raises(UnsupportedFeatureError, match="'triton' does not support a KV cache of dtype") as err:
+        portattn.paged_attention(**case.inputs(), backend="triton")
+    assert "torch" in err.value.supported_by and "triton" not in err.value.supported_by
+    case = fp8_case([1], [9], kv_dtype=torch.float8_e5m2, q_dtype=torch.float16, page_size=4)
+    check_fp8_paged(case, "triton", torch.float16)

@@ -75,6 +75,18 @@ def max_shared_memory(device: torch.device | str) -> int | None:
     return _shared_memory(device.type, device.index or 0)
 
 
+def triton_fp8_dtypes(device: torch.device | str) -> frozenset[torch.dtype] | None:
+    """fp8 dtypes Triton converts on ``device``; ``None`` where this module does not know (then the
+    backend's declaration stands). NVIDIA: e5m2 everywhere, e4m3 from sm_89 (Ada, Hopper, later)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return frozenset({torch.float8_e4m3fn, torch.float8_e5m2})  # the interpreter converts both
+    if device.type == "cuda" and torch.cuda.is_available() and torch.version.hip is None:
+        major, minor = torch.cuda.get_device_capability(device.index if device.index is not None else 0)
+        return frozenset({torch.float8_e5m2} | ({torch.float8_e4m3fn} if (major, minor) >= (8, 9) else set()))
+    return None
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for all work queued on ``device``."""
     device = torch.device(device)

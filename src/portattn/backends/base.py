@@ -385,6 +385,12 @@ class AttentionBackend:
         return True
 
     @classmethod
+    def capabilities_on(cls, device: torch.device) -> Capabilities:
+        """The capabilities on ``device``: ``capabilities``, less what this device cannot do (e.g. an
+        fp8 format its compiler has no conversions for). Selection matches requests against these."""
+        return cls.capabilities
+
+    @classmethod
     def runs_natively(cls, device: torch.device) -> bool:
         """False where the backend only runs emulated (Triton's CPU interpreter): never chosen by auto."""
         return True

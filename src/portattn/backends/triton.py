@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..device import is_gpu, is_triton_interpreter
+from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
 from .base import (
     AttentionBackend,
@@ -90,7 +90,7 @@ class TritonBackend(AttentionBackend):
         head_dims=frozenset(range(1, 257)),
         device_types=frozenset({"cuda", "xpu", "cpu"}),
         # fp8 K/V are converted to the query's dtype in registers (Triton's fp8 conversions: NVIDIA
-        # from sm_89 for e4m3, AMD and Intel as their Triton backends provide them).
+        # from sm_89 for e4m3, see capabilities_on; AMD and Intel as their Triton backends provide them).
         kv_dtypes=frozenset(FP8_DTYPES),
     )
 
@@ -102,6 +102,14 @@ class TritonBackend(AttentionBackend):
     @classmethod
     def runs_natively(cls, device: torch.device) -> bool:
         return is_gpu(device)
+
+    @classmethod
+    def capabilities_on(cls, device: torch.device) -> Capabilities:
+        """Without the fp8 formats Triton cannot convert on this GPU (e4m3 before NVIDIA's sm_89)."""
+        known = triton_fp8_dtypes(device)
+        if known is None or cls.capabilities.kv_dtypes <= known:
+            return cls.capabilities
+        return dataclasses.replace(cls.capabilities, kv_dtypes=cls.capabilities.kv_dtypes & known)
 
     def plan_paged(
         self,
