@@ -184,3 +184,24 @@ def test_generate_takes_the_kv_cache_dtype_flag(ckpt_root, capsys):
     argv = ["generate", "--model", path, "--prompt-ids", "0,5,9,200", "--max-tokens", "4", "--ignore-eos"]
     assert main([*argv, "--kv-cache-dtype", "fp8_e4m3", "--page-size", "3"]) == 0
     assert "output ids: [" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek"])
+def test_fp8_decode_forwards_do_not_sync(family, ckpt_root):
+    """Saturating writes, scales and fp8 reads add no device-to-host read to a decode step."""
+    from portattn.testing import no_host_sync
+
+    llm = make_llm(path_of(family, ckpt_root), "fp8_e5m2", decode_steps=False)
+    model = llm.engine.model
+    forward, decodes = model.forward, []
+
+    def guarded(input_ids, positions, ctx):
+        if ctx.metadata.max_seqlen_q != 1:  # prefill may sync (MoE expert counts); decode may not
+            return forward(input_ids, positions, ctx)
+        decodes.append(len(ctx.metadata.q_lens))
+        with no_host_sync():
+            return forward(input_ids, positions, ctx)
+
+    model.forward = guarded
+    llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert decodes and max(decodes) == 2
