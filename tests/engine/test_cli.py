@@ -115,25 +115,25 @@ def test_a_new_field_gets_its_flag_and_keyword_without_other_edits():
     class Future(EngineConfig):
         enforce_eager: bool = dataclasses.field(default=False, metadata=arguments.doc("no graphs"))
         tensor_parallel_size: int = dataclasses.field(default=1, metadata=arguments.doc("devices per model"))
-        kv_cache_dtype: str | None = dataclasses.field(
-            default=None, metadata=arguments.doc("KV dtype", choices=("fp8", "bf16"))
+        offload_policy: str | None = dataclasses.field(
+            default=None, metadata=arguments.doc("where pages go", choices=("cpu", "disk"))
         )
 
     parser = argparse.ArgumentParser()
     arguments.add_flags(parser, Future)
     args = parser.parse_args(
-        ["--model", "m", "--enforce-eager", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"]
+        ["--model", "m", "--enforce-eager", "--tensor-parallel-size", "2", "--offload-policy", "cpu"]
     )
     assert arguments.given(args, Future) == {
         "model": "m",
         "enforce_eager": True,
         "tensor_parallel_size": 2,
-        "kv_cache_dtype": "fp8",
+        "offload_policy": "cpu",
     }
     assert list(arguments.keyword_signature(Future).parameters)[-3:] == [
         "enforce_eager",
         "tensor_parallel_size",
-        "kv_cache_dtype",
+        "offload_policy",
     ]
 
 
