@@ -177,3 +177,17 @@ def test_checkpoint_scales(tmp_path):
         ValueError, match=r"expected model\.layers\.0\.self_attn\.k_scale to hold one positive finite scale"
     ):
         kv_cache_scales(tmp_path, 3)
+
+
+def test_the_fused_rotary_write_leaves_fp8_caches_to_the_backend():
+    """The fused rotary + cache-write kernel stores plain casts: with an fp8 cache the layer takes the
+    backend's write (saturated, scaled) instead, on every device."""
+    from portattn.backends.torch_ref import TorchBackend
+    from portattn.models.layers.attention import PagedAttention
+
+    layer = PagedAttention(AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25))
+    caches = (torch.zeros(2, 4, 2, 16, dtype=torch.float8_e4m3fn), torch.zeros(2, 4, 2, 16, dtype=torch.float8_e4m3fn))
+    ctx = SimpleNamespace(backend=TorchBackend(), kv_cache=lambda layer_id: caches)
+    q, k, v = torch.zeros(3, 4, 16), torch.zeros(3, 2, 16), torch.zeros(3, 2, 16)
+    ops = SimpleNamespace(rotary_kv_write=lambda *args: pytest.fail("the fused write ran on an fp8 cache"))
+    assert layer.forward_rotary(q, k, v, torch.ones(3, 16), torch.zeros(3, 16), ctx, ops) is None
