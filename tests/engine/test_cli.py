@@ -113,7 +113,7 @@ def test_every_sampling_field_the_command_uses_is_a_flag():
 def test_a_new_field_gets_its_flag_and_keyword_without_other_edits():
     @dataclasses.dataclass(frozen=True)
     class Future(EngineConfig):
-        enforce_eager: bool = dataclasses.field(default=False, metadata=arguments.doc("no graphs"))
+        log_stats: bool = dataclasses.field(default=False, metadata=arguments.doc("log throughput"))
         tensor_parallel_size: int = dataclasses.field(default=1, metadata=arguments.doc("devices per model"))
         offload_policy: str | None = dataclasses.field(
             default=None, metadata=arguments.doc("where pages go", choices=("cpu", "disk"))
@@ -121,17 +121,15 @@ def test_a_new_field_gets_its_flag_and_keyword_without_other_edits():
 
     parser = argparse.ArgumentParser()
     arguments.add_flags(parser, Future)
-    args = parser.parse_args(
-        ["--model", "m", "--enforce-eager", "--tensor-parallel-size", "2", "--offload-policy", "cpu"]
-    )
+    args = parser.parse_args(["--model", "m", "--log-stats", "--tensor-parallel-size", "2", "--offload-policy", "cpu"])
     assert arguments.given(args, Future) == {
         "model": "m",
-        "enforce_eager": True,
+        "log_stats": True,
         "tensor_parallel_size": 2,
         "offload_policy": "cpu",
     }
     assert list(arguments.keyword_signature(Future).parameters)[-3:] == [
-        "enforce_eager",
+        "log_stats",
         "tensor_parallel_size",
         "offload_policy",
     ]
