@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -66,9 +67,47 @@ def test_report_derives_fractions_floors_ratios_and_targets(tmp_path):
     assert ">= 80% of page-64 speed      met" in table
     report.write_json(tmp_path / "r.json", rows, ceilings, {"device": "x"})
     assert json.loads((tmp_path / "r.json").read_text())["cases"][0]["vs"]["cudnn"] == pytest.approx(1.5)
+
+
+def test_fp8_targets_count_fp8_bytes_and_the_bf16_cache():
+    ceilings = Ceilings(copy_tb_s=4.0, matmul_tflop_s=800.0)
+    rows = report.derive(
+        [
+            _row("decode B=64 L=4096 P=16", "decode", 1.0, {}),
+            {**_row("fp8 e4m3 decode B=64 L=4096 P=16", "decode", 0.5, {"portattn_bf16": 0.95}), "bytes": 1.9e9},
+        ],
+        ceilings,
+    )
+    table = report.format_table(rows, ceilings)
+    assert rows[1]["frac_copy"] == pytest.approx(0.95) and rows[1]["vs"]["portattn_bf16"] == pytest.approx(1.9)
+    assert ">= 90% of copy (fp8 bytes)   met" in table and ">= 1.8x the bf16 cache       met" in table
+
+
+def test_plot_panels(tmp_path):
     pytest.importorskip("matplotlib")
-    report.plot(tmp_path / "r.png", rows)
+    ceilings = Ceilings(copy_tb_s=4.0, matmul_tflop_s=800.0)
+    rows = report.derive(
+        [
+            _row("decode B=64 L=4096 P=16", "decode", 1.0, {"cudnn": 1.1, "torch_backend": 40.0}),
+            _row("decode B=64 L=4096 P=64", "decode", 1.0, {}),  # no peer: first panel only
+            _row("prefill B=1 L=8192 causal", "prefill", 2.0, {"flex": 1.8, "cudnn": "RuntimeError: no"}),
+            _row("extend B=8 512 over 8192", "extend", 1.0, {"torch_backend": 9.0}),  # the reference alone
+        ],
+        ceilings,
+    )
+    fig = report.plot(tmp_path / "r.png", rows, {"device_name": "NVIDIA H200", "dtype": "bf16"}, ceilings)
     assert (tmp_path / "r.png").stat().st_size > 1000
+    assert fig._suptitle.get_text().startswith("portattn on NVIDIA H200, bf16 (ceilings: copy 4.00 TB/s")
+    fractions, speedups = fig.axes[:2]
+    assert [t.get_text() for t in fractions.get_yticklabels()] == [r["case"] for r in rows]
+    assert [t.get_text() for t in speedups.get_yticklabels()] == [
+        "decode B=64 L=4096 P=16",
+        "prefill B=1 L=8192 causal",
+    ]
+    assert [t.get_text() for t in speedups.get_legend().get_texts()] == ["cudnn", "flex"]  # no torch_backend
+    assert speedups.get_xscale() == "linear"
+    low, high = speedups.get_xlim()
+    assert low < 1.0 < high and high - 1.0 == pytest.approx(1.0 - low)  # centred on 1.0x
 
 
 @pytest.mark.skipif("triton" not in available_backends(DEVICE), reason="triton does not run here")
@@ -81,3 +120,20 @@ def test_a_tiny_paged_case_runs_end_to_end():
     result = run_case(case, DEVICE, dtype=torch.float16)
     assert result["portattn_ms"] > 0 and result["peers"]["torch_backend"] > 0
     assert result["bytes"] == 2 * (2 * 40 * 2 * 128 + 2 * 4 * 128) + 2 * 10 * 4
+
+
+@pytest.mark.skipif("triton" not in available_backends(DEVICE), reason="triton does not run here")
+def test_a_tiny_fp8_case_runs_end_to_end(monkeypatch):
+    """The fp8 case times the fp8 cache and, as its peer, the same call on the model-dtype cache."""
+    from portattn.bench import paged_attention
+    from portattn.bench.paged_attention import PagedCase, run_case
+
+    monkeypatch.setattr(paged_attention, "measure", functools.partial(measure, warmup=1, runs=5))  # interpreted
+
+    case = PagedCase(
+        "tiny fp8", 2, 1, 40, page_size=4, num_q_heads=4, num_kv_heads=2, head_dim=64, peers=(), kv_cache="fp8_e5m2"
+    )
+    result = run_case(case, DEVICE, dtype=torch.float16)
+    assert result["portattn_ms"] > 0 and result["peers"]["portattn_bf16"] > 0
+    # K/V at one byte per element; queries, outputs (two bytes) and the page table as before
+    assert result["bytes"] == 1 * (2 * 40 * 2 * 128) + 2 * (2 * 4 * 128) + 2 * 10 * 4

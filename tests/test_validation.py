@@ -27,7 +27,11 @@ PAGED_CASES = [
     ("q-type", _set(q=[1.0]), "expected q to be a torch.Tensor, got list"),
     ("q-dims", _set(q=lambda a: a["q"][0]), "expected q with 3 dims, got shape"),
     ("q-dtype", _set(q=lambda a: a["q"].int()), "expected q of dtype float16 or bfloat16 or float32 or float64, got"),
-    ("k-dtype", _set(k_cache=lambda a: a["k_cache"].half()), "expected k_cache of dtype float32, got torch.float16"),
+    (
+        "k-dtype",
+        _set(k_cache=lambda a: a["k_cache"].half()),
+        "expected k_cache of dtype float32 or float8_e4m3fn or float8_e5m2, got torch.float16",
+    ),
     ("k-device", _set(k_cache=lambda a: a["k_cache"].to("meta")), "expected k_cache on cpu, got meta"),
     ("k-dims", _set(k_cache=lambda a: a["k_cache"][0]), "expected k_cache with 4 dims"),
     ("k-head-dim", _set(k_cache=lambda a: a["k_cache"][..., :32]), "expected k_cache head dim 64"),

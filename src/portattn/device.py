@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import platform
+import shutil
+import subprocess
 
 import torch
 
@@ -72,6 +75,18 @@ def max_shared_memory(device: torch.device | str) -> int | None:
     return _shared_memory(device.type, device.index or 0)
 
 
+def triton_fp8_dtypes(device: torch.device | str) -> frozenset[torch.dtype] | None:
+    """fp8 dtypes Triton converts on ``device``; ``None`` where this module does not know (then the
+    backend's declaration stands). NVIDIA: e5m2 everywhere, e4m3 from sm_89 (Ada, Hopper, later)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return frozenset({torch.float8_e4m3fn, torch.float8_e5m2})  # the interpreter converts both
+    if device.type == "cuda" and torch.cuda.is_available() and torch.version.hip is None:
+        major, minor = torch.cuda.get_device_capability(device.index if device.index is not None else 0)
+        return frozenset({torch.float8_e5m2} | ({torch.float8_e4m3fn} if (major, minor) >= (8, 9) else set()))
+    return None
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for all work queued on ``device``."""
     device = torch.device(device)
@@ -124,3 +139,53 @@ def graph_capture(device: torch.device | str, graph, pool=None):
     module = _graph_module(device)
     with module.device(torch.device(device)), module.graph(graph, pool=pool):
         yield
+
+
+def describe_device(device: torch.device | str) -> dict[str, str]:
+    """What a report should say about ``device``: name, architecture, memory, runtime and driver.
+
+    Every field is a string (``"unknown"`` where this machine does not say); read for reports only.
+    """
+    device = torch.device(device)
+    info = {"device": str(device), "name": "unknown", "arch": "unknown", "memory": "unknown"}
+    info |= {"runtime": "unknown", "driver": "unknown"}
+    if device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device.index if device.index is not None else 0)
+        hip = torch.version.hip
+        info["name"] = props.name
+        info["arch"] = getattr(props, "gcnArchName", "unknown") if hip else f"sm_{props.major}{props.minor}"
+        info["memory"] = f"{props.total_memory / 2**30:.1f} GiB"
+        info["runtime"] = f"HIP {hip}" if hip else f"CUDA {torch.version.cuda}"
+        info["driver"] = _command_output(["rocm-smi", "--showdriverversion"] if hip else _NVIDIA_DRIVER_QUERY)
+    elif device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        props = torch.xpu.get_device_properties(device.index if device.index is not None else 0)
+        info["name"] = props.name
+        info["memory"] = f"{props.total_memory / 2**30:.1f} GiB"
+        info["runtime"] = f"XPU (torch {torch.__version__})"
+        info["driver"] = str(getattr(props, "driver_version", "unknown"))
+    elif device.type == "cpu":
+        info["name"] = f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores"
+        info["arch"] = platform.machine()
+        info["driver"] = "none (CPU)"
+        info["runtime"] = "Triton interpreter" if is_triton_interpreter() else "none"
+    return info
+
+
+_NVIDIA_DRIVER_QUERY = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+
+
+def _command_output(argv: list[str]) -> str:
+    """The last non-empty line a vendor tool prints (the driver version), or ``"unknown"``."""
+    if shutil.which(argv[0]) is None:
+        return "unknown"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode != 0 or not lines:
+        return "unknown"
+    if argv[0] == "nvidia-smi":
+        return lines[0]
+    labelled = [line for line in lines if "version" in line.lower() and ":" in line]  # "Driver version: 6.8.5"
+    return labelled[0].split(":")[-1].strip() if labelled else "unknown"

@@ -26,6 +26,7 @@ from .kernels.triton.mla_workspace import (
     partial_buffers,
     resolve_num_kv_splits,
 )
+from .kv_quant import FP8_DTYPES, check_scale, quantize_kv
 from .paging import num_pages_for
 from .validation import FLOAT_DTYPES, check_tensor
 
@@ -37,6 +38,7 @@ class MLARequest(Request):
 
     def missing(self, caps: Capabilities) -> tuple[str, object] | None:
         needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype)]
+        needs += [("kv_dtype", self.kv_dtype)] if self.kv_dtype is not None else []
         needs += [("feature", feature) for feature in sorted(self.features)]
         return next(((kind, value) for kind, value in needs if not caps.supports(kind, value)), None)
 
@@ -46,15 +48,19 @@ def split_latent(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tenso
     return kv_cache[..., :kv_lora_rank], kv_cache[..., kv_lora_rank:]
 
 
-def write_latent(kv_cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor) -> None:
+def write_latent(
+    kv_cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor, scale: float = 1.0
+) -> None:
     """Store new tokens' rows: ``kv_cache`` slot ``slots[t]`` (= page·P + offset) gets ``[c_kv[t] | k_pe[t]]``.
 
     ``c_kv [T, R]``, ``k_pe [T, rope_dim]``, ``slots [T]`` integer; ``kv_cache`` must be contiguous.
+    An fp8 cache stores ``saturate(row / scale)`` (:func:`portattn.kv_quant.quantize_kv`); others
+    store the row cast to their dtype (``scale`` must then be 1.0).
     """
     rank = c_kv.shape[-1]
     rows = kv_cache.view(-1, kv_cache.shape[-1])  # [N * P, R + rope_dim]
-    rows[slots, :rank] = c_kv.to(kv_cache.dtype)
-    rows[slots, rank:] = k_pe.to(kv_cache.dtype)
+    rows[slots, :rank] = quantize_kv(c_kv, kv_cache.dtype, scale)
+    rows[slots, rank:] = quantize_kv(k_pe, kv_cache.dtype, scale)
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,6 +143,7 @@ def mla_decode(
     workspace: torch.Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
+    kv_scale: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """MLA decode: one query per sequence over its paged latent cache (absorbed form).
 
@@ -145,7 +152,8 @@ def mla_decode(
 
         q_nope      [B, H, R]
         q_rope      [B, H, Dr]
-        kv_cache    [num_pages, P, R + Dr]     row = [c_kv | k_pe], one latent head
+        kv_cache    [num_pages, P, R + Dr]     row = [c_kv | k_pe], one latent head; dtype of
+                                               q_nope, or float8_e4m3fn / float8_e5m2
         page_table  [B, max_pages] int32       page-granular: column p = physical page of
                                                logical page p (see portattn.to_page_table)
         seq_lens    [B] int32                  keys of sequence b (the current token included)
@@ -173,9 +181,14 @@ def mla_decode(
     -inf for a sequence without keys), so that decodes over parts of a sequence's keys merge with
     :func:`portattn.merge_attention_states`.
 
+    An fp8 latent cache holds rows divided by ``kv_scale`` (one positive float per layer, for
+    ``c_kv`` and ``k_pe`` alike; :func:`write_latent` stores them saturated): the formula above
+    reads ``kv_scale * row``. Queries and the output stay in ``q_nope``'s dtype; with a cache in
+    that dtype ``kv_scale`` must be 1.0.
+
     Raises:
         ValueError: inputs of the wrong shape, dtype, device or value ("expected ..., got ...");
-            ``UnsupportedFeatureError`` if ``backend`` lacks MLA decode.
+            ``UnsupportedFeatureError`` if ``backend`` lacks MLA decode or the cache dtype.
     """
     check_tensor("q_nope", q_nope, 3, FLOAT_DTYPES, q_nope.device if isinstance(q_nope, torch.Tensor) else None)
     device, dtype = q_nope.device, q_nope.dtype
@@ -188,7 +201,10 @@ def mla_decode(
         f"q_rope of shape [{batch}, {num_heads}, rope_dim] (as q_nope)",
         list(q_rope.shape),
     )
-    check_tensor("kv_cache", kv_cache, 3, (dtype,), device)
+    check_tensor("kv_cache", kv_cache, 3, (dtype, *FP8_DTYPES), device)
+    quantized = kv_cache.dtype != dtype
+    kv_scale = check_scale("kv_scale", kv_scale)
+    expect(quantized or kv_scale == 1.0, f"kv_scale 1.0 with a {dtype} cache", kv_scale)
     num_pages, page_size, row = kv_cache.shape
     expect(
         row == rank + rope_dim,
@@ -221,7 +237,9 @@ def mla_decode(
                 f"at page_table[{b}, {col}]"
             )
     features = frozenset({"lse"}) if return_lse else frozenset()
-    request = MLARequest("mla_decode", device.type, dtype, rank + rope_dim, features)
+    request = MLARequest(
+        "mla_decode", device.type, dtype, rank + rope_dim, features, kv_dtype=kv_cache.dtype if quantized else None
+    )
     impl = select_backend("attention", backend, request)
     metadata = plan_mla_decode(
         page_table,
@@ -234,8 +252,9 @@ def mla_decode(
         workspace=workspace,
     )
     out = torch.empty((batch, num_heads, rank), dtype=dtype, device=device)
+    scales = {"kv_scale": kv_scale} if quantized else {}  # backends without fp8 keep the old signature
     if not return_lse:
-        return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out)
+        return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out, **scales)
     lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     lse = torch.empty((batch, num_heads), dtype=lse_dtype, device=device)
-    return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out, lse), lse
+    return impl.mla_decode(q_nope, q_rope, kv_cache, metadata, float(scale), out, lse, **scales), lse

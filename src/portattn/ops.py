@@ -14,6 +14,7 @@ import torch
 from .backends.base import AttentionParams, Request
 from .backends.registry import select_backend
 from .errors import expect
+from .kv_quant import FP8_DTYPES, check_scale
 from .validation import (
     FLOAT_DTYPES,
     attention_params,
@@ -43,6 +44,8 @@ def paged_attention(
     window_right: int = -1,
     alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of new query tokens over a paged KV cache (decode, extend, prefill, mixed).
 
@@ -50,7 +53,7 @@ def paged_attention(
 
         q            [T, Hq, D]
         k_cache      [num_pages, P, Hkv, D]     Hq % Hkv == 0 (MHA, GQA, MQA)
-        v_cache      [num_pages, P, Hkv, Dv]
+        v_cache      [num_pages, P, Hkv, Dv]    dtype of q, or both float8_e4m3fn / float8_e5m2
         page_table   [B, max_pages] int32       page-granular: column p = physical page of
                                                 logical page p (see portattn.to_page_table)
         cu_seqlens_q [B + 1] int32              queries of sequence b are q[cu[b]:cu[b+1]]
@@ -85,11 +88,23 @@ def paged_attention(
     given). Partial results over disjoint key sets merge exactly with
     :func:`portattn.merge_attention_states`.
 
+    fp8 caches (``float8_e4m3fn`` or ``float8_e5m2``, K and V alike): key ``j`` is
+    ``k_scale * k_cache[slot_j]`` and its value ``v_scale * v_cache[slot_j]`` (per-layer scales,
+    positive floats; write with :func:`portattn.kv_quant.quantize_kv`, which saturates). ``q`` and
+    the output stay in the model's dtype; kernels dequantise in registers (``k_scale`` folded into
+    the softmax scale, ``v_scale`` into the output). With a cache in ``q``'s dtype both scales
+    must be 1.0. A backend that does not list the cache dtype raises ``UnsupportedFeatureError``.
+
     Raises:
         ValueError: inputs of the wrong shape, dtype, device or value (the message says what was
             expected and what came); ``UnsupportedFeatureError`` if ``backend`` lacks a feature.
     """
-    page_size, value_dim, _, _ = check_paged_inputs(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k)
+    page_size, value_dim, _, _ = check_paged_inputs(
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, kv_dtypes=FP8_DTYPES
+    )
+    quantized = k_cache.dtype != q.dtype
+    k_scale, v_scale = check_scale("k_scale", k_scale), check_scale("v_scale", v_scale)
+    expect(quantized or k_scale == v_scale == 1.0, f"scales 1.0 with a {q.dtype} cache", (k_scale, v_scale))
     device = q.device
     num_tokens, num_q_heads, head_dim = q.shape
     expect(
@@ -110,6 +125,8 @@ def paged_attention(
         device=device,
     )
     params = with_alibi(params, alibi_slopes, num_q_heads, device)
+    if quantized:
+        params = dataclasses.replace(params, k_scale=k_scale, v_scale=v_scale)
     out = check_out(out, (num_tokens, num_q_heads, value_dim), q)
     lse = new_lse(q) if return_lse else None
     request = Request(
@@ -119,6 +136,7 @@ def paged_attention(
         head_dim,
         params.features(head_dim, value_dim) | ({"lse"} if return_lse else set()),
         value_dim=value_dim,
+        kv_dtype=k_cache.dtype if quantized else None,
     )
     impl = select_backend("attention", backend, request)
     metadata = impl.plan_paged(
@@ -141,16 +159,19 @@ def check_paged_inputs(
     page_table: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     seq_lens_k: torch.Tensor,
+    *,
+    kv_dtypes: tuple[torch.dtype, ...] = (),
 ) -> tuple[int, int, list[int], list[int]]:
     """Validate the tensors of a paged call (as :func:`paged_attention` takes them).
 
+    The caches are in ``q``'s dtype or, both alike, one of ``kv_dtypes`` (quantised caches).
     Returns ``(page_size, Dv, q_lens, k_lens)``, the lengths as host lists.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES, q.device if isinstance(q, torch.Tensor) else None)
     device = q.device
     num_tokens, num_q_heads, head_dim = q.shape
-    check_tensor("k_cache", k_cache, 4, (q.dtype,), device)
-    check_tensor("v_cache", v_cache, 4, (q.dtype,), device)
+    check_tensor("k_cache", k_cache, 4, (q.dtype, *kv_dtypes), device)
+    check_tensor("v_cache", v_cache, 4, (k_cache.dtype,), device)
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     value_dim = v_cache.shape[3]
     expect(k_cache.shape[3] == head_dim, f"k_cache head dim {head_dim} (as q)", k_cache.shape[3])

@@ -113,27 +113,27 @@ def test_every_sampling_field_the_command_uses_is_a_flag():
 def test_a_new_field_gets_its_flag_and_keyword_without_other_edits():
     @dataclasses.dataclass(frozen=True)
     class Future(EngineConfig):
-        cpu_offload: bool = dataclasses.field(default=False, metadata=arguments.doc("weights in host memory"))
+        log_stats: bool = dataclasses.field(default=False, metadata=arguments.doc("log throughput"))
         pipeline_parallel_size: int = dataclasses.field(default=1, metadata=arguments.doc("devices per model"))
-        kv_cache_dtype: str | None = dataclasses.field(
-            default=None, metadata=arguments.doc("KV dtype", choices=("fp8", "bf16"))
+        offload_policy: str | None = dataclasses.field(
+            default=None, metadata=arguments.doc("where pages go", choices=("cpu", "disk"))
         )
 
     parser = argparse.ArgumentParser()
     arguments.add_flags(parser, Future)
     args = parser.parse_args(
-        ["--model", "m", "--cpu-offload", "--pipeline-parallel-size", "2", "--kv-cache-dtype", "fp8"]
+        ["--model", "m", "--log-stats", "--pipeline-parallel-size", "2", "--offload-policy", "cpu"]
     )
     assert arguments.given(args, Future) == {
         "model": "m",
-        "cpu_offload": True,
+        "log_stats": True,
         "pipeline_parallel_size": 2,
-        "kv_cache_dtype": "fp8",
+        "offload_policy": "cpu",
     }
     assert list(arguments.keyword_signature(Future).parameters)[-3:] == [
-        "cpu_offload",
+        "log_stats",
         "pipeline_parallel_size",
-        "kv_cache_dtype",
+        "offload_policy",
     ]
 
 

@@ -15,18 +15,25 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from ..kv_quant import quantize_kv
 from ..paging import num_pages_for, to_page_table
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do. ``None`` for a field means "any"."""
+    """What a backend can do. ``None`` for a field means "any".
+
+    ``kv_dtypes``: the quantised KV cache dtypes (fp8) the backend reads besides caches in the
+    query's dtype; a backend that lists one applies the cache's scales (``AttentionParams.k_scale``,
+    ``v_scale``, ``mla_decode``'s ``kv_scale``).
+    """
 
     ops: frozenset[str]
     features: frozenset[str] = frozenset()
     dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.float16, torch.bfloat16})
     head_dims: frozenset[int] | None = None
     device_types: frozenset[str] | None = None
+    kv_dtypes: frozenset[torch.dtype] = frozenset()
 
     def supports(self, kind: str, value: object) -> bool:
         if kind == "op":
@@ -35,6 +42,8 @@ class Capabilities:
             return value in self.features
         if kind == "dtype":
             return value in self.dtypes
+        if kind == "kv_dtype":
+            return value in self.kv_dtypes
         if kind in ("head_dim", "value_dim"):
             return self.head_dims is None or value in self.head_dims
         if kind == "device":
@@ -61,6 +70,7 @@ class Request:
     """What one call (or one model: ``extra_ops`` it also runs) needs; matched against :class:`Capabilities`.
 
     ``head_dim`` / ``value_dim`` ``None``: not matched (ops whose width is not a head dim, e.g. merging).
+    ``kv_dtype``: a quantised KV cache dtype (fp8), ``None`` for a cache in ``dtype``.
     """
 
     op: str
@@ -70,11 +80,13 @@ class Request:
     features: frozenset[str] = frozenset()
     extra_ops: frozenset[str] = frozenset()
     value_dim: int | None = None
+    kv_dtype: torch.dtype | None = None
 
     def missing(self, caps: Capabilities) -> tuple[str, object] | None:
         """The first requirement ``caps`` lacks, as ``(kind, value)``, or ``None``."""
         needs = [("op", op) for op in (self.op, *sorted(self.extra_ops))]
         needs += [("device", self.device_type), ("dtype", self.dtype)]
+        needs += [("kv_dtype", self.kv_dtype)] if self.kv_dtype is not None else []
         needs += [
             (kind, dim) for kind, dim in (("head_dim", self.head_dim), ("value_dim", self.value_dim)) if dim is not None
         ]
@@ -94,6 +106,8 @@ def describe(kind: str, value: object) -> str:
         return f"device type {value!r}"
     if kind == "dtype":
         return f"dtype {value}"
+    if kind == "kv_dtype":
+        return f"a KV cache of dtype {value}"
     if kind == "value_dim":
         return f"value head dim {value}"
     return f"head dim {value}"
@@ -105,7 +119,8 @@ class AttentionParams:
 
     ``window_right`` only applies when not causal; -1 means unbounded, as for ``window_left``.
     ``alibi_slopes [Hq]`` adds ``-slope * |p - j|`` to the (scaled, softcapped) score of query
-    position ``p`` and key ``j``.
+    position ``p`` and key ``j``. ``k_scale`` / ``v_scale``: the scales of a quantised (fp8) cache,
+    whose stored values times the scale are the keys and values (1.0 for other caches).
     """
 
     scale: float
@@ -116,6 +131,8 @@ class AttentionParams:
     sinks: torch.Tensor | None = None  # [Hq], float
     logit_softcap: float = 0.0
     alibi_slopes: torch.Tensor | None = None  # [Hq], float
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def features(self, head_dim: int, value_dim: int) -> frozenset[str]:
         needed = set()
@@ -368,6 +385,12 @@ class AttentionBackend:
         return True
 
     @classmethod
+    def capabilities_on(cls, device: torch.device) -> Capabilities:
+        """The capabilities on ``device``: ``capabilities``, less what this device cannot do (e.g. an
+        fp8 format its compiler has no conversions for). Selection matches requests against these."""
+        return cls.capabilities
+
+    @classmethod
     def runs_natively(cls, device: torch.device) -> bool:
         """False where the backend only runs emulated (Triton's CPU interpreter): never chosen by auto."""
         return True
@@ -414,19 +437,26 @@ class AttentionBackend:
         layer: AttentionLayer,
         metadata: PagedMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Engine entry point, once per layer: write the new K/V, then attend (no validation, no sync).
 
         ``q [T, Hq, D]``, ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]``; ``kv_cache`` is the layer's
-        ``(k_cache [num_pages, P, Hkv, D], v_cache [num_pages, P, Hkv, Dv])``, contiguous.
-        Returns ``[T, Hq, Dv]``.
+        ``(k_cache [num_pages, P, Hkv, D], v_cache [num_pages, P, Hkv, Dv])``, contiguous, in
+        ``q``'s dtype or fp8. An fp8 cache stores ``saturate(k / k_scale)`` and
+        ``saturate(v / v_scale)`` (:func:`portattn.kv_quant.quantize_kv`). Returns ``[T, Hq, Dv]``.
         """
         k_cache, v_cache = kv_cache
         loc = metadata.out_cache_loc
-        k_cache.view(-1, *k_cache.shape[2:])[loc] = k  # slots: [num_pages * P, Hkv, D]
-        v_cache.view(-1, *v_cache.shape[2:])[loc] = v
+        k_cache.view(-1, *k_cache.shape[2:])[loc] = quantize_kv(k, k_cache.dtype, k_scale)  # [N * P, Hkv, D]
+        v_cache.view(-1, *v_cache.shape[2:])[loc] = quantize_kv(v, v_cache.dtype, v_scale)
+        params = layer.params
+        if k_scale != 1.0 or v_scale != 1.0:
+            params = dataclasses.replace(params, k_scale=k_scale, v_scale=v_scale)
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-        return self.paged_attention(q, k_cache, v_cache, metadata, layer.params, out)
+        return self.paged_attention(q, k_cache, v_cache, metadata, params, out)
 
     # -- captured decode (graphs) -----------------------------------------------------------
     # A backend with ``supports_graphs`` plans decode steps into static buffers: ``init_graph_buffers``

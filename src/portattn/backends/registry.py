@@ -92,7 +92,8 @@ def _supporters(kind: str, value: object, request: Request) -> list[str]:
     names = []
     for name in _REGISTRY:
         cls = backend_class(name)
-        if cls is not None and cls.capabilities.supports("op", op) and cls.capabilities.supports(kind, value):
+        caps = None if cls is None else cls.capabilities_on(torch.device(request.device_type))
+        if caps is not None and caps.supports("op", op) and caps.supports(kind, value):
             names.append(name)
     return names
 
@@ -129,7 +130,7 @@ def select_backend(kind: str, name: str | None, request: Request) -> AttentionBa
     if chosen == "auto":
         for candidate in available_backends(device):
             cls = backend_class(candidate)
-            if cls.runs_natively(device) and request.missing(cls.capabilities) is None:
+            if cls.runs_natively(device) and request.missing(cls.capabilities_on(device)) is None:
                 chosen = candidate
                 break
         else:
@@ -141,7 +142,7 @@ def select_backend(kind: str, name: str | None, request: Request) -> AttentionBa
             f"attention backend {chosen!r} does not run on device type {request.device_type!r}; "
             f"available here: {available_backends(device)}"
         )
-    missing = request.missing(backend.capabilities)
+    missing = request.missing(type(backend).capabilities_on(device))
     if missing is not None:
         raise UnsupportedFeatureError(describe(*missing), chosen, _supporters(*missing, request))
     key = (kind, chosen, source)

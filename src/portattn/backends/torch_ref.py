@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..kv_quant import FP8_DTYPES
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
 from .base import (
@@ -93,7 +94,8 @@ def attend(
     ``[B, n, Hq, Dv]`` in the accumulation dtype (float32, or float64 for float64 inputs), and with
     ``return_lse`` the natural-log LSE ``[B, n, Hq]``. ``mask [B, n, L]`` (default:
     :func:`visible_keys` of ``params``) may also hide padding keys, whose values must then be
-    finite. A query that sees no key returns zeros.
+    finite. A query that sees no key returns zeros. ``k`` and ``v`` may hold a quantised cache's
+    stored values: ``params.k_scale`` multiplies the scores and ``params.v_scale`` the output.
     """
     batch, n, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads, value_dim = v.shape[1:]
@@ -108,7 +110,8 @@ def attend(
     scores = q.new_empty((num_kv_heads, batch, group * n, num_keys), dtype=acc)
     for h in range(num_kv_heads):
         torch.bmm(qh[h], k[:, :, h].transpose(1, 2), out=scores[h])  # [B, G*n, L]
-    scores = scores.mul_(params.scale).view(num_kv_heads, batch, group, n, num_keys)  # [Hkv, B, G, n, L]
+    scale = params.scale * params.k_scale  # an fp8 cache's K scale folded into the softmax scale
+    scores = scores.mul_(scale).view(num_kv_heads, batch, group, n, num_keys)  # [Hkv, B, G, n, L]
     if params.logit_softcap > 0:
         scores = torch.tanh(scores / params.logit_softcap) * params.logit_softcap
     if params.alibi_slopes is not None:
@@ -129,6 +132,8 @@ def attend(
     out = q.new_empty((num_kv_heads, batch, group * n, value_dim), dtype=acc)
     for h in range(num_kv_heads):
         torch.bmm(probs[h], v[:, :, h], out=out[h])  # [B, G*n, Dv]
+    if params.v_scale != 1.0:
+        out.mul_(params.v_scale)
     out = out.view(num_kv_heads, batch, group, n, value_dim).permute(1, 3, 0, 2, 4)  # [B, n, Hkv, G, Dv]
     out = out.reshape(batch, n, num_q_heads, value_dim)
     if not return_lse:
@@ -262,6 +267,7 @@ class TorchBackend(AttentionBackend):
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64}),
+        kv_dtypes=frozenset(FP8_DTYPES),
     )
 
     def plan_paged(self, cu_seqlens_q, seq_lens_k, page_table, page_size, **kwargs) -> TorchPagedMetadata:
@@ -376,8 +382,11 @@ class TorchBackend(AttentionBackend):
         scale: float,
         out: torch.Tensor,
         lse: torch.Tensor | None = None,
+        kv_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Absorbed MLA decode over a padded batch; ignores the split count and workspace."""
+        """Absorbed MLA decode over a padded batch; ignores the split count and workspace.
+
+        ``kv_scale`` (fp8 caches) multiplies the scores and the output, as the kernels do."""
         batch, _, rank = q_nope.shape
         if batch == 0:
             return out
@@ -393,9 +402,10 @@ class TorchBackend(AttentionBackend):
         latent = latent.masked_fill(~valid[..., None], 0.0)  # unowned slots may hold NaN
 
         q = torch.cat([q_nope, q_rope], dim=-1).to(acc)  # [B, H, R + Dr]
-        scores = torch.bmm(q, latent.transpose(1, 2)).mul_(scale)  # [B, H, Lmax]
+        scores = torch.bmm(q, latent.transpose(1, 2)).mul_(scale * kv_scale)  # [B, H, Lmax]
         probs, row_lse = masked_softmax(scores, valid[:, None, :], return_lse=True)  # empty sequences give zeros
-        out.copy_(torch.bmm(probs, latent[..., :rank]))  # [B, H, R]
+        res = torch.bmm(probs, latent[..., :rank])  # [B, H, R]
+        out.copy_(res if kv_scale == 1.0 else res.mul_(kv_scale))
         if lse is not None:
             lse.copy_(row_lse)  # [B, H]
         return out

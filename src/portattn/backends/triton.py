@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..device import is_gpu, is_triton_interpreter
+from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
+from ..kv_quant import FP8_DTYPES
 from .base import (
     AttentionBackend,
     AttentionParams,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata
 
 try:
-    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
+    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, column_tiles, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
@@ -76,6 +77,9 @@ class TritonVarlenMetadata(VarlenMetadata):
     seq_lens_k: torch.Tensor | None = None
 
 
+EXACT_HEAD_DIMS = frozenset(d for d in range(16, 257, 16) if sum(column_tiles(d)) == d)
+
+
 class TritonBackend(AttentionBackend):
     name = "triton"
     priority = 10
@@ -84,12 +88,15 @@ class TritonBackend(AttentionBackend):
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
-        # Head dims whose column tiles (launch.column_tiles) cover them exactly and that pass on an
-        # H200 in fp32/fp16/bf16. The kernels take any head dim up to 256 (masked column tiles; tested
-        # under the interpreter), but masked tiles gave wrong 16-bit results on an H200 (head dim 40:
-        # max error 0.72): the backend does not declare them until they pass on a GPU.
-        head_dims=frozenset({64, 80, 96, 128, 192, 256}),
+        # Head dims that column tiles of at least 16 (launch.column_tiles) cover exactly: every
+        # multiple of 16 up to 256 that is a sum of at most three powers of two. The kernels also take
+        # the others through masked tiles (tested under the interpreter), but masked tiles gave wrong
+        # 16-bit results on an H200 (head dim 40: max error 0.72), so they are not declared.
+        head_dims=EXACT_HEAD_DIMS,
         device_types=frozenset({"cuda", "xpu", "cpu"}),
+        # fp8 K/V are converted to the query's dtype in registers (Triton's fp8 conversions: NVIDIA
+        # from sm_89 for e4m3, see capabilities_on; AMD and Intel as their Triton backends provide them).
+        kv_dtypes=frozenset(FP8_DTYPES),
     )
 
     @classmethod
@@ -100,6 +107,14 @@ class TritonBackend(AttentionBackend):
     @classmethod
     def runs_natively(cls, device: torch.device) -> bool:
         return is_gpu(device)
+
+    @classmethod
+    def capabilities_on(cls, device: torch.device) -> Capabilities:
+        """Without the fp8 formats Triton cannot convert on this GPU (e4m3 before NVIDIA's sm_89)."""
+        known = triton_fp8_dtypes(device)
+        if known is None or cls.capabilities.kv_dtypes <= known:
+            return cls.capabilities
+        return dataclasses.replace(cls.capabilities, kv_dtypes=cls.capabilities.kv_dtypes & known)
 
     def plan_paged(
         self,
@@ -178,6 +193,8 @@ class TritonBackend(AttentionBackend):
             alibi_slopes=params.alibi_slopes,
             lse=lse,
             num_splits=num_splits,
+            k_scale=params.k_scale,
+            v_scale=params.v_scale,
         )
 
     def varlen_attention(
@@ -221,6 +238,7 @@ class TritonBackend(AttentionBackend):
         scale: float,
         out: torch.Tensor,
         lse: torch.Tensor | None = None,
+        kv_scale: float = 1.0,
     ) -> torch.Tensor:
         return mla_decode_forward(
             q_nope,
@@ -233,6 +251,7 @@ class TritonBackend(AttentionBackend):
             num_kv_splits=metadata.num_kv_splits,
             partials=metadata.partials,
             lse=lse,
+            kv_scale=kv_scale,
         )
 
     def merge_attention_states(

@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(m, c) for m, c in cases if any(s in c.name for s in args.case)]
     import triton
 
-    meta = {"device": str(device), "torch": torch.__version__, "triton": triton.__version__}
+    from ..device import describe_device
+
+    info = describe_device(device)
+    meta = {"device": str(device), "device_name": info["name"], "driver": info["driver"], "dtype": "bf16"}
+    meta |= {"torch": torch.__version__, "triton": triton.__version__}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ceilings = measure_ceilings(device)
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(torch.accelerator, "empty_cache"):
             torch.accelerator.empty_cache()
     try:
-        report.plot(out / f"{args.tag}.png", rows)
+        report.plot(out / f"{args.tag}.png", rows, meta, ceilings)
     except ImportError as exc:
         print(f"no plot ({exc}); install matplotlib (`pip install portattn[bench]`)")
     if args.sweep:

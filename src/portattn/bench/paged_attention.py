@@ -3,6 +3,8 @@
 Every case is a uniform batch (B sequences, n new tokens over L keys each) in pages placed at
 random in one pool; the Triton backend is planned once and its per-layer method is timed, as an
 engine calls it. Peers run on the same numbers gathered into contiguous ``[B, H, L, D]`` tensors.
+An fp8 case (``kv_cache``) stores the same keys and values in fp8 (bytes counted at one per
+element) and is compared with the same call on the model-dtype cache (peer ``portattn_bf16``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from ..backends.base import AttentionParams
 from ..backends.torch_ref import TorchBackend
 from ..kernels.triton.launch import TileConfig, attention_forward
+from ..kv_quant import KV_CACHE_DTYPES, quantize_kv
 from . import peers
 from .timing import measure, num_input_sets
 from .work import count_work
@@ -32,6 +35,7 @@ class PagedCase:
     window_left: int = -1
     peers: tuple[str, ...] = ("cudnn", "flash", "flex")
     torch_backend: bool = False  # the reference backend is timed only where it is tolerable
+    kv_cache: str | None = None  # "fp8_e4m3" / "fp8_e5m2": the cache in fp8 (scales K_SCALE, V_SCALE)
 
     @property
     def mode(self) -> str:
@@ -45,6 +49,7 @@ CASES = [
     PagedCase("decode B=64 L=4096 P=16", 64, 1, 4096, peers=("cudnn", "flash"), torch_backend=True),
     PagedCase("decode B=64 L=4096 P=64", 64, 1, 4096, page_size=64, peers=()),
     PagedCase("decode B=64 L=4096 P=1", 64, 1, 4096, page_size=1, peers=()),
+    PagedCase("fp8 e4m3 decode B=64 L=4096 P=16", 64, 1, 4096, peers=(), kv_cache="fp8_e4m3"),
     PagedCase("decode B=1 L=65536 P=16", 1, 1, 65536, peers=("cudnn", "flash"), torch_backend=True),
     PagedCase("prefill B=1 L=8192 causal", 1, 8192, 8192),
     PagedCase("extend B=8 512 over 8192", 8, 512, 8192 + 512, torch_backend=True),
@@ -69,6 +74,7 @@ LONG_TILES = [
     (128, 32, 4, 3),
 ]
 SMEM_BUDGET = 200 * 1024  # bytes of K/V stages a swept tile may ask for (the H200 has 227 KB per SM)
+K_SCALE, V_SCALE = 0.5, 0.25  # fp8 cases: stored values are 2x / 4x the keys / values
 
 
 def sweep_tiles(case: PagedCase) -> list[tuple[int | None, int, int, int]]:
@@ -79,7 +85,8 @@ def sweep_tiles(case: PagedCase) -> list[tuple[int | None, int, int, int]]:
         tiles = [(None, n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4, 5)]
     else:
         tiles = [(None, 32, 4, 4), (None, 64, 4, 4), (None, 64, 8, 4), (None, 64, 8, 5), (None, 128, 4, 3)]
-    return [t for t in tiles if t[3] * t[1] * 2 * case.head_dim * 2 <= SMEM_BUDGET]
+    kv_bytes = 1 if case.kv_cache else 2
+    return [t for t in tiles if t[3] * t[1] * 2 * case.head_dim * kv_bytes <= SMEM_BUDGET]
 
 
 def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
@@ -98,28 +105,37 @@ def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int
         rows = cache[page_table.long()].flatten(1, 2)[:, :L]  # [B, L, Hkv, D]
         return rows.transpose(1, 2).contiguous()
 
-    return {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "page_table": page_table,
-        "q4": q.view(b, n, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous(),  # [B, Hq, n, D]
-        "k4": contiguous(k_cache),
-        "v4": contiguous(v_cache),
-    }
+    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "page_table": page_table}
+    if case.kv_cache is not None:  # the case times the fp8 cache; its peer the model-dtype one
+        kv_dtype = KV_CACHE_DTYPES[case.kv_cache]
+        inputs |= {
+            "k_cache": quantize_kv(k_cache, kv_dtype, K_SCALE),
+            "v_cache": quantize_kv(v_cache, kv_dtype, V_SCALE),
+        }
+        inputs |= {"k_cache_model": k_cache, "v_cache_model": v_cache}
+    elif case.peers:
+        inputs |= {
+            "q4": q.view(b, n, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous(),  # [B, Hq, n, D]
+            "k4": contiguous(k_cache),
+            "v4": contiguous(v_cache),
+        }
+    return inputs
 
 
 def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False) -> dict:
     from ..backends.triton import TritonBackend
 
     elt = torch.tensor([], dtype=dtype).element_size()
-    per_set = 3 * case.batch * case.k_len * case.num_kv_heads * case.head_dim * elt
+    kv_elt = 1 if case.kv_cache else elt
+    per_set = (2 * kv_elt + (elt if case.peers else 0)) * case.batch * case.k_len * case.num_kv_heads * case.head_dim
     sets = [_inputs(case, dtype, device, seed) for seed in range(num_input_sets(per_set))]
     b = case.batch
     cu_q = torch.arange(0, b + 1, device=device, dtype=torch.int32) * case.q_len
     seq_lens = torch.full((b,), case.k_len, device=device, dtype=torch.int32)
     scale = case.head_dim**-0.5
     params = AttentionParams(scale=scale, window_left=case.window_left)
+    if case.kv_cache:
+        params = AttentionParams(scale=scale, window_left=case.window_left, k_scale=K_SCALE, v_scale=V_SCALE)
     work = count_work(
         [case.q_len] * b,
         [case.k_len] * b,
@@ -128,6 +144,7 @@ def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, swe
         head_dim=case.head_dim,
         value_dim=case.head_dim,
         element_size=elt,
+        kv_element_size=kv_elt,
         window_left=case.window_left,
         page_table_bytes=sets[0]["page_table"].numel() * 4,
     )
@@ -151,8 +168,14 @@ def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, swe
         "portattn_ms": measure(ours, idx, device).median_ms,
         "peers": {},
     }
+    if case.kv_cache:  # the same call on the model-dtype cache: what fp8 buys
+        model_params = AttentionParams(scale=scale, window_left=case.window_left)
+        same_in_bf16 = lambda i: triton_backend.paged_attention(
+            sets[i]["q"], sets[i]["k_cache_model"], sets[i]["v_cache_model"], metadata, model_params, out
+        )
+        result["peers"]["portattn_bf16"] = measure(same_in_bf16, idx, device).median_ms
 
-    qs, ks, vs = ([s[key] for s in sets] for key in ("q4", "k4", "v4"))
+    qs, ks, vs = ([s.get(key) for s in sets] for key in ("q4", "k4", "v4"))
     for name in case.peers:
         if name == "flex":
             peer = peers.flex_peer(qs, ks, vs, mode=case.mode, scale=scale)
@@ -197,6 +220,7 @@ def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
             sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], out, cu_q, seq_lens,
             max_seqlen_q=case.q_len, scale=scale, page_table=sets[i]["page_table"],
             window_left=case.window_left, num_splits=num_splits, tiles=tiles,
+            **({"k_scale": K_SCALE, "v_scale": V_SCALE} if case.kv_cache else {}),
         )  # fmt: skip
         try:
             variants[key] = measure(fn, list(range(len(sets))), device, runs=20).median_ms

@@ -13,6 +13,8 @@ TARGETS = [
     ("decode B=64 L=4096 P=16", ">= 1.0x cuDNN", lambda r: r["vs"].get("cudnn", 0) >= 1.0),
     ("decode B=1 L=65536 P=16", ">= 1.0x cuDNN", lambda r: r["vs"].get("cudnn", 0) >= 1.0),
     ("decode B=64 L=4096 P=1", ">= 80% of page-64 speed", lambda r: r.get("vs_page64", 0) >= 0.80),
+    ("fp8 e4m3 decode B=64 L=4096 P=16", ">= 90% of copy (fp8 bytes)", lambda r: r["frac_copy"] >= 0.90),
+    ("fp8 e4m3 decode B=64 L=4096 P=16", ">= 1.8x the bf16 cache", lambda r: r["vs"].get("portattn_bf16", 0) >= 1.8),
     ("prefill B=1 L=8192 causal", ">= 1.0x FlexAttention", lambda r: r["vs"].get("flex", 0) >= 1.0),
     ("prefill B=1 L=8192 causal", "reach for cuDNN (>= 1.0x)", lambda r: r["vs"].get("cudnn", 0) >= 1.0),
     ("varlen encoder 16 x 1k-4k H=16 D=80", ">= 1.2x flash varlen", lambda r: r["vs"].get("flash_varlen", 0) >= 1.2),
@@ -70,28 +72,56 @@ def write_json(path: Path, rows: list[dict], ceilings: Ceilings, meta: dict) -> 
     path.write_text(json.dumps(payload, indent=1, default=str))
 
 
-def plot(path: Path, rows: list[dict]) -> None:
+# The reference backend is timed for the table, but it is no peer a fast kernel is measured against.
+NOT_PEERS_IN_PLOT = ("torch_backend",)
+
+
+def plot(path: Path, rows: list[dict], meta: dict | None = None, ceilings: Ceilings | None = None):
+    """Two panels: every case's fraction of its ceiling, and the speed-up over each peer on a linear
+    axis centred on 1.0x (bars start at 1.0: right of it portattn is faster). The title names the
+    device and dtype. Only cases with a peer appear in the second panel. Returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
+    meta = meta or {}
+    compared = [r for r in rows if any(p not in NOT_PEERS_IN_PLOT for p in r["vs"])]
+    heights = (max(len(rows), 1), max(len(compared), 1))
+    fig, (ax1, ax2) = plt.subplots(
+        1, 2, figsize=(15, 1.2 + 0.45 * max(heights)), gridspec_kw={"width_ratios": [1, 1]}, squeeze=True
+    )
+    title = f"portattn on {meta.get('device_name', meta.get('device', 'unknown device'))}, {meta.get('dtype', 'bf16')}"
+    if ceilings is not None:
+        title += f" (ceilings: copy {ceilings.copy_tb_s:.2f} TB/s, matmul {ceilings.matmul_tflop_s:.0f} TFLOP/s)"
+    fig.suptitle(title)
+
     names = [r["case"] for r in rows]
     frac = [r["frac_copy"] if r["mode"] == "decode" else r["frac_matmul"] for r in rows]
-    ax1.barh(names, frac, color=["tab:blue" if r["mode"] == "decode" else "tab:orange" for r in rows])
+    bars = ax1.barh(names, frac, color=["tab:blue" if r["mode"] == "decode" else "tab:orange" for r in rows])
+    ax1.bar_label(bars, labels=[f"{100 * f:.0f}%" for f in frac], padding=2, fontsize=8)
+    ax1.axvline(1.0, color="k", lw=0.8)
+    ax1.set_xlim(0, max(1.1, max(frac, default=1.0) * 1.15))
     ax1.set_xlabel("fraction of ceiling (decode: copy bandwidth; others: bf16 matmul)")
     ax1.invert_yaxis()
-    peer_names = sorted({p for r in rows for p in r["vs"]})
+
+    peer_names = sorted({p for r in compared for p in r["vs"] if p not in NOT_PEERS_IN_PLOT})
     width = 0.8 / max(len(peer_names), 1)
+    ratios = [r["vs"][p] for r in compared for p in peer_names if p in r["vs"]]
+    reach = max((abs(x - 1.0) for x in ratios), default=0.5) * 1.25 + 0.05
     for k, peer in enumerate(peer_names):
-        ys = [i + k * width for i in range(len(rows))]
-        ax2.barh(ys, [r["vs"].get(peer, 0.0) for r in rows], height=width, label=peer)
+        ys = [i - 0.4 + (k + 0.5) * width for i, r in enumerate(compared) if peer in r["vs"]]
+        xs = [r["vs"][peer] for r in compared if peer in r["vs"]]
+        bars = ax2.barh(ys, [x - 1.0 for x in xs], left=1.0, height=width, label=peer)
+        ax2.bar_label(bars, labels=[f"{x:.2f}x" for x in xs], padding=2, fontsize=7)
     ax2.axvline(1.0, color="k", lw=0.8)
-    ax2.set_yticks([i + 0.4 - width / 2 for i in range(len(rows))], names)
-    ax2.set_xscale("log")
-    ax2.set_xlabel("speed-up over peer (peer time / portattn time)")
-    ax2.invert_yaxis()
-    ax2.legend(fontsize=8)
+    ax2.set_xlim(max(0.0, 1.0 - reach), 1.0 + reach)
+    ax2.set_yticks(range(len(compared)), [r["case"] for r in compared])
+    ax2.set_ylim(len(compared) - 0.5, -0.5)
+    ax2.set_xlabel("speed-up over peer (peer time / portattn time; > 1.0: portattn faster)")
+    if peer_names:
+        ax2.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig

@@ -17,7 +17,7 @@ from ..masks import key_range, query_positions
 @dataclass(frozen=True)
 class Work:
     flops: float  # 2 * pairs * Hq * (D + Dv)
-    bytes: float  # Q read + O written + every visible K/V row read once + page table
+    bytes: float  # Q read + O written + every visible K/V row read once (in the cache's dtype) + page table
 
 
 def count_work(
@@ -29,6 +29,7 @@ def count_work(
     head_dim: int,
     value_dim: int,
     element_size: int,
+    kv_element_size: int | None = None,
     causal: bool = True,
     window_left: int = -1,
     window_right: int = -1,
@@ -49,7 +50,7 @@ def count_work(
         keys_read += int((seen.cumsum(0)[:num_keys] > 0).sum())
     tokens = sum(q_lens)
     flops = 2.0 * pairs * num_q_heads * (head_dim + value_dim)
-    nbytes = element_size * (
-        keys_read * num_kv_heads * (head_dim + value_dim) + tokens * num_q_heads * (head_dim + value_dim)
-    )
+    kv_size = element_size if kv_element_size is None else kv_element_size  # fp8 caches: 1 byte
+    nbytes = kv_size * keys_read * num_kv_heads * (head_dim + value_dim)
+    nbytes += element_size * tokens * num_q_heads * (head_dim + value_dim)
     return Work(flops=flops, bytes=float(nbytes + page_table_bytes))

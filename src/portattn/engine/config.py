@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 from .arguments import doc
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -49,6 +50,14 @@ class EngineConfig:
     tensor_parallel_size: int = field(
         default=1, metadata=doc("devices the model is sharded over, one process each (device names the first)")
     )
+    kv_cache_dtype: str | torch.dtype = field(
+        default="auto",
+        metadata=doc(
+            "KV-cache dtype: auto (the model's dtype) or fp8 (half the bytes); fp8 scales per layer from the "
+            "checkpoint's self_attn.k_scale / v_scale, else 1.0",
+            choices=KV_CACHE_DTYPES,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -61,6 +70,9 @@ class EngineConfig:
         if self.dtype not in DTYPES.values():
             raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "device", torch.device(self.device))
+        if not isinstance(self.kv_cache_dtype, (str, torch.dtype)):
+            raise ValueError(f"expected kv_cache_dtype in {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        object.__setattr__(self, "kv_cache_dtype", resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype))
         for name in ("page_size", "max_num_seqs", "tensor_parallel_size"):
             _positive(name, getattr(self, name))
         for name in ("num_pages", "chunked_prefill_size", "max_model_len", "kv_cache_memory"):

@@ -12,6 +12,7 @@ from ..backends.base import Request
 from ..backends.registry import select_backend
 from ..device import graph_support, is_gpu
 from ..distributed.group import TPGroup, tp_or_single
+from ..kv_quant import is_quantized
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.kv_cache import make_kv_pool
@@ -75,7 +76,16 @@ class Engine:
         layers = self.model.attention_layers()
         features = frozenset().union(*(layer.features for layer in layers))
         first, *others = self.model.attention_ops
-        request = Request(first, config.device.type, config.dtype, layers[0].head_dim, features, frozenset(others))
+        kv_dtype = config.kv_cache_dtype
+        request = Request(
+            first,
+            config.device.type,
+            config.dtype,
+            layers[0].head_dim,
+            features,
+            frozenset(others),
+            kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,
+        )
         self.backend = select_backend("attention", config.attention_backend, request)
 
         page_size = config.page_size
@@ -85,7 +95,7 @@ class Engine:
         if num_pages is None:
             budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
             num_pages = min(
-                budget // spec.bytes_per_page(page_size, config.dtype),
+                budget // spec.bytes_per_page(page_size, kv_dtype),
                 config.max_num_seqs * num_pages_for(max_len, page_size),
             )
             if num_pages < 1:
@@ -93,7 +103,9 @@ class Engine:
         self.max_len = min(max_len, num_pages * page_size)
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
-        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, config.dtype, config.device)
+        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, kv_dtype, config.device)
+        if is_quantized(kv_dtype):
+            self.kv_pool.set_kv_scales(loader.kv_cache_scales(config.model, spec.num_layers))
         self.allocator = PageAllocator(num_pages)
         pool_class = ReqToTokenPool
         if journaled:  # rank 0 records its page-table writes for the other ranks
@@ -118,9 +130,10 @@ class Engine:
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (recomputes included)
         self.num_generated_tokens = 0
         logger.info(
-            "engine: %d pages of %d tokens, max_len %d, backend %s",
+            "engine: %d pages of %d tokens (%s), max_len %d, backend %s",
             num_pages,
             page_size,
+            str(kv_dtype).removeprefix("torch."),
             self.max_len,
             self.backend.name,
         )

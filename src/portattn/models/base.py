@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
@@ -16,6 +17,10 @@ from .layers import Embedding, LMHead, PagedAttention
 if TYPE_CHECKING:
     from ..encoder import EncoderSeqInfo
     from ..runtime.multimodal import MultimodalData
+
+# Per-layer scales of a quantised KV cache (``model.layers.3.self_attn.k_scale``; ``kv_scale`` sets both):
+# not weights, read by the engine (``loader.kv_cache_scales``) when the cache is fp8.
+KV_SCALE_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:attn\.)?(k_scale|v_scale|kv_scale)$")
 
 # Checkpoint module names that load into one merged module: name -> (merged name, shard id).
 PACKED_MODULES = {
@@ -71,6 +76,8 @@ class CausalLM(nn.Module):
         if name == "lm_head.weight" and self.tie_word_embeddings:
             return None
         if name.endswith("rotary_emb.inv_freq"):  # saved by older transformers; recomputed from the config
+            return None
+        if KV_SCALE_KEY.search(name):
             return None
         parts = name.split(".")
         for i, part in enumerate(parts[:-1]):

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from ..distributed.group import TPGroup, tp_or_single
 from . import model_class
-from .base import MultimodalModel
+from .base import KV_SCALE_KEY, MultimodalModel
 from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
 
 logger = logging.getLogger("portattn")
@@ -215,3 +215,31 @@ def eos_token_ids(path: str | Path, config) -> set[int]:
     if eos is None:
         return set()
     return {eos} if isinstance(eos, int) else set(eos)
+
+
+def kv_cache_scales(path: str | Path, num_layers: int) -> list[tuple[float, float]]:
+    """Per-layer ``(k_scale, v_scale)`` of an fp8 KV cache, from the checkpoint where it has them.
+
+    Read from the tensors ``...layers.{i}.self_attn.k_scale`` and ``v_scale`` (``kv_scale`` sets
+    both; ``self_attn.attn.`` prefixes too), one number each; a layer without them gets 1.0. An MLA
+    latent cache uses the K scale.
+    """
+    scales = [[1.0, 1.0] for _ in range(num_layers)]
+    for file in safetensors_files(_checkpoint_dir(path)):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                match = KV_SCALE_KEY.search(key)
+                if match is None or int(match.group(1)) >= num_layers:
+                    continue
+                value = f.get_tensor(key)
+                if value.numel() != 1 or not torch.isfinite(value).all() or float(value.reshape(-1)[0]) <= 0:
+                    raise ValueError(f"expected {key} to hold one positive finite scale, got {value.tolist()}")
+                layer, which = int(match.group(1)), match.group(2)
+                scale = float(value.reshape(-1)[0])
+                if which in ("k_scale", "kv_scale"):
+                    scales[layer][0] = scale
+                if which in ("v_scale", "kv_scale"):
+                    scales[layer][1] = scale
+    found = sum(pair != [1.0, 1.0] for pair in scales)
+    logger.info("KV cache scales: %d of %d layers other than 1.0 in the checkpoint", found, num_layers)
+    return [tuple(pair) for pair in scales]

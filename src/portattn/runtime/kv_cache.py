@@ -8,6 +8,11 @@ A model states its cache with a :class:`KVCacheSpec`; ``spec.kind`` picks the po
   ``[c_kv | k_pe]`` per token shared by every query head (the layout :func:`portattn.mla_decode`
   reads). Pages, ``req_to_token`` and prefix caching are the engine's own: only what a slot holds
   differs between kinds.
+
+A pool's ``dtype`` is the cache's: the model's, or fp8 (``float8_e4m3fn`` / ``float8_e5m2``), whose
+slots hold ``saturate(x / scale)`` with one K and one V scale per layer (:meth:`KVPool.kv_scales`;
+an ``"mla"`` latent row uses the K scale). Scales are 1.0 unless the engine sets them from the
+checkpoint (:meth:`KVPool.set_kv_scales`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..kv_quant import check_scale, is_quantized
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,25 @@ class KVPool:
     """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is what the backend's ``forward`` gets.
 
     Allocated with ``torch.empty``: a slot is only read after its token's K/V were written.
+    ``dtype`` is the cache dtype (the model's, or fp8).
     """
 
     def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device):
         self.spec, self.num_pages, self.page_size, self.dtype, self.device = spec, num_pages, page_size, dtype, device
+        self._scales = [(1.0, 1.0)] * spec.num_layers
+
+    def kv_scales(self, layer_id: int) -> tuple[float, float]:
+        """``(k_scale, v_scale)`` of a layer: stored value times scale is the value (1.0 unless fp8)."""
+        return self._scales[layer_id]
+
+    def set_kv_scales(self, scales: list[tuple[float, float]]) -> None:
+        """One ``(k_scale, v_scale)`` per layer, positive floats; other than 1.0 only for an fp8 cache."""
+        if len(scales) != self.spec.num_layers:
+            raise ValueError(f"expected {self.spec.num_layers} (k_scale, v_scale) pairs, got {len(scales)}")
+        checked = [(check_scale("k_scale", k), check_scale("v_scale", v)) for k, v in scales]
+        if not is_quantized(self.dtype) and any(pair != (1.0, 1.0) for pair in checked):
+            raise ValueError(f"expected KV scales of 1.0 for a {self.dtype} cache (scales apply to fp8), got {scales}")
+        self._scales = checked
 
     @staticmethod
     def check_spec(spec: KVCacheSpec) -> None:

@@ -19,6 +19,10 @@ last first (a causal sequence's last block sees the most keys: it starts first, 
 normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (and adds sinks).
 With ``HAS_LSE`` the natural-log LSE of each row is written too (by the merge when split).
 ALiBi (``HAS_ALIBI``) adds ``-slope * |p - j|`` to the scaled, softcapped scores.
+
+K/V in an fp8 cache are converted to the query's dtype as they are loaded (exact: every fp8 value
+is a float16 and a bfloat16); the launcher folds the cache's K scale into ``qk_scale``, and
+``v_scale`` multiplies the normalised output (1.0 for caches in the query's dtype).
 """
 
 import triton
@@ -171,14 +175,16 @@ def _attend_tiles(
         v = tl.load(
             v_rows[:, None] + offs_dv[None, :], mask=row_ok[:, None] & (offs_dv < VALUE_DIM)[None, :], other=0.0
         )
+        k = k.to(q.dtype)  # fp8 caches are dequantised here (no-op otherwise)
+        v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if BLOCK_D2 > 0:
             k2_ok = row_ok[:, None] & (offs_d2 < HEAD_DIM)[None, :]
-            k2 = tl.load(k_rows[:, None] + offs_d2[None, :], mask=k2_ok, other=0.0)
+            k2 = tl.load(k_rows[:, None] + offs_d2[None, :], mask=k2_ok, other=0.0).to(q.dtype)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
         if BLOCK_D3 > 0:
             k3_ok = row_ok[:, None] & (offs_d3 < HEAD_DIM)[None, :]
-            k3 = tl.load(k_rows[:, None] + offs_d3[None, :], mask=k3_ok, other=0.0)
+            k3 = tl.load(k_rows[:, None] + offs_d3[None, :], mask=k3_ok, other=0.0).to(q.dtype)
             s = tl.dot(q3, tl.trans(k3), s, input_precision=DOT_PRECISION)
         if HAS_SOFTCAP:
             # c * tanh(x / c), with tanh written through exp2 so that every Triton backend has it
@@ -209,11 +215,11 @@ def _attend_tiles(
         acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV2 > 0:
             v2_ok = row_ok[:, None] & (offs_dv2 < VALUE_DIM)[None, :]
-            v2 = tl.load(v_rows[:, None] + offs_dv2[None, :], mask=v2_ok, other=0.0)
+            v2 = tl.load(v_rows[:, None] + offs_dv2[None, :], mask=v2_ok, other=0.0).to(q.dtype)
             acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV3 > 0:
             v3_ok = row_ok[:, None] & (offs_dv3 < VALUE_DIM)[None, :]
-            v3 = tl.load(v_rows[:, None] + offs_dv3[None, :], mask=v3_ok, other=0.0)
+            v3 = tl.load(v_rows[:, None] + offs_dv3[None, :], mask=v3_ok, other=0.0).to(q.dtype)
             acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, acc2, acc3, l_i, m_i
@@ -236,6 +242,7 @@ def attention_fwd_kernel(
     AlibiSlopes,
     num_seqs,
     qk_scale,
+    v_scale,
     softcap,
     window_left,
     window_right,
@@ -448,7 +455,7 @@ def attention_fwd_kernel(
                 acc2 = acc2 * alpha[:, None]
             if BLOCK_DV3 > 0:
                 acc3 = acc3 * alpha[:, None]
-        inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)  # a row that sees no key gives zeros
+        inv_l = v_scale / tl.where(l_i == 0.0, 1.0, l_i)  # a row that sees no key gives zeros
         o_rows = Out + q_row * stride_ot + head * stride_oh
         _store_columns(o_rows, row_ok, (acc * inv_l[:, None]).to(Out.dtype.element_ty), 0, BLOCK_DV, VALUE_DIM)
         if BLOCK_DV2 > 0:
@@ -466,9 +473,10 @@ def attention_fwd_kernel(
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         w_row = q_row * stride_wt + head * stride_wh + split * stride_ws
         w_rows = PartialOut + w_row * PARTIAL_DV
-        _store_columns(w_rows, row_ok, acc / l_safe[:, None], 0, BLOCK_DV, VALUE_DIM)
+        _store_columns(w_rows, row_ok, acc * v_scale / l_safe[:, None], 0, BLOCK_DV, VALUE_DIM)
         if BLOCK_DV2 > 0:
-            _store_columns(w_rows, row_ok, acc2 / l_safe[:, None], BLOCK_DV, BLOCK_DV2, VALUE_DIM)
+            _store_columns(w_rows, row_ok, acc2 * v_scale / l_safe[:, None], BLOCK_DV, BLOCK_DV2, VALUE_DIM)
         if BLOCK_DV3 > 0:
-            _store_columns(w_rows, row_ok, acc3 / l_safe[:, None], BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
+            o3 = acc3 * v_scale / l_safe[:, None]
+            _store_columns(w_rows, row_ok, o3, BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
         tl.store(PartialLse + w_row, lse, mask=row_ok)

@@ -15,6 +15,7 @@ import torch
 
 from ...device import is_triton_interpreter, max_shared_memory
 from ...errors import expect, fail
+from ...kv_quant import FP8_DTYPES
 from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel, merge_states_kernel
 from .resources import fewer_stages_then, launch_fitting
@@ -157,6 +158,8 @@ def attention_forward(
     lse: torch.Tensor | None = None,
     num_splits: int = 1,
     tiles: TileConfig | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of ``q [T, Hq, D]`` over paged or contiguous K/V into ``out [T, Hq, Dv]``.
 
@@ -164,7 +167,9 @@ def attention_forward(
     (``kv_start`` given, the first key row of each sequence, e.g. ``cu_seqlens_k[:-1]``):
     ``k [Tk, Hkv, D]``, ``v [Tk, Hkv, Dv]``. ``seq_lens_k [B]`` counts the keys of each sequence.
     ``out`` is of q's dtype or float32 (partial results that are merged later); ``lse [T, Hq]``
-    float32, when given, receives each row's natural-log LSE.
+    float32, when given, receives each row's natural-log LSE. ``k`` and ``v`` are in ``q``'s dtype
+    or both in an fp8 dtype, whose stored values times ``k_scale`` / ``v_scale`` are the keys and
+    values.
     """
     paged = page_table is not None
     expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
@@ -176,9 +181,10 @@ def attention_forward(
     for name, t in tensors.items():
         if t.device != q.device:
             fail(f"{name} on {q.device}", t.device)
-    for name in ("k", "v"):
-        if tensors[name].dtype != q.dtype:
-            fail(f"{name} of dtype {q.dtype}", tensors[name].dtype)
+    if k.dtype != q.dtype and k.dtype not in FP8_DTYPES:
+        fail(f"k of dtype {q.dtype} or fp8", k.dtype)
+    if v.dtype != k.dtype:
+        fail(f"v of dtype {k.dtype} (as k)", v.dtype)
     if out.dtype not in (q.dtype, torch.float32):
         fail(f"out of dtype {q.dtype} or float32", out.dtype)
     if lse is not None and (lse.dtype != torch.float32 or lse.shape != q.shape[:2] or lse.device != q.device):
@@ -240,7 +246,7 @@ def attention_forward(
             q, k, v, out, lse_buf, partial_out, partial_lse,
             table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
             q if alibi_slopes is None else alibi_slopes,
-            batch, scale, logit_softcap, window_left, window_right, chunk_size or 1,
+            batch, scale * k_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
             q.stride(0), q.stride(1),
             stride_kp, stride_ks, stride_kh,
             stride_vp, stride_vs, stride_vh,
@@ -259,7 +265,7 @@ def attention_forward(
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
-    launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, head_dim, value_dim, page_size))
+    launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,

@@ -14,6 +14,9 @@ single split, the output itself); ``mla_decode_merge_kernel`` combines a sequenc
 splits. With ``WRITE_LSE`` the natural-log LSE of each (sequence, head) is written too, by the
 split kernel when there is one split and by the merge otherwise. Launchers are in
 ``mla_decode_launch.py``.
+
+An fp8 latent cache is converted to the query's dtype as it is loaded; its scale is folded into
+``qk_scale_log2`` by the launcher and multiplies each split's output (``kv_scale``, 1.0 otherwise).
 """
 
 import triton
@@ -41,6 +44,7 @@ def mla_decode_split_kernel(
     PartOut,
     PartLse,
     qk_scale_log2,
+    kv_scale,
     num_heads,
     num_splits,
     stride_qn_b,
@@ -119,6 +123,8 @@ def mla_decode_split_kernel(
             mask=n_ok[:, None] & rp_ok[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_RP]
+        c_kv = c_kv.to(q_nope.dtype)  # an fp8 cache is dequantised here (no-op otherwise)
+        k_pe = k_pe.to(q_nope.dtype)
 
         scores = tl.dot(q_nope, tl.trans(c_kv), input_precision=DOT_PRECISION)
         scores = tl.dot(q_rope, tl.trans(k_pe), acc=scores, input_precision=DOT_PRECISION)
@@ -133,7 +139,7 @@ def mla_decode_split_kernel(
         m_i = m_new
 
     has_keys = l_i > 0.0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
+    out = acc * kv_scale / tl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
     if WRITE_PARTIAL:
         if start < end:  # empty splits (past the end of a short sequence) write nothing; the merge skips them
             row = (seq * num_heads + offs_h) * num_splits + split  # [BLOCK_H] rows of [B, H, S]

@@ -13,6 +13,7 @@ import torch
 
 from ...device import is_triton_interpreter
 from ...errors import expect, fail
+from ...kv_quant import FP8_DTYPES
 from .launch import next_pow2
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
 from .mla_workspace import partial_buffers
@@ -66,8 +67,9 @@ def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_
     for name, t in tensors.items():
         expect(t.device == q_nope.device, f"{name} on {q_nope.device}", t.device)
     expect(q_nope.dtype in _DTYPES, "q_nope of dtype float16, bfloat16 or float32", q_nope.dtype)
-    for name in ("q_rope", "kv_cache", "out"):
+    for name in ("q_rope", "out"):
         expect(tensors[name].dtype == q_nope.dtype, f"{name} of dtype {q_nope.dtype}", tensors[name].dtype)
+    expect(kv_cache.dtype in (q_nope.dtype, *FP8_DTYPES), f"kv_cache of dtype {q_nope.dtype} or fp8", kv_cache.dtype)
     for name in ("page_table", "seq_lens"):
         expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
     batch, num_heads, rank = q_nope.shape
@@ -95,6 +97,7 @@ def mla_decode_forward(
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     lse: torch.Tensor | None = None,
     tiles: MLATileConfig | None = None,
+    kv_scale: float = 1.0,
 ) -> torch.Tensor:
     """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
 
@@ -103,7 +106,8 @@ def mla_decode_forward(
     ``[B, H, S]``, as :func:`~portattn.kernels.triton.mla_workspace.partial_buffers` cuts them from a workspace, e.g. once per
     plan) or else to views of ``workspace``, a uint8 buffer of at least
     ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes. ``lse [B, H]`` float32, when
-    given, receives the natural-log LSE of each row.
+    given, receives the natural-log LSE of each row. ``kv_cache`` is in ``q_nope``'s dtype or fp8;
+    its stored rows times ``kv_scale`` are the latent rows.
     """
     dtype, device = q_nope.dtype, q_nope.device
     batch, num_heads, rank = q_nope.shape
@@ -112,7 +116,7 @@ def mla_decode_forward(
     # eagerly would cost more host time than the kernel takes on a small batch.
     valid = (
         dtype in _DTYPES
-        and q_rope.dtype == dtype and kv_cache.dtype == dtype and out.dtype == dtype
+        and q_rope.dtype == dtype and (kv_cache.dtype == dtype or kv_cache.dtype in FP8_DTYPES) and out.dtype == dtype
         and page_table.dtype == torch.int32 and seq_lens.dtype == torch.int32
         and q_rope.device == device and kv_cache.device == device and out.device == device
         and page_table.device == device and seq_lens.device == device
@@ -158,7 +162,7 @@ def mla_decode_forward(
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
         mla_decode_split_kernel[grid](
             q_nope, q_rope, kv_cache, page_table, seq_lens, out, lse_buf, part_out, part_lse,
-            scale * LOG2E,
+            scale * kv_scale * LOG2E, kv_scale,
             num_heads, num_kv_splits,
             *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
             *lse_buf.stride(),
@@ -173,7 +177,7 @@ def mla_decode_forward(
         launch,
         tiles,
         lambda t: fewer_stages_then(t, "block_n", "block_h"),
-        key=(q_nope.device, tiles, dtype, num_heads, rank, rope_dim, kv_cache.shape[1]),
+        key=(q_nope.device, tiles, dtype, kv_cache.dtype, num_heads, rank, rope_dim, kv_cache.shape[1]),
     )
     if split:
         mla_decode_merge_kernel[(num_heads, batch)](

@@ -38,16 +38,22 @@ class PagedAttention(nn.Module):
         q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
         k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
-        out = ctx.backend.forward(q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
+        k_scale, v_scale = ctx.kv_scales(spec.layer_id)
+        out = ctx.backend.forward(
+            q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id), k_scale=k_scale, v_scale=v_scale
+        )
         return out.flatten(1)  # [T, Hq * Dv]
 
     def forward_rotary(self, q, k, v, cos, sin, ctx: ForwardContext, ops) -> torch.Tensor | None:
         """Rotate q and k by ``cos, sin`` and write K/V in one fused kernel, then attend; ``None`` where
-        the backend writes its cache its own way (the caller then rotates and calls :meth:`forward`)."""
+        the backend writes its cache its own way, or the cache is fp8 (stored saturated and scaled by
+        the backend's write; the caller then rotates and calls :meth:`forward`)."""
         if type(ctx.backend).forward is not AttentionBackend.forward:
             return None
         spec = self.spec
         k_cache, v_cache = ctx.kv_cache(spec.layer_id)
+        if k_cache.dtype != q.dtype:
+            return None
         q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
         k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]

@@ -1,0 +1,279 @@
+"""``portattn check``: every backend on this device against the float64 reference.
+
+Runs a grid of cases (op x feature x page size x dtype) for each registered backend that runs here:
+mixed batches of decodes, extends and prefills, head dims 64 to 256, the masks, sinks, softcap,
+ALiBi and LSE, long decodes that take the split-KV path and its merge, fp8 KV caches, MLA decode,
+varlen attention and the merging of attention states. Each row is one (op, feature, backend, dtype),
+its error the worst over the page sizes; a case the backend declares unsupported is skipped (and
+counted). A failing row names the exact case and prints a command that reruns only it. The header
+names the device, driver, torch and triton; ``--json`` writes all of it as one JSON document.
+Exit status 1 on any failure. docs/check.md describes the output and how to check a new backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import platform
+import shlex
+from collections.abc import Iterator
+
+import torch
+
+from .. import __version__
+from ..backends.base import AttentionBackend
+from ..backends.registry import available_backends, backend_class, register_backend, registered_backends
+from ..device import default_device, describe_device, is_triton_interpreter
+from ..errors import UnsupportedFeatureError, expect
+from .cases import CASE_NAMES, CONTIGUOUS_LAYOUT, DTYPES, FEATURES, PAGE_SIZES, Feature, describe_case, run_case
+
+
+def repro_command(
+    device, backend: str, dtype_name: str, page_size: int, feature: Feature, target: str | None = None
+) -> str:
+    """One shell line that reruns one case; ``target``: the ``module:Class`` of a ``--register``ed backend."""
+    emulated = is_triton_interpreter() and not backend_class(backend).runs_natively(torch.device(device))
+    env = "TRITON_INTERPRET=1 " if emulated else ""  # a Triton backend on the CPU runs only interpreted
+    register = f"--register {shlex.quote(f'{backend}={target}')} " if target else ""
+    return (
+        f"{env}portattn check {register}--device {device} --backend {backend} --dtype {dtype_name} "
+        f"--page-size {page_size} --case {shlex.quote(feature.name)}"
+    )
+
+
+def run_check(
+    device: torch.device,
+    backends: list[str],
+    dtypes: list[str],
+    page_sizes: tuple[int, ...],
+    features: list[Feature] = FEATURES,
+    skipped: list[dict] | None = None,
+    registered: dict[str, str] | None = None,
+) -> Iterator[dict]:
+    """One row per (feature, backend, dtype) the backend supports, as soon as it is measured.
+
+    A case the backend declares unsupported is left out (appended to ``skipped`` with the reason);
+    an exception in a case makes its row fail with the exception named. ``registered``: backends
+    added by ``--register`` (name -> ``module:Class``), named in the rerun commands.
+    """
+    for feature in features:
+        for backend in backends:
+            for dtype_name in dtypes:
+                dtype = DTYPES[dtype_name]
+                sizes = page_sizes if feature.op in ("paged_attention", "mla_decode") else CONTIGUOUS_LAYOUT
+                per_size, error, unsupported = [], None, None
+                for size in sizes:
+                    try:
+                        pairs = run_case(feature, backend, dtype, size, device)
+                    except UnsupportedFeatureError as exc:
+                        unsupported = str(exc)
+                        break
+                    except Exception as exc:  # a crash is a failure of this case, not of the whole check
+                        error = f"{type(exc).__name__}: {exc}"
+                        pairs = [(math.inf, 0.0)]
+                    err, tol = max(pairs, key=lambda p: p[0] / max(p[1], 1e-30) if math.isfinite(p[0]) else math.inf)
+                    per_size.append({"page_size": size, "max_error": err, "tolerance": tol, "ok": err <= tol})
+                    if error:
+                        break
+                if unsupported is not None:
+                    if skipped is not None:
+                        skipped.append(dict(op=feature.op, feature=feature.name, backend=backend, reason=unsupported))
+                    continue
+                worst = max(per_size, key=_badness)
+                row = dict(
+                    op=feature.op,
+                    feature=feature.name,
+                    backend=backend,
+                    dtype=dtype_name,
+                    max_error=worst["max_error"],
+                    tolerance=worst["tolerance"],
+                    ok=all(r["ok"] for r in per_size),
+                    page_sizes=per_size,
+                )
+                if not row["ok"]:
+                    failed = max((r for r in per_size if not r["ok"]), key=_badness)  # the worst: rerun shows it
+                    row["case"] = describe_case(feature, dtype_name, failed["page_size"], device)
+                    target = (registered or {}).get(backend)
+                    row["repro"] = repro_command(device, backend, dtype_name, failed["page_size"], feature, target)
+                    if error:
+                        row["error"] = error
+                yield row
+
+
+def _badness(result: dict) -> float:
+    return result["max_error"] / max(result["tolerance"], 1e-30)
+
+
+def environment(device: torch.device, backends: list[str], dtypes: list[str], page_sizes) -> dict:
+    """The header: what ran the check (device, driver, versions) and what it covers."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    return {
+        "portattn": __version__,
+        **describe_device(device),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "triton_interpret": is_triton_interpreter(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "backends": backends,
+        "dtypes": dtypes,
+        "page_sizes": list(page_sizes),
+    }
+
+
+def format_header(env: dict) -> list[str]:
+    interp = " (TRITON_INTERPRET=1)" if env["triton_interpret"] else ""
+    return [
+        f"portattn check {env['portattn']} on {env['device']}: {env['name']} ({env['arch']}, {env['memory']})",
+        f"driver {env['driver']}, runtime {env['runtime']}, torch {env['torch']}, triton {env['triton']}{interp}, "
+        f"python {env['python']}, {env['platform']}",
+        f"backends {env['backends']}, dtypes {env['dtypes']}, page sizes {env['page_sizes']}",
+    ]
+
+
+HEADER = f"{'op':<22} {'feature':<26} {'backend':<8} {'dtype':<5} {'max error':>10} {'tolerance':>10}  result"
+
+
+def format_row(r: dict) -> str:
+    line = (
+        f"{r['op']:<22} {r['feature']:<26} {r['backend']:<8} {r['dtype']:<5} "
+        f"{r['max_error']:>10.2e} {r['tolerance']:>10.2e}  {'pass' if r['ok'] else 'FAIL'}"
+    )
+    if r["ok"]:
+        return line
+    case = r["case"]
+    details = ", ".join(f"{k} {v}" for k, v in case.items() if k not in ("op", "kwargs") and v is not None)
+    details += "".join(f", {k}={v}" for k, v in case["kwargs"].items())
+    lines = [line, f"    case: {details}"]
+    if "error" in r:
+        lines.append(f"    error: {r['error']}")
+    lines.append(f"    repro: {r['repro']}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="device to check (default: the accelerator, else cpu)")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=None,
+        help="backend to check (repeatable; default: every backend that runs on the device)",
+    )
+    parser.add_argument(
+        "--dtype",
+        action="append",
+        choices=list(DTYPES),
+        default=None,
+        help="dtype to check (repeatable; default: all that the device computes correctly)",
+    )
+    parser.add_argument(
+        "--page-size",
+        type=int,
+        action="append",
+        default=None,
+        help=f"page size to check (repeatable; default: {' '.join(map(str, PAGE_SIZES))})",
+    )
+    parser.add_argument("--case", action="append", default=None, help="run only this case (repeatable; see --list)")
+    parser.add_argument(
+        "--register",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:CLASS",
+        help="register a backend class under NAME before checking (repeatable), e.g. mine=my_pkg.attn:MyBackend",
+    )
+    parser.add_argument("--list", action="store_true", help="print the case names and exit")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the header and every row as JSON to PATH (no PATH: to stdout, instead of the table)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list:
+        print("\n".join(f"{f.op:<22} {f.name}" for f in FEATURES))
+        return 0
+    registered = register_backends(args.register)
+    device = torch.device(args.device) if args.device else default_device()
+    here = available_backends(device)
+    for name in args.backend or ():
+        expect(name in registered_backends(), f"--backend in {registered_backends()}", repr(name))
+        expect(name in here, f"--backend that runs on {device} (here: {here})", repr(name))
+    backends = args.backend or here
+    dtypes = args.dtype or list(DTYPES)
+    if args.dtype is None and is_triton_interpreter():
+        # Triton's CPU interpreter computes bf16 dot products wrongly; check bf16 on a GPU.
+        dtypes = [d for d in dtypes if d != "bf16"]
+    page_sizes = tuple(args.page_size or PAGE_SIZES)
+    for size in page_sizes:
+        expect(size >= 1, "--page-size >= 1", size)
+    for name in args.case or ():
+        expect(name in CASE_NAMES, f"--case in {CASE_NAMES}", repr(name))
+    features = [f for f in FEATURES if args.case is None or f.name in args.case]
+    env = environment(device, backends, dtypes, page_sizes)
+    table = args.json != "-"  # JSON to stdout replaces the table
+    if table:
+        print("\n".join(format_header(env)))
+        print(HEADER)
+        print("-" * len(HEADER), flush=True)
+    rows, skipped = [], []
+    for row in run_check(device, backends, dtypes, page_sizes, features, skipped, registered):
+        rows.append(row)
+        if table:
+            print(format_row(row), flush=True)  # rows stream: Triton compiles a kernel per new shape
+    failed = sum(not r["ok"] for r in rows)
+    summary = f"{len(rows) - failed} passed, {failed} failed, {len(skipped)} skipped (declared unsupported)"
+    if args.json is not None:
+        doc = json.dumps(jsonable({"environment": env, "rows": rows, "skipped": skipped, "summary": summary}), indent=1)
+        if args.json == "-":
+            print(doc)
+        else:
+            with open(args.json, "w") as f:
+                f.write(doc + "\n")
+    if table:
+        print(summary)
+    return 1 if failed else 0
+
+
+def register_backends(specs: list[str]) -> dict[str, str]:
+    """``NAME=module:Class`` flags -> registered backends (the class imported now, so that an error is
+    one line naming the flag); returns name -> target."""
+    done = {}
+    for spec in specs:
+        name, _, target = spec.partition("=")
+        module_name, _, class_name = target.partition(":")
+        expect(bool(name and module_name and class_name), "--register NAME=module:Class", repr(spec))
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"--register {spec}: cannot import {target} ({exc})") from None
+        expect(
+            isinstance(cls, type) and issubclass(cls, AttentionBackend), f"--register {spec}: an AttentionBackend", cls
+        )
+        expect(getattr(cls, "name", None) == name, f"--register {spec}: {class_name}.name == {name!r}", cls.name)
+        register_backend(name, target)
+        done[name] = target
+    return done
+
+
+def jsonable(value: object) -> object:
+    """``value`` with the numbers JSON lacks (inf, nan) as strings and other objects by ``str``."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
