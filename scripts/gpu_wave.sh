@@ -14,10 +14,12 @@ run_lane() {
   local gpu=$1 steps=$2 dir="$OUT/lane$1"
   mkdir -p "$dir"
   IFS=';' read -ra items <<<"$steps"
+  local i=0
   for item in "${items[@]}"; do
     [ -z "${item// }" ] && continue
+    i=$((i + 1))
     echo "== $(date -u +%T) lane $gpu: $item"
-    (export CUDA_VISIBLE_DEVICES=${ONE_GPU:-$gpu} OUT="$dir"; eval "$item") >"$dir/$(echo "$item" | tr -c 'a-zA-Z0-9_.-' '_').log" 2>&1
+    (export CUDA_VISIBLE_DEVICES=${ONE_GPU:-$gpu} OUT="$dir"; eval "$item") >"$dir/step$i.log" 2>&1
     echo "== $(date -u +%T) lane $gpu: done $item (exit $?)"
   done
 }
