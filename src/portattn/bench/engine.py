@@ -187,7 +187,7 @@ def time_mode(engine, graphs, steps: int) -> dict:
     row = {f"{mode}_step_ms": (time.perf_counter() - t0) * 1e3 / steps}
     scheduled = engine.scheduler.schedule()  # the next step (reserving is idempotent)
     if graphs is not None:
-        row["graphs_plan_us"] = host_time_us(lambda: graphs._write_step(scheduled))
+        row["graphs_plan_us"] = host_time_us(lambda: graphs.write_step(scheduled))
         row["graphs_replay_ms"] = event_time_ms(graphs.graphs[graphs.bucket(len(scheduled))].replay)
     else:
         row["eager_plan_us"] = host_time_us(lambda: runner.plan(scheduled))

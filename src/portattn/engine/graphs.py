@@ -114,7 +114,7 @@ class DecodeGraphs:
         self.pool = None
         self.replays = 0  # decode steps run through the buffers
         self.padded: Counter[int] = Counter()  # sequence count -> steps run padded to a larger bucket
-        self._write_step([])  # every row a padding row: valid for the warm-up runs of capture
+        self.write_step([])  # every row a padding row: valid for the warm-up runs of capture
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -208,7 +208,7 @@ class DecodeGraphs:
             return int(data.positions[0, index])
         return index + data.position_delta
 
-    def _write_step(self, scheduled: list[tuple[Sequence, int]]) -> int:
+    def write_step(self, scheduled: list[tuple[Sequence, int]]) -> int:
         """Fill the static inputs and the backend's buffers for ``scheduled``; returns the bucket."""
         num_seqs = len(scheduled)
         batch_size = self.bucket(max(num_seqs, 1)) if scheduled else self.max_batch_size
@@ -240,7 +240,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Final hidden states ``[n, H]`` of a decode step (:meth:`can_run`), by replay."""
-        batch_size = self._write_step(scheduled)
+        batch_size = self.write_step(scheduled)
         if batch_size not in self.contexts:
             raise RuntimeError(f"batch size {batch_size} was not captured; call capture_all first")
         self.replays += 1

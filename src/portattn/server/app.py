@@ -30,7 +30,7 @@ from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sampling_params import SamplingParams
 from .async_engine import AsyncEngine, RequestStream
 from .metrics import ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _param_of
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, param_of
 
 logger = logging.getLogger("portattn")
 _MIN_LOGPROB = -9999.0  # JSON has no -inf
@@ -86,7 +86,7 @@ class Server:
         try:
             self.engine.engine.check_params(params)
         except ValueError as err:
-            raise APIError(400, str(err), param=_param_of(str(err)), code="invalid_value") from None
+            raise APIError(400, str(err), param=param_of(str(err)), code="invalid_value") from None
 
     def submit(self, prefix: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> RequestStream:
         if not self.engine.alive:
@@ -333,7 +333,7 @@ async def _collect(stream: RequestStream, timing: Timing, request: Request) -> N
             raise APIError(499, "the client closed the request", code="client_closed")
         work.result()  # re-raises an engine error
     except ValueError as err:
-        raise APIError(400, str(err), param=_param_of(str(err))) from None
+        raise APIError(400, str(err), param=param_of(str(err))) from None
     finally:
         work.cancel()
         gone.cancel()

@@ -111,7 +111,7 @@ class _Sampling(_Body):
                 skip_special_tokens=self.skip_special_tokens,
             )
         except ValueError as err:
-            raise APIError(400, str(err), param=_param_of(str(err)), code="invalid_value") from None
+            raise APIError(400, str(err), param=param_of(str(err)), code="invalid_value") from None
 
 
 class CompletionRequest(_Sampling):
@@ -190,7 +190,7 @@ class ChatCompletionRequest(_Sampling):
         return out
 
 
-def _param_of(message: str) -> str | None:
+def param_of(message: str) -> str | None:
     """The field an engine message names: ``"expected top_k to be ..."`` -> ``"top_k"``."""
     words = message.split()
     if len(words) > 1 and words[0] == "expected":
