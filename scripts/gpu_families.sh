@@ -24,7 +24,7 @@ from portattn.testing import save_tiny_checkpoint
 logging.disable_progress_bar()
 with tempfile.TemporaryDirectory() as root:
     for family in ("gpt_oss", "gemma2", "gemma3", "mistral"):
-        engine = LLM(save_tiny_checkpoint(family, f"{root}/{family}"), num_pages=8, device=os.environ["PORTATTN_TEST_ENGINE_DEVICE"]).engine
+        engine = LLM(save_tiny_checkpoint(family, f"{root}/{family}"), num_pages=8, max_model_len=128, device=os.environ["PORTATTN_TEST_ENGINE_DEVICE"]).engine
         features = sorted(set().union(*(layer.features for layer in engine.model.attention_layers())))
         print(f"{family:8} backend {engine.backend.name:7} features {features}")
 PYEOF

@@ -34,7 +34,7 @@ def test_random_checkpoint_loads_and_is_reused(tmp_path, cpu):
     stamp = (path / "stamp.txt").stat().st_mtime_ns
     assert write_random_checkpoint(tiny_llama(), tmp_path / "ckpt", device="cpu") == path
     assert (path / "stamp.txt").stat().st_mtime_ns == stamp  # reused, not rewritten
-    llm = LLM(str(path), page_size=4, num_pages=64, max_num_seqs=4)
+    llm = LLM(str(path), page_size=4, num_pages=64, max_model_len=256, max_num_seqs=4)
     model = llm.engine.model
     assert torch.equal(model.model.norm.weight, torch.ones(32))
     assert 0.01 < float(model.model.layers[0].mlp.down_proj.weight.std()) < 0.03
@@ -74,6 +74,6 @@ def test_random_checkpoints_of_moe_families_load(family, tmp_path):
     from portattn.testing.checkpoints import tiny_config
 
     path = write_random_checkpoint(tiny_config(family), tmp_path / family, device="cpu")
-    llm = LLM(str(path), page_size=4, num_pages=64, max_num_seqs=2)
+    llm = LLM(str(path), page_size=4, num_pages=64, max_model_len=256, max_num_seqs=2)
     out = llm.generate([[3, 4, 5]], use_tqdm=False)[0]
     assert len(out.token_ids) > 0

@@ -5,7 +5,7 @@ from .errors import OutOfPagesError, UnsupportedFeatureError
 from .local_attention import LocalAttentionBatches, make_local_attention_virtual_batches
 from .mla import mla_decode, mla_workspace_size
 from .ops import paged_attention, varlen_attention
-from .paging import PageAllocator, to_page_table
+from .paging import PageAllocator, PageTable, to_page_table
 
 __version__ = "0.1.0"
 
@@ -24,6 +24,7 @@ __all__ = [
     "LocalAttentionBatches",
     "OutOfPagesError",
     "PageAllocator",
+    "PageTable",
     "SamplingParams",
     "UnsupportedFeatureError",
     "cascade_attention",

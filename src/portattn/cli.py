@@ -1,4 +1,8 @@
-"""The ``portattn`` command line: ``portattn check``, ``generate``, ``serve`` and ``demo``."""
+"""The ``portattn`` command line: ``portattn check``, ``generate``, ``serve`` and ``demo``.
+
+Every error is one line on standard error, ``portattn COMMAND: error: ...`` naming the flag or
+file at fault, with exit status 2; ``-v`` (before or after the command) also shows the traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,31 @@ import argparse
 import logging
 import sys
 
+from . import __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (argparse prints the usage too): the line names the flag."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
+def _verbose_flag(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log progress; tracebacks")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, (ValueError, TypeError, OSError)):  # bad input: the message says what was expected
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text} (-v shows the traceback)"
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="portattn", description="Device-portable paged attention.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log backend choices and progress")
+    parser = _Parser(prog="portattn", description="Device-portable paged attention.")
+    parser.add_argument("--version", action="version", version=f"portattn {__version__}")
+    _verbose_flag(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     from . import check
@@ -36,15 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(run=demo.main)
+    for subparser in (check_parser, generate_parser, serve_parser, demo_parser):
+        _verbose_flag(subparser, argparse.SUPPRESS)  # -v after the command; absent: the top level's value
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         return args.run(args)
-    except ValueError as exc:  # bad input: the message says what was expected; no traceback needed
+    except KeyboardInterrupt:
         if args.verbose:
             raise
-        print(f"portattn {args.command}: error: {exc}", file=sys.stderr)
+        print(f"portattn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.verbose:
+            raise
+        print(f"portattn {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -56,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
             path = save_tiny_checkpoint(family, Path(root) / family)
             inputs = image_prompts(prompts) if family in VISION_FAMILIES else prompts
             want = transformers_greedy(path, inputs, args.max_tokens)
+            longest = max(len(p["prompt_token_ids"]) if isinstance(p, dict) else len(p) for p in inputs)
+            max_len = longest + args.max_tokens
             for page_size, prefix, chunk in runs:
                 llm = LLM(
                     path,
@@ -63,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
                     attention_backend=args.attention_backend,
                     enable_prefix_caching=prefix,
                     chunked_prefill_size=chunk,
-                    num_pages=-(-len(prompts) * 128 // page_size),  # every sequence at once
+                    max_model_len=max_len,
+                    num_pages=len(prompts) * -(-max(128, max_len) // page_size),  # every sequence at once
                 )
                 start = time.perf_counter()
                 outs = llm.generate(inputs, params, use_tqdm=False)

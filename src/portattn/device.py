@@ -95,6 +95,48 @@ def synchronize(device: torch.device | str) -> None:
     torch.accelerator.synchronize(device)
 
 
+def available_devices() -> list[str]:
+    """The devices this process can use: ``cpu``, then each device of the accelerator, if any."""
+    devices = ["cpu"]
+    if torch.accelerator.is_available():
+        kind = torch.accelerator.current_accelerator().type
+        devices += [f"{kind}:{i}" for i in range(torch.accelerator.device_count())]
+    return devices
+
+
+def _missing(kind: str) -> str:
+    """Why ``kind`` devices cannot be used here."""
+    built = {
+        "cuda": torch.backends.cuda.is_built() or torch.version.hip is not None,
+        "xpu": hasattr(torch, "xpu") and torch.xpu._is_compiled(),
+        "mps": torch.backends.mps.is_built(),
+    }.get(kind)
+    if built is False:
+        return f"this torch build has no {kind.upper()}"
+    return f"no {kind} device is visible to this process"
+
+
+def resolve_device(device: object) -> torch.device:
+    """``device`` as a ``torch.device`` this process can use; a ``ValueError`` says why not.
+
+    Checked up front so that a missing accelerator is one clear line ("cuda is not available:
+    this torch build has no CUDA; devices here: cpu"), not an error from deep inside torch.
+    """
+    here = ", ".join(available_devices())
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"expected a device such as {here}, got {device!r}") from None
+    if dev.type == "cpu":
+        return dev
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if accelerator is None or accelerator.type != dev.type:
+        raise ValueError(f"{dev.type} is not available: {_missing(dev.type)}; devices here: {here}")
+    if dev.index is not None and dev.index >= torch.accelerator.device_count():
+        raise ValueError(f"{dev} is not available: there is no {dev.type} device {dev.index}; devices here: {here}")
+    return dev
+
+
 def default_device() -> torch.device:
     """The current accelerator if there is one, else the CPU."""
     if torch.accelerator.is_available():

@@ -30,7 +30,7 @@ import torch
 
 from .backends.base import AttentionBackend, Request, VarlenMetadata
 from .backends.registry import select_backend
-from .errors import expect
+from .errors import expect, is_int
 from .validation import attention_params
 
 
@@ -44,15 +44,17 @@ def grid_list(
         )
         expect(not grid_thw.is_floating_point(), "grid_thw of an integer dtype", grid_thw.dtype)
         grid_thw = grid_thw.tolist()
-    grid = [tuple(int(x) for x in row) for row in grid_thw]
+    grid = [tuple(row) if isinstance(row, (list, tuple)) else (row,) for row in grid_thw]
     for i, row in enumerate(grid):
-        expect(len(row) == 3 and min(row) >= 1, f"grid_thw[{i}] = (t, h, w) of positive ints", row)
+        ok = len(row) == 3 and all(is_int(x) and x >= 1 for x in row)  # 1.5 is not truncated to 1
+        expect(ok, f"grid_thw[{i}] = (t, h, w) of positive ints", row)
         _, h, w = row
         expect(
             h % spatial_merge_size == 0 and w % spatial_merge_size == 0,
             f"grid_thw[{i}] h and w divisible by spatial_merge_size {spatial_merge_size}",
             row,
         )
+    grid = [(int(t), int(h), int(w)) for t, h, w in grid]
     return grid
 
 
@@ -230,8 +232,8 @@ class EncoderAttention:
         logit_softcap: float = 0.0,
     ):
         device = torch.device(device)
-        expect(isinstance(num_heads, int) and num_heads >= 1, "num_heads to be a positive int", num_heads)
-        expect(isinstance(head_dim, int) and head_dim >= 1, "head_dim to be a positive int", head_dim)
+        expect(is_int(num_heads) and num_heads >= 1, "num_heads to be a positive int", num_heads)
+        expect(is_int(head_dim) and head_dim >= 1, "head_dim to be a positive int", head_dim)
         expect(
             isinstance(window_size, (tuple, list)) and len(window_size) == 2,
             "window_size as a (left, right) pair",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import NoReturn
 
 
@@ -9,6 +10,16 @@ def expect(cond: bool, what: str, got: object) -> None:
     """Raise ``ValueError("expected {what}, got {got}")`` unless ``cond``: the one form of input errors."""
     if not cond:
         fail(what, got)
+
+
+def is_int(value: object) -> bool:
+    """An integer (``int``, NumPy's) that is not a ``bool``: ``True`` is not a count, a size or a token id."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> bool:
+    """A real number (``int``, ``float``, NumPy's) that is not a ``bool``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def fail(what: str, got: object) -> NoReturn:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import is_int
+
 
 @dataclass(frozen=True, eq=False)
 class LocalAttentionBatches:
@@ -72,9 +74,9 @@ def make_local_attention_virtual_batches(
         :class:`LocalAttentionBatches`. Computed with vectorized tensor ops on the inputs' device;
         one host sync reads the virtual batch count and the max lengths.
     """
-    if not isinstance(page_size, int) or page_size < 1:
+    if not is_int(page_size) or page_size < 1:
         raise ValueError(f"expected page_size to be a positive int, got {page_size!r}")
-    if not isinstance(attention_chunk_size, int) or attention_chunk_size < 1:
+    if not is_int(attention_chunk_size) or attention_chunk_size < 1:
         raise ValueError(f"expected attention_chunk_size to be a positive int, got {attention_chunk_size!r}")
     if attention_chunk_size % page_size != 0:
         raise ValueError(

@@ -20,15 +20,14 @@ import torch
 
 from .backends.base import Capabilities, Request
 from .backends.registry import select_backend
-from .errors import expect
+from .errors import expect, is_real
 from .kernels.triton.mla_workspace import (
     mla_workspace_size,
     partial_buffers,
     resolve_num_kv_splits,
 )
 from .kv_quant import FP8_DTYPES, check_scale, quantize_kv
-from .paging import num_pages_for
-from .validation import FLOAT_DTYPES, check_tensor
+from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
 
 
 class MLARequest(Request):
@@ -144,6 +143,7 @@ def mla_decode(
     backend: str = "auto",
     return_lse: bool = False,
     kv_scale: float = 1.0,
+    check: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """MLA decode: one query per sequence over its paged latent cache (absorbed form).
 
@@ -168,7 +168,14 @@ def mla_decode(
     Key ``j`` lives in slot ``page_table[b, j // P] · P + j % P``. Example with ``P = 2``: a
     sequence of 3 keys in physical pages 5 and 0 has the row ``[5, 0, <anything>...]``. Slots past
     ``seq_lens[b]`` and page-table columns past its last page are never read. A sequence with
-    ``seq_lens[b] == 0`` returns zeros. Any page size, rank, rope dim and head count.
+    ``seq_lens[b] == 0`` returns zeros (a batch where every sequence is empty too, with a 0-page
+    cache or a 0-column page table). Any page size, rank, rope dim and head count.
+
+    ``page_table`` must be page-granular: token-granular ``req_to_token`` rows run without error
+    when their slot numbers happen to be valid page ids, and read the wrong pages. Build it with
+    ``portattn.to_page_table`` (a ``PageTable``, whose page size is checked against
+    ``kv_cache``); ``check=True`` (default: ``PORTATTN_DEBUG``) checks a raw table fully, as
+    ``paged_attention`` does.
 
     ``num_kv_splits``: ``None`` (or -1) chooses from the problem with
     :func:`choose_num_kv_splits` (``max_seq_len`` = the longest sequence); a positive int forces
@@ -206,6 +213,7 @@ def mla_decode(
     kv_scale = check_scale("kv_scale", kv_scale)
     expect(quantized or kv_scale == 1.0, f"kv_scale 1.0 with a {dtype} cache", kv_scale)
     num_pages, page_size, row = kv_cache.shape
+    check_sizes({"page size (kv_cache.shape[1])": page_size})
     expect(
         row == rank + rope_dim,
         f"kv_cache rows of kv_lora_rank + rope_dim = {rank} + {rope_dim} = {rank + rope_dim}",
@@ -215,27 +223,12 @@ def mla_decode(
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,), device)
     expect(seq_lens.shape[0] == batch, f"seq_lens of shape [{batch}] (one per sequence)", list(seq_lens.shape))
     expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
-    expect(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
+    expect(is_real(scale) and math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     lens = seq_lens.tolist()
     bad = next((b for b, n in enumerate(lens) if n < 0), None)
     expect(bad is None, "seq_lens >= 0", f"seq_lens[{bad}] = {lens[bad]}" if bad is not None else "")
     max_seq_len = max(lens, default=0)
-    expect(
-        page_table.shape[1] * page_size >= max_seq_len,
-        f"page_table with at least {num_pages_for(max_seq_len, page_size)} columns for {max_seq_len} keys "
-        f"at page size {page_size}",
-        page_table.shape[1],
-    )
-    if batch and max_seq_len:
-        cols = torch.arange(page_table.shape[1], device=device)
-        used = cols[None, :] * page_size < seq_lens[:, None]  # [B, max_pages]
-        out_of_range = used & ((page_table < 0) | (page_table >= num_pages))
-        if bool(out_of_range.any()):
-            b, col = (int(i) for i in out_of_range.nonzero()[0])
-            raise ValueError(
-                f"expected page ids in [0, {num_pages}) for used pages, got {int(page_table[b, col])} "
-                f"at page_table[{b}, {col}]"
-            )
+    check_page_table(page_table, lens, seq_lens, page_size, num_pages, check=check)
     features = frozenset({"lse"}) if return_lse else frozenset()
     request = MLARequest(
         "mla_decode", device.type, dtype, rank + rope_dim, features, kv_dtype=kv_cache.dtype if quantized else None

@@ -13,7 +13,7 @@ import torch
 
 from .backends.base import AttentionParams, Request
 from .backends.registry import select_backend
-from .errors import expect
+from .errors import expect, is_int
 from .kv_quant import FP8_DTYPES, check_scale
 from .validation import (
     FLOAT_DTYPES,
@@ -21,6 +21,8 @@ from .validation import (
     check_cu_seqlens,
     check_head_groups,
     check_out,
+    check_page_table,
+    check_sizes,
     check_tensor,
 )
 
@@ -46,6 +48,7 @@ def paged_attention(
     return_lse: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    check: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of new query tokens over a paged KV cache (decode, extend, prefill, mixed).
 
@@ -64,7 +67,18 @@ def paged_attention(
     The keys of sequence ``b`` are its first ``seq_lens_k[b]`` slots; the new tokens' K/V must
     already be in the cache. Queries are bottom-right aligned: query ``i`` of ``n`` sits at
     position ``L - n + i``. Example with ``P = 2``: a sequence of 5 keys in physical pages 6, 1, 4
-    has the row ``[6, 1, 4, <anything>...]``; a decode step is ``n = 1`` at position 4.
+    has the row ``[6, 1, 4, <anything>...]``; a decode step is ``n = 1`` at position 4. A
+    sequence may have more queries than keys (``n > L``, as in ``varlen_attention``): its first
+    ``n - L`` queries sit at negative positions and, under ``causal``, see no key.
+
+    The trap: ``req_to_token`` rows are token-granular (one slot per token, ``page * P +
+    offset``); passed here they run without error whenever their slot numbers happen to be valid
+    page ids, and attention reads the wrong pages. Convert them with ``portattn.to_page_table``:
+    its result is a ``PageTable`` whose page size the op checks against ``k_cache``. Raw tables
+    are checked fully with ``check=True`` (default: the ``PORTATTN_DEBUG`` environment variable):
+    page ids in range, no page twice in a row or shared between rows outside a common prefix, and
+    no column per key where fewer columns hold the keys (``validation.check_page_table``); this
+    costs a host pass over the table.
 
     Masks: ``causal`` (key ``j <= p``); ``window_left = W`` (also ``j >= p - W``, -1 = off; a
     Hugging Face ``sliding_window = S`` is ``W = S - 1``); ``attention_chunk_size = C`` (also
@@ -100,7 +114,7 @@ def paged_attention(
             expected and what came); ``UnsupportedFeatureError`` if ``backend`` lacks a feature.
     """
     page_size, value_dim, _, _ = check_paged_inputs(
-        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, kv_dtypes=FP8_DTYPES
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, kv_dtypes=FP8_DTYPES, check=check
     )
     quantized = k_cache.dtype != q.dtype
     k_scale, v_scale = check_scale("k_scale", k_scale), check_scale("v_scale", v_scale)
@@ -161,8 +175,9 @@ def check_paged_inputs(
     seq_lens_k: torch.Tensor,
     *,
     kv_dtypes: tuple[torch.dtype, ...] = (),
+    check: bool | None = None,
 ) -> tuple[int, int, list[int], list[int]]:
-    """Validate the tensors of a paged call (as :func:`paged_attention` takes them).
+    """Validate the tensors of a paged call (as :func:`paged_attention` takes them; ``check`` as there).
 
     The caches are in ``q``'s dtype or, both alike, one of ``kv_dtypes`` (quantised caches).
     Returns ``(page_size, Dv, q_lens, k_lens)``, the lengths as host lists.
@@ -174,6 +189,8 @@ def check_paged_inputs(
     check_tensor("v_cache", v_cache, 4, (k_cache.dtype,), device)
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     value_dim = v_cache.shape[3]
+    check_sizes({"query heads (q.shape[1])": num_q_heads, "head dim (q.shape[2])": head_dim})
+    check_sizes({"page size (k_cache.shape[1])": page_size, "value head dim (v_cache.shape[3])": value_dim})
     expect(k_cache.shape[3] == head_dim, f"k_cache head dim {head_dim} (as q)", k_cache.shape[3])
     expect(
         tuple(v_cache.shape[:3]) == (num_pages, page_size, num_kv_heads),
@@ -189,24 +206,9 @@ def check_paged_inputs(
     expect(page_table.shape[0] == batch, f"page_table with {batch} rows (one per sequence)", list(page_table.shape))
     q_lens = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, num_tokens)
     k_lens = seq_lens_k.tolist()
-    for b, (n, num_keys) in enumerate(zip(q_lens, k_lens)):
-        expect(num_keys >= n, f"seq_lens_k[{b}] >= its query count {n}", num_keys)
-    max_keys = max(k_lens, default=0)
-    expect(
-        page_table.shape[1] * page_size >= max_keys,
-        f"page_table with at least {-(-max_keys // page_size)} columns for {max_keys} keys at page size {page_size}",
-        page_table.shape[1],
-    )
-    if batch and max_keys:
-        cols = torch.arange(page_table.shape[1], device=device)
-        used = cols[None, :] * page_size < seq_lens_k[:, None]
-        bad = used & ((page_table < 0) | (page_table >= num_pages))
-        if bool(bad.any()):
-            row, col = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"expected page ids in [0, {num_pages}) for used pages, got {int(page_table[row, col])} "
-                f"at page_table[{row}, {col}]"
-            )
+    bad = next((b for b, n in enumerate(k_lens) if n < 0), None)
+    expect(bad is None, "seq_lens_k >= 0", f"seq_lens_k[{bad}] = {k_lens[bad]}" if bad is not None else "")
+    check_page_table(page_table, k_lens, seq_lens_k, page_size, num_pages, check=check)
     return page_size, value_dim, q_lens, k_lens
 
 
@@ -273,11 +275,16 @@ def varlen_attention(
     num_tokens, num_q_heads, head_dim = q.shape
     check_tensor("k", k, 3, (q.dtype,), device)
     check_tensor("v", v, 3, (q.dtype,), device)
-    num_keys, num_kv_heads, value_dim = v.shape
+    num_keys, num_kv_heads = k.shape[:2]
+    value_dim = v.shape[2]
+    check_sizes({"query heads (q.shape[1])": num_q_heads, "head dim (q.shape[2])": head_dim})
     expect(
-        tuple(k.shape) == (num_keys, num_kv_heads, head_dim),
-        f"k of shape [{num_keys}, {num_kv_heads}, {head_dim}]",
-        list(k.shape),
+        k.shape[2] == head_dim, f"k of shape [{num_keys}, {num_kv_heads}, {head_dim}] (head dim as q)", list(k.shape)
+    )
+    expect(
+        tuple(v.shape[:2]) == (num_keys, num_kv_heads) and value_dim >= 1,
+        f"v of shape [{num_keys}, {num_kv_heads}, Dv >= 1] (keys and heads as k)",
+        list(v.shape),
     )
     check_head_groups(num_q_heads, num_kv_heads)
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), device)
@@ -294,7 +301,7 @@ def varlen_attention(
     k_lens = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, num_keys)
     for name, hint, lens in (("max_seqlen_q", max_seqlen_q, q_lens), ("max_seqlen_k", max_seqlen_k, k_lens)):
         if hint is not None:
-            expect(isinstance(hint, int) and hint >= max(lens, default=0), f"{name} >= {max(lens, default=0)}", hint)
+            expect(is_int(hint) and hint >= max(lens, default=0), f"{name} >= {max(lens, default=0)}", hint)
     expect(
         isinstance(window_size, (tuple, list)) and len(window_size) == 2,
         "window_size as a (left, right) pair",

@@ -13,19 +13,50 @@ Example with ``page_size = 4``, one request of 6 tokens living in physical pages
     page_table row   : [ 7,  2]                      (pages)
 
 :func:`to_page_table` is the only place that converts the first into the second. Every function
-that takes a table says which granularity it expects.
+that takes a table says which granularity it expects, and its result is a :class:`PageTable`: a
+tensor that carries its page size, which the ops check against the cache they read.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .errors import OutOfPagesError
+from .errors import OutOfPagesError, is_int
 
 
 def num_pages_for(num_tokens: int, page_size: int) -> int:
     """Pages needed to hold ``num_tokens`` tokens (ceil division)."""
     return -(-num_tokens // page_size)
+
+
+class PageTable(torch.Tensor):
+    """A page-granular table ``[B, max_pages]`` int32 that knows its page size.
+
+    :func:`to_page_table` returns one; wrap a table built page-granular by other means with
+    ``PageTable(table, page_size)``. It is the table tensor itself (same storage, usable wherever a
+    tensor is), and ``page_table.page_size`` says which cache layout it was made for: the ops
+    refuse it against a cache of another page size. The results of tensor operations on it
+    (slices, ``.to()`` to another device) are plain tensors, which the ops treat as raw tables.
+    """
+
+    page_size: int
+
+    # Operations on a PageTable return plain tensors: a slice or a sum is not a page table.
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, table: torch.Tensor, page_size: int) -> PageTable:
+        if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.dtype != torch.int32:
+            got = f"{table.dtype} of shape {tuple(table.shape)}" if isinstance(table, torch.Tensor) else type(table)
+            raise ValueError(f"expected table to be an int32 tensor of shape [B, max_pages], got {got}")
+        if not is_int(page_size) or page_size < 1:
+            raise ValueError(f"expected page_size to be a positive int, got {page_size!r}")
+        out = torch.Tensor._make_subclass(cls, table)
+        out.page_size = page_size
+        return out
+
+    def __init__(self, table: torch.Tensor, page_size: int) -> None:
+        pass  # all set in __new__
 
 
 def to_page_table(
@@ -34,7 +65,7 @@ def to_page_table(
     *,
     seq_lens: torch.Tensor | None = None,
     check: bool = False,
-) -> torch.Tensor:
+) -> PageTable:
     """Convert token-granular rows (``req_to_token``) into a page-granular page table.
 
     Args:
@@ -48,19 +79,21 @@ def to_page_table(
             first offending row and column. Costs one pass over the table and one host sync.
 
     Returns:
-        ``[B, ceil(max_context / P)]`` int32 page table: ``page_table[b, p] =
-        token_table[b, p * P] // P``. Entries of pages past ``seq_lens`` are meaningless.
+        ``[B, ceil(max_context / P)]`` int32 :class:`PageTable` (a tensor with ``page_size``):
+        ``page_table[b, p] = token_table[b, p * P] // P``. Entries of pages past ``seq_lens`` are
+        meaningless.
     """
-    if token_table.dim() != 2:
-        raise ValueError(f"expected token_table of shape [B, max_context], got {tuple(token_table.shape)}")
+    if not isinstance(token_table, torch.Tensor) or token_table.dim() != 2:
+        got = tuple(token_table.shape) if isinstance(token_table, torch.Tensor) else type(token_table).__name__
+        raise ValueError(f"expected token_table of shape [B, max_context], got {got}")
     if token_table.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"expected token_table of dtype int32 or int64, got {token_table.dtype}")
-    if not isinstance(page_size, int) or page_size < 1:
+    if not is_int(page_size) or page_size < 1:
         raise ValueError(f"expected page_size to be a positive int, got {page_size!r}")
     page_table = torch.div(token_table[:, ::page_size], page_size, rounding_mode="floor").to(torch.int32)
     if check:
         _check_page_aligned(token_table, page_table, page_size, seq_lens)
-    return page_table
+    return PageTable(page_table, page_size)
 
 
 def _check_page_aligned(
@@ -91,10 +124,14 @@ class PageAllocator:
     ``allocate`` hands out pages with a count of one; ``retain`` adds a holder (prefix sharing);
     ``free`` drops one holder and returns the page to the pool when none is left. Freeing a page
     that nobody holds raises, so double frees are caught where they happen.
+
+    Each call changes the pool completely or not at all: the new counts and free list are worked
+    out first, and an exception while they are stored (an interrupt, ``MemoryError``) puts the old
+    ones back before it propagates.
     """
 
     def __init__(self, num_pages: int):
-        if not isinstance(num_pages, int) or num_pages < 1:
+        if not is_int(num_pages) or num_pages < 1:
             raise ValueError(f"expected num_pages to be a positive int, got {num_pages!r}")
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # stack: pops low ids first
@@ -112,22 +149,25 @@ class PageAllocator:
         return n <= len(self._free)
 
     def allocate(self, n: int) -> list[int]:
-        if n < 0:
-            raise ValueError(f"expected a non-negative page count, got {n}")
+        if not is_int(n) or n < 0:
+            raise ValueError(f"expected a non-negative page count, got {n!r}")
         if n > len(self._free):
             raise OutOfPagesError(f"cannot allocate {n} pages: {len(self._free)} of {self.num_pages} are free")
-        pages = [self._free.pop() for _ in range(n)]
-        for page in pages:
-            self._refs[page] = 1
-        return pages
+        keep = len(self._free) - n
+        pages = self._free[keep:][::-1]
+        return self._commit(keep, [], dict.fromkeys(pages, 1), pages)  # no line between commit and return
 
     def retain(self, pages: list[int]) -> None:
+        pages = list(pages)
         for page in pages:
             self._check_held(page, "retain")
+        refs: dict[int, int] = {}
         for page in pages:
-            self._refs[page] += 1
+            refs[page] = refs.get(page, self._refs[page]) + 1
+        self._commit(len(self._free), [], refs)
 
     def free(self, pages: list[int]) -> None:
+        pages = list(pages)
         counts: dict[int, int] = {}
         for page in pages:
             counts[page] = counts.get(page, 0) + 1
@@ -135,18 +175,38 @@ class PageAllocator:
             self._check_held(page, "free")
             if self._refs[page] < n:
                 raise ValueError(f"double free of page {page}: it has {self._refs[page]} holder(s), freed {n}")
+        refs: dict[int, int] = {}
+        released = []
         for page in pages:
-            self._refs[page] -= 1
-            if self._refs[page] == 0:
-                self._free.append(page)
+            refs[page] = refs.get(page, self._refs[page]) - 1
+            if refs[page] == 0:
+                released.append(page)
+        self._commit(len(self._free), released, refs)
 
     def ref_count(self, page: int) -> int:
         self._check_id(page)
         return self._refs[page]
 
+    def _commit(self, keep: int, released: list[int], refs: dict[int, int], result=None):
+        """Make the free list ``free[:keep] + released`` and set the counts ``refs``: all, or none.
+
+        Returns ``result``, so that a caller can return what it allocated in the commit's own line.
+        """
+        old_tail, old_refs = self._free[keep:], {page: self._refs[page] for page in refs}
+        try:
+            self._free[keep:] = released
+            for page, count in refs.items():
+                self._refs[page] = count
+            return result  # inside the try: an interrupt at this line still rolls back
+        except BaseException:
+            self._free[keep:] = old_tail
+            for page, count in old_refs.items():
+                self._refs[page] = count
+            raise
+
     def _check_id(self, page: int) -> None:
-        if not 0 <= page < self.num_pages:
-            raise ValueError(f"expected a page id in [0, {self.num_pages}), got {page}")
+        if not is_int(page) or not 0 <= page < self.num_pages:
+            raise ValueError(f"expected a page id in [0, {self.num_pages}), got {page!r}")
 
     def _check_held(self, page: int, action: str) -> None:
         self._check_id(page)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import torch
 
 from .backends.base import AttentionParams
-from .errors import expect
+from .errors import expect, fail, is_int, is_real
+from .paging import PageTable, num_pages_for
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -33,6 +35,92 @@ def check_tensor(name: str, t: object, dim: int, dtypes: tuple[torch.dtype, ...]
     names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
     expect(t.dtype in dtypes, f"{name} of dtype {names}", t.dtype)
     expect(same_device(t.device, device), f"{name} on {device}", t.device)
+
+
+def debug_checks() -> bool:
+    """``PORTATTN_DEBUG=1`` (any value but empty or 0): the ops check raw page tables fully."""
+    return os.environ.get("PORTATTN_DEBUG", "0") not in ("", "0")
+
+
+def check_sizes(sizes: dict[str, int]) -> None:
+    """Sizes that later code divides by (head dims, page size), by description: each at least 1."""
+    for name, value in sizes.items():
+        expect(value >= 1, f"{name} >= 1", value)
+
+
+def check_page_table(
+    page_table: torch.Tensor,
+    lens: list[int],
+    seq_lens: torch.Tensor,
+    page_size: int,
+    num_pages: int,
+    *,
+    check: bool | None,
+) -> None:
+    """``page_table [B, W]`` (page-granular) for sequences of ``lens`` keys over ``num_pages`` pages of ``page_size``.
+
+    Always: a :class:`~portattn.paging.PageTable` made for another page size is refused, the
+    table is wide enough for the longest sequence, and the columns that hold keys (the first
+    ``ceil(lens[b] / P)`` of row ``b``) are page ids in ``[0, num_pages)``. With ``check``
+    (``None``: :func:`debug_checks`), also: no page twice in one row; a page in two rows only as
+    part of a common prefix (the same page in the same column, the columns before it equal, as a
+    prefix cache shares them); and a raw table (not a ``PageTable``) may not have one column per
+    key of its longest sequence when fewer would do, the shape of token-granular ``req_to_token``
+    rows passed by mistake.
+    """
+    if isinstance(page_table, PageTable):
+        expect(
+            page_table.page_size == page_size,
+            f"a page_table for page size {page_size} (the cache's)",
+            f"a PageTable made for page size {page_table.page_size}",
+        )
+    width, max_keys = page_table.shape[1], max(lens, default=0)
+    need = num_pages_for(max_keys, page_size)
+    expect(
+        width >= need,
+        f"page_table with at least {need} columns for {max_keys} keys at page size {page_size}",
+        width,
+    )
+    if not lens or not max_keys:
+        return
+    cols = torch.arange(width, device=page_table.device)
+    used = cols[None, :] * page_size < seq_lens[:, None]  # [B, W]
+    bad = used & ((page_table < 0) | (page_table >= num_pages))
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        fail(f"page ids in [0, {num_pages}) for used pages", f"{int(page_table[row, col])} at page_table[{row}, {col}]")
+    if not (debug_checks() if check is None else check):
+        return
+    if not isinstance(page_table, PageTable) and page_size > 1 and width > need and width >= max_keys:
+        fail(
+            f"a page-granular page_table ({need} columns hold {max_keys} keys at page size {page_size})",
+            f"{width} columns, one per key: token-granular req_to_token rows? Convert them with "
+            "portattn.to_page_table, or pass only the columns in use",
+        )
+    rows = page_table[:, :need].tolist()
+    seen: dict[int, tuple[int, int]] = {}  # page -> (row, column) of its first use
+    for b, n in enumerate(lens):
+        for c in range(num_pages_for(n, page_size)):
+            page = rows[b][c]
+            if page not in seen:
+                seen[page] = (b, c)
+                continue
+            b0, c0 = seen[page]
+            expect(
+                b0 != b and c0 == c and rows[b0][:c] == rows[b][:c],
+                "each page once per row, and shared between rows only in a common prefix",
+                f"page {page} at page_table[{b0}, {c0}] and page_table[{b}, {c}]",
+            )
+
+
+def check_pixel_values(pixel_values: object, name: str = "pixel_values") -> None:
+    """Image patches ``[N, patch_dim]``: a floating-point tensor with finite values only."""
+    expect(isinstance(pixel_values, torch.Tensor), f"{name} to be a torch.Tensor", type(pixel_values).__name__)
+    expect(pixel_values.is_floating_point(), f"floating-point {name}", pixel_values.dtype)
+    finite = torch.isfinite(pixel_values)
+    if not bool(finite.all()):
+        where = tuple(int(i) for i in (~finite).nonzero()[0])
+        fail(f"finite {name}", f"{pixel_values[where].item()} at {name}{list(where)}")
 
 
 def check_head_groups(num_q_heads: int, num_kv_heads: int) -> None:
@@ -73,18 +161,20 @@ def attention_params(
     logit_softcap: float,
     device: torch.device,
 ) -> AttentionParams:
-    expect(isinstance(window_left, int) and window_left >= -1, "window_left to be an int >= -1", window_left)
-    expect(isinstance(window_right, int) and window_right >= -1, "window_right to be an int >= -1", window_right)
+    expect(is_int(window_left) and window_left >= -1, "window_left to be an int >= -1", window_left)
+    expect(is_int(window_right) and window_right >= -1, "window_right to be an int >= -1", window_right)
     if attention_chunk_size is not None:
         expect(
-            isinstance(attention_chunk_size, int) and attention_chunk_size >= 1,
+            is_int(attention_chunk_size) and attention_chunk_size >= 1,
             "attention_chunk_size to be None or a positive int",
             attention_chunk_size,
         )
-    expect(logit_softcap >= 0, "logit_softcap >= 0 (0 disables it)", logit_softcap)
+    expect(isinstance(causal, bool), "causal to be a bool", causal)
+    expect(is_real(logit_softcap) and logit_softcap >= 0, "logit_softcap >= 0 (0 disables it)", logit_softcap)
+    expect(math.isfinite(logit_softcap), "a finite logit_softcap", logit_softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
+    expect(is_real(scale) and math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     if sinks is not None:
         check_tensor("sinks", sinks, 1, FLOAT_DTYPES, device)
         expect(
@@ -111,5 +201,4 @@ def check_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tens
 
 def check_int(name: str, value: object, low: int) -> None:
     """An ``int`` (not a ``bool``) of at least ``low``."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    expect(ok, f"{name} to be an int >= {low}", value)
+    expect(is_int(value) and value >= low, f"{name} to be an int >= {low}", value)

@@ -35,7 +35,13 @@ def faulty_checkpoint(root: str, tmp_path, fault: str) -> str:
     ],
 )
 def test_failing_rank_raises_its_error(fault, message, ckpt_root, tmp_path):
-    llm = LLM(faulty_checkpoint(ckpt_root, tmp_path, fault), num_pages=32, tensor_parallel_size=2, device=DEVICE)
+    llm = LLM(
+        faulty_checkpoint(ckpt_root, tmp_path, fault),
+        num_pages=32,
+        max_model_len=256,
+        tensor_parallel_size=2,
+        device=DEVICE,
+    )
     pids = rank_pids(llm)
     with pytest.raises(WorkerError, match=message):
         generate(llm, [[1, 2, 3]], 4, prompt_logits=False)
@@ -47,7 +53,13 @@ def test_failing_rank_raises_its_error(fault, message, ckpt_root, tmp_path):
 
 def test_hanging_rank_fails_the_step_after_the_timeout(ckpt_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PORTATTN_TP_TIMEOUT_S", "3")
-    llm = LLM(faulty_checkpoint(ckpt_root, tmp_path, "hang"), num_pages=32, tensor_parallel_size=2, device=DEVICE)
+    llm = LLM(
+        faulty_checkpoint(ckpt_root, tmp_path, "hang"),
+        num_pages=32,
+        max_model_len=256,
+        tensor_parallel_size=2,
+        device=DEVICE,
+    )
     pids = rank_pids(llm)
     start = time.monotonic()
     with pytest.raises(WorkerError, match="no rank reported an error"):

@@ -22,9 +22,12 @@ PROMPTS = [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
 
 def test_shutdown_then_a_second_llm(ckpt_root):
     path = checkpoint("llama", ckpt_root)
-    want = [out.token_ids for out in generate(LLM(path, num_pages=32, device=DEVICE), PROMPTS, 6, prompt_logits=False)]
+    want = [
+        out.token_ids
+        for out in generate(LLM(path, num_pages=32, max_model_len=256, device=DEVICE), PROMPTS, 6, prompt_logits=False)
+    ]
     for _ in range(2):
-        llm = LLM(path, num_pages=32, tensor_parallel_size=2, device=DEVICE)
+        llm = LLM(path, num_pages=32, max_model_len=256, tensor_parallel_size=2, device=DEVICE)
         pids = rank_pids(llm)
         assert all(alive(pid) for pid in pids)
         assert [out.token_ids for out in generate(llm, PROMPTS, 6, prompt_logits=False)] == want
@@ -44,7 +47,8 @@ def test_ranks_end_with_rank_0s_process(end, ckpt_root):
         f"""
         import os, signal
         import portattn
-        llm = portattn.LLM({checkpoint("llama", ckpt_root)!r}, num_pages=32, tensor_parallel_size=2, device={DEVICE!r})
+        pool = dict(num_pages=32, max_model_len=256)
+        llm = portattn.LLM({checkpoint("llama", ckpt_root)!r}, **pool, tensor_parallel_size=2, device={DEVICE!r})
         out = llm.generate([[1, 2, 3]], portattn.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
         print("pids", *[p.pid for p in llm.engine.parallel.processes], flush=True)
         print("tokens", *out[0].token_ids, flush=True)
@@ -65,5 +69,5 @@ def test_ranks_end_with_rank_0s_process(end, ckpt_root):
 
 def test_heads_that_do_not_divide_fail_at_start_up(ckpt_root):
     with pytest.raises(ValueError, match=r"num_attention_heads divisible by tensor_parallel_size 3, got 4"):
-        LLM(checkpoint("llama", ckpt_root), num_pages=32, tensor_parallel_size=3, device=DEVICE)
+        LLM(checkpoint("llama", ckpt_root), num_pages=32, max_model_len=256, tensor_parallel_size=3, device=DEVICE)
     assert children_of(os.getpid()) == []

@@ -22,6 +22,7 @@ def make_llm(path: str, tp: int) -> LLM:
         path,
         page_size=7,
         num_pages=8,
+        max_model_len=56,
         max_num_seqs=4,
         chunked_prefill_size=8,
         enable_prefix_caching=True,

@@ -26,13 +26,16 @@ def node_command(node_rank: int, port: int, path: str) -> list[str]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank)]
     torchrun += ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
     generate_args = ["--model", path, "--device", DEVICE, "--prompt-ids", ",".join(map(str, PROMPT))]
-    generate_args += ["--max-tokens", "6", "--ignore-eos", "--num-pages", "32", "--tensor-parallel-size", "2"]
+    generate_args += ["--max-tokens", "6", "--ignore-eos", "--num-pages", "32", "--max-model-len", "256"]
+    generate_args += ["--tensor-parallel-size", "2"]
     return [*torchrun, "-m", "portattn.cli", "generate", *generate_args]
 
 
 def test_two_torchrun_nodes_equal_one_process(ckpt_root):
     path = checkpoint("qwen3", ckpt_root)
-    want = generate(LLM(path, num_pages=32, device=DEVICE), [PROMPT], 6, prompt_logits=False)[0].token_ids
+    want = generate(LLM(path, num_pages=32, max_model_len=256, device=DEVICE), [PROMPT], 6, prompt_logits=False)[
+        0
+    ].token_ids
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
     nodes = []

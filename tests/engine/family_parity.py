@@ -36,6 +36,7 @@ def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
         path,
         page_size=page_size,
         num_pages=-(-800 // page_size),
+        max_model_len=256,
         max_num_seqs=8,
         enable_prefix_caching=prefix,
         chunked_prefill_size=8 if chunked else None,

@@ -16,15 +16,15 @@ def test_argument_beats_env_var_beats_auto(ckpt_root, monkeypatch):
     path = checkpoint("llama", ckpt_root)
     monkeypatch.setenv("PORTATTN_ATTENTION_BACKEND", "no-such-backend")
     with pytest.raises(ValueError, match="expected an attention backend in"):
-        LLM(path, num_pages=8)
-    assert LLM(path, num_pages=8, attention_backend="torch").engine.backend.name == "torch"
+        LLM(path, num_pages=8, max_model_len=128)
+    assert LLM(path, num_pages=8, max_model_len=128, attention_backend="torch").engine.backend.name == "torch"
     monkeypatch.setenv("PORTATTN_ATTENTION_BACKEND", "torch")
-    assert LLM(path, num_pages=8).engine.backend.name == "torch"
+    assert LLM(path, num_pages=8, max_model_len=128).engine.backend.name == "torch"
 
 
 def test_plan_once_per_forward_and_forward_once_per_layer(ckpt_root, monkeypatch):
     path = checkpoint("llama4", ckpt_root)
-    llm = LLM(path, page_size=5, num_pages=64, chunked_prefill_size=12)
+    llm = LLM(path, page_size=5, num_pages=64, max_model_len=320, chunked_prefill_size=12)
     backend = llm.engine.backend
     calls = {"plan": 0, "forward": 0, "steps": 0}
     plan, forward, step = backend.plan, backend.forward, llm.engine.step

@@ -61,6 +61,7 @@ def make_llm(path: str, kv_cache_dtype: str = "auto", *, decode_steps: bool = Tr
         path,
         page_size=7,
         num_pages=64,
+        max_model_len=256,  # the DeepSeek checkpoint's max_position_embeddings
         max_num_seqs=8,
         kv_cache_dtype=kv_cache_dtype,
         chunked_prefill_size=1 if decode_steps else None,

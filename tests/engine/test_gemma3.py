@@ -19,7 +19,7 @@ def test_gemma3_matches_transformers(page_size, prefix, chunked, ckpt_root):
 
 def test_five_local_layers_per_global_one_with_their_own_rotary(ckpt_root):
     config = tiny_config("gemma3")
-    model = LLM(checkpoint("gemma3", ckpt_root), num_pages=8).engine.model
+    model = LLM(checkpoint("gemma3", ckpt_root), num_pages=8, max_model_len=128).engine.model
     windows = [layer.window_left for layer in model.attention_layers()]
     assert windows == [config.sliding_window - 1] * 5 + [-1]
     assert {layer.logit_softcap for layer in model.attention_layers()} == {0.0}

@@ -27,7 +27,7 @@ def test_gpt_oss_matches_transformers(page_size, prefix, chunked, ckpt_root):
 
 def test_sinks_on_every_layer_window_on_every_other(ckpt_root):
     path = checkpoint("gpt_oss", ckpt_root)
-    layers = LLM(path, num_pages=8).engine.model.attention_layers()
+    layers = LLM(path, num_pages=8, max_model_len=128).engine.model.attention_layers()
     assert [layer.window_left for layer in layers] == [tiny_config("gpt_oss").sliding_window - 1, -1]
     assert [layer.features for layer in layers] == [frozenset({"window", "sinks"}), frozenset({"sinks"})]
     assert {layer.head_dim for layer in layers} == {64}
@@ -52,14 +52,14 @@ def test_mxfp4_checkpoint_is_quantized(ckpt_root):
 
 def test_mxfp4_experts_load_as_transformers_dequantizes_them(ckpt_root):
     path = mxfp4_checkpoint(ckpt_root)
-    ours = LLM(path, num_pages=8).engine.model.model.layers
+    ours = LLM(path, num_pages=8, max_model_len=128).engine.model.model.layers
     theirs = hf_model(path).model.layers  # transformers dequantizes to float32 as it loads
     for layer, hf_layer in zip(ours, theirs):
         experts, hf_experts = layer.mlp.experts, hf_layer.mlp.experts
         assert torch.equal(experts.gate_up_proj.transpose(1, 2).cpu(), hf_experts.gate_up_proj.detach())  # [E, H, 2I]
         assert torch.equal(experts.down_proj.transpose(1, 2).cpu(), hf_experts.down_proj.detach())  # [E, I, H]
     # and they differ from the unquantized checkpoint's (the quantization is not a no-op)
-    plain = LLM(checkpoint("gpt_oss", ckpt_root), num_pages=8).engine.model.model.layers
+    plain = LLM(checkpoint("gpt_oss", ckpt_root), num_pages=8, max_model_len=128).engine.model.model.layers
     assert not torch.equal(plain[0].mlp.experts.gate_up_proj, ours[0].mlp.experts.gate_up_proj)
 
 
@@ -112,12 +112,12 @@ def test_mxfp4_bad_inputs_raise(tmp_path, ckpt_root):
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
     with pytest.raises(ValueError, match=r"missing .*layers\.1\.mlp\.experts\.down_proj \(shard 'scales'\)"):
-        LLM(tmp_path, num_pages=8)
+        LLM(tmp_path, num_pages=8, max_model_len=128)
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq"}
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"expected unquantized experts or quant_method in \['mxfp4'\], got 'gptq'"):
-        LLM(tmp_path, num_pages=8)
+        LLM(tmp_path, num_pages=8, max_model_len=128)
 
 
 # -- the experts -----------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def replays(llm: LLM) -> int:
 )
 def test_static_decode_equals_eager(family, page_size, ckpt_root):
     path = checkpoint(family, ckpt_root)
-    kwargs = dict(page_size=page_size, num_pages=-(-900 // page_size), max_num_seqs=8)
+    kwargs = dict(page_size=page_size, num_pages=-(-900 // page_size), max_model_len=256, max_num_seqs=8)
     want = generate(LLM(path, enforce_eager=True, **kwargs), PROMPTS, MAX_TOKENS)
     llm = static_llm(path, **kwargs)
     assert_same(generate(llm, PROMPTS, MAX_TOKENS), want)
@@ -71,7 +71,7 @@ def test_static_decode_equals_eager(family, page_size, ckpt_root):
 def test_static_decode_after_preemption_and_with_prefix_caching(ckpt_root):
     path = checkpoint("llama4", ckpt_root)
     # 12 pages of 8 tokens cannot hold six growing sequences: the newest are preempted and recomputed.
-    kwargs = dict(page_size=8, num_pages=12, max_num_seqs=6, enable_prefix_caching=True)
+    kwargs = dict(page_size=8, num_pages=12, max_model_len=96, max_num_seqs=6, enable_prefix_caching=True)
     shared = [*PROMPTS[4], 3, 1, 4]  # extends a first-wave prompt: hits the prefix cache
     plain = LLM(path, enforce_eager=True, **kwargs)
     llm = static_llm(path, **kwargs)
@@ -90,7 +90,7 @@ def wide_head_checkpoint(family: str, root: str) -> str:
 
 def test_static_decode_on_triton_interpreter(ckpt_root):
     path = wide_head_checkpoint("qwen3", ckpt_root)  # a sliding-window layer
-    kwargs = dict(page_size=16, num_pages=60, max_num_seqs=4, attention_backend="triton")
+    kwargs = dict(page_size=16, num_pages=60, max_model_len=256, max_num_seqs=4, attention_backend="triton")
     prompts, max_tokens = PROMPTS[1:4], [3, 4, 5]
     want = generate(LLM(path, enforce_eager=True, **kwargs), prompts, max_tokens)
     llm = static_llm(path, **kwargs)
@@ -101,7 +101,7 @@ def test_static_decode_on_triton_interpreter(ckpt_root):
 def test_vision_language_model_decodes_through_the_buffers(ckpt_root):
     path = checkpoint("qwen2_5_vl", ckpt_root)
     prompts = [*image_prompts(random_prompts([5, 9], seed=4)), list(range(3, 12))]
-    kwargs = dict(page_size=4, num_pages=200, max_num_seqs=4, chunked_prefill_size=8)
+    kwargs = dict(page_size=4, num_pages=200, max_model_len=256, max_num_seqs=4, chunked_prefill_size=8)
     want = generate(LLM(path, enforce_eager=True, **kwargs), prompts, [10, 12, 14])
     llm = static_llm(path, **kwargs)
     assert_same(generate(llm, prompts, [10, 12, 14]), want)
@@ -112,7 +112,9 @@ def test_vision_language_model_decodes_through_the_buffers(ckpt_root):
 def test_the_replayed_forward_does_not_sync(family, ckpt_root):
     """What a graph records (the model's forward over the static buffers) never reads the device: the
     Llama 4 MoE layers included, at a bucket above their default dense limit."""
-    llm = static_llm(checkpoint(family, ckpt_root), buckets=(1, 24), page_size=4, num_pages=300, max_num_seqs=24)
+    llm = static_llm(
+        checkpoint(family, ckpt_root), buckets=(1, 24), page_size=4, num_pages=300, max_model_len=256, max_num_seqs=24
+    )
     graphs = llm.engine.runner.graphs
     forward = graphs._forward
 
@@ -129,7 +131,7 @@ def test_the_replayed_forward_does_not_sync(family, ckpt_root):
 
 def test_padding_rows_write_only_the_scratch_page(ckpt_root):
     path = checkpoint("llama", ckpt_root)
-    llm = static_llm(path, page_size=4, num_pages=80, max_num_seqs=8)
+    llm = static_llm(path, page_size=4, num_pages=80, max_model_len=256, max_num_seqs=8)
     engine = llm.engine
     pool, scratch = engine.kv_pool, engine.runner.scratch_page
     assert scratch == engine.allocator.num_pages == pool.num_pages - 1  # never handed to a sequence
@@ -154,7 +156,7 @@ def test_buckets():
 
 
 def test_graph_plan_has_no_host_lengths(ckpt_root):
-    llm = static_llm(checkpoint("llama", ckpt_root), page_size=16, num_pages=40)
+    llm = static_llm(checkpoint("llama", ckpt_root), page_size=16, num_pages=40, max_model_len=256)
     graphs = llm.engine.runner.graphs
     for batch_size, ctx in graphs.contexts.items():
         meta = ctx.metadata
@@ -165,7 +167,7 @@ def test_graph_plan_has_no_host_lengths(ckpt_root):
 
 
 def test_moe_layers_stay_sync_free_up_to_the_largest_bucket(ckpt_root):
-    llm = static_llm(checkpoint("llama4", ckpt_root), buckets=(1, 8, 24), page_size=16, num_pages=40)
+    llm = static_llm(checkpoint("llama4", ckpt_root), buckets=(1, 8, 24), page_size=16, num_pages=40, max_model_len=256)
     moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
     assert moe and all(m.dense_max_tokens == 24 for m in moe)
 
@@ -173,12 +175,12 @@ def test_moe_layers_stay_sync_free_up_to_the_largest_bucket(ckpt_root):
 def test_cpu_and_enforce_eager_run_eagerly(ckpt_root, caplog):
     path = checkpoint("llama", ckpt_root)
     with caplog.at_level(logging.INFO, logger="portattn"):
-        llm = LLM(path, page_size=16, num_pages=40)
+        llm = LLM(path, page_size=16, num_pages=40, max_model_len=256)
     assert llm.engine.runner.graphs is None
     assert "decode runs eagerly (torch has no graphs for device type 'cpu')" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="portattn"):
-        LLM(path, page_size=16, num_pages=40, enforce_eager=True)
+        LLM(path, page_size=16, num_pages=40, max_model_len=256, enforce_eager=True)
     assert "decode runs eagerly (enforce_eager)" in caplog.text
     with pytest.raises(ValueError, match="expected enforce_eager to be a bool, got 'yes'"):
         EngineConfig(model=path, device="cpu", dtype="float32", enforce_eager="yes")

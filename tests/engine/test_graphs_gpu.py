@@ -64,7 +64,9 @@ def engines(path: str, dtype: torch.dtype, **kwargs) -> tuple[LLM, LLM]:
 )
 def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
     path = checkpoint(family, ckpt_root)
-    graphs, eager = engines(path, dtype, page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8)
+    graphs, eager = engines(
+        path, dtype, page_size=page_size, num_pages=-(-1200 // page_size), max_model_len=256, max_num_seqs=8
+    )
     compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
     runner = graphs.engine.runner.graphs
     assert runner.replays > 0 and runner.padded
@@ -78,7 +80,13 @@ def test_triton_graphs_equal_eager(family, page_size, dtype, ckpt_root):
     from .test_graphs import wide_head_checkpoint
 
     path = wide_head_checkpoint(family, ckpt_root)
-    kwargs = dict(page_size=page_size, num_pages=-(-1200 // page_size), max_num_seqs=8, attention_backend="triton")
+    kwargs = dict(
+        page_size=page_size,
+        num_pages=-(-1200 // page_size),
+        max_model_len=256,
+        max_num_seqs=8,
+        attention_backend="triton",
+    )
     graphs, eager = engines(path, dtype, **kwargs)
     compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
     assert graphs.engine.runner.graphs.padded
@@ -89,7 +97,14 @@ def test_graphs_after_preemption_and_with_prefix_caching(backend, ckpt_root):
     from .test_graphs import wide_head_checkpoint
 
     path = wide_head_checkpoint("llama4", ckpt_root)
-    kwargs = dict(page_size=8, num_pages=14, max_num_seqs=8, enable_prefix_caching=True, attention_backend=backend)
+    kwargs = dict(
+        page_size=8,
+        num_pages=14,
+        max_model_len=112,
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+        attention_backend=backend,
+    )
     graphs, eager = engines(path, torch.float32, **kwargs)
     shared = [*PROMPTS[4], 3, 1, 4]
     for prompts, max_tokens in ((PROMPTS, MAX_TOKENS), ([shared, PROMPTS[5]], [20, 20])):
@@ -102,6 +117,6 @@ def test_graphs_after_preemption_and_with_prefix_caching(backend, ckpt_root):
 def test_vision_language_model_graphs(dtype, ckpt_root):
     path = checkpoint("qwen2_5_vl", ckpt_root)
     prompts = [*image_prompts(random_prompts([5, 9], seed=4)), list(range(3, 12))]
-    graphs, eager = engines(path, dtype, page_size=16, num_pages=60, max_num_seqs=4)
+    graphs, eager = engines(path, dtype, page_size=16, num_pages=60, max_model_len=256, max_num_seqs=4)
     compare(generate(graphs, prompts, [10, 12, 14]), generate(eager, prompts, [10, 12, 14]), dtype)
     assert graphs.engine.runner.graphs.replays > 0

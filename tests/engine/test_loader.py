@@ -25,13 +25,15 @@ def test_sharded_checkpoint_matches_transformers(tmp_path, ckpt_root):
     hf = AutoModelForCausalLM.from_pretrained(checkpoint("llama4", ckpt_root))
     hf.save_pretrained(tmp_path, max_shard_size="40KB")
     assert len(list(tmp_path.glob("*.safetensors"))) > 3 and (tmp_path / "model.safetensors.index.json").exists()
-    out = LLM(tmp_path, page_size=4, num_pages=32).generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))
+    out = LLM(tmp_path, page_size=4, num_pages=32, max_model_len=128).generate(
+        [PROMPT], SamplingParams(max_tokens=8, ignore_eos=True)
+    )
     assert out[0].token_ids == hf_reference(checkpoint("llama4", ckpt_root), tuple(PROMPT), 8)[0]
 
 
 def test_bfloat16_weights_and_cache(ckpt_root):
     path = checkpoint("qwen3", ckpt_root)
-    llm = LLM(path, dtype="bfloat16", page_size=16, num_pages=8)
+    llm = LLM(path, dtype="bfloat16", page_size=16, num_pages=8, max_model_len=128)
     assert {p.dtype for p in llm.engine.model.parameters()} == {torch.bfloat16}
     assert llm.engine.kv_pool.kv_cache(0)[0].dtype == torch.bfloat16
     params = SamplingParams(max_tokens=1, return_prompt_logits=True)
@@ -47,7 +49,7 @@ def test_tokenizer_and_text(tmp_path, ckpt_root):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(tmp_path)
-    llm = LLM(tmp_path, page_size=4, num_pages=32)
+    llm = LLM(tmp_path, page_size=4, num_pages=32, max_model_len=128)
     prompt = " ".join(f"w{i}" for i in (5, 17, 42, 99))
     out = llm.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)[0]
     ids = llm.tokenizer(prompt)["input_ids"]
@@ -74,7 +76,7 @@ def test_bad_inputs_raise(tmp_path, ckpt_root):
         LLM(path, dtype="int8")
     with pytest.raises(ValueError, match="expected page_size"):
         LLM(path, page_size=0)
-    llm = LLM(path, num_pages=8)
+    llm = LLM(path, num_pages=8, max_model_len=128)
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("hello", use_tqdm=False)
     with pytest.raises(ValueError, match=r"token ids in \[0, 256\)"):
@@ -99,7 +101,9 @@ def test_old_rotary_buffers_in_checkpoints_are_skipped(tmp_path, ckpt_root):
     state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     save_file(state, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
-    out = LLM(tmp_path, num_pages=8).generate([PROMPT], SamplingParams(max_tokens=5, ignore_eos=True))
+    out = LLM(tmp_path, num_pages=8, max_model_len=128).generate(
+        [PROMPT], SamplingParams(max_tokens=5, ignore_eos=True)
+    )
     assert out[0].token_ids == hf_reference(str(src), tuple(PROMPT), 5)[0]
     state["model.layers.0.self_attn.extra.weight"] = torch.ones(8)
     save_file(state, tmp_path / "model.safetensors")

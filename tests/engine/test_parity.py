@@ -27,6 +27,7 @@ def test_matches_transformers(family, page_size, prefix, chunked, ckpt_root):
         path,
         page_size=page_size,
         num_pages=-(-800 // page_size),
+        max_model_len=800,
         max_num_seqs=8,
         enable_prefix_caching=prefix,
         chunked_prefill_size=8 if chunked else None,

@@ -17,7 +17,7 @@ from .conftest import checkpoint, hf_reference, random_prompts
 )
 def test_decode_forwards_do_not_sync(family, ckpt_root):
     path = checkpoint(family, ckpt_root)
-    llm = LLM(path, page_size=4, num_pages=64)
+    llm = LLM(path, page_size=4, num_pages=64, max_model_len=256)
     model = llm.engine.model
     forward, decodes = model.forward, []
 

@@ -84,7 +84,7 @@ def check(llm: LLM, path: str, prompts: list[tuple], prompt_logits: bool = True)
 
 
 def test_encode_images_equals_transformers_visual(path):
-    llm = LLM(path, page_size=16, num_pages=8)
+    llm = LLM(path, page_size=16, num_pages=8, max_model_len=128)
     data = images(TWO_IMAGES)
     got = llm.encode_images(data["pixel_values"], data["image_grid_thw"])
     with torch.no_grad():
@@ -111,6 +111,7 @@ def test_image_prompt_matches_transformers(path, page_size, mode):
         path,
         page_size=page_size,
         num_pages=-(-256 // page_size),
+        max_model_len=256,
         max_num_seqs=4,
         chunked_prefill_size=8 if mode == "chunked" else None,
         enable_prefix_caching=mode == "prefix",
@@ -125,7 +126,15 @@ def test_image_prompt_matches_transformers(path, page_size, mode):
 
 def test_multi_image_prompt_beside_a_text_prompt(path):
     # Chunks of 8 tokens cut both images; the text prompt shares forwards with the image prompt.
-    llm = LLM(path, page_size=7, num_pages=64, chunked_prefill_size=8, enable_prefix_caching=True, device=ENGINE_DEVICE)
+    llm = LLM(
+        path,
+        page_size=7,
+        num_pages=64,
+        max_model_len=448,
+        chunked_prefill_size=8,
+        enable_prefix_caching=True,
+        device=ENGINE_DEVICE,
+    )
     assert check(llm, path, [(TWO, TWO_IMAGES), (tuple(range(3, 20)), ())]) < TOL
 
 
@@ -133,7 +142,7 @@ def test_different_images_do_not_share_pages(path, monkeypatch):
     # Page 0 (tokens 0-3) is text; every later page overlaps the image or follows it.
     ids = (9, 10, 11, 12, 13, 14, *pads(G1), 15, 16, 17)
     a, b = ((G1, 4),), ((G1, 5),)
-    llm = LLM(path, page_size=4, num_pages=64, enable_prefix_caching=True)
+    llm = LLM(path, page_size=4, num_pages=64, max_model_len=256, enable_prefix_caching=True)
     pages = llm.engine.pages
     check(llm, path, [(ids, a)], prompt_logits=False)
     assert pages.num_cached_tokens == 0
@@ -145,13 +154,13 @@ def test_different_images_do_not_share_pages(path, monkeypatch):
 
     # Keys without the image content would hand image b the pages of image a.
     monkeypatch.setattr(MultimodalData, "content_key", lambda self, first, last: b"")
-    blind = LLM(path, page_size=4, num_pages=64, enable_prefix_caching=True)
+    blind = LLM(path, page_size=4, num_pages=64, max_model_len=256, enable_prefix_caching=True)
     run(blind, [(ids, a)], prompt_logits=False)
     assert run(blind, [(ids, b)], prompt_logits=False)[0].token_ids != hf_reference(path, ids, b)[0]
 
 
 def test_embeddings_are_computed_once_per_request(path, monkeypatch):
-    llm = LLM(path, page_size=4, num_pages=64, chunked_prefill_size=5)
+    llm = LLM(path, page_size=4, num_pages=64, max_model_len=256, chunked_prefill_size=5)
     model = llm.engine.model
     calls = []
     plan = model.plan_images  # the engine plans the tower's sequences once per encoder call, then runs it
@@ -161,7 +170,7 @@ def test_embeddings_are_computed_once_per_request(path, monkeypatch):
 
 
 def test_placeholders_must_fit_the_images(path, ckpt_root):
-    llm = LLM(path, page_size=4, num_pages=32)
+    llm = LLM(path, page_size=4, num_pages=32, max_model_len=128)
     params = SamplingParams(max_tokens=2)
     short = [*ONE[:10], *ONE[11:]]  # 15 pads for a 16-patch image
     with pytest.raises(ValueError, match=r"expected 16 image pad tokens for image 0 \(grid 1x8x8, merge 2\), got 15"):
@@ -179,14 +188,15 @@ def test_placeholders_must_fit_the_images(path, ckpt_root):
     with pytest.raises(ValueError, match="expected multi_modal_data keys"):
         llm.generate({"prompt_token_ids": list(ONE), "multi_modal_data": {"pixel_values": data["pixel_values"]}})
     with pytest.raises(ValueError, match="expected a multimodal model for images"):
-        LLM(checkpoint("llama", ckpt_root), num_pages=4).encode_images(**data)
+        LLM(checkpoint("llama", ckpt_root), num_pages=4, max_model_len=64).encode_images(**data)
 
 
 def test_mm_backend_selection(path, monkeypatch):
-    assert LLM(path, num_pages=8, mm_attention_backend="sdpa").engine.model.visual.attention.backend_name == "sdpa"
+    pool = dict(num_pages=8, max_model_len=128)
+    assert LLM(path, **pool, mm_attention_backend="sdpa").engine.model.visual.attention.backend_name == "sdpa"
     monkeypatch.setenv("PORTATTN_MM_ATTENTION_BACKEND", "sdpa")
-    assert LLM(path, num_pages=8).engine.model.visual.attention.backend_name == "sdpa"
-    explicit = LLM(path, num_pages=8, mm_attention_backend="torch")  # an explicit name wins over the env var
+    assert LLM(path, **pool).engine.model.visual.attention.backend_name == "sdpa"
+    explicit = LLM(path, **pool, mm_attention_backend="torch")  # an explicit name wins over the env var
     assert explicit.engine.model.visual.attention.backend_name == "torch"
 
 
@@ -196,7 +206,7 @@ def test_raw_images_through_the_checkpoint_processor(path, tmp_path, monkeypatch
 
     shutil.copytree(path, tmp_path / "ckpt")
     array = torch.rand(30, 34, 3, generator=torch.Generator().manual_seed(6)).mul(255).to(torch.uint8).numpy()
-    llm = LLM(tmp_path / "ckpt", page_size=4, num_pages=64)
+    llm = LLM(tmp_path / "ckpt", page_size=4, num_pages=64, max_model_len=256)
     one_pad = {"prompt_token_ids": [5, START, PAD, END, 7], "multi_modal_data": {"image": array}}
     with pytest.raises(ValueError, match=r"expected preprocessor_config\.json"):
         llm.generate(one_pad, use_tqdm=False)

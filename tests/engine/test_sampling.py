@@ -163,7 +163,7 @@ def test_sampling_makes_no_host_sync_and_one_transfer_per_step(ckpt_root, monkey
     calls = []
     real = model_runner.to_host
     monkeypatch.setattr(model_runner, "to_host", lambda parts: calls.append(len(parts)) or real(parts))
-    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64)
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, max_model_len=256)
     sp = SamplingParams(n=2, max_tokens=5, temperature=1.0, logprobs=2, prompt_logprobs=1, ignore_eos=True)
     llm.generate(random_prompts([5, 9]), sp, use_tqdm=False)
     assert len(calls) == 5  # one copy per step (the first also carries the prompt log-probabilities)
@@ -176,7 +176,7 @@ def test_to_host_round_trips_ids_and_float32_exactly():
 
 
 def test_seeded_requests_do_not_depend_on_the_batch(ckpt_root):
-    llm = LLM(checkpoint("qwen3", ckpt_root), page_size=16, num_pages=64)
+    llm = LLM(checkpoint("qwen3", ckpt_root), page_size=16, num_pages=64, max_model_len=1024)
     prompts = random_prompts([6, 11, 19], seed=3)
     p = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=123, ignore_eos=True)
     alone = llm.generate([prompts[1]], p, use_tqdm=False)[0].token_ids
@@ -193,8 +193,8 @@ def test_seeded_requests_survive_preemption(ckpt_root):
     path = checkpoint("llama", ckpt_root)
     prompts = random_prompts([9] * 6, seed=4)
     params = [SamplingParams(max_tokens=20, temperature=1.0, seed=s, ignore_eos=True) for s in range(6)]
-    roomy = LLM(path, page_size=4, num_pages=64).generate(prompts, params, use_tqdm=False)
-    tight = LLM(path, page_size=4, num_pages=16)
+    roomy = LLM(path, page_size=4, num_pages=64, max_model_len=64).generate(prompts, params, use_tqdm=False)
+    tight = LLM(path, page_size=4, num_pages=16, max_model_len=64)
     cramped = tight.generate(prompts, params, use_tqdm=False)
     assert tight.engine.scheduler.num_preemptions > 0
     assert [o.token_ids for o in cramped] == [o.token_ids for o in roomy]

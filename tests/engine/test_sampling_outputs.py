@@ -23,7 +23,7 @@ def _checkpoint(root: str, chat_template: bool = True) -> str:
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory) -> LLM:
-    return LLM(_checkpoint(str(tmp_path_factory.mktemp("tiny"))), page_size=4, num_pages=256)
+    return LLM(_checkpoint(str(tmp_path_factory.mktemp("tiny"))), page_size=4, num_pages=256, max_model_len=1024)
 
 
 def greedy(llm: LLM, prompt: str, **kwargs):
@@ -135,7 +135,12 @@ def test_chat_uses_the_template_without_a_second_bos(llm, tmp_path_factory):
     assert len(batch) == 2 and batch[0].token_ids == out.token_ids[:2]
     with pytest.raises(ValueError, match="messages\\[0\\]"):
         llm.chat([{"content": "no role"}])
-    bare = LLM(_checkpoint(str(tmp_path_factory.mktemp("bare")), chat_template=False), page_size=4, num_pages=32)
+    bare = LLM(
+        _checkpoint(str(tmp_path_factory.mktemp("bare")), chat_template=False),
+        page_size=4,
+        num_pages=32,
+        max_model_len=128,
+    )
     with pytest.raises(ValueError, match="chat template"):
         bare.chat(messages)
 

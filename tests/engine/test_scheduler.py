@@ -26,8 +26,10 @@ def test_small_pool_preempts_and_gives_the_same_tokens(family, prefix, ckpt_root
     greedy = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
     seeded = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, temperature=0.8, top_k=50, seed=7)
     params = [greedy, seeded] * 3
-    big = LLM(path, page_size=4, num_pages=200, max_num_seqs=8, enable_prefix_caching=prefix)
-    small = LLM(path, page_size=4, num_pages=16, max_num_seqs=8, enable_prefix_caching=prefix)  # 64 slots
+    big = LLM(path, page_size=4, num_pages=200, max_model_len=64, max_num_seqs=8, enable_prefix_caching=prefix)
+    small = LLM(
+        path, page_size=4, num_pages=16, max_model_len=64, max_num_seqs=8, enable_prefix_caching=prefix
+    )  # 64 slots
     want = [o.token_ids for o in big.generate(PROMPTS, params, use_tqdm=False)]
     got = [o.token_ids for o in small.generate(PROMPTS, params, use_tqdm=False)]
     assert got == want
@@ -41,7 +43,14 @@ def test_small_pool_preempts_and_gives_the_same_tokens(family, prefix, ckpt_root
 
 
 def test_pages_are_accounted_every_step_and_aborts_free_them(ckpt_root):
-    llm = LLM(checkpoint("qwen3", ckpt_root), page_size=3, num_pages=60, max_num_seqs=4, chunked_prefill_size=16)
+    llm = LLM(
+        checkpoint("qwen3", ckpt_root),
+        page_size=3,
+        num_pages=60,
+        max_model_len=180,
+        max_num_seqs=4,
+        chunked_prefill_size=16,
+    )
     engine = llm.engine
     seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS]
     steps = 0
@@ -62,7 +71,7 @@ def test_pages_are_accounted_every_step_and_aborts_free_them(ckpt_root):
 
 
 def test_token_budget_and_batch_modes(ckpt_root, monkeypatch):
-    llm = LLM(checkpoint("llama", ckpt_root), page_size=5, num_pages=100, chunked_prefill_size=10)
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=5, num_pages=100, max_model_len=500, chunked_prefill_size=10)
     batches = []
     build = ForwardBatch.build
 
@@ -84,7 +93,7 @@ def test_token_budget_and_batch_modes(ckpt_root, monkeypatch):
 
 
 def test_prefix_cache_shares_physical_pages(ckpt_root):
-    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, enable_prefix_caching=True)
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, max_model_len=256, enable_prefix_caching=True)
     engine = llm.engine
     base = PROMPTS[5][:12]  # three full pages
     llm.generate([[*base, 1]], SamplingParams(max_tokens=1), use_tqdm=False)
@@ -104,7 +113,7 @@ def test_prefix_cache_shares_physical_pages(ckpt_root):
 
 def test_stops_at_eos_unless_ignored(ckpt_root):
     path = checkpoint("llama4", ckpt_root)
-    llm = LLM(path, page_size=8, num_pages=50)
+    llm = LLM(path, page_size=8, num_pages=50, max_model_len=400)
     tokens = hf_reference(path, tuple(PROMPTS[2]), MAX_NEW)[0]
     eos = tokens[4]
     llm.engine.eos_token_ids = {eos}
@@ -116,7 +125,7 @@ def test_stops_at_eos_unless_ignored(ckpt_root):
 
 
 def test_context_limit_finishes_with_length(ckpt_root):
-    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=5)  # 20 slots: max_len 20
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=5, max_model_len=20)
     out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 20 - len(PROMPTS[2]) and out.finish_reason == "length"
     with pytest.raises(ValueError, match="shorter than max_len 20"):

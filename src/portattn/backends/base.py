@@ -9,12 +9,14 @@ methods need). The op methods run once per layer and never sync. See docs/design
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 import torch
 
+from ..errors import is_int, is_real
 from ..kv_quant import quantize_kv
 from ..paging import num_pages_for, to_page_table
 
@@ -340,14 +342,16 @@ class AttentionLayer:
     def __post_init__(self) -> None:
         for name in ("layer_id", "num_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < (0 if name == "layer_id" else 1):
+            if not is_int(value) or value < (0 if name == "layer_id" else 1):
                 raise ValueError(f"expected {name} to be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"expected num_heads divisible by num_kv_heads {self.num_kv_heads}, got {self.num_heads}")
         if not self.scale > 0:
             raise ValueError(f"expected a positive scale, got {self.scale}")
-        if self.window_left < -1:
-            raise ValueError(f"expected window_left >= -1, got {self.window_left}")
+        if not is_int(self.window_left) or self.window_left < -1:
+            raise ValueError(f"expected window_left to be an int >= -1, got {self.window_left!r}")
+        if not (is_real(self.logit_softcap) and 0 <= self.logit_softcap < math.inf):
+            raise ValueError(f"expected a finite logit_softcap >= 0, got {self.logit_softcap!r}")
         if self.attention_chunk_size is not None and self.attention_chunk_size < 1:
             raise ValueError(f"expected attention_chunk_size None or >= 1, got {self.attention_chunk_size}")
         if self.v_head_dim is None:

@@ -99,6 +99,12 @@ def attend(
     """
     batch, n, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads, value_dim = v.shape[1:]
+    if num_keys == 0:  # no key to see: zeros, and the LSE of the sink alone (-inf without one)
+        out = q.new_zeros((batch, n, num_q_heads, value_dim), dtype=_accumulate_dtype(q.dtype))
+        if not return_lse:
+            return out
+        lse = out.new_full((batch, n, num_q_heads), float("-inf"))
+        return out, lse if params.sinks is None else lse.copy_(params.sinks.to(lse.dtype).expand_as(lse))
     group = num_q_heads // num_kv_heads
     acc = _accumulate_dtype(q.dtype)
     k, v = k.to(acc), v.to(acc)
@@ -388,8 +394,10 @@ class TorchBackend(AttentionBackend):
 
         ``kv_scale`` (fp8 caches) multiplies the scores and the output, as the kernels do."""
         batch, _, rank = q_nope.shape
-        if batch == 0:
-            return out
+        if metadata.max_seq_len == 0:  # no keys anywhere (the cache or the table may be empty)
+            if lse is not None:
+                lse.fill_(float("-inf"))
+            return out.zero_()
         page_size = metadata.page_size
         acc = _accumulate_dtype(q_nope.dtype)
         max_pages = max(1, num_pages_for(metadata.max_seq_len, page_size))

@@ -77,7 +77,8 @@ def bench_family(family: str, root: Path, args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     pages = args.batch * -(-(args.prompt_len + args.new_tokens) // args.page_size)
-    llm = LLM(path, page_size=args.page_size, num_pages=pages, max_num_seqs=args.batch)
+    max_len = args.prompt_len + args.new_tokens
+    llm = LLM(path, page_size=args.page_size, num_pages=pages, max_num_seqs=args.batch, max_model_len=max_len)
     _transformers_run(model, ids[:, :16], 4)  # warm-up
     _engine_run(llm, ids[:, :16], 4)
     hf_times, engine_times, attention = [], [], []

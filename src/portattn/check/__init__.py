@@ -25,7 +25,7 @@ import torch
 from .. import __version__
 from ..backends.base import AttentionBackend
 from ..backends.registry import available_backends, backend_class, register_backend, registered_backends
-from ..device import default_device, describe_device, is_triton_interpreter
+from ..device import default_device, describe_device, is_triton_interpreter, resolve_device
 from ..errors import UnsupportedFeatureError, expect
 from .cases import CASE_NAMES, CONTIGUOUS_LAYOUT, DTYPES, FEATURES, PAGE_SIZES, Feature, describe_case, run_case
 
@@ -204,7 +204,10 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(f"{f.op:<22} {f.name}" for f in FEATURES))
         return 0
     registered = register_backends(args.register)
-    device = torch.device(args.device) if args.device else default_device()
+    try:
+        device = resolve_device(args.device) if args.device else default_device()
+    except ValueError as exc:
+        raise ValueError(f"--device: {exc}") from None
     here = available_backends(device)
     for name in args.backend or ():
         expect(name in registered_backends(), f"--backend in {registered_backends()}", repr(name))

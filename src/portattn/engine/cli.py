@@ -27,9 +27,13 @@ def main(args: argparse.Namespace) -> int:
     from .llm import LLM
 
     prompts: list = list(args.prompt)
-    prompts += [[int(t) for t in ids.split(",") if t.strip()] for ids in args.prompt_ids]
+    for ids in args.prompt_ids:
+        try:
+            prompts.append([int(t) for t in ids.split(",") if t.strip()])
+        except ValueError:
+            raise ValueError(f"expected --prompt-ids as comma-separated ints, got {ids!r}") from None
     if not prompts:
-        raise SystemExit("portattn generate: expected at least one --prompt or --prompt-ids")
+        raise ValueError("expected at least one --prompt or --prompt-ids, got none")
     llm = LLM(**arguments.given(args, EngineConfig))
     params = SamplingParams(**arguments.given(args, SamplingParams))
     for prompt, out in zip(prompts, llm.generate(prompts, params)):

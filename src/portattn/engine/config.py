@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..device import resolve_device
 from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 from .arguments import doc
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20  # bytes, when neither num_pages nor kv_cache_memory is given
+DEFAULT_MAX_NUM_SEQS = 64
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,9 @@ class EngineConfig:
     in the field's metadata); ``model`` becomes a ``str``, ``dtype`` and ``device`` torch objects."""
 
     model: str = field(metadata=doc("Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer)"))
-    device: str | torch.device = field(default="cpu", metadata=doc("torch device: cpu, cuda, cuda:1, xpu, ..."))
+    device: str | torch.device = field(
+        default="cpu", metadata=doc("torch device: cpu, cuda, cuda:1, xpu, ...; must exist here")
+    )
     dtype: str | torch.dtype = field(default="float32", metadata=doc("weights, activations, KV cache", choices=DTYPES))
     page_size: int = field(default=16, metadata=doc("tokens per KV-cache page, any positive int"))
     attention_backend: str = field(
@@ -30,16 +34,27 @@ class EngineConfig:
         default="auto",
         metadata=doc("vision-encoder attention backend; auto: $PORTATTN_MM_ATTENTION_BACKEND or fastest"),
     )
-    max_num_seqs: int = field(default=64, metadata=doc("most sequences scheduled at once"))
+    max_num_seqs: int | None = field(
+        default=None,
+        metadata=doc(f"most sequences scheduled at once (default: {DEFAULT_MAX_NUM_SEQS}, or num_pages if fewer)"),
+    )
     num_pages: int | None = field(
-        default=None, metadata=doc("KV-cache pages (default: what kv_cache_memory holds, up to what max_num_seqs use)")
+        default=None,
+        metadata=doc(
+            "KV-cache pages (default: what kv_cache_memory holds, up to what max_num_seqs use); refused if "
+            "fewer than one request of max_model_len or max_num_seqs requests of a page need"
+        ),
     )
     chunked_prefill_size: int | None = field(
         default=None, metadata=doc("tokens per forward; longer prompts are prefilled in chunks (default: no limit)")
     )
     enable_prefix_caching: bool = field(default=False, metadata=doc("share full KV-cache pages of equal prefixes"))
     max_model_len: int | None = field(
-        default=None, metadata=doc("longest prompt + output (default: max_position_embeddings); capped by the pool")
+        default=None,
+        metadata=doc("longest prompt + output (default: max_position_embeddings); the pool must hold one such request"),
+    )
+    allow_long_max_model_len: bool = field(
+        default=False, metadata=doc("accept a max_model_len above the model's max_position_embeddings")
     )
     kv_cache_memory: int | None = field(
         default=None, metadata=doc(f"KV-cache bytes without num_pages (default: {DEFAULT_KV_CACHE_MEMORY >> 20} MiB)")
@@ -69,17 +84,21 @@ class EngineConfig:
             object.__setattr__(self, "dtype", DTYPES[self.dtype])
         if self.dtype not in DTYPES.values():
             raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")
-        object.__setattr__(self, "device", torch.device(self.device))
+        object.__setattr__(self, "device", resolve_device(self.device))
         if not isinstance(self.kv_cache_dtype, (str, torch.dtype)):
             raise ValueError(f"expected kv_cache_dtype in {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         object.__setattr__(self, "kv_cache_dtype", resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype))
-        for name in ("page_size", "max_num_seqs", "tensor_parallel_size"):
+        for name in ("page_size", "tensor_parallel_size"):
             _positive(name, getattr(self, name))
-        for name in ("num_pages", "chunked_prefill_size", "max_model_len", "kv_cache_memory"):
+        for name in ("max_num_seqs", "num_pages", "chunked_prefill_size", "max_model_len", "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"expected enforce_eager to be a bool, got {self.enforce_eager!r}")
+        for name in ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"expected {name} to be a bool, got {getattr(self, name)!r}")
+        if self.max_num_seqs is None:
+            auto = DEFAULT_MAX_NUM_SEQS if self.num_pages is None else min(DEFAULT_MAX_NUM_SEQS, self.num_pages)
+            object.__setattr__(self, "max_num_seqs", auto)
         for name in ("attention_backend", "mm_attention_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"expected {name} to be a backend name or 'auto', got {getattr(self, name)!r}")

@@ -12,6 +12,7 @@ from ..backends.base import Request
 from ..backends.registry import select_backend
 from ..device import graph_support, is_gpu
 from ..distributed.group import TPGroup, tp_or_single
+from ..errors import is_int
 from ..kv_quant import is_quantized
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
@@ -26,13 +27,61 @@ from .req_pool import ReqToTokenPool
 from .sampler import sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, Status
 
 logger = logging.getLogger("portattn")
 
 # Prompt lengths of the warm-up requests: the query-tile classes of prefill (long and short runs)
 # and of decode, compiled before the first request.
 WARM_UP_PROMPTS = (256, 16, 1)
+
+
+DEFAULT_MAX_MODEL_LEN = 8192  # for a model config without max_position_embeddings
+
+
+def max_model_len(config: EngineConfig, max_position_embeddings: int | None) -> int:
+    """The longest request (prompt and output): ``config.max_model_len`` or the model's limit."""
+    if config.max_model_len is None:
+        return max_position_embeddings or DEFAULT_MAX_MODEL_LEN
+    if max_position_embeddings is not None and config.max_model_len > max_position_embeddings:
+        if not config.allow_long_max_model_len:
+            raise ValueError(
+                f"expected max_model_len <= the model's max_position_embeddings {max_position_embeddings}, "
+                f"got {config.max_model_len} (allow_long_max_model_len=True, --allow-long-max-model-len, accepts it)"
+            )
+        logger.warning(
+            "max_model_len %d exceeds max_position_embeddings %d", config.max_model_len, max_position_embeddings
+        )
+    return config.max_model_len
+
+
+def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -> int:
+    """Pages of the KV pool; refused when they cannot hold one request of ``max_len`` tokens or
+    ``max_num_seqs`` requests of a page each (the engine caps nothing silently)."""
+    size = config.page_size
+    per_request = num_pages_for(max_len, size)
+    if config.num_pages is not None:
+        if config.num_pages < per_request:
+            raise ValueError(
+                f"expected num_pages >= {per_request} (one request of max_model_len {max_len} at page size {size}), "
+                f"got {config.num_pages}: pass max_model_len <= {config.num_pages * size} or more pages"
+            )
+        if config.num_pages < config.max_num_seqs:
+            raise ValueError(
+                f"expected num_pages >= max_num_seqs {config.max_num_seqs} (a page per running request), "
+                f"got {config.num_pages}"
+            )
+        return config.num_pages
+    budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+    fits = budget // bytes_per_page
+    need = max(per_request, config.max_num_seqs)
+    if fits < need:
+        raise ValueError(
+            f"expected kv_cache_memory to hold at least {need} pages of {bytes_per_page} bytes (one request of "
+            f"max_model_len {max_len}, and max_num_seqs {config.max_num_seqs}), got {budget} bytes ({fits} pages): "
+            "raise kv_cache_memory or lower max_model_len / max_num_seqs"
+        )
+    return min(fits, config.max_num_seqs * per_request)
 
 
 class Engine:
@@ -65,12 +114,15 @@ class Engine:
         self.config = config
         self.tp = tp
         self.hf_config = loader.load_config(config.model)
+        text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
+        self.max_len = max_model_len(config, getattr(text_config, "max_position_embeddings", None))
+        if config.num_pages is not None:  # refused before the weights load
+            pool_pages(config, self.max_len, bytes_per_page=None)
         self.model = loader.load_model(
             config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
         )
         self.tokenizer = loader.load_tokenizer(config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
-        text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         self.vocab_size = text_config.vocab_size
 
         layers = self.model.attention_layers()
@@ -90,17 +142,7 @@ class Engine:
 
         page_size = config.page_size
         spec = self.model.kv_cache_spec()
-        max_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 8192
-        num_pages = config.num_pages
-        if num_pages is None:
-            budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-            num_pages = min(
-                budget // spec.bytes_per_page(page_size, kv_dtype),
-                config.max_num_seqs * num_pages_for(max_len, page_size),
-            )
-            if num_pages < 1:
-                raise ValueError(f"expected kv_cache_memory to hold at least one page, got {budget} bytes")
-        self.max_len = min(max_len, num_pages * page_size)
+        num_pages = pool_pages(config, self.max_len, spec.bytes_per_page(page_size, kv_dtype))
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
         self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, kv_dtype, config.device)
@@ -196,17 +238,30 @@ class Engine:
         multimodal: MultimodalData | None = None,
         *,
         index: int = 0,
+        added: list[Sequence] | None = None,
     ) -> Sequence:
         """Queue one sequence: choice ``index`` of a request (its random stream is keyed by
-        ``(params.seed, index)``; :class:`SamplingParams` ``n`` is expanded by the caller)."""
+        ``(params.seed, index)``; :class:`SamplingParams` ``n`` is expanded by the caller).
+
+        ``added``: a list the sequence is appended to in the same all-or-nothing step that queues it,
+        so that a caller interrupted between two requests knows exactly what to abort."""
         self.check_prompt(token_ids)
         self.check_params(params)
         key = sample_key(params.seed, index)
         seq = Sequence(next(self._ids), list(token_ids), params, key, index, multimodal=multimodal)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params)
-        self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        try:
+            self.requests[seq.request_id] = seq
+            self.scheduler.add(seq)
+            if added is not None:
+                added.append(seq)
+        except BaseException:  # known, queued and recorded, or none of them
+            if added is None or seq not in added:
+                self.requests.pop(seq.request_id, None)
+                if seq in self.scheduler.waiting:
+                    self.scheduler.waiting.remove(seq)
+            raise
         return seq
 
     def check_params(self, params: SamplingParams) -> None:
@@ -220,8 +275,11 @@ class Engine:
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise ValueError("expected a prompt of at least one token, got an empty prompt")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
-            raise ValueError(f"expected token ids in [0, {self.vocab_size}), got {token_ids[:8]}...")
+        bad = next((i for i, t in enumerate(token_ids) if not (is_int(t) and 0 <= t < self.vocab_size)), None)
+        if bad is not None:
+            raise ValueError(
+                f"expected token ids in [0, {self.vocab_size}) (ints), got {token_ids[bad]!r} at index {bad}"
+            )
         if len(token_ids) >= self.max_len:
             raise ValueError(f"expected a prompt shorter than max_len {self.max_len}, got {len(token_ids)} tokens")
 
@@ -235,30 +293,43 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[Sequence]:
-        """One forward; returns the sequences that finished in it."""
+        """One forward; returns the sequences that finished in it.
+
+        If the forward or its updates raise (an interrupt, ``MemoryError``), the step's unfinished
+        sequences are aborted before the exception propagates: their half-applied step cannot be
+        resumed, and their pages and request rows go back to the pools.
+        """
         scheduled = self.scheduler.schedule()
-        if self.parallel is not None:
-            sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
-        else:
-            sampled = self.runner.step(scheduled)
-        for seq, n in scheduled:
-            prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
-            self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
-            seq.num_computed += n
-            self.pages.commit(seq)
-        self.num_generated_tokens += len(sampled)
-        finished = []
-        for seq, (token, logprobs) in sampled.items():
-            seq.token_ids.append(token)
-            if logprobs is not None:
-                seq.logprobs.append(logprobs)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                if seq.detokenizer is not None:
-                    seq.detokenizer.flush()
-                self.scheduler.finish(seq, reason)
-                self.requests.pop(seq.request_id, None)
-                finished.append(seq)
+        try:
+            if self.parallel is not None:
+                sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
+            else:
+                sampled = self.runner.step(scheduled)
+            for seq, n in scheduled:
+                prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
+                self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
+                seq.num_computed += n
+                self.pages.commit(seq)
+            self.num_generated_tokens += len(sampled)
+            finished = []
+            for seq, (token, logprobs) in sampled.items():
+                seq.token_ids.append(token)
+                if logprobs is not None:
+                    seq.logprobs.append(logprobs)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    if seq.detokenizer is not None:
+                        seq.detokenizer.flush()
+                    self.scheduler.finish(seq, reason)
+                    self.requests.pop(seq.request_id, None)
+                    finished.append(seq)
+        except BaseException:
+            for seq, _ in scheduled:
+                if seq.status is Status.FINISHED:
+                    self.requests.pop(seq.request_id, None)
+                elif seq.request_id in self.requests:
+                    self.abort(seq.request_id)
+            raise
         return finished
 
     def call(self, fn, *args):

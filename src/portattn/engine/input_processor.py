@@ -3,12 +3,12 @@ through the checkpoint's chat template. Shared by :class:`portattn.LLM` and the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
+from ..models import loader
 from ..models.base import MultimodalModel
 from ..runtime.multimodal import MultimodalData
+from ..validation import check_pixel_values
 
 
 class InputProcessor:
@@ -117,6 +117,7 @@ class InputProcessor:
                 "expected multi_modal_data keys {'pixel_values', 'image_grid_thw'} or {'image'}, "
                 f"got {sorted(data)}"
             )
+        check_pixel_values(pixel_values)
         return token_ids, model.multimodal_data(token_ids, pixel_values, grid_thw)
 
     def _process_images(self, images) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,14 +127,7 @@ class InputProcessor:
         except ImportError as err:
             raise ImportError("raw images in multi_modal_data need pillow: pip install pillow") from err
         if self._image_processor is None:
-            if not (Path(self.model_dir) / "preprocessor_config.json").is_file():
-                raise ValueError(
-                    "expected preprocessor_config.json in the checkpoint directory to process raw images, got none; "
-                    "pass 'pixel_values' and 'image_grid_thw' instead"
-                )
-            from transformers import AutoImageProcessor
-
-            self._image_processor = AutoImageProcessor.from_pretrained(self.model_dir)
+            self._image_processor = loader.load_image_processor(self.model_dir)
         images = list(images) if isinstance(images, (list, tuple)) else [images]
         out = self._image_processor(images=images, return_tensors="pt")
         return out["pixel_values"], out["image_grid_thw"]

@@ -11,12 +11,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models.base import MultimodalModel
+from ..validation import check_pixel_values
 from .arguments import check_keywords, describe, keyword_signature
 from .config import EngineConfig
 from .engine import Engine
 from .input_processor import InputProcessor
 from .outputs import CompletionOutput, RequestOutput, RequestState
 from .sampling_params import SamplingParams
+from .sequence import Sequence
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput"]
 
@@ -70,8 +72,8 @@ class LLM:
         full) and shows prompt and generated tokens per second.
         """
         requests = self._prepare(prompts, sampling_params)
-        states = self._add(requests)
-        for _ in self._run(states, use_tqdm):
+        states: list[RequestState] = []
+        for _ in self._run(requests, states, use_tqdm):
             pass
         return [state.output() for state in states]
 
@@ -104,8 +106,8 @@ class LLM:
         ]
         requests = self._prepare([ids for _, ids in prompts], sampling_params)
         requests = [(text, ids, mm, sp) for (text, _), (_, ids, mm, sp) in zip(prompts, requests)]
-        states = self._add(requests)
-        for _ in self._run(states, use_tqdm):
+        states: list[RequestState] = []
+        for _ in self._run(requests, states, use_tqdm):
             pass
         return [state.output() for state in states]
 
@@ -122,8 +124,8 @@ class LLM:
         requests = self._prepare(prompts, sampling_params)
 
         def deltas() -> Iterator[RequestOutput]:
-            states = self._add(requests)
-            for _ in self._run(states, use_tqdm=False):
+            states: list[RequestState] = []
+            for _ in self._run(requests, states, use_tqdm=False):
                 for state in states:
                     out = state.output(delta=True)
                     if out is not None:
@@ -151,6 +153,7 @@ class LLM:
         model = self.engine.model
         if not isinstance(model, MultimodalModel):
             raise ValueError(f"expected a multimodal model for images, got {type(model).__name__}")
+        check_pixel_values(pixel_values)
         with torch.inference_mode():
             return model.encode_images(pixel_values.to(self.config.device), image_grid_thw)
 
@@ -175,22 +178,27 @@ class LLM:
             requests.append((text, ids, mm, sp))
         return requests
 
-    def _add(self, requests: list[tuple]) -> list[RequestState]:
+    def _add(self, requests: list[tuple], added: list[Sequence]) -> list[RequestState]:
+        """Queue ``requests``; each sequence is recorded in ``added`` as it is queued (one step, see
+        ``Engine.add_request``), so that an exception part way leaves nothing unaccounted for."""
         states = []
         for text, ids, mm, sp in requests:
-            seqs = [self.engine.add_request(ids, sp, mm, index=i) for i in range(sp.n)]
+            seqs = [self.engine.add_request(ids, sp, mm, index=i, added=added) for i in range(sp.n)]
             states.append(RequestState(str(next(self._ids)), text, seqs, self.processor.token_text))
         return states
 
-    def _run(self, states: list[RequestState], use_tqdm: bool) -> Iterator[None]:
-        """Step the engine until ``states`` finish, yielding after each step; on exit (finished,
-        interrupted or abandoned) nothing of theirs stays queued and no page stays held."""
-        seqs = [seq for state in states for seq in state.seqs]
-        total = sum(seq.params.max_tokens for seq in seqs)
+    def _run(self, requests: list[tuple], states: list[RequestState], use_tqdm: bool) -> Iterator[None]:
+        """Queue ``requests`` (their states appended to ``states``) and step the engine until they
+        finish, yielding after each step; on exit (finished, interrupted, abandoned, or an error while
+        queueing) nothing of theirs stays queued and no page stays held."""
         engine = self.engine
-        prompt_start, out_start = engine.num_prompt_tokens_computed, engine.num_generated_tokens
-        start = time.perf_counter()
+        added: list[Sequence] = []
         try:
+            states.extend(self._add(requests, added))
+            seqs = [seq for state in states for seq in state.seqs]
+            total = sum(seq.params.max_tokens for seq in seqs)
+            prompt_start, out_start = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+            start = time.perf_counter()
             with tqdm(total=total, desc="generating", unit="tok", disable=not use_tqdm) as bar:
                 done = 0
                 while any(seq.finish_reason is None for seq in seqs):
@@ -211,6 +219,6 @@ class LLM:
                     done = now
                     yield
         finally:
-            for seq in seqs:
+            for seq in added:
                 if seq.request_id in engine.requests:
                     engine.abort(seq.request_id)

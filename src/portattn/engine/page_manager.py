@@ -6,6 +6,13 @@ key names the entire prefix. A page that holds image placeholders also hashes th
 keys (``MultimodalData.content_key``), so equal token ids with different images never share a page.
 The cache holds one reference on each page it indexes; a page that only the cache holds is
 evictable, least recently used first.
+
+Every update that touches the allocator and a record of who holds what (a sequence's ``pages``, a
+cache entry) is all or nothing, also when an exception (an interrupt, ``MemoryError``) arrives
+between two of its lines: the new pages or references are taken, then recorded in one statement,
+and an exception before the record gives them back; a release that already reached the allocator
+is completed. The allocator's own calls are all-or-nothing too (:class:`portattn.PageAllocator`).
+Writes to ``req_to_token`` come before the record: columns a sequence does not own yet hold anything.
 """
 
 from __future__ import annotations
@@ -49,19 +56,27 @@ class PageManager:
         assert not seq.pages and seq.num_computed == 0
         if not self.enable_prefix_caching or seq.params.needs_prompt_logits:
             return 0
-        size, parent = self.page_size, b""
+        size, keys, pages = self.page_size, [], []
         for p in range((seq.num_tokens - 1) // size):
-            key = sequence_page_key(seq, parent, p, size)
+            key = sequence_page_key(seq, keys[-1] if keys else b"", p, size)
             page = self.cache.get(key)
             if page is None:
                 break
-            self.cache.move_to_end(key)
-            seq.pages.append(page)
-            seq.page_hashes.append(key)
-            parent = key
-        self.allocator.retain(seq.pages)
-        self.req_pool.write_pages(seq.req_pool_idx, 0, seq.pages)
-        seq.num_computed = len(seq.pages) * size
+            keys.append(key)
+            pages.append(page)
+        if not pages:
+            return 0
+        for key in keys:
+            self.cache.move_to_end(key)  # LRU order only
+        self.req_pool.write_pages(seq.req_pool_idx, 0, pages)
+        refs = self.allocator.ref_count(pages[0])
+        try:
+            self.allocator.retain(pages)
+            seq.pages, seq.page_hashes, seq.num_computed = pages, keys, len(pages) * size
+        except BaseException:
+            if seq.pages is not pages and self.allocator.ref_count(pages[0]) > refs:
+                self.allocator.free(pages)  # retained, not recorded
+            raise
         self.num_cached_tokens += seq.num_computed
         return seq.num_computed
 
@@ -73,10 +88,20 @@ class PageManager:
         for p in range(len(seq.page_hashes), seq.num_computed // size):
             parent = seq.page_hashes[-1] if seq.page_hashes else b""
             key = sequence_page_key(seq, parent, p, size)
-            seq.page_hashes.append(key)
             if key not in self.cache:  # an equal page computed by another sequence stays private
-                self.cache[key] = seq.pages[p]
-                self.allocator.retain([seq.pages[p]])
+                self._index(key, seq.pages[p])
+            seq.page_hashes.append(key)
+
+    def _index(self, key: bytes, page: int) -> None:
+        """Add the cache's reference to ``page`` and its entry: both or neither."""
+        refs = self.allocator.ref_count(page)
+        try:
+            self.allocator.retain([page])
+            self.cache[key] = page
+        except BaseException:
+            if key not in self.cache and self.allocator.ref_count(page) > refs:
+                self.allocator.free([page])
+            raise
 
     def evict(self, num_pages: int) -> int:
         """Drop up to ``num_pages`` least recently used pages that only the cache holds."""
@@ -87,8 +112,19 @@ class PageManager:
             if self.allocator.ref_count(page) == 1:
                 victims.append(key)
         for key in victims:
-            self.allocator.free([self.cache.pop(key)])
+            self._drop(key)
         return len(victims)
+
+    def _drop(self, key: bytes) -> None:
+        """Remove a cache entry and free its page (only the cache holds it): both, once started."""
+        page = self.cache[key]
+        try:
+            del self.cache[key]
+            self.allocator.free([page])
+        except BaseException:
+            if key not in self.cache and self.allocator.ref_count(page) == 1:
+                self.allocator.free([page])
+            raise
 
     def clear_cache(self) -> None:
         self.evict(len(self.cache))
@@ -104,12 +140,25 @@ class PageManager:
             self.evict(need - self.allocator.num_free)
             if self.allocator.num_free < need:
                 return False
-        pages = self.allocator.allocate(need)
-        self.req_pool.write_pages(seq.req_pool_idx, len(seq.pages), pages)
-        seq.pages.extend(pages)
+        old, num_free, pages = seq.pages, self.allocator.num_free, []
+        try:
+            pages = self.allocator.allocate(need)
+            self.req_pool.write_pages(seq.req_pool_idx, len(old), pages)
+            seq.pages = old + pages
+        except BaseException:
+            if seq.pages is old and self.allocator.num_free < num_free:
+                self.allocator.free(pages)  # allocated, not recorded
+            raise
         return True
 
     def release(self, seq: Sequence) -> None:
         """Return the sequence's pages (cached ones stay with the cache) and forget its KV."""
-        self.allocator.free(seq.pages)
-        seq.pages, seq.page_hashes, seq.num_computed = [], [], 0
+        pages = seq.pages
+        refs = self.allocator.ref_count(pages[0]) if pages else 0
+        try:
+            self.allocator.free(pages)
+            seq.pages, seq.page_hashes, seq.num_computed = [], [], 0
+        except BaseException:
+            if pages and seq.pages is pages and self.allocator.ref_count(pages[0]) < refs:
+                seq.pages, seq.page_hashes, seq.num_computed = [], [], 0  # freed: finish the release
+            raise

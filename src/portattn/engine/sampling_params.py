@@ -9,6 +9,10 @@ from ..errors import expect
 from .arguments import doc
 
 MAX_LOGPROBS = 20  # most top log-probabilities returned per position (OpenAI's limit too)
+# Below this, logits / temperature can overflow float32 (1e-38 turns every logit into inf and the
+# softmax into NaN); the distribution is one-hot long before it. Refused, not rounded to greedy.
+MIN_TEMPERATURE = 1e-5
+SEED_LIMIT = 2**64  # seeds are 64-bit values, as in torch.Generator and the OpenAI API
 
 
 @dataclass(frozen=True)
@@ -23,11 +27,12 @@ class SamplingParams:
     (``repetition_penalty`` divides positive / multiplies negative logits of tokens seen in the prompt
     or output; ``frequency_penalty`` subtracts ``count`` times itself for each output token,
     ``presence_penalty`` subtracts itself once), then ``temperature`` (0 is greedy: argmax of the
-    penalised logits, and the parameters below are unused), ``min_p`` (drop tokens less likely than
+    penalised logits, and the parameters below are unused; a positive temperature is at least
+    ``MIN_TEMPERATURE``, 1e-5: smaller ones are refused, not taken as greedy), ``min_p`` (drop tokens less likely than
     ``min_p`` times the likeliest), ``top_k`` (-1 keeps every token) and ``top_p`` (the smallest set of
-    likeliest tokens whose mass reaches ``top_p``; 1 keeps every token). ``seed`` makes the samples a
-    function of the seed alone, whatever else is in the batch; without it they come from torch's
-    global generator, drawn when the request is added.
+    likeliest tokens whose mass reaches ``top_p``; 1 keeps every token). ``seed`` (an int in
+    ``[0, 2**64)``) makes the samples a function of the seed alone, whatever else is in the batch;
+    without it they come from torch's global generator, drawn when the request is added.
 
     Stopping: after ``max_tokens`` tokens ("length"); at an end-of-sequence token unless
     ``ignore_eos``, or at a token of ``stop_token_ids`` ("stop"; the token stays in ``token_ids``,
@@ -49,7 +54,7 @@ class SamplingParams:
     n: int = field(default=1, metadata=doc("completions per prompt"))
     max_tokens: int = field(default=16, metadata=doc("most tokens generated per completion"))
     min_tokens: int = field(default=0, metadata=doc("tokens generated before any stop condition applies"))
-    temperature: float = field(default=0.0, metadata=doc("softmax temperature; 0 is greedy"))
+    temperature: float = field(default=0.0, metadata=doc("softmax temperature; 0 is greedy, else at least 1e-5"))
     top_p: float = field(
         default=1.0, metadata=doc("nucleus sampling: the smallest set of tokens with this much probability")
     )
@@ -87,7 +92,8 @@ class SamplingParams:
         _int(self.min_tokens, "min_tokens", low=0)
         expect(self.min_tokens <= self.max_tokens, f"min_tokens <= max_tokens {self.max_tokens}", self.min_tokens)
         _float(self.temperature, "temperature")
-        expect(self.temperature >= 0, "temperature >= 0", self.temperature)
+        t = self.temperature
+        expect(t == 0 or t >= MIN_TEMPERATURE, f"temperature 0 (greedy) or a finite number >= {MIN_TEMPERATURE}", t)
         _float(self.top_p, "top_p")
         expect(0 < self.top_p <= 1, "top_p in (0, 1]", self.top_p)
         _int(self.top_k, "top_k", low=-1)
@@ -101,7 +107,8 @@ class SamplingParams:
         _float(self.repetition_penalty, "repetition_penalty")
         expect(self.repetition_penalty > 0, "repetition_penalty > 0", self.repetition_penalty)
         if self.seed is not None:
-            _int(self.seed, "seed")
+            ok = _is_int(self.seed) and 0 <= self.seed < SEED_LIMIT
+            expect(ok, "seed to be None or an int in [0, 2**64)", repr(self.seed))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         expect(
             isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop),

@@ -6,6 +6,11 @@ sequence's share is ``min(uncomputed tokens, budget left)``, so one forward can 
 prompt chunks (``chunked_prefill_size``) and decodes. When the pool runs out of pages, the newest
 running sequence is preempted: its pages go back to the pool and it recomputes later from its
 tokens, which it keeps.
+
+Admission, preemption and finishing are each all or nothing, also when an exception (an interrupt,
+``MemoryError``) arrives between two of their lines: a sequence is in exactly one queue (or
+finished), and holds a request row and pages exactly while it is running. A half-done admission is
+undone; a half-done release is completed.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class Scheduler:
             n = int(min(seq.num_tokens - seq.num_computed, budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
                 preempted = True
-                victim = self.running.pop()
+                victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
                     break
@@ -56,36 +61,68 @@ class Scheduler:
                 i += 1
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            seq.req_pool_idx = self.req_pool.alloc()
-            self.pages.match_prefix(seq)
-            n = int(min(seq.num_tokens - seq.num_computed, budget))
-            if not self.pages.reserve(seq, seq.num_computed + n):
-                self._release(seq)
+            n = self._admit(seq, budget)
+            if n is None:
                 break
-            self.waiting.popleft()
-            seq.status = Status.RUNNING
-            self.running.append(seq)
             scheduled.append((seq, n))
             budget -= n
         if not scheduled and self.has_unfinished():
             raise RuntimeError("the page pool cannot hold the oldest sequence on its own; raise num_pages")
         return scheduled
 
+    def _admit(self, seq: Sequence, budget: float) -> int | None:
+        """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
+        tokens; returns how many it computes now, or ``None`` (nothing changed) if the pool is short."""
+        try:
+            seq.req_pool_idx = self.req_pool.alloc()
+            self.pages.match_prefix(seq)
+            n = int(min(seq.num_tokens - seq.num_computed, budget))
+            if not self.pages.reserve(seq, seq.num_computed + n):
+                self._release(seq)
+                return None
+            seq.status = Status.RUNNING
+            self.running.append(self.waiting.popleft())
+        except BaseException:
+            if seq not in self.running:  # not admitted: back at the head of waiting, holding nothing
+                self._release(seq)
+                seq.status = Status.WAITING
+                if seq not in self.waiting:
+                    self.waiting.appendleft(seq)
+            raise
+        return n
+
     def finish(self, seq: Sequence, reason: str) -> None:
-        seq.status, seq.finish_reason = Status.FINISHED, reason
+        try:
+            self._release(seq)
+            seq.status, seq.finish_reason = Status.FINISHED, reason
+            self._dequeue(seq)
+        except BaseException:  # complete it: a finished sequence holds nothing and is in no queue
+            self._release(seq)
+            seq.status, seq.finish_reason = Status.FINISHED, reason
+            self._dequeue(seq)
+            raise
+
+    def _dequeue(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if seq.req_pool_idx is not None:
-            self._release(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        self._release(seq)
-        seq.status = Status.WAITING
+        """Move the newest running sequence back to the front of ``waiting``, holding nothing."""
+        try:
+            self._release(seq)
+            seq.status = Status.WAITING
+            self.waiting.appendleft(self.running.pop())
+        except BaseException:  # complete it
+            if seq not in self.waiting:
+                self._release(seq)
+                seq.status = Status.WAITING
+                self._dequeue(seq)
+                self.waiting.appendleft(seq)
+            raise
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
         logger.info(
             "preempted request %s (out of KV pages); %d preemptions so far",
             seq.request_id,
@@ -93,6 +130,15 @@ class Scheduler:
         )
 
     def _release(self, seq: Sequence) -> None:
+        """Give back the sequence's pages and request row; a no-op for one that holds neither."""
         self.pages.release(seq)
-        self.req_pool.free(seq.req_pool_idx)
-        seq.req_pool_idx = None
+        row, num_free = seq.req_pool_idx, self.req_pool.num_free
+        if row is None:
+            return
+        try:
+            self.req_pool.free(row)
+            seq.req_pool_idx = None
+        except BaseException:
+            if self.req_pool.num_free > num_free:
+                seq.req_pool_idx = None  # freed: finish the release
+            raise

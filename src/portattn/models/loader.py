@@ -4,6 +4,12 @@
 Checkpoint tensors reach the ``weight_loader`` hooks as :class:`~portattn.models.layers.CheckpointSlice`
 handles (safetensors ``get_slice``): a sharded parameter narrows the handle to its rank's part and only
 that part is read from the file, so under tensor parallelism no rank reads a sharded tensor whole.
+
+A checkpoint is data, never code: every transformers load passes ``trust_remote_code=False``, and a
+file whose ``auto_map`` points at Python shipped with the checkpoint is refused before transformers
+reads it (unless ``config.json`` also names a ``model_type`` transformers has, which it then loads
+without that code). Shard names from ``model.safetensors.index.json`` must stay inside the
+checkpoint directory. A file that cannot be read is reported as a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -14,15 +20,16 @@ import inspect
 import json
 import logging
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+from transformers import CONFIG_MAPPING, AutoConfig, AutoTokenizer, GenerationConfig
 
 from ..distributed.group import TPGroup, tp_or_single
+from ..errors import expect, is_int
 from . import model_class
 from .base import KV_SCALE_KEY, MultimodalModel
 from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
@@ -30,6 +37,17 @@ from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
 logger = logging.getLogger("portattn")
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Sizes a model divides by or allocates from; a checkpoint with one below 1 is refused at load.
+_POSITIVE_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 
 
 def _checkpoint_dir(path: str | Path) -> Path:
@@ -39,18 +57,103 @@ def _checkpoint_dir(path: str | Path) -> Path:
     return path
 
 
+def read_json(file: Path) -> dict:
+    """A JSON object file, or a ``ValueError`` naming the file."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"expected a JSON object in {file}, got {type(exc).__name__}: {exc}") from exc
+    expect(isinstance(data, dict), f"a JSON object in {file}", type(data).__name__)
+    return data
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (whitespace runs, newlines included, become one space)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def refuse_remote_code(path: Path, name: str, native: bool = False) -> None:
+    """Refuse ``path / name`` if its ``auto_map`` names code of the checkpoint that a load would need.
+
+    ``native``: the file's type is one transformers has, so the map is ignored (and the loads,
+    with ``trust_remote_code=False``, never import it).
+    """
+    file = path / name
+    if native or not file.is_file():
+        return
+    auto_map = read_json(file).get("auto_map")
+    expect(
+        not auto_map,
+        f"a checkpoint that transformers loads without code of its own (portattn never runs code from "
+        f"a checkpoint) in {path}",
+        f"auto_map {auto_map} in {name}",
+    )
+
+
+def _native_config(path: Path) -> bool:
+    return read_json(path / "config.json").get("model_type") in CONFIG_MAPPING
+
+
 def load_config(path: str | Path):
-    return AutoConfig.from_pretrained(_checkpoint_dir(path))
+    """``config.json`` through ``AutoConfig`` (no checkpoint code), its sizes checked."""
+    path = _checkpoint_dir(path)
+    refuse_remote_code(path, "config.json", native=_native_config(path))
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # transformers raises OSError, ValueError, TypeError, hub validation errors
+        raise ValueError(
+            f"expected a config.json that transformers can read in {path}, got {_first_line(exc)}"
+        ) from exc
+    text_config = getattr(config, "text_config", None) or config
+    for name in _POSITIVE_SIZES:
+        value = getattr(text_config, name, None)
+        if value is not None:
+            expect(is_int(value) and value >= 1, f"{name} in {path / 'config.json'} to be a positive int", value)
+    return config
+
+
+def _shard(path: Path, index: Path, name: object) -> Path:
+    """A shard named by the index, confined to the checkpoint directory (the name is checked, not
+    resolved: hub snapshots link their files to blobs elsewhere)."""
+    parts = PurePath(name).parts if isinstance(name, str) and name else ()
+    expect(
+        bool(parts) and not PurePath(name).is_absolute() and ".." not in parts,
+        f"shard names inside the checkpoint directory in {index}",
+        repr(name),
+    )
+    return path / name
+
+
+def check_safetensors(file: Path) -> None:
+    """A readable safetensors file whose header covers the file, or a ``ValueError`` naming it."""
+    expect(file.is_file(), "an existing safetensors file", str(file))
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            f.keys()
+    except Exception as exc:  # SafetensorError (header too small, too large, truncated), OSError
+        raise ValueError(f"expected a safetensors file at {file}, got {_first_line(exc)}") from exc
 
 
 def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's weight files (the index's shards, or every ``*.safetensors``), each checked."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / name for name in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"expected *.safetensors files in {str(path)!r}, got none")
+        weight_map = read_json(index).get("weight_map")
+        expect(
+            isinstance(weight_map, dict) and weight_map,
+            f"a non-empty 'weight_map' object in {index}",
+            type(weight_map).__name__ if weight_map is not None else "none",
+        )
+        files = [_shard(path, index, name) for name in sorted(set(map(str, weight_map.values())))]
+        missing = next((file for file in files if not file.is_file()), None)
+        expect(missing is None, f"every shard named in {index}", f"no file {missing}")
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"expected *.safetensors files in {str(path)!r}, got none")
+    for file in files:
+        check_safetensors(file)
     return files
 
 
@@ -197,24 +300,63 @@ def load_model(
 
 
 def load_tokenizer(path: str | Path):
-    """The directory's tokenizer through ``AutoTokenizer``, or ``None`` when it has none."""
+    """The directory's tokenizer through ``AutoTokenizer`` (no checkpoint code), or ``None`` when it has none."""
     path = Path(path)
-    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+    files = [name for name in _TOKENIZER_FILES if (path / name).is_file()]
+    if not files:
         return None
-    return AutoTokenizer.from_pretrained(path)
+    refuse_remote_code(path, "tokenizer_config.json")
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # tokenizers' parse errors, JSONDecodeError, OSError ...
+        raise ValueError(
+            f"expected a tokenizer that transformers can load from {', '.join(files)} in {path}, got {_first_line(exc)}"
+        ) from exc
+
+
+def load_image_processor(path: str | Path):
+    """The checkpoint's image processor through ``AutoImageProcessor`` (no checkpoint code)."""
+    path = Path(path)
+    expect(
+        (path / "preprocessor_config.json").is_file(),
+        "preprocessor_config.json in the checkpoint directory to process raw images "
+        "(or 'pixel_values' and 'image_grid_thw' in multi_modal_data)",
+        "none",
+    )
+    refuse_remote_code(path, "preprocessor_config.json")
+    refuse_remote_code(path, "processor_config.json")
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:
+        raise ValueError(
+            f"expected an image processor that transformers can load from {path / 'preprocessor_config.json'}, "
+            f"got {_first_line(exc)}"
+        ) from exc
 
 
 def eos_token_ids(path: str | Path, config) -> set[int]:
     """End-of-sequence ids from ``generation_config.json`` if present, else from the model config."""
     eos = None
-    if (Path(path) / "generation_config.json").is_file():
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    file = Path(path) / "generation_config.json"
+    if file.is_file():
+        try:
+            eos = GenerationConfig.from_pretrained(path, trust_remote_code=False).eos_token_id
+        except Exception as exc:
+            raise ValueError(
+                f"expected a generation config that transformers can read in {file}, got {_first_line(exc)}"
+            ) from exc
+        source = file
     if eos is None:
         text_config = getattr(config, "text_config", None) or config
         eos = getattr(text_config, "eos_token_id", None)
+        source = Path(path) / "config.json"
     if eos is None:
         return set()
-    return {eos} if isinstance(eos, int) else set(eos)
+    ids = [eos] if not isinstance(eos, (list, tuple)) else list(eos)
+    expect(all(is_int(t) and t >= 0 for t in ids), f"eos_token_id of non-negative ints in {source}", eos)
+    return set(ids)
 
 
 def kv_cache_scales(path: str | Path, num_layers: int) -> list[tuple[float, float]]:

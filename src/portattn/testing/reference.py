@@ -269,10 +269,9 @@ def make_paged_case(
     """A batch of sequences in randomly placed pages, every unowned slot poisoned with NaN.
 
     Page-table rows have ``extra_columns`` more columns than the longest sequence needs; every
-    column past a sequence's last page holds ``junk_page``, a page of NaN.
+    column past a sequence's last page holds ``junk_page``, a page of NaN. A sequence may have
+    more queries than keys (``k_lens`` 0 included).
     """
-    if any(n > L for n, L in zip(q_lens, k_lens)):
-        raise ValueError(f"expected q_lens <= k_lens, got {q_lens} and {k_lens}")
     value_dim = head_dim if value_dim is None else value_dim
     gen = torch.Generator().manual_seed(seed)
     pages_per_seq = [-(-L // page_size) for L in k_lens]
