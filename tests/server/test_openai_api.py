@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import threading
 from urllib.parse import urlparse
 
 import pytest
@@ -293,6 +294,17 @@ def test_api_key_and_queue_limit(model_root):
             assert status == 401 and payload["error"]["code"] == "invalid_api_key"
         assert request(url + "/health")[0] == 200  # not behind the key
         keyed = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-test", timeout=60, max_retries=0)
+        # Hold the engine thread inside its first step, so the queue fills however fast the machine is.
+        async_engine = app.state.server.engine
+        engine, step = async_engine.engine, async_engine.engine.step
+        entered, release = threading.Event(), threading.Event()
+
+        def held_step():
+            entered.set()
+            release.wait(timeout=60)
+            return step()
+
+        engine.step = held_step
 
         async def one(i: int):
             try:
@@ -303,19 +315,32 @@ def test_api_key_and_queue_limit(model_root):
             except openai.APIStatusError as err:
                 return err
 
-        async def burst():
-            tasks = []
-            for i in range(6):
-                tasks.append(asyncio.ensure_future(one(i)))
+        async def until(condition):
+            for _ in range(600):
+                if condition():
+                    return
                 await asyncio.sleep(0.05)
-            return await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+            raise AssertionError("timed out")
 
-        results = asyncio.run(burst())
-        refused = [r for r in results if not isinstance(r, int)]
-        assert refused and all(r.status_code == 503 for r in refused)
+        async def burst():
+            running = asyncio.ensure_future(one(0))  # taken by the engine, which then waits in its step
+            await until(entered.is_set)
+            waiting = asyncio.ensure_future(one(1))  # submitted, not yet added: fills the queue of one
+            await until(lambda: async_engine.queue_full())
+            refused = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(2, 6))), timeout=60)
+            release.set()
+            return [await running, await waiting, *refused]
+
+        try:
+            results = asyncio.run(burst())
+        finally:
+            release.set()
+            engine.step = step
+        assert results[:2] == [30, 30]
+        refused = results[2:]
+        assert all(isinstance(r, openai.APIStatusError) and r.status_code == 503 for r in refused), refused
         assert all(r.response.headers["retry-after"] == "1" for r in refused)
-        assert refused[0].body["code"] == "queue_full" or refused[0].response.json()["error"]["code"] == "queue_full"
-        assert [r for r in results if isinstance(r, int)] and all(r == 30 for r in results if isinstance(r, int))
+        assert all(r.response.json()["error"]["code"] == "queue_full" for r in refused)
         assert wait_until(lambda: engine_idle(app))
 
 
