@@ -34,7 +34,8 @@ def test_importing_portattn_testing_does_not_import_transformers():
 def test_each_family_builds_the_architecture_it_names(family):
     config = tiny_config(family)
     assert config.get_text_config().vocab_size == 256
-    assert tiny_config(family, initializer_range=0.5).initializer_range == 0.5  # overrides reach the config
+    for tied in (True, False):  # overrides reach the config
+        assert tiny_config(family, tie_word_embeddings=tied).tie_word_embeddings is tied
     with torch.device("meta"):
         model = tiny_model(family)
     assert type(model).__name__ == ARCHITECTURES[family]

@@ -127,10 +127,11 @@ def test_clamped_swiglu_matches_transformers():
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
     config = tiny_config("gpt_oss", swiglu_alpha=1.3, swiglu_limit=1.5)
-    experts = GptOssExperts(config)
-    gate_up = 3.0 * torch.randn(7, 2 * config.intermediate_size, generator=torch.Generator().manual_seed(1))
-    assert (gate_up.abs() > 1.5).float().mean() > 0.3  # the clamps act on many values
-    ours = ClampedSwiGLU(config.swiglu_alpha, config.swiglu_limit)(gate_up)
+    experts = GptOssExperts(config)  # transformers before 5.2x ignores the config's two and uses 1.702, 7
+    alpha, limit = experts.alpha, experts.limit
+    gate_up = 2 * limit * torch.randn(7, 2 * config.intermediate_size, generator=torch.Generator().manual_seed(1))
+    assert (gate_up.abs() > limit).float().mean() > 0.3  # the clamps act on many values
+    ours = ClampedSwiGLU(alpha, limit)(gate_up)
     assert torch.equal(ours, experts._apply_gate(gate_up))
 
 
@@ -168,3 +169,23 @@ def test_rms_norm_weight_in_float32_matches_transformers():
     plain = RMSNorm(64, 1e-5).bfloat16()  # weight * normed.to(bfloat16): rounds twice
     plain.weight.data.copy_(ours.weight.data)
     assert not torch.equal(plain(x), theirs(x))
+
+
+def test_the_tiny_checkpoint_drives_the_clamps(ckpt_root):
+    """The parity matrix would not see a wrong clamp if no value reached the limit."""
+    model = hf_model(checkpoint("gpt_oss", ckpt_root))
+    seen = []
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        apply_gate = experts._apply_gate
+        experts._apply_gate = lambda gate_up, apply_gate=apply_gate: seen.append(gate_up) or apply_gate(gate_up)
+    try:
+        with torch.no_grad():
+            model(torch.tensor([PROMPTS[-1]]))
+    finally:
+        for layer in model.model.layers:
+            del layer.mlp.experts._apply_gate
+    gate_up = torch.cat([g.reshape(-1, g.shape[-1]) for g in seen])
+    limit = model.model.layers[0].mlp.experts.limit
+    assert (gate_up[:, ::2] > limit).float().mean() > 0.05  # gates clamped from above
+    assert (gate_up[:, 1::2].abs() > limit).float().mean() > 0.05  # ups clamped on both sides

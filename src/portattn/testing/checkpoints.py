@@ -38,6 +38,8 @@ ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
 
+# gpt-oss: the experts' input weights are scaled by this, so that the SwiGLU clamps at 7 act.
+GPT_OSS_GATE_UP_GAIN = 4.0
 COMMON = dict(vocab_size=256, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
 
 # DeepSeek V3's two variants: tiny_config("deepseek_v3") is "yarn"; each variant sets the same keys,
@@ -148,12 +150,13 @@ def tiny_config(family: str, **overrides):
         kwargs |= dict(query_pre_attn_scalar=96, max_position_embeddings=512)
         return transformers.Gemma3TextConfig(**(kwargs | dict(rope_parameters=rope) | overrides))
     if family == "gpt_oss":
-        # Sliding (8 tokens) and full layers, head dim 64, YaRN, 4 experts of which 2 are picked, and
-        # a SwiGLU limit low enough that the clamps act.
+        # Sliding (8 tokens) and full layers, head dim 64, YaRN, 4 experts of which 2 are picked. The
+        # SwiGLU limit is the released models' 7 (transformers before 5.2x ignores the config's and uses
+        # 7); tiny_model scales the experts' input weights so that the clamps act.
         yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0}
         yarn |= {"truncate": False, "original_max_position_embeddings": 128}
         kwargs = COMMON | dict(head_dim=64, intermediate_size=32, num_hidden_layers=2, sliding_window=8)
-        kwargs |= dict(num_local_experts=4, num_experts_per_tok=2, swiglu_limit=2.0, max_position_embeddings=512)
+        kwargs |= dict(num_local_experts=4, num_experts_per_tok=2, swiglu_limit=7.0, max_position_embeddings=512)
         return transformers.GptOssConfig(**(kwargs | dict(rope_parameters=yarn) | overrides))
     raise ValueError(f"expected a family in {FAMILIES}, got {family!r}")
 
@@ -186,6 +189,8 @@ def tiny_model(family: str, *, seed: int | None = None, **overrides) -> torch.nn
                     param.normal_(0.0, 0.2)
                 elif name.endswith("self_attn.sinks"):
                     param.normal_(0.0, 1.0)
+                if name.endswith("experts.gate_up_proj"):  # pre-activations of std ~6: the limit of 7 clamps
+                    param.mul_(GPT_OSS_GATE_UP_GAIN)
         if family in ("gemma2", "gemma3"):  # (1 + w) norms (w = 0 at init)
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
@@ -326,7 +331,10 @@ class TransformersOutput(NamedTuple):
 
 def transformers_model(path: str | Path) -> torch.nn.Module:
     """transformers' float32 model of a checkpoint directory, in eval mode, with its end-of-sequence
-    token cleared (the engine's counterpart is ``SamplingParams(ignore_eos=True)``)."""
+    token cleared (the engine's counterpart is ``SamplingParams(ignore_eos=True)``).
+
+    Attention is transformers' eager implementation: its SDPA path drops features SDPA lacks (Gemma 2's
+    attention softcap is skipped under SDPA in transformers up to at least 5.17), so it is no reference."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(path)
@@ -336,7 +344,8 @@ def transformers_model(path: str | Path) -> torch.nn.Module:
         from transformers import Mxfp4Config
 
         options["quantization_config"] = Mxfp4Config(dequantize=True)  # dequantized to float32 as it loads
-    model = auto.from_pretrained(path, dtype=torch.float32, **options).eval()
+    model = auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", **options).eval()
+    model.float()  # transformers before 5.2x dequantizes MXFP4 to bfloat16 on the CPU (exactly: FP4 x 2^k)
     model.generation_config.eos_token_id = None
     return model
 
