@@ -3,6 +3,8 @@ is one CLI line naming it (exit status 2, the traceback only with -v)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 import json
 import shutil
@@ -111,11 +113,10 @@ def test_every_transformers_load_passes_trust_remote_code_false(tmp_path, ckpt_r
 
         return load
 
-    loaders = [("config", loader.AutoConfig), ("tokenizer", loader.AutoTokenizer), ("generation", loader.GenerationConfig)]
-    try:
+    loaders = [("config", loader.AutoConfig), ("tokenizer", loader.AutoTokenizer)]
+    loaders.append(("generation", loader.GenerationConfig))
+    with contextlib.suppress(ImportError):  # transformers before 5.2x without torchvision has no image processors
         loaders.append(("image", transformers.AutoImageProcessor.from_pretrained.__self__))
-    except ImportError:  # transformers before 5.2x without torchvision: no image processors to load
-        pass
     for name, cls in loaders:
         monkeypatch.setattr(cls, "from_pretrained", spy(name, cls.from_pretrained))
     (path / "tokenizer.json").write_text("{}")  # any tokenizer file: the load is what is spied on
