@@ -4,7 +4,6 @@ is one CLI line naming it (exit status 2, the traceback only with -v)."""
 from __future__ import annotations
 
 import contextlib
-
 import io
 import json
 import shutil
