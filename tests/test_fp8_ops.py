@@ -129,16 +129,16 @@ def test_paged_fp8_head_dims_and_gqa(backend, dtype, head_dim, value_dim):
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton does not run here")
-@pytest.mark.parametrize(("kv", "num_splits"), [("e4m3", 1), ("e4m3", 5), ("e5m2", 3)])
-def test_triton_fp8_split_kv_and_merge(kv, num_splits):
+@pytest.mark.parametrize(("kv", "num_kv_splits"), [("e4m3", 1), ("e4m3", 5), ("e5m2", 3)])
+def test_triton_fp8_split_kv_and_merge(kv, num_kv_splits):
     """Long decodes split over key ranges: every split's output carries the V scale before the merge."""
     from portattn.backends.base import AttentionParams
     from portattn.backends.triton import TritonBackend
 
     dtype = torch.float16
-    case = fp8_case([1, 1, 1], [70, 33, 1], kv_dtype=FP8[kv], q_dtype=dtype, page_size=7, seed=num_splits)
+    case = fp8_case([1, 1, 1], [70, 33, 1], kv_dtype=FP8[kv], q_dtype=dtype, page_size=7, seed=num_kv_splits)
     backend = TritonBackend()
-    metadata = backend.plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 7, num_splits=num_splits)
+    metadata = backend.plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 7, num_kv_splits=num_kv_splits)
     params = AttentionParams(scale=0.125, k_scale=K_SCALE, v_scale=V_SCALE, sinks=torch.zeros(4, device=DEVICE))
     out = torch.empty(3, 4, 64, dtype=dtype, device=DEVICE)
     lse = torch.empty(3, 4, dtype=torch.float32, device=DEVICE)

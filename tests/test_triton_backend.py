@@ -29,7 +29,7 @@ from portattn.testing import (
 pytestmark = pytest.mark.skipif("triton" not in available_backends(DEVICE), reason="triton does not run here")
 
 if "triton" in available_backends(DEVICE):
-    from portattn.backends.triton import TritonBackend, choose_num_splits
+    from portattn.backends.triton import TritonBackend, choose_num_kv_splits
     from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles, column_tiles, next_pow2
 
 INTERPRETED = is_triton_interpreter()
@@ -44,7 +44,7 @@ def reference(case, **kwargs):
     return ref, tolerance(ref, lowp, case.q.dtype)
 
 
-def run_planned(case, num_splits=None, return_lse=False, **kwargs):
+def run_planned(case, num_kv_splits=None, return_lse=False, **kwargs):
     """Plan once, then call the backend's per-layer method (the engine's path); NaN-filled outputs."""
     backend = TritonBackend()
     metadata = backend.plan_paged(
@@ -53,7 +53,7 @@ def run_planned(case, num_splits=None, return_lse=False, **kwargs):
         case.page_table,
         case.k_cache.shape[1],
         num_heads=case.q.shape[1],
-        num_splits=num_splits,
+        num_kv_splits=num_kv_splits,
     )
     params = AttentionParams(scale=case.q.shape[-1] ** -0.5, **kwargs)
     out = torch.full((*case.q.shape[:2], case.v_cache.shape[-1]), float("nan"), dtype=case.q.dtype, device=DEVICE)
@@ -79,7 +79,7 @@ def test_forced_split_counts_agree_with_each_other_and_the_reference(dtype, kwar
         kwargs["alibi_slopes"] = torch.tensor([0.5, 0.25, 0.0625, 0.0078125], device=DEVICE)
     ref, tol = reference(case, **kwargs)
     _, ref_lse = paged_attention_ref(**case.inputs(), return_lse=True, **kwargs)
-    outs = {s: run_planned(case, num_splits=s, return_lse=True, **kwargs) for s in (1, 2, 3, 8)}
+    outs = {s: run_planned(case, num_kv_splits=s, return_lse=True, **kwargs) for s in (1, 2, 3, 8)}
     for s, (out, lse) in outs.items():
         assert max_error(out, ref) <= tol, f"{s} splits: {max_error(out, ref):.3e} > {tol:.3e}"
         assert max_error(out, outs[1][0]) <= tol, f"{s} splits differ from 1 split"
@@ -89,7 +89,7 @@ def test_forced_split_counts_agree_with_each_other_and_the_reference(dtype, kwar
 def test_long_decode_is_split_and_correct():
     num_keys = 2048 if INTERPRETED else 65536
     batch, heads = 1, 4
-    assert choose_num_splits(batch, heads, 1, num_keys) > 1
+    assert choose_num_kv_splits(batch, heads, 1, num_keys) > 1
     case = make_paged_case([1], [num_keys], page_size=16, dtype=torch.float16, device=DEVICE, seed=5)
     ref, tol = reference(case)
     out = portattn.paged_attention(**case.inputs(), backend="triton")
@@ -97,13 +97,13 @@ def test_long_decode_is_split_and_correct():
 
 
 def test_split_count_is_a_function_of_the_problem_size():
-    assert choose_num_splits(1, 32, 1, 65536) == 64  # one long sequence: spread over key ranges
-    assert choose_num_splits(64, 32, 1, 4096) == 1  # enough (sequence, head) pairs already
-    assert choose_num_splits(4, 32, 1, 4096) == 8  # bounded by 512 keys per split
-    assert choose_num_splits(1, 32, 1, 300) == 1  # too short to split
-    assert choose_num_splits(1, 32, 512, 65536) == 1  # long query runs use query blocks instead
-    assert choose_num_splits(1, 32, 64, 8192) == 8  # a cascade's shared pass: 64 queries over a long prefix
-    assert choose_num_splits(4, 32, 16, 8192) == 8  # short extends over long contexts
+    assert choose_num_kv_splits(1, 32, 1, 65536) == 64  # one long sequence: spread over key ranges
+    assert choose_num_kv_splits(64, 32, 1, 4096) == 1  # enough (sequence, head) pairs already
+    assert choose_num_kv_splits(4, 32, 1, 4096) == 8  # bounded by 512 keys per split
+    assert choose_num_kv_splits(1, 32, 1, 300) == 1  # too short to split
+    assert choose_num_kv_splits(1, 32, 512, 65536) == 1  # long query runs use query blocks instead
+    assert choose_num_kv_splits(1, 32, 64, 8192) == 8  # a cascade's shared pass: 64 queries over a long prefix
+    assert choose_num_kv_splits(4, 32, 16, 8192) == 8  # short extends over long contexts
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 7, 16, 64])
@@ -118,13 +118,13 @@ def test_page_sizes_at_lengths_around_a_page(page_size):
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_head_dims_are_padded_with_masks(head_dim, num_splits):
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
+def test_head_dims_are_padded_with_masks(head_dim, num_kv_splits):
     case = make_paged_case(
         [1, 9], [21, 30], page_size=5, head_dim=head_dim, dtype=DTYPES[-1], device=DEVICE, seed=head_dim
     )
     ref, tol = reference(case)
-    assert max_error(run_planned(case, num_splits=num_splits), ref) <= tol
+    assert max_error(run_planned(case, num_kv_splits=num_kv_splits), ref) <= tol
 
 
 @pytest.mark.parametrize(("head_dim", "value_dim"), [(80, 96), (192, 80), (224, 40), (59, 112)])
@@ -135,9 +135,9 @@ def test_tail_columns_of_key_and_value_dims_apart(head_dim, value_dim):
         [1, 6], [40, 13], page_size=3, head_dim=head_dim, value_dim=value_dim, dtype=DTYPES[-1], device=DEVICE
     )
     ref, tol = reference(case, window_left=20)
-    for num_splits in (1, 2):
-        out = run_planned(case, num_splits=num_splits, window_left=20)
-        assert max_error(out, ref) <= tol, f"{num_splits} splits"
+    for num_kv_splits in (1, 2):
+        out = run_planned(case, num_kv_splits=num_kv_splits, window_left=20)
+        assert max_error(out, ref) <= tol, f"{num_kv_splits} splits"
 
 
 def test_column_tiles_pad_less_than_the_next_power_of_two():

@@ -46,7 +46,7 @@ MIN_KEYS_PER_SPLIT = 512
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 
 
-def choose_num_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
+def choose_num_kv_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
     """How many key ranges each (query block, KV head) is split into; 1 = no split-KV.
 
     Work items are (sequence, query head, run of 8 queries); splits are added until there are
@@ -125,27 +125,29 @@ class TritonBackend(AttentionBackend):
         *,
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
-        num_splits: int | None = None,
+        num_kv_splits: int | None = None,
         host_lens=None,
     ) -> TritonPagedMetadata:
-        """As the base class, plus the split count (``num_splits`` forces one, for tests and benchmarks).
+        """As the base class, plus the split count (``num_kv_splits`` forces one, for tests and benchmarks).
 
         Without ``num_heads`` (the engine's ``plan``) the split count is left to the op method,
         which computes it from the same host ints and the query's head count (no sync).
         """
         fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
         metadata = TritonPagedMetadata(**fields)
-        if num_splits is None and num_heads is not None:
-            num_splits = choose_num_splits(metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k)
-        if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
-            raise ValueError(f"expected num_splits in [1, {MAX_SPLITS}], got {num_splits}")
-        return dataclasses.replace(metadata, num_kv_splits=num_splits)
+        if num_kv_splits is None and num_heads is not None:
+            num_kv_splits = choose_num_kv_splits(
+                metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k
+            )
+        if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_SPLITS:
+            raise ValueError(f"expected num_kv_splits in [1, {MAX_SPLITS}], got {num_kv_splits}")
+        return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
 
     def graph_metadata(self, buffers: GraphBuffers, batch_size: int, *, num_heads: int) -> TritonPagedMetadata:
         """As the base class, with the split count fixed for the batch size: chosen for the longest
         context a row can hold. The kernel cuts each sequence's keys into that many ranges from its
         length on the device, so shorter contexts leave some splits empty (merged as nothing)."""
-        splits = choose_num_splits(batch_size, num_heads, 1, buffers.max_seqlen_k)
+        splits = choose_num_kv_splits(batch_size, num_heads, 1, buffers.max_seqlen_k)
         return TritonPagedMetadata(**graph_fields(buffers, batch_size), num_kv_splits=splits)
 
     def plan_varlen(
@@ -169,9 +171,9 @@ class TritonBackend(AttentionBackend):
         out: torch.Tensor,
         lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        num_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
-        if num_splits is None:
-            num_splits = choose_num_splits(
+        num_kv_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
+        if num_kv_splits is None:
+            num_kv_splits = choose_num_kv_splits(
                 metadata.batch_size, q.shape[1], metadata.max_seqlen_q, metadata.max_seqlen_k
             )
         return attention_forward(
@@ -192,7 +194,7 @@ class TritonBackend(AttentionBackend):
             logit_softcap=params.logit_softcap,
             alibi_slopes=params.alibi_slopes,
             lse=lse,
-            num_splits=num_splits,
+            num_kv_splits=num_kv_splits,
             k_scale=params.k_scale,
             v_scale=params.v_scale,
         )

@@ -160,7 +160,7 @@ class _Bench:
         cascade_out = self._cascade(sets[0], md, torch.empty_like(self.out))
         found = {
             "ms": ms,
-            "num_splits": {
+            "num_kv_splits": {
                 "plain": getattr(plain_md, "num_kv_splits", None),
                 "shared_pass": getattr(md.shared, "num_kv_splits", None),
                 "own_pass": getattr(md.own, "num_kv_splits", None),
@@ -202,7 +202,7 @@ class _Bench:
                 torch.tensor([c.shared], dtype=torch.int32, device=self.device),
                 sets[0]["page_table"][:1, : c.shared // c.page_size],
                 c.page_size,
-                num_splits=splits,
+                num_kv_splits=splits,
             )
             forced = CascadeMetadata(shared, md.own, md.shared_prefix_len)
             found[splits] = self._time(lambda i, m=forced: self._cascade(sets[i], m, self.out), sets)

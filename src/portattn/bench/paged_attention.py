@@ -164,7 +164,7 @@ def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, swe
         "mode": case.mode,
         "flops": work.flops,
         "bytes": work.bytes,
-        "num_splits": metadata.num_kv_splits,
+        "num_kv_splits": metadata.num_kv_splits,
         "portattn_ms": measure(ours, idx, device).median_ms,
         "peers": {},
     }
@@ -209,17 +209,17 @@ def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
     trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list]
     if case.mode == "decode":  # deeper pipelines with more splits
         trials += [((None, 64, 4, 4), s) for s in split_list if s != splits]
-    for tile, num_splits in trials:
+    for tile, num_kv_splits in trials:
         if tile is None:
             tiles = default
         else:
             block_m = tile[0] or default.block_m
             tiles = TileConfig(block_m // (default.block_m // default.block_q), block_m, tile[1], tile[2], tile[3])
-        key = f"m{tiles.block_m} n{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages} splits{num_splits}"
-        fn = lambda i, tiles=tiles, num_splits=num_splits: attention_forward(
+        key = f"m{tiles.block_m} n{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages} splits{num_kv_splits}"
+        fn = lambda i, tiles=tiles, num_kv_splits=num_kv_splits: attention_forward(
             sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], out, cu_q, seq_lens,
             max_seqlen_q=case.q_len, scale=scale, page_table=sets[i]["page_table"],
-            window_left=case.window_left, num_splits=num_splits, tiles=tiles,
+            window_left=case.window_left, num_kv_splits=num_kv_splits, tiles=tiles,
             **({"k_scale": K_SCALE, "v_scale": V_SCALE} if case.kv_cache else {}),
         )  # fmt: skip
         try:

@@ -156,7 +156,7 @@ def attention_forward(
     logit_softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    num_splits: int = 1,
+    num_kv_splits: int = 1,
     tiles: TileConfig | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
@@ -194,7 +194,7 @@ def attention_forward(
             fail(f"{name} of dtype int32", tensors[name].dtype)
     for name in ("q", "k", "v", "out"):
         _check_inner_contiguous(name, tensors[name])
-    expect(num_splits >= 1 and num_splits <= MAX_SPLITS, f"num_splits in [1, {MAX_SPLITS}]", num_splits)
+    expect(num_kv_splits >= 1 and num_kv_splits <= MAX_SPLITS, f"num_kv_splits in [1, {MAX_SPLITS}]", num_kv_splits)
 
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, value_dim = v.shape[-2], v.shape[-1]
@@ -228,11 +228,11 @@ def attention_forward(
         stride_vp, stride_vs, stride_vh = 0, v.stride(0), v.stride(1)
         page_size, stride_pt, table, starts = 1, 0, kv_start, kv_start
 
-    if num_splits > 1:
+    if num_kv_splits > 1:
         partial_out = torch.empty(
-            (num_tokens, num_q_heads, num_splits, partial_dv), dtype=torch.float32, device=q.device
+            (num_tokens, num_q_heads, num_kv_splits, partial_dv), dtype=torch.float32, device=q.device
         )
-        partial_lse = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty((num_tokens, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device)
     else:
         partial_out = partial_lse = out  # unused
     lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
@@ -241,7 +241,7 @@ def attention_forward(
         return smaller_tiles(t, group)
 
     def launch(t: TileConfig) -> None:
-        grid = (num_tokens // t.block_q + batch, num_kv_heads, num_splits)
+        grid = (num_tokens // t.block_q + batch, num_kv_heads, num_kv_splits)
         attention_fwd_kernel[grid](
             q, k, v, out, lse_buf, partial_out, partial_lse,
             table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
@@ -253,24 +253,24 @@ def attention_forward(
             out.stride(0), out.stride(1),
             lse_buf.stride(0), lse_buf.stride(1),
             stride_pt,
-            num_q_heads * num_splits if num_splits > 1 else 0, num_splits if num_splits > 1 else 0, 1,
+            num_q_heads * num_kv_splits if num_kv_splits > 1 else 0, num_kv_splits if num_kv_splits > 1 else 0, 1,
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=t.block_q, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
             VALUE_DIM=value_dim, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, BLOCK_DV3=block_dv3,
             PARTIAL_DV=partial_dv, PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal,
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
-            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, NUM_SPLITS=num_splits,
+            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, NUM_SPLITS=num_kv_splits,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
-    if num_splits > 1:
+    if num_kv_splits > 1:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
             num_q_heads, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits), BLOCK_DV=partial_dv,
+            NUM_SPLITS=num_kv_splits, SPLITS_PAD=next_pow2(num_kv_splits), BLOCK_DV=partial_dv,
             VALUE_DIM=value_dim, HAS_SINKS=sinks is not None, HAS_LSE=lse is not None,
         )  # fmt: skip
     return out
