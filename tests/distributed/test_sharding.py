@@ -34,7 +34,7 @@ def read_spy(monkeypatch) -> list[torch.Size]:
     return shapes
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "mistral", "gemma2", "gemma3"])
 def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
     path = checkpoint(family, ckpt_root)
     config = loader.load_config(path)
@@ -63,6 +63,13 @@ def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
         assert torch.equal(down, full["model.layers.1.mlp.experts.3.down_proj.weight"])
         kv_b = torch.cat([lay.self_attn.kv_b_proj.weight for lay in layer])
         assert torch.equal(kv_b, full["model.layers.0.self_attn.kv_b_proj.weight"])
+
+
+def test_a_family_without_sharded_layers_is_refused_naming_its_class(ckpt_root):
+    path = checkpoint("gpt_oss", ckpt_root)
+    message = "supports tensor parallelism for tensor_parallel_size 2, got GptOssForCausalLM"
+    with pytest.raises(ValueError, match=message):
+        loader.load_model(path, torch.float32, torch.device("cpu"), tp=fake_group(0, 2))
 
 
 def test_fewer_kv_heads_than_ranks_are_replicated():

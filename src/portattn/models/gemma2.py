@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..backends.base import AttentionLayer
+from ..distributed.group import TPGroup
 from ..errors import expect
 from ..runtime.context import ForwardContext
 from .base import CausalLM
@@ -41,11 +42,11 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 class Gemma2DecoderLayer(nn.Module):
-    def __init__(self, config, self_attn: SelfAttention):
+    def __init__(self, config, self_attn: SelfAttention, tp: TPGroup | None = None):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = self_attn
-        self.mlp = GatedMLP(hidden, config.intermediate_size, config.hidden_activation)
+        self.mlp = GatedMLP(hidden, config.intermediate_size, config.hidden_activation, tp=tp)
         self.input_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_attention_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
@@ -60,13 +61,13 @@ class Gemma2Model(nn.Module):
     """Scaled embeddings, decoder layers, final norm; one rotary embedding per layer type (they differ
     when ``rope_parameters`` is given per layer type, as Gemma 3's is)."""
 
-    def __init__(self, config, attention):
+    def __init__(self, config, attention, tp: TPGroup | None = None):
         super().__init__()
         # sqrt(hidden) in float32, rounded to the model dtype when used (as transformers rounds it)
         self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5, dtype=torch.float32), persistent=False)
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp=tp)
         self.layers = nn.ModuleList(
-            Gemma2DecoderLayer(config, attention(config, i)) for i in range(config.num_hidden_layers)
+            Gemma2DecoderLayer(config, attention(config, i), tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=True)
         self.layer_types = list(config.layer_types)
@@ -90,11 +91,14 @@ class Gemma2ForCausalLM(CausalLM):
     qk_norm = False  # Gemma 3: (1 + w) RMSNorm over each q and k head
     attention_softcap = True  # Gemma 3's attention ignores attn_logit_softcapping, as transformers' does
 
-    def __init__(self, config):
+    supports_tensor_parallel = True
+
+    def __init__(self, config, *, tp: TPGroup | None = None):
         check_config(config)
         super().__init__(config)
-        self.model = Gemma2Model(config, self.make_attention)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+        self.tp = tp
+        self.model = Gemma2Model(config, self.make_attention, tp=tp)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     def make_attention(self, config, layer_id: int) -> SelfAttention:
@@ -111,7 +115,7 @@ class Gemma2ForCausalLM(CausalLM):
         bias = bool(getattr(config, "attention_bias", False))
         eps = config.rms_norm_eps if self.qk_norm else None
         return SelfAttention(
-            config.hidden_size, spec, qkv_bias=bias, o_bias=bias, qk_norm_eps=eps, qk_norm_unit_offset=True
+            config.hidden_size, spec, qkv_bias=bias, o_bias=bias, qk_norm_eps=eps, qk_norm_unit_offset=True, tp=self.tp
         )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
