@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
+from portattn.testing import save_tiny_mxfp4_checkpoint
 
 from .conftest import DEVICE, FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
 from .static_decode import enable_static_decode, static_replays
@@ -55,6 +56,17 @@ def test_tp2_equals_tp1(family, ckpt_root):
         assert rel_err(g.logits, w.logits) < TOL
         if w.prompt_logits is not None:
             assert rel_err(g.prompt_logits, w.prompt_logits) < TOL
+
+
+@pytest.mark.parametrize("intermediate", [32, 64], ids=["down-cuts-groups", "down-whole-groups"])
+def test_tp2_mxfp4_experts_equal_tp1(intermediate, tmp_path):
+    path = save_tiny_mxfp4_checkpoint(tmp_path / "ckpt", intermediate_size=intermediate)
+    want = run(make_llm(path, 1), "gpt_oss")
+    with make_llm(path, 2) as two:
+        got = run(two, "gpt_oss")
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        assert rel_err(g.logits, w.logits) < TOL
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek_v3"])

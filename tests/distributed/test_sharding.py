@@ -4,6 +4,8 @@ than ranks, and head counts that do not divide fail with the numbers."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -11,7 +13,9 @@ from safetensors import safe_open
 from portattn.distributed.group import TPGroup, attention_heads
 from portattn.models import loader
 from portattn.models.layers import CheckpointSlice, QKVLinear
+from portattn.models.llama import LlamaForCausalLM
 from portattn.models.loader import load_state
+from portattn.testing import save_tiny_checkpoint, save_tiny_mxfp4_checkpoint
 
 from .conftest import checkpoint
 
@@ -65,11 +69,47 @@ def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
         assert torch.equal(kv_b, full["model.layers.0.self_attn.kv_b_proj.weight"])
 
 
-def test_a_family_without_sharded_layers_is_refused_naming_its_class(ckpt_root):
-    path = checkpoint("gpt_oss", ckpt_root)
-    message = "supports tensor parallelism for tensor_parallel_size 2, got GptOssForCausalLM"
-    with pytest.raises(ValueError, match=message):
-        loader.load_model(path, torch.float32, torch.device("cpu"), tp=fake_group(0, 2))
+class Unsharded(LlamaForCausalLM):
+    def __init__(self, config):  # overrides __init__ without tp: the support is not inherited
+        super().__init__(config)
+
+
+def test_a_class_without_sharded_layers_is_refused_naming_it(ckpt_root, monkeypatch):
+    monkeypatch.setattr(loader, "model_class", lambda architectures: Unsharded)
+    with pytest.raises(ValueError, match="supports tensor parallelism for tensor_parallel_size 2, got Unsharded"):
+        loader.load_model(checkpoint("llama", ckpt_root), torch.float32, torch.device("cpu"), tp=fake_group(0, 2))
+
+
+@pytest.mark.parametrize(
+    "quantized, intermediate",
+    [(False, 32), (True, 32), (True, 64)],
+    ids=["bf16-experts", "mxfp4-down-cuts-groups", "mxfp4-down-whole-groups"],
+)
+def test_gpt_oss_shards_put_together_are_the_checkpoint(quantized, intermediate, tmp_path, monkeypatch):
+    """Sinks by query head, interleaved gate/up rows (and their bias) as one run per rank, down
+    columns (MXFP4: sliced before dequantizing where a rank's share is whole groups of 32), the down
+    bias on rank 0 alone."""
+    save = save_tiny_mxfp4_checkpoint if quantized else functools.partial(save_tiny_checkpoint, "gpt_oss")
+    path = save(tmp_path / "ckpt", intermediate_size=intermediate)
+    cpu = torch.device("cpu")
+    whole = loader.load_model(path, torch.float32, cpu).model.layers
+    parts, reads = [], []
+    for rank in range(2):
+        reads.append(read_spy(monkeypatch))
+        parts.append(loader.load_model(path, torch.float32, cpu, tp=fake_group(rank, 2)).model.layers)
+        monkeypatch.undo()
+    for i, layer in enumerate(whole):
+        ranks = [part[i] for part in parts]
+        assert torch.equal(torch.cat([r.self_attn.sinks for r in ranks]), layer.self_attn.sinks)
+        experts, want = [r.mlp.experts for r in ranks], layer.mlp.experts
+        assert torch.equal(torch.cat([e.gate_up_proj for e in experts], dim=1), want.gate_up_proj)
+        assert torch.equal(torch.cat([e.gate_up_proj_bias for e in experts], dim=1), want.gate_up_proj_bias)
+        assert torch.equal(torch.cat([e.down_proj for e in experts], dim=2), want.down_proj)
+        assert torch.equal(experts[0].down_proj_bias, want.down_proj_bias) and not experts[1].down_proj_bias.any()
+    if quantized:  # the down projection's blocks [E, H, I / 32, 16]: whole, or this rank's groups
+        experts, hidden = whole[0].mlp.experts.num_experts, whole[0].mlp.experts.down_proj.shape[1]
+        groups = intermediate // 32 // (2 if intermediate == 64 else 1)
+        assert [experts, hidden, groups, 16] in [list(shape) for shape in reads[1]]
 
 
 def test_fewer_kv_heads_than_ranks_are_replicated():

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..backends.base import AttentionLayer
+from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect
 from ..runtime.context import ForwardContext
 from .base import CausalLM
@@ -35,7 +36,6 @@ from .layers import (
     RotaryEmbedding,
     SelfAttention,
     head_dim_of,
-    new_parameter,
     window_left_of,
 )
 
@@ -62,25 +62,20 @@ def check_config(config) -> None:
     expert_checkpoint_layout(config)
 
 
-class GptOssAttention(SelfAttention):
-    """:class:`SelfAttention` with biases and the layer's learned sinks ``[num_heads]`` (loaded from
-    ``self_attn.sinks``; the backend reads them through the layer's :class:`AttentionLayer`)."""
-
-    def __init__(self, config, layer_id: int):
-        head_dim = head_dim_of(config)
-        sinks = new_parameter(config.num_attention_heads)
-        spec = AttentionLayer(
-            layer_id,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_dim,
-            scale=head_dim**-0.5,
-            window_left=window_left_of(config, layer_id),
-            sinks=sinks,
-        )
-        bias = bool(config.attention_bias)
-        super().__init__(config.hidden_size, spec, qkv_bias=bias, o_bias=bias)
-        self.sinks = sinks
+def gpt_oss_attention(config, layer_id: int, tp: TPGroup | None = None) -> SelfAttention:
+    """:class:`SelfAttention` with biases and the layer's learned sinks (``self_attn.sinks``, one per
+    query head; the backend reads them through the layer's :class:`AttentionLayer`)."""
+    head_dim = head_dim_of(config)
+    spec = AttentionLayer(
+        layer_id,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        head_dim,
+        scale=head_dim**-0.5,
+        window_left=window_left_of(config, layer_id),
+    )
+    bias = bool(config.attention_bias)
+    return SelfAttention(config.hidden_size, spec, qkv_bias=bias, o_bias=bias, sinks=True, tp=tp)
 
 
 def swiglu_parameters(config) -> tuple[float, float]:
@@ -92,10 +87,11 @@ def swiglu_parameters(config) -> tuple[float, float]:
 class GptOssMLP(nn.Module):
     """Softmax over the top-k router logits; biased experts with the clamped SwiGLU."""
 
-    def __init__(self, config):
+    def __init__(self, config, tp: TPGroup | None = None):
         super().__init__()
         self.top_k = config.num_experts_per_tok
-        self.router = Linear(config.hidden_size, config.num_local_experts, bias=True)
+        self.tp = tp_or_single(tp)
+        self.router = Linear(config.hidden_size, config.num_local_experts, bias=True)  # replicated
         self.experts = FusedMoE(
             config.num_local_experts,
             config.hidden_size,
@@ -103,19 +99,21 @@ class GptOssMLP(nn.Module):
             checkpoint_layout=expert_checkpoint_layout(config),
             bias=True,
             gate_up_act=ClampedSwiGLU(*swiglu_parameters(config)),
+            gate_up_interleaved=True,
+            tp=tp,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top_logits, top_ids = torch.topk(self.router(x), self.top_k, dim=-1)  # [T, k]
         weights = torch.softmax(top_logits, dim=1, dtype=top_logits.dtype)  # [T, k]
-        return self.experts(x, weights, top_ids)
+        return self.tp.all_reduce(self.experts(x, weights, top_ids))
 
 
 class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, tp: TPGroup | None = None):
         super().__init__()
-        self.self_attn = GptOssAttention(config, layer_id)
-        self.mlp = GptOssMLP(config)
+        self.self_attn = gpt_oss_attention(config, layer_id, tp)
+        self.mlp = GptOssMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
 
@@ -125,10 +123,10 @@ class GptOssDecoderLayer(nn.Module):
 
 
 class GptOssModel(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, tp: TPGroup | None = None):
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp=tp)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
         self.rotary_emb = RotaryEmbedding(config, head_dim_of(config))
 
@@ -143,11 +141,13 @@ _MXFP4_PART = re.compile(r"(.*\.mlp\.experts\.(?:gate_up|down)_proj)_(blocks|sca
 
 
 class GptOssForCausalLM(CausalLM):
-    def __init__(self, config):
+    supports_tensor_parallel = True
+
+    def __init__(self, config, *, tp: TPGroup | None = None):
         check_config(config)
         super().__init__(config)
-        self.model = GptOssModel(config)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
+        self.model = GptOssModel(config, tp)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
 
     def checkpoint_name(self, name: str) -> tuple[str, object] | None:
         quantized = _MXFP4_PART.match(name)

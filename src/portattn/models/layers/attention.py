@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ...backends.base import AttentionBackend, AttentionLayer
-from ...distributed.group import TPGroup
+from ...distributed.group import TPGroup, tp_or_single
 from ...runtime.context import ForwardContext
 from .fused import fused_ops
-from .linear import QKVLinear, RowParallelLinear
+from .linear import QKVLinear, RowParallelLinear, as_tensor, copy_checked, new_parameter, shard_of
 from .norm import RMSNorm
 
 
@@ -66,7 +66,7 @@ def local_heads(spec: AttentionLayer, num_heads: int, num_kv_heads: int) -> Atte
     """``spec`` with this rank's head counts."""
     if (num_heads, num_kv_heads) == (spec.num_heads, spec.num_kv_heads):
         return spec
-    if spec.sinks is not None:
+    if spec.sinks is not None:  # a tensor of every head: SelfAttention(sinks=True) makes this rank's
         raise ValueError(f"expected no attention sinks under tensor parallelism, got sinks on layer {spec.layer_id}")
     return dataclasses.replace(spec, num_heads=num_heads, num_kv_heads=num_kv_heads)
 
@@ -89,8 +89,10 @@ class SelfAttention(nn.Module):
 
     Checkpoint tensors ``q_proj``, ``k_proj``, ``v_proj`` load into ``qkv_proj`` (shards q, k, v).
     ``qk_norm_eps`` (Qwen3, Gemma 3): RMSNorm over each head of q and k before the rotary embedding.
-    The attention rules (window, chunk, sinks, softcap, scale) are those of ``spec``, whose head
-    counts are the model's; ``self.spec`` (what the engine and the cache see) has this rank's.
+    ``sinks=True`` (gpt-oss): a learned sink logit per query head, the parameter ``sinks`` (loaded from
+    the checkpoint's ``self_attn.sinks``; this rank's heads under tensor parallelism).
+    The attention rules (window, chunk, softcap, scale) are those of ``spec``, whose head counts are
+    the model's; ``self.spec`` (what the engine and the cache see) has this rank's.
     """
 
     def __init__(
@@ -102,12 +104,22 @@ class SelfAttention(nn.Module):
         o_bias: bool = False,
         qk_norm_eps: float | None = None,
         qk_norm_unit_offset: bool = False,
+        sinks: bool = False,
         tp: TPGroup | None = None,
     ):
         super().__init__()
         self.qkv_proj = QKVLinear(hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, qkv_bias, tp=tp)
         self.o_proj = RowParallelLinear(spec.num_heads * spec.v_head_dim, hidden_size, o_bias, tp=tp)
+        full_heads = spec.num_heads
         spec = local_heads(spec, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads)
+        if sinks:
+            first = tp_or_single(tp).rank * spec.num_heads  # a rank's query heads are one run
+
+            def load_sinks(param: nn.Parameter, loaded) -> None:
+                copy_checked(param.data, as_tensor(shard_of(loaded, [full_heads], 0, first, spec.num_heads)))
+
+            self.sinks = new_parameter(spec.num_heads, loader=load_sinks)
+            spec = dataclasses.replace(spec, sinks=self.sinks)
         self.spec = spec
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(spec.head_dim, qk_norm_eps, unit_offset=qk_norm_unit_offset)

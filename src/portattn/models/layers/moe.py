@@ -24,8 +24,9 @@ per projection, dequantized at load time by :mod:`.quant`; gpt-oss).
 
 Options for families whose experts differ from the plain gated MLP (gpt-oss): ``bias`` adds
 ``gate_up_proj_bias [E, 2I]`` and ``down_proj_bias [E, H]``; ``gate_up_act`` replaces
-``act(gate) * up`` by any function of the whole ``gate_up [..., 2I] -> [..., I]`` (which then also
-decides how gate and up columns are laid out, e.g. interleaved).
+``act(gate) * up`` by any function of the whole ``gate_up [..., 2I] -> [..., I]``, and
+``gate_up_interleaved`` says that gate and up rows alternate (``g0, u0, g1, u1, ...``) instead of
+coming in two halves.
 
 Tensor parallelism is tensor-parallel *inside* every expert (not expert-parallel): rank ``r`` holds
 its ``I / size`` share of every expert's intermediate dim (gate/up column-parallel, down
@@ -33,7 +34,11 @@ row-parallel) and returns its partial sum, which the model all-reduces once, tog
 shared expert's. Every rank then does the same share of work whatever the router picks, and no
 tokens move between ranks (an expert-parallel split would leave the rank of a popular expert
 doing its whole load while the others wait, and needs a token exchange around the experts).
-Expert biases, a custom ``gate_up_act`` and MXFP4 checkpoints are not sharded yet.
+With interleaved gate/up rows a rank's share is one run of ``2I / size`` rows; the gate/up bias is
+sharded like its rows, the down bias is added by rank 0 alone (the other ranks hold zeros), so the
+all-reduced sum has it once. MXFP4 experts: gate/up rows are read as slices; the down projection's
+columns too when a rank's share starts and ends on groups of 32 values, otherwise each rank reads
+the whole quantized tensor (a quarter of its bfloat16 size) and keeps its columns.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ import torch
 from torch import nn
 
 from ...distributed.group import TPGroup, tp_or_single
+from ...errors import expect
 from .activation import activation, gated
 from .linear import as_tensor, copy_checked, new_parameter, shard_of
-from .quant import MXFP4Pairs
+from .quant import GROUP_SIZE, MXFP4Pairs
 
 DENSE_MAX_TOKENS = 16
 CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
@@ -65,6 +71,7 @@ class FusedMoE(nn.Module):
         checkpoint_layout: str = "per_expert",
         bias: bool = False,
         gate_up_act: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        gate_up_interleaved: bool = False,
         tp: TPGroup | None = None,
     ):
         super().__init__()
@@ -72,12 +79,10 @@ class FusedMoE(nn.Module):
             raise ValueError(f"expected checkpoint_layout in {CHECKPOINT_LAYOUTS}, got {checkpoint_layout!r}")
         if bias and weight_on_input:  # the dense path would add every unrouted expert's bias
             raise ValueError("expected expert biases only with weights on the output, got weight_on_input=True")
+        if checkpoint_layout == "mxfp4" and not gate_up_interleaved:
+            raise ValueError("expected MXFP4 experts with interleaved gate/up rows (gpt-oss's), got two halves")
         self.tp = tp = tp_or_single(tp)
-        if tp.size > 1 and (bias or gate_up_act is not None or checkpoint_layout == "mxfp4"):
-            raise ValueError(
-                "expected experts without biases, custom gate_up_act or MXFP4 weights under tensor parallelism, "
-                f"got bias={bias}, gate_up_act={gate_up_act is not None}, checkpoint_layout={checkpoint_layout!r}"
-            )
+        self.gate_up_interleaved = gate_up_interleaved
         self.full_intermediate_size = intermediate_size
         intermediate_size = tp.split(intermediate_size, "the experts' intermediate size")
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
@@ -99,25 +104,45 @@ class FusedMoE(nn.Module):
         self.down_proj = new_parameter(
             num_experts, hidden_size, intermediate_size, loader=self.weight_loader, shards=down_shards
         )
-        self.gate_up_proj_bias = new_parameter(num_experts, 2 * intermediate_size) if bias else None
-        self.down_proj_bias = new_parameter(num_experts, hidden_size) if bias else None
+        bias_loader = self.bias_loader
+        self.gate_up_proj_bias = new_parameter(num_experts, 2 * intermediate_size, loader=bias_loader) if bias else None
+        self.down_proj_bias = new_parameter(num_experts, hidden_size, loader=bias_loader) if bias else None
+
+    def _gate_up_rows(self, loaded, full_shape: list[int], dim: int) -> list[tuple[slice, object]]:
+        """``(rows of the parameter, part of loaded)`` for this rank's gate/up rows along ``dim``."""
+        inter, full = self.intermediate_size, self.full_intermediate_size
+        first = self.tp.rank * inter
+        if self.gate_up_interleaved:  # one run of 2 * inter rows
+            return [(slice(None), shard_of(loaded, full_shape, dim, 2 * first, 2 * inter))]
+        gate = shard_of(loaded, full_shape, dim, first, inter)  # the first I rows, then the last I
+        up = shard_of(loaded, full_shape, dim, full + first, inter)
+        return [(slice(0, inter), gate), (slice(inter, 2 * inter), up)]
+
+    def bias_loader(self, param: nn.Parameter, loaded) -> None:
+        if param is self.down_proj_bias:  # [E, H]: added once, by rank 0
+            if self.tp.rank == 0:
+                copy_checked(param.data, loaded)
+            else:
+                shard_of(loaded, list(param.shape), 0, 0, param.shape[0])  # the shape is still checked
+                param.data.zero_()
+            return
+        for rows, part in self._gate_up_rows(loaded, [self.num_experts, 2 * self.full_intermediate_size], 1):
+            copy_checked(param.data[:, rows], as_tensor(part))
 
     def weight_loader(self, param: nn.Parameter, loaded, shard: object = None) -> None:
         inter, full = self.intermediate_size, self.full_intermediate_size
         experts, hidden = self.num_experts, self.down_proj.shape[1]
         first = self.tp.rank * inter  # this rank's intermediate columns [first, first + inter)
         if shard is None:  # a stacked [E, in, out] tensor
-            if param is self.gate_up_proj:  # [E, H, 2I]: the first I columns, then the last I
-                want = [experts, hidden, 2 * full]
-                gate, up = shard_of(loaded, want, 2, first, inter), shard_of(loaded, want, 2, full + first, inter)
-                copy_checked(param.data[:, :inter], as_tensor(gate).transpose(1, 2))
-                copy_checked(param.data[:, inter:], as_tensor(up).transpose(1, 2))
+            if param is self.gate_up_proj:  # [E, H, 2I]
+                for rows, part in self._gate_up_rows(loaded, [experts, hidden, 2 * full], 2):
+                    copy_checked(param.data[:, rows], as_tensor(part).transpose(1, 2))
             else:  # [E, I, H]
                 part = shard_of(loaded, [experts, full, hidden], 1, first, inter)
                 copy_checked(param.data, as_tensor(part).transpose(1, 2))
             return
-        if self.checkpoint_layout == "mxfp4":  # "blocks" or "scales" of the [E, out, in] matrix
-            self._mxfp4.add(param, shard, as_tensor(loaded))  # kept until its pair arrives: read now
+        if self.checkpoint_layout == "mxfp4":  # "blocks" [E, out, in/32, 16] or "scales" [E, out, in/32]
+            self._load_mxfp4(param, shard, loaded)
             return
         expert, part = shard
         if part == "down":  # [H, I]
@@ -125,6 +150,21 @@ class FusedMoE(nn.Module):
             return
         rows = slice(0, inter) if part == "gate" else slice(inter, 2 * inter)  # gate or up: [I, H]
         copy_checked(param.data[expert, rows], shard_of(loaded, [full, hidden], 0, first, inter))
+
+    def _load_mxfp4(self, param: nn.Parameter, part: str, loaded) -> None:
+        """One half of an MXFP4 matrix; kept (read) until its pair arrives, then dequantized."""
+        inter, full, tp = self.intermediate_size, self.full_intermediate_size, self.tp
+        shape = list(loaded.shape)
+        if tp.size == 1:
+            self._mxfp4.add(param, part, as_tensor(loaded))
+        elif param is self.gate_up_proj:  # rows: interleaved gate/up, this rank's run of 2 * inter
+            self._mxfp4.add(param, part, as_tensor(shard_of(loaded, shape, 1, 2 * tp.rank * inter, 2 * inter)))
+        elif (tp.rank * inter) % GROUP_SIZE == 0 and inter % GROUP_SIZE == 0:  # down: whole groups of columns
+            groups = inter // GROUP_SIZE
+            self._mxfp4.add(param, part, as_tensor(shard_of(loaded, shape, 2, tp.rank * groups, groups)))
+        else:  # down: this rank's columns cut groups of 32
+            expect(len(shape) >= 3 and shape[2] * GROUP_SIZE == full, f"MXFP4 down_proj with {full} columns", shape)
+            self._mxfp4.add(param, part, as_tensor(loaded), columns=(tp.rank * inter, inter))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype

@@ -68,7 +68,11 @@ class MXFP4Pairs:
     def __init__(self):
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
 
-    def add(self, param: torch.nn.Parameter, part: str, loaded: torch.Tensor) -> None:
+    def add(
+        self, param: torch.nn.Parameter, part: str, loaded: torch.Tensor, columns: tuple[int, int] | None = None
+    ) -> None:
+        """``columns = (start, length)``: the parameter holds only those columns of the dequantized
+        matrix (a tensor-parallel share whose edges do not fall on groups of 32)."""
         expect(part in self.PARTS, f"an MXFP4 part in {list(self.PARTS)}", repr(part))
         parts = self._pending.setdefault(id(param), {})
         parts[part] = loaded
@@ -78,7 +82,12 @@ class MXFP4Pairs:
             check_mxfp4(blocks, scales)
             want = tuple(param.shape)
             got = (*scales.shape[:-1], scales.shape[-1] * GROUP_SIZE)
+            if columns is not None:
+                want = (*want[:-1], got[-1])  # the whole columns are dequantized, then narrowed
             if got != want:
                 raise WeightShapeError(want, got)
             for i in range(want[0]):  # one leading slice (one expert) at a time: float32 temporaries stay small
-                dequantize_mxfp4(blocks[i], scales[i], out=param.data[i])
+                if columns is None:
+                    dequantize_mxfp4(blocks[i], scales[i], out=param.data[i])
+                else:
+                    param.data[i].copy_(dequantize_mxfp4(blocks[i], scales[i]).narrow(-1, *columns))
