@@ -24,8 +24,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _split_range(seq_len, split, num_splits, SPLIT_ALIGN: tl.constexpr):
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+def _split_range(seq_len, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr):
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), SPLIT_ALIGN) * SPLIT_ALIGN
     per_split = tl.maximum(per_split, SPLIT_ALIGN)  # an empty sequence still gets a step > 0
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
@@ -46,7 +46,7 @@ def mla_decode_split_kernel(
     qk_scale_log2,
     kv_scale,
     num_heads,
-    num_splits,
+    num_kv_splits,
     stride_qn_b,
     stride_qn_h,
     stride_qn_d,
@@ -80,7 +80,7 @@ def mla_decode_split_kernel(
     seq = tl.program_id(2).to(tl.int64)
 
     seq_len = tl.load(SeqLens + seq)
-    start, end, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
+    start, end, _ = _split_range(seq_len, split, num_kv_splits, BLOCK_N)
 
     offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_R)
@@ -142,7 +142,7 @@ def mla_decode_split_kernel(
     out = acc * kv_scale / tl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
     if WRITE_PARTIAL:
         if start < end:  # empty splits (past the end of a short sequence) write nothing; the merge skips them
-            row = (seq * num_heads + offs_h) * num_splits + split  # [BLOCK_H] rows of [B, H, S]
+            row = (seq * num_heads + offs_h) * num_kv_splits + split  # [BLOCK_H] rows of [B, H, S]
             tl.store(
                 PartOut + row[:, None] * KV_LORA_RANK + offs_r[None, :], out, mask=head_ok[:, None] & r_ok[None, :]
             )
@@ -166,7 +166,7 @@ def mla_decode_merge_kernel(
     Out,
     Lse,
     num_heads,
-    num_splits,
+    num_kv_splits,
     stride_o_b,
     stride_o_h,
     stride_o_d,
@@ -180,12 +180,12 @@ def mla_decode_merge_kernel(
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     seq_len = tl.load(SeqLens + seq)
-    _, _, per_split = _split_range(seq_len, 0, num_splits, SPLIT_ALIGN)
+    _, _, per_split = _split_range(seq_len, 0, num_kv_splits, SPLIT_ALIGN)
     num_active = tl.cdiv(seq_len, per_split)  # splits that saw keys; the others wrote nothing
 
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < KV_LORA_RANK
-    row0 = (seq * num_heads + head) * num_splits
+    row0 = (seq * num_heads + head) * num_kv_splits
     m = float("-inf")
     denom = 0.0
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
