@@ -14,6 +14,7 @@ import pytest
 
 from portattn.backends.registry import available_backends, backend_class
 from portattn.device import default_device, is_triton_interpreter
+from portattn.testing import max_error, tolerance
 
 DEVICE = default_device()
 BACKENDS = available_backends(DEVICE)
@@ -34,6 +35,14 @@ def backend_dtype_params(op: str) -> list:
         if backend_class(b).capabilities.supports("op", op)
         for dt in dtypes_for(b)
     ]
+
+
+def assert_close_to_reference(out: torch.Tensor, ref: torch.Tensor, lowp: torch.Tensor, dtype: torch.dtype) -> None:
+    """``out`` is in ``dtype`` and within :func:`~portattn.testing.tolerance` of the float64 reference
+    ``ref`` (``lowp``: the same reference computed in ``dtype``)."""
+    err, tol = max_error(out, ref), tolerance(ref, lowp, dtype)
+    assert out.dtype == dtype
+    assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import portattn
-from conftest import BACKENDS, DEVICE, backend_dtype_params
+from conftest import BACKENDS, DEVICE, assert_close_to_reference, backend_dtype_params
 from portattn import UnsupportedFeatureError
 from portattn.backends import registry
 from portattn.backends.torch_ref import TorchBackend
@@ -69,9 +69,7 @@ def check_fp8_paged(case, backend, dtype, *, k_scale=K_SCALE, v_scale=V_SCALE, *
     }
     ref = paged_attention_ref(**dequantised, **kwargs)
     lowp = paged_attention_ref(**{**dequantised, "q": case.q}, upcast=False, **kwargs)
-    err, tol = max_error(out, ref), tolerance(ref, lowp, dtype)
-    assert out.dtype == dtype
-    assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
+    assert_close_to_reference(out, ref, lowp, dtype)
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import portattn
-from conftest import DEVICE, backend_dtype_params
+from conftest import DEVICE, assert_close_to_reference, backend_dtype_params
 from portattn import UnsupportedFeatureError
 from portattn.backends.registry import backend_class
 from portattn.testing import (
@@ -40,9 +40,7 @@ def check_paged(case, backend, dtype, **kwargs):
     out = portattn.paged_attention(**case.inputs(), backend=backend, **kwargs)
     ref = paged_attention_ref(**case.inputs(), **kwargs)
     lowp = paged_attention_ref(**case.inputs(), upcast=False, **kwargs)
-    err, tol = max_error(out, ref), tolerance(ref, lowp, dtype)
-    assert out.dtype == dtype
-    assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
+    assert_close_to_reference(out, ref, lowp, dtype)
     return out
 
 

@@ -21,8 +21,8 @@ import torch
 from .backends.base import AttentionBackend, AttentionParams, PagedMetadata, Request
 from .backends.registry import select_backend
 from .errors import expect
-from .ops import check_paged_inputs, new_lse
-from .validation import FLOAT_DTYPES, attention_params, check_int, check_tensor
+from .ops import call_params, call_request, check_paged_inputs, new_lse
+from .validation import FLOAT_DTYPES, check_int, check_tensor
 
 
 def merge_attention_states(
@@ -205,7 +205,7 @@ def cascade_attention(
     """
     page_size, value_dim, q_lens, k_lens = check_paged_inputs(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k)
     device = q.device
-    num_tokens, num_q_heads, head_dim = q.shape
+    num_tokens, num_q_heads, _ = q.shape
     check_int("shared_prefix_len", shared_prefix_len, 0)
     expect(
         shared_prefix_len % page_size == 0,
@@ -229,28 +229,10 @@ def cascade_attention(
                 f"page_table[{row + 1}, {col}] = {int(page_table[row + 1, col])} != page_table[0, {col}] "
                 f"= {int(page_table[0, col])}",
             )
-    params = attention_params(
-        head_dim=head_dim,
-        num_q_heads=num_q_heads,
-        scale=scale,
-        causal=causal,
-        window_left=-1,
-        window_right=-1,
-        attention_chunk_size=None,
-        sinks=sinks,
-        logit_softcap=logit_softcap,
-        device=device,
-    )
-    features = params.features(head_dim, value_dim) | {"lse", "non_causal"}
-    request = Request(
-        "paged_attention",
-        device.type,
-        q.dtype,
-        head_dim,
-        features,
-        extra_ops=frozenset({"merge_attention_states"}),
-        value_dim=value_dim,
-    )
+    params = call_params(q, scale, causal, sinks, logit_softcap)
+    both_passes = frozenset({"non_causal"})  # the shared pass is non-causal; the merge needs each pass's LSE
+    extra_ops = frozenset({"merge_attention_states"})
+    request = call_request("paged_attention", q, value_dim, params, True, both_passes, extra_ops=extra_ops)
     impl = select_backend("attention", backend, request)
     metadata = plan_cascade(
         impl, page_table, cu_seqlens_q, seq_lens_k, page_size, shared_prefix_len, num_heads=num_q_heads

@@ -119,38 +119,20 @@ def paged_attention(
     quantized = k_cache.dtype != q.dtype
     k_scale, v_scale = check_scale("k_scale", k_scale), check_scale("v_scale", v_scale)
     expect(quantized or k_scale == v_scale == 1.0, f"scales 1.0 with a {q.dtype} cache", (k_scale, v_scale))
-    device = q.device
-    num_tokens, num_q_heads, head_dim = q.shape
+    num_tokens, num_q_heads, _ = q.shape
     expect(
         window_right in (-1, 0) or not causal,
         "window_right -1 or 0 with causal=True (it applies to non-causal calls)",
         window_right,
     )
-    params = attention_params(
-        head_dim=head_dim,
-        num_q_heads=num_q_heads,
-        scale=scale,
-        causal=causal,
-        window_left=window_left,
-        window_right=-1 if causal else window_right,
-        attention_chunk_size=attention_chunk_size,
-        sinks=sinks,
-        logit_softcap=logit_softcap,
-        device=device,
-    )
-    params = with_alibi(params, alibi_slopes, num_q_heads, device)
+    window = (window_left, -1 if causal else window_right)
+    params = call_params(q, scale, causal, sinks, logit_softcap, alibi_slopes, window, attention_chunk_size)
     if quantized:
         params = dataclasses.replace(params, k_scale=k_scale, v_scale=v_scale)
     out = check_out(out, (num_tokens, num_q_heads, value_dim), q)
     lse = new_lse(q) if return_lse else None
-    request = Request(
-        "paged_attention",
-        device.type,
-        q.dtype,
-        head_dim,
-        params.features(head_dim, value_dim) | ({"lse"} if return_lse else set()),
-        value_dim=value_dim,
-        kv_dtype=k_cache.dtype if quantized else None,
+    request = call_request(
+        "paged_attention", q, value_dim, params, return_lse, kv_dtype=k_cache.dtype if quantized else None
     )
     impl = select_backend("attention", backend, request)
     metadata = impl.plan_paged(
@@ -225,6 +207,50 @@ def with_alibi(
         tuple(alibi_slopes.shape),
     )
     return dataclasses.replace(params, alibi_slopes=alibi_slopes)
+
+
+def call_params(
+    q: torch.Tensor,
+    scale: float | None,
+    causal: bool,
+    sinks: torch.Tensor | None,
+    logit_softcap: float,
+    alibi_slopes: torch.Tensor | None = None,
+    window: tuple[int, int] = (-1, -1),
+    attention_chunk_size: int | None = None,
+) -> AttentionParams:
+    """Validated :class:`AttentionParams` of a call on ``q [T, Hq, D]``: ``window`` is ``(window_left,
+    window_right)`` as :func:`attention_params` takes them; ``alibi_slopes`` as :func:`with_alibi`."""
+    _, num_q_heads, head_dim = q.shape
+    params = attention_params(
+        head_dim=head_dim,
+        num_q_heads=num_q_heads,
+        scale=scale,
+        causal=causal,
+        window_left=window[0],
+        window_right=window[1],
+        attention_chunk_size=attention_chunk_size,
+        sinks=sinks,
+        logit_softcap=logit_softcap,
+        device=q.device,
+    )
+    return with_alibi(params, alibi_slopes, num_q_heads, q.device)
+
+
+def call_request(
+    op: str,
+    q: torch.Tensor,
+    value_dim: int,
+    params: AttentionParams,
+    return_lse: bool,
+    extra_features: frozenset[str] = frozenset(),
+    **fields,
+) -> Request:
+    """The backend :class:`Request` of ``op`` on ``q [T, Hq, D]`` with ``params``: the features they
+    need, ``lse`` with ``return_lse``, and ``extra_features``; ``fields`` are further :class:`Request` fields."""
+    head_dim = q.shape[2]
+    features = params.features(head_dim, value_dim) | ({"lse"} if return_lse else set()) | extra_features
+    return Request(op, q.device.type, q.dtype, head_dim, features, value_dim=value_dim, **fields)
 
 
 def new_lse(q: torch.Tensor) -> torch.Tensor:
@@ -308,29 +334,10 @@ def varlen_attention(
         window_size,
     )
     left, right = window_size
-    params = attention_params(
-        head_dim=head_dim,
-        num_q_heads=num_q_heads,
-        scale=scale,
-        causal=causal,
-        window_left=left,
-        window_right=0 if causal else right,
-        attention_chunk_size=None,
-        sinks=sinks,
-        logit_softcap=logit_softcap,
-        device=device,
-    )
-    params = with_alibi(params, alibi_slopes, num_q_heads, device)
+    params = call_params(q, scale, causal, sinks, logit_softcap, alibi_slopes, (left, 0 if causal else right))
     out = torch.empty((num_tokens, num_q_heads, value_dim), dtype=q.dtype, device=device)
     lse = new_lse(q) if return_lse else None
-    request = Request(
-        "varlen_attention",
-        device.type,
-        q.dtype,
-        head_dim,
-        params.features(head_dim, value_dim) | ({"lse"} if return_lse else set()),
-        value_dim=value_dim,
-    )
+    request = call_request("varlen_attention", q, value_dim, params, return_lse)
     impl = select_backend("mm", backend, request)
     metadata = impl.plan_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if not return_lse:

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from portattn.testing import save_tiny_checkpoint, transformers_generate, transformers_model
+from portattn.testing import no_host_sync, save_tiny_checkpoint, transformers_generate, transformers_model
 
 # The families the parity tests run (DeepSeek V3 and Qwen2.5-VL have test modules of their own).
 FAMILIES = ["llama", "qwen2", "qwen3", "llama4"]
@@ -75,3 +75,21 @@ def worst_error_against_transformers(
 def random_prompts(lengths: list[int], seed: int = 0, vocab: int = 256) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def guard_decode_forwards(llm) -> list[int]:
+    """Run every decode forward of ``llm``'s model (``max_seqlen_q == 1``) under :func:`no_host_sync`;
+    prefills may sync (MoE expert counts). Returns the list each guarded forward appends its number of
+    sequences to (so that a test can check that batched decodes were guarded)."""
+    model = llm.engine.model
+    forward, decodes = model.forward, []
+
+    def guarded(input_ids, positions, ctx):
+        if ctx.metadata.max_seqlen_q != 1:
+            return forward(input_ids, positions, ctx)
+        decodes.append(len(ctx.metadata.q_lens))
+        with no_host_sync():
+            return forward(input_ids, positions, ctx)
+
+    model.forward = guarded
+    return decodes

@@ -1,6 +1,6 @@
-"""The parity matrix the test modules of gpt-oss, Gemma 2, Gemma 3 and Mistral run: greedy tokens
-and logits of the engine equal transformers' own at page sizes 1, 7 and 16, with and without prefix
-caching and chunked prefill.
+"""The parity matrix that test_parity (every family) and the test modules of gpt-oss, Gemma 2, Gemma 3
+and Mistral run: greedy tokens and logits of the engine equal transformers' own at page sizes 1, 7
+and 16, with and without prefix caching and chunked prefill.
 
 The tiny checkpoints' windows are 8 to 12 tokens: the prompts (1 to 37 tokens) and their 20 decoded
 tokens cross them, and the chunks of 8 tokens cross them while prefilling.
@@ -31,12 +31,12 @@ MATRIX = pytest.mark.parametrize(
 )
 
 
-def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
+def make_llm(path: str, page_size: int, prefix: bool, chunked: bool, max_model_len: int = 256) -> LLM:
     return LLM(
         path,
         page_size=page_size,
         num_pages=-(-800 // page_size),
-        max_model_len=256,
+        max_model_len=max_model_len,
         max_num_seqs=8,
         enable_prefix_caching=prefix,
         chunked_prefill_size=8 if chunked else None,
@@ -44,10 +44,12 @@ def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
     )
 
 
-def assert_matches_transformers(path: str, page_size: int, prefix: bool, chunked: bool) -> None:
+def assert_matches_transformers(
+    path: str, page_size: int, prefix: bool, chunked: bool, max_model_len: int = 256
+) -> None:
     """Both waves of prompts: tokens equal, logits within ``TOL``; afterwards every page is back in
     the pool or held by the prefix cache alone."""
-    llm = make_llm(path, page_size, prefix, chunked)
+    llm = make_llm(path, page_size, prefix, chunked, max_model_len)
     err = worst_error_against_transformers(llm, path, PROMPTS, MAX_NEW, prompt_logits=True)
     err = max(err, worst_error_against_transformers(llm, path, SHARED, MAX_NEW, prompt_logits=False))
     assert err < TOL

@@ -32,7 +32,7 @@ from portattn.engine.sampling_params import SamplingParams
 from portattn.errors import UnsupportedFeatureError
 from portattn.kv_quant import dequantize_kv, quantize_kv
 
-from .conftest import ENGINE_DEVICE, FAMILIES, checkpoint, random_prompts
+from .conftest import ENGINE_DEVICE, FAMILIES, checkpoint, guard_decode_forwards, random_prompts
 from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -190,19 +190,7 @@ def test_generate_takes_the_kv_cache_dtype_flag(ckpt_root, capsys):
 @pytest.mark.parametrize("family", ["qwen3", "deepseek"])
 def test_fp8_decode_forwards_do_not_sync(family, ckpt_root):
     """Saturating writes, scales and fp8 reads add no device-to-host read to a decode step."""
-    from portattn.testing import no_host_sync
-
     llm = make_llm(path_of(family, ckpt_root), "fp8_e5m2", decode_steps=False)
-    model = llm.engine.model
-    forward, decodes = model.forward, []
-
-    def guarded(input_ids, positions, ctx):
-        if ctx.metadata.max_seqlen_q != 1:  # prefill may sync (MoE expert counts); decode may not
-            return forward(input_ids, positions, ctx)
-        decodes.append(len(ctx.metadata.q_lens))
-        with no_host_sync():
-            return forward(input_ids, positions, ctx)
-
-    model.forward = guarded
+    decodes = guard_decode_forwards(llm)
     llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert decodes and max(decodes) == 2

@@ -9,7 +9,7 @@ from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import image_prompts, no_host_sync
 
-from .conftest import checkpoint, hf_reference, random_prompts
+from .conftest import checkpoint, guard_decode_forwards, hf_reference, random_prompts
 
 
 @pytest.mark.parametrize(
@@ -18,17 +18,7 @@ from .conftest import checkpoint, hf_reference, random_prompts
 def test_decode_forwards_do_not_sync(family, ckpt_root):
     path = checkpoint(family, ckpt_root)
     llm = LLM(path, page_size=4, num_pages=64, max_model_len=256)
-    model = llm.engine.model
-    forward, decodes = model.forward, []
-
-    def guarded(input_ids, positions, ctx):
-        if ctx.metadata.max_seqlen_q != 1:  # prefill may sync (MoE expert counts); decode may not
-            return forward(input_ids, positions, ctx)
-        decodes.append(len(ctx.metadata.q_lens))
-        with no_host_sync():
-            return forward(input_ids, positions, ctx)
-
-    model.forward = guarded
+    decodes = guard_decode_forwards(llm)
     prompts = random_prompts([5, 9], seed=3)
     inputs = image_prompts(prompts) if family == "qwen2_5_vl" else prompts
     outs = llm.generate(inputs, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)

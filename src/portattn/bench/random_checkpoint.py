@@ -12,33 +12,26 @@ from pathlib import Path
 
 import torch
 
+
+def _llama3_shape(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, positions: int):
+    """The config sizes of a Llama 3 layout (rope theta 500000, RMS norm eps 1e-5, untied head)."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=positions,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+
+
 SHAPES = {
-    # Meta-Llama-3-8B's config.
-    "llama3-8b": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    ),
-    # The same layout at toy size (tests).
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    ),
+    "llama3-8b": _llama3_shape(128256, 4096, 14336, 32, 32, 8, 8192),  # Meta-Llama-3-8B's config
+    "tiny": _llama3_shape(512, 64, 128, 2, 4, 2, 1024),  # the same layout at toy size (tests)
 }
 
 

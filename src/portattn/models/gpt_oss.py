@@ -21,7 +21,6 @@ import re
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect
 from ..runtime.context import ForwardContext
@@ -35,8 +34,8 @@ from .layers import (
     RMSNorm,
     RotaryEmbedding,
     SelfAttention,
+    attention_spec,
     head_dim_of,
-    window_left_of,
 )
 
 QUANT_METHODS = ("mxfp4",)
@@ -65,16 +64,8 @@ def check_config(config) -> None:
 def gpt_oss_attention(config, layer_id: int, tp: TPGroup | None = None) -> SelfAttention:
     """:class:`SelfAttention` with biases and the layer's learned sinks (``self_attn.sinks``, one per
     query head; the backend reads them through the layer's :class:`AttentionLayer`)."""
-    head_dim = head_dim_of(config)
-    spec = AttentionLayer(
-        layer_id,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        head_dim,
-        scale=head_dim**-0.5,
-        window_left=window_left_of(config, layer_id),
-    )
     bias = bool(config.attention_bias)
+    spec = attention_spec(config, layer_id)
     return SelfAttention(config.hidden_size, spec, qkv_bias=bias, o_bias=bias, sinks=True, tp=tp)
 
 

@@ -9,25 +9,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
 from ..distributed.group import TPGroup
 from ..runtime.context import ForwardContext
 from .base import CausalLM
-from .layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, SelfAttention, head_dim_of, window_left_of
+from .layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, SelfAttention, attention_spec, head_dim_of
 
 
 def self_attention(
     config, layer_id: int, *, qkv_bias: bool, o_bias: bool, qk_norm: bool, tp: TPGroup | None = None
 ) -> SelfAttention:
-    head_dim = head_dim_of(config)
-    spec = AttentionLayer(
-        layer_id,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        head_dim,
-        scale=head_dim**-0.5,
-        window_left=window_left_of(config, layer_id),
-    )
+    spec = attention_spec(config, layer_id)
     eps = config.rms_norm_eps if qk_norm else None
     return SelfAttention(config.hidden_size, spec, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm_eps=eps, tp=tp)
 

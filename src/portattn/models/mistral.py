@@ -5,10 +5,9 @@
 
 from __future__ import annotations
 
-from ..backends.base import AttentionLayer
 from ..distributed.group import TPGroup
 from ..errors import expect
-from .layers import SelfAttention, head_dim_of
+from .layers import SelfAttention, attention_spec
 from .llama import LlamaForCausalLM
 
 
@@ -19,14 +18,6 @@ class MistralForCausalLM(LlamaForCausalLM):
         super().__init__(config, tp=tp)
 
     def make_attention(self, config, layer_id: int) -> SelfAttention:
-        head_dim = head_dim_of(config)
         window = config.sliding_window
-        spec = AttentionLayer(
-            layer_id,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_dim,
-            scale=head_dim**-0.5,
-            window_left=-1 if window is None else window - 1,
-        )
+        spec = attention_spec(config, layer_id, window_left=-1 if window is None else window - 1)
         return SelfAttention(config.hidden_size, spec, tp=self.tp)

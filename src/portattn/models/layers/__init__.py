@@ -5,7 +5,7 @@ of operations), so that the engine's logits match ``transformers`` to float roun
 """
 
 from .activation import ACTIVATIONS, ClampedSwiGLU, activation, gated
-from .attention import PagedAttention, SelfAttention, head_dim_of, window_left_of
+from .attention import PagedAttention, SelfAttention, attention_spec, head_dim_of, window_left_of
 from .embedding import Embedding, LMHead, VocabParallel
 from .latent_attention import MultiheadLatentAttention
 from .linear import (
@@ -60,6 +60,7 @@ __all__ = [
     "activation",
     "apply_rotary_float32",
     "as_tensor",
+    "attention_spec",
     "default_weight_loader",
     "dequantize_mxfp4",
     "gated",

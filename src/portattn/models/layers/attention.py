@@ -84,6 +84,21 @@ def window_left_of(config, layer_id: int) -> int:
     return -1
 
 
+def attention_spec(config, layer_id: int, *, window_left: int | None = None) -> AttentionLayer:
+    """The :class:`AttentionLayer` of a Llama-style decoder layer: the config's head counts and head dim
+    (:func:`head_dim_of`), scale ``head_dim ** -0.5``, and the window of :func:`window_left_of` unless
+    ``window_left`` is given (sinks: ``SelfAttention(sinks=True)``)."""
+    head_dim = head_dim_of(config)
+    return AttentionLayer(
+        layer_id,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        head_dim,
+        scale=head_dim**-0.5,
+        window_left=window_left_of(config, layer_id) if window_left is None else window_left,
+    )
+
+
 class SelfAttention(nn.Module):
     """``o_proj(attention(rotary(norm(q)), rotary(norm(k)), v))`` for one decoder layer.
 
