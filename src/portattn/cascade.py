@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.base import AttentionBackend, AttentionParams, PagedMetadata, Request
+from .backends.base import AttentionBackend, AttentionParams, Request
+from .backends.metadata import PagedMetadata
 from .backends.registry import select_backend
 from .errors import expect
 from .ops import call_params, call_request, check_paged_inputs, new_lse

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.base import AttentionBackend, Request, VarlenMetadata
+from .backends.base import AttentionBackend, Request
+from .backends.metadata import VarlenMetadata
 from .backends.registry import select_backend
 from .errors import expect, is_int
 from .validation import attention_params

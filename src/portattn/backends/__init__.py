@@ -1,6 +1,7 @@
 """Attention backends: the protocol (base), the registry, and the implementations."""
 
-from .base import AttentionBackend, AttentionParams, Capabilities, PagedMetadata, Request, VarlenMetadata
+from .base import AttentionBackend, AttentionParams, Capabilities, Request
+from .metadata import PagedMetadata, VarlenMetadata
 from .registry import available_backends, register_backend, registered_backends, select_backend
 
 __all__ = [

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..masks import key_range, query_positions, range_mask
-from .base import AttentionBackend, AttentionParams, Capabilities, VarlenMetadata
+from .base import AttentionBackend, AttentionParams, Capabilities
+from .metadata import VarlenMetadata
 
 
 class SdpaBackend(AttentionBackend):

@@ -17,17 +17,8 @@ import torch
 from ..kv_quant import FP8_DTYPES
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
-from .base import (
-    AttentionBackend,
-    AttentionParams,
-    Capabilities,
-    GraphBuffers,
-    PagedMetadata,
-    VarlenMetadata,
-    graph_buffer_fields,
-    graph_fields,
-    paged_fields,
-)
+from .base import AttentionBackend, AttentionParams, Capabilities
+from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_buffer_fields, graph_fields, paged_fields
 
 if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata

@@ -17,17 +17,8 @@ import torch
 
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
-from .base import (
-    AttentionBackend,
-    AttentionParams,
-    Capabilities,
-    GraphBuffers,
-    PagedMetadata,
-    VarlenMetadata,
-    graph_fields,
-    paged_fields,
-    varlen_fields,
-)
+from .base import AttentionBackend, AttentionParams, Capabilities
+from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_fields, paged_fields, varlen_fields
 
 if TYPE_CHECKING:
     from ..mla import MLADecodeMetadata

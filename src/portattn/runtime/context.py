@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..backends.base import AttentionBackend, PagedMetadata
+    from ..backends.base import AttentionBackend
+    from ..backends.metadata import PagedMetadata
     from .kv_cache import KVPool
     from .multimodal import MultimodalBatch
     from .plan import LatentAttentionPlan

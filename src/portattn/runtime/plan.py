@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends.base import AttentionBackend, PagedMetadata, VarlenMetadata
+from ..backends.base import AttentionBackend
+from ..backends.metadata import PagedMetadata, VarlenMetadata
 from ..backends.registry import require_ops
 from ..mla import MLADecodeMetadata, plan_mla_decode
 from .kv_cache import KVCacheSpec
