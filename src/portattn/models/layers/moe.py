@@ -155,16 +155,18 @@ class FusedMoE(nn.Module):
         """One half of an MXFP4 matrix; kept (read) until its pair arrives, then dequantized."""
         inter, full, tp = self.intermediate_size, self.full_intermediate_size, self.tp
         shape = list(loaded.shape)
-        if tp.size == 1:
+        if tp.size == 1:  # the whole matrix: MXFP4Pairs checks its shape
             self._mxfp4.add(param, part, as_tensor(loaded))
         elif param is self.gate_up_proj:  # rows: interleaved gate/up, this rank's run of 2 * inter
+            expect(len(shape) >= 3 and shape[1] == 2 * full, f"MXFP4 gate_up_proj with {2 * full} rows", shape)
             self._mxfp4.add(param, part, as_tensor(shard_of(loaded, shape, 1, 2 * tp.rank * inter, 2 * inter)))
-        elif (tp.rank * inter) % GROUP_SIZE == 0 and inter % GROUP_SIZE == 0:  # down: whole groups of columns
-            groups = inter // GROUP_SIZE
-            self._mxfp4.add(param, part, as_tensor(shard_of(loaded, shape, 2, tp.rank * groups, groups)))
-        else:  # down: this rank's columns cut groups of 32
+        else:
             expect(len(shape) >= 3 and shape[2] * GROUP_SIZE == full, f"MXFP4 down_proj with {full} columns", shape)
-            self._mxfp4.add(param, part, as_tensor(loaded), columns=(tp.rank * inter, inter))
+            if (tp.rank * inter) % GROUP_SIZE == 0 and inter % GROUP_SIZE == 0:  # whole groups of columns
+                groups = inter // GROUP_SIZE
+                self._mxfp4.add(param, part, as_tensor(shard_of(loaded, shape, 2, tp.rank * groups, groups)))
+            else:  # this rank's columns cut groups of 32: dequantized whole, then narrowed
+                self._mxfp4.add(param, part, as_tensor(loaded), columns=(tp.rank * inter, inter))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype
