@@ -8,6 +8,7 @@ import asyncio
 import http.client
 import json
 import threading
+import time
 from urllib.parse import urlparse
 
 import pytest
@@ -175,9 +176,16 @@ def test_64_concurrent_clients_finish_and_free_every_page(llm, served):
     assert served[1].state.server.engine.stats.pages_used == 0
 
 
-def test_a_client_that_disconnects_frees_its_pages(served):
+def test_a_client_that_disconnects_frees_its_pages(served, monkeypatch):
     url, app = served
     engine = app.state.server.engine.engine
+    step = engine.step
+
+    def slow_step():  # 400 tokens take at least 2 s however fast the machine: the client leaves first
+        time.sleep(0.005)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
     host = urlparse(url)
     for stream in (True, False):
         conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
