@@ -73,8 +73,8 @@ class SamplingBatch:
     """The per-row sampling parameters of one step as device tensors (``N`` rows)."""
 
     params: list[SamplingParams]
-    greedy: torch.Tensor  # [N] bool
-    temperature: torch.Tensor  # [N] float32, 1 on greedy rows
+    greedy: torch.Tensor | None  # [N] bool; None (with keys) when every row is greedy
+    temperature: torch.Tensor | None  # [N] float32, 1 on greedy rows; None when every row is greedy
     top_k: torch.Tensor | None  # [N] int64, V for "all"; None when no row filters
     top_p: torch.Tensor | None  # [N] float32
     min_p: torch.Tensor | None  # [N] float32
@@ -94,8 +94,10 @@ class SamplingBatch:
 
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
-        top_k = top_p = min_p = keys = steps = None
-        if not all_greedy:
+        top_k = top_p = min_p = keys = steps = greedy_rows = temperature = None
+        if not all_greedy:  # an all-greedy step copies nothing for these (argmax alone)
+            greedy_rows = column(greedy, torch.bool)
+            temperature = column([1.0 if p.greedy else p.temperature for p in params], torch.float32)
             if any(p.top_k > 0 for p in params):
                 top_k = column([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64)
             if any(p.top_p < 1 for p in params):
@@ -126,8 +128,8 @@ class SamplingBatch:
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         return cls(
             params=params,
-            greedy=column(greedy, torch.bool),
-            temperature=column([1.0 if p.greedy else p.temperature for p in params], torch.float32),
+            greedy=greedy_rows,
+            temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
