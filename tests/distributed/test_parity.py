@@ -69,7 +69,7 @@ def test_tp2_mxfp4_experts_equal_tp1(intermediate, tmp_path):
         assert rel_err(g.logits, w.logits) < TOL
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "gpt_oss", "gemma2"])
 def test_tp2_static_decode_equals_tp1(family, ckpt_root):
     """Decode through the static buffers that captured graphs replay (run eagerly here), on every rank."""
     path = checkpoint(family, ckpt_root)
