@@ -128,12 +128,13 @@ class SelfAttention(nn.Module):
         full_heads = spec.num_heads
         spec = local_heads(spec, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads)
         if sinks:
-            first = tp_or_single(tp).rank * spec.num_heads  # a rank's query heads are one run
+            heads = spec.num_heads
+            first = tp_or_single(tp).rank * heads  # a rank's query heads are one run
 
             def load_sinks(param: nn.Parameter, loaded) -> None:
-                copy_checked(param.data, as_tensor(shard_of(loaded, [full_heads], 0, first, spec.num_heads)))
+                copy_checked(param.data, as_tensor(shard_of(loaded, [full_heads], 0, first, heads)))
 
-            self.sinks = new_parameter(spec.num_heads, loader=load_sinks)
+            self.sinks = new_parameter(heads, loader=load_sinks)
             spec = dataclasses.replace(spec, sinks=self.sinks)
         self.spec = spec
         if qk_norm_eps is not None:
