@@ -201,3 +201,17 @@ def test_bad_stop_token_ids_and_prompts_raise(llm):
     with pytest.raises(ValueError, match="SamplingParams"):
         llm.generate("hi", {"max_tokens": 3})
     assert not llm.engine.requests
+
+
+def test_steps_do_not_copy_the_generated_tokens(llm, monkeypatch):
+    """A step's checks and a stream's deltas count the outputs without copying them, so the host's work
+    per step does not grow with the output's length."""
+    from portattn.engine.sequence import Sequence
+
+    copies = []
+    monkeypatch.setattr(Sequence, "output_token_ids", property(lambda seq: copies.append(seq) or []))
+    params = SamplingParams(max_tokens=40, ignore_eos=True, stop=["never printed"])
+    whole = llm.generate(["Once upon a time"], params, use_tqdm=False)[0]
+    deltas = list(llm.stream(["Once upon a time"], params))
+    assert not copies
+    assert len(whole.token_ids) == 40 and sum(len(d.outputs[0].token_ids) for d in deltas) == 40

@@ -53,7 +53,7 @@ def decode_steps(llm, batch: int, steps: int, profile: bool = False) -> tuple[li
     engine = llm.engine
     params = SamplingParams(max_tokens=steps + 4, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in prompts(batch, 128, seed=batch)]
-    while not all(seq.output_token_ids for seq in seqs):
+    while not all(seq.num_output_tokens for seq in seqs):
         engine.step()
     for _ in range(2):  # warm-up decodes
         engine.step()

@@ -354,10 +354,10 @@ class Engine:
             return "stop"
         if detok is not None:
             grown = detok.append(token)
-            if params.stop and len(seq.output_token_ids) > params.min_tokens:
+            if params.stop and seq.num_output_tokens > params.min_tokens:
                 seq.stop_reason = detok.find_stop(grown)
                 if seq.stop_reason is not None:
                     return "stop"
-        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_len:
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_len:
             return "length"
         return None

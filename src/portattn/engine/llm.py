@@ -205,7 +205,7 @@ class LLM:
                     engine.step()
                     # Generated tokens, plus the unused budget of finished sequences: the bar ends full.
                     now = sum(
-                        seq.params.max_tokens if seq.finish_reason is not None else len(seq.output_token_ids)
+                        seq.params.max_tokens if seq.finish_reason is not None else seq.num_output_tokens
                         for seq in seqs
                     )
                     if use_tqdm:

@@ -114,20 +114,21 @@ class RequestState:
 
     @property
     def num_output_tokens(self) -> int:
-        return sum(len(seq.output_token_ids) for seq in self.seqs)
+        return sum(seq.num_output_tokens for seq in self.seqs)
 
     def output(self, delta: bool = False) -> RequestOutput | None:
         outputs = []
         for i, seq in enumerate(self.seqs):
             done = seq.finish_reason is not None
-            tokens = seq.output_token_ids
+            num_tokens = seq.num_output_tokens
             text = seq.detokenizer.text if seq.detokenizer is not None else ""
             chars = seq.detokenizer.streamable(done) if seq.detokenizer is not None else 0
             first_token, first_char = (self.sent_tokens[i], self.sent_chars[i]) if delta else (0, 0)
             if delta:
-                if len(tokens) == first_token and chars == first_char and (self.sent_finish[i] or not done):
+                if num_tokens == first_token and chars == first_char and (self.sent_finish[i] or not done):
                     continue
-                self.sent_tokens[i], self.sent_chars[i], self.sent_finish[i] = len(tokens), chars, done
+                self.sent_tokens[i], self.sent_chars[i], self.sent_finish[i] = num_tokens, chars, done
+            tokens = seq.token_ids[seq.num_prompt_tokens + first_token :]  # only what this output sends
             logprobs = None
             cumulative = None
             if seq.params.logprobs is not None:
@@ -137,12 +138,12 @@ class RequestState:
                 CompletionOutput(
                     index=seq.index,
                     text=text[first_char:chars] if delta else text,
-                    token_ids=tokens[first_token:],
+                    token_ids=tokens,
                     cumulative_logprob=cumulative,
                     logprobs=logprobs,
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,
-                    logits=torch.stack(seq.logits[first_token:]) if seq.logits[first_token:] else None,
+                    logits=torch.stack(seq.logits[first_token:]) if len(seq.logits) > first_token else None,
                 )
             )
         first = self.seqs[0]

@@ -71,5 +71,11 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     @property
+    def num_output_tokens(self) -> int:
+        """How many tokens have been generated (no copy: the per-step checks use this)."""
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
     def output_token_ids(self) -> list[int]:
+        """The generated tokens (a copy)."""
         return self.token_ids[self.num_prompt_tokens :]

@@ -236,7 +236,7 @@ def build_app(server: Server) -> FastAPI:
                 if out.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = _prompt_logprobs(out)
                 choices.append(choice)
-        usage["completion_tokens"] = sum(len(s.output_token_ids) for st in stream.states for s in st.seqs)
+        usage["completion_tokens"] = sum(s.num_output_tokens for st in stream.states for s in st.seqs)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {**head, "choices": choices, "usage": usage}
 
