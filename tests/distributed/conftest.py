@@ -13,7 +13,18 @@ from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import image_prompts, save_tiny_checkpoint
 
-FAMILIES = ("llama", "qwen3", "llama4", "deepseek_v3", "qwen2_5_vl", "mistral", "gemma2", "gemma3", "gpt_oss")
+FAMILIES = (
+    "llama",
+    "qwen3",
+    "qwen3_moe",
+    "llama4",
+    "deepseek_v3",
+    "qwen2_5_vl",
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "gpt_oss",
+)
 # The CPU (gloo) in CI; `PORTATTN_TEST_ENGINE_DEVICE=cuda` runs every engine here on GPUs (NCCL).
 DEVICE = os.environ.get("PORTATTN_TEST_ENGINE_DEVICE", "cpu")
 

@@ -37,6 +37,7 @@ from .layers import (
     PartialRotaryEmbedding,
     RMSNorm,
     new_parameter,
+    per_expert_checkpoint_name,
 )
 
 # Routing methods and scoring functions of the original DeepSeek configs that this model computes.
@@ -162,7 +163,6 @@ class DeepseekV3Model(nn.Module):
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 class DeepseekV3ForCausalLM(CausalLM):
@@ -194,9 +194,4 @@ class DeepseekV3ForCausalLM(CausalLM):
         match = _LAYER.match(name)
         if match and int(match.group(1)) >= self.config.num_hidden_layers:
             return None
-        expert = _EXPERT.match(name)
-        if expert:  # one nn.Linear per expert and projection -> the stacked experts
-            prefix, index, part = expert.groups()
-            param = "gate_up_proj" if part in ("gate", "up") else "down_proj"
-            return f"{prefix}.{param}", (int(index), part)
-        return super().checkpoint_name(name)
+        return per_expert_checkpoint_name(name) or super().checkpoint_name(name)

@@ -24,12 +24,15 @@ def self_attention(
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, self_attn: SelfAttention, tp: TPGroup | None = None):
+    """Attention, then the MLP (``mlp``: the config's gated MLP unless given, e.g. a mixture of experts)."""
+
+    def __init__(self, config, self_attn: SelfAttention, tp: TPGroup | None = None, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = self_attn
-        self.mlp = GatedMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, getattr(config, "mlp_bias", False), tp=tp
-        )
+        if mlp is None:
+            bias = getattr(config, "mlp_bias", False)
+            mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias, tp=tp)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -48,13 +51,15 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     """Embeddings, decoder layers, final norm; ``rotary`` is Llama's, or the caller's (e.g. mrope).
-    ``attention(config, layer_id)`` builds each layer's attention (for the same ``tp``)."""
+    ``attention(config, layer_id)`` builds each layer's attention and ``mlp(config, layer_id)``, when
+    given, each layer's MLP (for the same ``tp``)."""
 
-    def __init__(self, config, attention, rotary: nn.Module | None = None, tp: TPGroup | None = None):
+    def __init__(self, config, attention, rotary: nn.Module | None = None, tp: TPGroup | None = None, mlp=None):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, tp=tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attention(config, i), tp) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, attention(config, i), tp, None if mlp is None else mlp(config, i))
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = rotary if rotary is not None else RotaryEmbedding(config, head_dim_of(config))
@@ -78,8 +83,12 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config, *, tp: TPGroup | None = None):
         super().__init__(config)
         self.tp = tp
-        self.model = LlamaModel(config, self.make_attention, tp=tp)
+        self.model = LlamaModel(config, self.make_attention, tp=tp, mlp=self.make_mlp)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
+
+    def make_mlp(self, config, layer_id: int) -> nn.Module | None:
+        """A layer's MLP; ``None``: the config's gated MLP."""
+        return None
 
     def make_attention(self, config, layer_id: int) -> SelfAttention:
         bias = bool(getattr(config, "attention_bias", False))

@@ -20,15 +20,29 @@ from typing import NamedTuple
 
 import torch
 
-TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3", "mistral", "gemma2", "gemma3", "gpt_oss")
+TEXT_FAMILIES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "llama4",
+    "deepseek_v3",
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "gpt_oss",
+)
 VISION_FAMILIES = ("qwen2_5_vl",)  # prompts carry images; transformers' image-text-to-text model
 FAMILIES = TEXT_FAMILIES + VISION_FAMILIES
-SEEDS = dict.fromkeys(("llama", "qwen2", "qwen3", "llama4", "mistral", "gemma2", "gemma3", "gpt_oss"), 1234)
+SEEDS = dict.fromkeys(
+    ("llama", "qwen2", "qwen3", "qwen3_moe", "llama4", "mistral", "gemma2", "gemma3", "gpt_oss"), 1234
+)
 SEEDS |= {"deepseek_v3": 7, "qwen2_5_vl": 0}
 ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "llama4": "Llama4ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -108,6 +122,13 @@ def tiny_config(family: str, **overrides):
         if family == "qwen2":  # q/k/v biases (drawn at random by tiny_model)
             return transformers.Qwen2Config(**(kwargs | overrides))
         return transformers.Qwen3Config(**(kwargs | dict(head_dim=16) | overrides))  # and q/k norms
+    if family == "qwen3_moe":
+        # Experts on layers 0 and 2 (8 experts, top-2, renormalised), a dense MLP on layer 1
+        # (mlp_only_layers), q/k norms, a sliding window of 24 tokens (on every layer, as Qwen3-MoE has it).
+        kwargs = COMMON | dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3)
+        kwargs |= dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1])
+        kwargs |= dict(use_sliding_window=True, sliding_window=24)
+        return transformers.Qwen3MoeConfig(**(kwargs | overrides))
     if family == "llama4":
         # Chunked RoPE layers (0, 2) with chunk 32, NoPE layers (1, 3) with temperature tuning, MoE on
         # layers 1 and 3 (4 experts, top-1, shared expert), dense MLPs on 0 and 2.

@@ -21,7 +21,7 @@ from .linear import (
     new_parameter,
 )
 from .mlp import GatedMLP
-from .moe import FusedMoE
+from .moe import FusedMoE, per_expert_checkpoint_name
 from .norm import RMSNorm, l2_norm
 from .quant import dequantize_mxfp4
 from .rotary import (
@@ -67,6 +67,7 @@ __all__ = [
     "head_dim_of",
     "l2_norm",
     "new_parameter",
+    "per_expert_checkpoint_name",
     "rope_inv_freq",
     "rotate_half",
     "window_left_of",

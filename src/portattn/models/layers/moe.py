@@ -44,6 +44,7 @@ the whole quantized tensor (a quarter of its bfloat16 size) and keeps its column
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 
 import torch
@@ -57,6 +58,17 @@ from .quant import GROUP_SIZE, MXFP4Pairs
 
 DENSE_MAX_TOKENS = 16
 CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
+_PER_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def per_expert_checkpoint_name(name: str) -> tuple[str, tuple[int, str]] | None:
+    """A ``"per_expert"`` checkpoint tensor ``....experts.{e}.{gate,up,down}_proj.weight`` -> the stacked
+    parameter it loads into and its shard ``(e, part)`` (for a model's ``checkpoint_name``); else None."""
+    match = _PER_EXPERT.match(name)
+    if match is None:
+        return None
+    prefix, index, part = match.groups()
+    return f"{prefix}.{'down_proj' if part == 'down' else 'gate_up_proj'}", (int(index), part)
 
 
 class FusedMoE(nn.Module):
