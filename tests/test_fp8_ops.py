@@ -281,3 +281,13 @@ def test_triton_refuses_an_fp8_format_the_gpu_cannot_convert(monkeypatch):
     assert "torch" in err.value.supported_by and "triton" not in err.value.supported_by
     case = fp8_case([1], [9], kv_dtype=torch.float8_e5m2, q_dtype=torch.float16, page_size=4)
     check_fp8_paged(case, "triton", torch.float16)
+
+
+def test_the_fp8_dtypes_of_a_gpu_are_what_triton_declares_for_its_architecture():
+    from triton.backends.compiler import GPUTarget
+
+    from portattn.device import fp8_dtypes_of_target
+
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    assert fp8_dtypes_of_target(GPUTarget("cuda", 80, 32)) == {e5m2}  # A100: no e4m3 conversion
+    assert fp8_dtypes_of_target(GPUTarget("cuda", 90, 32)) == {e4m3, e5m2}  # H100 / H200

@@ -75,16 +75,46 @@ def max_shared_memory(device: torch.device | str) -> int | None:
     return _shared_memory(device.type, device.index or 0)
 
 
+# Triton's names of the fp8 formats the KV caches use.
+_TRITON_FP8 = {"fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2}
+
+
+def fp8_dtypes_of_target(target) -> frozenset[torch.dtype]:
+    """The KV-cache fp8 dtypes Triton's backend for ``target`` (a ``triton.backends.compiler.GPUTarget``)
+    lists as supported, natively or emulated (NVIDIA: e5m2, and e4m3 from sm_89; AMD and Intel: as
+    their Triton backends declare them for the architecture)."""
+    from triton.compiler.compiler import make_backend
+
+    names = make_backend(target).parse_options({}).supported_fp8_dtypes
+    return frozenset(_TRITON_FP8[name] for name in names if name in _TRITON_FP8)
+
+
+@functools.cache
+def _triton_fp8_dtypes(device_type: str, index: int) -> frozenset[torch.dtype] | None:
+    try:
+        from triton.runtime import driver
+
+        with (torch.cuda if device_type == "cuda" else torch.xpu).device(index):  # restores the current one
+            return fp8_dtypes_of_target(driver.active.get_current_target())
+    except Exception:  # an older Triton without these APIs, or no driver for the device
+        pass
+    if device_type == "cuda" and torch.version.hip is None:  # NVIDIA's rule, as Triton applies it
+        major, minor = torch.cuda.get_device_capability(index)
+        return frozenset({torch.float8_e5m2} | ({torch.float8_e4m3fn} if (major, minor) >= (8, 9) else set()))
+    return None
+
+
 def triton_fp8_dtypes(device: torch.device | str) -> frozenset[torch.dtype] | None:
-    """fp8 dtypes Triton converts on ``device``; ``None`` where this module does not know (then the
-    backend's declaration stands). NVIDIA: e5m2 everywhere, e4m3 from sm_89 (Ada, Hopper, later)."""
+    """fp8 dtypes Triton converts on ``device``, as its backend for the device's architecture declares
+    them; ``None`` where that cannot be learnt (then the backend's own declaration stands)."""
     device = torch.device(device)
     if device.type == "cpu":
         return frozenset({torch.float8_e4m3fn, torch.float8_e5m2})  # the interpreter converts both
-    if device.type == "cuda" and torch.cuda.is_available() and torch.version.hip is None:
-        major, minor = torch.cuda.get_device_capability(device.index if device.index is not None else 0)
-        return frozenset({torch.float8_e5m2} | ({torch.float8_e4m3fn} if (major, minor) >= (8, 9) else set()))
-    return None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None
+    if device.type not in ("cuda", "xpu"):
+        return None
+    return _triton_fp8_dtypes(device.type, device.index or 0)
 
 
 def synchronize(device: torch.device | str) -> None:
