@@ -101,7 +101,8 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def capabilities_on(cls, device: torch.device) -> Capabilities:
-        """Without the fp8 formats Triton cannot convert on this GPU (e4m3 before NVIDIA's sm_89)."""
+        """Without the fp8 formats Triton's backend does not declare for this GPU's architecture (e4m3
+        before NVIDIA's sm_89)."""
         known = triton_fp8_dtypes(device)
         if known is None or cls.capabilities.kv_dtypes <= known:
             return cls.capabilities
