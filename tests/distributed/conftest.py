@@ -21,6 +21,7 @@ FAMILIES = (
     "deepseek_v3",
     "qwen2_5_vl",
     "mistral",
+    "mixtral",
     "gemma2",
     "gemma3",
     "gpt_oss",

@@ -38,7 +38,7 @@ def read_spy(monkeypatch) -> list[torch.Size]:
     return shapes
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "mistral", "gemma2", "gemma3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral"])
 def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
     path = checkpoint(family, ckpt_root)
     config = loader.load_config(path)
@@ -60,13 +60,15 @@ def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
     o_proj = torch.cat([lay.self_attn.o_proj.weight for lay in layer], dim=1)
     assert torch.equal(o_proj, full["model.layers.0.self_attn.o_proj.weight"])
     dense, moe = (1, 0) if family == "qwen3_moe" else (0, 1)  # a layer with a dense MLP, one with experts
-    mlps = [m.model.layers[dense].mlp for m in models]
-    gate_up = [mlp.gate_up_proj.split(mlp.gate_up_proj.weight.t())[0].t() for mlp in mlps]
-    assert torch.equal(torch.cat(gate_up), full[f"model.layers.{dense}.mlp.gate_proj.weight"])
-    if family in ("deepseek_v3", "qwen3_moe"):
+    if family != "mixtral":  # experts on every layer
+        mlps = [m.model.layers[dense].mlp for m in models]
+        gate_up = [mlp.gate_up_proj.split(mlp.gate_up_proj.weight.t())[0].t() for mlp in mlps]
+        assert torch.equal(torch.cat(gate_up), full[f"model.layers.{dense}.mlp.gate_proj.weight"])
+    if family in ("deepseek_v3", "qwen3_moe", "mixtral"):
         experts = [m.model.layers[moe].mlp.experts for m in models]
         down = torch.cat([e.down_proj[3] for e in experts], dim=1)
-        assert torch.equal(down, full[f"model.layers.{moe}.mlp.experts.3.down_proj.weight"])
+        name = "block_sparse_moe.experts.3.w2" if family == "mixtral" else "mlp.experts.3.down_proj"
+        assert torch.equal(down, full[f"model.layers.{moe}.{name}.weight"])
     if family == "deepseek_v3":
         kv_b = torch.cat([lay.self_attn.kv_b_proj.weight for lay in layer])
         assert torch.equal(kv_b, full["model.layers.0.self_attn.kv_b_proj.weight"])

@@ -14,7 +14,19 @@ from .conftest import checkpoint, guard_decode_forwards, hf_reference, random_pr
 
 @pytest.mark.parametrize(
     "family",
-    ["llama", "qwen3", "qwen3_moe", "llama4", "deepseek_v3", "qwen2_5_vl", "mistral", "gemma2", "gemma3", "gpt_oss"],
+    [
+        "llama",
+        "qwen3",
+        "qwen3_moe",
+        "llama4",
+        "deepseek_v3",
+        "qwen2_5_vl",
+        "mistral",
+        "mixtral",
+        "gemma2",
+        "gemma3",
+        "gpt_oss",
+    ],
 )
 def test_decode_forwards_do_not_sync(family, ckpt_root):
     path = checkpoint(family, ckpt_root)

@@ -13,12 +13,11 @@ a mixture of experts in place of the MLP, as transformers' ``modeling_qwen3_moe`
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from ..distributed.group import TPGroup, tp_or_single
+from ..distributed.group import TPGroup
 from ..errors import expect, is_int
-from .layers import FusedMoE, GatedMLP, Linear, SelfAttention, attention_spec, per_expert_checkpoint_name
+from .layers import GatedMLP, SelfAttention, SoftmaxTopKMoE, attention_spec, per_expert_checkpoint_name
 from .qwen3 import Qwen3ForCausalLM
 
 
@@ -31,33 +30,6 @@ def check_config(config) -> None:
 
 def is_sparse_layer(config, layer_id: int) -> bool:
     return layer_id not in (config.mlp_only_layers or []) and (layer_id + 1) % config.decoder_sparse_step == 0
-
-
-class Qwen3MoeSparseMoe(nn.Module):
-    """Softmax top-k routing over the experts; under tensor parallelism the experts' partial sums are
-    all-reduced once."""
-
-    def __init__(self, config, tp: TPGroup | None = None):
-        super().__init__()
-        self.tp = tp_or_single(tp)
-        self.top_k, self.norm_topk_prob = config.num_experts_per_tok, bool(config.norm_topk_prob)
-        self.gate = Linear(config.hidden_size, config.num_experts)  # replicated
-        self.experts = FusedMoE(
-            config.num_experts,
-            config.hidden_size,
-            config.moe_intermediate_size,
-            config.hidden_act,
-            checkpoint_layout="per_expert",
-            tp=tp,
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.gate(x)  # [T, E]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self.tp.all_reduce(self.experts(x, weights.to(logits.dtype), ids))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
@@ -79,5 +51,14 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     def make_mlp(self, config, layer_id: int) -> nn.Module:
         if is_sparse_layer(config, layer_id):
-            return Qwen3MoeSparseMoe(config, self.tp)
+            return SoftmaxTopKMoE(
+                config.hidden_size,
+                config.num_experts,
+                config.num_experts_per_tok,
+                config.moe_intermediate_size,
+                config.hidden_act,
+                normalize=bool(config.norm_topk_prob),
+                weights_in_float32=False,
+                tp=self.tp,
+            )
         return GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, tp=self.tp)

@@ -28,16 +28,14 @@ TEXT_FAMILIES = (
     "llama4",
     "deepseek_v3",
     "mistral",
+    "mixtral",
     "gemma2",
     "gemma3",
     "gpt_oss",
 )
 VISION_FAMILIES = ("qwen2_5_vl",)  # prompts carry images; transformers' image-text-to-text model
 FAMILIES = TEXT_FAMILIES + VISION_FAMILIES
-SEEDS = dict.fromkeys(
-    ("llama", "qwen2", "qwen3", "qwen3_moe", "llama4", "mistral", "gemma2", "gemma3", "gpt_oss"), 1234
-)
-SEEDS |= {"deepseek_v3": 7, "qwen2_5_vl": 0}
+SEEDS = dict.fromkeys(TEXT_FAMILIES, 1234) | {"deepseek_v3": 7, "qwen2_5_vl": 0}
 ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -46,6 +44,7 @@ ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "llama4": "Llama4ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -154,6 +153,10 @@ def tiny_config(family: str, **overrides):
     if family == "mistral":  # a window of 11 tokens on every layer, head dim 128
         kwargs = COMMON | dict(head_dim=128, intermediate_size=128, num_hidden_layers=2, sliding_window=11)
         return transformers.MistralConfig(**(kwargs | dict(max_position_embeddings=512) | overrides))
+    if family == "mixtral":  # 8 experts, top-2, on every layer; a window of 13 tokens on every layer
+        kwargs = COMMON | dict(head_dim=16, intermediate_size=32, num_hidden_layers=2, sliding_window=13)
+        kwargs |= dict(num_local_experts=8, num_experts_per_tok=2)
+        return transformers.MixtralConfig(**(kwargs | dict(max_position_embeddings=1024) | overrides))
     if family == "gemma2":
         # Sliding (12 tokens) and full layers, head dim 256, softmax scale 144 ** -0.5, attention and
         # final softcaps low enough to bend the tiny model's scores and logits.

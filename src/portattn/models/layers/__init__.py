@@ -21,7 +21,7 @@ from .linear import (
     new_parameter,
 )
 from .mlp import GatedMLP
-from .moe import FusedMoE, per_expert_checkpoint_name
+from .moe import FusedMoE, SoftmaxTopKMoE, per_expert_checkpoint_name
 from .norm import RMSNorm, l2_norm
 from .quant import dequantize_mxfp4
 from .rotary import (
@@ -55,6 +55,7 @@ __all__ = [
     "RotaryEmbedding",
     "RowParallelLinear",
     "SelfAttention",
+    "SoftmaxTopKMoE",
     "VocabParallel",
     "WeightShapeError",
     "activation",

@@ -53,7 +53,7 @@ from torch import nn
 from ...distributed.group import TPGroup, tp_or_single
 from ...errors import expect
 from .activation import activation, gated
-from .linear import as_tensor, copy_checked, new_parameter, shard_of
+from .linear import Linear, as_tensor, copy_checked, new_parameter, shard_of
 from .quant import GROUP_SIZE, MXFP4Pairs
 
 DENSE_MAX_TOKENS = 16
@@ -227,3 +227,39 @@ class FusedMoE(nn.Module):
                 out.index_add_(0, tokens, y if self.weight_on_input else (y * weight).to(x.dtype))
             start += n
         return out
+
+
+class SoftmaxTopKMoE(nn.Module):
+    """Experts routed by a softmax over all router logits (``gate``, no bias, replicated under tensor
+    parallelism): the ``top_k`` largest probabilities, renormalised to sum 1 with ``normalize``, weigh
+    the chosen experts' outputs (Mixtral, Qwen3-MoE). ``weights_in_float32``: the weights stay float32
+    (Mixtral); else they are rounded to the model's dtype first (Qwen3-MoE). Returns the all-reduced sum."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        act: str,
+        *,
+        normalize: bool,
+        weights_in_float32: bool,
+        tp: TPGroup | None = None,
+    ):
+        super().__init__()
+        expect(1 <= top_k <= num_experts, f"num_experts_per_tok in [1, num_experts {num_experts}]", top_k)
+        self.tp = tp_or_single(tp)
+        self.top_k, self.normalize, self.weights_in_float32 = top_k, normalize, weights_in_float32
+        self.gate = Linear(hidden_size, num_experts)
+        self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, act, checkpoint_layout="per_expert", tp=tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)  # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if not self.weights_in_float32:
+            weights = weights.to(logits.dtype)
+        return self.tp.all_reduce(self.experts(x, weights, ids))
