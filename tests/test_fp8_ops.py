@@ -283,6 +283,7 @@ def test_triton_refuses_an_fp8_format_the_gpu_cannot_convert(monkeypatch):
     check_fp8_paged(case, "triton", torch.float16)
 
 
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")  # Triton's own notice, from reading its options
 def test_the_fp8_dtypes_of_a_gpu_are_what_triton_declares_for_its_architecture():
     from triton.backends.compiler import GPUTarget
 
