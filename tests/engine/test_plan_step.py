@@ -7,27 +7,12 @@ import pytest
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.testing import image_prompts, no_host_sync
+from portattn.testing import engine_families, image_prompts, no_host_sync
 
 from .conftest import checkpoint, guard_decode_forwards, hf_reference, random_prompts
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "qwen3",
-        "qwen3_moe",
-        "llama4",
-        "deepseek_v3",
-        "qwen2_5_vl",
-        "mistral",
-        "mixtral",
-        "gemma2",
-        "gemma3",
-        "gpt_oss",
-    ],
-)
+@pytest.mark.parametrize("family", engine_families())
 def test_decode_forwards_do_not_sync(family, ckpt_root):
     path = checkpoint(family, ckpt_root)
     llm = LLM(path, page_size=4, num_pages=64, max_model_len=256)
