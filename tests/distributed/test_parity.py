@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
-from portattn.testing import save_tiny_mxfp4_checkpoint
+from portattn.testing import save_tiny_fp8_checkpoint, save_tiny_mxfp4_checkpoint
 
 from .conftest import DEVICE, FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
 from .static_decode import enable_static_decode, static_replays
@@ -64,6 +64,19 @@ def test_tp2_mxfp4_experts_equal_tp1(intermediate, tmp_path):
     want = run(make_llm(path, 1), "gpt_oss")
     with make_llm(path, 2) as two:
         got = run(two, "gpt_oss")
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        assert rel_err(g.logits, w.logits) < TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "qwen3_moe"])
+def test_tp2_fp8_weights_equal_tp1(family, tmp_path):
+    """Each rank dequantizes only its rows or columns, with the scale blocks they fall in (blocks of
+    16 x 24: a rank's 32 columns start inside a block)."""
+    fp8, _ = save_tiny_fp8_checkpoint(family, tmp_path, block=(16, 24))
+    want = run(make_llm(fp8, 1), family)
+    with make_llm(fp8, 2) as two:
+        got = run(two, family)
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids
         assert rel_err(g.logits, w.logits) < TOL

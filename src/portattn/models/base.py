@@ -44,6 +44,8 @@ class CausalLM(nn.Module):
     # A class that shards itself over a tensor-parallel group takes ``tp=`` (a TPGroup) when built.
     supports_tensor_parallel: ClassVar[bool] = False
     packed_modules: ClassVar[dict[str, tuple[str, object]]] = PACKED_MODULES
+    # Quantization methods the class loads itself (beyond the loader's own "fp8", dequantized at load).
+    quant_methods: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config):
         super().__init__()

@@ -133,6 +133,7 @@ _MXFP4_PART = re.compile(r"(.*\.mlp\.experts\.(?:gate_up|down)_proj)_(blocks|sca
 
 class GptOssForCausalLM(CausalLM):
     supports_tensor_parallel = True
+    quant_methods = QUANT_METHODS
 
     def __init__(self, config, *, tp: TPGroup | None = None):
         check_config(config)

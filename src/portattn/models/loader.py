@@ -33,6 +33,7 @@ from ..errors import expect, is_int
 from . import model_class
 from .base import KV_SCALE_KEY, MultimodalModel
 from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
+from .layers.fp8_weights import FP8Weights, dequantizing_slice
 
 logger = logging.getLogger("portattn")
 
@@ -175,6 +176,7 @@ def load_weights(
     *,
     what: str,
     tied: frozenset[str] = frozenset(),
+    fp8: FP8Weights | None = None,
 ) -> None:
     """Fill ``module``'s parameters from safetensors ``files`` through each parameter's ``weight_loader``.
 
@@ -183,18 +185,31 @@ def load_weights(
     ``(param, loaded, shard)``) copies what it owns, converting dtype on the device; ``loaded`` is a
     :class:`~portattn.models.layers.CheckpointSlice` of the file's tensor, read only where (and as
     far as) the hook reads it. Every parameter (every shard of a merged one) must be loaded, except
-    ``tied`` ones.
+    ``tied`` ones. ``fp8``: the checkpoint's fp8 weights arrive dequantized (float32), their scales
+    consumed with them (:mod:`~portattn.models.layers.fp8_weights`).
     """
+
+    scales: dict[str, Path] = {}  # fp8 checkpoints: scale tensor -> its file
+    if fp8 is not None:
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                scales |= {key: file for key in f.keys() if fp8.is_side_tensor(key)}  # noqa: SIM118
 
     def lazy(f, key: str) -> CheckpointSlice:
         part = f.get_slice(key)
+        scale_key = fp8.scale_key(key) if fp8 is not None else None
+        if scale_key in scales:  # a quantized weight: dequantized as it is read
+            with safe_open(str(scales[scale_key]), framework="pt", device="cpu") as g:
+                scale = g.get_tensor(scale_key)
+            return dequantizing_slice(part, key, lambda: scale, scale.shape, fp8)
         return CheckpointSlice(part, part.get_shape())
 
     def tensors():
         for file in tqdm(files, desc="loading weights", unit="shard", leave=False, disable=len(files) < 2):
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield key, functools.partial(lazy, f, key)
+                    if key not in scales:  # scales go with their weights
+                        yield key, functools.partial(lazy, f, key)
 
     _load(module, tensors(), checkpoint_name, what=what, tied=tied)
 
@@ -252,6 +267,23 @@ def _load(module, tensors, checkpoint_name, *, what: str, tied: frozenset[str]) 
         raise ValueError(f"expected every weight of {what} in the checkpoint, missing {missing[:5]}")
 
 
+def fp8_weights_of(config, cls: type) -> FP8Weights | None:
+    """How the checkpoint's fp8 weights are scaled (``quant_method == "fp8"``, dequantized at load), or
+    None for an unquantized checkpoint or a method the model class loads itself (``cls.quant_methods``:
+    gpt-oss's MXFP4); any other method is refused."""
+    quant = getattr(config, "quantization_config", None)
+    if not quant:
+        return None
+    quant = quant if isinstance(quant, dict) else quant.to_dict()
+    method = quant.get("quant_method")
+    own = tuple(getattr(cls, "quant_methods", ()))
+    if method in own:
+        return None
+    supported = ["fp8", *own]
+    expect(method == "fp8", f"an unquantized checkpoint or quant_method in {supported} for {cls.__name__}", method)
+    return FP8Weights.from_config(quant)
+
+
 def supports_tensor_parallel(cls: type) -> bool:
     """A class that declares ``supports_tensor_parallel`` and whose constructor takes ``tp`` (a subclass
     that overrides ``__init__`` without it does not inherit the support)."""
@@ -290,7 +322,9 @@ def load_model(
         options |= dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
     with torch.device(device), default_dtype(dtype):
         model = cls(config, **options)
-    load_weights(model, safetensors_files(path), model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters())
+    fp8 = fp8_weights_of(config, cls)
+    files = safetensors_files(path)
+    load_weights(model, files, model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters(), fp8=fp8)
     model.tie_weights()
     model.to(device)  # the rotary buffers, built on the CPU
     model.eval().requires_grad_(False)

@@ -268,6 +268,62 @@ def save_tiny_mxfp4_checkpoint(path: str | Path, *, seed: int | None = None, **o
     return str(path)
 
 
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_fp8_blocks(w: torch.Tensor, block: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [R, C]`` -> ``(float8_e4m3fn weight [R, C], float32 scales)``: one scale per ``block`` of
+    ``(bm, bn)`` values (``[ceil(R / bm), ceil(C / bn)]``, the last blocks partial), or one for the
+    whole tensor (``block`` None, a 0-dim scale); each scale maps its block's largest magnitude to 448."""
+    if block is None:
+        scale = (w.abs().max() / FP8_E4M3_MAX).clamp(min=1e-12).float()
+        return (w / scale).to(torch.float8_e4m3fn), scale
+    (bm, bn), (rows, cols) = block, w.shape
+    nr, nc = -(-rows // bm), -(-cols // bn)
+    padded = torch.zeros(nr * bm, nc * bn, dtype=torch.float32)
+    padded[:rows, :cols] = w
+    amax = padded.view(nr, bm, nc, bn).abs().amax(dim=(1, 3))  # [nr, nc]
+    scale = (amax / FP8_E4M3_MAX).clamp(min=1e-12)
+    full = scale.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:rows, :cols]
+    return (w / full).to(torch.float8_e4m3fn), scale
+
+
+def save_tiny_fp8_checkpoint(
+    family: str, path: str | Path, *, block: tuple[int, int] | None = (16, 24), seed: int | None = None, **overrides
+) -> tuple[str, str]:
+    """``family``'s tiny checkpoint with every linear projection (``*_proj.weight``) stored in fp8 as
+    FP8 checkpoints store them (:func:`quantize_fp8_blocks`: ``weight_scale_inv`` blocks, DeepSeek-V3's
+    layout, or with ``block`` None a per-tensor ``weight_scale`` and an unused ``input_scale``), and
+    ``quantization_config = {"quant_method": "fp8", ...}``. Returns ``(fp8 checkpoint, the same model
+    unquantized with the dequantized weights)``: the second is what the first must compute."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = Path(path)
+    fp8_dir = Path(save_tiny_checkpoint(family, path / "fp8", seed=seed, **overrides))
+    plain_dir = Path(save_tiny_checkpoint(family, path / "dequantized", seed=seed, **overrides))
+    state = load_file(fp8_dir / "model.safetensors")
+    plain = dict(state)
+    for key in [k for k in state if k.endswith("_proj.weight") and state[k].dim() == 2]:
+        weight, scale = quantize_fp8_blocks(state[key], block)
+        state[key] = weight
+        if block is None:
+            state[f"{key}_scale"], state[key.removesuffix("weight") + "input_scale"] = scale, torch.ones(())
+            plain[key] = weight.float() * scale
+        else:
+            state[f"{key}_scale_inv"] = scale
+            full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+            plain[key] = weight.float() * full[: weight.shape[0], : weight.shape[1]]
+    save_file(state, fp8_dir / "model.safetensors", metadata={"format": "pt"})
+    save_file(plain, plain_dir / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((fp8_dir / "config.json").read_text())
+    quant = {"quant_method": "fp8", "activation_scheme": "dynamic" if block else "static"}
+    config["quantization_config"] = quant | ({"weight_block_size": list(block)} if block else {})
+    (fp8_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return str(fp8_dir), str(plain_dir)
+
+
 def image_prompts(prompts: list[list[int]], seed: int = 0) -> list[dict]:
     """Qwen2.5-VL prompts: each of ``prompts`` with a random ``IMAGE_GRID`` image (vision start, 16 pad
     tokens, vision end) after its first two tokens, as :meth:`portattn.LLM.generate` takes them.
