@@ -17,6 +17,7 @@ FAMILIES = (
     "llama",
     "qwen3",
     "qwen3_moe",
+    "qwen2_moe",
     "llama4",
     "deepseek_v3",
     "qwen2_5_vl",

@@ -38,7 +38,9 @@ def read_spy(monkeypatch) -> list[torch.Size]:
     return shapes
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize(
+    "family", ["llama", "deepseek_v3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral", "qwen2_moe"]
+)
 def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
     path = checkpoint(family, ckpt_root)
     config = loader.load_config(path)
@@ -59,12 +61,14 @@ def test_each_rank_reads_only_its_slices(family, ckpt_root, monkeypatch):
     assert torch.equal(embed, full["model.embed_tokens.weight"])
     o_proj = torch.cat([lay.self_attn.o_proj.weight for lay in layer], dim=1)
     assert torch.equal(o_proj, full["model.layers.0.self_attn.o_proj.weight"])
-    dense, moe = (1, 0) if family == "qwen3_moe" else (0, 1)  # a layer with a dense MLP, one with experts
+    dense, moe = (
+        (1, 0) if family in ("qwen3_moe", "qwen2_moe") else (0, 1)
+    )  # a layer with a dense MLP, one with experts
     if family != "mixtral":  # experts on every layer
         mlps = [m.model.layers[dense].mlp for m in models]
         gate_up = [mlp.gate_up_proj.split(mlp.gate_up_proj.weight.t())[0].t() for mlp in mlps]
         assert torch.equal(torch.cat(gate_up), full[f"model.layers.{dense}.mlp.gate_proj.weight"])
-    if family in ("deepseek_v3", "qwen3_moe", "mixtral"):
+    if family in ("deepseek_v3", "qwen3_moe", "mixtral", "qwen2_moe"):
         experts = [m.model.layers[moe].mlp.experts for m in models]
         down = torch.cat([e.down_proj[3] for e in experts], dim=1)
         name = "block_sparse_moe.experts.3.w2" if family == "mixtral" else "mlp.experts.3.down_proj"

@@ -41,12 +41,17 @@ NUM_DECODES = 48  # per prompt: 192 decode positions per family
 
 # Measured (4 prompts x 48 positions): top-1 agreement with the float32-cache engine, and mean
 # |logit error| / mean |logit|:
-#            llama         qwen2         qwen3         llama4        deepseek      qwen3_moe     mixtral
-#   e4m3     0.86 / 0.091  0.90 / 0.103  0.93 / 0.055  0.85 / 0.117  0.71 / 0.207  0.81 / 0.124  0.86 / 0.131
-#   e5m2     0.75 / 0.186  0.80 / 0.191  0.87 / 0.118  0.69 / 0.247  0.60 / 0.326  0.74 / 0.212  0.63 / 0.306
-# (a routed expert that flips on a perturbed hidden state moves a tiny MoE model's logits the most).
+#            llama         qwen2         qwen3         llama4        deepseek
+#   e4m3     0.86 / 0.091  0.90 / 0.103  0.93 / 0.055  0.85 / 0.117  0.71 / 0.207
+#   e5m2     0.75 / 0.186  0.80 / 0.191  0.87 / 0.118  0.69 / 0.247  0.60 / 0.326
+#            qwen2_moe     qwen3_moe     mixtral       (softmax-routed experts: a routing flip on a
+#   e4m3     0.80 / 0.150  0.81 / 0.124  0.86 / 0.131   perturbed hidden state moves a tiny model's
+#   e5m2     0.58 / 0.310  0.74 / 0.212  0.63 / 0.306   logits the most)
+ROUTED = {"qwen2_moe", "qwen3_moe", "mixtral"}
 MIN_AGREEMENT = {"fp8_e4m3": 0.75, "fp8_e5m2": 0.6}
-MAX_MEAN_ERROR = {"fp8_e4m3": 0.15, "fp8_e5m2": 0.35}
+MAX_MEAN_ERROR = {"fp8_e4m3": 0.15, "fp8_e5m2": 0.3}
+ROUTED_MIN_AGREEMENT = {"fp8_e4m3": 0.75, "fp8_e5m2": 0.5}
+ROUTED_MAX_MEAN_ERROR = {"fp8_e4m3": 0.2, "fp8_e5m2": 0.35}
 DEEPSEEK_MIN_AGREEMENT = {"fp8_e4m3": 0.6, "fp8_e5m2": 0.5}  # its latent scores amplify the most
 DEEPSEEK_MAX_MEAN_ERROR = {"fp8_e4m3": 0.3, "fp8_e5m2": 0.45}
 EXACT = 1e-5  # fp8 engine vs rounded float32 cache: the scales' folding, float32 rounding only
@@ -118,9 +123,14 @@ def test_fp8_engine_equals_the_rounded_cache_and_agrees_with_float32(family, kv,
     mean_err = float(sum((d - r).abs().sum() for d, r in zip(decoded, ref_logits)))
     mean_err /= float(sum(r.abs().sum() for r in ref_logits))
     print(f"{family} {kv}: top-1 agreement {agree}/{total}, mean |error| / mean |logit| {mean_err:.3f}")
-    deepseek = family == "deepseek"
-    assert agree / total >= (DEEPSEEK_MIN_AGREEMENT if deepseek else MIN_AGREEMENT)[kv]
-    assert mean_err <= (DEEPSEEK_MAX_MEAN_ERROR if deepseek else MAX_MEAN_ERROR)[kv]
+    if family == "deepseek":
+        min_agreement, max_error = DEEPSEEK_MIN_AGREEMENT, DEEPSEEK_MAX_MEAN_ERROR
+    elif family in ROUTED:
+        min_agreement, max_error = ROUTED_MIN_AGREEMENT, ROUTED_MAX_MEAN_ERROR
+    else:
+        min_agreement, max_error = MIN_AGREEMENT, MAX_MEAN_ERROR
+    assert agree / total >= min_agreement[kv]
+    assert mean_err <= max_error[kv]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "deepseek"])

@@ -39,6 +39,7 @@ def model_class(architectures: list[str] | None) -> type:
 
 register_model("LlamaForCausalLM", "portattn.models.llama:LlamaForCausalLM")
 register_model("Qwen2ForCausalLM", "portattn.models.qwen2:Qwen2ForCausalLM")
+register_model("Qwen2MoeForCausalLM", "portattn.models.qwen2_moe:Qwen2MoeForCausalLM")
 register_model("Qwen3ForCausalLM", "portattn.models.qwen3:Qwen3ForCausalLM")
 register_model("Qwen3MoeForCausalLM", "portattn.models.qwen3_moe:Qwen3MoeForCausalLM")
 register_model("Llama4ForCausalLM", "portattn.models.llama4:Llama4ForCausalLM")

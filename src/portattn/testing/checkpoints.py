@@ -23,6 +23,7 @@ import torch
 TEXT_FAMILIES = (
     "llama",
     "qwen2",
+    "qwen2_moe",
     "qwen3",
     "qwen3_moe",
     "llama4",
@@ -39,6 +40,7 @@ SEEDS = dict.fromkeys(TEXT_FAMILIES, 1234) | {"deepseek_v3": 7, "qwen2_5_vl": 0}
 ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "llama4": "Llama4ForCausalLM",
@@ -121,6 +123,14 @@ def tiny_config(family: str, **overrides):
         if family == "qwen2":  # q/k/v biases (drawn at random by tiny_model)
             return transformers.Qwen2Config(**(kwargs | overrides))
         return transformers.Qwen3Config(**(kwargs | dict(head_dim=16) | overrides))  # and q/k norms
+    if family == "qwen2_moe":
+        # Experts (8, top-2, not renormalised) and a gated shared expert on layers 0 and 2, a dense MLP
+        # on layer 1; q/k/v biases (drawn at random by tiny_model); a window of 24 tokens from layer 1 on.
+        kwargs = COMMON | dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3)
+        kwargs |= dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1])
+        kwargs |= dict(shared_expert_intermediate_size=48, use_sliding_window=True, sliding_window=24)
+        kwargs |= dict(max_window_layers=1)
+        return transformers.Qwen2MoeConfig(**(kwargs | overrides))
     if family == "qwen3_moe":
         # Experts on layers 0 and 2 (8 experts, top-2, renormalised), a dense MLP on layer 1
         # (mlp_only_layers), q/k norms, a sliding window of 24 tokens (on every layer, as Qwen3-MoE has it).
@@ -196,7 +206,7 @@ def tiny_model(family: str, *, seed: int | None = None, **overrides) -> torch.nn
         return Qwen2_5_VLForConditionalGeneration(config)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
-        if family == "qwen2":
+        if family in ("qwen2", "qwen2_moe"):
             for name, param in model.named_parameters():
                 if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                     param.normal_(0.0, 0.2)

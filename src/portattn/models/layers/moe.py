@@ -254,7 +254,8 @@ class SoftmaxTopKMoE(nn.Module):
         self.gate = Linear(hidden_size, num_experts)
         self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, act, checkpoint_layout="per_expert", tp=tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum for ``x [T, H]`` (under tensor parallelism: this rank's part)."""
         logits = self.gate(x)  # [T, E]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
@@ -262,4 +263,7 @@ class SoftmaxTopKMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if not self.weights_in_float32:
             weights = weights.to(logits.dtype)
-        return self.tp.all_reduce(self.experts(x, weights, ids))
+        return self.experts(x, weights, ids)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.routed(x))
