@@ -23,6 +23,7 @@ FAMILIES = (
     "qwen2_5_vl",
     "mistral",
     "mixtral",
+    "phi3",
     "gemma2",
     "gemma3",
     "gpt_oss",

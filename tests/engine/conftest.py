@@ -12,7 +12,7 @@ import torch
 from portattn.testing import no_host_sync, save_tiny_checkpoint, transformers_generate, transformers_model
 
 # The families the parity tests run (DeepSeek V3 and Qwen2.5-VL have test modules of their own).
-FAMILIES = ["llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "llama4", "mixtral"]
+FAMILIES = ["llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "llama4", "mixtral", "phi3"]
 # Where the parity tests run the engine (transformers' reference stays on the CPU, in float32):
 # the CPU in CI; `PORTATTN_TEST_ENGINE_DEVICE=cuda` runs them with the GPU's default backend.
 ENGINE_DEVICE = os.environ.get("PORTATTN_TEST_ENGINE_DEVICE", "cpu")

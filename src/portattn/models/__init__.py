@@ -48,6 +48,7 @@ register_model("Qwen2_5_VLForConditionalGeneration", "portattn.models.qwen2_5_vl
 register_model("DeepseekV3ForCausalLM", "portattn.models.deepseek_v3:DeepseekV3ForCausalLM")
 register_model("MistralForCausalLM", "portattn.models.mistral:MistralForCausalLM")
 register_model("MixtralForCausalLM", "portattn.models.mixtral:MixtralForCausalLM")
+register_model("Phi3ForCausalLM", "portattn.models.phi3:Phi3ForCausalLM")
 register_model("Gemma2ForCausalLM", "portattn.models.gemma2:Gemma2ForCausalLM")
 register_model("Gemma3ForCausalLM", "portattn.models.gemma3:Gemma3ForCausalLM")
 register_model("GptOssForCausalLM", "portattn.models.gpt_oss:GptOssForCausalLM")

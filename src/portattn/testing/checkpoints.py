@@ -30,6 +30,7 @@ TEXT_FAMILIES = (
     "deepseek_v3",
     "mistral",
     "mixtral",
+    "phi3",
     "gemma2",
     "gemma3",
     "gpt_oss",
@@ -47,6 +48,7 @@ ARCHITECTURES = {  # the class transformers saves each family's checkpoint as
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -167,6 +169,10 @@ def tiny_config(family: str, **overrides):
         kwargs = COMMON | dict(head_dim=16, intermediate_size=32, num_hidden_layers=2, sliding_window=13)
         kwargs |= dict(num_local_experts=8, num_experts_per_tok=2)
         return transformers.MixtralConfig(**(kwargs | dict(max_position_embeddings=1024) | overrides))
+    if family == "phi3":  # fused qkv and gate/up tensors; a window of 13 tokens on every layer
+        kwargs = COMMON | dict(intermediate_size=96, num_hidden_layers=2, sliding_window=13)
+        kwargs |= dict(max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        return transformers.Phi3Config(**(kwargs | overrides))
     if family == "gemma2":
         # Sliding (12 tokens) and full layers, head dim 256, softmax scale 144 ** -0.5, attention and
         # final softcaps low enough to bend the tiny model's scores and logits.

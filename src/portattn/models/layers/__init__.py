@@ -9,6 +9,7 @@ from .attention import PagedAttention, SelfAttention, attention_spec, head_dim_o
 from .embedding import Embedding, LMHead, VocabParallel
 from .latent_attention import MultiheadLatentAttention
 from .linear import (
+    FUSED,
     CheckpointSlice,
     ColumnParallelLinear,
     Linear,
@@ -36,6 +37,7 @@ from .rotary import (
 
 __all__ = [
     "ACTIVATIONS",
+    "FUSED",
     "CheckpointSlice",
     "ClampedSwiGLU",
     "ColumnParallelLinear",

@@ -196,6 +196,9 @@ class RowParallelLinear(Linear):
         return self.tp.all_reduce(y) if self.reduce else y
 
 
+FUSED = "fused"  # the shard id of a checkpoint tensor that holds every shard of a merged projection
+
+
 class MergedLinear(Linear):
     """Projections of the same input concatenated on the output dim, computed in one matmul;
     column-parallel: each projection is split over the ranks and rank ``r`` holds its share of each.
@@ -238,7 +241,21 @@ class MergedLinear(Linear):
             if param is not None:
                 param.shards = tuple(shard_ids)
 
+    def fuse_checkpoint_shards(self) -> None:
+        """The checkpoint stores every shard in one tensor, concatenated in order on the output dim (Phi-3's
+        ``qkv_proj`` and ``gate_up_proj``): it loads as shard :data:`FUSED`."""
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.shards = (FUSED,)
+
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id == FUSED and FUSED not in self.rows:  # each shard's rows, narrowed before any read
+            fulls = [full for _, _, _, full in self.rows.values()]
+            start = 0
+            for sid, full in zip(self.rows, fulls):
+                self.weight_loader(param, shard_of(loaded, [sum(fulls), *param.shape[1:]], 0, start, full), sid)
+                start += full
+            return
         if shard_id not in self.rows:
             raise ValueError(f"expected a shard in {list(self.rows)}, got {shard_id!r}")
         start, end, source, full = self.rows[shard_id]
