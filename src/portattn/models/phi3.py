@@ -13,7 +13,7 @@ from ..distributed.group import TPGroup
 from .layers import FUSED
 from .mistral import MistralForCausalLM
 
-_FUSED_TENSORS = ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")
+_FUSED_TENSORS = tuple(f"{m}.{p}" for m in ("self_attn.qkv_proj", "mlp.gate_up_proj") for p in ("weight", "bias"))
 
 
 class Phi3ForCausalLM(MistralForCausalLM):
