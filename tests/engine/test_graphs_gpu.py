@@ -60,7 +60,7 @@ def engines(path: str, dtype: torch.dtype, **kwargs) -> tuple[LLM, LLM]:
 @pytest.mark.parametrize(
     "family,page_size",
     [(f, p) for f in ("llama", "qwen2", "qwen3", "llama4", "deepseek_v3") for p in (1, 16)]
-    + [(f, 16) for f in ("mistral", "mixtral", "gemma2", "gemma3", "gpt_oss", "qwen3_moe", "qwen2_moe")],
+    + [(f, 16) for f in ("mistral", "mixtral", "phi3", "gemma2", "gemma3", "gpt_oss", "qwen3_moe", "qwen2_moe")],
 )
 def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
     path = checkpoint(family, ckpt_root)
