@@ -11,23 +11,9 @@ import torch
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.testing import image_prompts, save_tiny_checkpoint
+from portattn.testing import engine_families, image_prompts, save_tiny_checkpoint
 
-FAMILIES = (
-    "llama",
-    "qwen3",
-    "qwen3_moe",
-    "qwen2_moe",
-    "llama4",
-    "deepseek_v3",
-    "qwen2_5_vl",
-    "mistral",
-    "mixtral",
-    "phi3",
-    "gemma2",
-    "gemma3",
-    "gpt_oss",
-)
+FAMILIES = tuple(family for family in engine_families() if family != "qwen2")  # Qwen2: Qwen2-MoE covers it
 # The CPU (gloo) in CI; `PORTATTN_TEST_ENGINE_DEVICE=cuda` runs every engine here on GPUs (NCCL).
 DEVICE = os.environ.get("PORTATTN_TEST_ENGINE_DEVICE", "cpu")
 

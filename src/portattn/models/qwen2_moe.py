@@ -18,23 +18,14 @@ from ..distributed.group import TPGroup
 from .layers import GatedMLP, Linear, SelfAttention, SoftmaxTopKMoE, per_expert_checkpoint_name
 from .llama import self_attention
 from .qwen2 import Qwen2ForCausalLM
-from .qwen3_moe import check_config, is_sparse_layer
+from .qwen3_moe import check_config, is_sparse_layer, routed_experts_arguments
 
 
 class Qwen2MoeSparseMoe(SoftmaxTopKMoE):
     """Routed experts plus the gated shared expert; under tensor parallelism one all-reduce for both."""
 
     def __init__(self, config, tp: TPGroup | None = None):
-        super().__init__(
-            config.hidden_size,
-            config.num_experts,
-            config.num_experts_per_tok,
-            config.moe_intermediate_size,
-            config.hidden_act,
-            normalize=bool(config.norm_topk_prob),
-            weights_in_float32=False,
-            tp=tp,
-        )
+        super().__init__(**routed_experts_arguments(config), tp=tp)
         hidden, act = config.hidden_size, config.hidden_act
         self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, act, tp=tp, reduce=False)
         self.shared_expert_gate = Linear(hidden, 1)  # replicated

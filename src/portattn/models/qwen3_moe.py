@@ -28,6 +28,19 @@ def check_config(config) -> None:
     expect(is_int(step) and step >= 1, "decoder_sparse_step >= 1", step)
 
 
+def routed_experts_arguments(config) -> dict:
+    """The :class:`SoftmaxTopKMoE` of a Qwen-MoE config (Qwen3-MoE's and Qwen2-MoE's routed experts)."""
+    return dict(
+        hidden_size=config.hidden_size,
+        num_experts=config.num_experts,
+        top_k=config.num_experts_per_tok,
+        intermediate_size=config.moe_intermediate_size,
+        act=config.hidden_act,
+        normalize=bool(config.norm_topk_prob),
+        weights_in_float32=False,
+    )
+
+
 def is_sparse_layer(config, layer_id: int) -> bool:
     return layer_id not in (config.mlp_only_layers or []) and (layer_id + 1) % config.decoder_sparse_step == 0
 
@@ -51,14 +64,5 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     def make_mlp(self, config, layer_id: int) -> nn.Module:
         if is_sparse_layer(config, layer_id):
-            return SoftmaxTopKMoE(
-                config.hidden_size,
-                config.num_experts,
-                config.num_experts_per_tok,
-                config.moe_intermediate_size,
-                config.hidden_act,
-                normalize=bool(config.norm_topk_prob),
-                weights_in_float32=False,
-                tp=self.tp,
-            )
+            return SoftmaxTopKMoE(**routed_experts_arguments(config), tp=self.tp)
         return GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, tp=self.tp)
