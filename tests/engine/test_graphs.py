@@ -18,8 +18,7 @@ from portattn.engine.sampling_params import SamplingParams
 from portattn.models.layers.moe import FusedMoE
 from portattn.testing import image_prompts, no_host_sync
 from portattn.testing.checkpoints import save_tiny_checkpoint
-
-from .conftest import checkpoint, random_prompts
+from tiny_models import checkpoint, random_prompts
 
 BUCKETS = (1, 2, 4)  # 3 sequences pad to 4; 5 or more run eagerly
 # Lengths 1 (a one-token prompt decodes at once), short, around a 16-token page and the Llama 4

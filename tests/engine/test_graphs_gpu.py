@@ -15,8 +15,7 @@ from portattn.device import graph_support
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import image_prompts
-
-from .conftest import ENGINE_DEVICE, checkpoint, random_prompts
+from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
 
 pytestmark = pytest.mark.skipif(
     graph_support(ENGINE_DEVICE) is None,

@@ -14,8 +14,7 @@ from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models import loader
 from portattn.testing import quantize_fp8_blocks, save_tiny_fp8_checkpoint
-
-from .conftest import hf_reference, random_prompts
+from tiny_models import hf_reference, random_prompts
 
 PROMPTS = random_prompts([3, 11, 26])
 

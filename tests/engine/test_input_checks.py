@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.test_qwen2_5_vl import ONE, ONE_IMAGE, images
 from portattn.engine.config import EngineConfig
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import MIN_TEMPERATURE, SamplingParams
-
-from .conftest import checkpoint, random_prompts
-from .test_qwen2_5_vl import ONE, ONE_IMAGE, images
+from tiny_models import checkpoint, random_prompts
 
 PROMPT = random_prompts([7], seed=21)[0]
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from portattn.bench import engine as bench
-from portattn.bench.random_checkpoint import write_random_checkpoint
+from benchmarks import engine as bench
+from benchmarks.random_checkpoint import write_random_checkpoint
 
 
 @pytest.fixture

@@ -24,7 +24,8 @@ from portattn.backends.torch_ref import TorchBackend
 from portattn.device import is_triton_interpreter
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import make_paged_case, max_error, mla_decode_ref, paged_attention_ref, tolerance
-from test_mla import make_mla_case
+
+from .test_mla import make_mla_case
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 # Page sizes 1, odd and 16, each with one fp8 format (both formats run through every kernel path).

@@ -18,8 +18,7 @@ from portattn.cli import main
 from portattn.engine.llm import LLM
 from portattn.models import loader
 from portattn.testing import IMAGE_PAD, VISION_END, VISION_START
-
-from .conftest import checkpoint
+from tiny_models import checkpoint
 
 REMOTE_CODE = """
 import pathlib

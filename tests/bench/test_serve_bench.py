@@ -10,9 +10,8 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("aiohttp")
 
-from portattn.bench import serve as bench
-
-from .conftest import tiny_checkpoint
+from benchmarks import serve as bench
+from server.conftest import tiny_checkpoint
 
 
 def check_run(path, num_prompts: int, output_len: int) -> dict:
@@ -55,7 +54,7 @@ def test_bench_starts_its_own_server(model_root, tmp_path):
 
 
 def test_random_checkpoint_of_a_real_shape_loads(tmp_path):
-    from portattn.bench.random_checkpoint import write_random_llama
+    from benchmarks.random_checkpoint import write_random_llama
     from portattn.engine.llm import LLM
     from portattn.engine.sampling_params import SamplingParams
 

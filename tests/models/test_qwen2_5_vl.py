@@ -17,8 +17,7 @@ from portattn.engine.sampling_params import SamplingParams
 from portattn.models.qwen2_5_vl import mrope_positions, placeholder_runs
 from portattn.runtime.multimodal import MultimodalData
 from portattn.testing import IMAGE_PAD, PATCH_DIM, VISION_END, VISION_START, transformers_generate
-
-from .conftest import ENGINE_DEVICE, checkpoint, hf_model, rel_err
+from tiny_models import ENGINE_DEVICE, checkpoint, hf_model, rel_err
 
 PAD, START, END = IMAGE_PAD, VISION_START, VISION_END  # 250, 248, 249 in the tiny checkpoint's vocabulary
 TOL = 1e-4

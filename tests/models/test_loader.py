@@ -15,8 +15,7 @@ from portattn.engine.sampling_params import SamplingParams
 from portattn.models import supported_architectures
 from portattn.models.llama4 import Llama4ForCausalLM
 from portattn.testing import tiny_config
-
-from .conftest import checkpoint, hf_reference, random_prompts, rel_err
+from tiny_models import checkpoint, hf_reference, random_prompts, rel_err
 
 PROMPT = random_prompts([11], seed=5)[0]
 

@@ -10,8 +10,7 @@ from safetensors.torch import load_file
 
 from portattn.engine.llm import LLM
 from portattn.testing import tiny_config
-
-from .conftest import checkpoint
+from tiny_models import checkpoint
 
 
 def test_fused_tensors_load_row_for_row(ckpt_root):

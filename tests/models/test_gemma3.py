@@ -7,14 +7,7 @@ import torch
 
 from portattn.engine.llm import LLM
 from portattn.testing import tiny_config
-
-from .conftest import checkpoint
-from .family_parity import MATRIX, assert_matches_transformers
-
-
-@MATRIX
-def test_gemma3_matches_transformers(page_size, prefix, chunked, ckpt_root):
-    assert_matches_transformers(checkpoint("gemma3", ckpt_root), page_size, prefix, chunked)
+from tiny_models import checkpoint
 
 
 def test_five_local_layers_per_global_one_with_their_own_rotary(ckpt_root):

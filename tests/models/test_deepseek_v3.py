@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 import portattn.mla
 import portattn.runtime.plan
+from backends.test_backend_api import make_batch
 from portattn.backends.base import Request
 from portattn.backends.registry import select_backend
 from portattn.engine.llm import LLM
@@ -22,9 +23,7 @@ from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
 from portattn.runtime.kv_cache import KVCacheSpec, MLAKVPool, make_kv_pool, mla_cache_spec
 from portattn.runtime.plan import plan_latent_attention
 from portattn.testing import DEEPSEEK_V3_VARIANTS, save_tiny_checkpoint, tiny_config
-
-from .conftest import ENGINE_DEVICE, hf_reference, random_prompts, worst_error_against_transformers
-from .test_backend_api import make_batch
+from tiny_models import ENGINE_DEVICE, hf_reference, random_prompts, worst_error_against_transformers
 
 MAX_NEW = 12
 # Lengths 1, short, past one 16-token page, and past one 64-token page.

@@ -1,5 +1,5 @@
-"""The parity matrix that test_parity (every family) and the test modules of gpt-oss, Gemma 2, Gemma 3
-and Mistral run: greedy tokens and logits of the engine equal transformers' own at page sizes 1, 7
+"""The parity matrix that test_parity runs for every family (DeepSeek V3 and Qwen2.5-VL run variants of
+it in their own modules): greedy tokens and logits of the engine equal transformers' own at page sizes 1, 7
 and 16, with and without prefix caching and chunked prefill.
 
 The tiny checkpoints' windows are 8 to 12 tokens: the prompts (1 to 37 tokens) and their 20 decoded
@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
-
-from .conftest import ENGINE_DEVICE, random_prompts, worst_error_against_transformers
+from tiny_models import ENGINE_DEVICE, random_prompts, worst_error_against_transformers
 
 MAX_NEW = 20
 PROMPTS = random_prompts([1, 5, 13, 30, 37])

@@ -21,8 +21,7 @@ from portattn.engine import llm as llm_module
 from portattn.engine import page_manager, req_pool, scheduler
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-
-from .conftest import checkpoint, random_prompts
+from tiny_models import checkpoint, random_prompts
 
 # The bookkeeping: every function of the allocator, page manager and scheduler modules, and the
 # functions of the request-row pool, the engine and LLM that add, step, abort or clean up.

@@ -11,8 +11,7 @@ import torch
 from portattn.backends.base import AttentionLayer, Request
 from portattn.backends.registry import select_backend
 from portattn.testing import paged_attention_ref
-
-from .conftest import rel_err
+from tiny_models import rel_err
 
 
 def make_batch(page_size: int, q_lens: list[int], k_lens: list[int], num_pages: int, seed: int = 0):

@@ -11,9 +11,9 @@ import pytest
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
+from tiny_models import checkpoint
 
-from .conftest import checkpoint
-from .test_hardening_interrupts import assert_pools_consistent
+from .test_interrupted_bookkeeping import assert_pools_consistent
 
 
 def workload(seed: int, vocab: int = 256) -> list[tuple[list[int], SamplingParams]]:

@@ -8,14 +8,7 @@ import pytest
 
 from portattn.engine.llm import LLM
 from portattn.testing import tiny_config
-
-from .conftest import checkpoint
-from .family_parity import MATRIX, assert_matches_transformers
-
-
-@MATRIX
-def test_gemma2_matches_transformers(page_size, prefix, chunked, ckpt_root):
-    assert_matches_transformers(checkpoint("gemma2", ckpt_root), page_size, prefix, chunked)
+from tiny_models import checkpoint
 
 
 def test_layers_alternate_local_and_global(ckpt_root):

@@ -15,14 +15,9 @@ from safetensors.torch import load_file, save_file
 from portattn.engine.llm import LLM
 from portattn.models.layers import ClampedSwiGLU, FusedMoE, RMSNorm, dequantize_mxfp4
 from portattn.testing import quantize_mxfp4, save_tiny_mxfp4_checkpoint, tiny_config
+from tiny_models import checkpoint, hf_model, worst_error_against_transformers
 
-from .conftest import checkpoint, hf_model, worst_error_against_transformers
-from .family_parity import MATRIX, PROMPTS, TOL, assert_matches_transformers, make_llm
-
-
-@MATRIX
-def test_gpt_oss_matches_transformers(page_size, prefix, chunked, ckpt_root):
-    assert_matches_transformers(checkpoint("gpt_oss", ckpt_root), page_size, prefix, chunked)
+from .family_parity import PROMPTS, TOL, make_llm
 
 
 def test_sinks_on_every_layer_window_on_every_other(ckpt_root):
