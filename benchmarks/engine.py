@@ -1,4 +1,4 @@
-"""The engine on a GPU: ``python -m portattn.bench.engine [--parts P ...] [--out DIR]``.
+"""The engine on a GPU: ``python -m benchmarks.engine [--parts P ...] [--out DIR]``.
 
 Builds full-size checkpoints with random bf16 weights in a temporary folder (no network needed) and
 measures, in one run, the parts asked for (each writes ``engine_<part>.json`` to ``--out``; the
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..device import synchronize
+from portattn.device import synchronize
 
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "llama4", "deepseek")
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
@@ -163,7 +163,7 @@ def host_time_us(fn, repeats: int = 50) -> float:
 
 def start_decoding(engine, batch: int, context: int, max_tokens: int, seed: int = 0) -> list:
     """``batch`` requests with ``context``-token prompts, prefilled: the next steps are pure decodes."""
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in random_prompts(batch, context, engine.vocab_size, seed)]
@@ -239,7 +239,7 @@ _BUILT: dict = {}  # the last engine built, reused by the next part that asks fo
 
 
 def make_llm(path: str, dtype: str = "bfloat16", **kwargs):
-    from ..engine.llm import LLM
+    from portattn.engine.llm import LLM
 
     key = (path, dtype, tuple(sorted(kwargs.items())))
     if key in _BUILT:
@@ -264,7 +264,7 @@ def decode_llm(args, path: str):
 
 
 def part_copy(args, results: dict) -> dict:
-    from .ceilings import measure_ceilings
+    from portattn.bench.ceilings import measure_ceilings
 
     ceilings = measure_ceilings(torch.device(DEVICE))
     return {"copy_tb_s": ceilings.copy_tb_s, "matmul_tflop_s": ceilings.matmul_tflop_s}
@@ -286,7 +286,7 @@ def part_decode(args, results: dict) -> dict:
 
 @torch.inference_mode()
 def part_launches(args, results: dict) -> dict:
-    from ..models.layers.fused import set_fused_kernels
+    from portattn.models.layers.fused import set_fused_kernels
 
     path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
     llm = decode_llm(args, path)
@@ -317,7 +317,7 @@ def part_launches(args, results: dict) -> dict:
 
 
 def part_throughput(args, results: dict) -> dict:
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
     llm = make_llm(
@@ -406,7 +406,7 @@ def part_coldstart(args, results: dict) -> dict:
     for dtype in args.cold_dtypes:
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, TRITON_CACHE_DIR=cache)
-            command = [sys.executable, "-m", "portattn.bench.engine", "--cold-child", path, "--cold-dtype", dtype]
+            command = [sys.executable, "-m", "benchmarks.engine", "--cold-child", path, "--cold-dtype", dtype]
             t0 = time.perf_counter()
             proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
             wall = time.perf_counter() - t0
@@ -424,8 +424,8 @@ def cold_child(path: str, dtype: str) -> None:
     import logging
 
     t0 = time.perf_counter()
-    from ..engine.llm import LLM
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.llm import LLM
+    from portattn.engine.sampling_params import SamplingParams
 
     logging.basicConfig(level=logging.INFO)
     imported = time.perf_counter()
@@ -444,7 +444,7 @@ def cold_child(path: str, dtype: str) -> None:
 
 
 def part_family(args, results: dict, name: str) -> dict:
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     bandwidth = copy_tb_s(args, results)
     config = llama4_config(args.family_layers) if name == "llama4" else deepseek_v3_config(args.family_layers)
@@ -591,7 +591,7 @@ def targets(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["copy", "decode", "launches"], choices=PARTS)
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--workdir", type=Path, default=None, help="where checkpoints are written (reused)")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])

@@ -1,4 +1,4 @@
-"""Engine benchmark on the CPU: ``python -m portattn.bench.engine_cpu [--threads N] [--out FILE.json]``.
+"""Engine benchmark on the CPU: ``python -m benchmarks.engine_cpu [--threads N] [--out FILE.json]``.
 
 Tokens/s of the engine against ``transformers``' batched ``generate`` on the same tiny random
 checkpoint (one per text family, :func:`portattn.testing.save_tiny_checkpoint`) and the same prompts: a batch
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..testing import TEXT_FAMILIES, engine_families, save_tiny_checkpoint, tiny_config
+from portattn.testing import TEXT_FAMILIES, engine_families, save_tiny_checkpoint, tiny_config
 
 
 def _prompts(batch: int, length: int, vocab: int) -> torch.Tensor:
@@ -39,7 +39,7 @@ def _transformers_run(model, ids: torch.Tensor, new_tokens: int) -> tuple[float,
 
 
 def _engine_run(llm, ids: torch.Tensor, new_tokens: int) -> tuple[float, list[list[int]], float]:
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     backend = llm.engine.backend
     spent = [0.0]
@@ -69,7 +69,7 @@ def _engine_run(llm, ids: torch.Tensor, new_tokens: int) -> tuple[float, list[li
 def bench_family(family: str, root: Path, args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from ..engine.llm import LLM
+    from portattn.engine.llm import LLM
 
     path = save_tiny_checkpoint(family, root / family)
     config = tiny_config(family)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             f"load average {meta['load_average']}, torch {torch.__version__}. Median of {args.runs} interleaved runs."
         )
         flags = " ".join(sys.argv[1:] if argv is None else argv)
-        command = f"PYTHONPATH=src python -m portattn.bench.engine_cpu {flags}".strip()
+        command = f"PYTHONPATH=src python -m benchmarks.engine_cpu {flags}".strip()
         args.out.with_suffix(".md").write_text(f"{header}\n\n{table}\n\nCommand: `{command}`\n\n{_notes(rows)}\n")
     return 0
 

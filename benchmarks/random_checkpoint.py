@@ -1,4 +1,4 @@
-"""``python -m portattn.bench.random_checkpoint DIR [--shape llama3-8b] [--device cuda]``: a Llama
+"""``python -m benchmarks.random_checkpoint DIR [--shape llama3-8b] [--device cuda]``: a Llama
 checkpoint of a real model's shape with random weights (normal, std 0.02; norms at 1), in shards of
 safetensors with an index, plus a word-level tokenizer of the full vocabulary (``t0 t1 ...``), so that
 a server benchmark pays for detokenization too. Weights are drawn on ``--device`` (fast on a GPU)."""
@@ -173,7 +173,7 @@ def write_random_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m portattn.bench.random_checkpoint", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.random_checkpoint", description=__doc__)
     parser.add_argument("path")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")

@@ -1,4 +1,4 @@
-"""``python -m portattn.bench.serve``: a serving benchmark client for an OpenAI-compatible server.
+"""``python -m benchmarks.serve``: a serving benchmark client for an OpenAI-compatible server.
 
 Definitions as in vLLM's ``bench serve``: every request streams; TTFT is the time from sending the
 request to the arrival of its first streamed chunk; ITL the gaps between successive chunks; E2EL the
@@ -11,8 +11,8 @@ Prompts are random token ids (exact input lengths) sent to ``/v1/completions`` w
 all at once), at most ``--max-concurrency`` in flight. ``--start-server`` starts ``portattn serve``
 itself (arguments after ``--`` go to it) and stops it at the end: one command for a whole run.
 
-    python -m portattn.bench.serve --start-server --model DIR --num-prompts 200 --request-rate 8 \\
-        --input-len 256 --output-len 64 --result-json bench/results/serve.json -- --page-size 16
+    python -m benchmarks.serve --start-server --model DIR --num-prompts 200 --request-rate 8 \\
+        --input-len 256 --output-len 64 --result-json benchmarks/results/serve.json -- --page-size 16
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m portattn.bench.serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default=None, help="a running server (default: http://127.0.0.1:--port)")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--model", default=None, help="the served model name; with --start-server its directory")

@@ -1,4 +1,4 @@
-"""Tensor-parallel benchmark on GPUs: ``python -m portattn.bench.tp [--out DIR] [--checkpoint DIR]``.
+"""Tensor-parallel benchmark on GPUs: ``python -m benchmarks.tp [--out DIR] [--checkpoint DIR]``.
 
 A Llama-3-8B-shaped checkpoint (32 layers, hidden 4096, 32 query / 8 KV heads, MLP 14336, vocab
 128256) with random bf16 weights (:mod:`.random_checkpoint`) is written to a temporary folder (or
@@ -39,7 +39,7 @@ def prompts(count: int, length: int, seed: int, vocab: int = 500) -> list[list[i
 
 
 def greedy(llm, batch: list[list[int]], max_tokens: int):
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, return_logits=True)
     return llm.generate(batch, params, use_tqdm=False)
@@ -48,7 +48,7 @@ def greedy(llm, batch: list[list[int]], max_tokens: int):
 def decode_steps(llm, batch: int, steps: int, profile: bool = False) -> tuple[list[float], float | None]:
     """Wall times (ms) of ``steps`` engine steps in which all ``batch`` sequences decode; with
     ``profile``, also the NCCL kernel time per step (ms) on this rank."""
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     engine = llm.engine
     params = SamplingParams(max_tokens=steps + 4, ignore_eos=True)
@@ -79,7 +79,7 @@ def decode_steps(llm, batch: int, steps: int, profile: bool = False) -> tuple[li
 
 
 def throughput(llm, count: int = 128, length: int = 128, new: int = 128) -> dict:
-    from ..engine.sampling_params import SamplingParams
+    from portattn.engine.sampling_params import SamplingParams
 
     batch = prompts(count, length, seed=7)
     start = time.perf_counter()
@@ -115,7 +115,7 @@ def time_all_reduce(engine, numel: int, iters: int) -> float:
 
 
 def run(tp: int, path: str, args, device: torch.device) -> tuple[dict, list]:
-    from ..engine.llm import LLM
+    from portattn.engine.llm import LLM
 
     start = time.perf_counter()
     llm = LLM(
@@ -209,7 +209,7 @@ def notes(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--checkpoint", default=None, help="reuse (or write to) this folder")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b", help="tiny: a CPU check of the script")

@@ -1,4 +1,4 @@
-"""Vision-encoder benchmark: ``python -m portattn.bench.vision [--device cpu|cuda|xpu] [--out FILE]``.
+"""Vision-encoder benchmark: ``python -m benchmarks.vision [--device cpu|cuda|xpu] [--out FILE]``.
 
 CPU (default): encoder tokens/s of portattn's Qwen2.5-VL vision tower, with each ``mm`` backend
 that runs natively here, against ``transformers``' tower (SDPA) with the same random weights on
@@ -26,12 +26,12 @@ import sys
 
 import torch
 
-from ..backends.registry import available_backends, backend_class
-from ..backends.torch_ref import TorchBackend
-from ..models.loader import default_dtype, load_state
-from ..models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer, tower_checkpoint_name
-from ..testing import vision_tower_config
-from .timing import measure, num_input_sets
+from portattn.backends.registry import available_backends, backend_class
+from portattn.backends.torch_ref import TorchBackend
+from portattn.bench.timing import measure, num_input_sets
+from portattn.models.loader import default_dtype, load_state
+from portattn.models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer, tower_checkpoint_name
+from portattn.testing import vision_tower_config
 
 # The config entries recorded with the results (the towers: portattn.testing.vision_tower_config).
 CONFIG_KEYS = ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "fullatt_block_indexes")
@@ -253,7 +253,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m portattn.bench.vision", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.vision", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu (tiny tower vs transformers) or a GPU (real-size tower)")
     parser.add_argument("--size", choices=("small", "real"), default=None, help="default: small on cpu, else real")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")

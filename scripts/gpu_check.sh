@@ -2,10 +2,10 @@
 # On a GPU machine, from the repository root, with PYTHONPATH=src (no install needed):
 # the op test suite on the GPU (fp32, fp16, bf16), `portattn check` (bf16), the attention benchmark
 # and the vision-tower benchmark. Each step has a time limit so that one slow step cannot take the
-# others' results with it. Output goes to $OUT (default bench/results).
+# others' results with it. Output goes to $OUT (default benchmarks/results).
 #   PYTHONPATH=src bash scripts/gpu_check.sh
 set -uo pipefail
-OUT=${OUT:-bench/results}
+OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 LOG="$OUT/h200_gpu_check.txt"
 export PYTHONUNBUFFERED=1
@@ -23,5 +23,5 @@ PY=${PYTHON:-python3}
   echo "== benchmark"
   timeout "${BENCH_LIMIT:-80}" $PY -m portattn.bench --out "$OUT" --tag h200_bench 2>&1
   echo "== vision benchmark"
-  timeout "${VISION_LIMIT:-90}" $PY -m portattn.bench.vision --device cuda --out "$OUT/vision_h200.json" 2>&1
+  timeout "${VISION_LIMIT:-90}" $PY -m benchmarks.vision --device cuda --out "$OUT/vision_h200.json" 2>&1
 } 2>&1 | tee "$LOG"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The engine on a GPU, in steps that each fit a 10-minute call (results under $OUT, default bench/results):
+# The engine on a GPU, in steps that each fit a 10-minute call (results under $OUT, default benchmarks/results):
 #   PYTHONPATH=src bash scripts/gpu_engine.sh tests        # graphs vs eager for every family + parity with graphs on
 #   PYTHONPATH=src bash scripts/gpu_engine.sh decode       # copy bandwidth, decode step times vs the limit, launches
 #   PYTHONPATH=src bash scripts/gpu_engine.sh throughput   # 512 x (1024 + 256) offline, portattn
@@ -10,13 +10,13 @@
 # Each benchmark step writes engine_<part>.json; engine_gpu.md and engine_decode.png are rebuilt from every
 # engine_*.json found in $OUT (copy earlier steps' JSON there to get one report).
 set -uo pipefail
-OUT=${OUT:-bench/results}
+OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 STEP=${1:-tests}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 LOG="$OUT/gpu_engine_${STEP}.txt"
-bench() { timeout "${LIMIT:-560}" $PY -m portattn.bench.engine --out "$OUT" "$@" 2>&1; }
+bench() { timeout "${LIMIT:-560}" $PY -m benchmarks.engine --out "$OUT" "$@" 2>&1; }
 {
   echo "== $(date -u +%FT%TZ) $STEP; src sha256 $(find src scripts -type f -name '*.py' -o -name '*.sh' | sort | xargs cat | sha256sum | cut -c1-12)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null

@@ -6,11 +6,11 @@
 #      bf16 decode case (targets: >= 1.8x bf16, >= 90% of copy counted in fp8 bytes),
 #   4. `portattn check --json` (bf16, page sizes 1, 7, 16): every row, fp8 and MLA included.
 # FP8_SWEEP=1 also times other tiles and split counts for the fp8 case. Each step has a time limit
-# (the whole script stays under 10 minutes). Everything goes to $OUT (default bench/results):
+# (the whole script stays under 10 minutes). Everything goes to $OUT (default benchmarks/results):
 # gpu_fp8.log, fp8_bench.json, fp8_bench.png, check.json.
 #   OUT=/tmp/fp8 bash scripts/gpu_fp8.sh
 set -uo pipefail
-OUT=${OUT:-bench/results}
+OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root: the serving benchmark of a Llama-3-8B-shaped checkpoint
 # (random bf16 weights and a word-level tokenizer of the full vocabulary, written to a temporary
-# folder), `portattn serve` on the GPU, and `python -m portattn.bench.serve` against it at several
-# loads, in one run. Results in $OUT (default bench/results/gpu_serve): one JSON per load, the log,
+# folder), `portattn serve` on the GPU, and `python -m benchmarks.serve` against it at several
+# loads, in one run. Results in $OUT (default benchmarks/results/gpu_serve): one JSON per load, the log,
 # the server's log and its final /metrics. About 6 minutes on an H200.
 #   PYTHONPATH=src bash scripts/gpu_serve.sh
 # (A smoke run of the same steps on a CPU: SHAPE=tiny DEVICE=cpu DTYPE=float32 QUICK=1 bash scripts/gpu_serve.sh)
@@ -12,7 +12,7 @@
 #   annotated-types==0.8.0 typing-inspection==0.4.5 opentelemetry-api==1.45.2
 # (aiohttp, prometheus-client, anyio, h11, click, annotated-doc and typing-extensions are in the image.)
 set -uo pipefail
-OUT=${OUT:-bench/results/gpu_serve}
+OUT=${OUT:-benchmarks/results/gpu_serve}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
@@ -37,7 +37,7 @@ main() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
   $PY -c "import torch, fastapi, uvicorn, aiohttp; print('torch', torch.__version__, 'fastapi', fastapi.__version__, 'uvicorn', uvicorn.__version__)" || exit 1
   echo "== writing the checkpoint ($SHAPE, random $DTYPE weights drawn on $DEVICE)"
-  timeout 300 $PY -m portattn.bench.random_checkpoint "$CKPT" --shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" || exit 1
+  timeout 300 $PY -m benchmarks.random_checkpoint "$CKPT" --shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" || exit 1
   du -sh "$CKPT"
   echo "== starting the server"
   # 20000 pages of 16 tokens: 320k tokens of KV cache (128 KiB per token in bf16, about 40 GiB).
@@ -56,7 +56,7 @@ main() {
     local name=$1 limit=$2
     shift 2
     echo "== $name: $*"
-    timeout "$limit" $PY -m portattn.bench.serve --base-url "$BASE" --label "$DEVICE-$SHAPE-$name" \
+    timeout "$limit" $PY -m benchmarks.serve --base-url "$BASE" --label "$DEVICE-$SHAPE-$name" \
       --token-range 2 500 --result-json "$OUT/serve_gpu_$name.json" "$@"
   }
   if [ -n "${QUICK:-}" ]; then

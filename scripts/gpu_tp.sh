@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On a machine with two GPUs (nvidia-h200-x2), from the repository root, with PYTHONPATH=src:
 #   PYTHONPATH=src bash scripts/gpu_tp.sh tests   # tests/distributed with NCCL, engines on cuda:0 + cuda:1
-#   PYTHONPATH=src bash scripts/gpu_tp.sh bench   # python -m portattn.bench.tp (Llama-3-8B shape, bf16)
+#   PYTHONPATH=src bash scripts/gpu_tp.sh bench   # python -m benchmarks.tp (Llama-3-8B shape, bf16)
 # (no argument: both, one after the other; each part stays within 10 minutes). Results go to $OUT
-# (default bench/results): tp_gpu_<part>.txt logs, tp.json and tp_notes.md from the benchmark.
+# (default benchmarks/results): tp_gpu_<part>.txt logs, tp.json and tp_notes.md from the benchmark.
 set -uo pipefail
-OUT=${OUT:-bench/results}
+OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -31,8 +31,8 @@ for part in $PARTS; do
     bench)
       {
         header
-        echo "== python -m portattn.bench.tp"
-        timeout "${BENCH_LIMIT:-560}" $PY -m portattn.bench.tp --out "$OUT" \
+        echo "== python -m benchmarks.tp"
+        timeout "${BENCH_LIMIT:-560}" $PY -m benchmarks.tp --out "$OUT" \
           --checkpoint "${TP_CHECKPOINT:-/tmp/portattn_llama3_8b_shape}" 2>&1 | grep -v "loading weights"
       } 2>&1 | tee "$OUT/tp_gpu_bench.txt"
       ;;
