@@ -3,7 +3,7 @@
 Two ways to get ``tensor_parallel_size = N`` processes:
 
 * **spawned** (the default): the engine's own process is rank 0 and starts ranks ``1 .. N-1`` as
-  fresh interpreters (``python -m portattn.distributed.worker``: the user's script is not re-run,
+  fresh interpreters (``python -m portattn.engine.parallel.worker``: the user's script is not re-run,
   so it needs no ``if __name__ == "__main__"`` guard), one per device, meeting on a store rank 0
   opens on 127.0.0.1;
 * **torchrun** (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` set, on one host or several): every process
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..models import registered_models
-from .group import TPGroup
+from ...distributed.group import TPGroup
+from ...models import registered_models
 from .process_group import (
     START_TIMEOUT,
     TIMEOUT_ENV,
@@ -86,7 +86,7 @@ def _spawn(config) -> Driver:
     payloads = [pickle.dumps(common | dict(rank=rank)) for rank in range(1, size)]  # before any process starts
     processes = []
     for payload in payloads:
-        command = [sys.executable, "-m", "portattn.distributed.worker"]
+        command = [sys.executable, "-m", "portattn.engine.parallel.worker"]
         process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_child_env())
         processes.append(process)
         process.stdin.write(payload)

@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .group import TPGroup
+from ...distributed.group import TPGroup
 
 TIMEOUT_ENV = "PORTATTN_TP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0

@@ -15,10 +15,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.req_pool import ReqToTokenPool
-from ..engine.sampling_params import SamplingParams
-from ..engine.sequence import Sequence
-from ..runtime.multimodal import MultimodalData
+from ...runtime.multimodal import MultimodalData
+from ..req_pool import ReqToTokenPool
+from ..sampling_params import SamplingParams
+from ..sequence import Sequence
 
 STOP = "stop"  # the message that ends the other ranks' loop
 

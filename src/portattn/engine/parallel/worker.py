@@ -19,7 +19,7 @@ import traceback
 
 import torch
 
-from .group import TPGroup
+from ...distributed.group import TPGroup
 from .process_group import broadcast_message, check_groups, destroy_groups, init_groups, rank_device, use_device
 from .protocol import STOP, CallMessage, SequenceMirror, StepMessage
 
@@ -57,7 +57,7 @@ def serve(engine, tp: TPGroup) -> None:
 
 def run_rank(config, tp: TPGroup, device: torch.device) -> None:
     """Build this rank's engine (same code as rank 0's), check in with the others, and serve."""
-    from ..engine.engine import Engine
+    from ..engine import Engine
 
     engine = Engine(dataclasses.replace(config, device=device), tp=tp)
     check_groups(tp)
@@ -75,11 +75,11 @@ def _exit_with_parent(stdin) -> None:
 
 
 def worker_main() -> None:
-    """Entry point of a rank started by the engine (``python -m portattn.distributed.worker``): its
+    """Entry point of a rank started by the engine (``python -m portattn.engine.parallel.worker``): its
     arguments come pickled on stdin, which rank 0 then keeps open for as long as it lives."""
     import torch.distributed as dist
 
-    from ..models import register_model
+    from ...models import register_model
 
     stdin = sys.stdin.buffer
     args = pickle.load(stdin)
