@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _verbose_flag(parser: argparse.ArgumentParser, default) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log progress; tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="debug logs; tracebacks")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         _verbose_flag(subparser, argparse.SUPPRESS)  # -v after the command; absent: the top level's value
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    # portattn's own INFO lines (device, dtype, KV cache, backends) show by default, as vLLM's do;
+    # -v adds debug lines and tracebacks.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("portattn").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return args.run(args)
     except KeyboardInterrupt:

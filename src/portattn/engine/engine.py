@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 
+import torch
 from tqdm.auto import tqdm
 
 from ..backends.base import Request
@@ -18,7 +19,8 @@ from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
-from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from . import memory
+from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
@@ -55,35 +57,6 @@ def max_model_len(config: EngineConfig, max_position_embeddings: int | None) -> 
     return config.max_model_len
 
 
-def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -> int:
-    """Pages of the KV pool; refused when they cannot hold one request of ``max_len`` tokens or
-    ``max_num_seqs`` requests of a page each (the engine caps nothing silently)."""
-    size = config.page_size
-    per_request = num_pages_for(max_len, size)
-    if config.num_pages is not None:
-        if config.num_pages < per_request:
-            raise ValueError(
-                f"expected num_pages >= {per_request} (one request of max_model_len {max_len} at page size {size}), "
-                f"got {config.num_pages}: pass max_model_len <= {config.num_pages * size} or more pages"
-            )
-        if config.num_pages < config.max_num_seqs:
-            raise ValueError(
-                f"expected num_pages >= max_num_seqs {config.max_num_seqs} (a page per running request), "
-                f"got {config.num_pages}"
-            )
-        return config.num_pages
-    budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-    fits = budget // bytes_per_page
-    need = max(per_request, config.max_num_seqs)
-    if fits < need:
-        raise ValueError(
-            f"expected kv_cache_memory to hold at least {need} pages of {bytes_per_page} bytes (one request of "
-            f"max_model_len {max_len}, and max_num_seqs {config.max_num_seqs}), got {budget} bytes ({fits} pages): "
-            "raise kv_cache_memory or lower max_model_len / max_num_seqs"
-        )
-    return min(fits, config.max_num_seqs * per_request)
-
-
 class Engine:
     """One engine; with ``tensor_parallel_size > 1`` this is rank 0, which starts the other ranks
     (:mod:`portattn.engine.parallel.driver`) and sends them each step. ``tp`` (given on those ranks)
@@ -117,7 +90,10 @@ class Engine:
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         self.max_len = max_model_len(config, getattr(text_config, "max_position_embeddings", None))
         if config.num_pages is not None:  # refused before the weights load
-            pool_pages(config, self.max_len, bytes_per_page=None)
+            memory.pool_pages(config, self.max_len, bytes_per_page=None)
+        # Without num_pages / kv_cache_memory, an accelerator's KV cache is sized from what is measured
+        # from here on (memory.py); None on the CPU.
+        sizing = memory.snapshot(config.device) if config.num_pages is None and config.kv_cache_memory is None else None
         self.model = loader.load_model(
             config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
         )
@@ -142,7 +118,12 @@ class Engine:
 
         page_size = config.page_size
         spec = self.model.kv_cache_spec()
-        num_pages = pool_pages(config, self.max_len, spec.bytes_per_page(page_size, kv_dtype))
+        use = None
+        if sizing is not None:
+            graphs = self._eager_reason() is None
+            use = memory.measure(sizing, self.model, self.backend, spec, kv_dtype, config, self.max_len, graphs=graphs)
+        num_pages = memory.pool_pages(config, self.max_len, spec.bytes_per_page(page_size, kv_dtype), use)
+        num_pages = memory.agree_across_ranks(num_pages, tp) if use is not None else num_pages
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
         self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, kv_dtype, config.device)
@@ -157,7 +138,7 @@ class Engine:
         )
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.chunked_prefill_size)
+        self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(
             self.model,
             self.kv_pool,
@@ -168,22 +149,31 @@ class Engine:
             scratch_page=num_pages,
         )
         self._ids = itertools.count()
+        # LLM(seed=...): the random keys of requests without a seed of their own come from this
+        # generator, so that a run is reproducible as a whole (vLLM's engine seed).
+        self._seeds = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         self.requests: dict[int, Sequence] = {}
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (recomputes included)
         self.num_generated_tokens = 0
-        logger.info(
-            "engine: %d pages of %d tokens (%s), max_len %d, backend %s",
-            num_pages,
-            page_size,
-            str(kv_dtype).removeprefix("torch."),
-            self.max_len,
-            self.backend.name,
-        )
+        self.memory_use = use
+        logger.info("%s", self.describe_load(num_pages))
         reason = self._eager_reason()
         if reason is None:
             self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
         self.warm_up()
+
+    def describe_load(self, num_pages: int) -> str:
+        """The start-up line: model, device, dtype, KV-cache tokens and how many requests of
+        ``max_model_len`` tokens fit at once (vLLM's "maximum concurrency")."""
+        config, tokens = self.config, num_pages * self.config.page_size
+        kv = str(config.kv_cache_dtype).removeprefix("torch.")
+        return (
+            f"loaded {config.model} on {config.device} in {str(config.dtype).removeprefix('torch.')}: "
+            f"KV cache {tokens:,} tokens ({num_pages} pages of {config.page_size}, {kv}), maximum concurrency "
+            f"{tokens / self.max_len:.2f}x for {self.max_len}-token requests (max_model_len); attention "
+            f"backend {self.backend.name}, {config.max_num_batched_tokens} tokens per step"
+        )
 
     def _eager_reason(self) -> str | None:
         """Why decode steps run eagerly (None: they replay captured graphs)."""
@@ -241,13 +231,17 @@ class Engine:
         added: list[Sequence] | None = None,
     ) -> Sequence:
         """Queue one sequence: choice ``index`` of a request (its random stream is keyed by
-        ``(params.seed, index)``; :class:`SamplingParams` ``n`` is expanded by the caller).
+        ``(params.seed, index)``, or drawn from the engine's ``seed`` when the request has none;
+        :class:`SamplingParams` ``n`` is expanded by the caller).
 
         ``added``: a list the sequence is appended to in the same all-or-nothing step that queues it,
         so that a caller interrupted between two requests knows exactly what to abort."""
         self.check_prompt(token_ids)
         self.check_params(params)
-        key = sample_key(params.seed, index)
+        if params.seed is None and self._seeds is not None:
+            key = int(torch.randint(0, 2**62, (), generator=self._seeds))
+        else:
+            key = sample_key(params.seed, index)
         seq = Sequence(next(self._ids), list(token_ids), params, key, index, multimodal=multimodal)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params)
