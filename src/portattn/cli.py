@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from . import __version__
@@ -65,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         _verbose_flag(subparser, argparse.SUPPRESS)  # -v after the command; absent: the top level's value
 
     args = parser.parse_args(argv)
-    # portattn's own INFO lines (device, dtype, KV cache, backends) show by default, as vLLM's do;
-    # -v adds debug lines and tracebacks.
+    # The engine's INFO lines (device, dtype, KV cache, backends) show by default, as vLLM's do; check
+    # and demo print tables of their own and log warnings only. -v adds debug lines and tracebacks.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("portattn").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    default = logging.WARNING if args.command in ("check", "demo") else logging.INFO
+    logging.getLogger("portattn").setLevel(logging.DEBUG if args.verbose else default)
     try:
         return args.run(args)
     except KeyboardInterrupt:
@@ -76,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"portattn {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`portattn check | head`): stop quietly, as other command-line tools do, with
+        # the status of a process ended by SIGPIPE. Standard output goes nowhere from here on, so that
+        # the interpreter's last flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except Exception as exc:
         if args.verbose:
             raise
