@@ -37,3 +37,13 @@ def test_make_demo_installs_the_demo_extra_and_test_the_dev_tools():
     extras = PYPROJECT["project"]["optional-dependencies"]
     dev_tools = {"pytest", "pytest-xdist", "hypothesis", "ruff"}
     assert not {re.split(r"[<>=\[ ]", req)[0] for req in extras["demo"]} & dev_tools
+
+
+def test_the_readme_engine_example_runs_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "save_tiny_chat_checkpoint" in b)
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    outs = namespace["outs"]
+    assert [len(o.token_ids) > 0 for o in outs] == [True] * 3 and isinstance(outs[0].text, str)
+    assert namespace["llm"].config.enable_prefix_caching
