@@ -21,7 +21,18 @@ from tiny_models import checkpoint, hf_reference
 
 def test_generate_prints_transformers_tokens(ckpt_root, capsys):
     path = checkpoint("qwen3", ckpt_root)
-    argv = ["generate", "--model", path, "--prompt-ids", "0,5,9,200", "--max-tokens", "6", "--ignore-eos"]
+    argv = [
+        "generate",
+        "--model",
+        path,
+        "--prompt-ids",
+        "0,5,9,200",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+    ]
     argv += ["--page-size", "3", "--attention-backend", "torch", "--max-model-len", "40", "--kv-cache-memory", "200000"]
     assert main([*argv, "--enable-prefix-caching", "--chunked-prefill-size", "3"]) == 0
     want = hf_reference(path, (0, 5, 9, 200), 6)[0]

@@ -20,11 +20,12 @@ from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .generation_config import sampling_defaults
 from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
-from .sampler import sample_key
+from .sampler import bad_word_token_ids, sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -116,6 +117,8 @@ class Engine:
         self.hf_config = loader.load_config(config.model)
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         self.max_len = max_model_len(config, getattr(text_config, "max_position_embeddings", None))
+        # What requests that leave them unset sample with; rank 0 alone adds requests.
+        self.sampling_defaults = sampling_defaults(config.generation_config, config.model) if tp.rank == 0 else {}
         if config.num_pages is not None:  # refused before the weights load
             pool_pages(config, self.max_len, bytes_per_page=None)
         self.model = loader.load_model(
@@ -213,7 +216,7 @@ class Engine:
                 graphs.capture_all(progress=lambda _: bar.update(1))
             captured = time.perf_counter() - start
             for i, length in enumerate(prompts):
-                seq = Sequence(-1 - i, [0] * length, SamplingParams(max_tokens=2, ignore_eos=True))
+                seq = Sequence(-1 - i, [0] * length, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
                 self.scheduler.add(seq)
                 while self.scheduler.has_unfinished():
                     self.step()
@@ -241,14 +244,19 @@ class Engine:
         added: list[Sequence] | None = None,
     ) -> Sequence:
         """Queue one sequence: choice ``index`` of a request (its random stream is keyed by
-        ``(params.seed, index)``; :class:`SamplingParams` ``n`` is expanded by the caller).
+        ``(params.seed, index)``; the caller expands a request into its ``params.num_seqs`` sequences).
+        The prompt is truncated as ``params.truncate_prompt_tokens`` says, and the sampling fields
+        ``params`` leaves unset take :attr:`sampling_defaults`.
 
         ``added``: a list the sequence is appended to in the same all-or-nothing step that queues it,
         so that a caller interrupted between two requests knows exactly what to abort."""
-        self.check_prompt(token_ids)
+        token_ids = self.prepare_prompt(token_ids, params, multimodal)
         self.check_params(params)
+        params = params.with_defaults(self.sampling_defaults)
         key = sample_key(params.seed, index)
         seq = Sequence(next(self._ids), list(token_ids), params, key, index, multimodal=multimodal)
+        if params.bad_words:
+            seq.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params)
         try:
@@ -271,6 +279,25 @@ class Engine:
             raise ValueError(f"expected stop_token_ids below the vocabulary size {self.vocab_size}, got {bad}")
         if params.stop and self.tokenizer is None:
             raise ValueError("expected no stop strings: the model directory has no tokenizer, got stop")
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError("expected no bad_words: the model directory has no tokenizer, got bad_words")
+        bad = [t for t in params.allowed_token_ids or () if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"expected allowed_token_ids below the vocabulary size {self.vocab_size}, got {bad}")
+
+    def prepare_prompt(
+        self, token_ids: list[int], params: SamplingParams, multimodal: MultimodalData | None = None
+    ) -> list[int]:
+        """The prompt as ``params.truncate_prompt_tokens`` keeps it, checked (:meth:`check_prompt`).
+        A prompt with images is not truncated (its image tokens must stay whole): refused if it would be."""
+        kept = params.truncate(token_ids, self.max_len)
+        if multimodal is not None and len(kept) < len(token_ids):
+            raise ValueError(
+                f"expected truncate_prompt_tokens to keep the whole of a prompt with images ({len(token_ids)} "
+                f"tokens), got {params.truncate_prompt_tokens}"
+            )
+        self.check_prompt(kept)
+        return kept
 
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -358,6 +385,8 @@ class Engine:
                 seq.stop_reason = detok.find_stop(grown)
                 if seq.stop_reason is not None:
                     return "stop"
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_len:
+        if seq.num_tokens >= self.max_len or (
+            params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
+        ):
             return "length"
         return None
