@@ -113,12 +113,13 @@ class SamplingBatch:
             steps = column([len(s.token_ids) - s.num_prompt_tokens for s in seqs], torch.int64)
         rows, ids = [], []
         for i, s in enumerate(seqs):
-            ban = bad_word_bans(s)
+            ban = bad_word_bans(s) if s.bad_word_ids else set()
             if len(s.token_ids) - s.num_prompt_tokens < s.params.min_tokens:
                 ban |= set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else eos_token_ids)
-            ban = sorted(t for t in ban if t < vocab_size)  # a larger id cannot be sampled anyway
-            rows += [i] * len(ban)
-            ids += ban
+            if ban:
+                ban = sorted(t for t in ban if t < vocab_size)  # a larger id cannot be sampled anyway
+                rows += [i] * len(ban)
+                ids += ban
         banned = (column(rows, torch.int64), column(ids, torch.int64)) if rows else None
         allowed = None
         if any(p.allowed_token_ids is not None for p in params):
@@ -129,12 +130,7 @@ class SamplingBatch:
                 column([p.allowed_token_ids is None for p in params], torch.bool),
             )
         processors = [
-            (
-                i,
-                tuple(zip(s.params.logits_processors, s.params._processor_takes_prompt)),
-                s.prompt_token_ids[:],
-                s.output_token_ids,
-            )
+            (i, s.params.processors, s.prompt_token_ids[:], s.output_token_ids)
             for i, s in enumerate(seqs)
             if s.params.logits_processors
         ]
@@ -189,8 +185,6 @@ def bad_word_bans(seq: Sequence) -> set[int]:
     """The tokens ``seq``'s bad words forbid next: the last token of each bad-word token sequence
     whose other tokens end the output so far (a one-token word is always forbidden)."""
     bans = set()
-    if not seq.bad_word_ids:
-        return bans
     num_out = seq.num_output_tokens
     tokens = seq.token_ids
     for *prefix, last in seq.bad_word_ids:

@@ -148,10 +148,9 @@ class SamplingParams:
         _int(self.n, "n", low=1)
         if self.best_of is not None:
             _int(self.best_of, "best_of", low=self.n)
-        if self.max_tokens is not None:
-            _int(self.max_tokens, "max_tokens", low=1)
         _int(self.min_tokens, "min_tokens", low=0)
-        if self.max_tokens is not None:
+        if self.max_tokens is not None:  # None: up to max_model_len
+            _int(self.max_tokens, "max_tokens", low=1)
             expect(self.min_tokens <= self.max_tokens, f"min_tokens <= max_tokens {self.max_tokens}", self.min_tokens)
         _float(self.temperature, "temperature")
         t = self.temperature
