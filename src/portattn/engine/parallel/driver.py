@@ -86,11 +86,11 @@ def start(config) -> Driver:
 
 def _spawn(config) -> Driver:
     size = config.tensor_parallel_size
+    registered = dict(models=_importable(registered_models()), backends=_importable(backend_targets()))
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
     level = logging.getLogger("portattn").getEffectiveLevel()
     common = dict(config=config, world_size=size, host="127.0.0.1", port=store.port, log_level=level)
-    common |= dict(models=_importable(registered_models()), backends=_importable(backend_targets()))
-    common |= dict(sys_path=list(sys.path))
+    common |= registered | dict(sys_path=list(sys.path))
     payloads = [pickle.dumps(common | dict(rank=rank)) for rank in range(1, size)]  # before any process starts
     processes = []
     for payload in payloads:

@@ -35,6 +35,8 @@ class Pulse:
         self.key = pulse_key(rank)
         self.count = 0  # messages received from rank 0
         self.busy_since: float | None = None  # time.monotonic() when the message being run arrived
+        self.beat = 0
+        self._set()  # the first one now: the rank's pulse exists once this returns
         threading.Thread(target=self._publish, name="portattn-tp-pulse", daemon=True).start()
 
     def received(self) -> None:
@@ -44,15 +46,17 @@ class Pulse:
     def done(self) -> None:
         self.busy_since = None
 
+    def _set(self) -> None:
+        since = self.busy_since
+        busy = -1.0 if since is None else time.monotonic() - since
+        with contextlib.suppress(Exception):  # the store goes with rank 0: the rank exits then anyway
+            self.store.set(self.key, f"{self.beat} {self.count} {busy:.3f}")
+        self.beat += 1
+
     def _publish(self) -> None:
-        beat = 0
         while True:
-            since = self.busy_since
-            busy = -1.0 if since is None else time.monotonic() - since
-            with contextlib.suppress(Exception):  # the store goes with rank 0: the rank exits then anyway
-                self.store.set(self.key, f"{beat} {self.count} {busy:.3f}")
-            beat += 1
             time.sleep(PULSE_S)
+            self._set()
 
 
 @dataclass(frozen=True)

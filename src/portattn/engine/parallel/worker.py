@@ -70,8 +70,9 @@ def serve(engine: Engine, tp: TPGroup, pulse: Pulse) -> None:
 def run_rank(config, tp: TPGroup, device: torch.device, store) -> None:
     """Build this rank's engine (same code as rank 0's), check in with the others, and serve."""
     engine = Engine(dataclasses.replace(config, device=device), tp=tp)
+    pulse = Pulse(store, tp.rank)  # published before the check-in: rank 0 finds it from its first step
     check_groups(tp)
-    serve(engine, tp, Pulse(store, tp.rank))
+    serve(engine, tp, pulse)
 
 
 def register_all(models: dict[str, str], backends: dict[str, str]) -> None:
