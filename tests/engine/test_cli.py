@@ -91,7 +91,7 @@ def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkey
     assert given == values  # each flag, parsed to its field's type
     assert all(f.metadata.get("help") for f in fields)
 
-    monkeypatch.setattr(portattn.engine.llm, "Engine", lambda config: type("Stub", (), {"tokenizer": None})())
+    monkeypatch.setattr(portattn.engine.llm, "build_engine", lambda config: type("Stub", (), {"tokenizer": None})())
     assert LLM(**given).config == EngineConfig(**values)  # each field an LLM keyword, passed through
     params = inspect.signature(LLM).parameters
     assert list(params) == [f.name for f in fields]

@@ -86,32 +86,28 @@ def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -
 
 
 class Engine:
-    """One engine; with ``tensor_parallel_size > 1`` this is rank 0, which starts the other ranks
-    (:mod:`portattn.engine.parallel.driver`) and sends them each step. ``tp`` (given on those ranks)
-    builds this rank's shard without starting anything."""
+    """One engine, or one rank's engine under tensor parallelism: ``tp`` (this rank's
+    :class:`TPGroup`) builds the rank's shard. Rank 0's engine also gets ``parallel``, its handle
+    on the other ranks, and sends them each step through it. Build engines with
+    :func:`portattn.engine.build.build_engine`, which starts the ranks when the configuration asks
+    for several."""
 
-    def __init__(self, config: EngineConfig, tp: TPGroup | None = None):
-        self.parallel = None
-        parallel = None
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None, parallel=None):
         if config.tensor_parallel_size > 1 and tp is None:
-            from .parallel.driver import start
-
-            parallel = start(config)  # on a torchrun rank other than 0: serves, then SystemExit
-            config, tp = parallel.config, parallel.tp
-        try:
-            # Every rank builds and warms up the same engine on its own (the same steps in the same
-            # order, so their collectives meet); rank 0 sends steps from then on.
-            self._build(config, tp_or_single(tp), journaled=parallel is not None)
-        except BaseException as err:
-            if parallel is not None:
-                parallel.error = err
-                parallel.shutdown()
-            raise
+            raise ValueError(
+                f"expected the TPGroup of this rank for tensor_parallel_size {config.tensor_parallel_size}, got none "
+                "(portattn.engine.build.build_engine starts the ranks and builds their engines)"
+            )
+        self.parallel = None
+        # Every rank builds and warms up the same engine on its own (the same steps in the same
+        # order, so their collectives meet); rank 0 sends steps from then on.
+        req_pool_class = parallel.req_pool_class if parallel is not None else ReqToTokenPool
+        self._build(config, tp_or_single(tp), req_pool_class)
         if parallel is not None:
             parallel.attach(self.req_pool)
             self.parallel = parallel
 
-    def _build(self, config: EngineConfig, tp: TPGroup, *, journaled: bool) -> None:
+    def _build(self, config: EngineConfig, tp: TPGroup, req_pool_class: type[ReqToTokenPool]) -> None:
         self.config = config
         self.tp = tp
         self.hf_config = loader.load_config(config.model)
@@ -152,10 +148,7 @@ class Engine:
         if is_quantized(kv_dtype):
             self.kv_pool.set_kv_scales(loader.kv_cache_scales(config.model, spec.num_layers))
         self.allocator = PageAllocator(num_pages)
-        pool_class = ReqToTokenPool
-        if journaled:  # rank 0 records its page-table writes for the other ranks
-            from .parallel.protocol import JournaledReqToTokenPool as pool_class
-        self.req_pool = pool_class(
+        self.req_pool = req_pool_class(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
         )
         scratch_row = self.req_pool.alloc()

@@ -13,8 +13,8 @@ from tqdm.auto import tqdm
 from ..models.base import MultimodalModel
 from ..validation import check_pixel_values
 from .arguments import check_keywords, describe, keyword_signature
+from .build import build_engine
 from .config import EngineConfig
-from .engine import Engine
 from .input_processor import InputProcessor
 from .outputs import CompletionOutput, RequestOutput, RequestState
 from .sampling_params import SamplingParams
@@ -39,7 +39,7 @@ class LLM:
     def __init__(self, model: str, **engine_args):
         check_keywords(EngineConfig, engine_args, what="LLM")
         self.config = EngineConfig(model=model, **engine_args)
-        self.engine = Engine(self.config)
+        self.engine = build_engine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
