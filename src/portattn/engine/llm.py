@@ -15,8 +15,8 @@ from ..logs import configure_default_logging
 from ..models.base import MultimodalModel
 from ..validation import check_pixel_values
 from .arguments import check_keywords, describe, keyword_signature
+from .build import build_engine
 from .config import EngineConfig
-from .engine import Engine
 from .input_processor import InputProcessor
 from .outputs import CompletionOutput, RequestOutput, RequestState
 from .sampling_params import SamplingParams
@@ -46,7 +46,7 @@ class LLM:
         configure_default_logging()
         check_keywords(EngineConfig, engine_args, what="LLM")
         self.config = EngineConfig(model=model, **engine_args)
-        self.engine = Engine(self.config)
+        self.engine = build_engine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
@@ -57,6 +57,13 @@ class LLM:
     def get_tokenizer(self):
         """The checkpoint's tokenizer (a transformers tokenizer), or ``None`` when it has none."""
         return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The parameters a request gets when it sets none: vLLM's defaults, with the sampling values
+        of the checkpoint's ``generation_config.json`` (temperature, top_p, top_k, min_p,
+        repetition_penalty; none with ``generation_config="vllm"``). A request's unset fields take
+        the same values, so ``generate(prompts)`` equals ``generate(prompts, this)``."""
+        return SamplingParams().with_defaults(self.engine.sampling_defaults)
 
     @functools.cached_property
     def processor(self) -> InputProcessor:
@@ -72,6 +79,9 @@ class LLM:
         """Generate for each prompt: a str, token ids (a list, or a 1-D integer NumPy array or tensor),
         or a dict ``{"prompt_token_ids": [...], "multi_modal_data": {...}}`` (``"prompt": str`` in place
         of the ids). One :class:`RequestOutput` per prompt, in order, each with ``n`` choices in ``outputs``.
+        ``sampling_params``: one for all prompts or one per prompt; ``None`` is ``SamplingParams()``
+        (vLLM's defaults, with the checkpoint's where its ``generation_config.json`` has them: see
+        :meth:`get_default_sampling_params`).
 
         ``multi_modal_data`` (multimodal models) is either the Hugging Face image processor's outputs,
         ``{"pixel_values": [N, patch_dim], "image_grid_thw": [num_images, 3]}``, with one run of image
@@ -133,6 +143,10 @@ class LLM:
         and leaving the loop early aborts what is unfinished.
         """
         requests = self._prepare(prompts, sampling_params)
+        for *_, sp in requests:
+            if sp.num_seqs > sp.n:
+                what = "best_of == n in a stream (the best are known at the end)"
+                raise ValueError(f"expected {what}, got best_of {sp.best_of} with n {sp.n}")
 
         def deltas() -> Iterator[RequestOutput]:
             states: list[RequestState] = []
@@ -183,7 +197,7 @@ class LLM:
             if not isinstance(sp, SamplingParams):
                 raise ValueError(f"expected SamplingParams, got {type(sp).__name__}")
             ids, mm = self.processor.process(prompt)
-            self.engine.check_prompt(ids)
+            ids = self.engine.prepare_prompt(ids, sp, mm)
             self.engine.check_params(sp)
             text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
             requests.append((text, ids, mm, sp))
@@ -194,7 +208,7 @@ class LLM:
         ``Engine.add_request``), so that an exception part way leaves nothing unaccounted for."""
         states = []
         for text, ids, mm, sp in requests:
-            seqs = [self.engine.add_request(ids, sp, mm, index=i, added=added) for i in range(sp.n)]
+            seqs = [self.engine.add_request(ids, sp, mm, index=i, added=added) for i in range(sp.num_seqs)]
             states.append(RequestState(str(next(self._ids)), text, seqs, self.processor.token_text))
         return states
 
@@ -225,6 +239,7 @@ class LLM:
             for seq in added:
                 if seq.request_id in engine.requests:
                     engine.abort(seq.request_id)
+
 
 
 def _is_token_ids(prompt) -> bool:
