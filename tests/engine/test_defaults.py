@@ -61,8 +61,15 @@ def test_auto_dtype_reads_the_config(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "dtype"),
-    [("half", torch.float16), ("float16", torch.float16), ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16)]
-    + [("float", torch.float32), ("float32", torch.float32), (torch.bfloat16, torch.bfloat16)],
+    [
+        ("half", torch.float16),
+        ("float16", torch.float16),
+        ("bf16", torch.bfloat16),
+        ("bfloat16", torch.bfloat16),
+        ("float", torch.float32),
+        ("float32", torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+    ],
 )
 def test_dtype_spellings(name, dtype):
     assert EngineConfig(model="m", device="cpu", dtype=name).dtype == dtype
@@ -103,7 +110,7 @@ def test_a_long_prompt_is_prefilled_within_the_default_budget(ckpt_root, monkeyp
     llm = LLM(path, max_model_len=3200, allow_long_max_model_len=True, num_pages=200)
     prompt = random_prompts([3000], seed=5)[0]
     steps = record_steps(monkeypatch)
-    out = llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0), use_tqdm=False)[0]
     assert steps == [[(0, 2048)], [(2048, 952)], [(3000, 1)]]  # without a budget: one forward of 3000
     assert len(out.token_ids) == 2
 
@@ -116,7 +123,7 @@ def test_decodes_come_before_prompt_chunks(ckpt_root, monkeypatch):
     llm = LLM(path, page_size=4, num_pages=64, max_model_len=64, max_num_batched_tokens=11)
     engine = llm.engine
     short, long = random_prompts([3, 20], seed=9)
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     b, a = engine.add_request(short, params), engine.add_request(long, params)
     steps = record_steps(monkeypatch)
     engine.step()  # b whole, a 8 of its 20 tokens

@@ -17,6 +17,7 @@ from portattn.engine.config import EngineConfig
 from portattn.engine.llm import LLM
 from portattn.engine.memory import CPU_KV_CACHE_MEMORY, MemoryUse, kv_cache_budget, parse_bytes, pool_pages
 from portattn.engine.model_runner import ModelRunner
+from portattn.engine.sampling_params import SamplingParams
 from portattn.paging import num_pages_for
 from tiny_models import checkpoint
 
@@ -166,7 +167,8 @@ def test_the_engine_sizes_its_pool_from_the_device_numbers(ckpt_root, monkeypatc
     assert f"KV cache {tokens:,} tokens ({want} pages of 8, float32)" in caplog.text
     assert f"maximum concurrency {tokens / 256:.2f}x for 256-token requests" in caplog.text
     # The profile's pool is gone, and the engine still generates.
-    assert llm.generate([[1, 2, 3]], use_tqdm=False)[0].finish_reason in ("length", "stop")
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.token_ids) == 4
 
     # The graphs' share: a decode step of max_num_seqs sequences.
     graphs = memory.measure(

@@ -51,7 +51,7 @@ def test_the_engine_seed_seeds_requests_without_one(ckpt_root):
 
 
 def test_numpy_token_ids(llm):
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     want = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     arrays = [np.array(p, dtype=np.int64) for p in PROMPTS]
     assert [o.token_ids for o in llm.generate(arrays, params, use_tqdm=False)] == want

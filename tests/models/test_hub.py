@@ -11,6 +11,7 @@ import pytest
 
 from portattn.cli import main
 from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
 from portattn.models.hub import resolve_checkpoint
 from portattn.testing import save_tiny_chat_checkpoint
 
@@ -45,8 +46,9 @@ def test_a_model_id_in_the_cache_loads_and_generates(chat_checkpoint, hf_cache):
     snapshot = cache_snapshot(hf_cache, "tiny-org/Tiny-Chat-1B", chat_checkpoint)
     llm = LLM("tiny-org/Tiny-Chat-1B", device="cpu", max_model_len=128)
     assert llm.config.model == str(snapshot)
-    out = llm.generate("Hello", use_tqdm=False)[0]
-    want = LLM(chat_checkpoint, device="cpu", max_model_len=128).generate("Hello", use_tqdm=False)[0]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    out = llm.generate("Hello", greedy, use_tqdm=False)[0]
+    want = LLM(chat_checkpoint, device="cpu", max_model_len=128).generate("Hello", greedy, use_tqdm=False)[0]
     assert out.token_ids == want.token_ids and out.text == want.text
 
 

@@ -241,7 +241,6 @@ class LLM:
                     engine.abort(seq.request_id)
 
 
-
 def _is_token_ids(prompt) -> bool:
     """One prompt of token ids (a list of ints, or a 1-D array or tensor), not a list of prompts."""
     if isinstance(prompt, list):
