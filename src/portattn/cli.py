@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The engine's INFO lines (device, dtype, KV cache, backends) show by default, as vLLM's do; check
     # and demo print tables of their own and log warnings only. -v adds debug lines and tracebacks.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     default = logging.WARNING if args.command in ("check", "demo") else logging.INFO
     logging.getLogger("portattn").setLevel(logging.DEBUG if args.verbose else default)
     try:

@@ -20,7 +20,7 @@ def configure_default_logging() -> None:
     if logger.handlers or logger.level != logging.NOTSET or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))  # as the command line prints them
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # a root handler added later would print every line twice

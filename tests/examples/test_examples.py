@@ -53,7 +53,7 @@ def test_offline_generate(chat_checkpoint):
     assert f"'The capital of France is' -> {want.outputs[0].text!r} (" in done.stdout
     assert re.search(r"choice 1: .* \(finish: (length|stop)\)", done.stdout)
     # The start-up line, with no logging set up by the script.
-    assert re.search(r"INFO portattn: loaded \S+ on cpu in float32: KV cache [\d,]+ tokens .* concurrency", done.stderr)
+    assert re.search(r"portattn: loaded \S+ on cpu in float32: KV cache [\d,]+ tokens .* concurrency", done.stderr)
     assert "Processed prompts: 100%" in done.stderr
 
 
