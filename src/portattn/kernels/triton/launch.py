@@ -131,6 +131,38 @@ def column_tiles(dim: int) -> tuple[int, int, int]:
     return (*tiles, 0, 0)[:3]
 
 
+def row_alignment(*tensors: torch.Tensor) -> int:
+    """The largest power of two up to 16 that divides every row stride of ``tensors`` (not the last dim's).
+
+    The kernels take their strides divided by it, so the compiler can prove rows aligned and move
+    them in 16-byte vectors: head dims such as 40 or 72 have strides Triton does not specialise
+    (it specialises multiples of 16 only). Strides past 2**31 elements get 1 (no division).
+    """
+    align = 16
+    for t in tensors:
+        for stride in t.stride()[:-1]:
+            if stride >= 1 << 31:
+                return 1
+            while stride % align:
+                align //= 2
+    return align
+
+
+def f16_dots_for(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether the dots over a ``kv_dtype`` cache read by ``q_dtype`` queries run in float16: for an fp8
+    cache and bfloat16 queries. Every fp8 value is a float16, and fp8 -> float16 is one instruction
+    per two values on NVIDIA GPUs from sm_89, while fp8 -> bfloat16 goes through float16 and float32."""
+    return kv_dtype in FP8_DTYPES and q_dtype == torch.bfloat16
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """``tl.dot``'s ``input_precision`` for inputs of ``dtype``: float32 dots are IEEE unless
+    ``torch.set_float32_matmul_precision("high")`` (or ``"medium"``) allowed TF32; None for 16-bit."""
+    if dtype != torch.float32:
+        return None
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
     if t.stride(-1) != 1:
         fail(f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
@@ -236,6 +268,11 @@ def attention_forward(
     else:
         partial_out = partial_lse = out  # unused
     lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
+    f16_dots = f16_dots_for(q.dtype, k.dtype)
+    q_scale, qk_scale = (scale, k_scale) if f16_dots else (1.0, scale * k_scale)
+    align = row_alignment(q, k, v, out)
+    strides = (q.stride(0), q.stride(1), stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
+    strides = tuple(s // align for s in (*strides, out.stride(0), out.stride(1)))
 
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
         return smaller_tiles(t, group)
@@ -246,11 +283,8 @@ def attention_forward(
             q, k, v, out, lse_buf, partial_out, partial_lse,
             table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
             q if alibi_slopes is None else alibi_slopes,
-            batch, scale * k_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
-            q.stride(0), q.stride(1),
-            stride_kp, stride_ks, stride_kh,
-            stride_vp, stride_vs, stride_vh,
-            out.stride(0), out.stride(1),
+            batch, q_scale, qk_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
+            *strides,
             lse_buf.stride(0), lse_buf.stride(1),
             stride_pt,
             num_q_heads * num_kv_splits if num_kv_splits > 1 else 0, num_kv_splits if num_kv_splits > 1 else 0, 1,
@@ -261,7 +295,7 @@ def attention_forward(
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, NUM_SPLITS=num_kv_splits,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
+            DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
