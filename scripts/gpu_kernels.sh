@@ -7,7 +7,8 @@
 #   tests            the Triton, head-dim, fp8, MLA and float32 tests on the GPU (fp32, fp16, bf16)
 #   probe            scripts/kernels_probe.py fp32 fp8 long (float32 dots, fp8 decode and its tiles,
 #                    the long decode over tiles and splits, graph-timed)
-#   bench            python -m portattn.bench --graph (every case as CUDA-graph replays) and the guard
+#   bench            python -m portattn.bench --graph (every case as CUDA-graph replays)
+#   guard            python -m portattn.bench.guard against bench/results/round3_h200/baseline.json
 #   sanitize         compute-sanitizer on the unaligned head dim 72 launch
 # Logs and JSON go to $OUT (default /tmp/kernels).
 set -uo pipefail
@@ -60,6 +61,15 @@ if has bench; then
   timeout "${BENCH_LIMIT:-150}" $PY -m portattn.bench --graph --out "$OUT" --tag bench ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench.log"
   echo "bench: ${SECONDS} s"
+fi
+
+if has guard; then  # the benchmark guard against the committed baseline (the bench step's JSON when there is none)
+  echo "== guard"
+  SECONDS=0
+  [ -f bench/results/round3_h200/baseline.json ] || { mkdir -p bench/results/round3_h200; \
+    cp "$OUT/bench.json" bench/results/round3_h200/baseline.json; echo "baseline: this run's bench.json"; }
+  timeout "${GUARD_LIMIT:-60}" $PY -m portattn.bench.guard 2>&1 | tee "$OUT/guard.log"
+  echo "guard: ${SECONDS} s"
 fi
 
 if has sanitize; then

@@ -102,7 +102,7 @@ def test_paged_fp8_against_the_dequantised_reference(backend, dtype, feature, pa
     check_fp8_paged(case, backend, dtype, **_feature_kwargs(feature, dtype))
 
 
-@pytest.mark.parametrize(("head_dim", "value_dim"), [(64, 64), (80, 80), (96, 32), (128, 128)])
+@pytest.mark.parametrize(("head_dim", "value_dim"), [(64, 64), (80, 80), (96, 32), (128, 128), (40, 40), (72, 72)])
 @pytest.mark.parametrize(("backend", "dtype"), params("paged_attention", torch.float32))
 def test_paged_fp8_head_dims_and_gqa(backend, dtype, head_dim, value_dim):
     caps = registry.backend_class(backend).capabilities

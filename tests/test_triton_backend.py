@@ -267,6 +267,13 @@ def test_head_dims_with_rows_of_odd_alignment(head_dim):
     assert row_alignment(q) == 1
     ref, tol = reference(case)
     assert max_error(run_planned(dataclasses.replace(case, q=q)), ref) <= tol
+    # the output a view of odd alignment too: written through an aligned buffer
+    wide_out = torch.full((q.shape[0], q.shape[1] * head_dim + 3), float("nan"), dtype=q.dtype, device=DEVICE)
+    out = wide_out[:, : q.shape[1] * head_dim].view(q.shape)
+    cu, lens = case.cu_seqlens_q, case.seq_lens_k
+    args = dict(max_seqlen_q=9, scale=head_dim**-0.5, page_table=case.page_table, num_kv_splits=2)
+    assert attention_forward(q, case.k_cache, case.v_cache, out, cu, lens, **args) is out
+    assert max_error(out, ref) <= tol and bool(wide_out[:, -3:].isnan().all())
 
 
 def test_float32_dots_are_ieee_unless_tf32_is_allowed():
@@ -314,6 +321,8 @@ def test_decode_tiles_pack_query_heads():
     assert (tiles.block_q, tiles.block_m, tiles.block_n) == (64, 64, 64)
     tiles = choose_tiles(4096, 4, 256, 256, interpret=False)
     assert (tiles.block_m, tiles.block_n) == (64, 32)
+    tiles = choose_tiles(1, 4, 128, 128, interpret=False, kv_itemsize=1)  # an fp8 cache: twice the keys per tile
+    assert (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages) == (16, 128, 4, 3)
 
 
 def test_mla_prefill_shape_head_dim_192_value_dim_128():
