@@ -5,11 +5,11 @@
 * ``headdims-unaligned``: head dims 40 / 72 / 59 in fp16 and bf16 with the row alignment the kernel is
   told forced to 1 (the launches before ``launch.row_alignment``); prints each case's max error, or
   dies on an illegal access (run it in its own process);
-* ``fp8``: decode B=64 L=4096 P=16 (Hq 32 / Hkv 8 / D 128, bf16 queries): the bf16 cache, fp8 e4m3 and
-  e5m2 with float16 dots and with bfloat16 dots (the conversion before ``launch.f16_dots_for``), and
-  the e4m3 case over other tiles; MLA decode (rank 512 + 64, page 64) likewise at H 16 and 128;
-* ``long``: decode B=1 L=65536 P=16 over tiles and split counts, SDPA flash and cuDNN on the same
-  numbers, each timed as CUDA-graph replays (``timing.measure_graph``: median and spread);
+* ``fp8``: decode B=64 L=4096 P=16 (Hq 32 / Hkv 8 / D 128, bf16 queries): the bf16 cache, fp8 e4m3
+  and e5m2 with the default tiles, e4m3 over ``FP8_VARIANTS`` (tiles and split counts); MLA decode
+  (rank 512 + 64, page 64) over bf16 and fp8 latent caches at H 16 and 128 (``MLA_FP8_TILES``);
+* ``long``: decode B=1 L=65536 P=16 with the default tiles and over ``LONG_VARIANTS``, each timed as
+  CUDA-graph replays (``timing.measure_graph``: median and spread);
 * ``fp32``: float32 paged attention and MLA decode against float64, IEEE dots and TF32.
 
 Every section prints its rows and writes ``DIR/<section>.json``; ceilings (copy, bf16 matmul) come
