@@ -1,6 +1,6 @@
-"""Kernel probes on a GPU: head dims, fp8 decode, long decode, float32 dots (``scripts/gpu_kernels.sh``).
+"""Kernel probes on a GPU: head dims, fp8 decode, long decode, float32 dots (``scripts/gpu.sh "bench probe"``).
 
-``python scripts/kernels_probe.py SECTION [--out DIR]`` with SECTION one of
+``PYTHONPATH=src:tests python scripts/kernels_probe.py SECTION [--out DIR]`` with SECTION one of
 
 * ``headdims-unaligned``: head dims 40 / 72 / 59 in fp16 and bf16 with the row alignment the kernel is
   told forced to 1 (the launches before ``launch.row_alignment``); prints each case's max error, or
@@ -198,7 +198,7 @@ def fp32(out: Path) -> dict:
     rows = {}
     case = make_paged_case([1, 9, 64], [300, 40, 700], page_size=16, head_dim=128, dtype=torch.float32, device=DEV)
     ref = paged_attention_ref(**case.inputs())
-    from test_mla import make_mla_case
+    from ops.test_mla import make_mla_case
 
     mla = make_mla_case([1, 40, 600], page_size=16, num_heads=16, dtype=torch.float32, device=DEV)
     mref = mla_decode_ref(**mla.inputs(), scale=0.1)

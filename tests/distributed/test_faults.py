@@ -9,11 +9,12 @@ import time
 
 import pytest
 
-from portattn.distributed.driver import WorkerError
 from portattn.engine.llm import LLM
+from portattn.engine.parallel.driver import WorkerError
 from portattn.models import register_model
+from tiny_models import checkpoint
 
-from .conftest import DEVICE, alive, checkpoint, generate, rank_pids
+from .conftest import DEVICE, alive, generate, rank_pids
 from .faulty import ARCHITECTURE, TARGET
 
 

@@ -14,8 +14,9 @@ import time
 import pytest
 
 from portattn.engine.llm import LLM
+from tiny_models import checkpoint
 
-from .conftest import DEVICE, alive, checkpoint, children_of, generate, rank_pids
+from .conftest import DEVICE, alive, children_of, generate, rank_pids
 
 PROMPTS = [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
 

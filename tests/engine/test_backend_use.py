@@ -8,8 +8,7 @@ import pytest
 import portattn.ops
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-
-from .conftest import checkpoint, hf_reference, random_prompts
+from tiny_models import checkpoint, hf_reference, random_prompts
 
 
 def test_argument_beats_env_var_beats_auto(ckpt_root, monkeypatch):

@@ -16,8 +16,7 @@ from portattn.engine import cli as engine_cli
 from portattn.engine.config import EngineConfig
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-
-from .conftest import checkpoint, hf_reference
+from tiny_models import checkpoint, hf_reference
 
 
 def test_generate_prints_transformers_tokens(ckpt_root, capsys):

@@ -25,15 +25,14 @@ from safetensors.torch import load_file, save_file
 
 import portattn.backends.base
 import portattn.mla
+from models.test_deepseek_v3 import checkpoint as deepseek_checkpoint
 from portattn.backends import registry
 from portattn.backends.torch_ref import TorchBackend
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.errors import UnsupportedFeatureError
 from portattn.kv_quant import dequantize_kv, quantize_kv
-
-from .conftest import ENGINE_DEVICE, FAMILIES, checkpoint, guard_decode_forwards, random_prompts
-from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
+from tiny_models import ENGINE_DEVICE, PARITY_FAMILIES, checkpoint, guard_decode_forwards, random_prompts
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 PROMPTS = random_prompts([3, 9, 17, 30], seed=5)
@@ -104,7 +103,7 @@ def rel_err(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize("kv", list(FP8))
-@pytest.mark.parametrize("family", [*FAMILIES, "deepseek"])
+@pytest.mark.parametrize("family", [*PARITY_FAMILIES, "deepseek"])
 def test_fp8_engine_equals_the_rounded_cache_and_agrees_with_float32(family, kv, ckpt_root, monkeypatch):
     path = path_of(family, ckpt_root)
     seqs, ref_logits = reference(path)

@@ -1,7 +1,7 @@
 """Captured decode's static-buffer path, run eagerly (no capture) on the CPU: the same buffers, per-bucket
 plans, padding rows and scratch page as a graph replay, compared token for token and logit for logit
 with the plain eager engine for every family, at page sizes 1, 7 and 16, for batches between buckets,
-after preemption and with prefix caching. (scripts/gpu_engine.sh runs the captured graphs on a GPU.)"""
+after preemption and with prefix caching. (``scripts/gpu.sh "test engine"`` runs the captured graphs on a GPU.)"""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from portattn.engine.sampling_params import SamplingParams
 from portattn.models.layers.moe import FusedMoE
 from portattn.testing import image_prompts, no_host_sync
 from portattn.testing.checkpoints import save_tiny_checkpoint
-
-from .conftest import checkpoint, random_prompts
+from tiny_models import checkpoint, random_prompts
 
 BUCKETS = (1, 2, 4)  # 3 sequences pad to 4; 5 or more run eagerly
 # Lengths 1 (a one-token prompt decodes at once), short, around a 16-token page and the Llama 4

@@ -4,7 +4,7 @@ and with prefix caching. float32: equal greedy tokens and logits within 1e-4; bf
 bf16 tolerance and equal greedy tokens up to a near tie of the eager logits (where the two may round
 differently: a graph plan fixes the split-KV count per bucket, an eager one per step).
 
-Run by scripts/gpu_engine.sh (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
+Run by ``scripts/gpu.sh "test engine"`` (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from portattn.device import graph_support
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import image_prompts
-
-from .conftest import ENGINE_DEVICE, checkpoint, random_prompts
+from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
 
 pytestmark = pytest.mark.skipif(
     graph_support(ENGINE_DEVICE) is None,

@@ -8,8 +8,7 @@ import pytest
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import engine_families, image_prompts, no_host_sync
-
-from .conftest import checkpoint, guard_decode_forwards, hf_reference, random_prompts
+from tiny_models import checkpoint, guard_decode_forwards, hf_reference, random_prompts
 
 
 @pytest.mark.parametrize("family", engine_families())

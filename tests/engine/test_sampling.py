@@ -21,8 +21,7 @@ from portattn.engine.sampler import (
 from portattn.engine.sampling_params import SamplingParams
 from portattn.engine.sequence import Sequence
 from portattn.testing import no_host_sync
-
-from .conftest import checkpoint, hf_reference, random_prompts
+from tiny_models import checkpoint, hf_reference, random_prompts
 
 EOS = 3
 

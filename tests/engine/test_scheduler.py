@@ -8,8 +8,7 @@ from portattn import to_page_table
 from portattn.engine.forward_batch import ForwardBatch
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-
-from .conftest import checkpoint, hf_reference, random_prompts
+from tiny_models import checkpoint, hf_reference, random_prompts
 
 PROMPTS = random_prompts([3, 9, 17, 26, 31, 40], seed=1)
 MAX_NEW = 16

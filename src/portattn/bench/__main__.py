@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=None, help="run cases whose name contains this")
     parser.add_argument("--sweep", action="store_true", help="also time other tile shapes and split counts")
     parser.add_argument("--graph", action="store_true", help="time calls as CUDA-graph replays")
-    parser.add_argument("--out", default="bench/results", help="folder for the JSON and PNG files")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG files")
     parser.add_argument("--tag", default="bench", help="file name stem")
     args = parser.parse_args(argv)
     device = default_device()

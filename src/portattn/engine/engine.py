@@ -86,14 +86,14 @@ def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -
 
 class Engine:
     """One engine; with ``tensor_parallel_size > 1`` this is rank 0, which starts the other ranks
-    (:mod:`portattn.distributed.driver`) and sends them each step. ``tp`` (given on those ranks)
+    (:mod:`portattn.engine.parallel.driver`) and sends them each step. ``tp`` (given on those ranks)
     builds this rank's shard without starting anything."""
 
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None):
         self.parallel = None
         parallel = None
         if config.tensor_parallel_size > 1 and tp is None:
-            from ..distributed.driver import start
+            from .parallel.driver import start
 
             parallel = start(config)  # on a torchrun rank other than 0: serves, then SystemExit
             config, tp = parallel.config, parallel.tp
@@ -151,7 +151,7 @@ class Engine:
         self.allocator = PageAllocator(num_pages)
         pool_class = ReqToTokenPool
         if journaled:  # rank 0 records its page-table writes for the other ranks
-            from ..distributed.protocol import JournaledReqToTokenPool as pool_class
+            from .parallel.protocol import JournaledReqToTokenPool as pool_class
         self.req_pool = pool_class(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
         )
