@@ -124,7 +124,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp) / "smollm2"
-        convert(args.gguf, folder)
+        if not (folder / "config.json").exists():
+            convert(args.gguf, folder)
         from transformers import AutoTokenizer
 
         ids = prompt_ids(AutoTokenizer.from_pretrained(folder))
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
                     }
                 )
                 if states and ref_states:
-                    layers[name] = [float((s - r).abs().max()) for s, r in zip(states, ref_states[1:])]
+                    # the prompts run as one packed forward: the first prompt's rows come first
+                    layers[name] = [float((s[: r.shape[0]] - r).abs().max()) for s, r in zip(states, ref_states[1:])]
         print(f"{'config':34} {'max err':>9} {'mean err':>9} {'x hf bf16':>9}  answer")
         for r in rows:
             print(f"{r['config']:34} {r['max']:9.3f} {r['mean']:9.3f} {r['ratio']:9.2f}  {r.get('answer', '')!r}")
