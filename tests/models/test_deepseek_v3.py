@@ -178,6 +178,30 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
     assert plan.decode_rows.tolist() == [3, 4] and plan.expand_rows.tolist() == [0, 1, 2]
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_decodes_of_several_tokens_are_absorbed_one_row_per_token(page_size):
+    """With decode_q_len 5 (speculative verification of 4 drafted tokens), sequences of up to 5 new
+    tokens are decodes: one absorbed row per new token, seeing the keys up to its own token."""
+    torch_backend = select_backend("attention", "torch", Request("paged_attention", "cpu", torch.float32, 24))
+    q_lens, k_lens = [2, 5, 3], [13, 5, 20]
+    batch = make_batch(page_size, q_lens, k_lens, num_pages=-(-64 // page_size))
+    metadata = torch_backend.plan(batch)
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32, decode_q_len=5)
+    assert plan.varlen is None and plan.decode_rows is None
+    owner = [b for b, n in enumerate(q_lens) for _ in range(n)]  # the sequence of each row
+    assert torch.equal(plan.decode.page_table, metadata.page_table[owner])
+    want = [k - n + 1 + i for n, k in zip(q_lens, k_lens) for i in range(n)]
+    assert plan.decode.seq_lens.tolist() == want and plan.decode.max_seq_len == max(k_lens)
+
+    # decode_q_len 2: sequence 0 absorbed (2 rows), the others expanded; tokens picked by row.
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32, decode_q_len=2)
+    assert plan.decode.seq_lens.tolist() == [12, 13] and torch.equal(
+        plan.decode.page_table, metadata.page_table[[0, 0]]
+    )
+    assert plan.varlen.q_lens == (5, 3) and plan.varlen.k_lens == (5, 20)
+    assert plan.decode_rows.tolist() == [0, 1] and plan.expand_rows.tolist() == list(range(2, 10))
+
+
 def test_backend_without_mla_decode_is_named():
     sdpa = select_backend("mm", "sdpa", Request("varlen_attention", "cpu", torch.float32, 24))
     with pytest.raises(UnsupportedFeatureError, match=r"'sdpa' does not support the mla_decode op; .*'torch'"):

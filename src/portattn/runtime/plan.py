@@ -1,11 +1,14 @@
 """The per-forward plan of MLA models, made in the engine's plan step from the paged metadata.
 
-An ``"mla"`` cache is attended in one of two forms per sequence: **absorbed** for sequences with one
-new token (decodes: :func:`portattn.mla_decode`'s kernel over the latent rows) and **expanded** for
-prefill and extend chunks (the latent rows of every key gathered, expanded into per-head keys and
-values, and attended with the backend's varlen op). Which sequences take which form, their lengths,
-split counts, workspace and key slots depend only on the batch, so they are worked out once here and
-shared by every layer.
+An ``"mla"`` cache is attended in one of two forms per sequence: **absorbed** for decodes (sequences
+of at most ``decode_q_len`` new tokens: :func:`portattn.mla_decode`'s kernel over the latent rows)
+and **expanded** for prefill and extend chunks (the latent rows of every key gathered, expanded into
+per-head keys and values, and attended with the backend's varlen op). Absorbed decode takes one
+query per row, so a decode of ``q > 1`` new tokens (speculative verification) becomes ``q`` rows:
+row ``i`` of a sequence of ``L`` keys sees its first ``L - q + 1 + i`` keys, the causal rule of its
+own token (:func:`query_rows`). Which sequences take which form, their lengths, split counts,
+workspace and key slots depend only on the batch, so they are worked out once here and shared by
+every layer.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from .kv_cache import KVCacheSpec
 class LatentAttentionPlan:
     """Per-forward facts shared by every MLA layer.
 
-    Sequences with one new token are attended in the absorbed form (``decode``), the others in the
+    Decodes are attended in the absorbed form (``decode``, one row per new token), the others in the
     expanded form (``varlen``, ``key_slots``). In a batch of both kinds, ``decode_rows`` and
     ``expand_rows`` pick each kind's query tokens; otherwise they are None.
     """
@@ -33,18 +36,37 @@ class LatentAttentionPlan:
     decode: MLADecodeMetadata | None = None
     varlen: VarlenMetadata | None = None  # expanded form: queries and gathered keys per sequence
     key_slots: torch.Tensor | None = None  # [K] int64 slots of every key, sequence after sequence
-    decode_rows: torch.Tensor | None = None  # [B_decode] int64 token rows
+    decode_rows: torch.Tensor | None = None  # [T_decode] int64 token rows
     expand_rows: torch.Tensor | None = None  # [T_expand] int64 token rows
 
 
+def query_rows(
+    page_table: torch.Tensor, seq_lens_k: torch.Tensor, q_lens: torch.Tensor, num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of an absorbed decode whose sequences bring ``q_lens[b]`` new tokens each: one row per
+    new token, sequence-major, with its sequence's page table and the keys its token sees.
+
+    ``page_table [B, max_pages]``, ``seq_lens_k [B]`` (new tokens included), ``q_lens [B]`` int64 on
+    the device, ``num_rows = sum(q_lens)`` as a host int -> ``(page_table [R, max_pages] int32,
+    seq_lens [R] int32)`` with ``seq_lens[r] = seq_lens_k[b] - q_lens[b] + 1 + i`` for token ``i`` of
+    sequence ``b``. Device work only (no sync).
+    """
+    ends = torch.cumsum(q_lens, 0)  # [B] row after each sequence's last
+    first = seq_lens_k.long() - ends + 1  # [B] seq_lens of row r is first[b] + r
+    rows = torch.arange(num_rows, device=q_lens.device)  # [R]
+    seq_lens = torch.repeat_interleave(first, q_lens, output_size=num_rows) + rows  # [R]
+    return page_table.repeat_interleave(q_lens, dim=0, output_size=num_rows), seq_lens.int()
+
+
 def plan_latent_attention(
-    backend: AttentionBackend, meta: PagedMetadata, *, num_heads: int, kv_lora_rank: int
+    backend: AttentionBackend, meta: PagedMetadata, *, num_heads: int, kv_lora_rank: int, decode_q_len: int = 1
 ) -> LatentAttentionPlan:
-    """Once per forward, from the backend's paged metadata (its host lengths already in it)."""
+    """Once per forward, from the backend's paged metadata (its host lengths already in it).
+    Sequences of ``1 .. decode_q_len`` new tokens are decodes (absorbed), the others expanded."""
     require_ops(backend, ("mla_decode", "varlen_attention"))
     device = meta.seq_lens_k.device
-    decodes = [b for b, n in enumerate(meta.q_lens) if n == 1]
-    expands = [b for b, n in enumerate(meta.q_lens) if n != 1]
+    decodes = [b for b, n in enumerate(meta.q_lens) if 0 < n <= decode_q_len]
+    expands = [b for b, n in enumerate(meta.q_lens) if not 0 < n <= decode_q_len]
     mixed = bool(decodes and expands)
     starts = [0]
     for n in meta.q_lens:
@@ -52,9 +74,15 @@ def plan_latent_attention(
     plan = {}
     if decodes:
         pick = torch.tensor(decodes, device=device)
+        page_table = meta.page_table[pick] if mixed else meta.page_table
+        seq_lens = meta.seq_lens_k[pick] if mixed else meta.seq_lens_k
+        q_lens = [meta.q_lens[b] for b in decodes]
+        if max(q_lens) > 1:  # one row per new token
+            q_lens_dev = torch.tensor(q_lens, device=device)
+            page_table, seq_lens = query_rows(page_table, seq_lens, q_lens_dev, sum(q_lens))
         plan["decode"] = plan_mla_decode(
-            meta.page_table[pick] if mixed else meta.page_table,
-            meta.seq_lens_k[pick] if mixed else meta.seq_lens_k,
+            page_table,
+            seq_lens,
             meta.page_size,
             num_heads=num_heads,
             kv_lora_rank=kv_lora_rank,
@@ -74,9 +102,8 @@ def plan_latent_attention(
         plan["key_slots"] = page_table[seq, pos // page_size].long() * page_size + pos % page_size  # [K]
         plan["varlen"] = backend.plan_varlen(cu_q, cu_k, max_seqlen_q=max(q_lens), max_seqlen_k=max(k_lens))
     if mixed:
-        plan["decode_rows"] = torch.tensor([starts[b] for b in decodes], device=device)
-        rows = [r for b in expands for r in range(starts[b], starts[b + 1])]
-        plan["expand_rows"] = torch.tensor(rows, device=device)
+        plan["decode_rows"] = torch.tensor([r for b in decodes for r in range(starts[b], starts[b + 1])], device=device)
+        plan["expand_rows"] = torch.tensor([r for b in expands for r in range(starts[b], starts[b + 1])], device=device)
     return LatentAttentionPlan(**plan)
 
 
@@ -87,9 +114,11 @@ def _cumsum(lengths: list[int], device) -> torch.Tensor:
 
 
 def plan_for_cache(
-    spec: KVCacheSpec, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int
+    spec: KVCacheSpec, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int, decode_q_len: int = 1
 ) -> LatentAttentionPlan | None:
     """The plan a KV cache kind needs beyond the paged metadata: ``"mla"`` -> the latent-attention plan."""
     if spec.kind == "mla":
-        return plan_latent_attention(backend, metadata, num_heads=num_heads, kv_lora_rank=spec.kv_lora_rank)
+        return plan_latent_attention(
+            backend, metadata, num_heads=num_heads, kv_lora_rank=spec.kv_lora_rank, decode_q_len=decode_q_len
+        )
     return None
