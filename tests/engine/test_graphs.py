@@ -157,7 +157,8 @@ def test_buckets():
 def test_graph_plan_has_no_host_lengths(ckpt_root):
     llm = static_llm(checkpoint("llama", ckpt_root), page_size=16, num_pages=40, max_model_len=256)
     graphs = llm.engine.runner.graphs
-    for batch_size, ctx in graphs.contexts.items():
+    for (batch_size, q_len), ctx in graphs.contexts.items():
+        assert q_len == 1  # the engine decodes one token per sequence
         meta = ctx.metadata
         assert meta.q_lens is None and meta.k_lens is None  # nothing per-step baked in as a Python value
         assert meta.batch_size == batch_size

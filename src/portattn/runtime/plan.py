@@ -13,14 +13,15 @@ every layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..backends.base import AttentionBackend
-from ..backends.metadata import PagedMetadata, VarlenMetadata
+from ..backends.metadata import GraphBuffers, PagedMetadata, VarlenMetadata
 from ..backends.registry import require_ops
-from ..mla import MLADecodeMetadata, plan_mla_decode
+from ..mla import MLADecodeMetadata, mla_workspace_size, plan_mla_decode
 from .kv_cache import KVCacheSpec
 
 
@@ -105,6 +106,62 @@ def plan_latent_attention(
         plan["decode_rows"] = torch.tensor([r for b in decodes for r in range(starts[b], starts[b + 1])], device=device)
         plan["expand_rows"] = torch.tensor([r for b in expands for r in range(starts[b], starts[b + 1])], device=device)
     return LatentAttentionPlan(**plan)
+
+
+class LatentGraphPlan:
+    """The latent-attention plans of captured uniform steps, over the backend's :class:`GraphBuffers`.
+
+    Every captured step is a decode (absorbed). At ``uniform_q_len`` 1 the decode reads the buffers'
+    page table and key counts as they are; at ``q > 1`` it reads one row per new token
+    (:func:`query_rows`), written by :meth:`plan_into` into a page table and key counts of its own
+    (``[max_rows, max_pages]``, ``[max_rows]``). One split-KV workspace serves every shape.
+    """
+
+    def __init__(self, buffers: GraphBuffers, shapes: Sequence[tuple[int, int]], *, num_heads: int, kv_lora_rank: int):
+        self.buffers, self.num_heads, self.kv_lora_rank = buffers, num_heads, kv_lora_rank
+        device = buffers.seq_lens_k.device
+        max_rows = max((b * q for b, q in shapes if q > 1), default=0)
+        self.page_table = torch.zeros((max_rows, buffers.page_table.shape[1]), dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(max_rows, dtype=torch.int32, device=device)
+        batch = buffers.max_batch_size
+        self.q_lens = {q: torch.full((batch,), q, device=device) for _, q in shapes if q > 1}  # [B] int64, constant
+        size = max(
+            mla_workspace_size(buffers.max_seqlen_k, b * q, num_heads, buffers.page_size, kv_lora_rank=kv_lora_rank)
+            for b, q in shapes
+        )
+        self.workspace = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+
+    def plan(self, batch_size: int, uniform_q_len: int) -> LatentAttentionPlan:
+        """The plan of one captured shape (made once; views of the static buffers)."""
+        if uniform_q_len == 1:
+            page_table, seq_lens = self.buffers.page_table[:batch_size], self.buffers.seq_lens_k[:batch_size]
+        else:
+            rows = batch_size * uniform_q_len
+            page_table, seq_lens = self.page_table[:rows], self.seq_lens[:rows]
+        decode = plan_mla_decode(
+            page_table,
+            seq_lens,
+            self.buffers.page_size,
+            num_heads=self.num_heads,
+            kv_lora_rank=self.kv_lora_rank,
+            max_seq_len=self.buffers.max_seqlen_k,
+            workspace=self.workspace,
+        )
+        return LatentAttentionPlan(decode=decode)
+
+    def plan_into(self, batch_size: int, uniform_q_len: int) -> None:
+        """After the backend's ``plan_into``: the rows of each new token (device work only)."""
+        if uniform_q_len == 1:
+            return
+        rows = batch_size * uniform_q_len
+        page_table, seq_lens = query_rows(
+            self.buffers.page_table[:batch_size],
+            self.buffers.seq_lens_k[:batch_size],
+            self.q_lens[uniform_q_len][:batch_size],
+            rows,
+        )
+        self.page_table[:rows].copy_(page_table)
+        self.seq_lens[:rows].copy_(seq_lens)
 
 
 def _cumsum(lengths: list[int], device) -> torch.Tensor:
