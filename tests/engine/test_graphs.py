@@ -1,7 +1,7 @@
 """Captured decode's static-buffer path, run eagerly (no capture) on the CPU: the same buffers, per-bucket
 plans, padding rows and scratch page as a graph replay, compared token for token and logit for logit
 with the plain eager engine for every family, at page sizes 1, 7 and 16, for batches between buckets,
-after preemption and with prefix caching. (scripts/gpu_engine.sh runs the captured graphs on a GPU.)"""
+after preemption and with prefix caching. (``scripts/gpu.sh "test engine"`` runs the captured graphs on a GPU.)"""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ and with prefix caching. float32: equal greedy tokens and logits within 1e-4; bf
 bf16 tolerance and equal greedy tokens up to a near tie of the eager logits (where the two may round
 differently: a graph plan fixes the split-KV count per bucket, an eager one per step).
 
-Run by scripts/gpu_engine.sh (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
+Run by ``scripts/gpu.sh "test engine"`` (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
 
 from __future__ import annotations
 
