@@ -15,7 +15,6 @@ import torch
 from portattn.engine.graphs import uniform_q_len
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.runtime.plan import plan_for_cache
 from portattn.testing import no_host_sync
 from tiny_models import checkpoint, random_prompts, rel_err
 
@@ -77,8 +76,8 @@ def test_uniform_steps_through_the_buffers_equal_the_plain_forward(family, q_len
         batch, ctx = runner.plan(scheduled)
         want = runner.model(batch.input_ids, batch.positions, ctx)  # [n * q, H], planned per step
         if family == "deepseek_v3" and q_len > 1:  # the expanded form of the same attention
-            assert ctx.latent.varlen is None  # the plain plan absorbs decodes of q_len tokens too
-            expanded = plan_for_cache(engine.kv_pool.spec, engine.backend, ctx.metadata, num_heads=runner.num_heads)
+            assert ctx.cache_plan.varlen is None  # the plain plan absorbs decodes of q_len tokens too
+            expanded = engine.kv_pool.plan(engine.backend, ctx.metadata, num_heads=runner.num_heads)
             assert expanded.decode is None
             ctx = type(ctx)(ctx.backend, ctx.metadata, ctx.kv_pool, expanded)
             assert rel_err(runner.model(batch.input_ids, batch.positions, ctx), want) < 1e-4

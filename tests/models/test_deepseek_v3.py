@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 import portattn.mla
+import portattn.runtime.kv_cache
 import portattn.runtime.plan
 from backends.test_backend_api import make_batch
 from portattn.backends.base import Request
@@ -108,7 +109,8 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
 
     plan_module = portattn.runtime.plan
     monkeypatch.setattr(llm.engine, "step", count("steps", llm.engine.step))
-    monkeypatch.setattr(plan_module, "plan_latent_attention", count("plan", plan_module.plan_latent_attention))
+    kind_module = portattn.runtime.kv_cache  # the "mla" pool makes the plan
+    monkeypatch.setattr(kind_module, "plan_latent_attention", count("plan", plan_module.plan_latent_attention))
     monkeypatch.setattr(plan_module, "plan_mla_decode", count("plan_decode", portattn.mla.plan_mla_decode))
     monkeypatch.setattr(backend, "mla_decode", count("mla_decode", backend.mla_decode))
     monkeypatch.setattr(backend, "varlen_attention", count("varlen", backend.varlen_attention))

@@ -12,8 +12,9 @@ reads lives in static buffers at fixed addresses:
   copy per step;
 * the backend's :class:`~portattn.backends.base.GraphBuffers` (page table at full width, key
   lengths, new-token slots, and what else its op methods read), written by ``backend.plan_into``;
-* for an ``"mla"`` cache, the latent-attention plan over the same buffers (one absorbed row per new
-  token) and a split-KV workspace sized for the largest shape.
+* what the KV cache kind plans beyond the backend (``kv_pool.graph_plan``: for a latent cache,
+  one absorbed row per new token and a split-KV workspace sized for the largest shape), over the
+  same buffers.
 
 The plan of each shape (``backend.graph_metadata``) is made once, before capture: its Python values
 (batch size, query length, split counts, tiles) are fixed per shape, and everything that changes
@@ -40,7 +41,6 @@ from ..models.base import MultimodalModel
 from ..models.layers.moe import FusedMoE
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
-from ..runtime.plan import LatentGraphPlan
 from .req_pool import ReqToTokenPool
 from .sequence import Sequence
 
@@ -127,7 +127,7 @@ class DecodeGraphs:
         self.host = torch.zeros((4, max_tokens), dtype=torch.int64, pin_memory=pinned)
         self.host_np = self.host.numpy()
         self.copied = torch.Event(device=self.device) if pinned else None
-        self.cache_plan = self._cache_graph_plan()
+        self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
         # A captured step must not sync: the MoE layers take their dense (sync-free) path up to the
         # largest shape's token count.
         for module in model.modules():
@@ -143,20 +143,11 @@ class DecodeGraphs:
 
     # -- setup -----------------------------------------------------------------------------
 
-    def _cache_graph_plan(self) -> LatentGraphPlan | None:
-        """The graph plan a KV cache kind needs beyond the backend's, over the same buffers."""
-        spec = self.kv_pool.spec
-        if spec.kind == "mha":
-            return None
-        if spec.kind == "mla":
-            return LatentGraphPlan(self.buffers, self.shapes, num_heads=self.num_heads, kv_lora_rank=spec.kv_lora_rank)
-        raise ValueError(f"expected a KV cache kind with a graph plan ('mha', 'mla'), got {spec.kind!r}")
-
     def _context(self, shape: tuple[int, int]) -> ForwardContext:
         batch_size, q = shape
         metadata = self.backend.graph_metadata(self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q)
-        latent = None if self.cache_plan is None else self.cache_plan.plan(batch_size, q)
-        return ForwardContext(self.backend, metadata, self.kv_pool, latent)
+        cache_plan = None if self.cache_plan is None else self.cache_plan.plan(batch_size, q)
+        return ForwardContext(self.backend, metadata, self.kv_pool, cache_plan)
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
         tokens = shape[0] * shape[1]

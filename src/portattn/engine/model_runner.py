@@ -2,7 +2,7 @@
 
 The plan step (:meth:`ModelRunner.plan`) makes everything the forward reads before the model runs,
 and is the only place a step syncs with the device: the backend's paged metadata, the extra plan the
-model's KV cache kind needs (the latent-attention plan of an ``"mla"`` cache), and for multimodal
+model's KV cache kind needs beyond it (``kv_pool.plan``), and for multimodal
 models the vision encoder's plan and the image embeddings the step needs.
 """
 
@@ -16,7 +16,6 @@ from ..backends.base import AttentionBackend
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
-from ..runtime.plan import plan_for_cache
 from .forward_batch import ForwardBatch, Staging
 from .graphs import DecodeGraphs
 from .multimodal import build_multimodal_batch
@@ -39,7 +38,7 @@ class ModelRunner:
     ``uniform_q_lens``: the numbers of new tokens per sequence that make a step a decode: ``(1,)``
     for plain decoding, ``(1, k + 1)`` when speculative decoding verifies ``k`` drafted tokens per
     sequence. A uniform step of one of them replays a captured graph (:meth:`enable_graphs`), and the
-    KV cache kind's plan treats sequences of up to the largest as decodes (MLA: absorbed).
+    KV cache kind's plan treats sequences of up to the largest as decodes.
     """
 
     def __init__(
@@ -79,13 +78,13 @@ class ModelRunner:
             scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
         )
         metadata = self.backend.plan(batch, num_heads=self.num_heads)
-        latent = plan_for_cache(
-            self.kv_pool.spec, self.backend, metadata, num_heads=self.num_heads, decode_q_len=self.uniform_q_lens[-1]
+        cache_plan = self.kv_pool.plan(
+            self.backend, metadata, num_heads=self.num_heads, decode_q_len=self.uniform_q_lens[-1]
         )
         multimodal = None
         if self.multimodal:
             multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
-        return batch, ForwardContext(self.backend, metadata, self.kv_pool, latent, multimodal)
+        return batch, ForwardContext(self.backend, metadata, self.kv_pool, cache_plan, multimodal)
 
     def enable_graphs(self, batch_sizes: tuple[int, ...], *, capture: bool) -> DecodeGraphs:
         """Run uniform steps of up to ``max(batch_sizes)`` sequences of one of ``uniform_q_lens`` new

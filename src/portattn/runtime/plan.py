@@ -1,4 +1,8 @@
-"""The per-forward plan of MLA models, made in the engine's plan step from the paged metadata.
+"""The plans of KV cache kinds beyond the backend's paged metadata; here the ``"mla"`` kind's.
+
+A kind's pool (:mod:`.kv_cache`) makes them: ``pool.plan(...)`` once per forward in the engine's plan
+step (the forward context's ``cache_plan``), and ``pool.graph_plan(...)`` once for captured uniform
+steps (a :class:`CacheGraphPlan`).
 
 An ``"mla"`` cache is attended in one of two forms per sequence: **absorbed** for decodes (sequences
 of at most ``decode_q_len`` new tokens: :func:`portattn.mla_decode`'s kernel over the latent rows)
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -22,7 +27,19 @@ from ..backends.base import AttentionBackend
 from ..backends.metadata import GraphBuffers, PagedMetadata, VarlenMetadata
 from ..backends.registry import require_ops
 from ..mla import MLADecodeMetadata, mla_workspace_size, plan_mla_decode
-from .kv_cache import KVCacheSpec
+
+
+class CacheGraphPlan(Protocol):
+    """A KV cache kind's plan of captured uniform steps, over the backend's :class:`GraphBuffers`."""
+
+    def plan(self, batch_size: int, uniform_q_len: int) -> object:
+        """The kind's plan of one captured shape (the context's ``cache_plan``), made once before
+        capture: views of static buffers only."""
+        ...
+
+    def plan_into(self, batch_size: int, uniform_q_len: int) -> None:
+        """After the backend's ``plan_into`` wrote a step: the kind's own buffers (device work only)."""
+        ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,14 +185,3 @@ def _cumsum(lengths: list[int], device) -> torch.Tensor:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
     return cu.to(device)  # [n + 1] int32
-
-
-def plan_for_cache(
-    spec: KVCacheSpec, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int, decode_q_len: int = 1
-) -> LatentAttentionPlan | None:
-    """The plan a KV cache kind needs beyond the paged metadata: ``"mla"`` -> the latent-attention plan."""
-    if spec.kind == "mla":
-        return plan_latent_attention(
-            backend, metadata, num_heads=num_heads, kv_lora_rank=spec.kv_lora_rank, decode_q_len=decode_q_len
-        )
-    return None
