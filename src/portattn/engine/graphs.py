@@ -38,7 +38,6 @@ import torch
 from .. import device as devices
 from ..backends.base import AttentionBackend
 from ..models.base import MultimodalModel
-from ..models.layers.moe import FusedMoE
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
 from .req_pool import ReqToTokenPool
@@ -128,11 +127,7 @@ class DecodeGraphs:
         self.host_np = self.host.numpy()
         self.copied = torch.Event(device=self.device) if pinned else None
         self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
-        # A captured step must not sync: the MoE layers take their dense (sync-free) path up to the
-        # largest shape's token count.
-        for module in model.modules():
-            if isinstance(module, FusedMoE):
-                module.dense_max_tokens = max(module.dense_max_tokens, max_tokens)
+        model.prepare_static(max_tokens)  # what a captured step records must not sync
 
         self.contexts: dict[tuple[int, int], ForwardContext] = {}
         self.graphs: dict[tuple[int, int], object] = {}
