@@ -30,7 +30,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
 def generate(llm: LLM, prompts, max_tokens) -> list:
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
     return llm.generate(prompts, params, use_tqdm=False)
 
 
