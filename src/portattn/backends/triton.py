@@ -136,12 +136,15 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"expected num_kv_splits in [1, {MAX_SPLITS}], got {num_kv_splits}")
         return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
 
-    def graph_metadata(self, buffers: GraphBuffers, batch_size: int, *, num_heads: int) -> TritonPagedMetadata:
-        """As the base class, with the split count fixed for the batch size: chosen for the longest
-        context a row can hold. The kernel cuts each sequence's keys into that many ranges from its
-        length on the device, so shorter contexts leave some splits empty (merged as nothing)."""
-        splits = choose_num_kv_splits(batch_size, num_heads, 1, buffers.max_seqlen_k)
-        return TritonPagedMetadata(**graph_fields(buffers, batch_size), num_kv_splits=splits)
+    def graph_metadata(
+        self, buffers: GraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+    ) -> TritonPagedMetadata:
+        """As the base class, with the split count fixed for the shape: chosen for ``uniform_q_len``
+        queries per sequence and the longest context a row can hold. The kernel cuts each sequence's
+        keys into that many ranges from its length on the device, so shorter contexts leave some
+        splits empty (merged as nothing)."""
+        splits = choose_num_kv_splits(batch_size, num_heads, uniform_q_len, buffers.max_seqlen_k)
+        return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
 
     def plan_varlen(
         self,
