@@ -1,16 +1,20 @@
 """The OpenAI API's request bodies (with vLLM's extra sampling fields) and their mapping to
-:class:`SamplingParams`; OpenAI-style error bodies."""
+:class:`SamplingParams`; OpenAI-style error bodies.
+
+Bodies accept fields they do not know (the server logs each such name once and ignores it), as
+OpenAI's own API does; a field of the API that this server does not implement is refused by name.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling_params import SamplingParams
 
 # Fields of the OpenAI API that this server does not implement: a request that sets one gets a 400
-# naming it (rather than silently different behaviour). Unknown fields get a 422.
+# naming it (rather than silently different behaviour). Fields unknown to the API are ignored.
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "suffix", "audio", "prediction")
 
 
@@ -27,6 +31,8 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
     ):
+        # A message may quote the request (a lone surrogate, say), and the body must still encode as UTF-8.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
         self.headers = headers
@@ -36,7 +42,11 @@ class APIError(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+
+    def unknown_fields(self) -> list[str]:
+        """The names of fields the model does not declare (kept in ``model_extra``)."""
+        return sorted(self.model_extra or ())
 
 
 class StreamOptions(_Body):
@@ -89,6 +99,9 @@ class _Sampling(_Body):
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """The engine's parameters; a value it refuses becomes a 400 naming the field."""
+        prompt_logprobs = self.prompt_logprobs
+        if getattr(self, "echo", False) and logprobs is not None:  # the echoed prompt's tokens carry theirs
+            prompt_logprobs = max(logprobs, prompt_logprobs or 0)
         try:
             return SamplingParams(
                 n=self.n,
@@ -107,7 +120,7 @@ class _Sampling(_Body):
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
-                prompt_logprobs=self.prompt_logprobs,
+                prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=self.skip_special_tokens,
             )
         except ValueError as err:
@@ -136,22 +149,17 @@ class CompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
         if self.best_of is not None and self.best_of != self.n:
             raise APIError(400, "best_of other than n is not supported by this server", param="best_of")
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the template as they are
 
     role: str
-    content: str | list[TextPart] | None = None
+    # Text, or parts: {"type": "text", "text"} and {"type": "image_url", "image_url": {"url": "data:..."}},
+    # checked by the input processor (shared with LLM.chat), which names the part at fault.
+    content: str | list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -165,6 +173,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     # vLLM's extras for templates.
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
@@ -181,13 +190,35 @@ class ChatCompletionRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list[dict]:
-        out = []
-        for m in self.messages:
-            d = m.model_dump(exclude_none=True)
-            if isinstance(m.content, list):
-                d["content"] = [part.model_dump() for part in m.content]
-            out.append(d)
-        return out
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class TokenizeRequest(_Body):
+    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered through the template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    def check_supported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "give prompt or messages, not both or neither", param="prompt")
+
+    def message_dicts(self) -> list[dict]:
+        return [m.model_dump(exclude_none=True) for m in self.messages or ()]
+
+
+class DetokenizeRequest(_Body):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]
 
 
 def param_of(message: str) -> str | None:
