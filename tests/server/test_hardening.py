@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from portattn.testing.chat import CHAT_TEMPLATE
 
-from .conftest import request, running_server, tiny_checkpoint, wait_until
+from .conftest import StepGate, request, running_server, tiny_checkpoint, wait_until
 
 # The checkpoint's template of a "strict" model: roles must alternate (as Mistral's template demands,
 # through raise_exception), and a `think` variable that requests may set (chat_template_kwargs).
@@ -187,38 +187,6 @@ def test_cpu_threads_leave_a_core_to_the_event_loop():
     cores = len(os.sched_getaffinity(0))
     threads, why = cpu_threads({})
     assert threads == max(1, cores - 1) and f"{cores} cores" in why
-
-
-class StepGate:
-    """Holds the engine thread before each step until the test allows it (``allow(k)``: k more
-    steps, ``allow(None)``: every step from now on)."""
-
-    def __init__(self, engine):
-        self.engine, self.step = engine, engine.step
-        self.cond = threading.Condition()
-        self.allowed: int | None = 0
-        self.entered = threading.Event()
-
-    def __enter__(self):
-        def held_step():
-            with self.cond:
-                self.entered.set()
-                self.cond.wait_for(lambda: self.allowed is None or self.allowed > 0, timeout=30)
-                if self.allowed:
-                    self.allowed -= 1
-            return self.step()
-
-        self.engine.step = held_step
-        return self
-
-    def allow(self, steps: int | None) -> None:
-        with self.cond:
-            self.allowed = None if steps is None else self.allowed + steps
-            self.cond.notify_all()
-
-    def __exit__(self, *exc):
-        self.allow(None)
-        self.engine.step = self.step
 
 
 def test_aborted_requests_are_counted(served):

@@ -72,15 +72,15 @@ class _Uvicorn(uvicorn.Server):
 
 
 class _Shutdown:
-    def __init__(self, uvicorn_server: _Uvicorn, app, timeout: float):
+    def __init__(self, uvicorn_server: _Uvicorn, app, timeout: float, loop: asyncio.AbstractEventLoop):
         self.uvicorn = uvicorn_server
+        self.loop = loop
         self.server = app.state.server
         self.timeout = timeout
         self.signals = 0
 
     def on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
-        loop = asyncio.get_running_loop()
         if self.signals == 1:
             self.server.stopping = True  # requests on open connections get 503 server_shutdown
             self.uvicorn.should_exit = True  # stops accepting, waits for the open requests
@@ -91,11 +91,11 @@ class _Shutdown:
                 sum(not s.finished for s in self.server.streams),
                 self.timeout,
             )
-            loop.call_later(self.timeout, self.end_streams, "timed out")
+            self.loop.call_later(self.timeout, self.end_streams, "timed out")
         else:
             logger.warning("%s again: ending the requests in flight now", sig.name)
             self.end_streams("interrupted")
-            loop.call_later(_FLUSH_S, setattr, self.uvicorn, "force_exit", True)
+            self.loop.call_later(_FLUSH_S, setattr, self.uvicorn, "force_exit", True)
 
     def end_streams(self, why: str) -> None:
         error = APIError(
@@ -106,20 +106,25 @@ class _Shutdown:
             logger.warning("ended %d requests that were still running", ended)
 
 
-async def serve(app, sock: socket.socket, *, shutdown_timeout: float, log_level: str = "warning") -> None:
-    """Serve ``app`` on the bound ``sock`` until a signal, then shut down as the module describes."""
+async def serve(
+    app, sock: socket.socket, *, shutdown_timeout: float, log_level: str = "warning", handle_signals: bool = True
+) -> None:
+    """Serve ``app`` on the bound ``sock`` until a signal, then shut down as the module describes.
+    ``app.state.shutdown.on_signal(sig)`` (on the loop) acts as a signal does; ``handle_signals=False``
+    leaves the process's signals alone (a server on a thread other than the main one)."""
     # uvicorn's own limit is a backstop past ours: by then every stream has been ended.
     config = uvicorn.Config(
         app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=int(shutdown_timeout + _FLUSH_S + 5)
     )
     server = _Uvicorn(config)
-    shutdown = _Shutdown(server, app, shutdown_timeout)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    app.state.shutdown = shutdown = _Shutdown(server, app, shutdown_timeout, loop)
+    signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    for sig in signals:
         loop.add_signal_handler(sig, shutdown.on_signal, sig)
     try:
         await server.serve(sockets=[sock])
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals:
             loop.remove_signal_handler(sig)
         app.state.server.engine.shutdown()  # lifespan's shutdown is skipped on a forced exit
