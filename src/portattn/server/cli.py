@@ -173,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     if server.engine.engine.config.device.type == "cpu":
         threads, why = cpu_threads()
         torch.set_num_threads(threads)
-        logger.info("CPU: %d intra-op threads (%s)", threads, why)
+        logger.info("CPU: intra-op threads: %d (%s)", threads, why)
     logger.info("serving %s on http://%s:%d", server.model_name, args.host, args.port)
     asyncio.run(serve(app, sock, shutdown_timeout=args.shutdown_timeout, log_level=args.uvicorn_log_level))
     logger.info("stopped")
