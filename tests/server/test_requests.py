@@ -77,11 +77,15 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(llm, client):
     text = client.completions.create(model=None, prompt=PROMPT, max_tokens=3, temperature=0, echo=True)
     assert text.choices[0].text.startswith(PROMPT) and text.choices[0].logprobs is None
     chunks = client.completions.create(
-        model=None, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=1, stream=True
+        model=None, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=1, stream=True, n=2
     )
-    pieces = [(c.choices[0].text, c.choices[0].logprobs) for c in chunks if c.choices]
-    assert "".join(p for p, _ in pieces) == text.choices[0].text
-    assert sum(len(lp.tokens) for _, lp in pieces) == text.usage.prompt_tokens + 3
+    joined, tokens = {0: "", 1: ""}, {0: 0, 1: 0}
+    for chunk in chunks:
+        for c in chunk.choices:
+            joined[c.index] += c.text
+            tokens[c.index] += len(c.logprobs.tokens)
+    assert joined == {0: text.choices[0].text, 1: text.choices[0].text}  # greedy: both choices alike
+    assert tokens == {0: text.usage.prompt_tokens + 3, 1: text.usage.prompt_tokens + 3}
 
 
 def test_context_length_errors_have_one_wording(served, client):

@@ -51,8 +51,11 @@ class CompletionFormat:
         self.prompt_logprobs = prompt_logprobs  # the request asked for the prompt_logprobs field
         self.offsets: dict[int, int] = {}
         self.echoed: set[int] = set()
+        self.prompt_entries: dict[int, list] = {}  # per prompt: its log-probabilities, from the first delta
 
     def choices(self, prompt: int, out: RequestOutput) -> list[dict]:
+        if out.prompt_logprobs is not None:
+            self.prompt_entries.setdefault(prompt, out.prompt_logprobs)
         return [self.choice(prompt, out, c) for c in out.outputs]
 
     def choice(self, prompt: int, out: RequestOutput, c: CompletionOutput) -> dict:
@@ -63,7 +66,8 @@ class CompletionFormat:
             echo = self.echoes[prompt]
             text = echo.text + text
             if c.logprobs is not None:
-                echoed_logprobs = _echoed_logprobs(echo, out.prompt_token_ids, out.prompt_logprobs)
+                entries = self.prompt_entries[prompt]  # a stream sends them once per prompt
+                echoed_logprobs = _echoed_logprobs(echo, out.prompt_token_ids, entries)
                 self.offsets[index] = echoed_logprobs.pop("end")
         logprobs = _completion_logprobs(c, self.offsets, index)
         if echoed_logprobs is not None:

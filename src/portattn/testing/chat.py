@@ -133,6 +133,8 @@ def save_tiny_vision_chat_checkpoint(path: str | Path) -> str:
     )
     fast.chat_template = VISION_CHAT_TEMPLATE
     fast.save_pretrained(path)
-    processor = Qwen2VLImageProcessor(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=256, max_pixels=4096)
+    processor = Qwen2VLImageProcessor(
+        patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=256, max_pixels=4096
+    )
     processor.save_pretrained(path)
     return str(path)
