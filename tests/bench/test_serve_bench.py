@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,5 +125,19 @@ def test_random_checkpoint_of_a_real_shape_loads(tmp_path):
 
     path = write_random_llama(tmp_path / "tiny", "tiny", dtype=torch.float32)
     llm = LLM(path, page_size=8, num_pages=16, max_model_len=128)
-    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 3 and out.text == " ".join(f"t{t}" for t in out.token_ids)
+
+
+def test_the_project_prompt_set_is_a_dataset():
+    import random
+    from argparse import Namespace
+
+    from benchmarks.serve_datasets import load_requests
+
+    path = Path(bench.__file__).parent / "prompts" / "chat.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    args = Namespace(dataset_path=str(path), dataset_name=None, num_prompts=1000, output_len=32)
+    name, requests = load_requests(args, random.Random(0), None, text=True)
+    assert name == "prompts" and sorted(r.prompt for r in requests) == sorted(x["prompt"] for x in lines)
+    assert {r.output_len for r in requests} == {32}

@@ -57,7 +57,7 @@ def test_schema_errors_are_the_clients_bad_request(client):
 
 def test_echo_with_logprobs_gives_the_prompts_logprobs(llm, client):
     ids = llm.tokenizer(PROMPT)["input_ids"]
-    want = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=2, logprobs=2), use_tqdm=False)[0]
+    want = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2, logprobs=2), use_tqdm=False)[0]
     # As lm-eval's loglikelihood requests it: token ids, one token, echo, logprobs.
     got = client.completions.create(model=None, prompt=[ids], max_tokens=1, temperature=0, echo=True, logprobs=2)
     choice = got.choices[0]
@@ -168,7 +168,7 @@ def test_chat_with_images_for_the_vision_family(tmp_path_factory):
     )
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
     ids = vl.tokenizer(text, add_special_tokens=False)["input_ids"]
-    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=0)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
     want = vl.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": [pixels1, pixels2]}}, params)[0]
     assert vl.chat(messages, params, use_tqdm=False)[0].token_ids == want.token_ids
     want_logprobs = [e[t].logprob for t, e in zip(want.token_ids, want.outputs[0].logprobs)]

@@ -152,8 +152,9 @@ class Server:
             stream.fail(error)
         return len(open_streams)
 
-    def observe(self, stream: RequestStream, arrival: float, n: int) -> Timing:
-        return Timing(self.metrics, arrival, stream.num_prompts, n)
+    def observe(self, stream: RequestStream, arrival: float, params: SamplingParams) -> Timing:
+        # Every sequence is counted by its finish reason (with best_of, the ones not returned too).
+        return Timing(self.metrics, arrival, stream.num_prompts, params.num_seqs)
 
     def model_card(self) -> dict:
         return {
@@ -166,15 +167,36 @@ class Server:
         }
 
 
+ENGINE_WATCH_S = 0.5  # how often the server looks whether its engine thread still runs
+
+
+async def _exit_when_engine_dies(server: Server, app: FastAPI) -> None:
+    """When the engine thread ends on an error (a failed step; under tensor parallelism, a rank that
+    died or stopped answering), log it and call ``app.state.exit_server`` (``portattn serve`` sets it:
+    the server exits with status 1, for a supervisor to restart it). Without it the app answers 503."""
+    while server.engine.alive:
+        await asyncio.sleep(ENGINE_WATCH_S)
+    error = server.engine.error
+    if error is None:  # stopped by shutdown
+        return
+    exit_server = getattr(app.state, "exit_server", None)
+    then = "the server exits" if exit_server is not None else "requests are answered 503 from now on"
+    logger.critical("the engine died (%s: %s); %s", type(error).__name__, error, then)
+    if exit_server is not None:
+        exit_server()
+
+
 def build_app(server: Server) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if not server.engine.alive:
             server.engine.start()
+        watch = asyncio.create_task(_exit_when_engine_dies(server, app))
         stats = None
         if server.log_stats_interval:
-            stats = asyncio.ensure_future(log_stats(server.engine, server.log_stats_interval))
+            stats = asyncio.create_task(log_stats(server.engine, server.log_stats_interval))
         yield
+        watch.cancel()
         if stats is not None:
             stats.cancel()
         server.preprocessor.shutdown()
@@ -191,7 +213,8 @@ def build_app(server: Server) -> FastAPI:
     @app.get("/health")
     async def health():
         if not server.engine.alive:
-            return JSONResponse(APIError(503, "the engine is not running", type="server_error").body(), 503)
+            error = APIError(503, "the engine is not running", type="server_error", code="engine_dead")
+            return JSONResponse(error.body(), 503)
         return Response(status_code=200)
 
     @app.api_route("/ping", methods=["GET", "POST"])
@@ -240,7 +263,7 @@ def build_app(server: Server) -> FastAPI:
         params = body.sampling_params(max_tokens, body.logprobs)
         server.check_params(params)
         stream = server.submit("cmpl", prompts, params)
-        timing = server.observe(stream, arrival, params.n)
+        timing = server.observe(stream, arrival, params)
         prompt_tokens = sum(len(p.token_ids) for p in prompts)
         server.metrics.labelled(server.metrics.prompt_tokens).inc(prompt_tokens)
         head = {"id": stream.request_id, "object": "text_completion", "created": int(time.time())}
@@ -266,7 +289,7 @@ def build_app(server: Server) -> FastAPI:
         params = body.sampling_params(max_tokens, body.num_logprobs())
         server.check_params(params)
         stream = server.submit("chatcmpl", [prompt], params)
-        timing = server.observe(stream, arrival, params.n)
+        timing = server.observe(stream, arrival, params)
         prompt_tokens = len(prompt.token_ids)
         server.metrics.labelled(server.metrics.prompt_tokens).inc(prompt_tokens)
         head = {"id": stream.request_id, "object": "chat.completion", "created": int(time.time())}
@@ -349,7 +372,7 @@ async def _collect(stream: RequestStream, timing: Timing, request: Request) -> N
             raise APIError(499, "the client closed the request", code="client_closed")
         work.result()  # re-raises an engine error, or the server's shutdown
     except ValueError as err:
-        raise APIError(400, str(err), param=param_of(str(err))) from None
+        raise APIError(400, str(err), param=param_of(str(err)), code="invalid_value") from None
     finally:
         work.cancel()
         gone.cancel()

@@ -193,13 +193,13 @@ class AsyncEngine:
         try:
             for i, prompt in enumerate(prompts):
                 seqs = []
-                for j in range(params.n):
+                for j in range(params.num_seqs):
                     seqs.append(self.engine.add_request(prompt.token_ids, params, prompt.multimodal, index=j))
                     added.append(seqs[-1])
                 stream.states.append(
                     RequestState(f"{stream.request_id}-{i}", prompt.text, seqs, self._texts.token_text)
                 )
-                self._queried += len(prompt.token_ids) * params.n
+                self._queried += len(prompt.token_ids) * params.num_seqs
         except ValueError as err:  # the handler checked already: nothing else to blame
             for seq in added:
                 self.engine.abort(seq.request_id)

@@ -114,8 +114,8 @@ def create_app(
         import prometheus_client  # noqa: F401
     except ImportError as err:
         raise ImportError(_MISSING) from err
+    from ..engine.build import build_engine
     from ..engine.input_processor import InputProcessor
-    from ..engine.llm import LLM
     from ..models import loader
     from .app import Server, build_app
     from .async_engine import AsyncEngine
@@ -126,13 +126,14 @@ def create_app(
             raise ValueError(f"expected {name} to be None or a positive int, got {value!r}")
     if log_stats_interval is not None and not log_stats_interval > 0:
         raise ValueError(f"expected log_stats_interval to be None or seconds > 0, got {log_stats_interval!r}")
-    llm = LLM(model, **engine_args)
+    arguments.check_keywords(EngineConfig, engine_args, what="create_app")
+    engine = build_engine(EngineConfig(model=model, **engine_args))
     # The handlers tokenize with a tokenizer of their own: the engine thread decodes with the engine's.
-    processor = InputProcessor(llm.engine.model, loader.load_tokenizer(llm.config.model), llm.config.model)
-    async_engine = AsyncEngine(llm.engine, max_queue=max_queue)
+    processor = InputProcessor(engine.model, loader.load_tokenizer(engine.config.model), engine.config.model)
+    async_engine = AsyncEngine(engine, max_queue=max_queue)
     server = Server(
         async_engine,
-        Preprocessor(processor, llm.engine),
+        Preprocessor(processor, engine),
         served_model_name or str(model),
         api_key,
         trust_request_chat_template=trust_request_chat_template,
@@ -177,4 +178,15 @@ def main(args: argparse.Namespace) -> int:
     logger.info("serving %s on http://%s:%d", server.model_name, args.host, args.port)
     asyncio.run(serve(app, sock, shutdown_timeout=args.shutdown_timeout, log_level=args.uvicorn_log_level))
     logger.info("stopped")
-    return 0
+    return 1 if server.engine.error is not None else 0  # a supervisor restarts a server that failed
+
+
+def uvicorn_server(app, **config):
+    """A ``uvicorn.Server`` for ``app`` (``config``: ``uvicorn.Config``'s keywords) that exits when
+    the engine dies (``app.state.exit_server``, see :func:`portattn.server.app.build_app`), for an
+    application that runs the server itself (``portattn serve`` runs :func:`lifecycle.serve`)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, **config))
+    app.state.exit_server = lambda: setattr(server, "should_exit", True)
+    return server

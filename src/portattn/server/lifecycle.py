@@ -119,6 +119,7 @@ async def serve(
     server = _Uvicorn(config)
     loop = asyncio.get_running_loop()
     app.state.shutdown = shutdown = _Shutdown(server, app, shutdown_timeout, loop)
+    app.state.exit_server = lambda: setattr(server, "should_exit", True)  # when the engine dies
     signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
     for sig in signals:
         loop.add_signal_handler(sig, shutdown.on_signal, sig)

@@ -89,12 +89,12 @@ class ServerMetrics:
 class Timing:
     """Per HTTP request: TTFT, inter-token latency, token counts and finish reasons for the metrics."""
 
-    def __init__(self, metrics: ServerMetrics, arrival: float, num_prompts: int, n: int):
+    def __init__(self, metrics: ServerMetrics, arrival: float, num_prompts: int, seqs_per_prompt: int):
         self.metrics = metrics
         self.arrival = arrival
         self.last: list[float | None] = [None] * num_prompts
         self.completion_tokens = 0
-        self.open_choices = num_prompts * n
+        self.open_choices = num_prompts * seqs_per_prompt
 
     def step(self, index: int, out: RequestOutput) -> None:
         now = time.perf_counter()

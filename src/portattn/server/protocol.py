@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.sampling_params import SamplingParams
+from ..engine.sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
 
 # Fields of the OpenAI API that this server does not implement: a request that sets one gets a 400
 # naming it (rather than silently different behaviour). Fields unknown to the API are ignored.
@@ -54,7 +54,11 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    """Fields both endpoints share: OpenAI's, then vLLM's extras (sent with the client's ``extra_body``)."""
+    """Fields both endpoints share: OpenAI's, then vLLM's extras (sent with the client's ``extra_body``).
+
+    ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` left out (or null)
+    stay unset in the :class:`SamplingParams`: the engine gives them the checkpoint's
+    ``generation_config.json`` values, else vLLM's defaults (``temperature`` 1, as in OpenAI's API)."""
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -79,8 +83,8 @@ class _Sampling(_Body):
     prediction: Any = None
     # vLLM's extras.
     top_k: int | None = None
-    min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
@@ -95,25 +99,25 @@ class _Sampling(_Body):
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported by this server", param="logit_bias", code="unsupported")
         if self.stream_options is not None and not self.stream:
-            raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+            raise APIError(
+                400, "stream_options is only allowed with stream=true", param="stream_options", code="invalid_value"
+            )
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """The engine's parameters; a value it refuses becomes a 400 naming the field."""
+        given = {name: getattr(self, name) for name in GENERATION_CONFIG_FIELDS if getattr(self, name) is not None}
         prompt_logprobs = self.prompt_logprobs
         if getattr(self, "echo", False) and logprobs is not None:  # the echoed prompt's tokens carry theirs
             prompt_logprobs = max(logprobs, prompt_logprobs or 0)
         try:
             return SamplingParams(
                 n=self.n,
+                best_of=getattr(self, "best_of", None),
                 max_tokens=max_tokens,
                 min_tokens=self.min_tokens,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=-1 if self.top_k is None else self.top_k,
-                min_p=self.min_p,
+                **given,
                 presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty,
-                repetition_penalty=self.repetition_penalty,
                 seed=self.seed,
                 stop=self.stop or (),
                 stop_token_ids=self.stop_token_ids or (),
@@ -133,7 +137,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=128)
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
@@ -144,13 +148,13 @@ class CompletionRequest(_Sampling):
         if isinstance(prompt[0], int):
             return [prompt]
         if any(isinstance(p, list) and not p for p in prompt):
-            raise APIError(400, "prompt must not hold an empty list of token ids", param="prompt")
+            raise APIError(400, "prompt must not hold an empty list of token ids", param="prompt", code="invalid_value")
         return list(prompt)
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.best_of is not None and self.best_of != self.n:
-            raise APIError(400, "best_of other than n is not supported by this server", param="best_of")
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise APIError(400, "best_of above n cannot be streamed", param="best_of", code="invalid_value")
 
 
 class ChatMessage(BaseModel):
@@ -182,9 +186,16 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
         if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+            raise APIError(
+                400, "only response_format {'type': 'text'} is supported", param="response_format", code="unsupported"
+            )
         if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+            raise APIError(
+                400,
+                "give max_tokens or max_completion_tokens, not both",
+                param="max_completion_tokens",
+                code="invalid_value",
+            )
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -208,7 +219,7 @@ class TokenizeRequest(_Body):
 
     def check_supported(self) -> None:
         if (self.prompt is None) == (self.messages is None):
-            raise APIError(400, "give prompt or messages, not both or neither", param="prompt")
+            raise APIError(400, "give prompt or messages, not both or neither", param="prompt", code="invalid_value")
 
     def message_dicts(self) -> list[dict]:
         return [m.model_dump(exclude_none=True) for m in self.messages or ()]
