@@ -84,7 +84,9 @@ def engine_run(folder: Path, ids: list[list[int]], backend: str, fused: bool, la
     from portattn.models.layers.fused import set_fused_kernels
 
     set_fused_kernels(fused)
-    llm = LLM(str(folder), device="cuda", dtype="bfloat16", attention_backend=backend, max_model_len=2048)
+    llm = LLM(
+        str(folder), device="cuda", dtype="bfloat16", attention_backend=backend, max_model_len=2048, enforce_eager=True
+    )
     states = []
     handles = []
     if layer_hook:
@@ -118,9 +120,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the converted float32 checkpoint in this folder")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "smollm2"
+        folder = args.keep or Path(tmp) / "smollm2"
         convert(args.gguf, folder)
         from transformers import AutoTokenizer
 
