@@ -57,7 +57,8 @@ def test_schema_errors_are_the_clients_bad_request(client):
 
 def test_echo_with_logprobs_gives_the_prompts_logprobs(llm, client):
     ids = llm.tokenizer(PROMPT)["input_ids"]
-    want = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2, logprobs=2), use_tqdm=False)[0]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2, logprobs=2)
+    want = llm.generate([ids], params, use_tqdm=False)[0]
     # As lm-eval's loglikelihood requests it: token ids, one token, echo, logprobs.
     got = client.completions.create(model=None, prompt=[ids], max_tokens=1, temperature=0, echo=True, logprobs=2)
     choice = got.choices[0]
