@@ -51,7 +51,8 @@ def create_app(
         raise ValueError(f"expected max_queue to be None or an int >= 0, got {max_queue!r}")
     llm = LLM(model, **engine_args)
     # The handlers tokenize with a tokenizer of their own: the engine thread decodes with the engine's.
-    processor = InputProcessor(llm.engine.model, loader.load_tokenizer(llm.config.model), llm.config.model)
+    tokenizer = loader.load_tokenizer(llm.config.tokenizer or llm.config.model)
+    processor = InputProcessor(llm.engine.model, tokenizer, llm.config.model)
     async_engine = AsyncEngine(llm.engine, max_queue=max_queue)
     server = Server(async_engine, processor, served_model_name or str(model), api_key)
     return build_app(server)
