@@ -32,7 +32,7 @@ QUESTIONS = {  # question -> what the answer must contain
 MAX_NEW = 24
 CHUNK = 32
 # The fp8 cache's change of the paragraph's mean negative log-likelihood, in nats: measured -0.0060
-# (e4m3) and +0.0436 (e5m2), docs/fp8_kv_cache.md.
+# (e4m3) and +0.0436 (e5m2), docs/fp8_kv_cache.md and docs/gguf.md.
 FP8_NLL_BOUND = {"fp8_e4m3": 0.01, "fp8_e5m2": 0.05}
 
 
@@ -151,3 +151,18 @@ def test_demo_starts_with_the_real_model(capsys):
     out = capsys.readouterr().out
     assert out.index("Paris") < out.index("greedy == transformers")
     assert out.count("tokens/s)") == 3 and "all greedy outputs equal transformers'" in out
+
+
+def test_serve_answers_from_the_file(path):
+    """``portattn serve --model file.gguf``: the OpenAI chat route answers through the file's chat template."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from portattn.server import create_app
+
+    app = create_app(path, page_size=16, num_pages=64, max_model_len=512)
+    with TestClient(app) as client:
+        body = {"model": path, "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        reply = client.post("/v1/chat/completions", json=body | {"max_tokens": 16, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    assert "Paris" in reply.json()["choices"][0]["message"]["content"]

@@ -316,3 +316,18 @@ def test_smollm2_gguf_names_the_install_command_when_absent(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=SMOLLM2_INSTALL.replace(".", r"\.")):
         smollm2_gguf()
+
+
+def test_generate_command_takes_a_gguf_file_and_a_tokenizer(tmp_path, capsys):
+    from portattn.cli import main
+    from portattn.testing.chat import save_tiny_chat_checkpoint
+
+    chat = save_tiny_chat_checkpoint(tmp_path / "chat")
+    path = save_tiny_gguf("qwen3", tmp_path / "q.gguf", ("Q5_1",), vocab_size=384)
+    engine = ["--max-model-len", "64", "--num-pages", "8"]
+    argv = ["generate", "--model", path, "--tokenizer", chat, "--prompt", "The quick brown fox", *engine]
+    assert main([*argv, "--max-tokens", "4", "--ignore-eos"]) == 0
+    want = LLM(path, tokenizer=chat, max_model_len=64, num_pages=8).generate(
+        "The quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False
+    )
+    assert f"output: {want[0].outputs[0].text!r}" in capsys.readouterr().out
