@@ -9,8 +9,9 @@ import pytest
 
 from portattn.engine.llm import LLM
 from portattn.testing import save_tiny_fp8_checkpoint, save_tiny_mxfp4_checkpoint
+from tiny_models import checkpoint, rel_err
 
-from .conftest import DEVICE, FAMILIES, alive, checkpoint, generate, prompts, rank_pids, rel_err
+from .conftest import DEVICE, FAMILIES, alive, generate, prompts, rank_pids
 from .static_decode import enable_static_decode, static_replays
 
 MAX_NEW = 8

@@ -16,8 +16,7 @@ from portattn.models.layers import CheckpointSlice, QKVLinear
 from portattn.models.llama import LlamaForCausalLM
 from portattn.models.loader import load_state
 from portattn.testing import save_tiny_checkpoint, save_tiny_mxfp4_checkpoint
-
-from .conftest import checkpoint
+from tiny_models import checkpoint
 
 
 def fake_group(rank: int, size: int) -> TPGroup:

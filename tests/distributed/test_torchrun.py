@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 from portattn.engine.llm import LLM
+from tiny_models import checkpoint
 
-from .conftest import DEVICE, checkpoint, generate
+from .conftest import DEVICE, generate
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 

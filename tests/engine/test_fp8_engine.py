@@ -25,15 +25,14 @@ from safetensors.torch import load_file, save_file
 
 import portattn.backends.base
 import portattn.mla
+from models.test_deepseek_v3 import checkpoint as deepseek_checkpoint
 from portattn.backends import registry
 from portattn.backends.torch_ref import TorchBackend
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.errors import UnsupportedFeatureError
 from portattn.kv_quant import dequantize_kv, quantize_kv
-
-from .conftest import ENGINE_DEVICE, FAMILIES, checkpoint, guard_decode_forwards, random_prompts
-from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
+from tiny_models import ENGINE_DEVICE, PARITY_FAMILIES, checkpoint, guard_decode_forwards, random_prompts
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 PROMPTS = random_prompts([3, 9, 17, 30], seed=5)
@@ -79,13 +78,15 @@ def make_llm(path: str, kv_cache_dtype: str = "auto", *, decode_steps: bool = Tr
 def reference(path: str) -> tuple[list[list[int]], list[torch.Tensor]]:
     """The float32-cache engine's greedy continuations: (prompt + continuation, logits of each step)."""
     outs = make_llm(path, decode_steps=False).generate(
-        PROMPTS, SamplingParams(max_tokens=NUM_DECODES, ignore_eos=True, return_logits=True), use_tqdm=False
+        PROMPTS,
+        SamplingParams(temperature=0, max_tokens=NUM_DECODES, ignore_eos=True, return_logits=True),
+        use_tqdm=False,
     )
     return [p + o.token_ids[:-1] for p, o in zip(PROMPTS, outs)], [o.logits for o in outs]
 
 
 def prompt_logits(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]:
-    params = SamplingParams(max_tokens=1, ignore_eos=True, return_prompt_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, return_prompt_logits=True)
     return [out.prompt_logits for out in llm.generate(seqs, params, use_tqdm=False)]
 
 
@@ -104,7 +105,7 @@ def rel_err(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize("kv", list(FP8))
-@pytest.mark.parametrize("family", [*FAMILIES, "deepseek"])
+@pytest.mark.parametrize("family", [*PARITY_FAMILIES, "deepseek"])
 def test_fp8_engine_equals_the_rounded_cache_and_agrees_with_float32(family, kv, ckpt_root, monkeypatch):
     path = path_of(family, ckpt_root)
     seqs, ref_logits = reference(path)
@@ -203,5 +204,5 @@ def test_fp8_decode_forwards_do_not_sync(family, ckpt_root):
     """Saturating writes, scales and fp8 reads add no device-to-host read to a decode step."""
     llm = make_llm(path_of(family, ckpt_root), "fp8_e5m2", decode_steps=False)
     decodes = guard_decode_forwards(llm)
-    llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert decodes and max(decodes) == 2

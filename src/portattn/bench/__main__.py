@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m portattn.bench", description=__doc__)
     parser.add_argument("--case", action="append", default=None, help="run cases whose name contains this")
     parser.add_argument("--sweep", action="store_true", help="also time other tile shapes and split counts")
-    parser.add_argument("--out", default="bench/results", help="folder for the JSON and PNG files")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG files")
     parser.add_argument("--tag", default="bench", help="file name stem")
     args = parser.parse_args(argv)
     device = default_device()

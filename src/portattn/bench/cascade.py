@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=None, help="run cases whose name contains this")
     parser.add_argument("--backend", default="triton", help="attention backend (default: triton)")
     parser.add_argument("--sweep", action="store_true", help="also time the shared pass at other split counts")
-    parser.add_argument("--out", default="bench/results/cascade.json", help="JSON file to write")
+    parser.add_argument("--out", default="benchmarks/results/cascade.json", help="JSON file to write")
     parser.add_argument("--label", default="", help="a free-form device description stored in the JSON")
     args = parser.parse_args(argv)
     device = default_device()

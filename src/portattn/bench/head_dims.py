@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m portattn.bench.head_dims", description=__doc__)
     parser.add_argument("--head-dim", type=int, action="append", default=None, help="head dims (default: a grid)")
-    parser.add_argument("--out", default="bench/results/head_dims.json", help="JSON file to write")
+    parser.add_argument("--out", default="benchmarks/results/head_dims.json", help="JSON file to write")
     args = parser.parse_args(argv)
     device = default_device()
     if not is_gpu(device):

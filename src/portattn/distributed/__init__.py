@@ -1,8 +1,8 @@
 """Tensor parallelism: one model over several devices, one process per device.
 
-``group`` (the :class:`TPGroup` that layers are built for and its two collectives) has no engine
-dependency; ``driver`` (rank 0: start the ranks, send each step, stop them), ``worker`` (the other
-ranks) and ``protocol`` (the per-step message) are the engine's and are imported by it on demand.
+This package holds what the layers are built for: ``group`` (the :class:`TPGroup` and its two
+collectives), with no engine dependency. Starting the ranks, sending each step and stopping them is
+the engine's orchestration, in :mod:`portattn.engine.parallel`.
 """
 
 from .group import SINGLE, TPGroup, attention_heads

@@ -76,7 +76,7 @@ def choose_tiles(
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
     The GPU defaults are the fastest shapes of ``python -m portattn.bench --sweep`` on an H200
-    (``bench/results/NOTES.md``): decode streams 64-key tiles through a 5-stage pipeline; long
+    (``benchmarks/results/NOTES.md``): decode streams 64-key tiles through a 5-stage pipeline; long
     query runs take 128 x 128 tiles at head dim 128 (64 x 64 for short runs), 64 x 64 tiles when
     no column tile is wider than 64 (head dims 64, 80, 96, 112, ...), and 64 x 32 tiles above 128
     columns (160, 192, 224, 256). A GPU that lacks the shared memory steps down at the first launch

@@ -46,7 +46,7 @@ def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLAT
     three-stage pipeline. Many heads (compute-bound): 64-head blocks, so that each latent row feeds
     a tall matrix product (Hopper's warpgroup MMA) and is read by few programs. Each choice is the
     fastest, in a sweep on an H200, of the tiles that need at most 164 KB of shared memory
-    (bench/results/MLA_NOTES.md). Under the CPU interpreter tiles stay small (its cost grows with
+    (benchmarks/results/MLA_NOTES.md). Under the CPU interpreter tiles stay small (its cost grows with
     tile size, and small tiles exercise the multi-block and masked paths on short sequences).
     """
     if interpret:

@@ -1,0 +1,652 @@
+"""The engine on a GPU: ``python -m benchmarks.engine [--parts P ...] [--out DIR]``.
+
+Builds full-size checkpoints with random bf16 weights in a temporary folder (no network needed) and
+measures, in one run, the parts asked for (each writes ``engine_<part>.json`` to ``--out``; the
+notes ``engine_gpu.md`` and the plot ``engine_decode.png`` cover every part found there):
+
+* ``copy``: device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate;
+* ``decode``: a Llama-3-8B-shaped model (``--layers``, 32) decoding batches of 1, 8, 32, 64, 128
+  sequences at ``--context`` (1024) tokens, captured graphs and eager: wall time per engine step,
+  the graph replay alone (the GPU's busy time), host planning time, against the streaming limit
+  ``(weights read per step + KV read) / copy bandwidth``;
+* ``launches``: kernels per layer of one eager decode step and of one replay (torch.profiler);
+* ``throughput``: offline generation of 512 requests of 1024 prompt + 256 output tokens;
+* ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
+  ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
+* ``coldstart``: construction + first token in a fresh process with an empty Triton cache, bf16 and fp32;
+* ``llama4`` / ``deepseek``: a Llama 4-shaped model (chunked local layers, MoE) and a DeepSeek-V3-shaped
+  one (MLA, grouped MoE), fewer layers and experts to fit, decoding with graphs and eagerly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from portattn.device import synchronize
+
+PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "llama4", "deepseek")
+DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
+
+
+# -- model shapes ------------------------------------------------------------------------------
+
+
+def llama3_8b_config(layers: int):
+    from transformers import LlamaConfig
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0}
+    rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    return LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_parameters=rope, tie_word_embeddings=False, bos_token_id=128000,
+        eos_token_id=128001,
+    )  # fmt: skip
+
+
+def llama4_config(layers: int):
+    """Llama 4 Scout's shapes with ``layers`` layers and 16 experts; chunks of 512 tokens, so that
+    1k-token contexts cross chunk boundaries (Scout's is 8192)."""
+    from transformers import Llama4TextConfig
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0}
+    rope |= {"high_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+    return Llama4TextConfig(
+        vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+        num_hidden_layers=layers, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1, no_rope_layer_interval=4,
+        attention_chunk_size=512, use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8192,
+        attn_scale=0.1, max_position_embeddings=16384, rope_parameters=rope, bos_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+
+
+def deepseek_v3_config(layers: int):
+    """DeepSeek V3's shapes with ``layers`` layers (the first dense) and 32 routed experts in 8 groups."""
+    from transformers import DeepseekV3Config
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096}
+    rope |= {"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    return DeepseekV3Config(
+        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+        num_hidden_layers=layers, first_k_dense_replace=1, num_attention_heads=128, num_key_value_heads=128,
+        q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        n_routed_experts=32, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
+        norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True, rope_parameters=rope,
+        max_position_embeddings=163840, bos_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+
+
+def checkpoint(name: str, config, workdir: Path) -> str:
+    from .random_checkpoint import write_random_checkpoint
+
+    start = time.perf_counter()
+    path = write_random_checkpoint(config, workdir / name, device=DEVICE)
+    print(f"[{name}] checkpoint ready in {time.perf_counter() - start:.1f} s: {path}", flush=True)
+    return str(path)
+
+
+def default_workdir() -> Path:
+    shm = Path("/dev/shm")  # RAM-backed where there is one: writing and reading 16 GB takes seconds
+    return Path(tempfile.gettempdir() if not shm.is_dir() else shm) / "portattn_bench_engine"
+
+
+# -- measurements ------------------------------------------------------------------------------
+
+
+def sync() -> None:
+    synchronize(torch.device(DEVICE))
+
+
+def weight_bytes(model) -> int:
+    """Bytes one decode step reads of the weights: every parameter but the embedding table (of which it
+    reads one row per token), the LM head included."""
+    embed = model.model.embed_tokens.weight
+    lm_head = model.lm_head.weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if lm_head.data_ptr() != embed.data_ptr():
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def kv_bytes_per_token(engine) -> float:
+    pool = engine.kv_pool
+    return pool.spec.bytes_per_page(pool.page_size, pool.dtype) / pool.page_size
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab - 10, (count, length), generator=g).tolist()
+
+
+def event_time_ms(fn, repeats: int = 20) -> float:
+    """Median device time of ``fn()`` between events (the device's own time; launches queued back to back)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        if DEVICE == "cpu":  # runs synchronously: wall time is its time
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
+        start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_time_us(fn, repeats: int = 50) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return statistics.median(times)
+
+
+def start_decoding(engine, batch: int, context: int, max_tokens: int, seed: int = 0) -> list:
+    """``batch`` requests with ``context``-token prompts, prefilled: the next steps are pure decodes."""
+    from portattn.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    seqs = [engine.add_request(ids, params) for ids in random_prompts(batch, context, engine.vocab_size, seed)]
+    while any(s.num_computed < s.num_prompt_tokens for s in seqs):
+        engine.step()
+    return seqs
+
+
+@torch.inference_mode()
+def time_mode(engine, graphs, steps: int) -> dict:
+    """Wall time per engine step; the host plan and the forward of the next step alone (decode)."""
+    runner = engine.runner
+    mode = "eager" if graphs is None else "graphs"
+    runner.graphs = graphs
+    engine.step()  # this mode's kernels compiled
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync()
+    row = {f"{mode}_step_ms": (time.perf_counter() - t0) * 1e3 / steps}
+    scheduled = engine.scheduler.schedule()  # the next step (reserving is idempotent)
+    if graphs is not None:
+        row["graphs_plan_us"] = host_time_us(lambda: graphs.write_step(scheduled))
+        row["graphs_replay_ms"] = event_time_ms(graphs.graphs[graphs.bucket(len(scheduled))].replay)
+    else:
+        row["eager_plan_us"] = host_time_us(lambda: runner.plan(scheduled))
+        batch, ctx = runner.plan(scheduled)
+        row["eager_forward_ms"] = event_time_ms(lambda: runner.model(batch.input_ids, batch.positions, ctx))
+    return row
+
+
+def decode_point(llm, batch: int, context: int, steps: int, copy_tb_s: float) -> dict:
+    """Step times of one decode batch, graphs and eager; every request is aborted afterwards."""
+    engine = llm.engine
+    graphs = engine.runner.graphs
+    seqs = start_decoding(engine, batch, context, max_tokens=4 * steps + 16)
+    row: dict = {"batch": batch, "context": context}
+    try:
+        if graphs is not None:
+            row |= time_mode(engine, graphs, steps)
+        row |= time_mode(engine, None, steps)
+    finally:
+        engine.runner.graphs = graphs
+    mean_context = context + 3 * steps / 2
+    weights = weight_bytes(engine.model)
+    kv = batch * mean_context * kv_bytes_per_token(engine)
+    row |= {"weight_bytes": weights, "kv_bytes": kv, "limit_ms": (weights + kv) / (copy_tb_s * 1e12) * 1e3}
+    for seq in seqs:
+        if seq.request_id in engine.requests:
+            engine.abort(seq.request_id)
+    for mode in ("graphs", "eager"):
+        if f"{mode}_step_ms" in row:
+            row[f"{mode}_vs_limit"] = row[f"{mode}_step_ms"] / row["limit_ms"]
+    print(f"[decode] {json.dumps(row)}", flush=True)
+    return row
+
+
+def count_kernels(fn) -> tuple[int, Counter]:
+    """Device kernels (and copies) that ``fn()`` runs, by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    names = Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(names.values()), names
+
+
+_BUILT: dict = {}  # the last engine built, reused by the next part that asks for the same one
+
+
+def make_llm(path: str, dtype: str = "bfloat16", **kwargs):
+    from portattn.engine.llm import LLM
+
+    key = (path, dtype, tuple(sorted(kwargs.items())))
+    if key in _BUILT:
+        return _BUILT[key]
+    _BUILT.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+    start = time.perf_counter()
+    llm = LLM(path, device=DEVICE, dtype=dtype, **kwargs)
+    print(f"engine built in {time.perf_counter() - start:.1f} s", flush=True)
+    _BUILT[key] = llm
+    return llm
+
+
+def decode_llm(args, path: str):
+    """The engine of the decode and launches parts (one build serves both)."""
+    kv = args.kv_gib << 30
+    return make_llm(path, max_num_seqs=max(args.batches), max_model_len=args.context + 512, kv_cache_memory=kv)
+
+
+# -- parts -------------------------------------------------------------------------------------
+
+
+def part_copy(args, results: dict) -> dict:
+    from portattn.bench.ceilings import measure_ceilings
+
+    ceilings = measure_ceilings(torch.device(DEVICE))
+    return {"copy_tb_s": ceilings.copy_tb_s, "matmul_tflop_s": ceilings.matmul_tflop_s}
+
+
+def copy_tb_s(args, results: dict) -> float:
+    if "copy" not in results:
+        results["copy"] = part_copy(args, results)
+    return results["copy"]["copy_tb_s"]
+
+
+def part_decode(args, results: dict) -> dict:
+    bandwidth = copy_tb_s(args, results)
+    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    llm = decode_llm(args, path)
+    rows = [decode_point(llm, b, args.context, args.steps, bandwidth) for b in args.batches]
+    return {"model": "llama3-8b", "layers": args.layers, "copy_tb_s": bandwidth, "rows": rows}
+
+
+@torch.inference_mode()
+def part_launches(args, results: dict) -> dict:
+    from portattn.models.layers.fused import set_fused_kernels
+
+    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    llm = decode_llm(args, path)
+    engine, runner = llm.engine, llm.engine.runner
+    seqs = start_decoding(engine, 1, args.context, max_tokens=64)
+    scheduled = engine.scheduler.schedule()
+    batch, ctx = runner.plan(scheduled)
+    out = {"layers": args.layers}
+    try:
+        set_fused_kernels(False)  # the layers' torch code: the count before fusion
+        unfused, unfused_names = count_kernels(lambda: runner.model(batch.input_ids, batch.positions, ctx))
+    finally:
+        set_fused_kernels(True)
+    out |= {"unfused_kernels": unfused, "unfused_per_layer": unfused / args.layers}
+    out["unfused_top"] = unfused_names.most_common(25)
+    eager, eager_names = count_kernels(lambda: runner.model(batch.input_ids, batch.positions, ctx))
+    out |= {"eager_kernels": eager, "eager_per_layer": eager / args.layers}
+    out["eager_top"] = eager_names.most_common(25)
+    if runner.graphs is not None:
+        graph = runner.graphs.graphs[runner.graphs.bucket(1)]
+        replay, replay_names = count_kernels(graph.replay)
+        out |= {"replay_kernels": replay, "replay_per_layer": replay / args.layers}
+        out["replay_top"] = replay_names.most_common(25)
+    for seq in seqs:
+        engine.abort(seq.request_id)
+    print(f"[launches] {out['unfused_per_layer']:.1f} -> {out['eager_per_layer']:.1f} per layer", flush=True)
+    return out
+
+
+def part_throughput(args, results: dict) -> dict:
+    from portattn.engine.sampling_params import SamplingParams
+
+    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    llm = make_llm(
+        path,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.prompt_len + args.output_len + 16,
+        kv_cache_memory=args.kv_gib << 30,
+        chunked_prefill_size=args.chunked_prefill,
+    )
+    prompts = random_prompts(args.requests, args.prompt_len, llm.engine.vocab_size, seed=1)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    graphs = llm.engine.runner.graphs
+    replays0 = graphs.replays if graphs is not None else 0
+    steps = [0]
+    step = llm.engine.step
+
+    def counted():
+        steps[0] += 1
+        return step()
+
+    llm.engine.step = counted
+    sync()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    seconds = time.perf_counter() - t0
+    del llm.engine.step
+    assert all(len(o.token_ids) == args.output_len for o in outs)
+    out = {
+        "requests": args.requests,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "max_num_seqs": args.max_num_seqs,
+        "seconds": seconds,
+        "output_tokens_per_s": args.requests * args.output_len / seconds,
+        "total_tokens_per_s": args.requests * (args.prompt_len + args.output_len) / seconds,
+        "steps": steps[0],
+        "replayed_steps": (graphs.replays - replays0) if graphs is not None else 0,
+        "preemptions": llm.engine.scheduler.num_preemptions,
+    }
+    print(f"[throughput] {json.dumps(out)}", flush=True)
+    return out
+
+
+def part_hf(args, results: dict, *, compiled: bool) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    _BUILT.clear()  # the GPU's memory for transformers' model
+    gc.collect()
+    torch.cuda.empty_cache()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(DEVICE).eval()
+    model.generation_config.eos_token_id = None
+    prompts = torch.tensor(random_prompts(args.hf_requests, args.prompt_len, model.config.vocab_size, seed=1))
+    kwargs = dict(max_new_tokens=args.output_len, min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+    if compiled:
+        kwargs["cache_implementation"] = "static"
+    out = {"requests": args.hf_requests, "batch": args.hf_batch, "compiled": compiled}
+
+    def run(ids: torch.Tensor) -> None:
+        ids = ids.to(DEVICE)
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+
+    try:
+        t0 = time.perf_counter()
+        run(prompts[: args.hf_batch])  # warm-up (compiles, with a static cache); not counted
+        out["warmup_s"] = time.perf_counter() - t0
+        sync()
+        t0 = time.perf_counter()
+        for start in range(0, args.hf_requests, args.hf_batch):
+            run(prompts[start : start + args.hf_batch])
+        sync()
+        seconds = time.perf_counter() - t0
+        out |= {"seconds": seconds, "output_tokens_per_s": args.hf_requests * args.output_len / seconds}
+    except Exception as exc:  # reported in the results: transformers' compile path may not run here
+        out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    print(f"[hf{'-compile' if compiled else ''}] {json.dumps(out)}", flush=True)
+    return out
+
+
+def part_coldstart(args, results: dict) -> dict:
+    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    out = {}
+    for dtype in args.cold_dtypes:
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, TRITON_CACHE_DIR=cache)
+            command = [sys.executable, "-m", "benchmarks.engine", "--cold-child", path, "--cold-dtype", dtype]
+            t0 = time.perf_counter()
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
+            wall = time.perf_counter() - t0
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        row = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
+        row["process_s"] = wall
+        row["warm_up_log"] = [line for line in proc.stderr.splitlines() if "warm-up:" in line or "decode " in line]
+        out[dtype] = row
+        print(f"[coldstart {dtype}] {json.dumps(row)}", flush=True)
+    return out
+
+
+def cold_child(path: str, dtype: str) -> None:
+    """In a fresh process: import, construct (load + warm-up), first token, then a new prompt shape."""
+    import logging
+
+    t0 = time.perf_counter()
+    from portattn.engine.llm import LLM
+    from portattn.engine.sampling_params import SamplingParams
+
+    logging.basicConfig(level=logging.INFO)
+    imported = time.perf_counter()
+    llm = LLM(path, device=DEVICE, dtype=dtype, max_model_len=4096)
+    built = time.perf_counter()
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm.generate([random_prompts(1, 128, llm.engine.vocab_size)[0]], params, use_tqdm=False)
+    sync()
+    first = time.perf_counter()
+    llm.generate([random_prompts(1, 37, llm.engine.vocab_size)[0]] * 3, params, use_tqdm=False)
+    sync()
+    second = time.perf_counter()
+    row = {"dtype": dtype, "import_s": imported - t0, "construct_s": built - imported}
+    row |= {"first_token_s": first - built, "construct_and_first_token_s": first - t0, "new_shape_s": second - first}
+    print(json.dumps(row), flush=True)
+
+
+def part_family(args, results: dict, name: str) -> dict:
+    from portattn.engine.sampling_params import SamplingParams
+
+    bandwidth = copy_tb_s(args, results)
+    config = llama4_config(args.family_layers) if name == "llama4" else deepseek_v3_config(args.family_layers)
+    path = checkpoint(f"{name}_{args.family_layers}l", config, args.workdir)
+    llm = make_llm(path, max_num_seqs=max(args.family_batches), max_model_len=args.context + 512,
+                   kv_cache_memory=args.kv_gib << 30)  # fmt: skip
+    rows = [decode_point(llm, b, args.context, args.steps, bandwidth) for b in args.family_batches]
+    # Greedy tokens of graphs and eager from the same prompts.
+    prompts = random_prompts(4, args.context, llm.engine.vocab_size, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    with_graphs = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    graphs, llm.engine.runner.graphs = llm.engine.runner.graphs, None
+    eager = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    llm.engine.runner.graphs = graphs
+    agree = [next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(g)) for g, e in zip(with_graphs, eager)]
+    return {"model": name, "layers": args.family_layers, "rows": rows, "tokens_agreeing": agree}
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def load_results(out: Path) -> dict:
+    results = {}
+    for file in sorted(out.glob("engine_*.json")):
+        results[file.stem.removeprefix("engine_")] = json.loads(file.read_text())
+    return results
+
+
+def plot(out: Path, decode: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = decode["rows"]
+    batches = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(batches, [r["limit_ms"] for r in rows], "k--", label="streaming limit (weights + KV) / copy bandwidth")
+    for mode, style in (("graphs", "o-"), ("eager", "s-")):
+        if all(f"{mode}_step_ms" in r for r in rows):
+            ax.plot(batches, [r[f"{mode}_step_ms"] for r in rows], style, label=f"engine step, {mode}")
+    if all("graphs_replay_ms" in r for r in rows):
+        ax.plot(batches, [r["graphs_replay_ms"] for r in rows], "^:", label="graph replay alone")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("decode batch (sequences)")
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"Llama-3-8B shape, {decode['layers']} layers, bf16, {rows[0]['context']}-token contexts")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "engine_decode.png", dpi=120)
+
+
+def fmt(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def notes(results: dict) -> str:
+    lines = ["# Engine on the GPU", ""]
+    copy = results.get("copy")
+    if copy:
+        lines += [f"Copy bandwidth {copy['copy_tb_s']:.2f} TB/s (read + write); bf16 matmul "
+                  f"{copy['matmul_tflop_s']:.0f} TFLOP/s.", ""]  # fmt: skip
+    for key in ("decode", "llama4", "deepseek"):
+        part = results.get(key)
+        if not part:
+            continue
+        lines += [f"## Decode: {part['model']}, {part['layers']} layers", ""]
+        lines += ["| batch | limit ms | graphs step ms | x limit | replay ms | eager step ms | x limit "
+                  "| plan us (graphs / eager) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in part["rows"]:
+            lines.append(
+                f"| {r['batch']} | {r['limit_ms']:.2f} | {fmt(r.get('graphs_step_ms'))} "
+                f"| {fmt(r.get('graphs_vs_limit'))} | {fmt(r.get('graphs_replay_ms'))} "
+                f"| {fmt(r.get('eager_step_ms'))} | {fmt(r.get('eager_vs_limit'))} "
+                f"| {fmt(r.get('graphs_plan_us'), '.0f')} / {fmt(r.get('eager_plan_us'), '.0f')} |"
+            )
+        if "tokens_agreeing" in part:
+            lines.append(f"\nGreedy tokens of graphs and eager agree for {part['tokens_agreeing']} of 16 per prompt.")
+        lines.append("")
+    launches = results.get("launches")
+    if launches:
+        lines += [f"## Launches: {launches['eager_per_layer']:.1f} kernels per layer per eager decode step "
+                  f"({launches['eager_kernels']} in all; {launches['unfused_per_layer']:.1f} without the fused "
+                  "kernels)"]  # fmt: skip
+        if "replay_per_layer" in launches:
+            lines[-1] += f"; a replay shows {launches['replay_per_layer']:.1f} per layer"
+        lines += ["", "Most frequent (eager): " + ", ".join(f"{n} x{c}" for n, c in launches["eager_top"][:12]), ""]
+    tp, hf, hfc = results.get("throughput"), results.get("hf"), results.get("hf-compile")
+    if tp:
+        lines += ["## Offline throughput", "", f"portattn: {tp['requests']} requests of {tp['prompt_len']} + "
+                  f"{tp['output_len']} tokens in {tp['seconds']:.1f} s: {tp['output_tokens_per_s']:.0f} output "
+                  f"tokens/s ({tp['total_tokens_per_s']:.0f} tokens/s with the prompts); {tp['replayed_steps']} of "
+                  f"{tp['steps']} steps replayed graphs; {tp['preemptions']} preemptions."]  # fmt: skip
+        for name, part in (("transformers eager", hf), ("transformers static cache + compile", hfc)):
+            if not part:
+                continue
+            if "error" in part:
+                lines.append(f"{name}: did not run ({part['error']}).")
+            else:
+                lines.append(f"{name}: {part['output_tokens_per_s']:.0f} output tokens/s over {part['requests']} "
+                             f"requests in batches of {part['batch']}: portattn is "
+                             f"{tp['output_tokens_per_s'] / part['output_tokens_per_s']:.1f}x.")  # fmt: skip
+        lines.append("")
+    cold = results.get("coldstart")
+    if cold:
+        lines += ["## Cold start (fresh process, empty Triton cache)", "",
+                  "| dtype | import s | construct s (load + warm-up) | first token s | total s | new prompt shape s |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for dtype, r in cold.items():
+            lines.append(f"| {dtype} | {fmt(r.get('import_s'), '.1f')} | {fmt(r.get('construct_s'), '.1f')} "
+                         f"| {fmt(r.get('first_token_s'), '.1f')} | {fmt(r.get('construct_and_first_token_s'), '.1f')} "
+                         f"| {fmt(r.get('new_shape_s'), '.1f')} |")  # fmt: skip
+        lines.append("")
+    lines += targets(results)
+    return "\n".join(lines) + "\n"
+
+
+def targets(results: dict) -> list[str]:
+    out = ["## Targets (H200)", ""]
+    decode = {r["batch"]: r for r in results.get("decode", {}).get("rows", [])}
+    for batch, bound in ((1, 1.2), (64, 1.35)):
+        r = decode.get(batch)
+        if r and "graphs_vs_limit" in r:
+            ok = r["graphs_vs_limit"] <= bound
+            out.append(f"- batch-{batch} decode step {r['graphs_vs_limit']:.2f}x the streaming limit (target <= "
+                       f"{bound}x): {'met' if ok else 'not met'}")  # fmt: skip
+    tp = results.get("throughput")
+    for key, bound in (("hf", 5.0), ("hf-compile", 1.5)):
+        part = results.get(key)
+        if tp and part and "output_tokens_per_s" in part:
+            ratio = tp["output_tokens_per_s"] / part["output_tokens_per_s"]
+            out.append(
+                f"- throughput {ratio:.1f}x {key} (target >= {bound}x): {'met' if ratio >= bound else 'not met'}"
+            )
+    cold = results.get("coldstart", {}).get("bfloat16")
+    if cold and "construct_and_first_token_s" in cold:
+        s = cold["construct_and_first_token_s"]
+        out.append(f"- bf16 cold start {s:.1f} s (target <= 60 s): {'met' if s <= 60 else 'not met'}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["copy", "decode", "launches"], choices=PARTS)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    parser.add_argument("--workdir", type=Path, default=None, help="where checkpoints are written (reused)")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps per point")
+    parser.add_argument("--kv-gib", type=int, default=48, help="KV-cache memory of the engines")
+    parser.add_argument("--requests", type=int, default=512)
+    parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--chunked-prefill", type=int, default=16384)
+    parser.add_argument("--hf-requests", type=int, default=128, help="requests timed through transformers")
+    parser.add_argument("--hf-batch", type=int, default=64)
+    parser.add_argument("--cold-dtypes", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--cold-timeout", type=int, default=400)
+    parser.add_argument("--family-layers", type=int, default=4)
+    parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--cold-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cold-dtype", default="bfloat16", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cold_child:
+        cold_child(args.cold_child, args.cold_dtype)
+        return 0
+    if not torch.cuda.is_available():
+        print("the engine benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.workdir = args.workdir or default_workdir()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = load_results(args.out)
+    runners = {
+        "copy": part_copy,
+        "decode": part_decode,
+        "launches": part_launches,
+        "throughput": part_throughput,
+        "hf": lambda a, r: part_hf(a, r, compiled=False),
+        "hf-compile": lambda a, r: part_hf(a, r, compiled=True),
+        "coldstart": part_coldstart,
+        "llama4": lambda a, r: part_family(a, r, "llama4"),
+        "deepseek": lambda a, r: part_family(a, r, "deepseek"),
+    }
+    for part in PARTS:
+        if part not in args.parts:
+            continue
+        start = time.perf_counter()
+        results[part] = runners[part](args, results)
+        results[part]["part_seconds"] = time.perf_counter() - start
+        (args.out / f"engine_{part}.json").write_text(json.dumps(results[part], indent=1))
+        if part != "copy" and "copy" in results:  # measured on the way, for the limit
+            (args.out / "engine_copy.json").write_text(json.dumps(results["copy"], indent=1))
+    if "decode" in results:
+        plot(args.out, results["decode"])
+    (args.out / "engine_gpu.md").write_text(notes(results))
+    print(notes(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

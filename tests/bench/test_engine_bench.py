@@ -1,0 +1,79 @@
+"""The GPU engine benchmark's pieces on the CPU: random checkpoints, one decode point, the notes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import engine as bench
+from benchmarks.random_checkpoint import write_random_checkpoint
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+
+
+def tiny_llama():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+
+
+def test_random_checkpoint_loads_and_is_reused(tmp_path, cpu):
+    from portattn.engine.llm import LLM
+
+    path = write_random_checkpoint(tiny_llama(), tmp_path / "ckpt", device="cpu")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert "model.layers.1.mlp.down_proj.weight" in index["weight_map"]
+    stamp = (path / "stamp.txt").stat().st_mtime_ns
+    assert write_random_checkpoint(tiny_llama(), tmp_path / "ckpt", device="cpu") == path
+    assert (path / "stamp.txt").stat().st_mtime_ns == stamp  # reused, not rewritten
+    llm = LLM(str(path), page_size=4, num_pages=64, max_model_len=256, max_num_seqs=4)
+    model = llm.engine.model
+    assert torch.equal(model.model.norm.weight, torch.ones(32))
+    assert 0.01 < float(model.model.layers[0].mlp.down_proj.weight.std()) < 0.03
+    row = bench.decode_point(llm, batch=2, context=20, steps=3, copy_tb_s=1e-3)
+    assert row["eager_step_ms"] > 0 and row["limit_ms"] > 0 and "graphs_step_ms" not in row  # no graphs on the CPU
+    assert row["kv_bytes"] == 2 * (20 + 4.5) * 2 * 2 * 2 * 8 * 4  # batch, mean context, layers, k+v, heads, dim, fp32
+    assert not llm.engine.requests  # every request aborted
+
+
+def test_notes_and_targets():
+    rows = [
+        {"batch": 1, "context": 1024, "limit_ms": 4.0, "graphs_step_ms": 4.4, "graphs_vs_limit": 1.1},
+        {"batch": 64, "context": 1024, "limit_ms": 5.0, "graphs_step_ms": 7.5, "graphs_vs_limit": 1.5},
+    ]
+    results = {
+        "copy": {"copy_tb_s": 4.3, "matmul_tflop_s": 780},
+        "decode": {"model": "llama3-8b", "layers": 32, "rows": rows},
+        "throughput": {"requests": 512, "prompt_len": 1024, "output_len": 256, "seconds": 50.0,
+                       "output_tokens_per_s": 2600.0, "total_tokens_per_s": 13000.0, "steps": 300,
+                       "replayed_steps": 250, "preemptions": 0},
+        "hf": {"requests": 128, "batch": 64, "output_tokens_per_s": 400.0},
+        "hf-compile": {"requests": 128, "batch": 64, "error": "RuntimeError: no"},
+        "coldstart": {"bfloat16": {"construct_and_first_token_s": 45.0, "construct_s": 40.0}},
+    }  # fmt: skip
+    text = bench.notes(results)
+    assert "batch-1 decode step 1.10x the streaming limit (target <= 1.2x): met" in text
+    assert "batch-64 decode step 1.50x the streaming limit (target <= 1.35x): not met" in text
+    assert "throughput 6.5x hf (target >= 5.0x): met" in text
+    assert "transformers static cache + compile: did not run (RuntimeError: no)" in text
+    assert "bf16 cold start 45.0 s (target <= 60 s): met" in text
+
+
+@pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
+def test_random_checkpoints_of_moe_families_load(family, tmp_path):
+    """Tensor names as save_pretrained writes them (DeepSeek V3: one tensor per expert and projection)."""
+    from portattn.engine.llm import LLM
+    from portattn.testing.checkpoints import tiny_config
+
+    path = write_random_checkpoint(tiny_config(family), tmp_path / family, device="cpu")
+    llm = LLM(str(path), page_size=4, num_pages=64, max_model_len=256, max_num_seqs=2)
+    out = llm.generate([[3, 4, 5]], use_tqdm=False)[0]
+    assert len(out.token_ids) > 0
