@@ -63,7 +63,7 @@ def real_model_answers(attention_backend: str) -> None:
         return
     print(f"SmolLM2-135M-Instruct ({Path(path).name}), float32 on the CPU:\n")
     llm = LLM(path, attention_backend=attention_backend, max_model_len=1024, num_pages=64, page_size=16)
-    params = SamplingParams(max_tokens=64)
+    params = SamplingParams(max_tokens=64, temperature=0)
     for question in QUESTIONS:
         start = time.perf_counter()
         (out,) = llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)

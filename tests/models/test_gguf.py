@@ -97,7 +97,7 @@ def paragraph(llm16) -> list[int]:
 
 def mean_nll(llm: LLM, ids: list[int]) -> float:
     """The mean negative log-likelihood of ``ids[1:]`` from the engine's prompt log-probabilities."""
-    out = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    out = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0), use_tqdm=False)[0]
     scored = out.prompt_logprobs[1:]
     return -sum(position[token].logprob for position, token in zip(scored, ids[1:])) / len(scored)
 
@@ -105,7 +105,7 @@ def mean_nll(llm: LLM, ids: list[int]) -> float:
 def test_chat_answers_and_equals_transformers(llm16, chats, hf_greedy):
     """``LLM.chat`` (page size 16, prefix caching, chunked prefill): the answers are right and their tokens
     are transformers' greedy tokens; the second and third prompts reuse the first one's cached pages."""
-    params = SamplingParams(max_tokens=MAX_NEW)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0)
     first = llm16.chat([{"role": "user", "content": next(iter(QUESTIONS))}], params, use_tqdm=False)
     cached = llm16.engine.pages.num_cached_tokens
     rest = llm16.chat([[{"role": "user", "content": q}] for q in list(QUESTIONS)[1:]], params, use_tqdm=False)
@@ -117,7 +117,7 @@ def test_chat_answers_and_equals_transformers(llm16, chats, hf_greedy):
 
 def test_page_size_1_equals_transformers(path, chats, hf_greedy):
     llm = engine(path, 1)
-    outs = llm.generate(chats, SamplingParams(max_tokens=MAX_NEW), use_tqdm=False)
+    outs = llm.generate(chats, SamplingParams(max_tokens=MAX_NEW, temperature=0), use_tqdm=False)
     assert llm.engine.pages.num_cached_tokens > 0
     assert [out.outputs[0].token_ids for out in outs] == hf_greedy
 

@@ -24,14 +24,6 @@ MAX_NEW = 8
 PROMPTS = [[5], [3, 9, 27, 81, 243 % 256, 7, 11, 13, 17, 19, 23, 29, 31], list(range(40, 77))]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def write(path, tensors: dict[str, tuple[np.ndarray, str]], arch: str = "llama", **fields) -> str:
     """A GGUF file of ``tensors`` (name -> (data, type)) and metadata ``fields`` (writer method -> value)."""
     writer = gguf.GGUFWriter(str(path), arch)
@@ -153,7 +145,7 @@ def reference(path: str, max_new: int = MAX_NEW):
 
 
 def check_against(llm: LLM, want) -> None:
-    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, return_prompt_logits=True)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, return_prompt_logits=True)
     for prompt, out, (tokens, logits) in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False), want):
         assert out.outputs[0].token_ids == tokens, f"prompt of {len(prompt)} tokens"
         err = (out.prompt_logits - logits).abs().max() / logits.abs().max()
@@ -204,7 +196,7 @@ def test_tensor_parallel_ranks_equal_one(k_quant_llama):
     of 256: half a K-quant block)."""
     kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(k_quant_llama).tensors}
     assert kinds["blk.1.attn_output.weight"] == "Q5_K" and kinds["blk.1.attn_q.weight"] == "Q2_K"
-    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, return_prompt_logits=True)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, return_prompt_logits=True)
     one = LLM(k_quant_llama, page_size=16, max_model_len=128, num_pages=32).generate(PROMPTS, params, use_tqdm=False)
     with LLM(k_quant_llama, page_size=16, max_model_len=128, num_pages=32, tensor_parallel_size=2) as llm:
         two = llm.generate(PROMPTS, params, use_tqdm=False)
@@ -326,8 +318,8 @@ def test_generate_command_takes_a_gguf_file_and_a_tokenizer(tmp_path, capsys):
     path = save_tiny_gguf("qwen3", tmp_path / "q.gguf", ("Q5_1",), vocab_size=384)
     engine = ["--max-model-len", "64", "--num-pages", "8"]
     argv = ["generate", "--model", path, "--tokenizer", chat, "--prompt", "The quick brown fox", *engine]
-    assert main([*argv, "--max-tokens", "4", "--ignore-eos"]) == 0
+    assert main([*argv, "--max-tokens", "4", "--temperature", "0", "--ignore-eos"]) == 0
     want = LLM(path, tokenizer=chat, max_model_len=64, num_pages=8).generate(
-        "The quick brown fox", SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False
+        "The quick brown fox", SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), use_tqdm=False
     )
     assert f"output: {want[0].outputs[0].text!r}" in capsys.readouterr().out
