@@ -84,7 +84,9 @@ def engine_run(folder: Path, ids: list[list[int]], backend: str, fused: bool, la
     from portattn.models.layers.fused import set_fused_kernels
 
     set_fused_kernels(fused)
-    llm = LLM(str(folder), device="cuda", dtype="bfloat16", attention_backend=backend, max_model_len=2048)
+    llm = LLM(
+        str(folder), device="cuda", dtype="bfloat16", attention_backend=backend, max_model_len=2048, enforce_eager=True
+    )
     states = []
     handles = []
     if layer_hook:
@@ -118,10 +120,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the converted float32 checkpoint in this folder")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "smollm2"
-        convert(args.gguf, folder)
+        folder = args.keep or Path(tmp) / "smollm2"
+        if not (folder / "config.json").exists():
+            convert(args.gguf, folder)
         from transformers import AutoTokenizer
 
         ids = prompt_ids(AutoTokenizer.from_pretrained(folder))
@@ -146,7 +150,8 @@ def main(argv=None) -> int:
                     }
                 )
                 if states and ref_states:
-                    layers[name] = [float((s - r).abs().max()) for s, r in zip(states, ref_states[1:])]
+                    # the prompts run as one packed forward: the first prompt's rows come first
+                    layers[name] = [float((s[: r.shape[0]] - r).abs().max()) for s, r in zip(states, ref_states[1:])]
         print(f"{'config':34} {'max err':>9} {'mean err':>9} {'x hf bf16':>9}  answer")
         for r in rows:
             print(f"{r['config']:34} {r['max']:9.3f} {r['mean']:9.3f} {r['ratio']:9.2f}  {r.get('answer', '')!r}")

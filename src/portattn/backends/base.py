@@ -310,24 +310,37 @@ class AttentionBackend:
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
         return self.paged_attention(q, k_cache, v_cache, metadata, params, out)
 
-    # -- captured decode (graphs) -----------------------------------------------------------
-    # A backend with ``supports_graphs`` plans decode steps into static buffers: ``init_graph_buffers``
-    # once, ``graph_metadata`` once per captured batch size (its Python values are then fixed for
-    # every replay), ``plan_into`` before each replay (writes the step's lengths and tables into the
-    # buffers). Its op methods must then read per-step facts from the device only.
+    # -- captured uniform decode (graphs) ------------------------------------------------------
+    # A backend with ``supports_graphs`` plans uniform steps (``B`` sequences of ``uniform_q_len`` new
+    # tokens each: decodes, or speculative verification) into static buffers: ``init_graph_buffers``
+    # once, ``graph_metadata`` once per captured ``(batch_size, uniform_q_len)`` (its Python values are
+    # then fixed for every replay), ``plan_into`` before each replay (writes the step's lengths and
+    # tables into the buffers). Its op methods must then read per-step facts from the device only.
 
     def init_graph_buffers(
-        self, max_batch_size: int, max_pages: int, page_size: int, device: torch.device, *, num_heads: int
+        self,
+        max_batch_size: int,
+        max_pages: int,
+        page_size: int,
+        device: torch.device,
+        *,
+        num_heads: int,
+        max_uniform_q_len: int = 1,
     ) -> GraphBuffers:
-        """The static buffers of captured decode steps of up to ``max_batch_size`` sequences."""
+        """The static buffers of uniform steps of up to ``max_batch_size`` sequences of up to
+        ``max_uniform_q_len`` new tokens each."""
         self._require_graphs()
-        return GraphBuffers(**graph_buffer_fields(max_batch_size, max_pages, page_size, device))
+        fields = graph_buffer_fields(max_batch_size, max_pages, page_size, device, max_uniform_q_len=max_uniform_q_len)
+        return GraphBuffers(**fields)
 
-    def graph_metadata(self, buffers: GraphBuffers, batch_size: int, *, num_heads: int) -> PagedMetadata:
-        """The plan a captured decode of ``batch_size`` sequences reads: views of ``buffers`` (built
-        once per batch size; every replay reads what :meth:`plan_into` last wrote)."""
+    def graph_metadata(
+        self, buffers: GraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+    ) -> PagedMetadata:
+        """The plan a captured uniform step of ``batch_size`` sequences of ``uniform_q_len`` new tokens
+        reads: views of ``buffers`` (built once per shape; every replay reads what :meth:`plan_into`
+        last wrote). Its ``max_seqlen_q`` is ``uniform_q_len``, its ``max_seqlen_k`` the buffers' width."""
         self._require_graphs()
-        return PagedMetadata(**graph_fields(buffers, batch_size))
+        return PagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len))
 
     def plan_into(
         self,
@@ -335,20 +348,24 @@ class AttentionBackend:
         req_to_token: torch.Tensor,
         req_pool_indices: torch.Tensor,
         seq_lens_k: torch.Tensor,
+        *,
+        uniform_q_len: int = 1,
     ) -> None:
-        """Write one decode step into the first ``B = len(req_pool_indices)`` rows of ``buffers``.
+        """Write one uniform step into the first ``B = len(req_pool_indices)`` rows of ``buffers``.
 
         ``req_to_token [max_reqs, max_context]`` int32 token-granular (``max_context = max_pages *
         P``); ``req_pool_indices [B]`` int64 rows of it; ``seq_lens_k [B]`` int32 keys per sequence,
-        the new token (at position ``seq_lens_k - 1``) included. Device work only: no host sync.
+        its ``q = uniform_q_len`` new tokens (at positions ``seq_lens_k - q .. seq_lens_k - 1``)
+        included. Device work only: no host sync.
         """
         self._require_graphs()
-        batch = req_pool_indices.shape[0]
+        batch, q = req_pool_indices.shape[0], uniform_q_len
+        buffers.check_shape(batch, q)
         rows = req_to_token.index_select(0, req_pool_indices)  # [B, max_context] token-granular
         buffers.page_table[:batch].copy_(to_page_table(rows, buffers.page_size))  # [B, max_pages]
         buffers.seq_lens_k[:batch].copy_(seq_lens_k)
-        last = (seq_lens_k.long() - 1)[:, None]  # [B, 1] column of the new token
-        buffers.out_cache_loc[:batch].copy_(rows.gather(1, last)[:, 0])
+        columns = seq_lens_k.long()[:, None] + torch.arange(-q, 0, device=rows.device)  # [B, q] new tokens
+        buffers.out_cache_loc[: batch * q].copy_(rows.gather(1, columns).flatten())  # [B * q]
 
     def _require_graphs(self) -> None:
         if not self.supports_graphs:

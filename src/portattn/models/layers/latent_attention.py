@@ -2,12 +2,13 @@
 
 A layer caches one row per token, ``[c_kv | k_pe]`` (``kv_lora_rank + rope_dim``), and attends in
 one of two forms, chosen once per forward in the engine's plan step
-(:func:`portattn.runtime.plan.plan_latent_attention`, read here as ``ctx.latent``):
+(the ``"mla"`` pool's plan, :func:`portattn.runtime.plan.plan_latent_attention`, read here as
+``ctx.cache_plan``):
 
-* **absorbed** (sequences with one new token: decodes): ``q_nope`` is multiplied into
-  the latent space through the key half of ``kv_b_proj``, :func:`portattn.mla_decode`'s kernel
-  (the backend's ``mla_decode``) attends to the latent rows, and its output leaves the latent space
-  through the value half of ``kv_b_proj``;
+* **absorbed** (decodes: one new token per sequence, or the few of a speculative verification, one
+  row per token): ``q_nope`` is multiplied into the latent space through the key half of
+  ``kv_b_proj``, :func:`portattn.mla_decode`'s kernel (the backend's ``mla_decode``) attends to the
+  latent rows, and its output leaves the latent space through the value half of ``kv_b_proj``;
 * **expanded** (prefill and extend chunks): the latent rows of every key of the batch's sequences are
   gathered and expanded by ``kv_b_proj`` into per-head keys ``[k_nope | k_pe]`` and values, then
   attended with the backend's varlen op (causal, queries bottom-right aligned).
@@ -71,7 +72,7 @@ class MultiheadLatentAttention(nn.Module):
         self.spec = AttentionLayer(layer_id, local, local, qk_dim, scale=scale, v_head_dim=self.v_dim)
 
     def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext):
-        plan: LatentAttentionPlan = ctx.latent
+        plan: LatentAttentionPlan = ctx.cache_plan
         num_tokens = x.shape[0]
         if self.q_lora_rank is None:
             q = self.q_proj(x)
