@@ -14,11 +14,11 @@ importable without Triton) and is re-exported here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from .backends.base import Capabilities, Request
+from .backends.base import MLARequest
+from .backends.metadata import MLADecodeMetadata
 from .backends.registry import select_backend
 from .errors import expect, is_real
 from .kernels.triton.mla_workspace import (
@@ -28,18 +28,6 @@ from .kernels.triton.mla_workspace import (
 )
 from .kv_quant import FP8_DTYPES, check_scale, quantize_kv
 from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
-
-
-class MLARequest(Request):
-    """A request for the ``mla_decode`` op. MLA kernels take any latent width (``kv_lora_rank +
-    rope_dim``), so a backend's head-dim list (which describes its attention kernels) is not
-    matched; the op, device, dtype and features are."""
-
-    def missing(self, caps: Capabilities) -> tuple[str, object] | None:
-        needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype)]
-        needs += [("kv_dtype", self.kv_dtype)] if self.kv_dtype is not None else []
-        needs += [("feature", feature) for feature in sorted(self.features)]
-        return next(((kind, value) for kind, value in needs if not caps.supports(kind, value)), None)
 
 
 def split_latent(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,24 +48,6 @@ def write_latent(
     rows = kv_cache.view(-1, kv_cache.shape[-1])  # [N * P, R + rope_dim]
     rows[slots, :rank] = quantize_kv(c_kv, kv_cache.dtype, scale)
     rows[slots, rank:] = quantize_kv(k_pe, kv_cache.dtype, scale)
-
-
-@dataclass(frozen=True, eq=False)
-class MLADecodeMetadata:
-    """Per-forward facts of MLA decode, built once by :func:`plan_mla_decode` and shared by all layers."""
-
-    page_table: torch.Tensor  # [B, max_pages] int32, page-granular
-    seq_lens: torch.Tensor  # [B] int32
-    page_size: int
-    max_seq_len: int  # an upper bound of seq_lens (host int)
-    num_kv_splits: int
-    workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
-    workspace_bytes: int
-    partials: tuple[torch.Tensor, torch.Tensor] | None = None  # partial_buffers views of the workspace
-
-    @property
-    def batch_size(self) -> int:
-        return self.seq_lens.shape[0]
 
 
 def plan_mla_decode(

@@ -22,6 +22,7 @@ from ..kv_quant import quantize_kv
 from ..paging import num_pages_for, to_page_table
 from .metadata import (
     GraphBuffers,
+    MLADecodeMetadata,
     PagedBatch,
     PagedMetadata,
     VarlenMetadata,
@@ -108,6 +109,18 @@ class Request:
             if not caps.supports(kind, value):
                 return kind, value
         return None
+
+
+class MLARequest(Request):
+    """A request for the ``mla_decode`` op (:func:`portattn.mla_decode`). MLA kernels take any latent
+    width (``kv_lora_rank + rope_dim``), so a backend's head-dim list (which describes its attention
+    kernels) is not matched; the op, device, dtype, cache dtype and features are."""
+
+    def missing(self, caps: Capabilities) -> tuple[str, object] | None:
+        needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype)]
+        needs += [("kv_dtype", self.kv_dtype)] if self.kv_dtype is not None else []
+        needs += [("feature", feature) for feature in sorted(self.features)]
+        return next(((kind, value) for kind, value in needs if not caps.supports(kind, value)), None)
 
 
 def describe(kind: str, value: object) -> str:
@@ -388,6 +401,26 @@ class AttentionBackend:
         lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError(f"{self.name} does not implement varlen_attention")
+
+    def mla_decode(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: MLADecodeMetadata,
+        scale: float,
+        out: torch.Tensor,
+        lse: torch.Tensor | None = None,
+        kv_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Absorbed MLA decode (one query per sequence, :func:`portattn.mla_decode`) into ``out [B, H, R]``.
+
+        ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]``; ``kv_cache [num_pages, P, R + Dr]`` latent rows
+        ``[c_kv | k_pe]`` in ``q_nope``'s dtype or fp8 (the stored row times ``kv_scale`` is the row);
+        ``metadata`` from ``portattn.mla.plan_mla_decode`` (page table, lengths, split count, workspace
+        views). With ``lse [B, H]`` also write each row's natural-log LSE. Launch only: no sync.
+        """
+        raise NotImplementedError(f"{self.name} does not implement mla_decode")
 
     def merge_attention_states(
         self, outs: list[torch.Tensor], lses: list[torch.Tensor], out: torch.Tensor, out_lse: torch.Tensor

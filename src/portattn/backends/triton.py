@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
 from .base import AttentionBackend, AttentionParams, Capabilities
-from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_fields, paged_fields, varlen_fields
-
-if TYPE_CHECKING:
-    from ..mla import MLADecodeMetadata
+from .metadata import (
+    GraphBuffers,
+    MLADecodeMetadata,
+    PagedMetadata,
+    VarlenMetadata,
+    graph_fields,
+    paged_fields,
+    varlen_fields,
+)
 
 try:
     from ..kernels.triton.launch import MAX_SPLITS, attention_forward, column_tiles, merge_states_forward
