@@ -26,28 +26,13 @@ from .kernels.triton.mla_workspace import (
     partial_buffers,
     resolve_num_kv_splits,
 )
-from .kv_quant import FP8_DTYPES, check_scale, quantize_kv
+from .kv_quant import FP8_DTYPES, check_scale
 from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
 
 
 def split_latent(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Views ``(c_kv [N, P, R], k_pe [N, P, rope_dim])`` of a latent cache ``[N, P, R + rope_dim]``."""
     return kv_cache[..., :kv_lora_rank], kv_cache[..., kv_lora_rank:]
-
-
-def write_latent(
-    kv_cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor, scale: float = 1.0
-) -> None:
-    """Store new tokens' rows: ``kv_cache`` slot ``slots[t]`` (= page·P + offset) gets ``[c_kv[t] | k_pe[t]]``.
-
-    ``c_kv [T, R]``, ``k_pe [T, rope_dim]``, ``slots [T]`` integer; ``kv_cache`` must be contiguous.
-    An fp8 cache stores ``saturate(row / scale)`` (:func:`portattn.kv_quant.quantize_kv`); others
-    store the row cast to their dtype (``scale`` must then be 1.0).
-    """
-    rank = c_kv.shape[-1]
-    rows = kv_cache.view(-1, kv_cache.shape[-1])  # [N * P, R + rope_dim]
-    rows[slots, :rank] = quantize_kv(c_kv, kv_cache.dtype, scale)
-    rows[slots, rank:] = quantize_kv(k_pe, kv_cache.dtype, scale)
 
 
 def plan_mla_decode(
@@ -159,7 +144,7 @@ def mla_decode(
     :func:`portattn.merge_attention_states`.
 
     An fp8 latent cache holds rows divided by ``kv_scale`` (one positive float per layer, for
-    ``c_kv`` and ``k_pe`` alike; :func:`write_latent` stores them saturated): the formula above
+    ``c_kv`` and ``k_pe`` alike; the backend's ``write_latent`` stores them saturated): the formula above
     reads ``kv_scale * row``. Queries and the output stay in ``q_nope``'s dtype; with a cache in
     that dtype ``kv_scale`` must be 1.0.
 
