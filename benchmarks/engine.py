@@ -165,7 +165,7 @@ def start_decoding(engine, batch: int, context: int, max_tokens: int, seed: int 
     """``batch`` requests with ``context``-token prompts, prefilled: the next steps are pure decodes."""
     from portattn.engine.sampling_params import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in random_prompts(batch, context, engine.vocab_size, seed)]
     while any(s.num_computed < s.num_prompt_tokens for s in seqs):
         engine.step()
@@ -328,8 +328,8 @@ def part_throughput(args, results: dict) -> dict:
         chunked_prefill_size=args.chunked_prefill,
     )
     prompts = random_prompts(args.requests, args.prompt_len, llm.engine.vocab_size, seed=1)
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:8], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     graphs = llm.engine.runner.graphs
     replays0 = graphs.replays if graphs is not None else 0
     steps = [0]
@@ -431,7 +431,7 @@ def cold_child(path: str, dtype: str) -> None:
     imported = time.perf_counter()
     llm = LLM(path, device=DEVICE, dtype=dtype, max_model_len=4096)
     built = time.perf_counter()
-    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     llm.generate([random_prompts(1, 128, llm.engine.vocab_size)[0]], params, use_tqdm=False)
     sync()
     first = time.perf_counter()
@@ -454,7 +454,7 @@ def part_family(args, results: dict, name: str) -> dict:
     rows = [decode_point(llm, b, args.context, args.steps, bandwidth) for b in args.family_batches]
     # Greedy tokens of graphs and eager from the same prompts.
     prompts = random_prompts(4, args.context, llm.engine.vocab_size, seed=5)
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     with_graphs = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     graphs, llm.engine.runner.graphs = llm.engine.runner.graphs, None
     eager = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

@@ -58,7 +58,9 @@ def _engine_run(llm, ids: torch.Tensor, new_tokens: int) -> tuple[float, list[li
         setattr(backend, name, timed(getattr(backend, name)))
     try:
         start = time.perf_counter()
-        outs = llm.generate(ids.tolist(), SamplingParams(max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(
+            ids.tolist(), SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False
+        )
         seconds = time.perf_counter() - start
     finally:
         for name in ops:

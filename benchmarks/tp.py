@@ -41,7 +41,7 @@ def prompts(count: int, length: int, seed: int, vocab: int = 500) -> list[list[i
 def greedy(llm, batch: list[list[int]], max_tokens: int):
     from portattn.engine.sampling_params import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, return_logits=True)
     return llm.generate(batch, params, use_tqdm=False)
 
 
@@ -51,7 +51,7 @@ def decode_steps(llm, batch: int, steps: int, profile: bool = False) -> tuple[li
     from portattn.engine.sampling_params import SamplingParams
 
     engine = llm.engine
-    params = SamplingParams(max_tokens=steps + 4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in prompts(batch, 128, seed=batch)]
     while not all(seq.num_output_tokens for seq in seqs):
         engine.step()
@@ -83,7 +83,7 @@ def throughput(llm, count: int = 128, length: int = 128, new: int = 128) -> dict
 
     batch = prompts(count, length, seed=7)
     start = time.perf_counter()
-    out = llm.generate(batch, SamplingParams(max_tokens=new, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(batch, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True), use_tqdm=False)
     seconds = time.perf_counter() - start
     generated = sum(len(o.token_ids) for o in out)
     return dict(

@@ -48,3 +48,13 @@ def assert_close_to_reference(out: torch.Tensor, ref: torch.Tensor, lowp: torch.
 @pytest.fixture
 def device() -> torch.device:
     return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its folder (``ops``, ``engine``, ...): the suites ``scripts/gpu.sh``
+    selects with ``-m``, derived from the tree rather than listed by hand."""
+    root = config.rootpath / "tests"
+    for item in items:
+        parts = item.path.relative_to(root).parts
+        if len(parts) > 1:
+            item.add_marker(parts[0])

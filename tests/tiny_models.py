@@ -72,7 +72,9 @@ def worst_error_against_transformers(
     """Generate greedily; assert the tokens equal transformers'; return the worst logit relative error."""
     from portattn.engine.sampling_params import SamplingParams
 
-    params = SamplingParams(max_tokens=max_new, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits)
+    params = SamplingParams(
+        temperature=0, max_tokens=max_new, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits
+    )
     worst = 0.0
     for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
         tokens, logits, ref_prompt_logits = hf_reference(path, tuple(prompt), max_new)

@@ -2,15 +2,28 @@
 
 Every error is one line on standard error, ``portattn COMMAND: error: ...`` naming the flag or
 file at fault, with exit status 2; ``-v`` (before or after the command) also shows the traceback.
+
+``check``, ``generate`` and ``serve`` take ``--register`` (repeatable), run before the command:
+``MODULE[:FUNC]`` imports ``MODULE`` and calls ``FUNC()`` if given (the module or the function
+registers models with ``portattn.models.register_model`` or attention backends with
+``portattn.backends.registry.register_backend``); ``NAME=MODULE:CLASS`` registers the attention
+backend class ``CLASS`` under ``NAME``. The module must be importable (installed, or on
+``PYTHONPATH``); tensor-parallel ranks register again what was registered (not the flags).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
 from . import __version__
+
+REGISTER_HELP = (
+    "MODULE[:FUNC] to import (and FUNC to call) before the command, to register models or attention "
+    "backends, or NAME=MODULE:CLASS to register an attention backend class (repeatable)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,6 +35,57 @@ class _Parser(argparse.ArgumentParser):
 
 def _verbose_flag(parser: argparse.ArgumentParser, default) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log progress; tracebacks")
+
+
+def register(specs: list[str]) -> dict[str, str]:
+    """Run ``--register`` flags (see the module's docstring), each checked now so that an error is one
+    line naming the flag; returns attention backend name -> the flag that registered it."""
+    from .backends.registry import registered_backends
+
+    done = {}
+    for spec in specs:
+        before = set(registered_backends())
+        if "=" in spec:
+            _register_backend_class(spec)
+        else:
+            _run_plugin(spec)
+        done |= {name: spec for name in registered_backends() if name not in before}
+    return done
+
+
+def _import(spec: str, module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--register {spec}: cannot import {module_name} ({exc})") from None
+
+
+def _run_plugin(spec: str) -> None:
+    module_name, _, func_name = spec.partition(":")
+    if not module_name or (":" in spec and not func_name):
+        raise ValueError(f"expected --register MODULE[:FUNC] or NAME=MODULE:CLASS, got {spec!r}")
+    module = _import(spec, module_name)
+    if func_name:
+        func = getattr(module, func_name, None)
+        if not callable(func):
+            raise ValueError(f"expected --register {spec}: a function {func_name} in {module_name}, got {func!r}")
+        func()
+
+
+def _register_backend_class(spec: str) -> None:
+    from .backends.base import AttentionBackend
+    from .backends.registry import register_backend
+
+    name, _, target = spec.partition("=")
+    module_name, _, class_name = target.partition(":")
+    if not (name and module_name and class_name):
+        raise ValueError(f"expected --register NAME=module:Class, got {spec!r}")
+    cls = getattr(_import(spec, module_name), class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
+        raise ValueError(f"expected --register {spec}: an AttentionBackend, got {cls!r}")
+    if getattr(cls, "name", None) != name:
+        raise ValueError(f"expected --register {spec}: {class_name}.name == {name!r}, got {cls.name!r}")
+    register_backend(name, target)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -63,10 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser.set_defaults(run=demo.main)
     for subparser in (check_parser, generate_parser, serve_parser, demo_parser):
         _verbose_flag(subparser, argparse.SUPPRESS)  # -v after the command; absent: the top level's value
+    for subparser in (check_parser, generate_parser, serve_parser):
+        subparser.add_argument("--register", action="append", default=[], metavar="SPEC", help=REGISTER_HELP)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
+        args.registered = register(getattr(args, "register", []))
         return args.run(args)
     except KeyboardInterrupt:
         if args.verbose:

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     vocab = min(tiny_config(family).get_text_config().vocab_size for family in args.families)
     lengths = torch.randint(4, 48, (args.num_prompts,), generator=g).tolist()
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     runs = [(p, False, None) for p in args.page_sizes] + [(16, True, 16)]
     print(f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens, {args.max_tokens} new tokens each\n")
     print(f"{'family':11} {'page':>4} {'prefix+chunk':>12} {'tokens/s':>9}  greedy == transformers")

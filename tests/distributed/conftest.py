@@ -26,7 +26,7 @@ def prompts(family: str) -> list:
 
 def generate(llm: LLM, batch: list, max_tokens: int, prompt_logits: bool):
     params = SamplingParams(
-        max_tokens=max_tokens, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits
     )
     return llm.generate(batch, params, use_tqdm=False)
 

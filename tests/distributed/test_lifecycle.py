@@ -50,7 +50,8 @@ def test_ranks_end_with_rank_0s_process(end, ckpt_root):
         import portattn
         pool = dict(num_pages=32, max_model_len=256)
         llm = portattn.LLM({checkpoint("llama", ckpt_root)!r}, **pool, tensor_parallel_size=2, device={DEVICE!r})
-        out = llm.generate([[1, 2, 3]], portattn.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+        params = portattn.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        out = llm.generate([[1, 2, 3]], params, use_tqdm=False)
         print("pids", *[p.pid for p in llm.engine.parallel.processes], flush=True)
         print("tokens", *out[0].token_ids, flush=True)
         if {end!r} == "kill":

@@ -21,7 +21,18 @@ from tiny_models import checkpoint, hf_reference
 
 def test_generate_prints_transformers_tokens(ckpt_root, capsys):
     path = checkpoint("qwen3", ckpt_root)
-    argv = ["generate", "--model", path, "--prompt-ids", "0,5,9,200", "--max-tokens", "6", "--ignore-eos"]
+    argv = [
+        "generate",
+        "--model",
+        path,
+        "--prompt-ids",
+        "0,5,9,200",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+    ]
     argv += ["--page-size", "3", "--attention-backend", "torch", "--max-model-len", "40", "--kv-cache-memory", "200000"]
     assert main([*argv, "--enable-prefix-caching", "--chunked-prefill-size", "3"]) == 0
     want = hf_reference(path, (0, 5, 9, 200), 6)[0]
@@ -80,7 +91,7 @@ def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkey
     assert given == values  # each flag, parsed to its field's type
     assert all(f.metadata.get("help") for f in fields)
 
-    monkeypatch.setattr(portattn.engine.llm, "Engine", lambda config: type("Stub", (), {"tokenizer": None})())
+    monkeypatch.setattr(portattn.engine.llm, "build_engine", lambda config: type("Stub", (), {"tokenizer": None})())
     assert LLM(**given).config == EngineConfig(**values)  # each field an LLM keyword, passed through
     params = inspect.signature(LLM).parameters
     assert list(params) == [f.name for f in fields]

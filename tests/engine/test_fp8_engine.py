@@ -77,13 +77,15 @@ def make_llm(path: str, kv_cache_dtype: str = "auto", *, decode_steps: bool = Tr
 def reference(path: str) -> tuple[list[list[int]], list[torch.Tensor]]:
     """The float32-cache engine's greedy continuations: (prompt + continuation, logits of each step)."""
     outs = make_llm(path, decode_steps=False).generate(
-        PROMPTS, SamplingParams(max_tokens=NUM_DECODES, ignore_eos=True, return_logits=True), use_tqdm=False
+        PROMPTS,
+        SamplingParams(temperature=0, max_tokens=NUM_DECODES, ignore_eos=True, return_logits=True),
+        use_tqdm=False,
     )
     return [p + o.token_ids[:-1] for p, o in zip(PROMPTS, outs)], [o.logits for o in outs]
 
 
 def prompt_logits(llm: LLM, seqs: list[list[int]]) -> list[torch.Tensor]:
-    params = SamplingParams(max_tokens=1, ignore_eos=True, return_prompt_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, return_prompt_logits=True)
     return [out.prompt_logits for out in llm.generate(seqs, params, use_tqdm=False)]
 
 
@@ -200,5 +202,5 @@ def test_fp8_decode_forwards_do_not_sync(family, ckpt_root):
     """Saturating writes, scales and fp8 reads add no device-to-host read to a decode step."""
     llm = make_llm(path_of(family, ckpt_root), "fp8_e5m2", decode_steps=False)
     decodes = guard_decode_forwards(llm)
-    llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert decodes and max(decodes) == 2

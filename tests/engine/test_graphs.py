@@ -1,7 +1,7 @@
 """Captured decode's static-buffer path, run eagerly (no capture) on the CPU: the same buffers, per-bucket
 plans, padding rows and scratch page as a graph replay, compared token for token and logit for logit
 with the plain eager engine for every family, at page sizes 1, 7 and 16, for batches between buckets,
-after preemption and with prefix caching. (scripts/gpu_engine.sh runs the captured graphs on a GPU.)"""
+after preemption and with prefix caching. (``scripts/gpu.sh "test engine"`` runs the captured graphs on a GPU.)"""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def static_llm(path: str, buckets=BUCKETS, **kwargs) -> LLM:
 
 
 def generate(llm: LLM, prompts, max_tokens) -> list:
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
     return llm.generate(prompts, params, use_tqdm=False)
 
 
@@ -124,7 +124,7 @@ def test_the_replayed_forward_does_not_sync(family, ckpt_root):
     graphs._forward = guarded
     prompts = random_prompts([3] * 20, seed=6)
     inputs = image_prompts(prompts) if family == "qwen2_5_vl" else prompts
-    llm.generate(inputs, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    llm.generate(inputs, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert graphs.padded[20] == 2  # 20 decodes ran padded to the bucket of 24, twice
 
 

@@ -4,7 +4,7 @@ and with prefix caching. float32: equal greedy tokens and logits within 1e-4; bf
 bf16 tolerance and equal greedy tokens up to a near tie of the eager logits (where the two may round
 differently: a graph plan fixes the split-KV count per bucket, an eager one per step).
 
-Run by scripts/gpu_engine.sh (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
+Run by ``scripts/gpu.sh "test engine"`` (``PORTATTN_TEST_ENGINE_DEVICE=cuda``)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 
 def generate(llm: LLM, prompts, max_tokens) -> list:
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, return_logits=True) for n in max_tokens]
     return llm.generate(prompts, params, use_tqdm=False)
 
 

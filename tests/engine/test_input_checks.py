@@ -54,7 +54,7 @@ def test_generate_checks_every_argument_before_queueing(llm):
 
 
 def test_the_temperature_floor_and_the_largest_seed_sample(llm):
-    greedy = llm.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    greedy = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
     params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=MIN_TEMPERATURE, seed=2**64 - 1)
     coldest = llm.generate([PROMPT], params, use_tqdm=False)[0]
     assert coldest.token_ids == greedy.token_ids  # near-greedy, and no NaN from the division
@@ -115,7 +115,7 @@ def test_a_long_max_model_len_when_explicitly_allowed(ckpt_root):
 
 def test_a_pool_of_exactly_one_request_runs_it_to_max_model_len(ckpt_root):
     llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=5, max_model_len=20)
-    out = llm.generate([PROMPT], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 20 - len(PROMPT) and out.finish_reason == "length"
 
 

@@ -37,9 +37,9 @@ FILES = {
 BASE = random_prompts([9], seed=11)[0]
 PROMPTS = [BASE + tail for tail in random_prompts([1, 6, 11], seed=12)]  # a shared 9-token prefix
 PARAMS = [
-    SamplingParams(max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
     SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.9, top_k=20, seed=3),
-    SamplingParams(max_tokens=8, ignore_eos=True),
+    SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
 ]
 
 

@@ -18,7 +18,7 @@ def test_decode_forwards_do_not_sync(family, ckpt_root):
     decodes = guard_decode_forwards(llm)
     prompts = random_prompts([5, 9], seed=3)
     inputs = image_prompts(prompts) if family == "qwen2_5_vl" else prompts
-    outs = llm.generate(inputs, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(inputs, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert decodes and max(decodes) == 2  # the guarded steps were batched decodes
     if family != "qwen2_5_vl":
         for prompt, out in zip(prompts, outs):

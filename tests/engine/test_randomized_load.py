@@ -23,7 +23,7 @@ def workload(seed: int, vocab: int = 256) -> list[tuple[list[int], SamplingParam
     for _ in range(12):
         prompt = rng.choice(bases)[: rng.randint(1, 14)] + [rng.randrange(vocab) for _ in range(rng.randint(0, 12))]
         if rng.random() < 0.5:
-            params = SamplingParams(max_tokens=rng.randint(1, 9), ignore_eos=True)
+            params = SamplingParams(temperature=0, max_tokens=rng.randint(1, 9), ignore_eos=True)
         else:
             params = SamplingParams(
                 max_tokens=rng.randint(1, 9),

@@ -102,9 +102,9 @@ def test_min_tokens_bans_eos_and_stop_tokens_until_reached():
     logits = torch.zeros(3, 6)
     logits[:, EOS] = logits[:, 5] = 10.0
     params = [
-        SamplingParams(min_tokens=2, stop_token_ids=[5]),  # 1 token out: both banned
-        SamplingParams(min_tokens=1, stop_token_ids=[5]),  # 1 token out: nothing banned
-        SamplingParams(min_tokens=4, ignore_eos=True, stop_token_ids=[5]),  # EOS is not a stop here
+        SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5]),  # 1 token out: both banned
+        SamplingParams(temperature=0, min_tokens=1, stop_token_ids=[5]),  # 1 token out: nothing banned
+        SamplingParams(temperature=0, min_tokens=4, ignore_eos=True, stop_token_ids=[5]),  # EOS is not a stop here
     ]
     out = sample(logits, make_batch(params, outputs=[[0], [0], [0]], vocab=6)).tokens.tolist()
     assert out[0] not in (EOS, 5) and out[1] in (EOS, 5) and out[2] == EOS
@@ -130,14 +130,14 @@ def test_draws_follow_the_softmax_and_are_batch_independent():
 
 def test_greedy_rows_take_the_argmax_of_penalised_logits():
     logits = torch.tensor([[0.0, 3.0, 2.9], [0.0, 3.0, 2.9]])
-    params = [SamplingParams(), SamplingParams(presence_penalty=0.5)]
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0, presence_penalty=0.5)]
     tokens = sample(logits, make_batch(params, outputs=[[1], [1]], vocab=3)).tokens.tolist()
     assert tokens == [1, 2]
 
 
 def test_sampled_logprobs_ranks_and_top_k():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])
-    params = [SamplingParams(logprobs=2), SamplingParams(temperature=1.0, top_k=1, logprobs=0)]
+    params = [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=1.0, top_k=1, logprobs=0)]
     out = sample(logits, make_batch(params, vocab=4))
     want = torch.log_softmax(logits, -1)
     assert out.tokens.tolist() == [1, 2] and out.rows.tolist() == [0, 1]
@@ -149,7 +149,7 @@ def test_sampled_logprobs_ranks_and_top_k():
 def test_sampling_makes_no_host_sync_and_one_transfer_per_step(ckpt_root, monkeypatch):
     logits = torch.randn(4, 50)
     params = [
-        SamplingParams(),
+        SamplingParams(temperature=0),
         SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, logprobs=3, seed=1),
         SamplingParams(temperature=1.0, presence_penalty=0.5, repetition_penalty=1.2, min_tokens=3),
         SamplingParams(temperature=1.0, frequency_penalty=0.1),

@@ -27,7 +27,7 @@ def llm(tmp_path_factory) -> LLM:
 
 
 def greedy(llm: LLM, prompt: str, **kwargs):
-    params = SamplingParams(max_tokens=24, ignore_eos=True, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, **kwargs)
     return llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
 
 
@@ -124,14 +124,16 @@ def test_logprobs_equal_log_softmax_of_the_engine_logits(llm):
 def test_chat_uses_the_template_without_a_second_bos(llm, tmp_path_factory):
     tok = llm.tokenizer
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
-    out = llm.chat(messages, SamplingParams(max_tokens=4), use_tqdm=False)[0]
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
     rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert out.prompt == rendered and rendered.startswith("<|bos|><|system|>")
     assert out.prompt_token_ids == tok(rendered, add_special_tokens=False)["input_ids"]
     assert out.prompt_token_ids.count(tok.bos_token_id) == 1 and out.prompt_token_ids[0] == tok.bos_token_id
     assert tok(rendered)["input_ids"][:2] == [tok.bos_token_id] * 2  # what a naive tokenize would do
-    assert out.token_ids == llm.generate([out.prompt_token_ids], SamplingParams(max_tokens=4))[0].token_ids
-    batch = llm.chat([messages, messages[1:]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert (
+        out.token_ids == llm.generate([out.prompt_token_ids], SamplingParams(temperature=0, max_tokens=4))[0].token_ids
+    )
+    batch = llm.chat([messages, messages[1:]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert len(batch) == 2 and batch[0].token_ids == out.token_ids[:2]
     with pytest.raises(ValueError, match="messages\\[0\\]"):
         llm.chat([{"content": "no role"}])
@@ -148,7 +150,7 @@ def test_chat_uses_the_template_without_a_second_bos(llm, tmp_path_factory):
 def test_stream_deltas_join_into_the_whole_output(llm):
     stop, _ = split_stop(llm, greedy(llm, PROMPTS[0]).token_ids)
     params = [
-        SamplingParams(max_tokens=20, stop=stop, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=20, stop=stop, ignore_eos=True),
         SamplingParams(n=2, max_tokens=9, temperature=1.0, seed=5, logprobs=1, ignore_eos=True),
     ]
     prompts = PROMPTS[:2]
@@ -171,7 +173,7 @@ def test_stream_deltas_join_into_the_whole_output(llm):
 
 
 def test_leaving_a_stream_early_frees_everything(llm):
-    it = llm.stream(PROMPTS, SamplingParams(max_tokens=50, ignore_eos=True))
+    it = llm.stream(PROMPTS, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
     next(it)
     it.close()
     assert not llm.engine.requests and not llm.engine.has_unfinished()
@@ -210,7 +212,7 @@ def test_steps_do_not_copy_the_generated_tokens(llm, monkeypatch):
 
     copies = []
     monkeypatch.setattr(Sequence, "output_token_ids", property(lambda seq: copies.append(seq) or []))
-    params = SamplingParams(max_tokens=40, ignore_eos=True, stop=["never printed"])
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=["never printed"])
     whole = llm.generate(["Once upon a time"], params, use_tqdm=False)[0]
     deltas = list(llm.stream(["Once upon a time"], params))
     assert not copies

@@ -22,7 +22,7 @@ def used_by_sequences(llm: LLM) -> int:
 @pytest.mark.parametrize("family", ["llama", "llama4"])
 def test_small_pool_preempts_and_gives_the_same_tokens(family, prefix, ckpt_root):
     path = checkpoint(family, ckpt_root)
-    greedy = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     seeded = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, temperature=0.8, top_k=50, seed=7)
     params = [greedy, seeded] * 3
     big = LLM(path, page_size=4, num_pages=200, max_model_len=64, max_num_seqs=8, enable_prefix_caching=prefix)
@@ -51,7 +51,7 @@ def test_pages_are_accounted_every_step_and_aborts_free_them(ckpt_root):
         chunked_prefill_size=16,
     )
     engine = llm.engine
-    seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS]
+    seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)) for p in PROMPTS]
     steps = 0
     while engine.has_unfinished():
         engine.step()
@@ -82,7 +82,7 @@ def test_token_budget_and_batch_modes(ckpt_root, monkeypatch):
 
     monkeypatch.setattr(ForwardBatch, "build", staticmethod(record))
     prompts = [PROMPTS[5], PROMPTS[0], PROMPTS[1]]  # 40 tokens: four chunks, then 3 and 9 beside decodes
-    outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     assert all(sum(n for _, n in sched) <= 10 for _, sched in batches)
     modes = [mode for mode, _ in batches]
     assert modes[:5] == ["prefill", "extend", "extend", "extend", "mixed"] and modes[-1] == "decode"
@@ -95,9 +95,9 @@ def test_prefix_cache_shares_physical_pages(ckpt_root):
     llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, max_model_len=256, enable_prefix_caching=True)
     engine = llm.engine
     base = PROMPTS[5][:12]  # three full pages
-    llm.generate([[*base, 1]], SamplingParams(max_tokens=1), use_tqdm=False)
-    a = engine.add_request([*base, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
-    b = engine.add_request([*base, 4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True))
+    llm.generate([[*base, 1]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    a = engine.add_request([*base, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    b = engine.add_request([*base, 4, 5, 6], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     engine.step()
     assert a.pages[:3] == b.pages[:3] and a.pages[3] != b.pages[3]
     assert all(engine.allocator.ref_count(p) == 3 for p in a.pages[:3])  # two sequences and the cache
@@ -116,16 +116,18 @@ def test_stops_at_eos_unless_ignored(ckpt_root):
     tokens = hf_reference(path, tuple(PROMPTS[2]), MAX_NEW)[0]
     eos = tokens[4]
     llm.engine.eos_token_ids = {eos}
-    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=MAX_NEW), use_tqdm=False)[0]
+    out = llm.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)[0]
     assert out.token_ids == tokens[: tokens.index(eos) + 1] and out.finish_reason == "stop"
-    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate(
+        [PROMPTS[2]], SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False
+    )[0]
     assert out.token_ids == tokens and out.finish_reason == "length"
     assert llm.engine.allocator.num_free == 50
 
 
 def test_context_limit_finishes_with_length(ckpt_root):
     llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=5, max_model_len=20)
-    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 20 - len(PROMPTS[2]) and out.finish_reason == "length"
     with pytest.raises(ValueError, match="shorter than max_len 20"):
         llm.generate([PROMPTS[0], PROMPTS[3]], SamplingParams(max_tokens=2), use_tqdm=False)

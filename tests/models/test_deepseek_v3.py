@@ -115,7 +115,7 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
     monkeypatch.setattr(backend, "plan_varlen", count("plan_varlen", backend.plan_varlen))
     monkeypatch.setattr(portattn.mla, "mla_decode", None)  # the engine must not go through the validating op
     prompts = random_prompts([3, 30], seed=11)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == hf_reference(path, tuple(prompt), 8)[0]
     layers = CONFIG.num_hidden_layers
@@ -145,7 +145,7 @@ def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
     ids = torch.tensor([prompt])
     with torch.no_grad():
         ref = want.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0)
-    out = llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
     assert out.token_ids == ref[0, len(prompt) :].tolist()
 
 

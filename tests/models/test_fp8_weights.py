@@ -21,7 +21,7 @@ PROMPTS = random_prompts([3, 11, 26])
 
 def generate(path: str, **kwargs):
     llm = LLM(path, page_size=7, num_pages=64, max_model_len=128, **kwargs)
-    params = SamplingParams(max_tokens=8, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
     return llm.generate(PROMPTS, params, use_tqdm=False)
 
 

@@ -25,7 +25,7 @@ def test_sharded_checkpoint_matches_transformers(tmp_path, ckpt_root):
     hf.save_pretrained(tmp_path, max_shard_size="40KB")
     assert len(list(tmp_path.glob("*.safetensors"))) > 3 and (tmp_path / "model.safetensors.index.json").exists()
     out = LLM(tmp_path, page_size=4, num_pages=32, max_model_len=128).generate(
-        [PROMPT], SamplingParams(max_tokens=8, ignore_eos=True)
+        [PROMPT], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     )
     assert out[0].token_ids == hf_reference(checkpoint("llama4", ckpt_root), tuple(PROMPT), 8)[0]
 
@@ -35,7 +35,7 @@ def test_bfloat16_weights_and_cache(ckpt_root):
     llm = LLM(path, dtype="bfloat16", page_size=16, num_pages=8, max_model_len=128)
     assert {p.dtype for p in llm.engine.model.parameters()} == {torch.bfloat16}
     assert llm.engine.kv_pool.kv_cache(0).k.dtype == torch.bfloat16
-    params = SamplingParams(max_tokens=1, return_prompt_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=1, return_prompt_logits=True)
     logits = llm.generate([PROMPT], params, use_tqdm=False)[0].prompt_logits
     assert rel_err(logits, hf_reference(path, tuple(PROMPT), 1)[2]) < 0.05  # bf16 rounding, not a bug
 
@@ -50,7 +50,7 @@ def test_tokenizer_and_text(tmp_path, ckpt_root):
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(tmp_path)
     llm = LLM(tmp_path, page_size=4, num_pages=32, max_model_len=128)
     prompt = " ".join(f"w{i}" for i in (5, 17, 42, 99))
-    out = llm.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)[0]
     ids = llm.tokenizer(prompt)["input_ids"]
     assert out.prompt_token_ids == ids == [8, 20, 45, 102]
     assert out.token_ids == hf_reference(str(path), tuple(ids), 6)[0]
@@ -101,7 +101,7 @@ def test_old_rotary_buffers_in_checkpoints_are_skipped(tmp_path, ckpt_root):
     save_file(state, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
     out = LLM(tmp_path, num_pages=8, max_model_len=128).generate(
-        [PROMPT], SamplingParams(max_tokens=5, ignore_eos=True)
+        [PROMPT], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     )
     assert out[0].token_ids == hf_reference(str(src), tuple(PROMPT), 5)[0]
     state["model.layers.0.self_attn.extra.weight"] = torch.ones(8)

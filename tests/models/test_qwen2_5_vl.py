@@ -66,7 +66,9 @@ def prompt(ids, spec) -> dict:
 
 
 def run(llm: LLM, prompts: list[tuple], prompt_logits: bool):
-    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits)
+    params = SamplingParams(
+        temperature=0, max_tokens=MAX_NEW, ignore_eos=True, return_logits=True, return_prompt_logits=prompt_logits
+    )
     inputs = [prompt(ids, spec) if spec else list(ids) for ids, spec in prompts]
     return llm.generate(inputs, params, use_tqdm=False)
 
@@ -223,7 +225,7 @@ def test_raw_images_through_the_checkpoint_processor(path, tmp_path, monkeypatch
     data = dict(processor(images=[array], return_tensors="pt"))
     (grid,) = data["image_grid_thw"].tolist()
     expanded = [5, START, *[PAD] * (grid[0] * grid[1] * grid[2] // 4), END, 7]
-    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     want = llm.generate({"prompt_token_ids": expanded, "multi_modal_data": data}, params, use_tqdm=False)[0]
     got = llm.generate(one_pad, params, use_tqdm=False)[0]
     assert got.prompt_token_ids == expanded and got.token_ids == want.token_ids

@@ -43,7 +43,7 @@ def engine_idle(app) -> bool:
 
 
 def test_client_gets_the_same_greedy_text_as_generate(llm, client, served):
-    want = llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
+    want = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     model = client.models.list().data[0].id
     got = client.completions.create(
         model=model, prompt=PROMPTS, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
@@ -57,7 +57,7 @@ def test_client_gets_the_same_greedy_text_as_generate(llm, client, served):
         model=model, prompt=[ids, ids[1:]], max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
     )
     assert by_ids.choices[0].text == want[0].text and by_ids.usage.prompt_tokens == 2 * len(ids) - 1
-    chat_want = llm.chat(MESSAGES, SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)[0]
+    chat_want = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)[0]
     chat = client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
     )
@@ -91,7 +91,7 @@ def test_streamed_deltas_join_into_the_whole_text(client):
 def boundary_stop(llm: LLM, prompt: str) -> tuple[str, str]:
     """A two-character stop string made of the last character of one generated token and the first of
     the next, and the greedy text before its first occurrence."""
-    out = llm.generate(prompt, SamplingParams(max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
     pieces = [llm.tokenizer.decode(out.token_ids[: i + 1]) for i in range(len(out.token_ids))]
     for i in range(len(pieces) - 1):
         end = len(pieces[i])
@@ -130,7 +130,7 @@ def test_n3_choices_are_reproducible_with_a_seed(llm, client):
 
 
 def test_logprobs_match_the_engine(llm, client):
-    params = SamplingParams(max_tokens=6, logprobs=3, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True)
     want = llm.generate(PROMPTS[2], params, use_tqdm=False)[0].outputs[0]
     got = (
         client.completions.create(
@@ -154,7 +154,9 @@ def test_logprobs_match_the_engine(llm, client):
 def test_64_concurrent_clients_finish_and_free_every_page(llm, served):
     prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(64)]
     lengths = [4 + i % 9 for i in range(64)]
-    want = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths], use_tqdm=False)
+    want = llm.generate(
+        prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths], use_tqdm=False
+    )
     aclient = openai.AsyncOpenAI(base_url=served[0] + "/v1", api_key="unused", timeout=120, max_retries=0)
 
     async def one(i: int) -> str:

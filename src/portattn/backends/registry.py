@@ -49,6 +49,12 @@ def registered_backends() -> list[str]:
     return list(_REGISTRY)
 
 
+def backend_targets() -> dict[str, str]:
+    """Name -> ``"package.module:ClassName"`` of every registered backend, for processes that must
+    know the same backends (the other tensor-parallel ranks register them again)."""
+    return {name: entry.target for name, entry in _REGISTRY.items()}
+
+
 def backend_class(name: str) -> type[AttentionBackend] | None:
     """The backend's class, or ``None`` when its module does not import here (e.g. no triton)."""
     if name not in _REGISTRY:

@@ -30,7 +30,7 @@ from .metadata import (
 
 try:
     from ..kernels.triton.fused_launch import rotary_kv_write
-    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, column_tiles, merge_states_forward
+    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
@@ -74,7 +74,9 @@ class TritonVarlenMetadata(VarlenMetadata):
     seq_lens_k: torch.Tensor | None = None
 
 
-EXACT_HEAD_DIMS = frozenset(d for d in range(16, 257, 16) if sum(column_tiles(d)) == d)
+# Every multiple of 8 up to 256. Column tiles of at least 16 (launch.column_tiles) cover a dim exactly
+# or with 8 masked columns (40 = 32 + 16 - 8, 72 = 64 + 16 - 8); 240 takes one 256-wide tile.
+HEAD_DIMS = frozenset(range(8, 257, 8))
 
 
 class TritonBackend(AttentionBackend):
@@ -85,11 +87,10 @@ class TritonBackend(AttentionBackend):
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
-        # Head dims that column tiles of at least 16 (launch.column_tiles) cover exactly: every
-        # multiple of 16 up to 256 that is a sum of at most three powers of two. The kernels also take
-        # the others through masked tiles (tested under the interpreter), but masked tiles gave wrong
-        # 16-bit results on an H200 (head dim 40: max error 0.72), so they are not declared.
-        head_dims=EXACT_HEAD_DIMS,
+        # Masked column tiles gave wrong 16-bit results on an H200 while the row strides were not
+        # known to be multiples of 8 (head dim 40: max error 0.72; 72: an illegal access); the
+        # launcher now passes that alignment to the kernel (launch.row_alignment).
+        head_dims=HEAD_DIMS,
         device_types=frozenset({"cuda", "xpu", "cpu"}),
         # fp8 K/V are converted to the query's dtype in registers (Triton's fp8 conversions: NVIDIA
         # from sm_89 for e4m3, see capabilities_on; AMD and Intel as their Triton backends provide them).

@@ -13,7 +13,6 @@ Exit status 1 on any failure. docs/check.md describes the output and how to chec
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import platform
@@ -23,22 +22,21 @@ from collections.abc import Iterator
 import torch
 
 from .. import __version__
-from ..backends.base import AttentionBackend
-from ..backends.registry import available_backends, backend_class, register_backend, registered_backends
+from ..backends.registry import available_backends, backend_class, registered_backends
 from ..device import default_device, describe_device, is_triton_interpreter, resolve_device
 from ..errors import UnsupportedFeatureError, expect
 from .cases import CASE_NAMES, CONTIGUOUS_LAYOUT, DTYPES, FEATURES, PAGE_SIZES, Feature, describe_case, run_case
 
 
 def repro_command(
-    device, backend: str, dtype_name: str, page_size: int, feature: Feature, target: str | None = None
+    device, backend: str, dtype_name: str, page_size: int, feature: Feature, register: str | None = None
 ) -> str:
-    """One shell line that reruns one case; ``target``: the ``module:Class`` of a ``--register``ed backend."""
+    """One shell line that reruns one case; ``register``: the ``--register`` flag that registered the backend."""
     emulated = is_triton_interpreter() and not backend_class(backend).runs_natively(torch.device(device))
     env = "TRITON_INTERPRET=1 " if emulated else ""  # a Triton backend on the CPU runs only interpreted
-    register = f"--register {shlex.quote(f'{backend}={target}')} " if target else ""
+    flag = f"--register {shlex.quote(register)} " if register else ""
     return (
-        f"{env}portattn check {register}--device {device} --backend {backend} --dtype {dtype_name} "
+        f"{env}portattn check {flag}--device {device} --backend {backend} --dtype {dtype_name} "
         f"--page-size {page_size} --case {shlex.quote(feature.name)}"
     )
 
@@ -56,7 +54,7 @@ def run_check(
 
     A case the backend declares unsupported is left out (appended to ``skipped`` with the reason);
     an exception in a case makes its row fail with the exception named. ``registered``: backends
-    added by ``--register`` (name -> ``module:Class``), named in the rerun commands.
+    added by ``--register`` (name -> the flag), repeated in the rerun commands.
     """
     for feature in features:
         for backend in backends:
@@ -95,8 +93,8 @@ def run_check(
                 if not row["ok"]:
                     failed = max((r for r in per_size if not r["ok"]), key=_badness)  # the worst: rerun shows it
                     row["case"] = describe_case(feature, dtype_name, failed["page_size"], device)
-                    target = (registered or {}).get(backend)
-                    row["repro"] = repro_command(device, backend, dtype_name, failed["page_size"], feature, target)
+                    flag = (registered or {}).get(backend)
+                    row["repro"] = repro_command(device, backend, dtype_name, failed["page_size"], feature, flag)
                     if error:
                         row["error"] = error
                 yield row
@@ -181,13 +179,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"page size to check (repeatable; default: {' '.join(map(str, PAGE_SIZES))})",
     )
     parser.add_argument("--case", action="append", default=None, help="run only this case (repeatable; see --list)")
-    parser.add_argument(
-        "--register",
-        action="append",
-        default=[],
-        metavar="NAME=MODULE:CLASS",
-        help="register a backend class under NAME before checking (repeatable), e.g. mine=my_pkg.attn:MyBackend",
-    )
     parser.add_argument("--list", action="store_true", help="print the case names and exit")
     parser.add_argument(
         "--json",
@@ -203,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(f"{f.op:<22} {f.name}" for f in FEATURES))
         return 0
-    registered = register_backends(args.register)
+    registered = args.registered  # backend name -> the --register flag that registered it
     try:
         device = resolve_device(args.device) if args.device else default_device()
     except ValueError as exc:
@@ -246,27 +237,6 @@ def main(args: argparse.Namespace) -> int:
     if table:
         print(summary)
     return 1 if failed else 0
-
-
-def register_backends(specs: list[str]) -> dict[str, str]:
-    """``NAME=module:Class`` flags -> registered backends (the class imported now, so that an error is
-    one line naming the flag); returns name -> target."""
-    done = {}
-    for spec in specs:
-        name, _, target = spec.partition("=")
-        module_name, _, class_name = target.partition(":")
-        expect(bool(name and module_name and class_name), "--register NAME=module:Class", repr(spec))
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"--register {spec}: cannot import {target} ({exc})") from None
-        expect(
-            isinstance(cls, type) and issubclass(cls, AttentionBackend), f"--register {spec}: an AttentionBackend", cls
-        )
-        expect(getattr(cls, "name", None) == name, f"--register {spec}: {class_name}.name == {name!r}", cls.name)
-        register_backend(name, target)
-        done[name] = target
-    return done
 
 
 def jsonable(value: object) -> object:

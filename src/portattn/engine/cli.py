@@ -12,8 +12,17 @@ from . import arguments
 from .config import EngineConfig
 from .sampling_params import SamplingParams
 
-# What the command does not print has no flag.
-NOT_FLAGS = ("return_logits", "return_prompt_logits", "logprobs", "prompt_logprobs", "stop_token_ids")
+# What the command does not print, and what a flag cannot spell (lists, callables), has no flag.
+NOT_FLAGS = (
+    "return_logits",
+    "return_prompt_logits",
+    "logprobs",
+    "prompt_logprobs",
+    "stop_token_ids",
+    "allowed_token_ids",
+    "bad_words",
+    "logits_processors",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

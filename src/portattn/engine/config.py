@@ -73,11 +73,23 @@ class EngineConfig:
             choices=KV_CACHE_DTYPES,
         ),
     )
+    generation_config: str = field(
+        default="auto",
+        metadata=doc(
+            "sampling defaults of requests that do not set them: auto (the checkpoint's generation_config.json), "
+            "vllm (vLLM's defaults), or a folder holding a generation_config.json"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"expected model to be a checkpoint directory (str or path), got {self.model!r}")
         object.__setattr__(self, "model", os.fspath(self.model))
+        if not isinstance(self.generation_config, (str, os.PathLike)) or not os.fspath(self.generation_config):
+            raise ValueError(
+                f"expected generation_config to be 'auto', 'vllm' or a folder path, got {self.generation_config!r}"
+            )
+        object.__setattr__(self, "generation_config", os.fspath(self.generation_config))
         if isinstance(self.dtype, str):
             if self.dtype not in DTYPES:
                 raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")

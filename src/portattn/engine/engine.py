@@ -20,11 +20,12 @@ from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .generation_config import sampling_defaults
 from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
-from .sampler import sample_key
+from .sampler import bad_word_token_ids, sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -85,37 +86,35 @@ def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -
 
 
 class Engine:
-    """One engine; with ``tensor_parallel_size > 1`` this is rank 0, which starts the other ranks
-    (:mod:`portattn.engine.parallel.driver`) and sends them each step. ``tp`` (given on those ranks)
-    builds this rank's shard without starting anything."""
+    """One engine, or one rank's engine under tensor parallelism: ``tp`` (this rank's
+    :class:`TPGroup`) builds the rank's shard. Rank 0's engine also gets ``parallel``, its handle
+    on the other ranks, and sends them each step through it. Build engines with
+    :func:`portattn.engine.build.build_engine`, which starts the ranks when the configuration asks
+    for several."""
 
-    def __init__(self, config: EngineConfig, tp: TPGroup | None = None):
-        self.parallel = None
-        parallel = None
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None, parallel=None):
         if config.tensor_parallel_size > 1 and tp is None:
-            from .parallel.driver import start
-
-            parallel = start(config)  # on a torchrun rank other than 0: serves, then SystemExit
-            config, tp = parallel.config, parallel.tp
-        try:
-            # Every rank builds and warms up the same engine on its own (the same steps in the same
-            # order, so their collectives meet); rank 0 sends steps from then on.
-            self._build(config, tp_or_single(tp), journaled=parallel is not None)
-        except BaseException as err:
-            if parallel is not None:
-                parallel.error = err
-                parallel.shutdown()
-            raise
+            raise ValueError(
+                f"expected the TPGroup of this rank for tensor_parallel_size {config.tensor_parallel_size}, got none "
+                "(portattn.engine.build.build_engine starts the ranks and builds their engines)"
+            )
+        self.parallel = None
+        # Every rank builds and warms up the same engine on its own (the same steps in the same
+        # order, so their collectives meet); rank 0 sends steps from then on.
+        req_pool_class = parallel.req_pool_class if parallel is not None else ReqToTokenPool
+        self._build(config, tp_or_single(tp), req_pool_class)
         if parallel is not None:
             parallel.attach(self.req_pool)
             self.parallel = parallel
 
-    def _build(self, config: EngineConfig, tp: TPGroup, *, journaled: bool) -> None:
+    def _build(self, config: EngineConfig, tp: TPGroup, req_pool_class: type[ReqToTokenPool]) -> None:
         self.config = config
         self.tp = tp
         self.hf_config = loader.load_config(config.model)
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
         self.max_len = max_model_len(config, getattr(text_config, "max_position_embeddings", None))
+        # What requests that leave them unset sample with; rank 0 alone adds requests.
+        self.sampling_defaults = sampling_defaults(config.generation_config, config.model) if tp.rank == 0 else {}
         if config.num_pages is not None:  # refused before the weights load
             pool_pages(config, self.max_len, bytes_per_page=None)
         self.model = loader.load_model(
@@ -149,10 +148,7 @@ class Engine:
         if is_quantized(kv_dtype):
             self.kv_pool.set_kv_scales(loader.kv_cache_scales(config.model, spec.num_layers))
         self.allocator = PageAllocator(num_pages)
-        pool_class = ReqToTokenPool
-        if journaled:  # rank 0 records its page-table writes for the other ranks
-            from .parallel.protocol import JournaledReqToTokenPool as pool_class
-        self.req_pool = pool_class(
+        self.req_pool = req_pool_class(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
         )
         scratch_row = self.req_pool.alloc()
@@ -213,7 +209,7 @@ class Engine:
                 graphs.capture_all(progress=lambda _: bar.update(1))
             captured = time.perf_counter() - start
             for i, length in enumerate(prompts):
-                seq = Sequence(-1 - i, [0] * length, SamplingParams(max_tokens=2, ignore_eos=True))
+                seq = Sequence(-1 - i, [0] * length, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
                 self.scheduler.add(seq)
                 while self.scheduler.has_unfinished():
                     self.step()
@@ -241,14 +237,19 @@ class Engine:
         added: list[Sequence] | None = None,
     ) -> Sequence:
         """Queue one sequence: choice ``index`` of a request (its random stream is keyed by
-        ``(params.seed, index)``; :class:`SamplingParams` ``n`` is expanded by the caller).
+        ``(params.seed, index)``; the caller expands a request into its ``params.num_seqs`` sequences).
+        The prompt is truncated as ``params.truncate_prompt_tokens`` says, and the sampling fields
+        ``params`` leaves unset take :attr:`sampling_defaults`.
 
         ``added``: a list the sequence is appended to in the same all-or-nothing step that queues it,
         so that a caller interrupted between two requests knows exactly what to abort."""
-        self.check_prompt(token_ids)
+        token_ids = self.prepare_prompt(token_ids, params, multimodal)
         self.check_params(params)
+        params = params.with_defaults(self.sampling_defaults)
         key = sample_key(params.seed, index)
         seq = Sequence(next(self._ids), list(token_ids), params, key, index, multimodal=multimodal)
+        if params.bad_words:
+            seq.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params)
         try:
@@ -271,6 +272,25 @@ class Engine:
             raise ValueError(f"expected stop_token_ids below the vocabulary size {self.vocab_size}, got {bad}")
         if params.stop and self.tokenizer is None:
             raise ValueError("expected no stop strings: the model directory has no tokenizer, got stop")
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError("expected no bad_words: the model directory has no tokenizer, got bad_words")
+        bad = [t for t in params.allowed_token_ids or () if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"expected allowed_token_ids below the vocabulary size {self.vocab_size}, got {bad}")
+
+    def prepare_prompt(
+        self, token_ids: list[int], params: SamplingParams, multimodal: MultimodalData | None = None
+    ) -> list[int]:
+        """The prompt as ``params.truncate_prompt_tokens`` keeps it, checked (:meth:`check_prompt`).
+        A prompt with images is not truncated (its image tokens must stay whole): refused if it would be."""
+        kept = params.truncate(token_ids, self.max_len)
+        if multimodal is not None and len(kept) < len(token_ids):
+            raise ValueError(
+                f"expected truncate_prompt_tokens to keep the whole of a prompt with images ({len(token_ids)} "
+                f"tokens), got {params.truncate_prompt_tokens}"
+            )
+        self.check_prompt(kept)
+        return kept
 
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -358,6 +378,8 @@ class Engine:
                 seq.stop_reason = detok.find_stop(grown)
                 if seq.stop_reason is not None:
                     return "stop"
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_len:
+        if seq.num_tokens >= self.max_len or (
+            params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
+        ):
             return "length"
         return None

@@ -13,8 +13,8 @@ from tqdm.auto import tqdm
 from ..models.base import MultimodalModel
 from ..validation import check_pixel_values
 from .arguments import check_keywords, describe, keyword_signature
+from .build import build_engine
 from .config import EngineConfig
-from .engine import Engine
 from .input_processor import InputProcessor
 from .outputs import CompletionOutput, RequestOutput, RequestState
 from .sampling_params import SamplingParams
@@ -39,13 +39,20 @@ class LLM:
     def __init__(self, model: str, **engine_args):
         check_keywords(EngineConfig, engine_args, what="LLM")
         self.config = EngineConfig(model=model, **engine_args)
-        self.engine = Engine(self.config)
+        self.engine = build_engine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
     # help(LLM) and editors show EngineConfig's fields as the keywords, with their help text.
     __init__.__signature__ = keyword_signature(EngineConfig, leading=("self", "model"))
     __init__.__doc__ = "Keyword arguments (the fields of EngineConfig):\n\n" + describe(EngineConfig)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The parameters a request gets when it sets none: vLLM's defaults, with the sampling values
+        of the checkpoint's ``generation_config.json`` (temperature, top_p, top_k, min_p,
+        repetition_penalty; none with ``generation_config="vllm"``). A request's unset fields take
+        the same values, so ``generate(prompts)`` equals ``generate(prompts, this)``."""
+        return SamplingParams().with_defaults(self.engine.sampling_defaults)
 
     @functools.cached_property
     def processor(self) -> InputProcessor:
@@ -61,6 +68,9 @@ class LLM:
         """Generate for each prompt: a str, a list of token ids, or a dict
         ``{"prompt_token_ids": [...], "multi_modal_data": {...}}`` (``"prompt": str`` in place of the ids).
         One :class:`RequestOutput` per prompt, in order, each with ``n`` choices in ``outputs``.
+        ``sampling_params``: one for all prompts or one per prompt; ``None`` is ``SamplingParams()``
+        (vLLM's defaults, with the checkpoint's where its ``generation_config.json`` has them: see
+        :meth:`get_default_sampling_params`).
 
         ``multi_modal_data`` (multimodal models) is either the Hugging Face image processor's outputs,
         ``{"pixel_values": [N, patch_dim], "image_grid_thw": [num_images, 3]}``, with one run of image
@@ -122,6 +132,10 @@ class LLM:
         and leaving the loop early aborts what is unfinished.
         """
         requests = self._prepare(prompts, sampling_params)
+        for *_, sp in requests:
+            if sp.num_seqs > sp.n:
+                what = "best_of == n in a stream (the best are known at the end)"
+                raise ValueError(f"expected {what}, got best_of {sp.best_of} with n {sp.n}")
 
         def deltas() -> Iterator[RequestOutput]:
             states: list[RequestState] = []
@@ -172,7 +186,7 @@ class LLM:
             if not isinstance(sp, SamplingParams):
                 raise ValueError(f"expected SamplingParams, got {type(sp).__name__}")
             ids, mm = self.processor.process(prompt)
-            self.engine.check_prompt(ids)
+            ids = self.engine.prepare_prompt(ids, sp, mm)
             self.engine.check_params(sp)
             text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
             requests.append((text, ids, mm, sp))
@@ -183,7 +197,7 @@ class LLM:
         ``Engine.add_request``), so that an exception part way leaves nothing unaccounted for."""
         states = []
         for text, ids, mm, sp in requests:
-            seqs = [self.engine.add_request(ids, sp, mm, index=i, added=added) for i in range(sp.n)]
+            seqs = [self.engine.add_request(ids, sp, mm, index=i, added=added) for i in range(sp.num_seqs)]
             states.append(RequestState(str(next(self._ids)), text, seqs, self.processor.token_text))
         return states
 
@@ -196,7 +210,8 @@ class LLM:
         try:
             states.extend(self._add(requests, added))
             seqs = [seq for state in states for seq in state.seqs]
-            total = sum(seq.params.max_tokens for seq in seqs)
+            budget = {seq: self._budget(seq) for seq in seqs}
+            total = sum(budget.values())
             prompt_start, out_start = engine.num_prompt_tokens_computed, engine.num_generated_tokens
             start = time.perf_counter()
             with tqdm(total=total, desc="generating", unit="tok", disable=not use_tqdm) as bar:
@@ -204,10 +219,7 @@ class LLM:
                 while any(seq.finish_reason is None for seq in seqs):
                     engine.step()
                     # Generated tokens, plus the unused budget of finished sequences: the bar ends full.
-                    now = sum(
-                        seq.params.max_tokens if seq.finish_reason is not None else seq.num_output_tokens
-                        for seq in seqs
-                    )
+                    now = sum(budget[seq] if seq.finish_reason is not None else seq.num_output_tokens for seq in seqs)
                     if use_tqdm:
                         elapsed = max(time.perf_counter() - start, 1e-9)
                         tok_in = (engine.num_prompt_tokens_computed - prompt_start) / elapsed
@@ -222,3 +234,8 @@ class LLM:
             for seq in added:
                 if seq.request_id in engine.requests:
                     engine.abort(seq.request_id)
+
+    def _budget(self, seq: Sequence) -> int:
+        """The most tokens ``seq`` can generate: ``max_tokens``, or what ``max_model_len`` leaves."""
+        room = self.engine.max_len - seq.num_prompt_tokens
+        return room if seq.params.max_tokens is None else min(seq.params.max_tokens, room)

@@ -191,7 +191,7 @@ class ModelRunner:
                 rows_, *lp = host[-5:]
                 host = host[:-5]
                 rows_ = rows_.tolist()
-                ks = [sampling[r].params.logprobs for r in rows_]
+                ks = [sampling[r].params.sample_logprobs for r in rows_]
                 row_logprobs = dict(zip(rows_, unpack_logprobs([tokens[r] for r in rows_], *lp, ks)))
             sampled = {seq: (tokens[i], row_logprobs.get(i)) for i, seq in enumerate(sampling)}
         for j, (seq, nexts) in enumerate(prompt_parts):

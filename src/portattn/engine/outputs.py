@@ -31,7 +31,8 @@ class CompletionOutput:
 
     ``token_ids`` are the generated tokens (a stop or end-of-sequence token included); ``text`` their
     text, cut at a stop string. ``logprobs`` has one entry per token of ``token_ids`` when asked for
-    (``SamplingParams(logprobs=k)``), with ``cumulative_logprob`` their sum. ``finish_reason`` is
+    (``SamplingParams(logprobs=k)``), with ``cumulative_logprob`` their sum (also set, without
+    ``logprobs``, when ``best_of`` ranked the choices by it). ``finish_reason`` is
     ``"stop"``, ``"length"`` or ``"abort"`` (None while it runs); ``stop_reason`` the stop string or
     stop token id that ended it. In a stream's delta outputs, ``text``, ``token_ids`` and ``logprobs``
     hold only what is new since the previous delta.
@@ -89,7 +90,9 @@ class RequestState:
 
     :meth:`output` builds the whole :class:`RequestOutput` (``delta=False``) or what is new since the
     last delta (``delta=True``; ``None`` when nothing is). A delta's text stops short of a stop
-    string that may still be forming (:meth:`IncrementalDetokenizer.streamable`).
+    string that may still be forming (:meth:`IncrementalDetokenizer.streamable`). With ``best_of``
+    above ``n``, the whole output holds the ``n`` likeliest of the ``best_of`` sequences (deltas, which
+    only a server that does not stream reads, hold every sequence).
     """
 
     def __init__(
@@ -131,9 +134,10 @@ class RequestState:
             tokens = seq.token_ids[seq.num_prompt_tokens + first_token :]  # only what this output sends
             logprobs = None
             cumulative = None
+            if seq.params.sample_logprobs is not None:  # asked for, or best_of ranks by them
+                cumulative = sum(t.logprob for t in seq.logprobs)
             if seq.params.logprobs is not None:
                 logprobs = [self._position(t) for t in seq.logprobs[first_token:]]
-                cumulative = sum(t.logprob for t in seq.logprobs)
             outputs.append(
                 CompletionOutput(
                     index=seq.index,
@@ -147,6 +151,8 @@ class RequestState:
                 )
             )
         first = self.seqs[0]
+        if not delta and first.params.num_seqs > first.params.n:
+            outputs = self._best(outputs, first.params.n)
         send_prompt = not (delta and self.sent_prompt)
         if delta:
             if not outputs:
@@ -164,6 +170,15 @@ class RequestState:
             prompt_logprobs=prompt_logprobs,
             prompt_logits=torch.cat(first.prompt_logits) if send_prompt and first.prompt_logits else None,
         )
+
+    @staticmethod
+    def _best(outputs: list[CompletionOutput], n: int) -> list[CompletionOutput]:
+        """``best_of``: the ``n`` outputs of highest cumulative log-probability (the earlier choice
+        first on a tie), numbered 0 .. n - 1 in that order."""
+        ranked = sorted(outputs, key=lambda c: -c.cumulative_logprob)[:n]
+        for i, c in enumerate(ranked):
+            c.index = i
+        return ranked
 
     def _position(self, t: TokenLogprobs) -> PositionLogprobs:
         text = self.token_text or (lambda _: None)

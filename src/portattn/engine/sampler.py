@@ -1,8 +1,11 @@
 """Sampling for the whole batch on the logits' device, in a few batched tensor ops.
 
-One step's rows go through: log-probabilities of the raw logits (rows that asked) -> ``min_tokens``
-bans -> penalties -> greedy argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw.
-Every per-request value is a ``[N]`` tensor, so no Python loop touches the vocabulary.
+One step's rows go through: log-probabilities of the raw logits (rows that asked) -> logits
+processors -> ``allowed_token_ids`` -> ``bad_words`` and ``min_tokens`` bans -> penalties -> greedy
+argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw. Every per-request value is
+a ``[N]`` tensor (allowed and banned tokens are ``(row, token)`` index lists), so no Python loop
+touches the vocabulary; the one exception is a request's own ``logits_processors``, Python callables
+that run on its row alone, and only for the requests that have them.
 
 Randomness is counter-based: the uniform variate of row ``r``, token ``v`` is a hash of the
 request's 64-bit key, the number of tokens the request has generated so far, and ``v``; the draw is
@@ -80,7 +83,9 @@ class SamplingBatch:
     min_p: torch.Tensor | None  # [N] float32
     keys: torch.Tensor | None  # [N] int64, None when every row is greedy
     steps: torch.Tensor | None  # [N] int64 tokens generated so far
-    banned: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) masked to -inf (min_tokens)
+    allowed: tuple[torch.Tensor, ...] | None  # (rows [A], token ids [A], unrestricted rows [N] bool)
+    banned: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) masked to -inf (min_tokens, bad words)
+    processors: list[tuple] | None  # (row, callables, prompt ids, output ids) of rows with logits processors
     penalties: tuple[torch.Tensor, ...] | None  # (presence, frequency, repetition [N], output ids, prompt ids)
     logprob_rows: torch.Tensor | None  # [R] rows that asked for log-probabilities
     num_logprobs: int  # the most top log-probabilities any row asked for
@@ -108,12 +113,27 @@ class SamplingBatch:
             steps = column([len(s.token_ids) - s.num_prompt_tokens for s in seqs], torch.int64)
         rows, ids = [], []
         for i, s in enumerate(seqs):
+            ban = bad_word_bans(s) if s.bad_word_ids else set()
             if len(s.token_ids) - s.num_prompt_tokens < s.params.min_tokens:
-                ban = set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else eos_token_ids)
-                ban = sorted(t for t in ban if t < vocab_size)
+                ban |= set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else eos_token_ids)
+            if ban:
+                ban = sorted(t for t in ban if t < vocab_size)  # a larger id cannot be sampled anyway
                 rows += [i] * len(ban)
                 ids += ban
         banned = (column(rows, torch.int64), column(ids, torch.int64)) if rows else None
+        allowed = None
+        if any(p.allowed_token_ids is not None for p in params):
+            pairs = [(i, t) for i, p in enumerate(params) for t in p.allowed_token_ids or () if t < vocab_size]
+            allowed = (
+                column([i for i, _ in pairs], torch.int64),
+                column([t for _, t in pairs], torch.int64),
+                column([p.allowed_token_ids is None for p in params], torch.bool),
+            )
+        processors = [
+            (i, s.params.processors, s.prompt_token_ids[:], s.output_token_ids)
+            for i, s in enumerate(seqs)
+            if s.params.logits_processors
+        ]
         penalties = None
         if any(p.has_penalties for p in params):
             outputs = [s.output_token_ids for s in seqs]
@@ -125,7 +145,7 @@ class SamplingBatch:
                 column(_padded(outputs, vocab_size), torch.int64),
                 column(_padded(prompts, vocab_size), torch.int64),
             )
-        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        wanted = [i for i, p in enumerate(params) if p.sample_logprobs is not None]
         return cls(
             params=params,
             greedy=greedy_rows,
@@ -135,11 +155,42 @@ class SamplingBatch:
             min_p=min_p,
             keys=keys,
             steps=steps,
+            allowed=allowed,
             banned=banned,
+            processors=processors or None,
             penalties=penalties,
             logprob_rows=column(wanted, torch.int64) if wanted else None,
-            num_logprobs=max((params[i].logprobs for i in wanted), default=0),
+            num_logprobs=max((params[i].sample_logprobs for i in wanted), default=0),
         )
+
+
+def bad_word_token_ids(tokenizer, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """The token sequences ``SamplingParams.bad_words`` forbid: each word (leading space stripped) as
+    it tokenizes at the start of a text and, where that differs, after a space (in the middle of a
+    text; a byte-level BPE often has one token for " word" and several for "word"). No special
+    tokens are added."""
+    out = []
+    for word in words:
+        plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if not plain:
+            raise ValueError(f"expected bad_words that tokenize to at least one token, got {word!r}")
+        out.append(plain)
+        if spaced != plain:
+            out.append(spaced)
+    return tuple(out)
+
+
+def bad_word_bans(seq: Sequence) -> set[int]:
+    """The tokens ``seq``'s bad words forbid next: the last token of each bad-word token sequence
+    whose other tokens end the output so far (a one-token word is always forbidden)."""
+    bans = set()
+    num_out = seq.num_output_tokens
+    tokens = seq.token_ids
+    for *prefix, last in seq.bad_word_ids:
+        if len(prefix) <= num_out and tokens[len(tokens) - len(prefix) :] == prefix:
+            bans.add(last)
+    return bans
 
 
 def _padded(rows: list[list[int]], pad: int) -> list[list[int]]:
@@ -147,8 +198,33 @@ def _padded(rows: list[list[int]], pad: int) -> list[list[int]]:
     return [r + [pad] * (width - len(r)) for r in rows]
 
 
+def apply_logits_processors(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """``logits [N, V]`` with each request's ``logits_processors`` applied to its row, in order (a copy
+    when any row has them: the raw logits stay for the log-probabilities)."""
+    if batch.processors is None:
+        return logits
+    logits = logits.clone()
+    for row, fns, prompt, output in batch.processors:
+        x = logits[row]  # [V]
+        for fn, takes_prompt in fns:
+            x = fn(prompt, output, x) if takes_prompt else fn(output, x)
+            if not isinstance(x, torch.Tensor) or x.shape != logits.shape[1:]:
+                got = f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(
+                    f"expected logits_processors to return a tensor of shape [{logits.shape[1]}], got {got}"
+                )
+        logits[row] = x
+    return logits
+
+
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Ban tokens (``min_tokens``), then the presence, frequency and repetition penalties; ``[N, V]``."""
+    """Keep only ``allowed_token_ids``, ban tokens (``bad_words``, ``min_tokens``), then the presence,
+    frequency and repetition penalties; ``[N, V]``."""
+    if batch.allowed is not None:
+        rows, ids, free = batch.allowed
+        keep = free[:, None].expand(logits.shape).clone()  # [N, V]: every token of unrestricted rows
+        keep[rows, ids] = True
+        logits = logits.masked_fill(~keep, float("-inf"))
     if batch.banned is not None:
         logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     if batch.penalties is not None:
@@ -205,7 +281,7 @@ class SamplerOutput:
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """One token per row of ``logits [N, V]`` (float32), on the logits' device, with no host sync."""
     raw = logits
-    logits = apply_penalties(logits, batch)
+    logits = apply_penalties(apply_logits_processors(logits, batch), batch)
     tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
     if batch.keys is not None:
         scores = filter_logits(logits, batch)

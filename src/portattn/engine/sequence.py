@@ -30,8 +30,10 @@ class Sequence:
     ``p * P .. p * P + P - 1``. ``page_hashes[p]`` is the prefix-cache key of full, computed page ``p``.
     ``multimodal`` holds the prompt's images (``None`` for a text prompt).
     ``sample_key`` keys the sequence's random stream (see :mod:`.sampler`); ``index`` is its choice
-    number among the ``n`` of its request. ``detokenizer`` holds the output's text (``None`` without a
-    tokenizer). ``stop_reason`` is the stop string or stop token id that finished it, if any.
+    number among the ``n`` of its request. ``bad_word_ids`` are the token sequences of its
+    ``params.bad_words`` (:meth:`Engine.add_request` tokenizes them). ``detokenizer`` holds the
+    output's text (``None`` without a tokenizer). ``stop_reason`` is the stop string or stop token
+    id that finished it, if any.
     After a step that computes the last token, one new token is sampled and appended, so a running
     sequence in decode has ``num_computed == num_tokens - 1``.
     """
@@ -54,6 +56,7 @@ class Sequence:
     prompt_logits: list[torch.Tensor] = field(default_factory=list)
     num_prompt_scored: int = 0  # prompt positions whose logits were taken (prompt logits / logprobs)
     multimodal: MultimodalData | None = None
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()
     detokenizer: IncrementalDetokenizer | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per output token, when asked
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # prompt tokens 1.., when asked

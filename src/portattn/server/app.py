@@ -136,12 +136,33 @@ class Timing:
             m.labelled(m.e2e).observe(now - self.arrival)
 
 
+ENGINE_WATCH_S = 0.5  # how often the server looks whether its engine thread still runs
+
+
+async def _exit_when_engine_dies(server: Server, app: FastAPI) -> None:
+    """When the engine thread ends on an error (a failed step; under tensor parallelism, a rank that
+    died or stopped answering), log it and call ``app.state.exit_server`` (``portattn serve`` sets it:
+    the server exits with status 1, for a supervisor to restart it). Without it the app answers 503."""
+    while server.engine.alive:
+        await asyncio.sleep(ENGINE_WATCH_S)
+    error = server.engine.error
+    if error is None:  # stopped by shutdown
+        return
+    exit_server = getattr(app.state, "exit_server", None)
+    then = "the server exits" if exit_server is not None else "requests are answered 503 from now on"
+    logger.critical("the engine died (%s: %s); %s", type(error).__name__, error, then)
+    if exit_server is not None:
+        exit_server()
+
+
 def build_app(server: Server) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if not server.engine.alive:
             server.engine.start()
+        watch = asyncio.create_task(_exit_when_engine_dies(server, app))
         yield
+        watch.cancel()
         server.engine.shutdown()
 
     app = FastAPI(title="portattn", lifespan=lifespan)

@@ -177,11 +177,11 @@ class AsyncEngine:
         try:
             for i, (text, ids) in enumerate(prompts):
                 seqs = []
-                for j in range(params.n):
+                for j in range(params.num_seqs):
                     seqs.append(self.engine.add_request(ids, params, index=j))
                     added.append(seqs[-1])
                 stream.states.append(RequestState(f"{stream.request_id}-{i}", text, seqs, self._texts.token_text))
-                self._queried += len(ids) * params.n
+                self._queried += len(ids) * params.num_seqs
         except ValueError as err:  # the handler checked already: nothing else to blame
             for seq in added:
                 self.engine.abort(seq.request_id)

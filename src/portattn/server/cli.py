@@ -41,25 +41,26 @@ def create_app(
         import prometheus_client  # noqa: F401
     except ImportError as err:
         raise ImportError(_MISSING) from err
+    from ..engine.build import build_engine
     from ..engine.input_processor import InputProcessor
-    from ..engine.llm import LLM
     from ..models import loader
     from .app import Server, build_app
     from .async_engine import AsyncEngine
 
     if max_queue is not None and (not isinstance(max_queue, int) or max_queue < 0):
         raise ValueError(f"expected max_queue to be None or an int >= 0, got {max_queue!r}")
-    llm = LLM(model, **engine_args)
+    arguments.check_keywords(EngineConfig, engine_args, what="create_app")
+    engine = build_engine(EngineConfig(model=model, **engine_args))
     # The handlers tokenize with a tokenizer of their own: the engine thread decodes with the engine's.
-    processor = InputProcessor(llm.engine.model, loader.load_tokenizer(llm.config.model), llm.config.model)
-    async_engine = AsyncEngine(llm.engine, max_queue=max_queue)
+    processor = InputProcessor(engine.model, loader.load_tokenizer(engine.config.model), engine.config.model)
+    async_engine = AsyncEngine(engine, max_queue=max_queue)
     server = Server(async_engine, processor, served_model_name or str(model), api_key)
     return build_app(server)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as err:
         raise ImportError(_MISSING) from err
     app = create_app(
@@ -69,5 +70,15 @@ def main(args: argparse.Namespace) -> int:
         **arguments.given(args, EngineConfig),
     )
     logger.warning("serving %s on http://%s:%d", app.state.server.model_name, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
-    return 0
+    uvicorn_server(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level).run()
+    return 1 if app.state.server.engine.error is not None else 0  # a supervisor restarts a server that failed
+
+
+def uvicorn_server(app, **config):
+    """A ``uvicorn.Server`` for ``app`` (``config``: ``uvicorn.Config``'s keywords) that exits when
+    the engine dies (``app.state.exit_server``, see :func:`portattn.server.app.build_app`)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, **config))
+    app.state.exit_server = lambda: setattr(server, "should_exit", True)
+    return server

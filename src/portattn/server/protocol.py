@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.sampling_params import SamplingParams
+from ..engine.sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
 
 # Fields of the OpenAI API that this server does not implement: a request that sets one gets a 400
 # naming it (rather than silently different behaviour). Unknown fields get a 422.
@@ -44,7 +44,11 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    """Fields both endpoints share: OpenAI's, then vLLM's extras (sent with the client's ``extra_body``)."""
+    """Fields both endpoints share: OpenAI's, then vLLM's extras (sent with the client's ``extra_body``).
+
+    ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` left out (or null)
+    stay unset in the :class:`SamplingParams`: the engine gives them the checkpoint's
+    ``generation_config.json`` values, else vLLM's defaults (``temperature`` 1, as in OpenAI's API)."""
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -69,8 +73,8 @@ class _Sampling(_Body):
     prediction: Any = None
     # vLLM's extras.
     top_k: int | None = None
-    min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
@@ -89,18 +93,16 @@ class _Sampling(_Body):
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """The engine's parameters; a value it refuses becomes a 400 naming the field."""
+        given = {name: getattr(self, name) for name in GENERATION_CONFIG_FIELDS if getattr(self, name) is not None}
         try:
             return SamplingParams(
                 n=self.n,
+                best_of=getattr(self, "best_of", None),
                 max_tokens=max_tokens,
                 min_tokens=self.min_tokens,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=-1 if self.top_k is None else self.top_k,
-                min_p=self.min_p,
+                **given,
                 presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty,
-                repetition_penalty=self.repetition_penalty,
                 seed=self.seed,
                 stop=self.stop or (),
                 stop_token_ids=self.stop_token_ids or (),
@@ -120,7 +122,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=128)
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
@@ -138,8 +140,8 @@ class CompletionRequest(_Sampling):
         super().check_supported()
         if self.echo:
             raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
-        if self.best_of is not None and self.best_of != self.n:
-            raise APIError(400, "best_of other than n is not supported by this server", param="best_of")
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise APIError(400, "best_of above n cannot be streamed", param="best_of", code="invalid_value")
 
 
 class TextPart(_Body):

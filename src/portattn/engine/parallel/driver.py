@@ -11,9 +11,14 @@ Two ways to get ``tensor_parallel_size = N`` processes:
   constructor serves rank 0's steps and then ends the process (``SystemExit(0)``) when rank 0 shuts
   down.
 
-A failing rank makes rank 0's step raise :class:`WorkerError` with that rank's traceback; the engine
-is then stopped (every rank exits) and further calls raise. :meth:`Driver.shutdown` (``LLM.shutdown``,
-and at interpreter exit) stops the ranks and leaves no process behind.
+The spawned ranks register the model architectures and attention backends registered in rank 0's
+process when it starts them (:func:`portattn.engine.parallel.worker.register_all`).
+
+A failing rank makes rank 0's step raise :class:`WorkerError` with that rank's traceback; a rank
+that stops answering makes it raise after ``PORTATTN_TP_TIMEOUT_S``, naming the rank (from the
+ranks' pulses, :mod:`.liveness`). The engine is then stopped (every rank exits) and further calls
+raise. :meth:`Driver.shutdown` (``LLM.shutdown``, and at interpreter exit) stops the ranks and
+leaves no process behind.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ...backends.registry import backend_targets
 from ...distributed.group import TPGroup
 from ...models import registered_models
+from .liveness import read_pulses, silent_ranks
 from .process_group import (
     START_TIMEOUT,
     TIMEOUT_ENV,
@@ -79,10 +86,11 @@ def start(config) -> Driver:
 
 def _spawn(config) -> Driver:
     size = config.tensor_parallel_size
+    registered = dict(models=_importable(registered_models()), backends=_importable(backend_targets()))
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
     level = logging.getLogger("portattn").getEffectiveLevel()
     common = dict(config=config, world_size=size, host="127.0.0.1", port=store.port, log_level=level)
-    common |= dict(models=registered_models(), sys_path=list(sys.path))
+    common |= registered | dict(sys_path=list(sys.path))
     payloads = [pickle.dumps(common | dict(rank=rank)) for rank in range(1, size)]  # before any process starts
     processes = []
     for payload in payloads:
@@ -100,6 +108,18 @@ def _spawn(config) -> Driver:
     except BaseException as err:
         raise driver.fail(err) from err
     return driver
+
+
+def _importable(targets: dict[str, str]) -> dict[str, str]:
+    """``targets`` (name -> ``"module:Class"``), refused when one lives in ``__main__``: a started
+    rank runs ``portattn.engine.parallel.worker`` as its main module, not the user's script."""
+    for name, target in targets.items():
+        if target.split(":")[0] == "__main__":
+            raise ValueError(
+                f"expected {name!r} registered from an importable module for tensor_parallel_size > 1 "
+                f"(the other ranks import it), got {target!r}: move the class into a module"
+            )
+    return targets
 
 
 def _child_env() -> dict[str, str]:
@@ -123,7 +143,7 @@ def _join_torchrun(config) -> Driver:
     store = dist.distributed_c10d._get_default_store()
     if rank != 0:
         try:
-            run_rank(config, tp, device)
+            run_rank(config, tp, device, store)
         except BaseException:
             report_error(store, rank)
             raise
@@ -186,6 +206,8 @@ class _Ranks:
 
 class Driver:
     """Rank 0's side of a tensor-parallel engine (built by :func:`start`)."""
+
+    req_pool_class = JournaledReqToTokenPool  # rank 0's page table records its writes for the other ranks
 
     def __init__(self, config, device, store, processes: list[subprocess.Popen], *, owns_groups: bool):
         self.config = dataclasses.replace(config, device=device)
@@ -285,14 +307,24 @@ class Driver:
         return result
 
     def fail(self, cause: BaseException) -> BaseException:
-        """Stop the engine after ``cause``; returns the exception to raise (the failing rank's error
-        when one reported, else ``cause``)."""
+        """Stop the engine after ``cause``; returns the exception to raise: the failing rank's error
+        when one reported; after a failed or timed-out collective, the ranks that stopped answering
+        (from their pulses, read over the seconds waited for a report); else ``cause``."""
+        pulses = read_pulses(self.store, range(1, self.config.tensor_parallel_size))
+        started = time.monotonic()
         error = self._rank_error()
-        if error is None and _raised_by_collective(cause):
-            error = WorkerError(
-                "a tensor-parallel collective failed and no rank reported an error (a rank that does not "
-                f"answer is given up on after {TIMEOUT_ENV} = {step_timeout().total_seconds():g} s): {cause}"
-            )
+        collective = _raised_by_collective(cause)
+        if error is None and (collective or self.ranks.timed_out):
+            after = read_pulses(self.store, range(1, self.config.tensor_parallel_size))
+            silent = silent_ranks(pulses, after, time.monotonic() - started)
+            limit = f"{TIMEOUT_ENV} = {step_timeout().total_seconds():g} s"
+            if silent:
+                error = WorkerError("; ".join(silent) + f" (rank 0 waits {limit} for a collective): {cause}")
+            elif collective:
+                error = WorkerError(
+                    "a tensor-parallel collective failed and no rank reported an error (a rank that does not "
+                    f"answer is given up on after {limit}): {cause}"
+                )
         error = error or cause
         self.error = error
         self.shutdown()

@@ -6,9 +6,12 @@ joins, and how long a collective may wait.
   ``PORTATTN_TP_TIMEOUT_S`` (default 300 s) as the longest a collective of the forward may wait: a
   rank that stops answering makes the others' step fail after at most that long;
 * the **control group** (``TPGroup.cpu_group``): gloo, on which rank 0 broadcasts each step's batch
-  and the ranks check in once loaded. The other ranks wait on it between requests for as long as the
-  engine is idle (the group's timeout is :data:`IDLE_TIMEOUT`, as long as loading may take); a rank
-  that dies closes its connections, which ends any wait at once.
+  and the ranks check in once loaded. Rank 0's collectives on it are bounded by the same
+  ``PORTATTN_TP_TIMEOUT_S`` (a rank that stops reading makes rank 0's broadcast fail, whatever the
+  step's size: a gloo send waits for the receiver to take it); the other ranks wait on it between
+  requests for as long as the engine is idle (their timeout is :data:`IDLE_TIMEOUT`). A rank that
+  dies closes its connections, which ends any wait at once. The check-in after loading waits up to
+  :data:`START_TIMEOUT`, as loading may take long.
 
 The default process group (joined with :data:`START_TIMEOUT`, for ranks that take a while to start)
 only serves to make these two.
@@ -68,17 +71,16 @@ def make_groups(device: torch.device, rank: int, world_size: int) -> TPGroup:
     """The compute and control groups over every rank of the default process group. One all-reduce
     on the device builds the compute group's communicator now: a captured graph cannot build it."""
     compute = dist.new_group(backend=dist.get_default_backend_for_device(device), timeout=step_timeout())
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    # A group's timeout is each process's own: rank 0 never waits longer than a step may take.
+    control = dist.new_group(backend="gloo", timeout=step_timeout() if rank == 0 else IDLE_TIMEOUT)
     dist.all_reduce(torch.zeros(1, device=device), group=compute)
     return TPGroup(rank, world_size, compute, control)
 
 
 def check_groups(tp: TPGroup) -> None:
-    """One all-reduce over the control group, made by each rank once its engine is built."""
-    ones = torch.ones(1)
-    dist.all_reduce(ones, group=tp.cpu_group)
-    if int(ones.item()) != tp.size:
-        raise RuntimeError(f"expected the start-up all-reduce to count {tp.size} ranks, got {int(ones.item())}")
+    """A barrier over the control group, made by each rank once its engine is built; waits up to
+    :data:`START_TIMEOUT` (rank 0's error names the ranks that did not arrive)."""
+    dist.monitored_barrier(group=tp.cpu_group, timeout=START_TIMEOUT, wait_all_ranks=True)
 
 
 def destroy_groups() -> None:

@@ -107,7 +107,7 @@ class SequenceMirror:
         for step in message.seqs:
             seq = self.seqs.get(step.request_id)
             if seq is None:
-                seq = Sequence(step.request_id, [], SamplingParams(), multimodal=step.multimodal)
+                seq = Sequence(step.request_id, [], SamplingParams(temperature=0), multimodal=step.multimodal)
                 self.seqs[step.request_id] = seq
             seq.req_pool_idx, seq.num_computed = step.req_pool_idx, step.start
             # What ForwardBatch reads is token_ids[start : start + n]; tokens before `start` (computed

@@ -3,7 +3,13 @@
 A rank that fails records its traceback in the job's store (:func:`report_error`) and exits at
 once, which closes its connections: rank 0's pending collective fails and rank 0 raises that
 traceback from ``generate``. A rank the engine started also exits when rank 0's process goes away
-(its stdin, which only rank 0 holds open, reaches end of file).
+(its stdin, which only rank 0 holds open, reaches end of file). While it serves, a rank publishes
+its pulse (:mod:`.liveness`), from which rank 0 tells a rank that stopped answering.
+
+A started rank registers what rank 0's process had registered when it started the ranks: the
+model architectures (``portattn.models.register_model``) and the attention backends
+(``portattn.backends.registry.register_backend``), by their ``"module:Class"`` targets, importable
+through rank 0's ``sys.path``. Under torchrun every rank runs the user's program, which registers them.
 """
 
 from __future__ import annotations
@@ -19,7 +25,11 @@ import traceback
 
 import torch
 
+from ...backends.registry import register_backend
 from ...distributed.group import TPGroup
+from ...models import register_model
+from ..engine import Engine
+from .liveness import Pulse
 from .process_group import broadcast_message, check_groups, destroy_groups, init_groups, rank_device, use_device
 from .protocol import STOP, CallMessage, SequenceMirror, StepMessage
 
@@ -40,11 +50,12 @@ def report_error(store, rank: int) -> None:
         store.set(error_key(rank), traceback.format_exc())
 
 
-def serve(engine, tp: TPGroup) -> None:
+def serve(engine: Engine, tp: TPGroup, pulse: Pulse) -> None:
     """Run rank 0's steps on this rank's shard until rank 0 sends :data:`STOP`."""
     mirror = SequenceMirror(engine.req_pool)
     while True:
         message = broadcast_message(None, tp)
+        pulse.received()
         if message == STOP:
             return
         if isinstance(message, CallMessage):
@@ -53,15 +64,23 @@ def serve(engine, tp: TPGroup) -> None:
             engine.runner.forward(mirror.apply(message), message.logit_rows)
         else:
             raise RuntimeError(f"expected a step, call or stop message from rank 0, got {type(message).__name__}")
+        pulse.done()
 
 
-def run_rank(config, tp: TPGroup, device: torch.device) -> None:
+def run_rank(config, tp: TPGroup, device: torch.device, store) -> None:
     """Build this rank's engine (same code as rank 0's), check in with the others, and serve."""
-    from ..engine import Engine
-
     engine = Engine(dataclasses.replace(config, device=device), tp=tp)
+    pulse = Pulse(store, tp.rank)  # published before the check-in: rank 0 finds it from its first step
     check_groups(tp)
-    serve(engine, tp)
+    serve(engine, tp, pulse)
+
+
+def register_all(models: dict[str, str], backends: dict[str, str]) -> None:
+    """Register rank 0's model architectures and attention backends (``"module:Class"`` targets)."""
+    for architecture, target in models.items():
+        register_model(architecture, target)
+    for name, target in backends.items():
+        register_backend(name, target)
 
 
 def _exit_with_parent(stdin) -> None:
@@ -79,8 +98,6 @@ def worker_main() -> None:
     arguments come pickled on stdin, which rank 0 then keeps open for as long as it lives."""
     import torch.distributed as dist
 
-    from ...models import register_model
-
     stdin = sys.stdin.buffer
     args = pickle.load(stdin)
     config, rank, world_size = args["config"], args["rank"], args["world_size"]
@@ -89,8 +106,7 @@ def worker_main() -> None:
     logging.basicConfig(level=args["log_level"], format=f"%(name)s[rank {rank}]: %(message)s")
     store = None
     try:
-        for architecture, target in args["models"].items():  # architectures registered in rank 0's process
-            register_model(architecture, target)
+        register_all(args["models"], args["backends"])
         if config.device.type == "cpu":  # the ranks share the host's cores
             torch.set_num_threads(max(1, torch.get_num_threads() // world_size))
         store = dist.TCPStore(args["host"], args["port"], world_size, is_master=False)
@@ -98,7 +114,7 @@ def worker_main() -> None:
         use_device(device)
         store.set(joined_key(rank), "1")  # rank 0 waits for every rank to get this far
         tp = init_groups(device, rank, world_size, store)
-        run_rank(config, tp, device)
+        run_rank(config, tp, device, store)
         destroy_groups()
     except BaseException:
         report_error(store, rank)
