@@ -1,7 +1,7 @@
 """Where a bf16 engine's logits part from the float32 model: the real model (SmolLM2-135M-Instruct)
 on a GPU, the engine's paths switched one at a time, against transformers' own bf16 error.
 
-For each prompt of a fixed chat set, the last prompt position's logits of the float32 model
+For each of 40 prompts of the real-text chat set, the last prompt position's logits of the float32 model
 (transformers, on the GPU) are the reference; every configuration reports the max |error| over the
 vocabulary (worst prompt and mean over prompts) and its ratio to transformers' bf16, plus its greedy
 answer to the first prompt. Configurations: the attention backend (triton / torch) and the fused
@@ -21,13 +21,10 @@ from pathlib import Path
 
 import torch
 
+# The first 40 prompts of the real-text chat set (the first is "What is the capital of France?").
 PROMPTS = [
-    "What is the capital of France?",
-    "Explain in two sentences why the sky is blue.",
-    "Write a haiku about autumn leaves.",
-    "How many legs does a spider have?",
-    "Give me three tips for sleeping better.",
-    "Who wrote Romeo and Juliet?",
+    json.loads(line)["prompt"]
+    for line in (Path(__file__).parent / "prompts" / "chat.jsonl").read_text().splitlines()[:40]
 ]
 
 
@@ -84,7 +81,9 @@ def engine_run(folder: Path, ids: list[list[int]], backend: str, fused: bool, la
     from portattn.models.layers.fused import set_fused_kernels
 
     set_fused_kernels(fused)
-    llm = LLM(str(folder), device="cuda", dtype="bfloat16", attention_backend=backend, max_model_len=2048)
+    llm = LLM(
+        str(folder), device="cuda", dtype="bfloat16", attention_backend=backend, max_model_len=2048, enforce_eager=True
+    )
     states = []
     handles = []
     if layer_hook:
@@ -118,10 +117,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the converted float32 checkpoint in this folder")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "smollm2"
-        convert(args.gguf, folder)
+        folder = args.keep or Path(tmp) / "smollm2"
+        if not (folder / "config.json").exists():
+            convert(args.gguf, folder)
         from transformers import AutoTokenizer
 
         ids = prompt_ids(AutoTokenizer.from_pretrained(folder))
@@ -146,7 +147,8 @@ def main(argv=None) -> int:
                     }
                 )
                 if states and ref_states:
-                    layers[name] = [float((s - r).abs().max()) for s, r in zip(states, ref_states[1:])]
+                    # the prompts run as one packed forward: the first prompt's rows come first
+                    layers[name] = [float((s[: r.shape[0]] - r).abs().max()) for s, r in zip(states, ref_states[1:])]
         print(f"{'config':34} {'max err':>9} {'mean err':>9} {'x hf bf16':>9}  answer")
         for r in rows:
             print(f"{r['config']:34} {r['max']:9.3f} {r['mean']:9.3f} {r['ratio']:9.2f}  {r.get('answer', '')!r}")

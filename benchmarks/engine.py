@@ -188,7 +188,7 @@ def time_mode(engine, graphs, steps: int) -> dict:
     scheduled = engine.scheduler.schedule()  # the next step (reserving is idempotent)
     if graphs is not None:
         row["graphs_plan_us"] = host_time_us(lambda: graphs.write_step(scheduled))
-        row["graphs_replay_ms"] = event_time_ms(graphs.graphs[graphs.bucket(len(scheduled))].replay)
+        row["graphs_replay_ms"] = event_time_ms(graphs.graphs[graphs.write_step(scheduled)].replay)
     else:
         row["eager_plan_us"] = host_time_us(lambda: runner.plan(scheduled))
         batch, ctx = runner.plan(scheduled)
@@ -306,7 +306,7 @@ def part_launches(args, results: dict) -> dict:
     out |= {"eager_kernels": eager, "eager_per_layer": eager / args.layers}
     out["eager_top"] = eager_names.most_common(25)
     if runner.graphs is not None:
-        graph = runner.graphs.graphs[runner.graphs.bucket(1)]
+        graph = runner.graphs.graphs[(runner.graphs.bucket(1), 1)]  # (batch size, uniform_q_len)
         replay, replay_names = count_kernels(graph.replay)
         out |= {"replay_kernels": replay, "replay_per_layer": replay / args.layers}
         out["replay_top"] = replay_names.most_common(25)

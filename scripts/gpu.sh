@@ -16,6 +16,8 @@
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
 #   "bench mla" | "bench cascade" | "bench head_dims"   the op library's other benchmarks
+#   "bench guard"     python -m portattn.bench.guard: the guarded op cases against their committed baseline
+#   "bench probe -- SECTION ..."   scripts/kernels_probe.py (head dims without row alignment, fp8, long decode, fp32)
 #   "check"           portattn check
 #
 # Suites are the test folders: tests/conftest.py marks every test with its folder's name (`ops`,
@@ -97,10 +99,12 @@ run_bench() {  # name dir [args]
   case $name in
     ops) timeout "$LIMIT" $PY -m portattn.bench --out "$dir" "$@" ;;
     mla | cascade | head_dims) timeout "$LIMIT" $PY -m "portattn.bench.$name" --out "$dir/$name.json" "$@" ;;
+    guard) timeout "$LIMIT" $PY -m portattn.bench.guard "$@" ;;
+    probe) PYTHONPATH="$PYTHONPATH:tests" timeout "$LIMIT" $PY scripts/kernels_probe.py "$@" --out "$dir" ;;
     engine | tp) timeout "$LIMIT" $PY -m "benchmarks.$name" --out "$dir" "$@" ;;
     vision) timeout "$LIMIT" $PY -m benchmarks.vision --device cuda --out "$dir/vision.json" "$@" ;;
     serve) serve_bench "$dir" "$@" ;;
-    *) echo "expected a benchmark in {ops, engine, serve, tp, vision, mla, cascade, head_dims}, got $name"; return 2 ;;
+    *) echo "expected a benchmark in {ops, engine, serve, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
   esac 2>&1
 }
 

@@ -6,6 +6,8 @@ same tests also run bf16 and the wide head dims.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -30,7 +32,15 @@ pytestmark = pytest.mark.skipif("triton" not in available_backends(DEVICE), reas
 
 if "triton" in available_backends(DEVICE):
     from portattn.backends.triton import TritonBackend, choose_num_kv_splits
-    from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles, column_tiles, next_pow2
+    from portattn.kernels.triton.launch import (
+        TileConfig,
+        attention_forward,
+        choose_tiles,
+        column_tiles,
+        dot_precision,
+        next_pow2,
+        row_alignment,
+    )
 
 INTERPRETED = is_triton_interpreter()
 DTYPES = [torch.float32, torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
@@ -119,10 +129,9 @@ def test_page_sizes_at_lengths_around_a_page(page_size):
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("num_kv_splits", [1, 3])
-def test_head_dims_are_padded_with_masks(head_dim, num_kv_splits):
-    case = make_paged_case(
-        [1, 9], [21, 30], page_size=5, head_dim=head_dim, dtype=DTYPES[-1], device=DEVICE, seed=head_dim
-    )
+@pytest.mark.parametrize("dtype", [DTYPES[-1]] if INTERPRETED else [torch.float16, torch.bfloat16, torch.float32])
+def test_head_dims_are_padded_with_masks(head_dim, num_kv_splits, dtype):
+    case = make_paged_case([1, 9], [21, 30], page_size=5, head_dim=head_dim, dtype=dtype, device=DEVICE, seed=head_dim)
     ref, tol = reference(case)
     assert max_error(run_planned(case, num_kv_splits=num_kv_splits), ref) <= tol
 
@@ -228,13 +237,60 @@ def test_capabilities_and_selection():
     assert TritonBackend.priority > 0  # above the torch reference, so auto picks it on GPUs
     assert TritonBackend.runs_natively(torch.device("cpu")) is False
     assert {"lse", "alibi"} <= caps.features and "merge_attention_states" in caps.ops
-    assert {16, 32, 64, 80, 96, 112, 128, 160, 192, 224, 256} <= caps.head_dims and 40 not in caps.head_dims
+    assert set(range(8, 257, 8)) == caps.head_dims  # every multiple of 8 up to 256, 40 and 72 included
     case = make_paged_case([1], [5], page_size=4, head_dim=264, device=DEVICE)
     with pytest.raises(UnsupportedFeatureError, match="head dim 264"):
         portattn.paged_attention(**case.inputs(), backend="triton")
     case = make_paged_case([1], [5], page_size=4, head_dim=64, value_dim=272, device=DEVICE)
     with pytest.raises(UnsupportedFeatureError, match="value head dim 272"):
         portattn.paged_attention(**case.inputs(), backend="triton")
+
+
+def test_row_alignment_is_the_largest_power_of_two_dividing_every_row_stride():
+    q = torch.empty(5, 4, 72)
+    assert row_alignment(q) == 8
+    assert row_alignment(q, torch.empty(3, 16, 2, 128)) == 8
+    assert row_alignment(torch.empty(3, 16, 2, 128)) == 16
+    assert row_alignment(torch.empty(7, 4, 40)[:, :, :36]) == 8  # a view: strides 160 and 40
+    assert row_alignment(torch.empty(7, 59)) == 1
+    assert row_alignment(torch.empty(7, 4, 60)) == 4
+
+
+@pytest.mark.parametrize("head_dim", [40, 72])
+def test_head_dims_with_rows_of_odd_alignment(head_dim):
+    # q a slice of a fused qkv tensor whose row holds 3 heads less than a multiple of 8 columns: the
+    # launcher's alignment falls to what the strides allow, and the kernel must still be right.
+    case = make_paged_case([1, 9], [21, 30], page_size=5, head_dim=head_dim, dtype=DTYPES[-1], device=DEVICE, seed=1)
+    wide = torch.randn(case.q.shape[0], case.q.shape[1] * head_dim + 3, dtype=case.q.dtype, device=DEVICE)
+    q = wide[:, : case.q.shape[1] * head_dim].view(case.q.shape)
+    q.copy_(case.q)
+    assert row_alignment(q) == 1
+    ref, tol = reference(case)
+    assert max_error(run_planned(dataclasses.replace(case, q=q)), ref) <= tol
+    # the output a view of odd alignment too: written through an aligned buffer
+    wide_out = torch.full((q.shape[0], q.shape[1] * head_dim + 3), float("nan"), dtype=q.dtype, device=DEVICE)
+    out = wide_out[:, : q.shape[1] * head_dim].view(q.shape)
+    cu, lens = case.cu_seqlens_q, case.seq_lens_k
+    args = dict(max_seqlen_q=9, scale=head_dim**-0.5, page_table=case.page_table, num_kv_splits=2)
+    assert attention_forward(q, case.k_cache, case.v_cache, out, cu, lens, **args) is out
+    assert max_error(out, ref) <= tol and bool(wide_out[:, -3:].isnan().all())
+
+
+def test_float32_dots_are_ieee_unless_tf32_is_allowed():
+    """Float32 holds the peers' 1e-5 (relative to the largest output) by default; TF32 only on request."""
+    case = make_paged_case([1, 9], [300, 40], page_size=16, head_dim=128, dtype=torch.float32, device=DEVICE, seed=5)
+    ref = paged_attention_ref(**case.inputs())
+    bound = 1e-5 * float(ref.abs().max())
+    assert max_error(run_planned(case), ref) <= bound
+    assert dot_precision(torch.float32) == "ieee" and dot_precision(torch.bfloat16) is None
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert dot_precision(torch.float32) == "tf32"
+        if not INTERPRETED:  # the interpreter computes every float32 dot in float32
+            assert max_error(run_planned(case), ref) > bound, "TF32 asked for: the dots keep 10 mantissa bits"
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def test_launcher_validates_inputs():
@@ -265,6 +321,8 @@ def test_decode_tiles_pack_query_heads():
     assert (tiles.block_q, tiles.block_m, tiles.block_n) == (64, 64, 64)
     tiles = choose_tiles(4096, 4, 256, 256, interpret=False)
     assert (tiles.block_m, tiles.block_n) == (64, 32)
+    tiles = choose_tiles(1, 4, 128, 128, interpret=False, kv_itemsize=1)  # an fp8 cache: twice the keys per tile
+    assert (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages) == (16, 128, 4, 3)
 
 
 def test_mla_prefill_shape_head_dim_192_value_dim_128():

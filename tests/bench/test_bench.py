@@ -80,7 +80,7 @@ def test_fp8_targets_count_fp8_bytes_and_the_bf16_cache():
     )
     table = report.format_table(rows, ceilings)
     assert rows[1]["frac_copy"] == pytest.approx(0.95) and rows[1]["vs"]["portattn_bf16"] == pytest.approx(1.9)
-    assert ">= 90% of copy (fp8 bytes)   met" in table and ">= 1.8x the bf16 cache       met" in table
+    assert ">= 80% of copy (fp8 bytes)   met" in table and ">= 1.6x the bf16 cache       met" in table
 
 
 def test_plot_panels(tmp_path):
@@ -137,3 +137,30 @@ def test_a_tiny_fp8_case_runs_end_to_end(monkeypatch):
     assert result["portattn_ms"] > 0 and result["peers"]["portattn_bf16"] > 0
     # K/V at one byte per element; queries, outputs (two bytes) and the page table as before
     assert result["bytes"] == 1 * (2 * 40 * 2 * 128) + 2 * (2 * 4 * 128) + 2 * 10 * 4
+
+
+def test_the_guard_fails_a_case_more_than_ten_percent_slower():
+    from portattn.bench import guard
+
+    baseline = {case: 1.0 for case in guard.GUARDED}
+    assert guard.slowdowns(dict(baseline), baseline) == []
+    assert guard.slowdowns({**baseline, guard.GUARDED[0]: 1.099}, baseline) == []  # within 10%
+    slower = guard.slowdowns({**baseline, guard.GUARDED[1]: 1.11}, baseline)
+    assert len(slower) == 1 and slower[0].startswith(guard.GUARDED[1]) and "1.11x" in slower[0]
+    missing = {c: t for c, t in baseline.items() if c != guard.GUARDED[2]}
+    assert guard.slowdowns(missing, baseline) == [f"{guard.GUARDED[2]}: not measured"]
+    assert guard.slowdowns(baseline, missing) == [f"{guard.GUARDED[2]}: no graph-timed baseline"]
+    payload = {"cases": [{"case": "a", "portattn_ms": 2.0, "timing": "graph"}, {"case": "b", "portattn_ms": 1.0}]}
+    assert guard.baseline_times(payload) == {"a": 2.0}  # burst-timed runs are no baseline
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the guard times CUDA graphs")
+def test_no_guarded_case_is_slower_than_the_committed_baseline():
+    """GPU suite: the guarded cases against benchmarks/results/round3_h200/baseline.json (same device model)."""
+    from pathlib import Path
+
+    from portattn.bench import guard
+
+    failures, report_text = guard.check(Path(__file__).parents[2] / guard.BASELINE, DEVICE)
+    print(report_text)
+    assert not failures, "\n".join(failures)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("aiohttp")
 
 from benchmarks import serve as bench
+from portattn.testing.chat import SPECIAL_TOKENS
 from server.conftest import tiny_checkpoint
 
 
@@ -26,12 +28,12 @@ def check_run(path, num_prompts: int, output_len: int) -> dict:
         assert r["tpot"] == pytest.approx((r["latency"] - r["ttft"]) / (output_len - 1))
         assert r["ttft"] + sum(r["itl"]) == pytest.approx(r["latency"])
     for name in ("ttft", "tpot", "itl", "e2el"):
-        assert set(summary[name]) == {"mean_ms", "p50_ms", "p90_ms", "p99_ms"}
-        assert summary[name]["p50_ms"] <= summary[name]["p90_ms"] <= summary[name]["p99_ms"]
+        assert set(summary[name]) == {"mean_ms", "median_ms", "p90_ms", "p99_ms"}
+        assert summary[name]["median_ms"] <= summary[name]["p90_ms"] <= summary[name]["p99_ms"]
     return out
 
 
-def test_bench_against_a_running_server(served, tmp_path):
+def test_bench_against_a_running_server(served, tmp_path, capsys):
     result = tmp_path / "serve.json"
     args = ["--base-url", served[0], "--num-prompts", "6", "--max-concurrency", "3", "--input-len", "12"]
     args += ["--output-len", "5", "--token-range", "10", "300", "--result-json", str(result)]
@@ -39,6 +41,69 @@ def test_bench_against_a_running_server(served, tmp_path):
     out = check_run(result, 6, 5)
     assert [r["input_len"] for r in out["requests"]] == [12] * 6
     assert out["server_metrics"]["portattn:generation_tokens_total"] >= 30
+    # The result block, as vLLM's bench serve prints one: load, totals, then each latency.
+    block = {}
+    for line in capsys.readouterr().out.splitlines():
+        if ":" in line:
+            name, value = line.rsplit(":", 1)
+            block[name.strip()] = value.strip()
+    summary = out["summary"]
+    assert block["Request rate (req/s)"] == "inf" and block["Max concurrency"] == "3"
+    assert block["Successful requests"] == "6" and block["Total input tokens"] == "72"
+    assert block["Total generated tokens"] == "30" and block["Dataset"] == "random"
+    for name, short in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")):
+        assert float(block[f"Median {short} (ms)"]) == pytest.approx(summary[name]["median_ms"], abs=0.01)
+        assert float(block[f"P99 {short} (ms)"]) == pytest.approx(summary[name]["p99_ms"], abs=0.01)
+
+
+def test_random_prompts_leave_out_special_tokens(model_root):
+    import random
+    from argparse import Namespace
+
+    from benchmarks.serve_datasets import load_tokenizer, random_requests
+
+    tok = load_tokenizer(tiny_checkpoint(model_root))
+    special = {tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    args = Namespace(num_prompts=40, input_len=64, output_len=4, range_ratio=0.0, token_range=None)
+    requests = random_requests(args, random.Random(0), tok, text=False)
+    drawn = {t for r in requests for t in r.prompt}
+    assert all(len(r.prompt) == 64 for r in requests) and not drawn & special
+    assert len(drawn) > len(tok) // 2  # the rest of the vocabulary is used
+    texts = random_requests(args, random.Random(0), tok, text=True)
+    assert [r.prompt for r in texts] == [tok.decode(r.prompt) for r in requests]
+
+
+def test_sharegpt_and_prompt_files_over_both_endpoints(served, model_root, tmp_path):
+    tok_dir = tiny_checkpoint(model_root)
+    replies = ["The cat sleeps in the warm sun.", "Rivers run to the sea.", "Bread, cakes and coffee."]
+    sharegpt = [
+        {"id": str(i), "conversations": [{"from": "human", "value": f"Tell me {i}"}, {"from": "gpt", "value": r}]}
+        for i, r in enumerate(replies)
+    ] + [{"id": "short", "conversations": [{"from": "human", "value": "alone"}]}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(sharegpt))
+    result = tmp_path / "chat.json"
+    args = ["--base-url", served[0], "--endpoint", "/v1/chat/completions", "--dataset", str(path)]
+    args += ["--tokenizer", tok_dir, "--num-prompts", "10", "--result-json", str(result)]
+    assert bench.main(args) == 0
+    out = json.loads(result.read_text())
+    assert out["config"]["dataset"] == "sharegpt" and out["summary"]["completed"] == 3
+    from benchmarks.serve_datasets import load_tokenizer
+
+    tok = load_tokenizer(tok_dir)
+    want = sorted(len(tok(r).input_ids) for r in replies)
+    assert sorted(r["output_len"] for r in out["requests"]) == want
+    assert all(r["input_len"] > 3 and len(r["itl"]) == r["output_len"] - 1 for r in out["requests"])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "output_len": 3}) for p in ("A paged cache", "Hello")))
+    result = tmp_path / "prompts.json"
+    args = ["--base-url", served[0], "--dataset", str(prompts), "--result-json", str(result)]
+    assert bench.main(args) == 0
+    out = check_run(result, 2, 3)
+    assert out["config"]["dataset"] == "prompts"
+    assert sorted(r["input_len"] for r in out["requests"]) == sorted(
+        len(tok(p).input_ids) for p in ("A paged cache", "Hello")
+    )
 
 
 @pytest.mark.slow
@@ -62,3 +127,17 @@ def test_random_checkpoint_of_a_real_shape_loads(tmp_path):
     llm = LLM(path, page_size=8, num_pages=16, max_model_len=128)
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 3 and out.text == " ".join(f"t{t}" for t in out.token_ids)
+
+
+def test_the_project_prompt_set_is_a_dataset():
+    import random
+    from argparse import Namespace
+
+    from benchmarks.serve_datasets import load_requests
+
+    path = Path(bench.__file__).parent / "prompts" / "chat.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    args = Namespace(dataset_path=str(path), dataset_name=None, num_prompts=1000, output_len=32)
+    name, requests = load_requests(args, random.Random(0), None, text=True)
+    assert name == "prompts" and sorted(r.prompt for r in requests) == sorted(x["prompt"] for x in lines)
+    assert {r.output_len for r in requests} == {32}

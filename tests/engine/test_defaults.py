@@ -17,10 +17,12 @@ from portattn.engine.sampling_params import SamplingParams
 from tiny_models import checkpoint, hf_reference, random_prompts
 
 
-def test_the_cpu_defaults(caplog):
+def test_the_cpu_defaults(caplog, monkeypatch):
+    monkeypatch.delenv("PORTATTN_DEVICE")  # tests/conftest.py keeps the engine on the CPU through it
+    monkeypatch.setattr(config_module, "default_device", lambda: torch.device("cpu"))  # a machine without GPU
     with caplog.at_level(logging.INFO, logger="portattn"):
         config = EngineConfig(model="m")
-    assert config.device == torch.device("cpu") and "device auto: cpu" in caplog.text
+    assert config.device == torch.device("cpu") and "device auto: cpu (no accelerator here)" in caplog.text
     assert config.dtype == torch.float32
     assert config.enable_prefix_caching
     assert config.max_num_batched_tokens == config.chunked_prefill_size == 2048
@@ -33,6 +35,7 @@ def bf16_checkpoint(tmp_path):
 
 
 def test_the_accelerator_is_the_default_device_with_the_checkpoints_dtype(bf16_checkpoint, monkeypatch, caplog):
+    monkeypatch.delenv("PORTATTN_DEVICE")
     monkeypatch.setattr(config_module, "default_device", lambda: torch.device("cuda", 0))
     monkeypatch.setattr(config_module, "resolve_device", torch.device)  # as if this machine had the GPU
     with caplog.at_level(logging.INFO, logger="portattn"):
@@ -42,6 +45,11 @@ def test_the_accelerator_is_the_default_device_with_the_checkpoints_dtype(bf16_c
     assert config.max_num_batched_tokens == 8192
     # On the CPU the same checkpoint runs in float32.
     assert EngineConfig(model=bf16_checkpoint, device="cpu").dtype == torch.float32
+    # $PORTATTN_DEVICE decides what auto means (the tests keep the engine on the CPU with it).
+    monkeypatch.setenv("PORTATTN_DEVICE", "cpu")
+    with caplog.at_level(logging.INFO, logger="portattn"):
+        assert EngineConfig(model=bf16_checkpoint).device == torch.device("cpu")
+    assert "device auto: cpu ($PORTATTN_DEVICE)" in caplog.text
 
 
 def test_auto_dtype_reads_the_config(tmp_path):

@@ -5,12 +5,15 @@ after preemption and with prefix caching. (``scripts/gpu.sh "test engine"`` runs
 
 from __future__ import annotations
 
+import ast
 import functools
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 
+import portattn.engine
 from portattn.engine.config import EngineConfig
 from portattn.engine.graphs import DecodeGraphs, batch_size_buckets
 from portattn.engine.llm import LLM
@@ -157,7 +160,8 @@ def test_buckets():
 def test_graph_plan_has_no_host_lengths(ckpt_root):
     llm = static_llm(checkpoint("llama", ckpt_root), page_size=16, num_pages=40, max_model_len=256)
     graphs = llm.engine.runner.graphs
-    for batch_size, ctx in graphs.contexts.items():
+    for (batch_size, q_len), ctx in graphs.contexts.items():
+        assert q_len == 1  # the engine decodes one token per sequence
         meta = ctx.metadata
         assert meta.q_lens is None and meta.k_lens is None  # nothing per-step baked in as a Python value
         assert meta.batch_size == batch_size
@@ -165,10 +169,32 @@ def test_graph_plan_has_no_host_lengths(ckpt_root):
         assert meta.page_table.data_ptr() == graphs.buffers.page_table.data_ptr()
 
 
-def test_moe_layers_stay_sync_free_up_to_the_largest_bucket(ckpt_root):
-    llm = static_llm(checkpoint("llama4", ckpt_root), buckets=(1, 8, 24), page_size=16, num_pages=40, max_model_len=256)
-    moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
-    assert moe and all(m.dense_max_tokens == 24 for m in moe)
+def test_moe_layers_stay_sync_free_up_to_the_largest_step(ckpt_root):
+    llm = LLM(checkpoint("llama4", ckpt_root), enforce_eager=True, page_size=16, num_pages=40, max_model_len=256)
+    llm.engine.runner.uniform_q_lens = (1, 3)
+    llm.engine.runner.enable_graphs((1, 8, 24), capture=False)
+    model = llm.engine.model
+    moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert moe and all(m.dense_max_tokens == 72 for m in moe)  # 24 sequences of 3 new tokens
+    model.prepare_static(8)  # limits are only raised
+    assert all(m.dense_max_tokens == 72 for m in moe)
+    with pytest.raises(ValueError, match="expected max_tokens to be a positive int, got 0"):
+        model.prepare_static(0)
+
+
+def test_the_engine_names_no_cache_kind_and_no_layer():
+    """A KV cache kind brings its plans (KVPool.plan, graph_plan) and layers their static limits
+    (CausalLM.prepare_static): no engine module imports a layer or the MLA module, or compares a value
+    with a kind's name."""
+    root = Path(portattn.engine.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                assert "layers" not in module.split(".") and "mla" not in module.split("."), (path.name, module)
+            if isinstance(node, ast.Compare):
+                constants = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                assert not {"mha", "mla"} & set(constants), (path.name, node.lineno)
 
 
 def test_cpu_and_enforce_eager_run_eagerly(ckpt_root, caplog):

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 import portattn.mla
+import portattn.runtime.kv_cache
 import portattn.runtime.plan
 from backends.test_backend_api import make_batch
 from portattn.backends.base import Request
@@ -72,7 +73,7 @@ def test_matches_transformers(page_size, prefix, chunked, ckpt_root):
     assert err < TOL
     pool = llm.engine.kv_pool
     assert isinstance(pool, MLAKVPool)
-    assert pool.kv_cache(0).shape == (pool.num_pages, page_size, CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim)
+    assert pool.kv_cache(0).latent.shape == (pool.num_pages, page_size, CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim)
     cached = llm.engine.pages.num_cached_tokens
     if prefix:
         assert cached >= page_size * (len(PROMPTS[4]) // page_size)  # the repeated prompt's full pages
@@ -108,7 +109,8 @@ def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
 
     plan_module = portattn.runtime.plan
     monkeypatch.setattr(llm.engine, "step", count("steps", llm.engine.step))
-    monkeypatch.setattr(plan_module, "plan_latent_attention", count("plan", plan_module.plan_latent_attention))
+    kind_module = portattn.runtime.kv_cache  # the "mla" pool makes the plan
+    monkeypatch.setattr(kind_module, "plan_latent_attention", count("plan", plan_module.plan_latent_attention))
     monkeypatch.setattr(plan_module, "plan_mla_decode", count("plan_decode", portattn.mla.plan_mla_decode))
     monkeypatch.setattr(backend, "mla_decode", count("mla_decode", backend.mla_decode))
     monkeypatch.setattr(backend, "varlen_attention", count("varlen", backend.varlen_attention))
@@ -133,7 +135,7 @@ def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
     gate = llm.engine.model.model.layers[1].mlp.gate
     assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
     assert llm.engine.model.model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
-    assert llm.engine.kv_pool.kv_cache(0).dtype == torch.bfloat16
+    assert llm.engine.kv_pool.kv_cache(0).latent.dtype == torch.bfloat16
     # Greedy tokens of a short prompt agree with transformers' bfloat16 model (routing included).
     prompt = PROMPTS[2]
     want = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
@@ -178,6 +180,30 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
     assert plan.decode_rows.tolist() == [3, 4] and plan.expand_rows.tolist() == [0, 1, 2]
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_decodes_of_several_tokens_are_absorbed_one_row_per_token(page_size):
+    """With decode_q_len 5 (speculative verification of 4 drafted tokens), sequences of up to 5 new
+    tokens are decodes: one absorbed row per new token, seeing the keys up to its own token."""
+    torch_backend = select_backend("attention", "torch", Request("paged_attention", "cpu", torch.float32, 24))
+    q_lens, k_lens = [2, 5, 3], [13, 5, 20]
+    batch = make_batch(page_size, q_lens, k_lens, num_pages=-(-64 // page_size))
+    metadata = torch_backend.plan(batch)
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32, decode_q_len=5)
+    assert plan.varlen is None and plan.decode_rows is None
+    owner = [b for b, n in enumerate(q_lens) for _ in range(n)]  # the sequence of each row
+    assert torch.equal(plan.decode.page_table, metadata.page_table[owner])
+    want = [k - n + 1 + i for n, k in zip(q_lens, k_lens) for i in range(n)]
+    assert plan.decode.seq_lens.tolist() == want and plan.decode.max_seq_len == max(k_lens)
+
+    # decode_q_len 2: sequence 0 absorbed (2 rows), the others expanded; tokens picked by row.
+    plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32, decode_q_len=2)
+    assert plan.decode.seq_lens.tolist() == [12, 13] and torch.equal(
+        plan.decode.page_table, metadata.page_table[[0, 0]]
+    )
+    assert plan.varlen.q_lens == (5, 3) and plan.varlen.k_lens == (5, 20)
+    assert plan.decode_rows.tolist() == [0, 1] and plan.expand_rows.tolist() == list(range(2, 10))
+
+
 def test_backend_without_mla_decode_is_named():
     sdpa = select_backend("mm", "sdpa", Request("varlen_attention", "cpu", torch.float32, 24))
     with pytest.raises(UnsupportedFeatureError, match=r"'sdpa' does not support the mla_decode op; .*'torch'"):
@@ -195,7 +221,7 @@ def test_mla_pool_layout_and_size():
     spec = mla_cache_spec(3, kv_lora_rank=32, rope_dim=8)
     assert spec.bytes_per_page(16, torch.bfloat16) == 3 * 16 * 40 * 2
     pool = make_kv_pool(spec, num_pages=5, page_size=16, dtype=torch.float32, device="cpu")
-    assert isinstance(pool, MLAKVPool) and [tuple(pool.kv_cache(i).shape) for i in range(3)] == [(5, 16, 40)] * 3
+    assert isinstance(pool, MLAKVPool) and [tuple(pool.kv_cache(i).latent.shape) for i in range(3)] == [(5, 16, 40)] * 3
     with pytest.raises(ValueError, match="expected kv_lora_rank to be a positive int, got 0"):
         mla_cache_spec(3, kv_lora_rank=0, rope_dim=8)
     with pytest.raises(ValueError, match="expected an MLA spec with one latent head"):

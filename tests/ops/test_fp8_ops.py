@@ -103,7 +103,7 @@ def test_paged_fp8_against_the_dequantised_reference(backend, dtype, feature, pa
     check_fp8_paged(case, backend, dtype, **_feature_kwargs(feature, dtype))
 
 
-@pytest.mark.parametrize(("head_dim", "value_dim"), [(64, 64), (80, 80), (96, 32), (128, 128)])
+@pytest.mark.parametrize(("head_dim", "value_dim"), [(64, 64), (80, 80), (96, 32), (128, 128), (40, 40), (72, 72)])
 @pytest.mark.parametrize(("backend", "dtype"), params("paged_attention", torch.float32))
 def test_paged_fp8_head_dims_and_gqa(backend, dtype, head_dim, value_dim):
     caps = registry.backend_class(backend).capabilities
@@ -151,6 +151,32 @@ def test_triton_fp8_split_kv_and_merge(kv, num_kv_splits):
     lowp = paged_attention_ref(**dequantised, scale=0.125, sinks=params.sinks, upcast=False)
     assert max_error(out, ref) <= tolerance(ref, lowp, dtype)
     assert max_error(lse, ref_lse) <= 1e-5 * float(ref_lse.abs().max())
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton does not run here")
+@pytest.mark.parametrize("kv", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("q_range", [1.0, 1e5])
+def test_triton_bfloat16_queries_over_fp8_dot_in_float16(kv, q_range):
+    """bfloat16 queries over an fp8 cache: the kernels convert K/V to float16 (one instruction per two
+    values on the GPU) and the queries, scaled by the softmax scale, too (``launch.f16_dots_for``).
+    Queries past float16's range (1e5) stay finite once scaled. Under the CPU interpreter this is the
+    one bfloat16 path that runs (its bfloat16 dots are wrong; these are float16)."""
+    dtype = torch.bfloat16
+    q_lens, k_lens = mixed_batch(7)
+    case = fp8_case(q_lens, k_lens, kv_dtype=FP8[kv], q_dtype=torch.float32, page_size=7, seed=11)
+    case = dataclasses.replace(case, q=(case.q * q_range).to(dtype))
+    check_fp8_paged(case, "triton", dtype, window_left=9, logit_softcap=5.0 if q_range == 1.0 else 0.0)
+
+    mla = make_mla_case([1, 6, 8, 40], page_size=7, num_heads=5, seed=4)
+    kv_scale = 0.0625
+    kv_cache = quantize_kv(mla.kv_cache, FP8[kv], kv_scale)
+    inputs = {**mla.inputs(), "kv_cache": kv_cache, "q_nope": (mla.q_nope * q_range).to(dtype)}
+    inputs["q_rope"] = (mla.q_rope * q_range).to(dtype)
+    dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
+    ref = mla_decode_ref(**dequantised, scale=0.125)
+    lowp = mla_decode_ref(**dequantised, scale=0.125, upcast=False)
+    out = portattn.mla_decode(**inputs, scale=0.125, kv_scale=kv_scale, backend="triton", num_kv_splits=2)
+    assert_close_to_reference(out, ref, lowp, dtype)
 
 
 @pytest.mark.parametrize(("page_size", "kv"), [(1, "e5m2"), (5, "e4m3"), (16, "e5m2")])

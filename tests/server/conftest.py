@@ -97,3 +97,35 @@ def wait_until(cond, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.02)
     return cond()
+
+
+class StepGate:
+    """Holds the engine thread before each step until the test allows it (``allow(k)``: k more
+    steps, ``allow(None)``: every step from now on)."""
+
+    def __init__(self, engine):
+        self.engine, self.step = engine, engine.step
+        self.cond = threading.Condition()
+        self.allowed: int | None = 0
+        self.entered = threading.Event()
+
+    def __enter__(self):
+        def held_step():
+            with self.cond:
+                self.entered.set()
+                self.cond.wait_for(lambda: self.allowed is None or self.allowed > 0, timeout=30)
+                if self.allowed:
+                    self.allowed -= 1
+            return self.step()
+
+        self.engine.step = held_step
+        return self
+
+    def allow(self, steps: int | None) -> None:
+        with self.cond:
+            self.allowed = None if steps is None else self.allowed + steps
+            self.cond.notify_all()
+
+    def __exit__(self, *exc):
+        self.allow(None)
+        self.engine.step = self.step

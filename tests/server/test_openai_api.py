@@ -78,6 +78,7 @@ def test_streamed_deltas_join_into_the_whole_text(client):
             if chunk.usage is not None:
                 usage = chunk.usage
                 assert chunk.choices == []
+            assert len(chunk.choices) <= 1  # one choice per chunk, as OpenAI's API streams n > 1
             for c in chunk.choices:
                 assert c.index not in reasons  # nothing after a choice's finish
                 joined[c.index] = joined.get(c.index, "") + delta_text(c)
@@ -212,27 +213,27 @@ def bad_requests(url: str, max_len: int):
     c, chat = "/v1/completions", "/v1/chat/completions"
     ok = {"prompt": "hi", "max_tokens": 2}
     okc = {"messages": MESSAGES, "max_tokens": 2}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     return [
-        ("missing prompt", "POST", c, {"max_tokens": 2}, 422, "prompt"),
-        ("temperature not a number", "POST", c, {**ok, "temperature": "hot"}, 422, "temperature"),
-        ("negative temperature", "POST", c, {**ok, "temperature": -1}, 422, "temperature"),
-        ("top_p zero", "POST", c, {**ok, "top_p": 0}, 422, "top_p"),
-        ("n zero", "POST", c, {**ok, "n": 0}, 422, "n"),
-        ("max_tokens zero", "POST", c, {**ok, "max_tokens": 0}, 422, "max_tokens"),
-        ("unknown field", "POST", c, {**ok, "frobnicate": 1}, 422, "frobnicate"),
-        ("logprobs above 20", "POST", c, {**ok, "logprobs": 21}, 422, "logprobs"),
-        ("presence_penalty out of range", "POST", c, {**ok, "presence_penalty": 5}, 422, "presence_penalty"),
-        ("prompt of the wrong type", "POST", c, {"prompt": {"text": "hi"}}, 422, "prompt"),
+        ("missing prompt", "POST", c, {"max_tokens": 2}, 400, "prompt"),
+        ("temperature not a number", "POST", c, {**ok, "temperature": "hot"}, 400, "temperature"),
+        ("negative temperature", "POST", c, {**ok, "temperature": -1}, 400, "temperature"),
+        ("top_p zero", "POST", c, {**ok, "top_p": 0}, 400, "top_p"),
+        ("n zero", "POST", c, {**ok, "n": 0}, 400, "n"),
+        ("max_tokens zero", "POST", c, {**ok, "max_tokens": 0}, 400, "max_tokens"),
+        ("logprobs above 20", "POST", c, {**ok, "logprobs": 21}, 400, "logprobs"),
+        ("presence_penalty out of range", "POST", c, {**ok, "presence_penalty": 5}, 400, "presence_penalty"),
+        ("prompt of the wrong type", "POST", c, {"prompt": {"text": "hi"}}, 400, "prompt"),
         ("not JSON", "POST", c, b"{not json", 400, None),
         ("unknown model", "POST", c, {**ok, "model": "gpt-4"}, 404, "model"),
         ("empty prompt list", "POST", c, {"prompt": []}, 400, "prompt"),
         ("token id outside the vocabulary", "POST", c, {"prompt": [1, 10**6]}, 400, "prompt"),
         ("prompt longer than the context", "POST", c, {"prompt": long_prompt}, 400, "prompt"),
         ("max_tokens beyond the context", "POST", c, {**ok, "max_tokens": max_len}, 400, "max_tokens"),
+        ("lone surrogate in a prompt", "POST", c, {**ok, "prompt": "a\ud800b"}, 400, "prompt"),
         ("top_k zero", "POST", c, {**ok, "top_k": 0}, 400, "top_k"),
         ("min_tokens above max_tokens", "POST", c, {**ok, "min_tokens": 5}, 400, "min_tokens"),
         ("stop token outside the vocabulary", "POST", c, {**ok, "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
-        ("echo", "POST", c, {**ok, "echo": True}, 400, "echo"),
         ("logit_bias", "POST", c, {**ok, "logit_bias": {"5": 1.0}}, 400, "logit_bias"),
         (
             "stream_options without stream",
@@ -242,15 +243,31 @@ def bad_requests(url: str, max_len: int):
             400,
             "stream_options",
         ),
-        ("no messages", "POST", chat, {"messages": []}, 422, "messages"),
-        ("message without a role", "POST", chat, {"messages": [{"content": "hi"}]}, 422, "messages.0.role"),
+        ("no messages", "POST", chat, {"messages": []}, 400, "messages"),
+        ("message without a role", "POST", chat, {"messages": [{"content": "hi"}]}, 400, "messages.0.role"),
         (
-            "image content part",
+            "lone surrogate in a message",
             "POST",
             chat,
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-            422,
-            "messages.0.content",
+            {"messages": [{"role": "user", "content": "\udfff"}]},
+            400,
+            "messages",
+        ),
+        (
+            "image for a text-only model",
+            "POST",
+            chat,
+            {"messages": [{"role": "user", "content": [image]}]},
+            400,
+            "messages",
+        ),
+        (
+            "unknown content part",
+            "POST",
+            chat,
+            {"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
+            400,
+            "messages",
         ),
         ("tools", "POST", chat, {**okc, "tools": [{"type": "function"}]}, 400, "tools"),
         ("top_logprobs without logprobs", "POST", chat, {**okc, "top_logprobs": 2}, 400, "top_logprobs"),
@@ -270,6 +287,7 @@ def bad_requests(url: str, max_len: int):
             400,
             "max_completion_tokens",
         ),
+        ("a request's chat template", "POST", chat, {**okc, "chat_template": "{{ 1 }}"}, 400, "chat_template"),
         ("unknown route", "POST", "/v1/embeddings", {"input": "hi"}, 404, None),
         ("wrong method", "GET", c, None, 405, None),
     ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from portattn.engine import arguments
 from portattn.engine.cli import add_arguments as add_generate_arguments
 from portattn.engine.config import EngineConfig
-from portattn.server.cli import add_arguments
+from portattn.server.cli import add_arguments, engine_args
 
 
 def options(add) -> set[str]:
@@ -24,5 +26,23 @@ def test_serve_takes_every_engine_flag():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", "m", "--page-size", "7", "--enable-prefix-caching", "--max-queue", "3"])
-    assert arguments.given(args, EngineConfig) == {"model": "m", "page_size": 7, "enable_prefix_caching": True}
+    assert engine_args(args) == {"model": "m", "page_size": 7, "enable_prefix_caching": True}
     assert (args.max_queue, args.port, args.host) == (3, 8000, "127.0.0.1")
+
+
+def test_serve_takes_the_model_positionally():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert engine_args(parser.parse_args(["ckpt", "--page-size", "8"])) == {"model": "ckpt", "page_size": 8}
+    assert engine_args(parser.parse_args(["--model", "ckpt"])) == {"model": "ckpt"}
+    assert engine_args(parser.parse_args(["ckpt", "--model", "ckpt"])) == {"model": "ckpt"}
+    with pytest.raises(ValueError, match="expected one model, got MODEL 'a' and --model 'b'"):
+        engine_args(parser.parse_args(["a", "--model", "b"]))
+    with pytest.raises(ValueError, match="expected a model"):
+        engine_args(parser.parse_args([]))
+    args = parser.parse_args(["ckpt"])
+    assert (args.shutdown_timeout, args.max_request_bytes, args.disable_log_stats) == (20.0, 32 << 20, False)
+    assert not args.trust_request_chat_template
+    for flag, value in (("--max-queue", "0"), ("--max-request-bytes", "-1"), ("--shutdown-timeout", "-2")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["ckpt", flag, value])

@@ -1,11 +1,12 @@
-"""Per-forward metadata of the attention ops, and the static buffers of captured decode steps.
+"""Per-forward metadata of the attention ops, and the static buffers of captured uniform decode steps.
 
 ``plan_paged`` / ``plan_varlen`` return a :class:`PagedMetadata` / :class:`VarlenMetadata` (backends
 subclass them with named fields for what their op methods need; ``paged_fields`` and
-``varlen_fields`` make the common fields, with one host copy of the lengths). A graph plan is the same
-metadata viewed on :class:`GraphBuffers`, the memory a captured decode step replays on
-(``graph_fields``). :class:`PagedBatch` is what ``AttentionBackend.plan`` reads from an engine's
-forward batch.
+``varlen_fields`` make the common fields, with one host copy of the lengths);
+``portattn.mla.plan_mla_decode`` returns the :class:`MLADecodeMetadata` that ``mla_decode`` reads.
+A graph plan is the same metadata viewed on :class:`GraphBuffers`, the memory a captured uniform
+step (every sequence the same number of new tokens) replays on (``graph_fields``).
+:class:`PagedBatch` is what ``AttentionBackend.plan`` reads from an engine's forward batch.
 """
 
 from __future__ import annotations
@@ -53,6 +54,24 @@ class VarlenMetadata:
     @property
     def batch_size(self) -> int:
         return len(self.k_lens)
+
+
+@dataclass(frozen=True, eq=False)
+class MLADecodeMetadata:
+    """Per-forward facts of MLA decode, built once by ``portattn.mla.plan_mla_decode`` and shared by all layers."""
+
+    page_table: torch.Tensor  # [B, max_pages] int32, page-granular
+    seq_lens: torch.Tensor  # [B] int32
+    page_size: int
+    max_seq_len: int  # an upper bound of seq_lens (host int)
+    num_kv_splits: int
+    workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
+    workspace_bytes: int
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None  # partial_buffers views of the workspace
+
+    @property
+    def batch_size(self) -> int:
+        return self.seq_lens.shape[0]
 
 
 def paged_fields(
@@ -123,20 +142,25 @@ class PagedBatch(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class GraphBuffers:
-    """Static inputs of captured decode steps (one new token per sequence), allocated once.
+    """Static inputs of captured uniform decode steps, allocated once.
+
+    A **uniform step** is ``B`` sequences that each bring the same number ``q = uniform_q_len`` of new
+    tokens, the last ``q`` of their keys (bottom-right aligned): ``q = 1`` for plain decoding,
+    ``k + 1`` when speculative decoding verifies ``k`` drafted tokens. Its tokens are sequence-major:
+    token ``i`` of sequence ``b`` is row ``b * q + i``.
 
     A graph replays the kernels it recorded on the memory it recorded them with, so every per-step
-    fact a decode step reads lives here, at a fixed address and at full size: up to
-    ``max_batch_size`` sequences, page tables ``max_pages`` wide (the engine's longest context).
-    :meth:`AttentionBackend.plan_into` writes one step into the first rows;
-    :meth:`AttentionBackend.graph_metadata` views the first ``batch_size`` rows once per captured
-    batch size. Backends subclass it to add their own static buffers.
+    fact a uniform step reads lives here, at a fixed address and at full size: up to
+    ``max_batch_size`` sequences of up to ``max_uniform_q_len`` new tokens, page tables
+    ``max_pages`` wide (the engine's longest context). :meth:`AttentionBackend.plan_into` writes one
+    step into the first rows; :meth:`AttentionBackend.graph_metadata` views the first rows once per
+    captured ``(batch_size, uniform_q_len)``. Backends subclass it to add their own static buffers.
     """
 
-    cu_seqlens_q: torch.Tensor  # [max_batch_size + 1] int32: 0, 1, 2, ... (one query per sequence; constant)
-    seq_lens_k: torch.Tensor  # [max_batch_size] int32, the new token included
+    cu_seqlens_q: torch.Tensor  # [max_uniform_q_len, max_batch_size + 1] int32: row q - 1 is 0, q, 2q, ... (constant)
+    seq_lens_k: torch.Tensor  # [max_batch_size] int32, the new tokens included
     page_table: torch.Tensor  # [max_batch_size, max_pages] int32, page-granular, full width
-    out_cache_loc: torch.Tensor  # [max_batch_size] int64 slots the new tokens' K/V go to
+    out_cache_loc: torch.Tensor  # [max_batch_size * max_uniform_q_len] int64 slots the new tokens' K/V go to
     page_size: int
 
     @property
@@ -144,37 +168,54 @@ class GraphBuffers:
         return self.seq_lens_k.shape[0]
 
     @property
+    def max_uniform_q_len(self) -> int:
+        return self.cu_seqlens_q.shape[0]
+
+    @property
     def max_seqlen_k(self) -> int:
         """The longest context a row can hold (the bound a graph plan gives for its lengths)."""
         return self.page_table.shape[1] * self.page_size
 
+    def check_shape(self, batch_size: int, uniform_q_len: int) -> None:
+        """Raise ``ValueError`` unless a uniform step of this shape fits the buffers."""
+        if not 1 <= batch_size <= self.max_batch_size:
+            raise ValueError(f"expected batch_size in [1, {self.max_batch_size}], got {batch_size}")
+        if not 1 <= uniform_q_len <= self.max_uniform_q_len:
+            raise ValueError(f"expected uniform_q_len in [1, {self.max_uniform_q_len}], got {uniform_q_len}")
 
-def graph_buffer_fields(max_batch_size: int, max_pages: int, page_size: int, device: torch.device) -> dict:
+
+def graph_buffer_fields(
+    max_batch_size: int, max_pages: int, page_size: int, device: torch.device, *, max_uniform_q_len: int = 1
+) -> dict:
     """The :class:`GraphBuffers` fields, for ``init_graph_buffers`` overrides. Every row starts as a
-    one-key sequence in page 0 (valid, so that a warm-up replay before any ``plan_into`` reads
-    nothing out of range)."""
+    sequence of ``max_uniform_q_len`` keys in page 0 (valid, so that a warm-up replay before any
+    ``plan_into`` reads nothing out of range)."""
+    if not isinstance(max_uniform_q_len, int) or max_uniform_q_len < 1:
+        raise ValueError(f"expected max_uniform_q_len to be a positive int, got {max_uniform_q_len!r}")
+    q_lens = torch.arange(1, max_uniform_q_len + 1, dtype=torch.int32, device=device)  # [Q]
+    sequences = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)  # [B + 1]
     return dict(
-        cu_seqlens_q=torch.arange(max_batch_size + 1, dtype=torch.int32, device=device),
-        seq_lens_k=torch.ones(max_batch_size, dtype=torch.int32, device=device),
+        cu_seqlens_q=q_lens[:, None] * sequences,  # [Q, B + 1]
+        seq_lens_k=torch.full((max_batch_size,), max_uniform_q_len, dtype=torch.int32, device=device),
         page_table=torch.zeros((max_batch_size, max_pages), dtype=torch.int32, device=device),
-        out_cache_loc=torch.zeros(max_batch_size, dtype=torch.int64, device=device),
+        out_cache_loc=torch.zeros(max_batch_size * max_uniform_q_len, dtype=torch.int64, device=device),
         page_size=page_size,
     )
 
 
-def graph_fields(buffers: GraphBuffers, batch_size: int) -> dict:
-    """The :class:`PagedMetadata` fields of a graph plan of ``batch_size`` decodes: views of the first
-    rows of ``buffers``; no host copy of the lengths (they change between replays)."""
-    if not 1 <= batch_size <= buffers.max_batch_size:
-        raise ValueError(f"expected batch_size in [1, {buffers.max_batch_size}], got {batch_size}")
+def graph_fields(buffers: GraphBuffers, batch_size: int, uniform_q_len: int = 1) -> dict:
+    """The :class:`PagedMetadata` fields of a graph plan of ``batch_size`` sequences of ``uniform_q_len``
+    new tokens: views of the first rows of ``buffers``; no host copy of the lengths (they change
+    between replays)."""
+    buffers.check_shape(batch_size, uniform_q_len)
     return dict(
-        cu_seqlens_q=buffers.cu_seqlens_q[: batch_size + 1],
+        cu_seqlens_q=buffers.cu_seqlens_q[uniform_q_len - 1, : batch_size + 1],
         seq_lens_k=buffers.seq_lens_k[:batch_size],
         page_table=buffers.page_table[:batch_size],
         page_size=buffers.page_size,
-        max_seqlen_q=1,
+        max_seqlen_q=uniform_q_len,
         max_seqlen_k=buffers.max_seqlen_k,
         q_lens=None,
         k_lens=None,
-        out_cache_loc=buffers.out_cache_loc[:batch_size],
+        out_cache_loc=buffers.out_cache_loc[: batch_size * uniform_q_len],
     )

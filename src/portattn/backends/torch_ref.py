@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,10 +17,15 @@ from ..kv_quant import FP8_DTYPES
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
 from .base import AttentionBackend, AttentionParams, Capabilities
-from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_buffer_fields, graph_fields, paged_fields
-
-if TYPE_CHECKING:
-    from ..mla import MLADecodeMetadata
+from .metadata import (
+    GraphBuffers,
+    MLADecodeMetadata,
+    PagedMetadata,
+    VarlenMetadata,
+    graph_buffer_fields,
+    graph_fields,
+    paged_fields,
+)
 
 
 def masked_softmax(
@@ -156,7 +160,7 @@ class _DecodeGroup:
     pages: torch.Tensor  # [g * Pmax] page ids; unused columns point at page 0 (never seen)
     key_lens: torch.Tensor  # [g] int64
     pad_rows: torch.Tensor | None  # flat rows of the [g * Pmax * P] gathered keys that lie past a length
-    q_pos: torch.Tensor  # [g, 1] int64
+    q_pos: torch.Tensor  # [g, q] int64 positions of each sequence's q new tokens (q = 1 for a per-step plan)
     # (causal, window, chunk) -> [g, 1, L] mask, filled by layer 1; None: made per layer (a graph plan
     # is reused for every replay, so nothing computed from its buffers may be kept on the host side)
     masks: dict | None = field(default_factory=dict)
@@ -200,17 +204,20 @@ def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
 
 @dataclass(frozen=True, eq=False)
 class TorchPagedMetadata(PagedMetadata):
-    """The torch backend's paged plan: for a decode batch (one query per sequence), the gather groups
-    every layer shares (``None`` otherwise: sequences are attended one at a time)."""
+    """The torch backend's paged plan: for a decode batch (one query per sequence; in a graph plan, a
+    uniform batch of ``uniform_q_len``), the gather groups every layer shares (``None`` otherwise:
+    sequences are attended one at a time)."""
 
     decode_groups: tuple[_DecodeGroup, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class TorchGraphBuffers(GraphBuffers):
-    """The gather plan of a captured decode, at full width ``L = max_pages * P``, per row: ``pages
+    """The gather plan of a captured uniform step, at full width ``L = max_pages * P``, per row: ``pages
     [max_batch_size, max_pages]`` (unused columns at page 0), ``key_lens [max_batch_size]`` int64,
-    ``pad_mask [max_batch_size, L]`` bool (True past a length) and ``q_pos [max_batch_size, 1]``."""
+    ``pad_mask [max_batch_size, L]`` bool (True past a length) and ``q_pos [max_batch_size,
+    max_uniform_q_len]`` int64 (the positions of the new tokens; a step of ``q`` reads the first ``q``
+    columns)."""
 
     pages: torch.Tensor | None = None
     key_lens: torch.Tensor | None = None
@@ -218,7 +225,7 @@ class TorchGraphBuffers(GraphBuffers):
     q_pos: torch.Tensor | None = None
 
 
-def _graph_groups(buffers: TorchGraphBuffers, batch_size: int) -> tuple[_DecodeGroup, ...]:
+def _graph_groups(buffers: TorchGraphBuffers, batch_size: int, uniform_q_len: int) -> tuple[_DecodeGroup, ...]:
     """Decode groups over views of the static buffers: every group spans the full width."""
     width = buffers.max_seqlen_k
     step = max(1, DECODE_GROUP_TOKENS // width)
@@ -232,7 +239,7 @@ def _graph_groups(buffers: TorchGraphBuffers, batch_size: int) -> tuple[_DecodeG
                 pages=buffers.pages[b0:b1].flatten(),
                 key_lens=buffers.key_lens[b0:b1],
                 pad_rows=None,
-                q_pos=buffers.q_pos[b0:b1],
+                q_pos=buffers.q_pos[b0:b1, :uniform_q_len],
                 masks=None,
                 pad_mask=buffers.pad_mask[b0:b1].flatten(),
             )
@@ -276,32 +283,46 @@ class TorchBackend(AttentionBackend):
         return metadata
 
     def init_graph_buffers(
-        self, max_batch_size: int, max_pages: int, page_size: int, device: torch.device, *, num_heads: int
+        self,
+        max_batch_size: int,
+        max_pages: int,
+        page_size: int,
+        device: torch.device,
+        *,
+        num_heads: int,
+        max_uniform_q_len: int = 1,
     ) -> TorchGraphBuffers:
         width = max_pages * page_size
+        fields = graph_buffer_fields(max_batch_size, max_pages, page_size, device, max_uniform_q_len=max_uniform_q_len)
         return TorchGraphBuffers(
-            **graph_buffer_fields(max_batch_size, max_pages, page_size, device),
+            **fields,
             pages=torch.zeros((max_batch_size, max_pages), dtype=torch.int64, device=device),
-            key_lens=torch.ones(max_batch_size, dtype=torch.int64, device=device),
-            pad_mask=torch.arange(width, device=device).expand(max_batch_size, width) >= 1,
-            q_pos=torch.zeros((max_batch_size, 1), dtype=torch.int64, device=device),
+            key_lens=fields["seq_lens_k"].long(),
+            pad_mask=torch.arange(width, device=device).expand(max_batch_size, width) >= max_uniform_q_len,
+            q_pos=torch.arange(max_uniform_q_len, device=device).repeat(max_batch_size, 1),  # [B, Q]
         )
 
-    def graph_metadata(self, buffers: TorchGraphBuffers, batch_size: int, *, num_heads: int) -> TorchPagedMetadata:
-        return TorchPagedMetadata(**graph_fields(buffers, batch_size), decode_groups=_graph_groups(buffers, batch_size))
+    def graph_metadata(
+        self, buffers: TorchGraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+    ) -> TorchPagedMetadata:
+        groups = _graph_groups(buffers, batch_size, uniform_q_len)
+        return TorchPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), decode_groups=groups)
 
-    def plan_into(self, buffers: TorchGraphBuffers, req_to_token, req_pool_indices, seq_lens_k) -> None:
+    def plan_into(
+        self, buffers: TorchGraphBuffers, req_to_token, req_pool_indices, seq_lens_k, *, uniform_q_len: int = 1
+    ) -> None:
         """As the base class, then the gather plan of every row from the lengths (device work only)."""
-        super().plan_into(buffers, req_to_token, req_pool_indices, seq_lens_k)
-        batch, page_size = req_pool_indices.shape[0], buffers.page_size
+        super().plan_into(buffers, req_to_token, req_pool_indices, seq_lens_k, uniform_q_len=uniform_q_len)
+        batch, page_size, device = req_pool_indices.shape[0], buffers.page_size, seq_lens_k.device
         key_lens = seq_lens_k.long()  # [B]
         max_pages = buffers.page_table.shape[1]
-        used = torch.arange(max_pages, device=key_lens.device) * page_size < key_lens[:, None]  # [B, max_pages]
+        used = torch.arange(max_pages, device=device) * page_size < key_lens[:, None]  # [B, max_pages]
         buffers.pages[:batch].copy_(torch.where(used, buffers.page_table[:batch], 0))
         buffers.key_lens[:batch].copy_(key_lens)
         width = buffers.pad_mask.shape[1]
-        torch.ge(torch.arange(width, device=key_lens.device), key_lens[:, None], out=buffers.pad_mask[:batch])
-        buffers.q_pos[:batch].copy_(key_lens[:, None] - 1)
+        torch.ge(torch.arange(width, device=device), key_lens[:, None], out=buffers.pad_mask[:batch])
+        q_pos = key_lens[:, None] + torch.arange(-uniform_q_len, 0, device=device)  # [B, q]
+        buffers.q_pos[:batch, :uniform_q_len].copy_(q_pos)
 
     def paged_attention(
         self,
@@ -337,17 +358,20 @@ class TorchBackend(AttentionBackend):
         return out
 
     def _paged_decode(self, q, k_cache, v_cache, groups: tuple[_DecodeGroup, ...], params: AttentionParams, out, lse):
+        """A uniform batch (every sequence ``q_len`` new tokens, ``q_len`` the groups' ``q_pos`` width)."""
         max_pages = max(g.pages.shape[0] for g in groups)
         k_bufs, v_bufs = _gather_buffers(k_cache, max_pages), _gather_buffers(v_cache, max_pages)
         for g in groups:
-            k = _gather(k_cache, g.pages, *k_bufs).view(g.b1 - g.b0, -1, *k_cache.shape[2:])  # [g, Lmax, Hkv, D]
-            v = _gather(v_cache, g.pages, *v_bufs).view(g.b1 - g.b0, -1, *v_cache.shape[2:])  # [g, Lmax, Hkv, Dv]
+            num_seqs, q_len = g.q_pos.shape
+            k = _gather(k_cache, g.pages, *k_bufs).view(num_seqs, -1, *k_cache.shape[2:])  # [g, Lmax, Hkv, D]
+            v = _gather(v_cache, g.pages, *v_bufs).view(num_seqs, -1, *v_cache.shape[2:])  # [g, Lmax, Hkv, Dv]
             # Keys past a length are masked out of the scores (NaN included); their values must be
             # finite too, since 0 * NaN = NaN in the value product.
             g.zero_padding(v)
-            mask = g.mask(params, k.shape[1])
-            rows = slice(g.b0, g.b1)
-            _attend_into(out, lse, rows, q[rows, None], k, v, g.q_pos, params, mask=mask, batched=True)
+            mask = g.mask(params, k.shape[1])  # [g, q, Lmax]
+            rows = slice(g.b0 * q_len, g.b1 * q_len)
+            queries = q[rows].unflatten(0, (num_seqs, q_len))  # [g, q, Hq, D]
+            _attend_into(out, lse, rows, queries, k, v, g.q_pos, params, mask=mask, batched=True)
         return out
 
     def varlen_attention(
@@ -428,9 +452,10 @@ class TorchBackend(AttentionBackend):
 
 
 def _attend_into(out, lse, rows, q, k, v, q_pos, params, mask=None, batched=False) -> None:
-    """:func:`attend` into the query rows ``rows`` of ``out`` (and ``lse``): one sequence, or a batch of decodes."""
+    """:func:`attend` into the query rows ``rows`` of ``out`` (and ``lse``): one sequence, or a uniform
+    batch (``batched``: sequence-major rows)."""
     got = attend(q, k, v, q_pos, params, mask, return_lse=lse is not None)
     res, res_lse = got if lse is not None else (got, None)
-    out[rows] = res[:, 0] if batched else res[0]
+    out[rows] = res.flatten(0, 1) if batched else res[0]  # [g * q, Hq, Dv] or [n, Hq, Dv]
     if lse is not None:
-        lse[rows] = res_lse[:, 0] if batched else res_lse[0]
+        lse[rows] = res_lse.flatten(0, 1) if batched else res_lse[0]

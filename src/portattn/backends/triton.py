@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
-from .base import AttentionBackend, AttentionParams, Capabilities
-from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_fields, paged_fields, varlen_fields
-
-if TYPE_CHECKING:
-    from ..mla import MLADecodeMetadata
+from .base import AttentionBackend, AttentionLayer, AttentionParams, Capabilities
+from .cache import PagedKVCache
+from .metadata import (
+    GraphBuffers,
+    MLADecodeMetadata,
+    PagedMetadata,
+    VarlenMetadata,
+    graph_fields,
+    paged_fields,
+    varlen_fields,
+)
 
 try:
-    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, column_tiles, merge_states_forward
+    from ..kernels.triton.fused_launch import rotary_kv_write
+    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
@@ -68,7 +74,9 @@ class TritonVarlenMetadata(VarlenMetadata):
     seq_lens_k: torch.Tensor | None = None
 
 
-EXACT_HEAD_DIMS = frozenset(d for d in range(16, 257, 16) if sum(column_tiles(d)) == d)
+# Every multiple of 8 up to 256. Column tiles of at least 16 (launch.column_tiles) cover a dim exactly
+# or with 8 masked columns (40 = 32 + 16 - 8, 72 = 64 + 16 - 8); 240 takes one 256-wide tile.
+HEAD_DIMS = frozenset(range(8, 257, 8))
 
 
 class TritonBackend(AttentionBackend):
@@ -79,11 +87,10 @@ class TritonBackend(AttentionBackend):
         ops=frozenset({"paged_attention", "varlen_attention", "mla_decode", "merge_attention_states"}),
         features=frozenset({"window", "chunk", "sinks", "softcap", "non_causal", "dv_ne_d", "lse", "alibi"}),
         dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}),
-        # Head dims that column tiles of at least 16 (launch.column_tiles) cover exactly: every
-        # multiple of 16 up to 256 that is a sum of at most three powers of two. The kernels also take
-        # the others through masked tiles (tested under the interpreter), but masked tiles gave wrong
-        # 16-bit results on an H200 (head dim 40: max error 0.72), so they are not declared.
-        head_dims=EXACT_HEAD_DIMS,
+        # Masked column tiles gave wrong 16-bit results on an H200 while the row strides were not
+        # known to be multiples of 8 (head dim 40: max error 0.72; 72: an illegal access); the
+        # launcher now passes that alignment to the kernel (launch.row_alignment).
+        head_dims=HEAD_DIMS,
         device_types=frozenset({"cuda", "xpu", "cpu"}),
         # fp8 K/V are converted to the query's dtype in registers (Triton's fp8 conversions: NVIDIA
         # from sm_89 for e4m3, see capabilities_on; AMD and Intel as their Triton backends provide them).
@@ -135,12 +142,35 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"expected num_kv_splits in [1, {MAX_SPLITS}], got {num_kv_splits}")
         return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
 
-    def graph_metadata(self, buffers: GraphBuffers, batch_size: int, *, num_heads: int) -> TritonPagedMetadata:
-        """As the base class, with the split count fixed for the batch size: chosen for the longest
-        context a row can hold. The kernel cuts each sequence's keys into that many ranges from its
-        length on the device, so shorter contexts leave some splits empty (merged as nothing)."""
-        splits = choose_num_kv_splits(batch_size, num_heads, 1, buffers.max_seqlen_k)
-        return TritonPagedMetadata(**graph_fields(buffers, batch_size), num_kv_splits=splits)
+    def graph_metadata(
+        self, buffers: GraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+    ) -> TritonPagedMetadata:
+        """As the base class, with the split count fixed for the shape: chosen for ``uniform_q_len``
+        queries per sequence and the longest context a row can hold. The kernel cuts each sequence's
+        keys into that many ranges from its length on the device, so shorter contexts leave some
+        splits empty (merged as nothing)."""
+        splits = choose_num_kv_splits(batch_size, num_heads, uniform_q_len, buffers.max_seqlen_k)
+        return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
+
+    def forward_rotary(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: AttentionLayer,
+        metadata: PagedMetadata,
+        kv_cache: PagedKVCache,
+    ) -> torch.Tensor | None:
+        """One launch rotates q and k and writes K/V to their slots (``kernels/triton/fused_rotary.py``),
+        then attention. ``None`` for an fp8 cache: the fused kernel stores plain casts, not the
+        saturated, scaled values of :meth:`write_kv`."""
+        if kv_cache.k.dtype != q.dtype:
+            return None
+        q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
+        out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, layer.params, out)
 
     def plan_varlen(
         self,

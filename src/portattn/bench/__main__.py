@@ -1,7 +1,9 @@
-"""``python -m portattn.bench [--case SUBSTRING] [--sweep] [--out DIR] [--tag NAME]`` (needs a GPU).
+"""``python -m portattn.bench [--case SUBSTRING] [--sweep] [--graph] [--out DIR] [--tag NAME]`` (needs a GPU).
 
 Measures the ceilings, then every case of ``paged_attention`` and ``varlen_attention`` in bf16,
-prints the table and writes ``DIR/<tag>.json`` and ``DIR/<tag>.png``.
+prints the table and writes ``DIR/<tag>.json`` and ``DIR/<tag>.png``. ``--graph`` times every
+call as CUDA-graph replays (median and spread of many replays; the timing the benchmark guard
+``python -m portattn.bench.guard`` compares), else in bursts of queued calls.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m portattn.bench", description=__doc__)
     parser.add_argument("--case", action="append", default=None, help="run cases whose name contains this")
     parser.add_argument("--sweep", action="store_true", help="also time other tile shapes and split counts")
+    parser.add_argument("--graph", action="store_true", help="time calls as CUDA-graph replays")
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG files")
     parser.add_argument("--tag", default="bench", help="file name stem")
     args = parser.parse_args(argv)
@@ -40,14 +43,14 @@ def main(argv: list[str] | None = None) -> int:
 
     info = describe_device(device)
     meta = {"device": str(device), "device_name": info["name"], "driver": info["driver"], "dtype": "bf16"}
-    meta |= {"torch": torch.__version__, "triton": triton.__version__}
+    meta |= {"torch": torch.__version__, "triton": triton.__version__, "timing": "graph" if args.graph else "burst"}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ceilings = measure_ceilings(device)
     results = []
     for module, case in cases:
         t0 = time.time()
-        results.append(module.run_case(case, device, sweep=args.sweep))
+        results.append(module.run_case(case, device, sweep=args.sweep, graph=args.graph))
         rows = report.derive(results, ceilings)
         report.write_json(out / f"{args.tag}.json", rows, ceilings, meta)  # kept current if a later case fails
         print(report.format_table(rows[-1:], ceilings).splitlines()[2], f"({time.time() - t0:.0f} s)", flush=True)

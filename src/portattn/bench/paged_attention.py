@@ -18,7 +18,7 @@ from ..backends.torch_ref import TorchBackend
 from ..kernels.triton.launch import TileConfig, attention_forward
 from ..kv_quant import KV_CACHE_DTYPES, quantize_kv
 from . import peers
-from .timing import measure, num_input_sets
+from .timing import measure, measure_steady, num_input_sets
 from .work import count_work
 
 
@@ -50,6 +50,7 @@ CASES = [
     PagedCase("decode B=64 L=4096 P=64", 64, 1, 4096, page_size=64, peers=()),
     PagedCase("decode B=64 L=4096 P=1", 64, 1, 4096, page_size=1, peers=()),
     PagedCase("fp8 e4m3 decode B=64 L=4096 P=16", 64, 1, 4096, peers=(), kv_cache="fp8_e4m3"),
+    PagedCase("fp8 e5m2 decode B=64 L=4096 P=16", 64, 1, 4096, peers=(), kv_cache="fp8_e5m2"),
     PagedCase("decode B=1 L=65536 P=16", 1, 1, 65536, peers=("cudnn", "flash"), torch_backend=True),
     PagedCase("prefill B=1 L=8192 causal", 1, 8192, 8192),
     PagedCase("extend B=8 512 over 8192", 8, 512, 8192 + 512, torch_backend=True),
@@ -122,8 +123,14 @@ def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int
     return inputs
 
 
-def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False) -> dict:
+def run_case(
+    case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False, graph: bool = False
+) -> dict:
+    """Time one case. ``graph``: every call (ours and the peers') as CUDA-graph replays
+    (``timing.measure_graph``: steady enough for a 0.1 ms call); else in bursts (``timing.measure``)."""
     from ..backends.triton import TritonBackend
+
+    timer = measure_steady if graph else measure
 
     elt = torch.tensor([], dtype=dtype).element_size()
     kv_elt = 1 if case.kv_cache else elt
@@ -165,15 +172,17 @@ def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, swe
         "flops": work.flops,
         "bytes": work.bytes,
         "num_kv_splits": metadata.num_kv_splits,
-        "portattn_ms": measure(ours, idx, device).median_ms,
         "peers": {},
     }
+    timing = timer(ours, idx, device)
+    result |= {"portattn_ms": timing.median_ms, "portattn_spread": timing.spread}
+    result["timing"] = "graph" if graph else "burst"
     if case.kv_cache:  # the same call on the model-dtype cache: what fp8 buys
         model_params = AttentionParams(scale=scale, window_left=case.window_left)
         same_in_bf16 = lambda i: triton_backend.paged_attention(
             sets[i]["q"], sets[i]["k_cache_model"], sets[i]["v_cache_model"], metadata, model_params, out
         )
-        result["peers"]["portattn_bf16"] = measure(same_in_bf16, idx, device).median_ms
+        result["peers"]["portattn_bf16"] = timer(same_in_bf16, idx, device).median_ms
 
     qs, ks, vs = ([s.get(key) for s in sets] for key in ("q4", "k4", "v4"))
     for name in case.peers:
@@ -181,7 +190,7 @@ def run_case(case: PagedCase, device: torch.device, *, dtype=torch.bfloat16, swe
             peer = peers.flex_peer(qs, ks, vs, mode=case.mode, scale=scale)
         else:
             peer = peers.sdpa_peer(name, qs, ks, vs, mode=case.mode, scale=scale)
-        result["peers"][name] = peer if isinstance(peer, str) else measure(peer, idx, device).median_ms
+        result["peers"][name] = peer if isinstance(peer, str) else timer(peer, idx, device).median_ms
     if case.torch_backend:
         ref_backend = TorchBackend()
         ref_meta = ref_backend.plan_paged(cu_q, seq_lens, sets[0]["page_table"], case.page_size)

@@ -18,7 +18,7 @@ from ..backends.torch_ref import TorchBackend
 from ..testing import cu_seqlens
 from . import peers
 from .paged_attention import LONG_TILES
-from .timing import measure, num_input_sets
+from .timing import measure, measure_steady, num_input_sets
 from .work import count_work
 
 
@@ -41,9 +41,18 @@ CASES = [VarlenCase("varlen encoder 16 x 1k-4k H=16 D=80")]
 
 
 def run_case(
-    case: VarlenCase, device: torch.device, *, dtype=torch.bfloat16, sweep: bool = False, flex: bool = False
+    case: VarlenCase,
+    device: torch.device,
+    *,
+    dtype=torch.bfloat16,
+    sweep: bool = False,
+    flex: bool = False,
+    graph: bool = False,
 ) -> dict:
+    """Time one case (``graph``: as CUDA-graph replays, see ``paged_attention.run_case``)."""
     from ..backends.triton import TritonBackend
+
+    timer = measure_steady if graph else measure
 
     lens = case.lengths()
     total = sum(lens)
@@ -70,9 +79,11 @@ def run_case(
         "mode": "varlen",
         "flops": work.flops,
         "bytes": work.bytes,
-        "portattn_ms": measure(ours, idx, device).median_ms,
         "peers": {},
     }
+    timing = timer(ours, idx, device)
+    result |= {"portattn_ms": timing.median_ms, "portattn_spread": timing.spread}
+    result["timing"] = "graph" if graph else "burst"
     bounds = [(int(a), int(b)) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
     candidates = {
         "flash_varlen": peers.flash_varlen_peer(qs, ks, vs, cu, max(lens), scale=scale),
@@ -89,7 +100,8 @@ def run_case(
     candidates["torch_backend"] = lambda i: ref_backend.varlen_attention(qs[i], ks[i], vs[i], ref_meta, params, out)
     for name, peer in candidates.items():
         runs = 3 if name == "torch_backend" else 50
-        result["peers"][name] = peer if isinstance(peer, str) else measure(peer, idx, device, runs=runs).median_ms
+        time_peer = measure if name == "torch_backend" else timer  # the reference syncs: no graph
+        result["peers"][name] = peer if isinstance(peer, str) else time_peer(peer, idx, device, runs=runs).median_ms
     if sweep:
         result["sweep"] = _sweep(case, qs, ks, vs, cu, max(lens), scale, device)
     return result

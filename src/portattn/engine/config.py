@@ -49,13 +49,19 @@ class EngineConfig:
 
     model: str = field(
         metadata=doc(
-            "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer), or a model id "
-            "(org/name) already in the local Hugging Face cache"
+            "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer), a .gguf file, or a "
+            "model id (org/name) already in the local Hugging Face cache"
         )
+    )
+    tokenizer: str | None = field(
+        default=None, metadata=doc("tokenizer directory or .gguf file in place of the model's (default: the model's)")
     )
     device: str | torch.device = field(
         default="auto",
-        metadata=doc("torch device: auto (the accelerator if there is one, else cpu), cpu, cuda, cuda:1, xpu, ..."),
+        metadata=doc(
+            "torch device: auto ($PORTATTN_DEVICE if set, else the accelerator if there is one, else cpu), cpu, "
+            "cuda, cuda:1, xpu, ..."
+        ),
     )
     dtype: str | torch.dtype = field(
         default="auto",
@@ -148,14 +154,22 @@ class EngineConfig:
         if not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"expected model to be a checkpoint directory (str or path), got {self.model!r}")
         object.__setattr__(self, "model", resolve_checkpoint(os.fspath(self.model)))
+        if self.tokenizer is not None:
+            if not isinstance(self.tokenizer, (str, os.PathLike)):
+                raise ValueError(
+                    f"expected tokenizer to be a directory or .gguf file (str or path), got {self.tokenizer!r}"
+                )
+            object.__setattr__(self, "tokenizer", resolve_checkpoint(os.fspath(self.tokenizer)))
         if not isinstance(self.generation_config, (str, os.PathLike)) or not os.fspath(self.generation_config):
             raise ValueError(
                 f"expected generation_config to be 'auto', 'vllm' or a folder path, got {self.generation_config!r}"
             )
         object.__setattr__(self, "generation_config", os.fspath(self.generation_config))
         if self.device == "auto":
-            object.__setattr__(self, "device", default_device())
-            logger.info("device auto: %s%s", self.device, " (the accelerator)" if is_gpu(self.device) else "")
+            chosen = os.environ.get("PORTATTN_DEVICE") or None
+            object.__setattr__(self, "device", chosen or default_device())
+            why = "$PORTATTN_DEVICE" if chosen else "the accelerator" if is_gpu(self.device) else "no accelerator here"
+            logger.info("device auto: %s (%s)", self.device, why)
         object.__setattr__(self, "device", resolve_device(self.device))
         if isinstance(self.dtype, str):
             if self.dtype not in DTYPES:

@@ -96,7 +96,7 @@ class Engine:
         self.model = loader.load_model(
             config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
         )
-        self.tokenizer = loader.load_tokenizer(config.model)
+        self.tokenizer = loader.load_tokenizer(config.tokenizer or config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         self.vocab_size = text_config.vocab_size
 
@@ -184,16 +184,16 @@ class Engine:
     def warm_up(self) -> None:
         """Capture the decode graphs and compile the kernels the model uses (GPU), with a progress bar.
 
-        Every decode batch size is planned and captured (its kernels compiled first); then a few
-        throw-away prompts (long, short, one token) are prefilled and decoded, so that the first
-        requests find their prefill kernels compiled. Logs how long each part took.
+        Every decode shape (batch size, uniform_q_len) is planned and captured (its kernels compiled
+        first); then a few throw-away prompts (long, short, one token) are prefilled and decoded, so
+        that the first requests find their prefill kernels compiled. Logs how long each part took.
         """
         graphs = self.runner.graphs
         prompts = [n for n in WARM_UP_PROMPTS if n < self.max_len - 2] if is_gpu(self.config.device) else []
         if not prompts and graphs is None:
             return
         start = time.perf_counter()
-        steps = len(prompts) + (len(graphs.batch_sizes) if graphs is not None else 0)
+        steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
@@ -208,9 +208,9 @@ class Engine:
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
         logger.info(
-            "warm-up: %.1f s (decode graphs for %d batch sizes %s in %.1f s; %d warm-up prompts in %.1f s)",
+            "warm-up: %.1f s (decode graphs for %d shapes %s in %.1f s; %d warm-up prompts in %.1f s)",
             time.perf_counter() - start,
-            len(graphs.batch_sizes) if graphs is not None else 0,
+            len(graphs.shapes) if graphs is not None else 0,
             "captured" if graphs is not None and graphs.capture else "planned",
             captured,
             len(prompts),

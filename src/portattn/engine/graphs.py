@@ -1,20 +1,26 @@
-"""Captured decode: steps whose sequences each bring one new token replay a graph per batch-size bucket.
+"""Captured uniform steps: decodes (one new token per sequence) and the verification steps of
+speculative decoding (``k + 1`` each) replay a graph per (batch-size bucket, ``uniform_q_len``).
 
-A decode step of ``n`` sequences runs as the captured step of the smallest bucket ``B >= n``
-(:func:`batch_size_buckets`: 1, 2, 4, 8, then steps of 8 to 64 and of 16 beyond). Everything the
-step reads lives in static buffers at fixed addresses:
+A step of ``n`` sequences that each bring ``q`` new tokens (``q`` one of the runner's
+``uniform_q_lens``) runs as the captured step of shape ``(B, q)``, ``B`` the smallest bucket
+``>= n`` (:func:`batch_size_buckets`: 1, 2, 4, 8, then steps of 8 to 64 and of 16 beyond). Its
+tokens are sequence-major (token ``i`` of sequence ``b`` is row ``b * q + i``). Everything the step
+reads lives in static buffers at fixed addresses:
 
-* ``inputs [4, B_max]`` int64 on the device: token ids, positions, ``req_to_token`` rows and key
-  counts, filled from one pinned host buffer by one copy per step;
+* ``inputs [4, B_max * q_max]`` int64 on the device: token ids and positions (one per token),
+  ``req_to_token`` rows and key counts (one per sequence), filled from one pinned host buffer by one
+  copy per step;
 * the backend's :class:`~portattn.backends.base.GraphBuffers` (page table at full width, key
   lengths, new-token slots, and what else its op methods read), written by ``backend.plan_into``;
-* for an ``"mla"`` cache, the latent-attention plan over the same buffers and a split-KV workspace
-  sized for the largest bucket.
+* what the KV cache kind plans beyond the backend (``kv_pool.graph_plan``: for a latent cache,
+  one absorbed row per new token and a split-KV workspace sized for the largest shape), over the
+  same buffers.
 
-The plan of each bucket (``backend.graph_metadata``) is made once, before capture: its Python values
-(batch size, split counts, tiles) are fixed per bucket, and everything that changes between steps is
-read from device memory. Rows ``n .. B-1`` of a padded step are one-token sequences in the engine's
-scratch request row, whose slots all lie in the scratch page: their K/V writes never touch a live page.
+The plan of each shape (``backend.graph_metadata``) is made once, before capture: its Python values
+(batch size, query length, split counts, tiles) are fixed per shape, and everything that changes
+between steps is read from device memory. Rows ``n .. B-1`` of a padded step are sequences of ``q``
+tokens in the engine's scratch request row, whose slots all lie in the scratch page: their K/V
+writes never touch a live page.
 
 Where torch has no graphs for the device (``device.graph_support``), or with ``capture=False``, the
 same buffers and plans run eagerly: the CPU tests cover the static path that way.
@@ -26,23 +32,30 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from .. import device as devices
 from ..backends.base import AttentionBackend
-from ..mla import plan_mla_decode
 from ..models.base import MultimodalModel
-from ..models.layers.moe import FusedMoE
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
-from ..runtime.plan import LatentAttentionPlan
 from .req_pool import ReqToTokenPool
 from .sequence import Sequence
 
 logger = logging.getLogger("portattn")
 
-# Rows of the static inputs.
+# Rows of the static inputs: per token (IDS, POSITIONS), per sequence (ROWS, KEY_COUNTS).
 IDS, POSITIONS, ROWS, KEY_COUNTS = range(4)
+
+
+def uniform_q_len(scheduled: list[tuple[Sequence, int]]) -> int | None:
+    """The number of new tokens every sequence of ``scheduled`` brings, or None (none scheduled, or
+    counts that differ)."""
+    if not scheduled:
+        return None
+    q = scheduled[0][1]
+    return q if all(n == q for _, n in scheduled) else None
 
 
 def batch_size_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -53,11 +66,13 @@ def batch_size_buckets(max_num_seqs: int) -> tuple[int, ...]:
 
 
 class DecodeGraphs:
-    """Static buffers, per-bucket plans and graphs of captured decode steps (one runner's).
+    """Static buffers, per-shape plans and graphs of captured uniform steps (one runner's).
 
-    ``capture``: record one graph per bucket (a device with ``graph_support``); ``False`` runs the
-    same buffers and plans eagerly. ``scratch_row`` of ``req_pool`` is pointed at ``scratch_page``
-    of ``kv_pool`` here; neither may ever be handed to a sequence.
+    ``batch_sizes`` x ``uniform_q_lens``: the shapes captured (``uniform_q_lens`` (1,) for plain
+    decoding; (1, k + 1) when speculative decoding verifies k drafted tokens). ``capture``: record one
+    graph per shape (a device with ``graph_support``); ``False`` runs the same buffers and plans
+    eagerly. ``scratch_row`` of ``req_pool`` is pointed at ``scratch_page`` of ``kv_pool`` here;
+    neither may ever be handed to a sequence.
     """
 
     def __init__(
@@ -68,6 +83,7 @@ class DecodeGraphs:
         req_pool: ReqToTokenPool,
         *,
         batch_sizes: tuple[int, ...],
+        uniform_q_lens: tuple[int, ...] = (1,),
         num_heads: int,
         scratch_row: int,
         scratch_page: int,
@@ -75,11 +91,15 @@ class DecodeGraphs:
     ):
         if not backend.supports_graphs:
             raise ValueError(f"expected a backend with a graph plan, got {backend.name}")
-        if not batch_sizes or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
-            raise ValueError(f"expected positive batch sizes, got {batch_sizes!r}")
+        for name, values in (("batch sizes", batch_sizes), ("uniform_q_lens", uniform_q_lens)):
+            if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+                raise ValueError(f"expected positive {name}, got {values!r}")
         self.model, self.backend, self.kv_pool, self.req_pool = model, backend, kv_pool, req_pool
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        self.uniform_q_lens = tuple(sorted(set(uniform_q_lens)))
+        self.shapes = tuple((b, q) for q in self.uniform_q_lens for b in self.batch_sizes)
         self.max_batch_size = self.batch_sizes[-1]
+        max_tokens = self.max_batch_size * self.uniform_q_lens[-1]
         self.num_heads = num_heads
         self.device = kv_pool.device
         self.capture = capture
@@ -91,93 +111,66 @@ class DecodeGraphs:
         # The scratch row: every column a slot of the scratch page.
         columns = torch.arange(req_to_token.shape[1], dtype=torch.int32, device=self.device)
         req_to_token[scratch_row] = scratch_page * page_size + columns % page_size
-        self.padding = (0, 0, scratch_row, 1)  # token id, position, row, key count of a padding row
+        self.scratch_row = scratch_row
 
         self.buffers = backend.init_graph_buffers(
-            self.max_batch_size, max_pages, page_size, self.device, num_heads=num_heads
+            self.max_batch_size,
+            max_pages,
+            page_size,
+            self.device,
+            num_heads=num_heads,
+            max_uniform_q_len=self.uniform_q_lens[-1],
         )
-        self.inputs = torch.zeros((4, self.max_batch_size), dtype=torch.int64, device=self.device)
+        self.inputs = torch.zeros((4, max_tokens), dtype=torch.int64, device=self.device)
         pinned = devices.is_gpu(self.device)
-        self.host = torch.zeros((4, self.max_batch_size), dtype=torch.int64, pin_memory=pinned)
+        self.host = torch.zeros((4, max_tokens), dtype=torch.int64, pin_memory=pinned)
         self.host_np = self.host.numpy()
         self.copied = torch.Event(device=self.device) if pinned else None
-        self.mla_workspace = self._mla_workspace()
-        # A decode step of a captured bucket must not sync: the MoE layers take their dense
-        # (sync-free) path up to the largest bucket.
-        for module in model.modules():
-            if isinstance(module, FusedMoE):
-                module.dense_max_tokens = max(module.dense_max_tokens, self.max_batch_size)
+        self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
+        model.prepare_static(max_tokens)  # what a captured step records must not sync
 
-        self.contexts: dict[int, ForwardContext] = {}
-        self.graphs: dict[int, object] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.contexts: dict[tuple[int, int], ForwardContext] = {}
+        self.graphs: dict[tuple[int, int], object] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool = None
-        self.replays = 0  # decode steps run through the buffers
+        self.replays = 0  # steps run through the buffers
         self.padded: Counter[int] = Counter()  # sequence count -> steps run padded to a larger bucket
-        self.write_step([])  # every row a padding row: valid for the warm-up runs of capture
 
     # -- setup -----------------------------------------------------------------------------
 
-    def _mla_workspace(self) -> torch.Tensor | None:
-        spec = self.kv_pool.spec
-        if spec.kind != "mla":
-            return None
-        from ..mla import mla_workspace_size
+    def _context(self, shape: tuple[int, int]) -> ForwardContext:
+        batch_size, q = shape
+        metadata = self.backend.graph_metadata(self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q)
+        cache_plan = None if self.cache_plan is None else self.cache_plan.plan(batch_size, q)
+        return ForwardContext(self.backend, metadata, self.kv_pool, cache_plan)
 
-        size = max(
-            mla_workspace_size(
-                self.buffers.max_seqlen_k, b, self.num_heads, self.kv_pool.page_size, kv_lora_rank=spec.kv_lora_rank
-            )
-            for b in self.batch_sizes
-        )
-        return torch.empty(size, dtype=torch.uint8, device=self.device) if size else None
-
-    def _latent_plan(self, batch_size: int) -> LatentAttentionPlan | None:
-        """The plan a KV cache kind needs beyond the paged metadata, over the static buffers."""
-        spec = self.kv_pool.spec
-        if spec.kind == "mha":
-            return None
-        if spec.kind == "mla":
-            decode = plan_mla_decode(
-                self.buffers.page_table[:batch_size],
-                self.buffers.seq_lens_k[:batch_size],
-                self.kv_pool.page_size,
-                num_heads=self.num_heads,
-                kv_lora_rank=spec.kv_lora_rank,
-                max_seq_len=self.buffers.max_seqlen_k,
-                workspace=self.mla_workspace,
-            )
-            return LatentAttentionPlan(decode=decode)
-        raise ValueError(f"expected a KV cache kind with a graph plan ('mha', 'mla'), got {spec.kind!r}")
-
-    def _context(self, batch_size: int) -> ForwardContext:
-        metadata = self.backend.graph_metadata(self.buffers, batch_size, num_heads=self.num_heads)
-        return ForwardContext(self.backend, metadata, self.kv_pool, self._latent_plan(batch_size))
-
-    def _forward(self, batch_size: int) -> torch.Tensor:
-        ids = self.inputs[IDS, :batch_size]
-        positions = self.inputs[POSITIONS, :batch_size]
-        return self.model(ids, positions, self.contexts[batch_size])  # [B, H]
+    def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
+        tokens = shape[0] * shape[1]
+        ids = self.inputs[IDS, :tokens]
+        positions = self.inputs[POSITIONS, :tokens]
+        return self.model(ids, positions, self.contexts[shape])  # [B * q, H]
 
     @torch.inference_mode()
-    def capture_all(self, progress: Callable[[int], None] | None = None) -> None:
-        """Plan every bucket; with ``capture``, run it once (compiling its kernels) and record its graph.
+    def capture_all(self, progress: Callable[[tuple[int, int]], None] | None = None) -> None:
+        """Plan every shape; with ``capture``, run it once (compiling its kernels) and record its graph.
 
-        Largest bucket first, all graphs in one memory pool. ``progress(batch_size)`` is called after each.
+        Largest first, all graphs in one memory pool; each shape is planned with every row a padding
+        row (valid for the warm-up run). ``progress((batch_size, uniform_q_len))`` is called after each.
         """
-        for batch_size in reversed(self.batch_sizes):
-            self.contexts[batch_size] = self._context(batch_size)
+        for shape in sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1])):
+            self.contexts[shape] = self._context(shape)
+            self._write([], *shape)
             if self.capture:
-                self._forward(batch_size)  # compiles kernels outside the capture
+                self._forward(shape)  # compiles kernels outside the capture
                 devices.synchronize(self.device)
                 graph = devices.new_graph(self.device)
                 with devices.graph_capture(self.device, graph, self.pool):
-                    self.outputs[batch_size] = self._forward(batch_size)
+                    self.outputs[shape] = self._forward(shape)
                 if self.pool is None:
                     self.pool = graph.pool()
-                self.graphs[batch_size] = graph
+                self.graphs[shape] = graph
             if progress is not None:
-                progress(batch_size)
+                progress(shape)
         devices.synchronize(self.device)
 
     # -- steps -----------------------------------------------------------------------------
@@ -187,45 +180,61 @@ class DecodeGraphs:
         return next((b for b in self.batch_sizes if b >= num_seqs), None)
 
     def can_run(self, scheduled: list[tuple[Sequence, int]]) -> bool:
-        """A step of one new token per sequence, no more sequences than the largest bucket, and no
-        image placeholder among the new tokens (those need the step's image embeddings)."""
-        if not scheduled or len(scheduled) > self.max_batch_size or any(n != 1 for _, n in scheduled):
+        """A uniform step (every sequence the same number of new tokens, one of ``uniform_q_lens``), of
+        no more sequences than the largest bucket, with no image placeholder among the new tokens
+        (those need the step's image embeddings)."""
+        q = uniform_q_len(scheduled)
+        if q not in self.uniform_q_lens or len(scheduled) > self.max_batch_size:
             return False
         if self.multimodal:
             for seq, _ in scheduled:
                 data = seq.multimodal
-                if data is not None and data.overlaps_images(seq.num_computed, seq.num_computed + 1):
+                if data is not None and data.overlaps_images(seq.num_computed, seq.num_computed + q):
                     return False
         return True
 
-    def _position(self, seq: Sequence) -> int:
-        """The rotary position of the sequence's new token (one number: a token outside every image
-        has equal t, h and w positions)."""
-        index, data = seq.num_computed, seq.multimodal
+    def _positions(self, seq: Sequence, q: int) -> list[int]:
+        """The rotary positions of the sequence's new tokens (one number each: a token outside every
+        image has equal t, h and w positions)."""
+        start, data = seq.num_computed, seq.multimodal
         if data is None:
-            return index
-        if index < data.positions.shape[1]:
-            return int(data.positions[0, index])
-        return index + data.position_delta
+            return list(range(start, start + q))
+        prompt = data.positions.shape[1]
+        return [int(data.positions[0, i]) if i < prompt else i + data.position_delta for i in range(start, start + q)]
 
-    def write_step(self, scheduled: list[tuple[Sequence, int]]) -> int:
-        """Fill the static inputs and the backend's buffers for ``scheduled``; returns the bucket."""
+    def write_step(self, scheduled: list[tuple[Sequence, int]]) -> tuple[int, int]:
+        """Fill the static inputs and the plans' buffers for ``scheduled`` (:meth:`can_run`); returns
+        the shape ``(batch_size, uniform_q_len)`` it runs as."""
+        q = uniform_q_len(scheduled)
+        batch_size = self.bucket(len(scheduled))
+        self._write(scheduled, batch_size, q)
+        return batch_size, q
+
+    def _write(self, scheduled: list[tuple[Sequence, int]], batch_size: int, q: int) -> None:
         num_seqs = len(scheduled)
-        batch_size = self.bucket(max(num_seqs, 1)) if scheduled else self.max_batch_size
+        tokens, padded_tokens = num_seqs * q, batch_size * q
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy has left the pinned buffer
         host = self.host_np
         if scheduled:
-            host[IDS, :num_seqs] = [seq.token_ids[seq.num_computed] for seq, _ in scheduled]
-            positions = [seq.num_computed for seq, _ in scheduled]
-            host[KEY_COUNTS, :num_seqs] = positions
-            host[KEY_COUNTS, :num_seqs] += 1
+            starts = np.fromiter((seq.num_computed for seq, _ in scheduled), np.int64, num_seqs)  # [n]
+            if q == 1:
+                host[IDS, :tokens] = [seq.token_ids[seq.num_computed] for seq, _ in scheduled]
+            else:
+                host[IDS, :tokens] = [
+                    t for seq, n in scheduled for t in seq.token_ids[seq.num_computed : seq.num_computed + n]
+                ]
             if self.multimodal:
-                positions = [self._position(seq) for seq, _ in scheduled]
-            host[POSITIONS, :num_seqs] = positions
+                host[POSITIONS, :tokens] = [p for seq, _ in scheduled for p in self._positions(seq, q)]
+            else:
+                host[POSITIONS, :tokens] = (starts[:, None] + np.arange(q)).ravel()  # [n * q]
             host[ROWS, :num_seqs] = [seq.req_pool_idx for seq, _ in scheduled]
-        for row, value in enumerate(self.padding):
-            host[row, num_seqs:batch_size] = value
+            host[KEY_COUNTS, :num_seqs] = starts + q
+        # Padding rows: q tokens (id 0, positions 0 .. q-1) of the scratch row.
+        host[IDS, tokens:padded_tokens] = 0
+        host[POSITIONS, tokens:padded_tokens] = np.tile(np.arange(q), batch_size - num_seqs)
+        host[ROWS, num_seqs:batch_size] = self.scratch_row
+        host[KEY_COUNTS, num_seqs:batch_size] = q
         self.inputs.copy_(self.host, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
@@ -234,24 +243,27 @@ class DecodeGraphs:
             self.req_pool.req_to_token,
             self.inputs[ROWS, :batch_size],
             self.inputs[KEY_COUNTS, :batch_size].int(),
+            uniform_q_len=q,
         )
-        return batch_size
+        if self.cache_plan is not None:
+            self.cache_plan.plan_into(batch_size, q)
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Final hidden states ``[n, H]`` of a decode step (:meth:`can_run`), by replay."""
-        batch_size = self.write_step(scheduled)
-        if batch_size not in self.contexts:
-            raise RuntimeError(f"batch size {batch_size} was not captured; call capture_all first")
+        """Final hidden states ``[n * q, H]`` of a uniform step (:meth:`can_run`), by replay: every new
+        token's row, sequence-major."""
+        shape = self.write_step(scheduled)
+        if shape not in self.contexts:
+            raise RuntimeError(f"shape {shape} was not captured; call capture_all first")
         self.replays += 1
-        if batch_size > len(scheduled):
+        if shape[0] > len(scheduled):
             self.padded[len(scheduled)] += 1
         if self.capture:
-            self.graphs[batch_size].replay()
-            hidden = self.outputs[batch_size]
+            self.graphs[shape].replay()
+            hidden = self.outputs[shape]
         else:
-            hidden = self._forward(batch_size)
-        return hidden[: len(scheduled)]
+            hidden = self._forward(shape)
+        return hidden[: len(scheduled) * shape[1]]
 
 
 def describe(graphs: DecodeGraphs | None, device: torch.device, reason: str | None = None) -> str:
@@ -260,4 +272,5 @@ def describe(graphs: DecodeGraphs | None, device: torch.device, reason: str | No
         return f"decode runs eagerly ({reason})"
     kind = devices.graph_support(device) if graphs.capture else None
     how = f"replays {kind} graphs" if kind else "runs the static-buffer path eagerly (no capture)"
-    return f"decode {how} for batch sizes {list(graphs.batch_sizes)}"
+    lens = "" if graphs.uniform_q_lens == (1,) else f" and uniform_q_lens {list(graphs.uniform_q_lens)}"
+    return f"decode {how} for batch sizes {list(graphs.batch_sizes)}{lens}"

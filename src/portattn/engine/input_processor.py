@@ -10,6 +10,7 @@ from ..models import loader
 from ..models.base import MultimodalModel
 from ..runtime.multimodal import MultimodalData
 from ..validation import check_pixel_values
+from .chat import check_template_kwargs, template_messages
 
 
 class InputProcessor:
@@ -31,6 +32,11 @@ class InputProcessor:
         """``text`` -> token ids; ``add_special_tokens`` adds what the tokenizer adds (a BOS, say)."""
         if self.tokenizer is None:
             raise ValueError("expected token-id prompts: the model directory has no tokenizer, got a str")
+        try:  # the tokenizer would raise a TypeError that names no character
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            got = f"a lone surrogate {text[err.start]!r} at character {err.start}"
+            raise ValueError(f"expected text that UTF-8 can encode, got {got}") from None
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def token_text(self, token_id: int) -> str:
@@ -52,12 +58,17 @@ class InputProcessor:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-    ) -> tuple[str, list[int]]:
-        """One conversation -> ``(rendered text, token ids)`` through the chat template.
+        chat_template_kwargs: dict | None = None,
+    ) -> tuple[str, list[int], list]:
+        """One conversation -> ``(rendered text, token ids, images)`` through the chat template.
 
-        ``messages`` are ``{"role": str, "content": str | [{"type": "text", "text": str}, ...]}``.
-        The rendered text is tokenized without adding special tokens: the template writes its own
-        (a BOS, say), so none is doubled. ``chat_template`` overrides the checkpoint's template.
+        ``messages`` are ``{"role": str, "content": str | [part, ...]}`` with text and image parts
+        (:mod:`portattn.engine.chat`); images (multimodal models only) come back in order, their
+        placeholders in the text, for :meth:`process`'s ``{"image": images}``. The rendered text is
+        tokenized without adding special tokens: the template writes its own (a BOS, say), so none
+        is doubled. ``chat_template`` overrides the checkpoint's template; ``chat_template_kwargs``
+        are extra template variables. Template errors (``jinja2.TemplateError``, including a
+        template's ``raise_exception``) propagate as they are.
         """
         if self.tokenizer is None:
             raise ValueError("expected a model directory with a tokenizer for chat, got none")
@@ -66,17 +77,20 @@ class InputProcessor:
                 f"expected a chat template in the tokenizer of {self.model_dir!r} (tokenizer_config.json "
                 "'chat_template' or chat_template.jinja), got none; pass chat_template= or use generate()"
             )
-        messages = [_text_message(i, m) for i, m in enumerate(_messages(messages))]
         if continue_final_message and add_generation_prompt:
             raise ValueError("expected add_generation_prompt=False with continue_final_message=True, got both True")
+        kwargs = check_template_kwargs(chat_template_kwargs)
+        takes_images = isinstance(self.model, MultimodalModel)
+        messages, images = template_messages(messages, takes_images=takes_images, model_name=type(self.model).__name__)
         text = self.tokenizer.apply_chat_template(
             messages,
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=False,
+            **kwargs,
         )
-        return text, self.tokenize(text, add_special_tokens=False)
+        return text, self.tokenize(text, add_special_tokens=False), images
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -148,29 +162,3 @@ def _array_ids(array) -> list[int]:
             f"(shape {tuple(array.shape)})"
         )
     return array.tolist()
-
-
-def _messages(messages) -> list:
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError(f"expected messages as a non-empty list of {{'role', 'content'}} dicts, got {messages!r}")
-    return list(messages)
-
-
-def _text_message(i: int, message) -> dict:
-    """A message with its content as one string (text parts joined), checked."""
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
-        raise ValueError(f"expected messages[{i}] to be a dict with 'role' (str) and 'content', got {message!r}")
-    content = message["content"]
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"expected messages[{i}].content[{j}] to be a text part {{'type': 'text', 'text': str}} "
-                    f"(images go through generate's multi_modal_data), got {part!r}"
-                )
-            parts.append(part["text"])
-        content = "\n".join(parts)
-    elif content is not None and not isinstance(content, str):
-        raise ValueError(f"expected messages[{i}].content to be a str or a list of text parts, got {content!r}")
-    return {**message, "content": content if content is not None else ""}

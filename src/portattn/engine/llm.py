@@ -107,13 +107,18 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations through the checkpoint's chat template.
 
         ``messages`` is one conversation (a list of ``{"role", "content"}`` dicts) or a list of them;
-        one :class:`RequestOutput` per conversation. The template's own special tokens are kept and
-        none is added (no second BOS). A checkpoint without a chat template raises ``ValueError``
-        unless ``chat_template`` (a Jinja string) is given.
+        one :class:`RequestOutput` per conversation. Content is a str or a list of parts: text parts
+        and, for multimodal models, image parts (``{"type": "image_url", "image_url": {"url":
+        "data:image/png;base64,..."}}`` or ``{"type": "image", "image": pil_image}``), processed with the
+        checkpoint's image processor. The template's own special tokens are kept and none is added
+        (no second BOS). A checkpoint without a chat template raises ``ValueError`` unless
+        ``chat_template`` (a Jinja string) is given; ``chat_template_kwargs`` are extra template
+        variables (Qwen3's ``enable_thinking``, say).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [
@@ -122,11 +127,16 @@ class LLM:
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
             )
             for c in conversations
         ]
-        requests = self._prepare([ids for _, ids in prompts], sampling_params)
-        requests = [(text, ids, mm, sp) for (text, _), (_, ids, mm, sp) in zip(prompts, requests)]
+        inputs = [
+            {"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids
+            for _, ids, images in prompts
+        ]
+        requests = self._prepare(inputs, sampling_params)
+        requests = [(text, ids, mm, sp) for (text, _, _), (_, ids, mm, sp) in zip(prompts, requests)]
         states: list[RequestState] = []
         for _ in self._run(requests, states, use_tqdm):
             pass

@@ -2,7 +2,7 @@
 
 The plan step (:meth:`ModelRunner.plan`) makes everything the forward reads before the model runs,
 and is the only place a step syncs with the device: the backend's paged metadata, the extra plan the
-model's KV cache kind needs (the latent-attention plan of an ``"mla"`` cache), and for multimodal
+model's KV cache kind needs beyond it (``kv_pool.plan``), and for multimodal
 models the vision encoder's plan and the image embeddings the step needs.
 """
 
@@ -16,7 +16,6 @@ from ..backends.base import AttentionBackend
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
-from ..runtime.plan import plan_for_cache
 from .forward_batch import ForwardBatch, Staging
 from .graphs import DecodeGraphs
 from .multimodal import build_multimodal_batch
@@ -34,7 +33,13 @@ class LogitRows:
 
 class ModelRunner:
     """``scratch_row`` / ``scratch_page``: a ``req_to_token`` row and a KV page the engine never hands
-    to a sequence, where the padding rows of captured decode steps write (:meth:`enable_graphs`)."""
+    to a sequence, where the padding rows of captured decode steps write (:meth:`enable_graphs`).
+
+    ``uniform_q_lens``: the numbers of new tokens per sequence that make a step a decode: ``(1,)``
+    for plain decoding, ``(1, k + 1)`` when speculative decoding verifies ``k`` drafted tokens per
+    sequence. A uniform step of one of them replays a captured graph (:meth:`enable_graphs`), and the
+    KV cache kind's plan treats sequences of up to the largest as decodes.
+    """
 
     def __init__(
         self,
@@ -46,7 +51,11 @@ class ModelRunner:
         *,
         scratch_row: int | None = None,
         scratch_page: int | None = None,
+        uniform_q_lens: tuple[int, ...] = (1,),
     ):
+        if not uniform_q_lens or any(not isinstance(q, int) or isinstance(q, bool) or q < 1 for q in uniform_q_lens):
+            raise ValueError(f"expected uniform_q_lens of positive ints, got {uniform_q_lens!r}")
+        self.uniform_q_lens = tuple(sorted(set(uniform_q_lens)))
         self.model = model
         self.eos_token_ids = eos_token_ids  # banned while a request is short of min_tokens
         self.kv_pool = kv_pool
@@ -69,16 +78,19 @@ class ModelRunner:
             scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
         )
         metadata = self.backend.plan(batch, num_heads=self.num_heads)
-        latent = plan_for_cache(self.kv_pool.spec, self.backend, metadata, num_heads=self.num_heads)
+        cache_plan = self.kv_pool.plan(
+            self.backend, metadata, num_heads=self.num_heads, decode_q_len=self.uniform_q_lens[-1]
+        )
         multimodal = None
         if self.multimodal:
             multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
-        return batch, ForwardContext(self.backend, metadata, self.kv_pool, latent, multimodal)
+        return batch, ForwardContext(self.backend, metadata, self.kv_pool, cache_plan, multimodal)
 
     def enable_graphs(self, batch_sizes: tuple[int, ...], *, capture: bool) -> DecodeGraphs:
-        """Run decode steps of up to ``max(batch_sizes)`` sequences through static buffers, padded to
-        the next of ``batch_sizes``; ``capture`` records a graph per batch size (see ``graphs.py``).
-        Call :meth:`DecodeGraphs.capture_all` on the result before the next step."""
+        """Run uniform steps of up to ``max(batch_sizes)`` sequences of one of ``uniform_q_lens`` new
+        tokens each through static buffers, padded to the next of ``batch_sizes``; ``capture``
+        records a graph per (batch size, uniform_q_len) (see ``graphs.py``). Call
+        :meth:`DecodeGraphs.capture_all` on the result before the next step."""
         if self.scratch_row is None or self.scratch_page is None:
             raise ValueError("expected a runner built with scratch_row and scratch_page, got None")
         self.graphs = DecodeGraphs(
@@ -87,6 +99,7 @@ class ModelRunner:
             self.kv_pool,
             self.req_pool,
             batch_sizes=batch_sizes,
+            uniform_q_lens=self.uniform_q_lens,
             num_heads=self.num_heads,
             scratch_row=self.scratch_row,
             scratch_page=self.scratch_page,
@@ -114,21 +127,27 @@ class ModelRunner:
         return LogitRows(rows, sampling, prompt_rows)
 
     @torch.inference_mode()
-    def forward(self, scheduled: list[tuple[Sequence, int]], rows: list[int]) -> torch.Tensor | None:
-        """The model over the step (a captured graph when one fits, else planned and run eagerly), then
-        the logits ``[len(rows), V]`` float32 of hidden-state ``rows`` (``None`` when no row needs them).
-        Under tensor parallelism every rank runs this on the same step."""
+    def hidden_states(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """The model over the step: final hidden states ``[T, H]``, one row per new token in batch order
+        (a captured graph when the step is uniform and one was captured, else planned and run eagerly)."""
         if self.graphs is not None and self.graphs.can_run(scheduled):
-            hidden = self.graphs.run(scheduled)  # [n, H]
-        else:
-            batch, ctx = self.plan(scheduled)
-            hidden = self.model(batch.input_ids, batch.positions, ctx)
-        return self.logits(hidden, rows)
+            return self.graphs.run(scheduled)  # [n * q, H]
+        batch, ctx = self.plan(scheduled)
+        return self.model(batch.input_ids, batch.positions, ctx)  # [T, H]
+
+    @torch.inference_mode()
+    def forward(self, scheduled: list[tuple[Sequence, int]], rows: list[int]) -> torch.Tensor | None:
+        """:meth:`hidden_states`, then the logits ``[len(rows), V]`` float32 of hidden-state ``rows``
+        (``None`` when no row needs them). Under tensor parallelism every rank runs this on the same step."""
+        return self.logits(self.hidden_states(scheduled), rows)
 
     def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
+        """Logits ``[len(rows), V]`` float32 of ``hidden``'s ``rows`` (``None`` for no rows). Every row
+        in order (a decode samples each sequence's row; a verification step scores each new token)
+        is taken as it is, without a gather."""
         if not rows:
             return None
-        if rows != list(range(hidden.shape[0])):  # a decode step samples every row, in order
+        if len(rows) != hidden.shape[0] or rows != list(range(len(rows))):
             hidden = hidden[torch.tensor(rows, device=hidden.device)]
         return self.model.compute_logits(hidden).float()  # [N, V]
 

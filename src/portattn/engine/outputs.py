@@ -160,7 +160,9 @@ class RequestState:
             self.sent_prompt = True
         prompt_logprobs = None
         if send_prompt and first.params.prompt_logprobs is not None:
-            prompt_logprobs = [None, *(self._position(t) for t in first.prompt_logprobs)]
+            # The choices prefill apart (a later one may start first): any whose prefill is done has them.
+            done = (s for s in self.seqs if len(s.prompt_logprobs) == s.num_prompt_tokens - 1)
+            prompt_logprobs = [None, *(self._position(t) for t in next(done, first).prompt_logprobs)]
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,

@@ -58,6 +58,18 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, V]
 
+    def prepare_static(self, max_tokens: int) -> None:
+        """Make forwards of up to ``max_tokens`` tokens free of host syncs (what a captured step
+        records must not read the device): every submodule with a ``prepare_static(max_tokens)`` of
+        its own gets the call (a mixture-of-experts layer keeps its sync-free dense path up to that
+        many tokens). Calls only raise limits, never lower them."""
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"expected max_tokens to be a positive int, got {max_tokens!r}")
+        for module in self.modules():
+            prepare = getattr(module, "prepare_static", None)
+            if module is not self and callable(prepare):
+                prepare(max_tokens)
+
     def attention_layers(self) -> list[AttentionLayer]:
         return [m.spec for m in self.modules() if isinstance(m, PagedAttention)]
 

@@ -24,8 +24,9 @@ _CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
 
 
 def looks_like_repo_id(name: str) -> bool:
-    """``org/name`` that is not a path on this machine (a relative directory of that name wins)."""
-    return bool(_REPO_ID.match(name)) and not os.path.exists(name)
+    """``org/name`` that is not a path on this machine (a relative directory of that name wins) nor a
+    ``.gguf`` file name."""
+    return bool(_REPO_ID.match(name)) and not name.endswith(".gguf") and not os.path.exists(name)
 
 
 def resolve_checkpoint(model: str, *, cache_dir: str | os.PathLike | None = None) -> str:

@@ -10,28 +10,25 @@ if TYPE_CHECKING:
     from ..backends.metadata import PagedMetadata
     from .kv_cache import KVPool
     from .multimodal import MultimodalBatch
-    from .plan import LatentAttentionPlan
 
 
 @dataclass(frozen=True, eq=False)
 class ForwardContext:
     """One forward's plan and caches, passed explicitly to every layer (never a module global).
 
-    ``metadata``: the backend's paged plan (page table, lengths, the new tokens' slots); ``latent``:
-    the latent-attention plan of an ``"mla"`` cache (``None`` for ``"mha"``); ``multimodal``: image
-    embeddings and rotary positions when the batch has images. Everything in it was made before the
-    model runs: no layer syncs with the device.
+    ``metadata``: the backend's paged plan (page table, lengths, the new tokens' slots);
+    ``cache_plan``: what the KV cache kind plans beyond it (``kv_pool.plan``: the latent-attention
+    plan of an ``"mla"`` cache, ``None`` for ``"mha"``); ``multimodal``: image embeddings and rotary
+    positions when the batch has images. Everything in it was made before the model runs: no layer
+    syncs with the device.
     """
 
     backend: AttentionBackend
     metadata: PagedMetadata
     kv_pool: KVPool
-    latent: LatentAttentionPlan | None = None
+    cache_plan: object | None = None
     multimodal: MultimodalBatch | None = None
 
     def kv_cache(self, layer_id: int):
+        """The layer's cache view (``PagedKVCache`` or ``LatentKVCache``), its fp8 scales included."""
         return self.kv_pool.kv_cache(layer_id)
-
-    def kv_scales(self, layer_id: int) -> tuple[float, float]:
-        """The layer's ``(k_scale, v_scale)`` (an fp8 cache's; 1.0 otherwise)."""
-        return self.kv_pool.kv_scales(layer_id)

@@ -1,7 +1,10 @@
 """What a model caches per token, and the pools that hold it for every layer.
 
 A model states its cache with a :class:`KVCacheSpec`; ``spec.kind`` picks the pool class from
-:data:`KV_CACHE_KINDS`, the one table of layouts:
+:data:`KV_CACHE_KINDS`, the one table of layouts. A kind's pool class is the one place that knows
+the kind: its memory, its per-forward plan beyond the backend's paged metadata (:meth:`KVPool.plan`,
+the forward context's ``cache_plan``) and its plan of captured uniform steps
+(:meth:`KVPool.graph_plan`); the engine calls these without naming the kind.
 
 * ``"mha"``: per-layer K and V caches ``k [num_pages, P, Hkv, D]``, ``v [num_pages, P, Hkv, Dv]``;
 * ``"mla"``: per-layer latent caches ``[num_pages, P, kv_lora_rank + rope_dim]``, one row
@@ -12,16 +15,26 @@ A model states its cache with a :class:`KVCacheSpec`; ``spec.kind`` picks the po
 A pool's ``dtype`` is the cache's: the model's, or fp8 (``float8_e4m3fn`` / ``float8_e5m2``), whose
 slots hold ``saturate(x / scale)`` with one K and one V scale per layer (:meth:`KVPool.kv_scales`;
 an ``"mla"`` latent row uses the K scale). Scales are 1.0 unless the engine sets them from the
-checkpoint (:meth:`KVPool.set_kv_scales`).
+checkpoint (:meth:`KVPool.set_kv_scales`). The scales belong to the pool: ``kv_cache(layer_id)``
+is the layer's view (:class:`~portattn.backends.cache.PagedKVCache` /
+:class:`~portattn.backends.cache.LatentKVCache`) with its scales, what the backend writes and reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from ..backends.cache import LatentKVCache, PagedKVCache
 from ..kv_quant import check_scale, is_quantized
+from .plan import CacheGraphPlan, LatentAttentionPlan, LatentGraphPlan, plan_latent_attention
+
+if TYPE_CHECKING:
+    from ..backends.base import AttentionBackend
+    from ..backends.metadata import GraphBuffers, PagedMetadata
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,8 @@ def mla_cache_spec(num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCache
 
 
 class KVPool:
-    """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is what the backend's ``forward`` gets.
+    """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is the layer's view, with its scales,
+    which the backend writes and attends over.
 
     Allocated with ``torch.empty``: a slot is only read after its token's K/V were written.
     ``dtype`` is the cache dtype (the model's, or fp8).
@@ -110,6 +124,20 @@ class KVPool:
     def kv_cache(self, layer_id: int):
         raise NotImplementedError
 
+    def plan(
+        self, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int, decode_q_len: int = 1
+    ) -> object | None:
+        """What this kind's layers read beyond ``metadata``, made once per forward in the plan step (it
+        may sync); ``None``: nothing. Sequences of ``1 .. decode_q_len`` new tokens are decodes."""
+        return None
+
+    def graph_plan(
+        self, buffers: GraphBuffers, shapes: Sequence[tuple[int, int]], *, num_heads: int
+    ) -> CacheGraphPlan | None:
+        """This kind's plan of captured uniform steps of ``shapes`` ``(batch_size, uniform_q_len)``,
+        over the backend's ``buffers``; ``None``: the backend's graph plan is all it needs."""
+        return None
+
 
 class MHAKVPool(KVPool):
     """Per-layer ``k [num_pages, P, Hkv, D]`` and ``v [num_pages, P, Hkv, Dv]``."""
@@ -125,8 +153,8 @@ class MHAKVPool(KVPool):
         per_token = spec.num_kv_heads * (spec.head_dim + spec.v_head_dim) * dtype.itemsize
         return spec.num_layers * page_size * per_token
 
-    def kv_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer_id], self.v[layer_id]
+    def kv_cache(self, layer_id: int) -> PagedKVCache:
+        return PagedKVCache(self.k[layer_id], self.v[layer_id], *self._scales[layer_id])
 
 
 class MLAKVPool(KVPool):
@@ -150,11 +178,25 @@ class MLAKVPool(KVPool):
     def bytes_per_page(spec: KVCacheSpec, page_size: int, dtype: torch.dtype) -> int:
         return spec.num_layers * page_size * spec.head_dim * dtype.itemsize
 
-    def kv_cache(self, layer_id: int) -> torch.Tensor:
-        return self.latent[layer_id]
+    def kv_cache(self, layer_id: int) -> LatentKVCache:
+        return LatentKVCache(self.latent[layer_id], self._scales[layer_id][0])
+
+    def plan(
+        self, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int, decode_q_len: int = 1
+    ) -> LatentAttentionPlan:
+        """The latent-attention plan: decodes absorbed, prefill and extend chunks expanded."""
+        return plan_latent_attention(
+            backend, metadata, num_heads=num_heads, kv_lora_rank=self.spec.kv_lora_rank, decode_q_len=decode_q_len
+        )
+
+    def graph_plan(
+        self, buffers: GraphBuffers, shapes: Sequence[tuple[int, int]], *, num_heads: int
+    ) -> LatentGraphPlan:
+        """Every captured step absorbed, one row per new token, with one split-KV workspace."""
+        return LatentGraphPlan(buffers, shapes, num_heads=num_heads, kv_lora_rank=self.spec.kv_lora_rank)
 
 
-# The layouts a KVCacheSpec can name. A new layout is a KVPool subclass added here.
+# The layouts a KVCacheSpec can name. A new layout is a KVPool subclass (its memory and its plans) added here.
 KV_CACHE_KINDS: dict[str, type[KVPool]] = {"mha": MHAKVPool, "mla": MLAKVPool}
 
 

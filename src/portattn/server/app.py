@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP API over an :class:`AsyncEngine` (FastAPI).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (whole, or streamed as server-sent
-events ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Errors are
-OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for values the engine refuses, 401
-without the API key, 404 for an unknown model or route, 422 for a body that does not parse (the
-field named in ``param``), 503 with ``Retry-After`` while ``max_queue`` requests wait. A client that
+events ending in ``data: [DONE]``), ``GET /v1/models`` and ``/v1/models/{id}``, ``POST /tokenize``
+and ``/detokenize``, ``GET /health``, ``/ping``, ``/version`` and ``/metrics``. Errors are OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` (the table in docs/serving.md): 400 for a body
+that does not parse or values the engine refuses, 401 without the API key (checked first on every
+``/v1`` path), 404 for an unknown model or route, 413 for a body over the limit, 503 with
+``Retry-After`` while ``max_queue`` requests wait, and while the server stops. A client that
 disconnects has its request aborted.
 """
 
@@ -12,41 +14,73 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+import weakref
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.input_processor import InputProcessor
-from ..engine.outputs import CompletionOutput, RequestOutput
+from .. import __version__
 from ..engine.sampling_params import SamplingParams
-from .async_engine import AsyncEngine, RequestStream
-from .metrics import ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, param_of
+from .async_engine import AsyncEngine, Prompt, RequestStream
+from .metrics import ServerMetrics, Timing, log_stats
+from .middleware import APIKeyCheck, BodyLimit
+from .preprocess import Preprocessor
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    param_of,
+)
+from .responses import (
+    CompletionFormat,
+    chat_choice,
+    chat_chunks,
+    completion_chunks,
+    prompt_logprobs,
+    sse,
+    usage,
+)
 
 logger = logging.getLogger("portattn")
-_MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+_MAX_LOGGED_FIELDS = 256  # unknown field names logged once each, up to this many
 
 
 class Server:
-    """The handlers' shared state: the engine front, a tokenizer of its own, metrics, settings."""
+    """The handlers' shared state: the engine front, the preprocessing thread, metrics, settings."""
 
-    def __init__(self, async_engine: AsyncEngine, processor: InputProcessor, model_name: str, api_key: str | None):
+    def __init__(
+        self,
+        async_engine: AsyncEngine,
+        preprocessor: Preprocessor,
+        model_name: str,
+        api_key: str | None,
+        *,
+        trust_request_chat_template: bool,
+        max_request_bytes: int,
+        log_stats_interval: float | None,
+    ):
         self.engine = async_engine
-        self.processor = processor
+        self.preprocessor = preprocessor
         self.model_name = model_name
         self.api_key = api_key
+        self.trust_request_chat_template = trust_request_chat_template
+        self.max_request_bytes = max_request_bytes
+        self.log_stats_interval = log_stats_interval
         self.metrics = ServerMetrics(async_engine, model_name)
         self.max_len = async_engine.engine.max_len
         self.created = int(time.time())
+        self.streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()  # submitted, for the shutdown
+        self.stopping = False
+        self._logged_fields: set[str] = set()
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -59,36 +93,35 @@ class Server:
                 code="model_not_found",
             )
 
-    def token_ids(self, prompt: str | list[int]) -> list[int]:
-        try:
-            ids = self.processor.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-            self.engine.engine.check_prompt(ids)
-        except ValueError as err:
-            raise APIError(400, str(err), param="prompt", code="invalid_value") from None
-        return ids
+    def accept(self, body, route: str) -> None:
+        """Checks made on the event loop before any preprocessing: the model, unsupported fields,
+        room in the queue; fields the API does not know are logged (once per name) and ignored."""
+        self.check_model(body.model)
+        unknown = [name for name in body.unknown_fields() if name not in self._logged_fields]
+        if unknown and len(self._logged_fields) < _MAX_LOGGED_FIELDS:
+            self._logged_fields.update(unknown)
+            logger.warning("%s: ignoring request fields this server does not know: %s", route, unknown)
+        body.check_supported()
+        self.check_room()
+        self.check_template(body)
 
-    def check_length(self, prompt_len: int, max_tokens: int | None, param: str) -> int:
-        """``max_tokens``, or what the context leaves when it is None; 400 if the two do not fit."""
-        room = self.max_len - prompt_len
-        if max_tokens is None:
-            return room
-        if max_tokens > room:
+    def check_template(self, body) -> None:
+        """A template in the request runs only on a server started to trust them."""
+        template = getattr(body, "chat_template", None)
+        kwargs = getattr(body, "chat_template_kwargs", None)
+        in_kwargs = isinstance(kwargs, dict) and "chat_template" in kwargs
+        if (template is not None or in_kwargs) and not self.trust_request_chat_template:
             raise APIError(
                 400,
-                f"this model's maximum context length is {self.max_len} tokens; the prompt has {prompt_len} "
-                f"and {param} asks for {max_tokens} more",
-                param=param,
-                code="context_length_exceeded",
+                "expected no chat_template in the request: this server renders only its model's template "
+                "(start it with --trust-request-chat-template to accept request templates)",
+                param="chat_template",
+                code="chat_template_not_allowed",
             )
-        return max_tokens
 
-    def check_params(self, params: SamplingParams) -> None:
-        try:
-            self.engine.engine.check_params(params)
-        except ValueError as err:
-            raise APIError(400, str(err), param=param_of(str(err)), code="invalid_value") from None
-
-    def submit(self, prefix: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> RequestStream:
+    def check_room(self) -> None:
+        if self.stopping:
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutdown")
         if not self.engine.alive:
             raise APIError(503, "the engine is not running", type="server_error", code="engine_dead")
         if self.engine.queue_full():
@@ -99,41 +132,39 @@ class Server:
                 code="queue_full",
                 headers={"Retry-After": "1"},
             )
-        return self.engine.submit(f"{prefix}-{uuid.uuid4().hex}", prompts, params)
 
-    # -- token accounting --------------------------------------------------------------------
+    def check_params(self, params: SamplingParams) -> None:
+        try:
+            self.engine.engine.check_params(params)
+        except ValueError as err:
+            raise APIError(400, str(err), param=param_of(str(err)), code="invalid_value") from None
 
-    def observe(self, stream: RequestStream, arrival: float) -> Timing:
-        return Timing(self.metrics, arrival, stream.num_prompts)
+    def submit(self, prefix: str, prompts: list[Prompt], params: SamplingParams) -> RequestStream:
+        self.check_room()  # again: preprocessing took time
+        stream = self.engine.submit(f"{prefix}-{uuid.uuid4().hex}", prompts, params)
+        self.streams.add(stream)
+        return stream
 
+    def end_streams(self, error: APIError) -> int:
+        """End every open request now (its stream gets ``error``, then ``[DONE]``); how many there were."""
+        open_streams = [stream for stream in self.streams if not stream.finished]
+        for stream in open_streams:
+            stream.fail(error)
+        return len(open_streams)
 
-class Timing:
-    """Per HTTP request: TTFT, inter-token latency and token counts for the metrics."""
+    def observe(self, stream: RequestStream, arrival: float, params: SamplingParams) -> Timing:
+        # Every sequence is counted by its finish reason (with best_of, the ones not returned too).
+        return Timing(self.metrics, arrival, stream.num_prompts, params.num_seqs)
 
-    def __init__(self, metrics: ServerMetrics, arrival: float, num_prompts: int):
-        self.metrics = metrics
-        self.arrival = arrival
-        self.last: list[float | None] = [None] * num_prompts
-        self.completion_tokens = 0
-
-    def step(self, index: int, out: RequestOutput) -> None:
-        now = time.perf_counter()
-        new = sum(len(c.token_ids) for c in out.outputs)
-        self.completion_tokens += new
-        m = self.metrics
-        if new:
-            m.labelled(m.generation_tokens).inc(new)
-            last = self.last[index]
-            if last is None:
-                m.labelled(m.ttft).observe(now - self.arrival)
-            else:  # one step: one more token per running choice
-                m.labelled(m.itl).observe(now - last)
-            self.last[index] = now
-        for c in out.outputs:
-            if c.finish_reason is not None:
-                m.requests.labels(model_name=m.model_name, finished_reason=c.finish_reason).inc()
-        if out.finished:
-            m.labelled(m.e2e).observe(now - self.arrival)
+    def model_card(self) -> dict:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "portattn",
+            "root": self.engine.engine.config.model,
+            "max_model_len": self.max_len,
+        }
 
 
 ENGINE_WATCH_S = 0.5  # how often the server looks whether its engine thread still runs
@@ -161,22 +192,132 @@ def build_app(server: Server) -> FastAPI:
         if not server.engine.alive:
             server.engine.start()
         watch = asyncio.create_task(_exit_when_engine_dies(server, app))
+        stats = None
+        if server.log_stats_interval:
+            stats = asyncio.create_task(log_stats(server.engine, server.log_stats_interval))
         yield
         watch.cancel()
+        if stats is not None:
+            stats.cancel()
+        server.preprocessor.shutdown()
         server.engine.shutdown()
 
     app = FastAPI(title="portattn", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=server.max_request_bytes)
+    if server.api_key is not None:  # added last: runs first
+        app.add_middleware(APIKeyCheck, api_key=server.api_key)
+    _add_error_handlers(app)
+    pre = server.preprocessor
 
-    async def authorized(request: Request) -> None:
-        if server.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header.encode(), f"Bearer {server.api_key}".encode()):
-            raise APIError(
-                401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
-            )
+    @app.get("/health")
+    async def health():
+        if not server.engine.alive:
+            error = APIError(503, "the engine is not running", type="server_error", code="engine_dead")
+            return JSONResponse(error.body(), 503)
+        return Response(status_code=200)
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():
+        return await health()
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [server.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        server.check_model(model_id)
+        return server.model_card()
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        server.check_model(body.model)
+        body.check_supported()
+        server.check_template(body)
+        template = _template_args(body) if body.messages is not None else {}
+        param = "prompt" if body.prompt is not None else "messages"
+        ids = await pre.run(param, pre.tokenize, body.prompt, body.message_dicts(), body.add_special_tokens, **template)
+        texts = await pre.run("tokens", pre.token_texts, ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": server.max_len, "tokens": ids, "token_strs": texts}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        server.check_model(body.model)
+        return {"prompt": await pre.run("tokens", pre.decode, body.tokens)}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        arrival = time.perf_counter()
+        server.accept(body, "/v1/completions")
+        max_tokens = body.max_tokens or 16
+        prompts, echoes = await pre.run("prompt", pre.completion_prompts, body.prompts(), max_tokens, body.echo)
+        params = body.sampling_params(max_tokens, body.logprobs)
+        server.check_params(params)
+        stream = server.submit("cmpl", prompts, params)
+        timing = server.observe(stream, arrival, params)
+        prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        server.metrics.labelled(server.metrics.prompt_tokens).inc(prompt_tokens)
+        head = {"id": stream.request_id, "object": "text_completion", "created": int(time.time())}
+        head["model"] = server.model_name
+        fmt = CompletionFormat(params.n, echoes if body.echo else None, body.prompt_logprobs is not None)
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return sse(completion_chunks(stream, timing, head, fmt, prompt_tokens, include_usage))
+        await _collect(stream, timing, request)
+        choices = [choice for i, state in enumerate(stream.states) for choice in fmt.choices(i, state.output())]
+        completion_tokens = sum(s.num_output_tokens for st in stream.states for s in st.seqs)
+        return {**head, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        arrival = time.perf_counter()
+        server.accept(body, "/v1/chat/completions")
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        param = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
+        prompt, max_tokens = await pre.run(
+            "messages", pre.chat_prompt, body.message_dicts(), limit, param, **_template_args(body)
+        )
+        params = body.sampling_params(max_tokens, body.num_logprobs())
+        server.check_params(params)
+        stream = server.submit("chatcmpl", [prompt], params)
+        timing = server.observe(stream, arrival, params)
+        prompt_tokens = len(prompt.token_ids)
+        server.metrics.labelled(server.metrics.prompt_tokens).inc(prompt_tokens)
+        head = {"id": stream.request_id, "object": "chat.completion", "created": int(time.time())}
+        head["model"] = server.model_name
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return sse(chat_chunks(stream, timing, head, params, prompt_tokens, include_usage))
+        await _collect(stream, timing, request)
+        out = stream.states[0].output()
+        choices = [chat_choice(c, params.logprobs) for c in out.outputs]
+        result = {**head, "choices": choices, "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in out.outputs))}
+        if out.prompt_logprobs is not None:
+            result["prompt_logprobs"] = prompt_logprobs(out)
+        return result
+
+    return app
+
+
+def _template_args(body) -> dict:
+    return {
+        "chat_template": body.chat_template,
+        "add_generation_prompt": body.add_generation_prompt,
+        "continue_final_message": body.continue_final_message,
+        "chat_template_kwargs": body.chat_template_kwargs,
+    }
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError):
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
@@ -190,11 +331,11 @@ def build_app(server: Server) -> FastAPI:
         if first.get("type") == "json_invalid":
             return JSONResponse(APIError(400, "the body is not valid JSON", code="json_invalid").body(), 400)
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return JSONResponse(APIError(422, message, param=param, code=first.get("type")).body(), status_code=422)
+        return JSONResponse(APIError(400, message, param=param, code=first.get("type")).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(err.status_code)
         return JSONResponse(APIError(err.status_code, str(err.detail), code=code).body(), status_code=err.status_code)
 
     @app.exception_handler(Exception)
@@ -203,135 +344,12 @@ def build_app(server: Server) -> FastAPI:
         body = APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    @app.get("/health")
-    async def health():
-        if not server.engine.alive:
-            return JSONResponse(APIError(503, "the engine is not running", type="server_error").body(), 503)
-        return Response(status_code=200)
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
-    async def models():
-        card = {
-            "id": server.model_name,
-            "object": "model",
-            "created": server.created,
-            "owned_by": "portattn",
-            "root": server.engine.engine.config.model,
-            "max_model_len": server.max_len,
-        }
-        return {"object": "list", "data": [card]}
-
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest, request: Request):
-        arrival = time.perf_counter()
-        server.check_model(body.model)
-        body.check_supported()
-        prompts = []
-        for prompt in body.prompts():
-            ids = server.token_ids(prompt)
-            prompts.append((prompt if isinstance(prompt, str) else None, ids))
-        max_tokens = body.max_tokens or 16
-        for _, ids in prompts:
-            server.check_length(len(ids), max_tokens, "max_tokens")
-        params = body.sampling_params(max_tokens, body.logprobs)
-        server.check_params(params)
-        stream = server.submit("cmpl", prompts, params)
-        timing = server.observe(stream, arrival)
-        usage = _usage(sum(len(ids) for _, ids in prompts), 0)
-        server.metrics.labelled(server.metrics.prompt_tokens).inc(usage["prompt_tokens"])
-        created = int(time.time())
-        head = {"id": stream.request_id, "object": "text_completion", "created": created, "model": server.model_name}
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return _sse(_completion_chunks(stream, timing, head, params.n, usage, include_usage))
-        await _collect(stream, timing, request)
-        choices = []
-        for i, state in enumerate(stream.states):
-            out = state.output()
-            for c in out.outputs:
-                choice = _completion_choice(i * params.n + c.index, c, {})
-                if out.prompt_logprobs is not None:
-                    choice["prompt_logprobs"] = _prompt_logprobs(out)
-                choices.append(choice)
-        usage["completion_tokens"] = sum(s.num_output_tokens for st in stream.states for s in st.seqs)
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {**head, "choices": choices, "usage": usage}
-
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        arrival = time.perf_counter()
-        server.check_model(body.model)
-        body.check_supported()
-        try:
-            text, ids = server.processor.chat(
-                body.message_dicts(),
-                chat_template=body.chat_template,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-            )
-            server.engine.engine.check_prompt(ids)
-        except ValueError as err:
-            raise APIError(400, str(err), param="messages", code="invalid_value") from None
-        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        param = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
-        max_tokens = server.check_length(len(ids), limit, param)
-        params = body.sampling_params(max_tokens, body.num_logprobs())
-        server.check_params(params)
-        stream = server.submit("chatcmpl", [(text, ids)], params)
-        timing = server.observe(stream, arrival)
-        usage = _usage(len(ids), 0)
-        server.metrics.labelled(server.metrics.prompt_tokens).inc(len(ids))
-        head = {
-            "id": stream.request_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": server.model_name,
-        }
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return _sse(_chat_chunks(stream, timing, head, params, usage, include_usage))
-        await _collect(stream, timing, request)
-        out = stream.states[0].output()
-        choices = [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": _chat_logprobs(c, params.logprobs),
-                "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason,
-            }
-            for c in out.outputs
-        ]
-        usage["completion_tokens"] = sum(len(c.token_ids) for c in out.outputs)
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        result = {**head, "choices": choices, "usage": usage}
-        if out.prompt_logprobs is not None:
-            result["prompt_logprobs"] = _prompt_logprobs(out)
-        return result
-
-    return app
-
 
 def _is_type_tag(part) -> bool:
     return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "StreamOptions"}
-
-
-# -- responses ------------------------------------------------------------------------------
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "StreamOptions"}
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -352,140 +370,11 @@ async def _collect(stream: RequestStream, timing: Timing, request: Request) -> N
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
             raise APIError(499, "the client closed the request", code="client_closed")
-        work.result()  # re-raises an engine error
+        work.result()  # re-raises an engine error, or the server's shutdown
     except ValueError as err:
-        raise APIError(400, str(err), param=param_of(str(err))) from None
+        raise APIError(400, str(err), param=param_of(str(err)), code="invalid_value") from None
     finally:
         work.cancel()
         gone.cancel()
         stream.abort()
-
-
-def _sse(events: AsyncIterator[dict]) -> StreamingResponse:
-    async def lines() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-        except (APIError, ValueError, RuntimeError) as err:
-            error = err if isinstance(err, APIError) else APIError(500, str(err), type="server_error")
-            yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(lines(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-async def _completion_chunks(
-    stream: RequestStream, timing: Timing, head: dict, n: int, usage: dict, include_usage: bool
-) -> AsyncIterator[dict]:
-    offsets: dict[int, int] = {}
-    try:
-        async for i, out in stream:
-            timing.step(i, out)
-            choices = []
-            for c in out.outputs:
-                choice = _completion_choice(i * n + c.index, c, offsets)
-                if out.prompt_logprobs is not None:
-                    choice["prompt_logprobs"] = _prompt_logprobs(out)
-                choices.append(choice)
-            yield {**head, "choices": choices}
-        if include_usage:
-            yield {**head, "choices": [], "usage": _usage(usage["prompt_tokens"], timing.completion_tokens)}
-    finally:
-        stream.abort()
-
-
-async def _chat_chunks(
-    stream: RequestStream, timing: Timing, head: dict, params: SamplingParams, usage: dict, include_usage: bool
-) -> AsyncIterator[dict]:
-    head = {**head, "object": "chat.completion.chunk"}
-    try:
-        first = {"role": "assistant", "content": ""}
-        yield {
-            **head,
-            "choices": [{"index": i, "delta": first, "logprobs": None, "finish_reason": None} for i in range(params.n)],
-        }
-        async for i, out in stream:
-            timing.step(i, out)
-            choices = [
-                {
-                    "index": c.index,
-                    "delta": {"content": c.text} if c.text or c.finish_reason is None else {},
-                    "logprobs": _chat_logprobs(c, params.logprobs),
-                    "finish_reason": c.finish_reason,
-                    **({"stop_reason": c.stop_reason} if c.finish_reason is not None else {}),
-                }
-                for c in out.outputs
-            ]
-            yield {**head, "choices": choices}
-        if include_usage:
-            yield {**head, "choices": [], "usage": _usage(usage["prompt_tokens"], timing.completion_tokens)}
-    finally:
-        stream.abort()
-
-
-def _completion_choice(index: int, c: CompletionOutput, offsets: dict[int, int]) -> dict:
-    return {
-        "index": index,
-        "text": c.text,
-        "logprobs": _completion_logprobs(c, offsets, index),
-        "finish_reason": c.finish_reason,
-        "stop_reason": c.stop_reason,
-    }
-
-
-def _lp(value: float) -> float:
-    return max(value, _MIN_LOGPROB)
-
-
-def _completion_logprobs(c: CompletionOutput, offsets: dict[int, int], index: int) -> dict | None:
-    """The legacy completions format: parallel lists per token, ``text_offset`` into the choice's text."""
-    if c.logprobs is None:
-        return None
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    offset = offsets.get(index, 0)
-    for token, entry in zip(c.token_ids, c.logprobs):
-        chosen = entry[token]
-        out["tokens"].append(chosen.decoded_token)
-        out["token_logprobs"].append(_lp(chosen.logprob))
-        out["top_logprobs"].append({e.decoded_token: _lp(e.logprob) for e in entry.values()})
-        out["text_offset"].append(offset)
-        offset += len(chosen.decoded_token or "")
-    offsets[index] = offset
-    return out
-
-
-def _chat_logprobs(c: CompletionOutput, k: int | None) -> dict | None:
-    if c.logprobs is None or k is None:
-        return None
-    content = []
-    for token, entry in zip(c.token_ids, c.logprobs):
-        chosen = entry[token]
-        top = sorted((e for e in entry.values() if e.rank <= k), key=lambda e: e.rank)[:k]
-        content.append(
-            {
-                "token": chosen.decoded_token,
-                "logprob": _lp(chosen.logprob),
-                "bytes": list((chosen.decoded_token or "").encode()),
-                "top_logprobs": [
-                    {
-                        "token": e.decoded_token,
-                        "logprob": _lp(e.logprob),
-                        "bytes": list((e.decoded_token or "").encode()),
-                    }
-                    for e in top
-                ],
-            }
-        )
-    return {"content": content}
-
-
-def _prompt_logprobs(out: RequestOutput) -> list:
-    return [
-        None
-        if entry is None
-        else {
-            str(t): {"logprob": _lp(e.logprob), "rank": e.rank, "decoded_token": e.decoded_token}
-            for t, e in entry.items()
-        }
-        for entry in out.prompt_logprobs
-    ]
+        timing.close()

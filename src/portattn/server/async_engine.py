@@ -21,8 +21,18 @@ from ..engine.input_processor import InputProcessor
 from ..engine.outputs import RequestOutput, RequestState
 from ..engine.sampling_params import SamplingParams
 from ..engine.sequence import Status
+from ..runtime.multimodal import MultimodalData
 
 logger = logging.getLogger("portattn")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One engine request's input: its text (None for token ids), token ids and images."""
+
+    text: str | None
+    token_ids: list[int]
+    multimodal: MultimodalData | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,8 @@ class EngineStats:
     cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     queried_prompt_tokens: int = 0  # prompt tokens of the sequences added
     preemptions: int = 0
+    prompt_tokens: int = 0  # prompt tokens run through the model (recomputed ones included)
+    generation_tokens: int = 0
     steps: int = 0
 
 
@@ -72,6 +84,12 @@ class RequestStream:
         """Abort what is unfinished (at the engine thread's next turn: pages go back before its next step)."""
         if not self.finished:
             self.engine.abort(self.request_id)
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream from the event loop: its reader raises ``error``; the engine drops the request."""
+        if not self.finished:
+            self.queue.put_nowait(error)
+            self.abort()
 
 
 class AsyncEngine:
@@ -120,10 +138,8 @@ class AsyncEngine:
             pending = self._pending
         return self.stats.waiting_requests + pending >= self.max_queue
 
-    def submit(
-        self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams
-    ) -> RequestStream:
-        """Queue one engine request per ``(prompt text, token ids)``; their outputs come on the stream."""
+    def submit(self, request_id: str, prompts: list[Prompt], params: SamplingParams) -> RequestStream:
+        """Queue one engine request per prompt; their outputs come on the stream."""
         stream = RequestStream(self, request_id, len(prompts))
         with self._pending_lock:
             self._pending += 1
@@ -172,16 +188,18 @@ class AsyncEngine:
             else:
                 self._abort(msg[1])
 
-    def _add(self, stream: RequestStream, prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> None:
+    def _add(self, stream: RequestStream, prompts: list[Prompt], params: SamplingParams) -> None:
         added = []
         try:
-            for i, (text, ids) in enumerate(prompts):
+            for i, prompt in enumerate(prompts):
                 seqs = []
                 for j in range(params.num_seqs):
-                    seqs.append(self.engine.add_request(ids, params, index=j))
+                    seqs.append(self.engine.add_request(prompt.token_ids, params, prompt.multimodal, index=j))
                     added.append(seqs[-1])
-                stream.states.append(RequestState(f"{stream.request_id}-{i}", text, seqs, self._texts.token_text))
-                self._queried += len(ids) * params.num_seqs
+                stream.states.append(
+                    RequestState(f"{stream.request_id}-{i}", prompt.text, seqs, self._texts.token_text)
+                )
+                self._queried += len(prompt.token_ids) * params.num_seqs
         except ValueError as err:  # the handler checked already: nothing else to blame
             for seq in added:
                 self.engine.abort(seq.request_id)
@@ -227,5 +245,7 @@ class AsyncEngine:
             cached_prompt_tokens=engine.pages.num_cached_tokens,
             queried_prompt_tokens=self._queried,
             preemptions=scheduler.num_preemptions,
+            prompt_tokens=engine.num_prompt_tokens_computed,
+            generation_tokens=engine.num_generated_tokens,
             steps=self.stats.steps + 1,
         )

@@ -1,8 +1,10 @@
-"""``portattn serve``: load a checkpoint and serve it over the OpenAI API with uvicorn."""
+"""``portattn serve MODEL``: load a checkpoint and serve it over the OpenAI API with uvicorn."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import logging
 
 from ..engine import arguments
@@ -11,20 +13,87 @@ from ..engine.config import EngineConfig
 logger = logging.getLogger("portattn")
 
 _MISSING = "portattn serve needs fastapi, uvicorn and prometheus_client: pip install 'portattn[serve]'"
+DEFAULT_MAX_REQUEST_BYTES = 32 << 20
+DEFAULT_SHUTDOWN_TIMEOUT = 20.0  # seconds; below the 30 s a container supervisor usually waits
+LOG_STATS_INTERVAL = 10.0  # seconds between statistics lines
+
+
+def _count(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 1:
+            raise argparse.ArgumentTypeError(f"expected {flag} to be a positive int, got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected --shutdown-timeout to be seconds >= 0, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # Every field of EngineConfig is a flag, as for `portattn generate` (one source: the dataclass).
-    arguments.add_flags(parser.add_argument_group("engine (portattn.LLM keywords)"), EngineConfig)
+    # Every field of EngineConfig is a flag, as for `portattn generate` (one source: the dataclass);
+    # the model may also come first, as `portattn serve MODEL`.
+    model_help = next(f for f in dataclasses.fields(EngineConfig) if f.name == "model").metadata["help"]
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL", help=f"{model_help} (or --model)")
+    engine = parser.add_argument_group("engine (portattn.LLM keywords)")
+    engine.add_argument("--model", default=None, help=model_help)
+    arguments.add_flags(engine, EngineConfig, exclude=("model",))
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000, help="(default: 8000)")
-    server.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    server.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL)")
+    server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 path")
     server.add_argument(
-        "--max-queue", type=int, default=None, help="answer 503 while this many requests wait (default: no limit)"
+        "--max-queue",
+        type=_count("--max-queue"),
+        default=None,
+        help="answer 503 while this many requests wait (default: no limit)",
+    )
+    server.add_argument(
+        "--max-request-bytes",
+        type=_count("--max-request-bytes"),
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help=f"refuse request bodies over this many bytes with 413 (default: {DEFAULT_MAX_REQUEST_BYTES})",
+    )
+    server.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat_template in requests (default: only the model's template is rendered)",
+    )
+    server.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        help="on SIGINT/SIGTERM, seconds the requests in flight get to finish before they are ended "
+        f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})",
+    )
+    server.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help=f"no statistics line (throughput, queue, KV cache) every {LOG_STATS_INTERVAL:g} s at INFO",
     )
     server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level (default: warning)")
+
+
+def engine_args(args: argparse.Namespace) -> dict:
+    """The engine keywords of the command line; the model positional or from ``--model``."""
+    if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
+        raise ValueError(f"expected one model, got MODEL {args.model_tag!r} and --model {args.model!r}")
+    model = args.model_tag if args.model_tag is not None else args.model
+    if model is None:
+        raise ValueError("expected a model: portattn serve MODEL (a checkpoint directory), got none")
+    return {**arguments.given(args, EngineConfig), "model": model}
 
 
 def create_app(
@@ -33,9 +102,13 @@ def create_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_queue: int | None = None,
+    trust_request_chat_template: bool = False,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    log_stats_interval: float | None = LOG_STATS_INTERVAL,
     **engine_args,
 ):
-    """Load the checkpoint and return the FastAPI app serving it (the engine thread starts with the app)."""
+    """Load the checkpoint and return the FastAPI app serving it (the engine thread starts with the
+    app). ``log_stats_interval``: seconds between statistics lines at INFO (None: none)."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -46,15 +119,28 @@ def create_app(
     from ..models import loader
     from .app import Server, build_app
     from .async_engine import AsyncEngine
+    from .preprocess import Preprocessor
 
-    if max_queue is not None and (not isinstance(max_queue, int) or max_queue < 0):
-        raise ValueError(f"expected max_queue to be None or an int >= 0, got {max_queue!r}")
+    for name, value in (("max_queue", max_queue), ("max_request_bytes", max_request_bytes)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"expected {name} to be None or a positive int, got {value!r}")
+    if log_stats_interval is not None and not log_stats_interval > 0:
+        raise ValueError(f"expected log_stats_interval to be None or seconds > 0, got {log_stats_interval!r}")
     arguments.check_keywords(EngineConfig, engine_args, what="create_app")
     engine = build_engine(EngineConfig(model=model, **engine_args))
     # The handlers tokenize with a tokenizer of their own: the engine thread decodes with the engine's.
-    processor = InputProcessor(engine.model, loader.load_tokenizer(engine.config.model), engine.config.model)
+    tokenizer = loader.load_tokenizer(engine.config.tokenizer or engine.config.model)
+    processor = InputProcessor(engine.model, tokenizer, engine.config.model)
     async_engine = AsyncEngine(engine, max_queue=max_queue)
-    server = Server(async_engine, processor, served_model_name or str(model), api_key)
+    server = Server(
+        async_engine,
+        Preprocessor(processor, engine),
+        served_model_name or str(model),
+        api_key,
+        trust_request_chat_template=trust_request_chat_template,
+        max_request_bytes=max_request_bytes,
+        log_stats_interval=log_stats_interval,
+    )
     return build_app(server)
 
 
@@ -63,20 +149,43 @@ def main(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise ImportError(_MISSING) from err
-    app = create_app(
-        served_model_name=args.served_model_name,
-        api_key=args.api_key,
-        max_queue=args.max_queue,
-        **arguments.given(args, EngineConfig),
-    )
-    logger.warning("serving %s on http://%s:%d", app.state.server.model_name, args.host, args.port)
-    uvicorn_server(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level).run()
-    return 1 if app.state.server.engine.error is not None else 0  # a supervisor restarts a server that failed
+    import torch
+
+    from .lifecycle import bind_socket, cpu_threads, serve
+
+    kwargs = engine_args(args)
+    portattn_logger = logging.getLogger("portattn")
+    if portattn_logger.getEffectiveLevel() > logging.INFO:  # the start-up lines and statistics, as vLLM shows
+        portattn_logger.setLevel(logging.INFO)
+    sock = bind_socket(args.host, args.port)  # before the model loads: a taken port fails now
+    try:
+        app = create_app(
+            served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            max_queue=args.max_queue,
+            trust_request_chat_template=args.trust_request_chat_template,
+            max_request_bytes=args.max_request_bytes,
+            log_stats_interval=None if args.disable_log_stats else LOG_STATS_INTERVAL,
+            **kwargs,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    server = app.state.server
+    if server.engine.engine.config.device.type == "cpu":
+        threads, why = cpu_threads()
+        torch.set_num_threads(threads)
+        logger.info("CPU: intra-op threads: %d (%s)", threads, why)
+    logger.info("serving %s on http://%s:%d", server.model_name, args.host, args.port)
+    asyncio.run(serve(app, sock, shutdown_timeout=args.shutdown_timeout, log_level=args.uvicorn_log_level))
+    logger.info("stopped")
+    return 1 if server.engine.error is not None else 0  # a supervisor restarts a server that failed
 
 
 def uvicorn_server(app, **config):
     """A ``uvicorn.Server`` for ``app`` (``config``: ``uvicorn.Config``'s keywords) that exits when
-    the engine dies (``app.state.exit_server``, see :func:`portattn.server.app.build_app`)."""
+    the engine dies (``app.state.exit_server``, see :func:`portattn.server.app.build_app`), for an
+    application that runs the server itself (``portattn serve`` runs :func:`lifecycle.serve`)."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, **config))

@@ -1,16 +1,26 @@
-"""Prometheus metrics of the server (``GET /metrics``, text exposition format).
+"""Prometheus metrics of the server (``GET /metrics``, text exposition format) and the periodic
+statistics line in the log.
 
 Gauges are read from the engine's statistics snapshot when scraped; counters and latency histograms
 are updated by the request handlers as tokens arrive (TTFT: from the request's arrival to its first
-token; inter-token latency: between a request's successive steps, once per token).
+token; inter-token latency: between a request's successive steps, once per token). Every choice is
+counted once in ``request_success_total`` by its finish reason; a choice that never finished (its
+client left, the server stopped) counts as ``abort``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .async_engine import AsyncEngine
+from ..engine.outputs import RequestOutput
+from .async_engine import AsyncEngine, EngineStats
+
+logger = logging.getLogger("portattn")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
@@ -74,3 +84,71 @@ class ServerMetrics:
 
     def labelled(self, metric):
         return metric.labels(model_name=self.model_name)
+
+
+class Timing:
+    """Per HTTP request: TTFT, inter-token latency, token counts and finish reasons for the metrics."""
+
+    def __init__(self, metrics: ServerMetrics, arrival: float, num_prompts: int, seqs_per_prompt: int):
+        self.metrics = metrics
+        self.arrival = arrival
+        self.last: list[float | None] = [None] * num_prompts
+        self.completion_tokens = 0
+        self.open_choices = num_prompts * seqs_per_prompt
+
+    def step(self, index: int, out: RequestOutput) -> None:
+        now = time.perf_counter()
+        new = sum(len(c.token_ids) for c in out.outputs)
+        self.completion_tokens += new
+        m = self.metrics
+        if new:
+            m.labelled(m.generation_tokens).inc(new)
+            last = self.last[index]
+            if last is None:
+                m.labelled(m.ttft).observe(now - self.arrival)
+            else:  # one step: one more token per running choice
+                m.labelled(m.itl).observe(now - last)
+            self.last[index] = now
+        for c in out.outputs:
+            if c.finish_reason is not None:
+                m.requests.labels(model_name=m.model_name, finished_reason=c.finish_reason).inc()
+                self.open_choices -= 1
+        if out.finished:
+            m.labelled(m.e2e).observe(now - self.arrival)
+
+    def close(self) -> None:
+        """At the end of the HTTP request: the choices that did not finish count as aborted."""
+        if self.open_choices > 0:
+            m = self.metrics
+            m.requests.labels(model_name=m.model_name, finished_reason="abort").inc(self.open_choices)
+            self.open_choices = 0
+
+
+async def log_stats(async_engine: AsyncEngine, interval: float) -> None:
+    """Every ``interval`` seconds while the engine works: throughput since the last line, running and
+    waiting sequences, KV-cache and prefix-cache use, at INFO (``--disable-log-stats`` turns it off)."""
+    last, last_time = async_engine.stats, time.monotonic()
+    while True:
+        await asyncio.sleep(interval)
+        now, s = time.monotonic(), async_engine.stats
+        if _busy(s, last):
+            logger.info(stats_line(s, last, now - last_time))
+        last, last_time = s, now
+
+
+def _busy(s: EngineStats, last: EngineStats) -> bool:
+    moved = (s.prompt_tokens, s.generation_tokens) != (last.prompt_tokens, last.generation_tokens)
+    return moved or s.running > 0 or s.waiting > 0
+
+
+def stats_line(s: EngineStats, last: EngineStats, seconds: float) -> str:
+    total = s.pages_used + s.pages_free
+    hits = s.cached_prompt_tokens / s.queried_prompt_tokens if s.queried_prompt_tokens else 0.0
+    seconds = max(seconds, 1e-9)
+    return (
+        f"stats: prompt {(s.prompt_tokens - last.prompt_tokens) / seconds:.1f} tok/s, "
+        f"generation {(s.generation_tokens - last.generation_tokens) / seconds:.1f} tok/s, "
+        f"running {s.running}, waiting {s.waiting}, "
+        f"KV cache {100 * s.pages_used / total if total else 0.0:.1f}% of {total} pages, "
+        f"prefix cache hits {100 * hits:.1f}%"
+    )

@@ -1,16 +1,20 @@
 """The OpenAI API's request bodies (with vLLM's extra sampling fields) and their mapping to
-:class:`SamplingParams`; OpenAI-style error bodies."""
+:class:`SamplingParams`; OpenAI-style error bodies.
+
+Bodies accept fields they do not know (the server logs each such name once and ignores it), as
+OpenAI's own API does; a field of the API that this server does not implement is refused by name.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling_params import GENERATION_CONFIG_FIELDS, SamplingParams
 
 # Fields of the OpenAI API that this server does not implement: a request that sets one gets a 400
-# naming it (rather than silently different behaviour). Unknown fields get a 422.
+# naming it (rather than silently different behaviour). Fields unknown to the API are ignored.
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "suffix", "audio", "prediction")
 
 
@@ -27,6 +31,8 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
     ):
+        # A message may quote the request (a lone surrogate, say), and the body must still encode as UTF-8.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
         self.headers = headers
@@ -36,7 +42,11 @@ class APIError(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+
+    def unknown_fields(self) -> list[str]:
+        """The names of fields the model does not declare (kept in ``model_extra``)."""
+        return sorted(self.model_extra or ())
 
 
 class StreamOptions(_Body):
@@ -89,11 +99,16 @@ class _Sampling(_Body):
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported by this server", param="logit_bias", code="unsupported")
         if self.stream_options is not None and not self.stream:
-            raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+            raise APIError(
+                400, "stream_options is only allowed with stream=true", param="stream_options", code="invalid_value"
+            )
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """The engine's parameters; a value it refuses becomes a 400 naming the field."""
         given = {name: getattr(self, name) for name in GENERATION_CONFIG_FIELDS if getattr(self, name) is not None}
+        prompt_logprobs = self.prompt_logprobs
+        if getattr(self, "echo", False) and logprobs is not None:  # the echoed prompt's tokens carry theirs
+            prompt_logprobs = max(logprobs, prompt_logprobs or 0)
         try:
             return SamplingParams(
                 n=self.n,
@@ -109,7 +124,7 @@ class _Sampling(_Body):
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
-                prompt_logprobs=self.prompt_logprobs,
+                prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=self.skip_special_tokens,
             )
         except ValueError as err:
@@ -133,27 +148,22 @@ class CompletionRequest(_Sampling):
         if isinstance(prompt[0], int):
             return [prompt]
         if any(isinstance(p, list) and not p for p in prompt):
-            raise APIError(400, "prompt must not hold an empty list of token ids", param="prompt")
+            raise APIError(400, "prompt must not hold an empty list of token ids", param="prompt", code="invalid_value")
         return list(prompt)
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
         if self.stream and self.best_of is not None and self.best_of > self.n:
             raise APIError(400, "best_of above n cannot be streamed", param="best_of", code="invalid_value")
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: passed to the template as they are
 
     role: str
-    content: str | list[TextPart] | None = None
+    # Text, or parts: {"type": "text", "text"} and {"type": "image_url", "image_url": {"url": "data:..."}},
+    # checked by the input processor (shared with LLM.chat), which names the part at fault.
+    content: str | list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -167,6 +177,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     # vLLM's extras for templates.
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
@@ -175,21 +186,50 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
         if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+            raise APIError(
+                400, "only response_format {'type': 'text'} is supported", param="response_format", code="unsupported"
+            )
         if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise APIError(400, "give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+            raise APIError(
+                400,
+                "give max_tokens or max_completion_tokens, not both",
+                param="max_completion_tokens",
+                code="invalid_value",
+            )
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list[dict]:
-        out = []
-        for m in self.messages:
-            d = m.model_dump(exclude_none=True)
-            if isinstance(m.content, list):
-                d["content"] = [part.model_dump() for part in m.content]
-            out.append(d)
-        return out
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class TokenizeRequest(_Body):
+    """``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered through the template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    def check_supported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "give prompt or messages, not both or neither", param="prompt", code="invalid_value")
+
+    def message_dicts(self) -> list[dict]:
+        return [m.model_dump(exclude_none=True) for m in self.messages or ()]
+
+
+class DetokenizeRequest(_Body):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]
 
 
 def param_of(message: str) -> str | None:

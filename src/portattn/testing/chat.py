@@ -82,3 +82,59 @@ def save_tiny_chat_checkpoint(
     model.save_pretrained(path)
     GenerationConfig(bos_token_id=bos, eos_token_id=eos).save_pretrained(path)
     return str(path)
+
+
+# The tiny Qwen2.5-VL checkpoint's special tokens (portattn.testing.checkpoints) and a Qwen-style
+# template that writes one image placeholder per image part.
+VISION_SPECIAL_TOKENS = {
+    "<s>": 0,
+    "</s>": 1,
+    "<unk>": 2,
+    "<|vision_start|>": 248,
+    "<|vision_end|>": 249,
+    "<|image_pad|>": 250,
+    "<|video_pad|>": 251,
+    "<|im_start|>": 252,
+    "<|im_end|>": 253,
+}
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }} "
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant "
+    "{% endif %}"
+)
+
+
+def save_tiny_vision_chat_checkpoint(path: str | Path) -> str:
+    """The tiny Qwen2.5-VL checkpoint with what chat with images needs: a word-level tokenizer (the
+    words of the built-in text; the special tokens at the checkpoint's ids), a chat template that
+    writes ``<|vision_start|><|image_pad|><|vision_end|>`` per image part, and an image processor
+    (4x4-pixel patches, 2x2 merge, 256 to 4096 pixels). Returns ``str(path)``."""
+    import re
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor
+
+    from .checkpoints import save_tiny_checkpoint
+
+    path = Path(save_tiny_checkpoint("qwen2_5_vl", path))
+    words = sorted(set(re.findall(r"\w+|[^\w\s]", _TEXT + " user assistant system")))
+    free = [i for i in range(256) if i not in VISION_SPECIAL_TOKENS.values()]
+    vocab = {**dict(zip(words, free)), **VISION_SPECIAL_TOKENS}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=[t for t in VISION_SPECIAL_TOKENS if t.startswith("<|")],
+    )
+    fast.chat_template = VISION_CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    processor = Qwen2VLImageProcessor(
+        patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=256, max_pixels=4096
+    )
+    processor.save_pretrained(path)
+    return str(path)

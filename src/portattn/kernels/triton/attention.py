@@ -20,9 +20,12 @@ normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (an
 With ``HAS_LSE`` the natural-log LSE of each row is written too (by the merge when split).
 ALiBi (``HAS_ALIBI``) adds ``-slope * |p - j|`` to the scaled, softcapped scores.
 
-K/V in an fp8 cache are converted to the query's dtype as they are loaded (exact: every fp8 value
-is a float16 and a bfloat16); the launcher folds the cache's K scale into ``qk_scale``, and
-``v_scale`` multiplies the normalised output (1.0 for caches in the query's dtype).
+K/V in an fp8 cache are converted as they are loaded (exact: every fp8 value is a float16 and a
+bfloat16), to the query's dtype, or with ``F16_DOTS`` (bfloat16 queries) to float16, the queries
+then scaled by ``q_scale`` and converted too; the launcher folds the cache's K scale into
+``qk_scale``, and ``v_scale`` multiplies the normalised output (1.0 for caches in the query's dtype).
+Float32 inputs take the dots in ``DOT_PRECISION`` ("ieee" unless TF32 was asked for).
+``ROW_ALIGN``: every row stride is a multiple of it, and arrives divided by it (see the kernel).
 """
 
 import triton
@@ -241,6 +244,7 @@ def attention_fwd_kernel(
     Sinks,
     AlibiSlopes,
     num_seqs,
+    q_scale,
     qk_scale,
     v_scale,
     softcap,
@@ -289,8 +293,24 @@ def attention_fwd_kernel(
     HAS_LSE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
+    if ROW_ALIGN > 1:
+        # The row strides arrive divided by ROW_ALIGN: multiplied back here, the compiler knows that
+        # every row starts at a multiple of ROW_ALIGN elements, and moves rows in 16-byte vectors
+        # through the asynchronous-copy pipeline even where a stride is not a multiple of 16.
+        stride_qt = stride_qt * ROW_ALIGN
+        stride_qh = stride_qh * ROW_ALIGN
+        stride_kp = stride_kp * ROW_ALIGN
+        stride_ks = stride_ks * ROW_ALIGN
+        stride_kh = stride_kh * ROW_ALIGN
+        stride_vp = stride_vp * ROW_ALIGN
+        stride_vs = stride_vs * ROW_ALIGN
+        stride_vh = stride_vh * ROW_ALIGN
+        stride_ot = stride_ot * ROW_ALIGN
+        stride_oh = stride_oh * ROW_ALIGN
     block_idx = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks first
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -322,6 +342,15 @@ def attention_fwd_kernel(
         q2 = _load_columns(q_rows, row_ok, BLOCK_D, BLOCK_D2, HEAD_DIM)
     if BLOCK_D3 > 0:
         q3 = _load_columns(q_rows, row_ok, BLOCK_D + BLOCK_D2, BLOCK_D3, HEAD_DIM)
+    if F16_DOTS:
+        # An fp8 cache read by bfloat16 queries: the dots run in float16, to which fp8 K/V convert in
+        # one instruction (two for bfloat16). The queries are scaled by the softmax scale first,
+        # so float16's range bounds q * scale rather than q.
+        q = (q.to(tl.float32) * q_scale).to(tl.float16)
+        if BLOCK_D2 > 0:
+            q2 = (q2.to(tl.float32) * q_scale).to(tl.float16)
+        if BLOCK_D3 > 0:
+            q3 = (q3.to(tl.float32) * q_scale).to(tl.float16)
 
     # Key ranges: per row for the element mask, per block for which tiles to visit.
     row_pos = num_keys - num_queries + token

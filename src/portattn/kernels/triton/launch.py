@@ -72,6 +72,7 @@ def choose_tiles(
     interpret: bool,
     itemsize: int = 2,
     shared_memory: int | None = None,
+    kv_itemsize: int | None = None,
 ) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -84,9 +85,14 @@ def choose_tiles(
     size, and small tiles exercise multi-tile and masked-tile paths on short test sequences).
 
     ``shared_memory`` (bytes per program, ``device.max_shared_memory``) steps the tiles down up
-    front, for the element size ``itemsize``, until their pipeline fits (:func:`shared_memory_bytes`):
-    float32 takes twice the bytes of bf16, and a launch that does not fit would compile, fail and
-    compile again.
+    front, for the K/V element size (``kv_itemsize``, else ``itemsize``), until their pipeline fits
+    (:func:`shared_memory_bytes`): float32 takes twice the bytes of bf16, and a launch that does not
+    fit would compile, fail and compile again.
+
+    An fp8 cache (``kv_itemsize`` 1) decodes in 128-key tiles, 4 warps, 3 stages: on an H200 the
+    page-table indirection leaves two tiles in flight per program whatever ``num_stages`` says, so
+    a tile of one-byte keys must be twice as long to keep as many bytes in flight as a 16-bit one
+    (benchmarks/results/round3_h200/NOTES.md: 0.264 -> 0.216 ms at B=64 over 4096 keys).
     """
     group_pad = next_pow2(group)
     if interpret:
@@ -102,12 +108,15 @@ def choose_tiles(
     else:
         cap, block_n, num_warps, num_stages = 128, 128, 8, 2
     block_m = max(16, group_pad, min(cap, next_pow2(max(max_seqlen_q, 1) * group_pad)))
-    if block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
+    if block_m <= 32 and not wide and kv_itemsize == 1:  # decode-like over an fp8 cache
+        block_n, num_warps, num_stages = 128, 4, 3
+    elif block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
         block_n, num_warps, num_stages = 64, 4, 3
     tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
-    while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, itemsize) > shared_memory:
+    kv_bytes = kv_itemsize or itemsize
+    while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
         smaller = smaller_tiles(tiles, group)
         if smaller is None:
             break  # the smallest tiles: the launch reports what the device lacks
@@ -129,6 +138,49 @@ def column_tiles(dim: int) -> tuple[int, int, int]:
     if len(tiles) > 3:
         tiles = [full]
     return (*tiles, 0, 0)[:3]
+
+
+def row_alignment(*tensors: torch.Tensor) -> int:
+    """The largest power of two up to 16 that divides every row stride of ``tensors`` (not the last dim's).
+
+    The kernels take their strides divided by it, so the compiler can prove rows aligned and move
+    them in 16-byte vectors: head dims such as 40 or 72 have strides Triton does not specialise
+    (it specialises multiples of 16 only). Strides past 2**31 elements get 1 (no division).
+    """
+    align = 16
+    for t in tensors:
+        for stride in t.stride()[:-1]:
+            if stride >= 1 << 31:
+                return 1
+            while stride % align:
+                align //= 2
+    return align
+
+
+def realign_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor):
+    """``(q, k, v, out)`` with contiguous copies of those whose rows do not start at multiples of 8 elements
+    (``out``: a new buffer, copied back by the caller). Such rows are loaded one element at a time,
+    and that path gave wrong values (head dim 40) and an illegal access (72) with Triton 3.6 on an
+    H200 where a masked column tile feeds the warpgroup MMAs of a long query run (round3 notes)."""
+    q, k, v = (t if row_alignment(t) >= 8 else t.contiguous() for t in (q, k, v))
+    if row_alignment(out) < 8:
+        out = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    return q, k, v, out
+
+
+def f16_dots_for(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether the dots over a ``kv_dtype`` cache read by ``q_dtype`` queries run in float16: for an fp8
+    cache and bfloat16 queries. Every fp8 value is a float16, and fp8 -> float16 is one instruction
+    per two values on NVIDIA GPUs from sm_89, while fp8 -> bfloat16 goes through float16 and float32."""
+    return kv_dtype in FP8_DTYPES and q_dtype == torch.bfloat16
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """``tl.dot``'s ``input_precision`` for inputs of ``dtype``: float32 dots are IEEE unless
+    ``torch.set_float32_matmul_precision("high")`` (or ``"medium"``) allowed TF32; None for 16-bit."""
+    if dtype != torch.float32:
+        return None
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
@@ -203,6 +255,17 @@ def attention_forward(
     batch = seq_lens_k.shape[0]
     if num_tokens == 0 or batch == 0:
         return out
+    if head_dim % 8 == 0 and value_dim % 8 == 0 and row_alignment(q, k, v, out) < 8:
+        q, k, v, staged = realign_rows(q, k, v, out)
+        if staged is not out:
+            attention_forward(
+                q, k, v, staged, cu_seqlens_q, seq_lens_k, max_seqlen_q=max_seqlen_q, scale=scale,
+                page_table=page_table, kv_start=kv_start, causal=causal, window_left=window_left,
+                window_right=window_right, chunk_size=chunk_size, sinks=sinks, logit_softcap=logit_softcap,
+                alibi_slopes=alibi_slopes, lse=lse, num_kv_splits=num_kv_splits, tiles=tiles,
+                k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
+            return out.copy_(staged)
     if tiles is None:
         tiles = choose_tiles(
             max_seqlen_q,
@@ -212,6 +275,7 @@ def attention_forward(
             interpret=is_triton_interpreter(),
             itemsize=q.element_size(),
             shared_memory=max_shared_memory(q.device),
+            kv_itemsize=k.element_size(),
         )
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
@@ -236,6 +300,11 @@ def attention_forward(
     else:
         partial_out = partial_lse = out  # unused
     lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
+    f16_dots = f16_dots_for(q.dtype, k.dtype)
+    q_scale, qk_scale = (scale, k_scale) if f16_dots else (1.0, scale * k_scale)
+    align = row_alignment(q, k, v, out)
+    strides = (q.stride(0), q.stride(1), stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
+    strides = tuple(s // align for s in (*strides, out.stride(0), out.stride(1)))
 
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
         return smaller_tiles(t, group)
@@ -246,11 +315,8 @@ def attention_forward(
             q, k, v, out, lse_buf, partial_out, partial_lse,
             table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
             q if alibi_slopes is None else alibi_slopes,
-            batch, scale * k_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
-            q.stride(0), q.stride(1),
-            stride_kp, stride_ks, stride_kh,
-            stride_vp, stride_vs, stride_vh,
-            out.stride(0), out.stride(1),
+            batch, q_scale, qk_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
+            *strides,
             lse_buf.stride(0), lse_buf.stride(1),
             stride_pt,
             num_q_heads * num_kv_splits if num_kv_splits > 1 else 0, num_kv_splits if num_kv_splits > 1 else 0, 1,
@@ -261,7 +327,7 @@ def attention_forward(
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, NUM_SPLITS=num_kv_splits,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # None: the backend default for 16-bit
+            DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 

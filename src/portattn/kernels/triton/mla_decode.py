@@ -15,8 +15,10 @@ splits. With ``WRITE_LSE`` the natural-log LSE of each (sequence, head) is writt
 split kernel when there is one split and by the merge otherwise. Launchers are in
 ``mla_decode_launch.py``.
 
-An fp8 latent cache is converted to the query's dtype as it is loaded; its scale is folded into
-``qk_scale_log2`` by the launcher and multiplies each split's output (``kv_scale``, 1.0 otherwise).
+An fp8 latent cache is converted as it is loaded: to the query's dtype, or with ``F16_DOTS``
+(bfloat16 queries) to float16, the one-instruction conversion, the queries then scaled by
+``q_scale`` and converted too. The cache's scale is folded into ``qk_scale_log2`` by the launcher
+and multiplies each split's output (``kv_scale``, 1.0 otherwise).
 """
 
 import triton
@@ -43,6 +45,7 @@ def mla_decode_split_kernel(
     Lse,
     PartOut,
     PartLse,
+    q_scale,
     qk_scale_log2,
     kv_scale,
     num_heads,
@@ -73,6 +76,7 @@ def mla_decode_split_kernel(
     WRITE_PARTIAL: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16 and BLOCK_R >= 16 and BLOCK_RP >= 16, "tl.dot tiles are >= 16")
     head_block = tl.program_id(0)
@@ -99,6 +103,9 @@ def mla_decode_split_kernel(
         mask=head_ok[:, None] & rp_ok[None, :],
         other=0.0,
     )  # [BLOCK_H, BLOCK_RP]
+    if F16_DOTS:
+        q_nope = (q_nope.to(tl.float32) * q_scale).to(tl.float16)
+        q_rope = (q_rope.to(tl.float32) * q_scale).to(tl.float16)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)

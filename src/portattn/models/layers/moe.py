@@ -9,10 +9,10 @@ expert ids and weights; the weights scale either the expert's output (the usual 
 Two ways to compute the same sum, chosen from the token count (a Python int, no sync):
 
 * **dense** (``T <= dense_max_tokens``, by default ``DENSE_MAX_TOKENS``; an engine that captures
-  decode steps raises it to its largest captured batch): every expert runs on every token with a
-  combine weight that is zero where the token did not pick it: three batched matmuls, no host sync,
-  so a captured decode graph can contain it. It reads every expert once, as a decode batch that
-  touches most experts does anyway.
+  steps raises it to its largest captured step through ``CausalLM.prepare_static``): every expert
+  runs on every token with a combine weight that is zero where the token did not pick it: three
+  batched matmuls, no host sync, so a captured decode graph can contain it. It reads every expert
+  once, as a decode batch that touches most experts does anyway.
 * **grouped** (prefill): tokens are sorted by expert and each expert runs on its own tokens; the
   per-expert counts cost one host sync per layer.
 
@@ -179,6 +179,10 @@ class FusedMoE(nn.Module):
                 self._mxfp4.add(param, part, as_tensor(shard_of(loaded, shape, 2, tp.rank * groups, groups)))
             else:  # this rank's columns cut groups of 32: dequantized whole, then narrowed
                 self._mxfp4.add(param, part, as_tensor(loaded), columns=(tp.rank * inter, inter))
+
+    def prepare_static(self, max_tokens: int) -> None:
+        """Take the sync-free dense path for up to ``max_tokens`` tokens (a captured step's)."""
+        self.dense_max_tokens = max(self.dense_max_tokens, max_tokens)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype

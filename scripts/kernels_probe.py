@@ -1,0 +1,250 @@
+"""Kernel probes on a GPU: head dims, fp8 decode, long decode, float32 dots (``scripts/gpu.sh "bench probe"``).
+
+``PYTHONPATH=src:tests python scripts/kernels_probe.py SECTION [--out DIR]`` with SECTION one of
+
+* ``headdims-unaligned``: head dims 40 / 72 / 59 in fp16 and bf16 with the row alignment the kernel is
+  told forced to 1 (the launches before ``launch.row_alignment``); prints each case's max error, or
+  dies on an illegal access (run it in its own process);
+* ``fp8``: decode B=64 L=4096 P=16 (Hq 32 / Hkv 8 / D 128, bf16 queries): the bf16 cache, fp8 e4m3
+  and e5m2 with the default tiles, e4m3 over ``FP8_VARIANTS`` (tiles and split counts); MLA decode
+  (rank 512 + 64, page 64) over bf16 and fp8 latent caches at H 16 and 128 (``MLA_FP8_TILES``);
+* ``long``: decode B=1 L=65536 P=16 with the default tiles and over ``LONG_VARIANTS``, each timed as
+  CUDA-graph replays (``timing.measure_graph``: median and spread);
+* ``fp32``: float32 paged attention and MLA decode against float64, IEEE dots and TF32.
+
+Every section prints its rows and writes ``DIR/<section>.json``; ceilings (copy, bf16 matmul) come
+from the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from portattn.backends.base import AttentionParams
+from portattn.backends.triton import TritonBackend, choose_num_kv_splits
+from portattn.bench import peers
+from portattn.bench.ceilings import measure_ceilings
+from portattn.bench.paged_attention import PagedCase, _inputs
+from portattn.bench.timing import measure, measure_graph
+from portattn.device import synchronize
+from portattn.kernels.triton import launch, mla_decode_launch
+from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles
+from portattn.kernels.triton.mla_decode_launch import MLATileConfig
+from portattn.kv_quant import quantize_kv
+from portattn.testing import make_paged_case, max_error, mla_decode_ref, paged_attention_ref
+
+DEV = torch.device(os.environ.get("PROBE_DEVICE", "cuda"))  # "cpu" with TRITON_INTERPRET=1: a smoke test
+
+
+def _paged_call(case: PagedCase, s: dict, out, tiles=None, splits=None, k_scale=1.0, v_scale=1.0):
+    b = case.batch
+    cu_q = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * case.q_len
+    seq_lens = torch.full((b,), case.k_len, device=DEV, dtype=torch.int32)
+    if splits is None:
+        splits = choose_num_kv_splits(b, case.num_q_heads, case.q_len, case.k_len)
+    return lambda i: attention_forward(
+        s[i]["q"], s[i]["k_cache"], s[i]["v_cache"], out, cu_q, seq_lens, max_seqlen_q=case.q_len,
+        scale=case.head_dim**-0.5, page_table=s[i]["page_table"], num_kv_splits=splits, tiles=tiles,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
+def _timed(fn, n, graph=True) -> dict:
+    t = measure_graph(fn, list(range(n)), DEV) if graph else measure(fn, list(range(n)), DEV)
+    return {"ms": t.median_ms, "p10": t.p10_ms, "p90": t.p90_ms, "spread": t.spread}
+
+
+def headdims_unaligned(out: Path, dims: list[int]) -> dict:
+    launch.row_alignment = lambda *tensors: 1  # the launches as they were: no alignment, no copies
+    launch.realign_rows = lambda q, k, v, out: (q, k, v, out)
+    rows = {}
+    for head_dim in dims:
+        for dtype in (torch.float16, torch.bfloat16):
+            for q_lens, k_lens, name in (([1, 1, 1], [21, 300, 64], "decode"), ([9, 200], [30, 200], "extend")):
+                case = make_paged_case(q_lens, k_lens, page_size=16, head_dim=head_dim, dtype=dtype, device=DEV)
+                res = torch.full((*case.q.shape[:2], head_dim), float("nan"), dtype=dtype, device=DEV)
+                be = TritonBackend()
+                meta = be.plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 16, num_heads=case.q.shape[1])
+                be.paged_attention(case.q, case.k_cache, case.v_cache, meta, AttentionParams(scale=0.1), res)
+                synchronize(DEV)
+                ref = paged_attention_ref(**case.inputs(), scale=0.1)
+                key = f"D={head_dim} {str(dtype)[6:]} {name}"
+                rows[key] = max_error(res, ref)
+                print(f"unaligned {key:<28} max error {rows[key]:.3e}", flush=True)
+                (out / "headdims_unaligned.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+# (block_n, warps, stages, splits). The first round swept (64|128|32, 4|8, 2..5) at one split:
+# 128 x 4 warps x 3 stages was the fastest (0.216 ms), and became the fp8 decode default.
+FP8_VARIANTS = [(256, 4, 2, 1), (256, 8, 2, 1), (128, 4, 3, 2), (128, 4, 2, 2), (64, 4, 4, 2), (128, 4, 4, 1)]
+MLA_FP8_TILES = {16: [(16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2)], 128: [(64, 64, 8, 2)]}
+
+
+def fp8(out: Path, ceil) -> dict:
+    rows = {}
+    case = PagedCase("decode B=64 L=4096 P=16", 64, 1, 4096, peers=())
+    sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+    o = torch.empty(64, 32, 128, device=DEV, dtype=torch.bfloat16)
+    ks, vs = 0.5, 0.25
+    fp8_sets = {}
+    for name, dt in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+        fp8_sets[name] = [
+            {**s, "k_cache": quantize_kv(s["k_cache"], dt, ks), "v_cache": quantize_kv(s["v_cache"], dt, vs)}
+            for s in sets
+        ]
+    kv_bytes = 64 * 4096 * 8 * 128 * 2
+
+    def record(key, fn, nbytes, graph=True):
+        r = _timed(fn, 2, graph)
+        r["tb_s"] = nbytes / r["ms"] / 1e9
+        r["frac_copy"] = r["tb_s"] / ceil.copy_tb_s
+        rows[key] = r
+        print(f"fp8 {key:<44} {r['ms']:.4f} ms (spread {r['spread']:.1%}) {r['tb_s']:.2f} TB/s "
+              f"{r['frac_copy']:.0%} of copy", flush=True)  # fmt: skip
+        (out / "fp8.json").write_text(json.dumps(rows, indent=1))
+
+    record("bf16 cache", _paged_call(case, sets, o), 2 * kv_bytes)
+    for name, s in fp8_sets.items():
+        record(f"{name} default", _paged_call(case, s, o, k_scale=ks, v_scale=vs), kv_bytes)
+    default = choose_tiles(1, 4, 128, 128, interpret=False)
+    for n, w, st, sp in FP8_VARIANTS:
+        t = TileConfig(default.block_q, default.block_m, n, w, st)
+        fn = _paged_call(case, fp8_sets["e4m3"], o, tiles=t, splits=sp, k_scale=ks, v_scale=vs)
+        try:
+            record(f"e4m3 n{n} w{w} s{st} S{sp}", fn, kv_bytes)
+        except Exception as exc:
+            rows[f"e4m3 n{n} w{w} s{st} S{sp}"] = peers.error_line(exc)
+    saved = launch.f16_dots_for
+
+    # MLA decode, DeepSeek-V3 latent (512 + 64), page 64, B=64 L=4096
+    from portattn.mla import plan_mla_decode
+
+    for heads in (16, 128):
+        b, L, P = 64, 4096, 64
+        pages = b * L // P + 4
+        gen = torch.Generator(device=DEV).manual_seed(heads)
+        cache = torch.randn(pages, P, 576, device=DEV, dtype=torch.bfloat16, generator=gen)
+        perm = torch.randperm(pages, device=DEV, generator=gen)[: b * L // P].view(b, L // P).to(torch.int32)
+        seq = torch.full((b,), L, device=DEV, dtype=torch.int32)
+        qn = torch.randn(b, heads, 512, device=DEV, dtype=torch.bfloat16, generator=gen)
+        qr = torch.randn(b, heads, 64, device=DEV, dtype=torch.bfloat16, generator=gen)
+        meta = plan_mla_decode(perm, seq, P, num_heads=heads, kv_lora_rank=512, max_seq_len=L)
+        mo = torch.empty_like(qn)
+        c8 = quantize_kv(cache, torch.float8_e4m3fn, 0.05)
+        variants = [("bf16", cache, 1.0, None), ("e4m3 default", c8, 0.05, None)]
+        variants += [(f"e4m3 {t}", c8, 0.05, MLATileConfig(*t)) for t in MLA_FP8_TILES[heads]]
+        for label, kv, scale, tiles in variants:
+            if label.endswith("bf16 dots"):
+                mla_decode_launch.attention_launch.f16_dots_for = lambda q_dtype, kv_dtype: False
+            args = (qn, qr, kv, perm, seq, mo)
+            kwargs = {"scale": 0.07, "num_kv_splits": meta.num_kv_splits, "partials": meta.partials, "kv_scale": scale}
+            kwargs["tiles"] = tiles
+            fn = lambda i, args=args, kwargs=kwargs: mla_decode_launch.mla_decode_forward(*args, **kwargs)
+            nbytes = b * L * 576 * (2 if kv is cache else 1)
+            record(f"mla H={heads} {label}", fn, nbytes)
+            mla_decode_launch.attention_launch.f16_dots_for = saved
+        ref = mla_decode_ref(qn[:4], qr[:4], cache, perm[:4], seq[:4], scale=0.07)
+        got = mla_decode_launch.mla_decode_forward(
+            qn[:4], qr[:4], c8, perm[:4], seq[:4], mo[:4].clone(), scale=0.07, num_kv_splits=1, kv_scale=0.05
+        )
+        rows[f"mla H={heads} e4m3 rel error vs bf16 cache"] = max_error(got, ref) / float(ref.abs().max())
+    (out / "fp8.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+# (block_n, warps, stages, splits). The first round: 64 x 8 x 5 at 64 splits 0.0839 ms, 4 or 3 stages 0.093.
+LONG_VARIANTS = [(64, 8, 5, 32), (64, 8, 5, 48), (64, 4, 4, 32), (128, 4, 3, 64), (128, 8, 3, 32), (64, 4, 4, 64)]
+
+
+def long(out: Path, ceil) -> dict:
+    rows = {}
+    case = PagedCase("decode B=1 L=65536 P=16", 1, 1, 65536, peers=())
+    sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+    o = torch.empty(1, 32, 128, device=DEV, dtype=torch.bfloat16)
+    nbytes = 65536 * 8 * 128 * 2 * 2
+
+    def record(key, fn, graph=True):
+        try:
+            r = _timed(fn, 2, graph)
+        except Exception as exc:
+            rows[key] = peers.error_line(exc)
+            print(f"long {key:<40} {rows[key]}", flush=True)
+            return
+        r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+        rows[key] = r
+        print(f"long {key:<40} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
+        (out / "long.json").write_text(json.dumps(rows, indent=1))
+
+    default = choose_tiles(1, 4, 128, 128, interpret=False)
+    splits = choose_num_kv_splits(1, 32, 1, 65536)
+    record(f"default m{default.block_m} n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
+           _paged_call(case, sets, o))  # fmt: skip
+    for n, w, st, sp in LONG_VARIANTS:
+        t = TileConfig(default.block_q, default.block_m, n, w, st)
+        record(f"n{n} w{w} s{st} S{sp}", _paged_call(case, sets, o, tiles=t, splits=sp))
+    record("default again", _paged_call(case, sets, o))
+    return rows
+
+
+def fp32(out: Path) -> dict:
+    rows = {}
+    case = make_paged_case([1, 9, 64], [300, 40, 700], page_size=16, head_dim=128, dtype=torch.float32, device=DEV)
+    ref = paged_attention_ref(**case.inputs())
+    from ops.test_mla import make_mla_case
+
+    mla = make_mla_case([1, 40, 600], page_size=16, num_heads=16, dtype=torch.float32, device=DEV)
+    mref = mla_decode_ref(**mla.inputs(), scale=0.1)
+    import portattn
+
+    for precision in ("highest", "high"):
+        torch.set_float32_matmul_precision(precision)
+        got = portattn.paged_attention(**case.inputs(), backend="triton")
+        rows[f"paged {precision}"] = max_error(got, ref) / float(ref.abs().max())
+        got = portattn.mla_decode(**mla.inputs(), scale=0.1, backend="triton", num_kv_splits=2)
+        rows[f"mla {precision}"] = max_error(got, mref) / float(mref.abs().max())
+    torch.set_float32_matmul_precision("highest")
+    for k, v in rows.items():
+        print(f"fp32 {k:<20} max error / max |ref| = {v:.2e}", flush=True)
+    (out / "fp32.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sections", nargs="+")
+    parser.add_argument("--out", default="/tmp/probe")
+    parser.add_argument("--dims", type=int, nargs="*", default=[40, 59, 72])
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ceil = None
+    for section in args.sections:
+        t0 = time.time()
+        if section in ("fp8", "long") and ceil is None:
+            ceil = measure_ceilings(DEV)
+            print(
+                f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
+            )
+            (out / "ceilings.json").write_text(json.dumps(vars(ceil)))
+        if section == "headdims-unaligned":
+            headdims_unaligned(out, args.dims)
+        elif section == "fp8":
+            fp8(out, ceil)
+        elif section == "long":
+            long(out, ceil)
+        elif section == "fp32":
+            fp32(out)
+        print(f"== {section}: {time.time() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
