@@ -28,7 +28,9 @@ def main(model: str) -> None:
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "And paged attention?"},
     ]
-    _, ids = llm.processor.chat(conversation)  # the template's text and its token ids (no second BOS)
+    tokenizer = llm.get_tokenizer()
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template writes its own BOS
     print("assistant (streamed): ", end="", flush=True)
     for delta in llm.stream([ids], params):
         print(delta.outputs[0].text, end="", flush=True)
