@@ -59,8 +59,9 @@ run_tests() {  # suite dir [pytest args]
   esac
   local workers=$WORKERS
   [ "$suite" = tp ] && workers=1
-  env "${env[@]}" timeout "$LIMIT" $PY -m pytest tests -q -p no:cacheprovider -m "$marker" -n "$workers" \
-    --maxfail=50 --durations=15 -rfE --junitxml="$dir/junit.xml" "$@" 2>&1 | tail -n 80
+  # SIGINT at the limit: pytest stops and still prints the failures so far (a KILL would lose them).
+  env "${env[@]}" timeout -s INT -k 30 "$LIMIT" $PY -m pytest tests -q -p no:cacheprovider -m "$marker" \
+    -n "$workers" --maxfail=50 --durations=15 -rfE --junitxml="$dir/junit.xml" "$@" 2>&1 | tail -n 80
 }
 
 serve_bench() {  # dir [extra client args]: a Llama-3-8B-shaped checkpoint served on the GPU, loads from the client

@@ -17,6 +17,7 @@ from portattn import cli
 from portattn.backends import registry
 from portattn.backends.torch_ref import TorchBackend
 from portattn.check import FEATURES
+from portattn.device import default_device
 
 
 class WindowBlindBackend(TorchBackend):
@@ -68,7 +69,7 @@ def test_check_passes_for_the_reference_backend(capsys):
     out = capsys.readouterr().out
     assert status == 0
     head = out.splitlines()[:3]
-    assert head[0].startswith("portattn check ") and " on cpu: " in head[0]
+    assert head[0].startswith("portattn check ") and f" on {default_device().type}: " in head[0]
     assert "driver " in head[1] and "torch " in head[1] and "triton " in head[1]
     assert "FAIL" not in out and "paged_attention        window_left 5" in out
     for name in ("long decode (split-KV)", "fp8 e5m2 cache", "head dim 256", "MLA fp8 e4m3", "merge 3 parts"):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import portattn.engine
+from portattn.device import is_triton_interpreter
 from portattn.engine.config import EngineConfig
 from portattn.engine.graphs import DecodeGraphs, batch_size_buckets
 from portattn.engine.llm import LLM
@@ -90,6 +91,7 @@ def wide_head_checkpoint(family: str, root: str) -> str:
     return save_tiny_checkpoint(family, f"{root}/{family}_head64", head_dim=64)
 
 
+@pytest.mark.skipif(not is_triton_interpreter(), reason="the CPU engine runs Triton only under its interpreter")
 def test_static_decode_on_triton_interpreter(ckpt_root):
     path = wide_head_checkpoint("qwen3", ckpt_root)  # a sliding-window layer
     kwargs = dict(page_size=16, num_pages=60, max_model_len=256, max_num_seqs=4, attention_backend="triton")

@@ -147,7 +147,10 @@ def test_the_fused_rotary_write_is_the_backends_and_the_only_one(dtype, monkeypa
     monkeypatch.setattr(attention_module, "fused_ops", lambda x: None)
     unfused_out = case.layer(case.positions, case.x, case.ctx, case.rotary)  # rewrites the same slots
     assert fused_out.isfinite().all()  # every key the attention read was written
-    torch.testing.assert_close(fused_out, unfused_out)
+    # Rotary rounded once (fused, float32 inside) or after each product (the layer's torch code): in
+    # float16 the rotated q and k differ by an ulp, which moves the output by a few ulps.
+    tol = {} if dtype == torch.float32 else dict(rtol=0, atol=5e-3 * float(unfused_out.abs().max()))
+    torch.testing.assert_close(fused_out, unfused_out, **tol)
 
 
 class MLAConfig(SimpleNamespace):
