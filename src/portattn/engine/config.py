@@ -10,6 +10,7 @@ import torch
 from ..device import resolve_device
 from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 from .arguments import doc
+from .spec_decode.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20  # bytes, when neither num_pages nor kv_cache_memory is given
@@ -80,6 +81,14 @@ class EngineConfig:
             "vllm (vLLM's defaults), or a folder holding a generation_config.json"
         ),
     )
+    speculative_config: str | dict | SpeculativeConfig | None = field(
+        default=None,
+        metadata=doc(
+            'speculative decoding, vLLM\'s keys as a JSON object: {"method": "ngram", "num_speculative_tokens": 4, '
+            '"prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"model": DRAFT_CHECKPOINT, "num_speculative_tokens": '
+            '4}; also "disable_by_batch_size"'
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -111,6 +120,8 @@ class EngineConfig:
         if self.max_num_seqs is None:
             auto = DEFAULT_MAX_NUM_SEQS if self.num_pages is None else min(DEFAULT_MAX_NUM_SEQS, self.num_pages)
             object.__setattr__(self, "max_num_seqs", auto)
+        if self.speculative_config is not None:
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         for name in ("attention_backend", "mm_attention_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"expected {name} to be a backend name or 'auto', got {getattr(self, name)!r}")

@@ -29,6 +29,7 @@ from .sampler import bad_word_token_ids, sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from .spec_decode.speculator import build_speculator
 
 logger = logging.getLogger("portattn")
 
@@ -85,6 +86,34 @@ def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -
     return min(fits, config.max_num_seqs * per_request)
 
 
+def select_attention_backend(model, config: EngineConfig):
+    """The attention backend for ``model`` under ``config``: one request covering every op and
+    feature of its layers (design §6.2)."""
+    layers = model.attention_layers()
+    features = frozenset().union(*(layer.features for layer in layers))
+    first, *others = model.attention_ops
+    kv_dtype = config.kv_cache_dtype
+    request = Request(
+        first,
+        config.device.type,
+        config.dtype,
+        layers[0].head_dim,
+        features,
+        frozenset(others),
+        kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,
+    )
+    return select_backend("attention", config.attention_backend, request)
+
+
+def model_kv_pool(model, path: str, config: EngineConfig, num_pages: int):
+    """A KV pool of ``num_pages`` pages for ``model`` (checkpoint ``path``: an fp8 cache's scales)."""
+    spec = model.kv_cache_spec()
+    pool = make_kv_pool(spec, num_pages, config.page_size, config.kv_cache_dtype, config.device)
+    if is_quantized(config.kv_cache_dtype):
+        pool.set_kv_scales(loader.kv_cache_scales(path, spec.num_layers))
+    return pool
+
+
 class Engine:
     """One engine, or one rank's engine under tensor parallelism: ``tp`` (this rank's
     :class:`TPGroup`) builds the rank's shard. Rank 0's engine also gets ``parallel``, its handle
@@ -124,29 +153,13 @@ class Engine:
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         self.vocab_size = text_config.vocab_size
 
-        layers = self.model.attention_layers()
-        features = frozenset().union(*(layer.features for layer in layers))
-        first, *others = self.model.attention_ops
-        kv_dtype = config.kv_cache_dtype
-        request = Request(
-            first,
-            config.device.type,
-            config.dtype,
-            layers[0].head_dim,
-            features,
-            frozenset(others),
-            kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,
-        )
-        self.backend = select_backend("attention", config.attention_backend, request)
-
-        page_size = config.page_size
+        self.backend = select_attention_backend(self.model, config)
+        page_size, kv_dtype = config.page_size, config.kv_cache_dtype
         spec = self.model.kv_cache_spec()
         num_pages = pool_pages(config, self.max_len, spec.bytes_per_page(page_size, kv_dtype))
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
-        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, kv_dtype, config.device)
-        if is_quantized(kv_dtype):
-            self.kv_pool.set_kv_scales(loader.kv_cache_scales(config.model, spec.num_layers))
+        self.kv_pool = model_kv_pool(self.model, config.model, config, num_pages + 1)
         self.allocator = PageAllocator(num_pages)
         self.req_pool = req_pool_class(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
@@ -154,6 +167,7 @@ class Engine:
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.chunked_prefill_size)
+        speculative = config.speculative_config
         self.runner = ModelRunner(
             self.model,
             self.kv_pool,
@@ -162,6 +176,7 @@ class Engine:
             frozenset(self.eos_token_ids),
             scratch_row=scratch_row,
             scratch_page=num_pages,
+            uniform_q_lens=(1,) if speculative is None else (1, speculative.num_speculative_tokens + 1),
         )
         self._ids = itertools.count()
         self.requests: dict[int, Sequence] = {}
@@ -179,6 +194,10 @@ class Engine:
         if reason is None:
             self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
+        self.spec = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
+        if speculative is not None and tp.rank == 0:
+            self.spec = build_speculator(speculative, self, capture_graphs=reason is None)
+            self.runner.verifier = self.spec.verify
         self.warm_up()
 
     def _eager_reason(self) -> str | None:
@@ -204,6 +223,8 @@ class Engine:
             return
         start = time.perf_counter()
         steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
+        if self.spec is not None:  # the other ranks warm up without it: every rank runs the same steps
+            self.spec.paused = True
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
@@ -217,6 +238,8 @@ class Engine:
                 bar.update(1)
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
+        if self.spec is not None:
+            self.spec.paused = False
         logger.info(
             "warm-up: %.1f s (decode graphs for %d shapes %s in %.1f s; %d warm-up prompts in %.1f s)",
             time.perf_counter() - start,
@@ -308,6 +331,8 @@ class Engine:
         if request_id not in self.requests:
             raise ValueError(f"expected the id of an unfinished request, got {request_id}")
         self.scheduler.finish(self.requests.pop(request_id), "abort")
+        if self.spec is not None:
+            self.spec.release(self.scheduler.running)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -319,8 +344,13 @@ class Engine:
         sequences are aborted before the exception propagates: their half-applied step cannot be
         resumed, and their pages and request rows go back to the pools.
         """
+        spec = self.spec
+        if spec is not None:
+            spec.before_schedule(self.scheduler)
         scheduled = self.scheduler.schedule()
         try:
+            if spec is not None:
+                spec.propose(scheduled, self.scheduler.running)
             if self.parallel is not None:
                 sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
             else:
@@ -329,21 +359,37 @@ class Engine:
                 prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
                 self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
                 seq.num_computed += n
-                self.pages.commit(seq)
-            self.num_generated_tokens += len(sampled)
+                if not seq.num_draft_tokens:  # a verified sequence commits once its tokens are known
+                    self.pages.commit(seq)
             finished = []
-            for seq, (token, logprobs) in sampled.items():
-                seq.token_ids.append(token)
-                if logprobs is not None:
-                    seq.logprobs.append(logprobs)
-                reason = self._finish_reason(seq, token)
+            for seq, (tokens, logprobs) in sampled.items():
+                verified = seq.num_draft_tokens > 0
+                if verified:
+                    spec.accept(seq, tokens)
+                reason = None
+                for i, token in enumerate(tokens):
+                    if i:  # the previous token was an accepted proposal: its K/V are computed
+                        seq.num_computed += 1
+                    seq.token_ids.append(token)
+                    self.num_generated_tokens += 1
+                    if logprobs is not None:
+                        seq.logprobs.append(logprobs[i])
+                    reason = self._finish_reason(seq, token)
+                    if reason is not None:
+                        break  # what follows a stop is dropped, as plain decoding never makes it
+                if verified:
+                    spec.settle(seq)
                 if reason is not None:
                     if seq.detokenizer is not None:
                         seq.detokenizer.flush()
                     self.scheduler.finish(seq, reason)
                     self.requests.pop(seq.request_id, None)
                     finished.append(seq)
+            if spec is not None and finished:
+                spec.release(self.scheduler.running)
         except BaseException:
+            if spec is not None:
+                spec.discard(scheduled)
             for seq, _ in scheduled:
                 if seq.status is Status.FINISHED:
                     self.requests.pop(seq.request_id, None)

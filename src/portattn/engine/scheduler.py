@@ -7,6 +7,10 @@ prompt chunks (``chunked_prefill_size``) and decodes. When the pool runs out of 
 running sequence is preempted: its pages go back to the pool and it recomputes later from its
 tokens, which it keeps.
 
+With speculative decoding, ``lookahead(seq)`` (set per step by the engine) adds the tokens a running
+sequence in decode may propose to its share; when the pool cannot hold them, the sequence runs
+without them before anything is preempted.
+
 Admission, preemption and finishing are each all or nothing, also when an exception (an interrupt,
 ``MemoryError``) arrives between two of their lines: a sequence is in exactly one queue (or
 finished), and holds a request row and pages exactly while it is running. A half-done admission is
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from .page_manager import PageManager
 from .sequence import Sequence, Status
@@ -33,6 +38,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.lookahead: Callable[[Sequence], int] | None = None  # speculative decoding's proposals
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -48,8 +54,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = int(min(seq.num_tokens - seq.num_computed, budget))
+            uncomputed = seq.num_tokens - seq.num_computed
+            extra = self._lookahead(seq, uncomputed)
+            n = int(min(uncomputed + extra, budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
+                if n > uncomputed:  # the proposals give way first
+                    n = int(min(uncomputed, budget))
+                    continue
                 preempted = True
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -69,6 +80,12 @@ class Scheduler:
         if not scheduled and self.has_unfinished():
             raise RuntimeError("the page pool cannot hold the oldest sequence on its own; raise num_pages")
         return scheduled
+
+    def _lookahead(self, seq: Sequence, uncomputed: int) -> int:
+        """Proposed tokens ``seq`` is scheduled for: only in decode (one token to compute, output started)."""
+        if self.lookahead is None or uncomputed != 1 or seq.num_output_tokens == 0:
+            return 0
+        return self.lookahead(seq)
 
     def _admit(self, seq: Sequence, budget: float) -> int | None:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
