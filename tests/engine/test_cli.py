@@ -87,6 +87,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkeypatch):
     fields = dataclasses.fields(EngineConfig)
     values = {f.name: _other_value(EngineConfig, f) for f in fields} | {"model": str(tmp_path)}
+    values["speculative_config"] = '{"method": "ngram", "num_speculative_tokens": 2}'  # a JSON object
     given = arguments.given(_parse(_argv(EngineConfig, values)), EngineConfig)
     assert given == values  # each flag, parsed to its field's type
     assert all(f.metadata.get("help") for f in fields)

@@ -13,17 +13,17 @@ class OracleProposer:
     wrong token at a position that depends on the request and the step (sometimes none), so that
     steps accept every proposal, some, or none."""
 
-    def __init__(self, want: dict[tuple[int, ...], list[int]], vocab_size: int):
-        self.want, self.vocab_size = want, vocab_size
+    def __init__(self, want: dict, vocab_size: int, wrong: bool = True, key=lambda seq: tuple(seq.prompt_token_ids)):
+        self.want, self.vocab_size, self.wrong, self.key = want, vocab_size, wrong, key
         self.proposals = 0
 
     def propose(self, requests):
         out = []
         for seq, k in requests:
-            full = self.want[tuple(seq.prompt_token_ids)]
+            full = self.want[self.key(seq)]
             j = seq.num_output_tokens
             tokens = list(full[j : j + k])
-            wrong = (5 * j + seq.num_prompt_tokens) % (k + 2)
+            wrong = (5 * j + seq.num_prompt_tokens) % (k + 2) if self.wrong else k
             if wrong < len(tokens):
                 tokens[wrong] = (tokens[wrong] + 1) % self.vocab_size
             self.proposals += 1
@@ -34,10 +34,11 @@ class OracleProposer:
         pass
 
 
-def use_oracle(llm, prompts, outputs) -> OracleProposer:
-    """Replace ``llm``'s proposer by an oracle of ``outputs`` (one per prompt, as ``generate`` returns)."""
+def use_oracle(llm, prompts, outputs, wrong: bool = True) -> OracleProposer:
+    """Replace ``llm``'s proposer by an oracle of ``outputs`` (one per prompt, as ``generate`` returns);
+    ``wrong=False``: every proposal right."""
     want = {tuple(out.prompt_token_ids): out.token_ids for out in outputs}
-    oracle = OracleProposer(want, llm.engine.vocab_size)
+    oracle = OracleProposer(want, llm.engine.vocab_size, wrong)
     llm.engine.spec.proposer = oracle
     return oracle
 

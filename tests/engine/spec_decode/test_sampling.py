@@ -81,3 +81,12 @@ def test_seeded_sampling_is_reproducible_with_the_ngram_proposer(ckpt_root):
     for p, f in zip(plain, first):
         assert p.logits.shape == f.logits.shape and rel_err(f.logits, p.logits) < 1e-4
     assert torch.equal(first[0].logits, second[0].logits)
+    metrics = {m.name: m for m in llm.get_metrics()}
+    stats = llm.engine.spec.stats
+    assert type(metrics["portattn:spec_decode_num_drafts"]).__name__ == "Counter"
+    assert metrics["portattn:spec_decode_num_drafts"].value == stats.num_drafts > 0
+    assert metrics["portattn:spec_decode_num_draft_tokens"].value == stats.num_draft_tokens
+    assert metrics["portattn:spec_decode_num_accepted_tokens"].value == stats.num_accepted_tokens
+    assert metrics["portattn:spec_decode_num_accepted_tokens_per_pos"].values == stats.accepted_per_pos
+    assert sum(stats.accepted_per_pos) == stats.num_accepted_tokens
+    assert metrics["portattn:generation_tokens"].value == 4 * 16  # tokens emitted, not forwards run
