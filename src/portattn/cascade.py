@@ -21,9 +21,9 @@ import torch
 from .backends.base import AttentionBackend, AttentionParams, Request
 from .backends.metadata import PagedMetadata
 from .backends.registry import select_backend
-from .errors import expect
+from .errors import check_int, expect
 from .ops import call_params, call_request, check_paged_inputs, new_lse
-from .validation import FLOAT_DTYPES, check_int, check_tensor
+from .validation import FLOAT_DTYPES, check_tensor
 
 
 def merge_attention_states(

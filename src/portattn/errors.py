@@ -1,4 +1,7 @@
-"""Exceptions raised by portattn's public API."""
+"""Input errors in one form ("expected X, got Y") and the exceptions raised by portattn's public API.
+
+Imports nothing from portattn, so that every floor (kernels included) can raise its errors the same way.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +23,11 @@ def is_int(value: object) -> bool:
 def is_real(value: object) -> bool:
     """A real number (``int``, ``float``, NumPy's) that is not a ``bool``."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, low: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is an int (not a ``bool``) of at least ``low``."""
+    expect(is_int(value) and value >= low, f"{name} to be an int >= {low}", value)
 
 
 def fail(what: str, got: object) -> NoReturn:

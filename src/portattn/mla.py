@@ -14,11 +14,11 @@ importable without Triton) and is re-exported here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from .backends.base import Capabilities, Request
+from .backends.base import MLARequest
+from .backends.metadata import MLADecodeMetadata
 from .backends.registry import select_backend
 from .errors import expect, is_real
 from .kernels.triton.mla_workspace import (
@@ -26,58 +26,13 @@ from .kernels.triton.mla_workspace import (
     partial_buffers,
     resolve_num_kv_splits,
 )
-from .kv_quant import FP8_DTYPES, check_scale, quantize_kv
+from .kv_quant import FP8_DTYPES, check_scale
 from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
-
-
-class MLARequest(Request):
-    """A request for the ``mla_decode`` op. MLA kernels take any latent width (``kv_lora_rank +
-    rope_dim``), so a backend's head-dim list (which describes its attention kernels) is not
-    matched; the op, device, dtype and features are."""
-
-    def missing(self, caps: Capabilities) -> tuple[str, object] | None:
-        needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype)]
-        needs += [("kv_dtype", self.kv_dtype)] if self.kv_dtype is not None else []
-        needs += [("feature", feature) for feature in sorted(self.features)]
-        return next(((kind, value) for kind, value in needs if not caps.supports(kind, value)), None)
 
 
 def split_latent(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Views ``(c_kv [N, P, R], k_pe [N, P, rope_dim])`` of a latent cache ``[N, P, R + rope_dim]``."""
     return kv_cache[..., :kv_lora_rank], kv_cache[..., kv_lora_rank:]
-
-
-def write_latent(
-    kv_cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor, scale: float = 1.0
-) -> None:
-    """Store new tokens' rows: ``kv_cache`` slot ``slots[t]`` (= page·P + offset) gets ``[c_kv[t] | k_pe[t]]``.
-
-    ``c_kv [T, R]``, ``k_pe [T, rope_dim]``, ``slots [T]`` integer; ``kv_cache`` must be contiguous.
-    An fp8 cache stores ``saturate(row / scale)`` (:func:`portattn.kv_quant.quantize_kv`); others
-    store the row cast to their dtype (``scale`` must then be 1.0).
-    """
-    rank = c_kv.shape[-1]
-    rows = kv_cache.view(-1, kv_cache.shape[-1])  # [N * P, R + rope_dim]
-    rows[slots, :rank] = quantize_kv(c_kv, kv_cache.dtype, scale)
-    rows[slots, rank:] = quantize_kv(k_pe, kv_cache.dtype, scale)
-
-
-@dataclass(frozen=True, eq=False)
-class MLADecodeMetadata:
-    """Per-forward facts of MLA decode, built once by :func:`plan_mla_decode` and shared by all layers."""
-
-    page_table: torch.Tensor  # [B, max_pages] int32, page-granular
-    seq_lens: torch.Tensor  # [B] int32
-    page_size: int
-    max_seq_len: int  # an upper bound of seq_lens (host int)
-    num_kv_splits: int
-    workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
-    workspace_bytes: int
-    partials: tuple[torch.Tensor, torch.Tensor] | None = None  # partial_buffers views of the workspace
-
-    @property
-    def batch_size(self) -> int:
-        return self.seq_lens.shape[0]
 
 
 def plan_mla_decode(
@@ -189,7 +144,7 @@ def mla_decode(
     :func:`portattn.merge_attention_states`.
 
     An fp8 latent cache holds rows divided by ``kv_scale`` (one positive float per layer, for
-    ``c_kv`` and ``k_pe`` alike; :func:`write_latent` stores them saturated): the formula above
+    ``c_kv`` and ``k_pe`` alike; the backend's ``write_latent`` stores them saturated): the formula above
     reads ``kv_scale * row``. Queries and the output stay in ``q_nope``'s dtype; with a cache in
     that dtype ``kv_scale`` must be 1.0.
 

@@ -197,8 +197,3 @@ def check_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tens
     check_tensor("out", out, len(shape), (like.dtype,), like.device)
     expect(tuple(out.shape) == shape, f"out of shape {list(shape)}", list(out.shape))
     return out
-
-
-def check_int(name: str, value: object, low: int) -> None:
-    """An ``int`` (not a ``bool``) of at least ``low``."""
-    expect(is_int(value) and value >= low, f"{name} to be an int >= {low}", value)

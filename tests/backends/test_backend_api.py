@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from portattn.backends.base import AttentionLayer, Request
+from portattn.backends.cache import PagedKVCache
 from portattn.backends.registry import select_backend
 from portattn.testing import paged_attention_ref
 from tiny_models import rel_err
@@ -59,7 +60,7 @@ def test_plan_and_forward_match_the_reference(page_size, layer_kw):
     v = torch.randn(sum(q_lens), 2, 16, generator=g)
 
     metadata = backend.plan(batch)
-    out = backend.forward(q, k, v, layer, metadata, (k_cache, v_cache))
+    out = backend.forward(q, k, v, layer, metadata, PagedKVCache(k_cache, v_cache))
 
     assert torch.equal(k_cache.view(-1, 2, 16)[batch.out_cache_loc], k)
     assert torch.equal(v_cache.view(-1, 2, 16)[batch.out_cache_loc], v)

@@ -40,7 +40,8 @@ def test_generate_prints_transformers_tokens(ckpt_root, capsys):
 
 
 def test_demo_runs_and_matches(capsys):
-    assert main(["demo", "--families", "llama4", "--page-sizes", "7", "--num-prompts", "2", "--max-tokens", "4"]) == 0
+    argv = ["demo", "--families", "llama4", "--page-sizes", "7", "--num-prompts", "2", "--max-tokens", "4"]
+    assert main([*argv, "--no-real-model"]) == 0  # the real model's part: tests/models/test_gguf.py
     out = capsys.readouterr().out
     assert "llama4         7           no" in out and "all greedy outputs equal transformers'" in out
 

@@ -73,7 +73,7 @@ def test_matches_transformers(page_size, prefix, chunked, ckpt_root):
     assert err < TOL
     pool = llm.engine.kv_pool
     assert isinstance(pool, MLAKVPool)
-    assert pool.kv_cache(0).shape == (pool.num_pages, page_size, CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim)
+    assert pool.kv_cache(0).latent.shape == (pool.num_pages, page_size, CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim)
     cached = llm.engine.pages.num_cached_tokens
     if prefix:
         assert cached >= page_size * (len(PROMPTS[4]) // page_size)  # the repeated prompt's full pages
@@ -135,7 +135,7 @@ def test_bfloat16_keeps_router_weights_in_float32(ckpt_root):
     gate = llm.engine.model.model.layers[1].mlp.gate
     assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
     assert llm.engine.model.model.layers[1].self_attn.kv_b_proj.weight.dtype == torch.bfloat16
-    assert llm.engine.kv_pool.kv_cache(0).dtype == torch.bfloat16
+    assert llm.engine.kv_pool.kv_cache(0).latent.dtype == torch.bfloat16
     # Greedy tokens of a short prompt agree with transformers' bfloat16 model (routing included).
     prompt = PROMPTS[2]
     want = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
@@ -221,7 +221,7 @@ def test_mla_pool_layout_and_size():
     spec = mla_cache_spec(3, kv_lora_rank=32, rope_dim=8)
     assert spec.bytes_per_page(16, torch.bfloat16) == 3 * 16 * 40 * 2
     pool = make_kv_pool(spec, num_pages=5, page_size=16, dtype=torch.float32, device="cpu")
-    assert isinstance(pool, MLAKVPool) and [tuple(pool.kv_cache(i).shape) for i in range(3)] == [(5, 16, 40)] * 3
+    assert isinstance(pool, MLAKVPool) and [tuple(pool.kv_cache(i).latent.shape) for i in range(3)] == [(5, 16, 40)] * 3
     with pytest.raises(ValueError, match="expected kv_lora_rank to be a positive int, got 0"):
         mla_cache_spec(3, kv_lora_rank=0, rope_dim=8)
     with pytest.raises(ValueError, match="expected an MLA spec with one latent head"):

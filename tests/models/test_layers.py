@@ -99,3 +99,28 @@ def test_rms_norm_variants(dtype):
     assert torch.equal(gemma(x), (normed * (1 + w)).to(dtype))
     assert torch.equal(plain(x), plain.weight * normed.to(dtype))
     assert torch.equal(RMSNorm(8, 1e-6, unit_offset=True).weight, torch.zeros(8))
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
+def test_lm_head_logits_are_float32_and_not_rounded_to_the_model_dtype(device):
+    """bf16 hidden states and weights give float32 logits; where torch has a float32-output matmul
+    (CUDA) they are the exact products' sum to float32 accuracy, not rounded to bf16 (which moves a
+    logit of ~20 by up to 1/16)."""
+    from portattn.models.layers.embedding import LMHead, has_float32_out_mm
+
+    g = torch.Generator().manual_seed(0)
+    head = LMHead(64, 300).to(device=device, dtype=torch.bfloat16)
+    head.weight.data.copy_(torch.randn(300, 64, generator=g))
+    x = (torch.randn(5, 64, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+    logits = head(x)
+    assert logits.dtype == torch.float32 and logits.shape == (5, 300)
+    ref = x.double() @ head.weight.double().t()
+    rounded = ref.to(torch.bfloat16).double()
+    if has_float32_out_mm(x.device, x.dtype):
+        assert (logits.double() - ref).abs().max() < 1e-4 * ref.abs().max()
+        assert (logits.double() - ref).abs().max() < (rounded - ref).abs().max() / 10
+    else:
+        assert torch.equal(logits, torch.nn.functional.linear(x, head.weight).float())

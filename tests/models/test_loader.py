@@ -34,7 +34,7 @@ def test_bfloat16_weights_and_cache(ckpt_root):
     path = checkpoint("qwen3", ckpt_root)
     llm = LLM(path, dtype="bfloat16", page_size=16, num_pages=8, max_model_len=128)
     assert {p.dtype for p in llm.engine.model.parameters()} == {torch.bfloat16}
-    assert llm.engine.kv_pool.kv_cache(0)[0].dtype == torch.bfloat16
+    assert llm.engine.kv_pool.kv_cache(0).k.dtype == torch.bfloat16
     params = SamplingParams(temperature=0, max_tokens=1, return_prompt_logits=True)
     logits = llm.generate([PROMPT], params, use_tqdm=False)[0].prompt_logits
     assert rel_err(logits, hf_reference(path, tuple(PROMPT), 1)[2]) < 0.05  # bf16 rounding, not a bug

@@ -239,7 +239,7 @@ def test_demo_runs_the_vision_family(capsys):
     from portattn.cli import main
 
     argv = ["demo", "--families", "qwen2_5_vl", "--page-sizes", "5", "--num-prompts", "2", "--max-tokens", "4"]
-    assert main(argv) == 0
+    assert main([*argv, "--no-real-model"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("qwen2_5_vl")]
     assert [(r[1], r[2], r[4]) for r in rows] == [("5", "no", "yes"), ("16", "yes", "yes")]

@@ -18,8 +18,10 @@ from conftest import DEVICE, backend_dtype_params
 from portattn import UnsupportedFeatureError
 from portattn.backends import registry
 from portattn.backends.base import AttentionBackend, Capabilities
+from portattn.backends.cache import LatentKVCache
+from portattn.backends.torch_ref import TorchBackend
 from portattn.kernels.triton.mla_workspace import MAX_KV_SPLITS, choose_num_kv_splits
-from portattn.mla import mla_workspace_size, plan_mla_decode, split_latent, write_latent
+from portattn.mla import mla_workspace_size, plan_mla_decode, split_latent
 from portattn.testing import max_error, mla_decode_ref, tolerance
 
 RANK, ROPE = 32, 16
@@ -279,7 +281,7 @@ def test_latent_helpers_move_rows_exactly():
     cache = torch.full((5, page_size, rank + rope), float("nan"))
     slots = torch.tensor([13, 2, 7])
     c_kv, k_pe = torch.randn(3, rank), torch.randn(3, rope)
-    write_latent(cache, c_kv, k_pe, slots)
+    TorchBackend().write_latent(c_kv, k_pe, LatentKVCache(cache), slots)
     got_c, got_pe = split_latent(cache, rank)
     assert torch.equal(got_c.flatten(0, 1)[slots], c_kv)
     assert torch.equal(got_pe.flatten(0, 1)[slots], k_pe)

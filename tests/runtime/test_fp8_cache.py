@@ -12,9 +12,10 @@ from safetensors.torch import save_file
 
 from conftest import BACKENDS, DEVICE
 from portattn.backends.base import AttentionLayer, Request
+from portattn.backends.cache import LatentKVCache, PagedKVCache
 from portattn.backends.registry import select_backend
+from portattn.backends.torch_ref import TorchBackend
 from portattn.kv_quant import dequantize_kv, quantize_kv, resolve_kv_cache_dtype
-from portattn.mla import write_latent
 from portattn.models.loader import kv_cache_scales
 from portattn.runtime.kv_cache import KVCacheSpec, make_kv_pool, mla_cache_spec
 from portattn.testing import cu_seqlens, max_error, paged_attention_ref, tolerance
@@ -82,7 +83,7 @@ def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, pag
     v[2, 1, 0] = 6e4
 
     metadata = impl.plan(batch)
-    out = impl.forward(q, k, v, layer, metadata, (k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
+    out = impl.forward(q, k, v, layer, metadata, PagedKVCache(k_cache, v_cache, k_scale, v_scale))
 
     loc = batch.out_cache_loc
     limit = torch.finfo(kv_dtype).max
@@ -110,7 +111,7 @@ def test_write_latent_round_trip(kv_dtype):
     k_pe = torch.randn(4, 4)
     c_kv[1, 2] = 1e9
     slots = torch.tensor([14, 0, 7, 3])
-    write_latent(cache, c_kv, k_pe, slots, scale=0.5)
+    TorchBackend().write_latent(c_kv, k_pe, LatentKVCache(cache, scale=0.5), slots)
     rows = cache.view(-1, 12)
     assert torch.equal(
         rows[slots].view(torch.uint8), quantize_kv(torch.cat([c_kv, k_pe], 1), kv_dtype, 0.5).view(torch.uint8)
@@ -124,17 +125,19 @@ def test_write_latent_round_trip(kv_dtype):
     others[slots] = False
     assert torch.equal(rows[others].view(torch.uint8), before.view(-1, 12)[others].view(torch.uint8))
     with pytest.raises(ValueError, match=r"scale 1\.0 for a torch\.float32 cache"):
-        write_latent(torch.zeros(2, 3, 12), c_kv[:1], k_pe[:1], slots[:1], scale=0.5)
+        TorchBackend().write_latent(c_kv[:1], k_pe[:1], LatentKVCache(torch.zeros(2, 3, 12), scale=0.5), slots[:1])
 
 
 def test_pools_in_the_cache_dtype_and_their_scales():
     spec = KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=16, v_head_dim=8)
     pool = make_kv_pool(spec, 4, 5, torch.float8_e5m2, "cpu")
-    assert pool.kv_cache(2)[0].dtype == pool.kv_cache(2)[1].dtype == torch.float8_e5m2
+    assert pool.kv_cache(2).k.dtype == pool.kv_cache(2).v.dtype == torch.float8_e5m2
     assert spec.bytes_per_page(5, torch.float8_e5m2) * 2 == spec.bytes_per_page(5, torch.bfloat16)
     assert pool.kv_scales(1) == (1.0, 1.0)
     pool.set_kv_scales([(1.0, 1.0), (0.5, 2.0), (3, 1.0)])
     assert pool.kv_scales(1) == (0.5, 2.0) and pool.kv_scales(2) == (3.0, 1.0)
+    view = pool.kv_cache(1)  # the layer's view carries its scales
+    assert (view.k_scale, view.v_scale) == (0.5, 2.0) and view.k is pool.k[1] and view.v is pool.v[1]
     with pytest.raises(ValueError, match=r"expected 3 \(k_scale, v_scale\) pairs, got 2"):
         pool.set_kv_scales([(1.0, 1.0)] * 2)
     with pytest.raises(ValueError, match=r"expected v_scale to be a positive finite float, got 0\.0"):
@@ -143,7 +146,9 @@ def test_pools_in_the_cache_dtype_and_their_scales():
     with pytest.raises(ValueError, match=r"expected KV scales of 1\.0 for a torch\.float32 cache"):
         plain.set_kv_scales([(1.0, 1.0), (0.5, 1.0), (1.0, 1.0)])
     latent = make_kv_pool(mla_cache_spec(2, 32, 8), 4, 5, torch.float8_e4m3fn, "cpu")
-    assert latent.kv_cache(1).dtype == torch.float8_e4m3fn and latent.kv_cache(1).shape == (4, 5, 40)
+    assert latent.kv_cache(1).latent.dtype == torch.float8_e4m3fn and latent.kv_cache(1).latent.shape == (4, 5, 40)
+    latent.set_kv_scales([(1.0, 1.0), (0.25, 1.0)])
+    assert latent.kv_cache(1).scale == 0.25 and latent.kv_cache(0).scale == 1.0  # the K scale
 
 
 def test_kv_cache_dtype_names():
@@ -179,15 +184,18 @@ def test_checkpoint_scales(tmp_path):
         kv_cache_scales(tmp_path, 3)
 
 
-def test_the_fused_rotary_write_leaves_fp8_caches_to_the_backend():
-    """The fused rotary + cache-write kernel stores plain casts: with an fp8 cache the layer takes the
-    backend's write (saturated, scaled) instead, on every device."""
-    from portattn.backends.torch_ref import TorchBackend
-    from portattn.models.layers.attention import PagedAttention
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton does not run here")
+def test_the_fused_rotary_write_leaves_fp8_caches_to_write_kv(monkeypatch):
+    """The fused rotary + cache-write kernel stores plain casts: with an fp8 cache the Triton backend
+    does not fuse (the layer then rotates and calls ``forward``, whose ``write_kv`` saturates and
+    scales); the torch backend never fuses."""
+    import portattn.backends.triton as triton_backend
 
-    layer = PagedAttention(AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25))
-    caches = (torch.zeros(2, 4, 2, 16, dtype=torch.float8_e4m3fn), torch.zeros(2, 4, 2, 16, dtype=torch.float8_e4m3fn))
-    ctx = SimpleNamespace(backend=TorchBackend(), kv_cache=lambda layer_id: caches)
-    q, k, v = torch.zeros(3, 4, 16), torch.zeros(3, 2, 16), torch.zeros(3, 2, 16)
-    ops = SimpleNamespace(rotary_kv_write=lambda *args: pytest.fail("the fused write ran on an fp8 cache"))
-    assert layer.forward_rotary(q, k, v, torch.ones(3, 16), torch.zeros(3, 16), ctx, ops) is None
+    monkeypatch.setattr(triton_backend, "rotary_kv_write", lambda *args: pytest.fail("the fused write ran on fp8"))
+    layer = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25)
+    fp8 = torch.zeros(2, 4, 2, 16, dtype=torch.float8_e4m3fn, device=DEVICE)
+    q, k, v = (torch.zeros(3, h, 16, device=DEVICE) for h in (4, 2, 2))
+    cos, sin = torch.ones(3, 16, device=DEVICE), torch.zeros(3, 16, device=DEVICE)
+    for backend in (triton_backend.TritonBackend(), TorchBackend()):
+        cache = PagedKVCache(fp8, fp8.clone(), k_scale=0.5, v_scale=2.0)
+        assert backend.forward_rotary(q, k, v, cos, sin, layer, None, cache) is None

@@ -20,8 +20,10 @@ import torch
 from ..errors import is_int, is_real
 from ..kv_quant import quantize_kv
 from ..paging import num_pages_for, to_page_table
+from .cache import LatentKVCache, PagedKVCache
 from .metadata import (
     GraphBuffers,
+    MLADecodeMetadata,
     PagedBatch,
     PagedMetadata,
     VarlenMetadata,
@@ -108,6 +110,18 @@ class Request:
             if not caps.supports(kind, value):
                 return kind, value
         return None
+
+
+class MLARequest(Request):
+    """A request for the ``mla_decode`` op (:func:`portattn.mla_decode`). MLA kernels take any latent
+    width (``kv_lora_rank + rope_dim``), so a backend's head-dim list (which describes its attention
+    kernels) is not matched; the op, device, dtype, cache dtype and features are."""
+
+    def missing(self, caps: Capabilities) -> tuple[str, object] | None:
+        needs = [("op", self.op), ("device", self.device_type), ("dtype", self.dtype)]
+        needs += [("kv_dtype", self.kv_dtype)] if self.kv_dtype is not None else []
+        needs += [("feature", feature) for feature in sorted(self.features)]
+        return next(((kind, value) for kind, value in needs if not caps.supports(kind, value)), None)
 
 
 def describe(kind: str, value: object) -> str:
@@ -281,6 +295,11 @@ class AttentionBackend:
         )
         return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
 
+    # -- the engine's entry points, once per layer -------------------------------------------
+    # The backend is the one writer of the KV cache: ``forward`` and ``forward_rotary`` write the new
+    # tokens' K/V through ``write_kv``, the MLA layer writes its latent rows through ``write_latent``.
+    # A cache's scales come with its view (``kv_cache.k_scale``...), never as per-step arguments.
+
     def forward(
         self,
         q: torch.Tensor,
@@ -288,27 +307,60 @@ class AttentionBackend:
         v: torch.Tensor,
         layer: AttentionLayer,
         metadata: PagedMetadata,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        *,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
+        kv_cache: PagedKVCache,
     ) -> torch.Tensor:
-        """Engine entry point, once per layer: write the new K/V, then attend (no validation, no sync).
+        """Write the new K/V at ``metadata.out_cache_loc`` (:meth:`write_kv`), then attend (no
+        validation, no sync).
 
         ``q [T, Hq, D]``, ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]``; ``kv_cache`` is the layer's
-        ``(k_cache [num_pages, P, Hkv, D], v_cache [num_pages, P, Hkv, Dv])``, contiguous, in
-        ``q``'s dtype or fp8. An fp8 cache stores ``saturate(k / k_scale)`` and
-        ``saturate(v / v_scale)`` (:func:`portattn.kv_quant.quantize_kv`). Returns ``[T, Hq, Dv]``.
+        :class:`PagedKVCache` (``k [num_pages, P, Hkv, D]``, ``v [num_pages, P, Hkv, Dv]``, in
+        ``q``'s dtype or fp8, with its scales). Returns ``[T, Hq, Dv]``.
         """
-        k_cache, v_cache = kv_cache
-        loc = metadata.out_cache_loc
-        k_cache.view(-1, *k_cache.shape[2:])[loc] = quantize_kv(k, k_cache.dtype, k_scale)  # [N * P, Hkv, D]
-        v_cache.view(-1, *v_cache.shape[2:])[loc] = quantize_kv(v, v_cache.dtype, v_scale)
+        self.write_kv(k, v, kv_cache, metadata.out_cache_loc)
         params = layer.params
-        if k_scale != 1.0 or v_scale != 1.0:
-            params = dataclasses.replace(params, k_scale=k_scale, v_scale=v_scale)
+        if kv_cache.k_scale != 1.0 or kv_cache.v_scale != 1.0:
+            params = dataclasses.replace(params, k_scale=kv_cache.k_scale, v_scale=kv_cache.v_scale)
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-        return self.paged_attention(q, k_cache, v_cache, metadata, params, out)
+        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, params, out)
+
+    def forward_rotary(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: AttentionLayer,
+        metadata: PagedMetadata,
+        kv_cache: PagedKVCache,
+    ) -> torch.Tensor | None:
+        """:meth:`forward` of ``q`` and ``k`` rotated by the rotate-half embedding ``cos, sin [T, D]``
+        (rows in ``q``'s dtype, the whole head), where the backend fuses the rotation with its cache
+        write; ``None`` where it does not (the default: the caller rotates, then calls
+        :meth:`forward`). A backend that returns a result rotates exactly as ``q * cos +
+        rotate_half(q) * sin`` rounds in ``q``'s dtype, and writes what :meth:`write_kv` would.
+        """
+        return None
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: PagedKVCache, slots: torch.Tensor) -> None:
+        """Store new tokens' K/V: slot ``slots[t]`` (``page * P + offset``, int64 ``[T]``) of
+        ``kv_cache.k`` / ``kv_cache.v`` gets ``k[t] [Hkv, D]`` / ``v[t] [Hkv, Dv]``; an fp8 cache
+        stores ``saturate(k / k_scale)`` and ``saturate(v / v_scale)``
+        (:func:`portattn.kv_quant.quantize_kv`), others the values cast to their dtype."""
+        k_cache, v_cache = kv_cache.k, kv_cache.v
+        k_cache.view(-1, *k_cache.shape[2:])[slots] = quantize_kv(k, k_cache.dtype, kv_cache.k_scale)  # [N * P, Hkv, D]
+        v_cache.view(-1, *v_cache.shape[2:])[slots] = quantize_kv(v, v_cache.dtype, kv_cache.v_scale)
+
+    def write_latent(
+        self, c_kv: torch.Tensor, k_pe: torch.Tensor, kv_cache: LatentKVCache, slots: torch.Tensor
+    ) -> None:
+        """Store new tokens' latent rows: slot ``slots[t]`` of ``kv_cache.latent [N, P, R + Dr]`` gets
+        ``[c_kv[t] | k_pe[t]]`` (``c_kv [T, R]``, ``k_pe [T, Dr]``); an fp8 cache stores
+        ``saturate(row / scale)``, others the row cast to their dtype."""
+        rank = c_kv.shape[-1]
+        rows = kv_cache.latent.view(-1, kv_cache.latent.shape[-1])  # [N * P, R + Dr]
+        rows[slots, :rank] = quantize_kv(c_kv, rows.dtype, kv_cache.scale)
+        rows[slots, rank:] = quantize_kv(k_pe, rows.dtype, kv_cache.scale)
 
     # -- captured uniform decode (graphs) ------------------------------------------------------
     # A backend with ``supports_graphs`` plans uniform steps (``B`` sequences of ``uniform_q_len`` new
@@ -405,6 +457,26 @@ class AttentionBackend:
         lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError(f"{self.name} does not implement varlen_attention")
+
+    def mla_decode(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: MLADecodeMetadata,
+        scale: float,
+        out: torch.Tensor,
+        lse: torch.Tensor | None = None,
+        kv_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Absorbed MLA decode (one query per sequence, :func:`portattn.mla_decode`) into ``out [B, H, R]``.
+
+        ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]``; ``kv_cache [num_pages, P, R + Dr]`` latent rows
+        ``[c_kv | k_pe]`` in ``q_nope``'s dtype or fp8 (the stored row times ``kv_scale`` is the row);
+        ``metadata`` from ``portattn.mla.plan_mla_decode`` (page table, lengths, split count, workspace
+        views). With ``lse [B, H]`` also write each row's natural-log LSE. Launch only: no sync.
+        """
+        raise NotImplementedError(f"{self.name} does not implement mla_decode")
 
     def merge_attention_states(
         self, outs: list[torch.Tensor], lses: list[torch.Tensor], out: torch.Tensor, out_lse: torch.Tensor

@@ -2,10 +2,11 @@
 
 ``plan_paged`` / ``plan_varlen`` return a :class:`PagedMetadata` / :class:`VarlenMetadata` (backends
 subclass them with named fields for what their op methods need; ``paged_fields`` and
-``varlen_fields`` make the common fields, with one host copy of the lengths). A graph plan is the same
-metadata viewed on :class:`GraphBuffers`, the memory a captured uniform step (every sequence the
-same number of new tokens) replays on (``graph_fields``). :class:`PagedBatch` is what
-``AttentionBackend.plan`` reads from an engine's forward batch.
+``varlen_fields`` make the common fields, with one host copy of the lengths);
+``portattn.mla.plan_mla_decode`` returns the :class:`MLADecodeMetadata` that ``mla_decode`` reads.
+A graph plan is the same metadata viewed on :class:`GraphBuffers`, the memory a captured uniform
+step (every sequence the same number of new tokens) replays on (``graph_fields``).
+:class:`PagedBatch` is what ``AttentionBackend.plan`` reads from an engine's forward batch.
 """
 
 from __future__ import annotations
@@ -53,6 +54,24 @@ class VarlenMetadata:
     @property
     def batch_size(self) -> int:
         return len(self.k_lens)
+
+
+@dataclass(frozen=True, eq=False)
+class MLADecodeMetadata:
+    """Per-forward facts of MLA decode, built once by ``portattn.mla.plan_mla_decode`` and shared by all layers."""
+
+    page_table: torch.Tensor  # [B, max_pages] int32, page-granular
+    seq_lens: torch.Tensor  # [B] int32
+    page_size: int
+    max_seq_len: int  # an upper bound of seq_lens (host int)
+    num_kv_splits: int
+    workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
+    workspace_bytes: int
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None  # partial_buffers views of the workspace
+
+    @property
+    def batch_size(self) -> int:
+        return self.seq_lens.shape[0]
 
 
 def paged_fields(

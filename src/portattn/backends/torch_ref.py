@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,10 +17,15 @@ from ..kv_quant import FP8_DTYPES
 from ..masks import key_range, query_positions, range_mask
 from ..paging import num_pages_for
 from .base import AttentionBackend, AttentionParams, Capabilities
-from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_buffer_fields, graph_fields, paged_fields
-
-if TYPE_CHECKING:
-    from ..mla import MLADecodeMetadata
+from .metadata import (
+    GraphBuffers,
+    MLADecodeMetadata,
+    PagedMetadata,
+    VarlenMetadata,
+    graph_buffer_fields,
+    graph_fields,
+    paged_fields,
+)
 
 
 def masked_softmax(

@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
-from .base import AttentionBackend, AttentionParams, Capabilities
-from .metadata import GraphBuffers, PagedMetadata, VarlenMetadata, graph_fields, paged_fields, varlen_fields
-
-if TYPE_CHECKING:
-    from ..mla import MLADecodeMetadata
+from .base import AttentionBackend, AttentionLayer, AttentionParams, Capabilities
+from .cache import PagedKVCache
+from .metadata import (
+    GraphBuffers,
+    MLADecodeMetadata,
+    PagedMetadata,
+    VarlenMetadata,
+    graph_fields,
+    paged_fields,
+    varlen_fields,
+)
 
 try:
+    from ..kernels.triton.fused_launch import rotary_kv_write
     from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
@@ -145,6 +151,26 @@ class TritonBackend(AttentionBackend):
         splits empty (merged as nothing)."""
         splits = choose_num_kv_splits(batch_size, num_heads, uniform_q_len, buffers.max_seqlen_k)
         return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
+
+    def forward_rotary(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layer: AttentionLayer,
+        metadata: PagedMetadata,
+        kv_cache: PagedKVCache,
+    ) -> torch.Tensor | None:
+        """One launch rotates q and k and writes K/V to their slots (``kernels/triton/fused_rotary.py``),
+        then attention. ``None`` for an fp8 cache: the fused kernel stores plain casts, not the
+        saturated, scaled values of :meth:`write_kv`."""
+        if kv_cache.k.dtype != q.dtype:
+            return None
+        q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
+        out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, layer.params, out)
 
     def plan_varlen(
         self,

@@ -22,7 +22,12 @@ class EngineConfig:
     """Arguments of :class:`portattn.LLM` and flags of ``portattn generate``, one field each (help text
     in the field's metadata); ``model`` becomes a ``str``, ``dtype`` and ``device`` torch objects."""
 
-    model: str = field(metadata=doc("Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer)"))
+    model: str = field(
+        metadata=doc("Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer) or a .gguf file")
+    )
+    tokenizer: str | None = field(
+        default=None, metadata=doc("tokenizer directory or .gguf file in place of the model's (default: the model's)")
+    )
     device: str | torch.device = field(
         default="cpu", metadata=doc("torch device: cpu, cuda, cuda:1, xpu, ...; must exist here")
     )
@@ -94,6 +99,12 @@ class EngineConfig:
         if not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"expected model to be a checkpoint directory (str or path), got {self.model!r}")
         object.__setattr__(self, "model", os.fspath(self.model))
+        if self.tokenizer is not None:
+            if not isinstance(self.tokenizer, (str, os.PathLike)):
+                raise ValueError(
+                    f"expected tokenizer to be a directory or .gguf file (str or path), got {self.tokenizer!r}"
+                )
+            object.__setattr__(self, "tokenizer", os.fspath(self.tokenizer))
         if not isinstance(self.generation_config, (str, os.PathLike)) or not os.fspath(self.generation_config):
             raise ValueError(
                 f"expected generation_config to be 'auto', 'vllm' or a folder path, got {self.generation_config!r}"

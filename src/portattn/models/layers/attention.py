@@ -1,10 +1,10 @@
 """Decoder self-attention over the paged KV cache.
 
-:class:`PagedAttention` hands one layer's ``q, k, v`` to the backend (which writes K/V into the
-cache and attends); :class:`SelfAttention` is the layer the Llama-style families share: merged q/k/v
-projection (biases as configured), optional per-head RMSNorm of q and k, rotary, attention, output
-projection. Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norm) and the Qwen2.5-VL language model are
-configurations of it.
+:class:`PagedAttention` hands one layer's ``q, k, v`` to the backend (the one writer of the cache:
+it stores K/V and attends, and may fuse the rotary embedding with its write); :class:`SelfAttention`
+is the layer the Llama-style families share: merged q/k/v projection (biases as configured),
+optional per-head RMSNorm of q and k, rotary, attention, output projection. Llama, Qwen2 (q/k/v
+biases), Qwen3 (q/k norm) and the Qwen2.5-VL language model are configurations of it.
 
 Under tensor parallelism the heads are split (:class:`~portattn.models.layers.linear.QKVLinear`):
 ``spec`` holds this rank's head counts, the paged cache holds this rank's KV heads, and ``o_proj`` is
@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from ...backends.base import AttentionBackend, AttentionLayer
+from ...backends.base import AttentionLayer
 from ...distributed.group import TPGroup, tp_or_single
 from ...runtime.context import ForwardContext
 from .fused import fused_ops
@@ -27,7 +27,8 @@ from .norm import RMSNorm
 
 
 class PagedAttention(nn.Module):
-    """Writes one layer's new K/V into its paged cache and attends, through the forward's backend."""
+    """One layer's attention over its paged cache, through the forward's backend (which writes the new
+    K/V into the cache, with the cache's scales, and attends)."""
 
     def __init__(self, spec: AttentionLayer):
         super().__init__()
@@ -38,28 +39,19 @@ class PagedAttention(nn.Module):
         q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
         k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
-        k_scale, v_scale = ctx.kv_scales(spec.layer_id)
-        out = ctx.backend.forward(
-            q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id), k_scale=k_scale, v_scale=v_scale
-        )
+        out = ctx.backend.forward(q, k, v, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
         return out.flatten(1)  # [T, Hq * Dv]
 
-    def forward_rotary(self, q, k, v, cos, sin, ctx: ForwardContext, ops) -> torch.Tensor | None:
-        """Rotate q and k by ``cos, sin`` and write K/V in one fused kernel, then attend; ``None`` where
-        the backend writes its cache its own way, or the cache is fp8 (stored saturated and scaled by
-        the backend's write; the caller then rotates and calls :meth:`forward`)."""
-        if type(ctx.backend).forward is not AttentionBackend.forward:
-            return None
+    def forward_rotary(self, q, k, v, cos, sin, ctx: ForwardContext) -> torch.Tensor | None:
+        """:meth:`forward` of q and k rotated by ``cos, sin`` where the backend fuses the rotation with
+        its cache write (``AttentionBackend.forward_rotary``); ``None`` where it does not (the caller
+        then rotates and calls :meth:`forward`)."""
         spec = self.spec
-        k_cache, v_cache = ctx.kv_cache(spec.layer_id)
-        if k_cache.dtype != q.dtype:
-            return None
         q = q.view(-1, spec.num_heads, spec.head_dim)  # [T, Hq, D]
         k = k.view(-1, spec.num_kv_heads, spec.head_dim)  # [T, Hkv, D]
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
-        q = ops.rotary_kv_write(q, k, v, cos, sin, k_cache, v_cache, ctx.metadata.out_cache_loc)
-        out = q.new_empty((q.shape[0], spec.num_heads, spec.v_head_dim))
-        return ctx.backend.paged_attention(q, k_cache, v_cache, ctx.metadata, spec.params, out).flatten(1)
+        out = ctx.backend.forward_rotary(q, k, v, cos, sin, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
+        return None if out is None else out.flatten(1)  # [T, Hq * Dv]
 
 
 def local_heads(spec: AttentionLayer, num_heads: int, num_kv_heads: int) -> AttentionLayer:
@@ -159,9 +151,8 @@ class SelfAttention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = table if table is not None else rotary.table(positions, q.dtype)
-        ops = fused_ops(q)
-        if ops is not None:
-            out = self.attn.forward_rotary(q, k, v, cos, sin, ctx, ops)
+        if fused_ops(q) is not None:  # fused kernels on here: ask the backend to fuse rotary with its write
+            out = self.attn.forward_rotary(q, k, v, cos, sin, ctx)
             if out is not None:
                 return self.o_proj(out)
         q, k = rotary.apply(q, k, cos, sin)

@@ -5,9 +5,16 @@ Both split the vocabulary the same way: rank ``r`` holds rows ``[r * Vp, (r + 1)
 padding), so a tied LM head shares the embedding's shard. The embedding looks up the ids in its
 range, zeroes the others and all-reduces (exactly one rank contributes each row); the LM head
 computes its ``Vp`` logits and all-gathers them into ``[N, vocab]`` on every rank, for sampling.
+
+Logits are float32 whatever the model's dtype. Where torch has a 16-bit matmul with a float32
+output (``torch.mm(..., out_dtype=torch.float32)``, CUDA), the product of 16-bit hidden states and
+weights is accumulated and returned in float32: rounding logits of magnitude 16-32 to bf16 moves
+them by up to 1/16 and makes near-equal candidates tie; elsewhere the 16-bit product is widened.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +78,26 @@ class LMHead(VocabParallel):
         self.weight = embedding.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.weight)  # [N, Vp]
+        logits = linear_float32(x, self.weight)  # [N, Vp] float32
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather(logits, dim=-1)[..., : self.vocab_size]  # [N, vocab]
+
+
+@functools.cache
+def has_float32_out_mm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch multiplies ``dtype`` matrices on ``device`` into a float32 output."""
+    try:
+        a = torch.ones((1, 8), dtype=dtype, device=device)
+        torch.mm(a, a.t(), out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
+def linear_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` as float32: ``x [..., K]``, ``weight [N, K]`` -> ``[..., N]``."""
+    if x.dtype in (torch.float16, torch.bfloat16) and has_float32_out_mm(x.device, x.dtype):
+        out = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)  # [M, N]
+        return out.view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight).float()

@@ -28,9 +28,10 @@ import torch
 from torch import nn
 
 from ...backends.base import AttentionLayer
+from ...backends.cache import LatentKVCache
+from ...backends.metadata import MLADecodeMetadata
 from ...distributed.group import TPGroup, tp_or_single
 from ...kv_quant import dequantize_kv
-from ...mla import MLADecodeMetadata, write_latent
 from ...runtime.context import ForwardContext
 from ...runtime.plan import LatentAttentionPlan
 from .linear import ColumnParallelLinear, Linear, RowParallelLinear
@@ -84,36 +85,37 @@ class MultiheadLatentAttention(nn.Module):
         c_kv = self.kv_a_layernorm(c_kv)
         q_pe = rotary.apply(q_pe, *cos_sin)  # [T, H, Dr]
         k_pe = rotary.apply(k_pe[:, None, :], *cos_sin)[:, 0]  # [T, 1, Dr] -> [T, Dr]
-        cache = ctx.kv_cache(self.spec.layer_id)  # [num_pages, P, R + Dr]
-        kv_scale = ctx.kv_scales(self.spec.layer_id)[0]  # an fp8 cache's latent scale, 1.0 otherwise
-        write_latent(cache, c_kv, k_pe, ctx.metadata.out_cache_loc, kv_scale)
+        cache: LatentKVCache = ctx.kv_cache(self.spec.layer_id)  # latent [num_pages, P, R + Dr], its scale
+        ctx.backend.write_latent(c_kv, k_pe, cache, ctx.metadata.out_cache_loc)
         if plan.varlen is None:
-            out = self._absorbed(q_nope, q_pe, cache, ctx, plan.decode, kv_scale)
+            out = self._absorbed(q_nope, q_pe, cache, ctx, plan.decode)
         elif plan.decode is None:
-            out = self._expanded(q_nope, q_pe, cache, ctx, plan, kv_scale)
+            out = self._expanded(q_nope, q_pe, cache, ctx, plan)
         else:  # decodes absorbed, prefill/extend chunks expanded
             out = q_nope.new_empty((num_tokens, self.num_heads, self.v_dim))
             d, e = plan.decode_rows, plan.expand_rows
-            out[d] = self._absorbed(q_nope[d], q_pe[d], cache, ctx, plan.decode, kv_scale)
-            out[e] = self._expanded(q_nope[e], q_pe[e], cache, ctx, plan, kv_scale)
+            out[d] = self._absorbed(q_nope[d], q_pe[d], cache, ctx, plan.decode)
+            out[e] = self._expanded(q_nope[e], q_pe[e], cache, ctx, plan)
         return self.o_proj(out.flatten(1))  # [T, H * Dv] -> [T, hidden]
 
     def _kv_b_halves(self) -> tuple[torch.Tensor, torch.Tensor]:
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)  # [H, Dn+Dv, R]
         return w[:, : self.nope_dim], w[:, self.nope_dim :]  # [H, Dn, R], [H, Dv, R]
 
-    def _absorbed(self, q_nope, q_pe, cache, ctx: ForwardContext, metadata: MLADecodeMetadata, kv_scale: float):
+    def _absorbed(self, q_nope, q_pe, cache: LatentKVCache, ctx: ForwardContext, metadata: MLADecodeMetadata):
         w_k, w_v = self._kv_b_halves()
         q_latent = torch.einsum("bhn,hnr->bhr", q_nope, w_k)  # [B, H, R]
-        out = q_latent.new_empty(q_latent.shape)
-        fp8 = {} if cache.dtype == q_latent.dtype else {"kv_scale": kv_scale}  # an fp8 cache's scale
-        ctx.backend.mla_decode(q_latent, q_pe.contiguous(), cache, metadata, self.scale, out, **fp8)  # [B, H, R]
+        out = q_latent.new_empty(q_latent.shape)  # [B, H, R]
+        ctx.backend.mla_decode(
+            q_latent, q_pe.contiguous(), cache.latent, metadata, self.scale, out, kv_scale=cache.scale
+        )
         return torch.einsum("bhr,hvr->bhv", out, w_v)  # [B, H, Dv]
 
-    def _expanded(self, q_nope, q_pe, cache, ctx: ForwardContext, plan: LatentAttentionPlan, kv_scale: float):
-        rows = cache.view(-1, cache.shape[-1])[plan.key_slots]  # [K, R + Dr]
+    def _expanded(self, q_nope, q_pe, cache: LatentKVCache, ctx: ForwardContext, plan: LatentAttentionPlan):
+        latent = cache.latent
+        rows = latent.view(-1, latent.shape[-1])[plan.key_slots]  # [K, R + Dr]
         if rows.dtype != q_nope.dtype:  # an fp8 cache: the rows it stands for, in the model's dtype
-            rows = dequantize_kv(rows, kv_scale).to(q_nope.dtype)
+            rows = dequantize_kv(rows, cache.scale).to(q_nope.dtype)
         num_keys = rows.shape[0]
         kv = self.kv_b_proj(rows[:, : self.kv_lora_rank])  # [K, H * (Dn + Dv)]
         k_nope, v = kv.view(num_keys, self.num_heads, -1).split([self.nope_dim, self.v_dim], dim=-1)

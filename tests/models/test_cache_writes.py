@@ -1,0 +1,197 @@
+"""The backend is the one writer of the KV cache: the attention layers (MHA, the fused rotary path, MLA)
+store nothing themselves.
+
+Each test runs a layer's forward twice over a cache poisoned with NaN. First with the backend's write
+diverted into a shadow copy of the cache: the real cache must come out bit for bit as it went in, so
+no other path wrote to it. Then with the write in place: exactly the new tokens' slots change, to what
+the diverted write stored in the shadow, and every other slot stays NaN.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import portattn.backends.triton as triton_backend_module
+import portattn.models.layers.attention as attention_module
+from conftest import BACKENDS, DEVICE
+from portattn.backends.base import AttentionLayer
+from portattn.backends.cache import LatentKVCache, PagedKVCache
+from portattn.backends.registry import backend_class
+from portattn.models.layers import RotaryEmbedding, SelfAttention
+from portattn.models.layers.latent_attention import MultiheadLatentAttention
+from portattn.runtime.context import ForwardContext
+from portattn.runtime.kv_cache import KVCacheSpec, make_kv_pool, mla_cache_spec
+from portattn.runtime.plan import plan_latent_attention
+from runtime.test_fp8_cache import make_batch
+
+# A decode (1 new token of 9), an extend (3 of 7) and a prefill (5 of 5); pages of 3.
+Q_LENS, K_LENS, PAGE_SIZE, NUM_PAGES = [1, 3, 5], [9, 7, 5], 3, 12
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # NaN included
+
+
+def new_slots_only(before: torch.Tensor, after: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The rows (one per slot) that ``slots`` name, after checking that no other row changed."""
+    rows_before, rows_after = before.flatten(0, 1), after.flatten(0, 1)  # [N * P, ...]
+    others = torch.ones(rows_before.shape[0], dtype=torch.bool, device=before.device)
+    others[slots] = False
+    assert same_bits(rows_after[others], rows_before[others]), "a slot no new token owns was written"
+    assert not rows_after[slots].isnan().any(), "a new token's slot was not written"
+    return rows_after[slots]
+
+
+def poisoned(cache: torch.Tensor, batch, seed: int) -> None:
+    """NaN in every slot, then the earlier tokens' K/V (or rows) in theirs, as earlier forwards left them."""
+    cache.fill_(float("nan"))
+    old = torch.zeros(cache.shape[0] * cache.shape[1], dtype=torch.bool, device=cache.device)
+    old[batch.req_to_token[batch.req_to_token >= 0].long()] = True
+    old[batch.out_cache_loc] = False
+    rows = cache.view(-1, *cache.shape[2:])  # [N * P, ...]
+    g = torch.Generator().manual_seed(seed)
+    rows[old] = torch.randn(rows[old].shape, generator=g).to(cache.device, cache.dtype)
+
+
+def random_parameters(module: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.data.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def mha_case(backend_name: str, dtype: torch.dtype):
+    from transformers import LlamaConfig
+
+    hidden, head_dim = 64, 16
+    spec = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=head_dim, scale=head_dim**-0.5)
+    layer = SelfAttention(hidden, spec)
+    random_parameters(layer, 0)
+    layer = layer.to(DEVICE, dtype)
+    config = LlamaConfig(hidden_size=hidden, num_attention_heads=4, head_dim=head_dim, rope_theta=1e4)
+    rotary = RotaryEmbedding(config, head_dim).to(DEVICE)
+    pool = make_kv_pool(KVCacheSpec(1, 2, head_dim, head_dim), NUM_PAGES, PAGE_SIZE, dtype, DEVICE)
+    batch = make_batch(PAGE_SIZE, Q_LENS, K_LENS, NUM_PAGES)
+    poisoned(pool.k[0], batch, 1)
+    poisoned(pool.v[0], batch, 2)
+    backend = backend_class(backend_name)()
+    ctx = ForwardContext(backend, backend.plan(batch), pool)
+    positions = torch.cat([torch.arange(k - q, k) for q, k in zip(Q_LENS, K_LENS)]).to(DEVICE)
+    x = torch.randn(sum(Q_LENS), hidden, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    return SimpleNamespace(layer=layer, rotary=rotary, pool=pool, backend=backend, ctx=ctx, x=x, positions=positions)
+
+
+def divert_write_kv(monkeypatch, backend, shadow: PagedKVCache) -> list:
+    """The backend's ``write_kv`` stores into ``shadow`` instead of the cache it is given."""
+    calls, write = [], type(backend).write_kv
+
+    def diverted(k, v, kv_cache, slots):
+        calls.append(slots)
+        write(backend, k, v, PagedKVCache(shadow.k, shadow.v, kv_cache.k_scale, kv_cache.v_scale), slots)
+
+    monkeypatch.setattr(backend, "write_kv", diverted)
+    return calls
+
+
+PAGED_BACKENDS = [b for b in ("torch", "triton") if b in BACKENDS]
+
+
+@pytest.mark.parametrize("backend_name", PAGED_BACKENDS)
+def test_the_backends_write_kv_is_the_only_kv_write(backend_name, monkeypatch):
+    case = mha_case(backend_name, torch.float32)
+    monkeypatch.setattr(attention_module, "fused_ops", lambda x: None)  # the unfused path: rotary, then forward
+    before = [case.pool.k[0].clone(), case.pool.v[0].clone()]
+    shadow = PagedKVCache(before[0].clone(), before[1].clone())
+    with monkeypatch.context() as patch:
+        calls = divert_write_kv(patch, case.backend, shadow)
+        case.layer(case.positions, case.x, case.ctx, case.rotary)
+    assert len(calls) == 1 and torch.equal(calls[0], case.ctx.metadata.out_cache_loc)
+    assert same_bits(case.pool.k[0], before[0]) and same_bits(case.pool.v[0], before[1])  # nobody else wrote
+
+    out = case.layer(case.positions, case.x, case.ctx, case.rotary)
+    assert out.isfinite().all()  # every key the attention read was written
+    slots = case.ctx.metadata.out_cache_loc
+    for cache, old, owner in zip((case.pool.k[0], case.pool.v[0]), before, (shadow.k, shadow.v)):
+        assert same_bits(new_slots_only(old, cache, slots), owner.flatten(0, 1)[slots])
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton does not run here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_the_fused_rotary_write_is_the_backends_and_the_only_one(dtype, monkeypatch):
+    """With the fused kernels on, the layer asks the backend to fuse rotary with its write; the Triton
+    backend's fused kernel is then the one write (``write_kv`` does not run too), and the attention
+    equals the unfused path's (rotary in the layer, then ``forward``)."""
+    case = mha_case("triton", dtype)
+    monkeypatch.setattr(attention_module, "fused_ops", lambda x: attention_module)  # any launchers: "fused on"
+    before = [case.pool.k[0].clone(), case.pool.v[0].clone()]
+    shadow = [before[0].clone(), before[1].clone()]
+    calls, fused = [], triton_backend_module.rotary_kv_write
+
+    def diverted(q, k, v, cos, sin, k_cache, v_cache, slots):
+        calls.append(slots)
+        return fused(q, k, v, cos, sin, *shadow, slots)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(triton_backend_module, "rotary_kv_write", diverted)
+        patch.setattr(case.backend, "write_kv", lambda *args: pytest.fail("the fused path wrote through write_kv too"))
+        case.layer(case.positions, case.x, case.ctx, case.rotary)
+    assert len(calls) == 1 and torch.equal(calls[0], case.ctx.metadata.out_cache_loc)
+    assert same_bits(case.pool.k[0], before[0]) and same_bits(case.pool.v[0], before[1])  # nobody else wrote
+
+    fused_out = case.layer(case.positions, case.x, case.ctx, case.rotary)
+    slots = case.ctx.metadata.out_cache_loc
+    for cache, old, owner in zip((case.pool.k[0], case.pool.v[0]), before, shadow):
+        assert same_bits(new_slots_only(old, cache, slots), owner.flatten(0, 1)[slots])
+    monkeypatch.setattr(attention_module, "fused_ops", lambda x: None)
+    unfused_out = case.layer(case.positions, case.x, case.ctx, case.rotary)  # rewrites the same slots
+    assert fused_out.isfinite().all()  # every key the attention read was written
+    torch.testing.assert_close(fused_out, unfused_out)
+
+
+class MLAConfig(SimpleNamespace):
+    num_attention_heads, hidden_size, attention_bias = 4, 64, False
+    q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim = 24, 32, 16, 8, 16
+
+
+@pytest.mark.parametrize("backend_name", PAGED_BACKENDS)
+def test_the_backends_write_latent_is_the_only_latent_write(backend_name, monkeypatch):
+    """A batch of a decode (absorbed) and prompt chunks (expanded): one latent write per layer forward,
+    the backend's."""
+    config, dtype = MLAConfig(), torch.float32
+    layer = MultiheadLatentAttention(config, 0, scale=0.2)
+    random_parameters(layer, 2)
+    layer = layer.to(DEVICE, dtype)
+    pool = make_kv_pool(
+        mla_cache_spec(1, config.kv_lora_rank, config.qk_rope_head_dim), NUM_PAGES, PAGE_SIZE, dtype, DEVICE
+    )
+    batch = make_batch(PAGE_SIZE, Q_LENS, K_LENS, NUM_PAGES)
+    poisoned(pool.latent[0], batch, 1)
+    backend = backend_class(backend_name)()
+    metadata = backend.plan(batch)
+    plan = plan_latent_attention(backend, metadata, num_heads=4, kv_lora_rank=config.kv_lora_rank)
+    assert plan.decode is not None and plan.varlen is not None  # both forms run
+    ctx = ForwardContext(backend, metadata, pool, plan)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(sum(Q_LENS), config.hidden_size, generator=g).to(DEVICE, dtype)
+    angles = torch.rand(sum(Q_LENS), 1, config.qk_rope_head_dim, generator=g).to(DEVICE, dtype)
+    cos_sin = (angles.cos(), angles.sin())  # [T, 1, Dr]
+    rotary = SimpleNamespace(apply=lambda t, cos, sin: t * cos + t.flip(-1) * sin)  # any rotation will do here
+
+    before = pool.latent[0].clone()
+    shadow, calls, write = before.clone(), [], type(backend).write_latent
+
+    def diverted(c_kv, k_pe, kv_cache, slots):
+        calls.append(slots)
+        write(backend, c_kv, k_pe, LatentKVCache(shadow, kv_cache.scale), slots)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(backend, "write_latent", diverted)
+        layer(x, cos_sin, rotary, ctx)
+    assert len(calls) == 1 and torch.equal(calls[0], metadata.out_cache_loc)
+    assert same_bits(pool.latent[0], before)  # nobody else wrote
+
+    assert layer(x, cos_sin, rotary, ctx).isfinite().all()
+    slots = metadata.out_cache_loc
+    assert same_bits(new_slots_only(before, pool.latent[0], slots), shadow.flatten(0, 1)[slots])
