@@ -8,21 +8,18 @@ import time
 
 from tqdm.auto import tqdm
 
-from ..backends.base import Request
-from ..backends.registry import select_backend
 from ..device import graph_support, is_gpu
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import is_int
-from ..kv_quant import is_quantized
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
-from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
 from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .generation_config import sampling_defaults
 from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
+from .model_setup import model_kv_pool, select_attention_backend
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
 from .sampler import bad_word_token_ids, sample_key
@@ -84,34 +81,6 @@ def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -
             "raise kv_cache_memory or lower max_model_len / max_num_seqs"
         )
     return min(fits, config.max_num_seqs * per_request)
-
-
-def select_attention_backend(model, config: EngineConfig):
-    """The attention backend for ``model`` under ``config``: one request covering every op and
-    feature of its layers (design §6.2)."""
-    layers = model.attention_layers()
-    features = frozenset().union(*(layer.features for layer in layers))
-    first, *others = model.attention_ops
-    kv_dtype = config.kv_cache_dtype
-    request = Request(
-        first,
-        config.device.type,
-        config.dtype,
-        layers[0].head_dim,
-        features,
-        frozenset(others),
-        kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,
-    )
-    return select_backend("attention", config.attention_backend, request)
-
-
-def model_kv_pool(model, path: str, config: EngineConfig, num_pages: int):
-    """A KV pool of ``num_pages`` pages for ``model`` (checkpoint ``path``: an fp8 cache's scales)."""
-    spec = model.kv_cache_spec()
-    pool = make_kv_pool(spec, num_pages, config.page_size, config.kv_cache_dtype, config.device)
-    if is_quantized(config.kv_cache_dtype):
-        pool.set_kv_scales(loader.kv_cache_scales(path, spec.num_layers))
-    return pool
 
 
 class Engine:

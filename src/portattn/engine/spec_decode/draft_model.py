@@ -28,9 +28,9 @@ from ...models import loader
 from ...models.base import MultimodalModel
 from ...paging import PageAllocator
 from ..config import EngineConfig
-from ..engine import model_kv_pool, select_attention_backend
 from ..graphs import batch_size_buckets
 from ..model_runner import ModelRunner
+from ..model_setup import model_kv_pool, select_attention_backend
 from ..page_manager import PageManager
 from ..req_pool import ReqToTokenPool
 from ..sequence import Sequence, Status

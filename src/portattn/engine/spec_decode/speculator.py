@@ -32,6 +32,7 @@ import torch
 from ..page_manager import PageManager
 from ..sequence import Sequence
 from .config import SpeculativeConfig
+from .draft_model import DraftModelProposer
 from .ngram import NgramProposer
 from .rejection import Emitted, verify
 
@@ -171,8 +172,6 @@ def build_speculator(config: SpeculativeConfig, engine, capture_graphs: bool) ->
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     else:
-        from .draft_model import DraftModelProposer  # its machinery only when asked for
-
         proposer = DraftModelProposer(
             config,
             engine.config,
