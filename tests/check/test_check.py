@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +73,7 @@ def test_check_passes_for_the_reference_backend(capsys):
     assert "FAIL" not in out and "paged_attention        window_left 5" in out
     for name in ("long decode (split-KV)", "fp8 e5m2 cache", "head dim 256", "MLA fp8 e4m3", "merge 3 parts"):
         assert f" {name} " in out
-    assert out.strip().endswith("0 failed, 0 skipped (declared unsupported)")
+    assert re.search(r"\n\d+ passed, 0 failed, 0 skipped \(declared unsupported\) in \d+\.\d s$", out.strip())
 
 
 def test_a_failure_names_its_case_and_its_rerun_command(extra_backends, capsys):
@@ -103,7 +107,12 @@ def test_crashes_fail_their_rows_and_unsupported_cases_are_skipped(extra_backend
     assert "paged_attention        Dv != D                    crashing_mla fp32" in out and " pass" in out
     assert "    error: RuntimeError: kernel launch failed" in out
     assert cli.main([*argv, "--case", "sinks", "--case", "fp8 e4m3 cache", "--backend", "paged_only"]) == 0
-    assert capsys.readouterr().out.strip().endswith("1 passed, 0 failed, 3 skipped (declared unsupported)")
+    out = capsys.readouterr().out
+    assert "1 passed, 0 failed, 3 skipped (declared unsupported) in " in out
+    # Each skipped case is a row of the table, with the backend's reason.
+    skip = "paged_attention        sinks                      paged_only fp32           -          -  skip"
+    assert f"{skip} (does not support attention sinks)" in out
+    assert "MLA 32 + 16, H 5           paged_only fp32           -          -  skip (does not support the mla" in out
 
 
 def test_json_output(extra_backends, tmp_path, capsys):
@@ -118,7 +127,15 @@ def test_json_output(extra_backends, tmp_path, capsys):
     assert ok["ok"] and ok["backend"] == "torch" and "repro" not in ok
     assert not bad["ok"] and bad["case"]["kwargs"] == {"window_left": 5} and bad["repro"].endswith("'window_left 5'")
     assert bad["page_sizes"] == [dict(page_size=3, max_error=bad["max_error"], tolerance=bad["tolerance"], ok=False)]
-    assert doc["summary"] == "1 passed, 1 failed, 0 skipped (declared unsupported)"
+    summary = doc["summary"]
+    assert {k: summary[k] for k in ("passed", "failed", "skipped", "required", "ok")} == {
+        "passed": 1,
+        "failed": 1,
+        "skipped": 0,
+        "required": {},
+        "ok": False,
+    }
+    assert isinstance(summary["seconds"], float)
     path = tmp_path / "check.json"
     argv = ["check", "--backend", "torch", "--dtype", "fp32", "--page-size", "3", "--case", "sinks"]
     assert cli.main([*argv, "--json", str(path)]) == 0
@@ -129,7 +146,8 @@ def test_json_output(extra_backends, tmp_path, capsys):
 def test_case_names_and_bad_flags(extra_backends, capsys):
     assert cli.main(["check", "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert len(listed) == len(FEATURES) and listed[0].split(None, 1)[1] == FEATURES[0].name
+    assert len(listed) == len(FEATURES) and listed[0].split()[1:4] == ["mixed", "batch", "(D"]
+    assert listed[[f.name for f in FEATURES].index("sinks + window (D 64)")].endswith("paged_attention sinks window")
     assert cli.main(["check", "--case", "no such case"]) == 2
     assert "expected --case in [" in capsys.readouterr().err
     assert cli.main(["check", "--backend", "nope"]) == 2
@@ -138,3 +156,37 @@ def test_case_names_and_bad_flags(extra_backends, capsys):
     assert "--register x=no_such_module:B: cannot import" in capsys.readouterr().err
     assert cli.main(["check", "--register", f"other={__name__}:WindowBlindBackend"]) == 2
     assert "WindowBlindBackend.name == 'other'" in capsys.readouterr().err
+
+
+def test_a_check_where_no_case_ran_fails(extra_backends, capsys):
+    argv = ["check", "--dtype", "fp32", "--page-size", "5", "--case", "sinks", "--backend", "paged_only"]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "0 passed, 0 failed, 1 skipped" in out and "FAIL: no case ran" in out
+    assert cli.main([*argv, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["summary"]["ok"] is False
+
+
+def test_required_features_need_a_passing_case(extra_backends, tmp_path, capsys):
+    argv = ["check", "--dtype", "fp32", "--page-size", "3", "--case", "sinks", "--case", "window_left 5"]
+    assert cli.main([*argv, "--backend", "torch", "--require", "sinks,window", "--require", "paged_attention"]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+    # window_blind's window row fails; paged_only skips sinks: neither feature has a passing case.
+    register = f"window_blind={__name__}:WindowBlindBackend"
+    argv += ["--register", register, "--backend", "window_blind", "--json", str(tmp_path / "c.json")]
+    assert cli.main([*argv, "--require", "window"]) == 1
+    assert "FAIL: no passing case for --require window" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())["summary"]["required"] == {"window": False}
+    assert cli.main(["check", "--require", "windows"]) == 2
+    assert "expected --require of ['alibi', 'chunk'," in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_the_check_quietly():
+    """`portattn check | head`: no traceback or broken-pipe message, the status of a SIGPIPE death."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    script = (
+        f"set -o pipefail; PYTHONPATH={src} {sys.executable} -m portattn.cli check --backend torch --dtype fp32 "
+        "--page-size 3 | head -n 2 >/dev/null; echo status ${PIPESTATUS[0]} >&2"
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.stderr.strip() == "status 141", done.stderr

@@ -54,6 +54,7 @@ def test_a_backend_defined_in_main_is_refused_before_any_rank_starts(clean_regis
 def test_generate_takes_register(clean_registry, ckpt_root, capsys):
     path = checkpoint("llama", ckpt_root)
     argv = ["generate", "--register", SPEC, "--attention-backend", NAME, "--model", path, "--prompt-ids", "4,8,15"]
+    argv += ["--temperature", "0"]
     argv += ["--max-tokens", "5", "--ignore-eos", "--num-pages", "32", "--max-model-len", "256"]
     assert cli.main(argv) == 0
     assert f"output ids: {hf_reference(path, (4, 8, 15), 5)[0]}" in capsys.readouterr().out

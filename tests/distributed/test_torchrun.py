@@ -28,7 +28,7 @@ def node_command(node_rank: int, port: int, path: str) -> list[str]:
     torchrun += ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
     generate_args = ["--model", path, "--device", DEVICE, "--prompt-ids", ",".join(map(str, PROMPT))]
     generate_args += ["--max-tokens", "6", "--ignore-eos", "--num-pages", "32", "--max-model-len", "256"]
-    generate_args += ["--tensor-parallel-size", "2"]
+    generate_args += ["--tensor-parallel-size", "2", "--temperature", "0"]
     return [*torchrun, "-m", "portattn.cli", "generate", *generate_args]
 
 

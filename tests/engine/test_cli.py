@@ -88,6 +88,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkeypatch):
     fields = dataclasses.fields(EngineConfig)
     values = {f.name: _other_value(EngineConfig, f) for f in fields} | {"model": str(tmp_path)}
+    values["gpu_memory_utilization"] = 0.5  # in (0, 1]
     values["speculative_config"] = '{"method": "ngram", "num_speculative_tokens": 2}'  # a JSON object
     given = arguments.given(_parse(_argv(EngineConfig, values)), EngineConfig)
     assert given == values  # each flag, parsed to its field's type
@@ -99,7 +100,7 @@ def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkey
     assert list(params) == [f.name for f in fields]
     assert params["model"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
     assert all(params[f.name].default == f.default for f in fields[1:])
-    assert "\nkv_cache_memory: KV-cache bytes without num_pages (default: 512 MiB)\n" in LLM.__init__.__doc__ + "\n"
+    assert "\ngpu_memory_utilization: fraction of an accelerator's memory" in LLM.__init__.__doc__
 
 
 def test_flags_not_given_leave_the_dataclass_defaults(tmp_path):

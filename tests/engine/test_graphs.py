@@ -207,5 +207,5 @@ def test_cpu_and_enforce_eager_run_eagerly(ckpt_root, caplog):
     with caplog.at_level(logging.INFO, logger="portattn"):
         LLM(path, page_size=16, num_pages=40, max_model_len=256, enforce_eager=True)
     assert "decode runs eagerly (enforce_eager)" in caplog.text
-    with pytest.raises(ValueError, match="expected enforce_eager to be a bool, got 'yes'"):
+    with pytest.raises(ValueError, match=r"expected enforce_eager \(--enforce-eager\) to be a bool, got 'yes'"):
         EngineConfig(model=path, device="cpu", dtype="float32", enforce_eager="yes")

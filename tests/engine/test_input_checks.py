@@ -64,7 +64,10 @@ def test_the_temperature_floor_and_the_largest_seed_sample(llm):
     ("kwargs", "message"),
     [
         ({"device": "foo"}, r"expected a device such as cpu.*, got 'foo'"),
-        ({"device": "cpu", "enable_prefix_caching": 1}, "expected enable_prefix_caching to be a bool"),
+        (
+            {"device": "cpu", "enable_prefix_caching": 1},
+            r"expected enable_prefix_caching \(--enable-prefix-caching\) to be a bool, got 1",
+        ),
     ],
 )
 def test_engine_config_refuses(kwargs, message):
@@ -96,10 +99,13 @@ def test_max_num_seqs_defaults_to_what_the_pool_can_hold():
     ("kwargs", "message"),
     [
         # Used to cap every output at 14 tokens (finish "length") without a word.
-        ({"num_pages": 1}, r"expected num_pages >= 128 \(one request of max_model_len 2048 at page size 16\), got 1"),
-        ({"num_pages": 4, "page_size": 4, "max_model_len": 32}, r"expected num_pages >= 8 .*, got 4"),
-        ({"num_pages": 8, "max_model_len": 64, "max_num_seqs": 9}, "expected num_pages >= max_num_seqs 9"),
-        ({"kv_cache_memory": 4096, "max_model_len": 64}, "expected kv_cache_memory to hold at least 64 pages"),
+        ({"num_pages": 1}, r"num_pages \(--num-pages\) >= 128 \(one request of max_model_len 2048 at page size 16\)"),
+        ({"num_pages": 4, "page_size": 4, "max_model_len": 32}, r"expected num_pages \(--num-pages\) >= 8 .*, got 4"),
+        ({"num_pages": 8, "max_model_len": 64, "max_num_seqs": 9}, r"num_pages \(--num-pages\) >= max_num_seqs 9"),
+        (
+            {"kv_cache_memory": 4096, "max_model_len": 64},
+            r"expected the KV cache to hold at least 64 pages .* from kv_cache_memory \(--kv-cache-memory\) 4096 bytes",
+        ),
         ({"num_pages": 300, "max_model_len": 4096}, "expected max_model_len <= the model's max_position_embeddings"),
     ],
 )

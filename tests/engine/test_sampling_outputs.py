@@ -177,7 +177,7 @@ def test_leaving_a_stream_early_frees_everything(llm):
     next(it)
     it.close()
     assert not llm.engine.requests and not llm.engine.has_unfinished()
-    assert llm.engine.allocator.num_used == 0
+    assert llm.engine.allocator.num_used == len(llm.engine.pages.cache)  # the prefix cache's pages alone
 
 
 def test_incremental_text_equals_decode(llm):

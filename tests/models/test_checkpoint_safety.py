@@ -222,7 +222,7 @@ def test_cli_version_and_usage_errors_are_one_line(capsys):
         (["generate", "--model", "M", "--prompt-ids", "1,x"], "expected --prompt-ids as comma-separated ints"),
         (["generate", "--model", "M"], "expected at least one --prompt or --prompt-ids"),
         (["generate", "--model", "M", "--prompt-ids", "1", "--device", "foo"], "expected a device such as cpu"),
-        (["generate", "--model", "M", "--prompt-ids", "1", "--num-pages", "1"], "expected num_pages >= 128"),
+        (["generate", "--model", "M", "--prompt-ids", "1", "--num-pages", "1"], "num_pages (--num-pages) >= 128"),
         (["generate", "--model", "M", "--prompt-ids", "1", "--max-model-len", "4096"], "max_position_embeddings 2048"),
     ],
 )

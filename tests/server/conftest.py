@@ -16,7 +16,8 @@ import torch
 
 from portattn.testing.chat import save_tiny_chat_checkpoint
 
-ENGINE = dict(page_size=4, num_pages=1024, max_num_seqs=64, max_model_len=512)
+# Prefix caching off: the tests check that every page goes back to the pool when requests end.
+ENGINE = dict(page_size=4, num_pages=1024, max_num_seqs=64, max_model_len=512, enable_prefix_caching=False)
 
 
 @functools.cache

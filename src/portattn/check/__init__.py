@@ -4,10 +4,11 @@ Runs a grid of cases (op x feature x page size x dtype) for each registered back
 mixed batches of decodes, extends and prefills, head dims 64 to 256, the masks, sinks, softcap,
 ALiBi and LSE, long decodes that take the split-KV path and its merge, fp8 KV caches, MLA decode,
 varlen attention and the merging of attention states. Each row is one (op, feature, backend, dtype),
-its error the worst over the page sizes; a case the backend declares unsupported is skipped (and
-counted). A failing row names the exact case and prints a command that reruns only it. The header
-names the device, driver, torch and triton; ``--json`` writes all of it as one JSON document.
-Exit status 1 on any failure. docs/check.md describes the output and how to check a new backend.
+its error the worst over the page sizes; a case the backend declares unsupported is skipped (listed
+with the reason, and counted). A failing row names the exact case and prints a command that reruns
+only it. The header names the device, driver, torch and triton; ``--json`` writes all of it as one
+JSON document. Exit status 1 on any failure, when no case ran, or when a feature named by
+``--require`` has no passing case. docs/check.md describes the output and how to check a new backend.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import math
 import platform
 import shlex
+import time
 from collections.abc import Iterator
 
 import torch
@@ -25,7 +27,18 @@ from .. import __version__
 from ..backends.registry import available_backends, backend_class, registered_backends
 from ..device import default_device, describe_device, is_triton_interpreter, resolve_device
 from ..errors import UnsupportedFeatureError, expect
-from .cases import CASE_NAMES, CONTIGUOUS_LAYOUT, DTYPES, FEATURES, PAGE_SIZES, Feature, describe_case, run_case
+from .cases import (
+    CASE_NAMES,
+    CONTIGUOUS_LAYOUT,
+    DTYPES,
+    FEATURES,
+    PAGE_SIZES,
+    REQUIREMENTS,
+    Feature,
+    case_tags,
+    describe_case,
+    run_case,
+)
 
 
 def repro_command(
@@ -49,12 +62,15 @@ def run_check(
     features: list[Feature] = FEATURES,
     skipped: list[dict] | None = None,
     registered: dict[str, str] | None = None,
+    *,
+    yield_skipped: bool = False,
 ) -> Iterator[dict]:
     """One row per (feature, backend, dtype) the backend supports, as soon as it is measured.
 
-    A case the backend declares unsupported is left out (appended to ``skipped`` with the reason);
-    an exception in a case makes its row fail with the exception named. ``registered``: backends
-    added by ``--register`` (name -> the flag), repeated in the rerun commands.
+    A case the backend declares unsupported is left out (appended to ``skipped`` with the reason,
+    and yielded too with ``yield_skipped``, as a row whose ``skipped`` holds the reason and that has
+    no ``ok``); an exception in a case makes its row fail with the exception named. ``registered``:
+    backends added by ``--register`` (name -> the flag), repeated in the rerun commands.
     """
     for feature in features:
         for backend in backends:
@@ -76,8 +92,11 @@ def run_check(
                     if error:
                         break
                 if unsupported is not None:
+                    entry = dict(op=feature.op, feature=feature.name, backend=backend, dtype=dtype_name)
                     if skipped is not None:
-                        skipped.append(dict(op=feature.op, feature=feature.name, backend=backend, reason=unsupported))
+                        skipped.append(entry | {"reason": unsupported})
+                    if yield_skipped:
+                        yield entry | {"skipped": unsupported}
                     continue
                 worst = max(per_size, key=_badness)
                 row = dict(
@@ -140,6 +159,10 @@ HEADER = f"{'op':<22} {'feature':<26} {'backend':<8} {'dtype':<5} {'max error':>
 
 
 def format_row(r: dict) -> str:
+    if "skipped" in r:  # the backend's own words say what it lacks
+        reason = r["skipped"].split(";")[0].removeprefix(f"attention backend {r['backend']!r} ")
+        row = f"{r['op']:<22} {r['feature']:<26} {r['backend']:<8} {r['dtype']:<5} {'-':>10} {'-':>10}"
+        return f"{row}  skip ({reason})"
     line = (
         f"{r['op']:<22} {r['feature']:<26} {r['backend']:<8} {r['dtype']:<5} "
         f"{r['max_error']:>10.2e} {r['tolerance']:>10.2e}  {'pass' if r['ok'] else 'FAIL'}"
@@ -179,7 +202,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"page size to check (repeatable; default: {' '.join(map(str, PAGE_SIZES))})",
     )
     parser.add_argument("--case", action="append", default=None, help="run only this case (repeatable; see --list)")
-    parser.add_argument("--list", action="store_true", help="print the case names and exit")
+    parser.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="FEATURES",
+        help="exit 1 unless each of these has a passing case (comma-separated, repeatable): ops, features and "
+        f"fp8 caches, of {', '.join(REQUIREMENTS)}",
+    )
+    parser.add_argument("--list", action="store_true", help="print the case names and what each exercises, and exit")
     parser.add_argument(
         "--json",
         nargs="?",
@@ -192,8 +223,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.list:
-        print("\n".join(f"{f.op:<22} {f.name}" for f in FEATURES))
+        print("\n".join(f"{f.op:<22} {f.name:<26} {' '.join(sorted(case_tags(f)))}" for f in FEATURES))
         return 0
+    required = [name.strip() for names in args.require for name in names.split(",") if name.strip()]
+    for name in required:
+        expect(name in REQUIREMENTS, f"--require of {REQUIREMENTS}", repr(name))
     registered = args.registered  # backend name -> the --register flag that registered it
     try:
         device = resolve_device(args.device) if args.device else default_device()
@@ -221,12 +255,12 @@ def main(args: argparse.Namespace) -> int:
         print(HEADER)
         print("-" * len(HEADER), flush=True)
     rows, skipped = [], []
-    for row in run_check(device, backends, dtypes, page_sizes, features, skipped, registered):
-        rows.append(row)
+    start = time.perf_counter()
+    for row in run_check(device, backends, dtypes, page_sizes, features, None, registered, yield_skipped=True):
+        (skipped if "skipped" in row else rows).append(row)
         if table:
             print(format_row(row), flush=True)  # rows stream: Triton compiles a kernel per new shape
-    failed = sum(not r["ok"] for r in rows)
-    summary = f"{len(rows) - failed} passed, {failed} failed, {len(skipped)} skipped (declared unsupported)"
+    summary = summarize(rows, skipped, required, time.perf_counter() - start)
     if args.json is not None:
         doc = json.dumps(jsonable({"environment": env, "rows": rows, "skipped": skipped, "summary": summary}), indent=1)
         if args.json == "-":
@@ -235,8 +269,37 @@ def main(args: argparse.Namespace) -> int:
             with open(args.json, "w") as f:
                 f.write(doc + "\n")
     if table:
-        print(summary)
-    return 1 if failed else 0
+        print("\n".join(summary_lines(summary)))
+    return 0 if summary["ok"] else 1
+
+
+def summarize(rows: list[dict], skipped: list[dict], required: list[str], seconds: float) -> dict:
+    """Counts and the verdict: ok when some case ran, none failed, and each required feature passed."""
+    features = {f.name: f for f in FEATURES}
+    passing = set().union(*(case_tags(features[r["feature"]]) for r in rows if r["ok"]))
+    failed = sum(not r["ok"] for r in rows)
+    missing = [name for name in required if name not in passing]
+    return {
+        "passed": len(rows) - failed,
+        "failed": failed,
+        "skipped": len(skipped),
+        "seconds": round(seconds, 1),
+        "required": {name: name in passing for name in required},
+        "ok": bool(rows) and not failed and not missing,
+    }
+
+
+def summary_lines(summary: dict) -> list[str]:
+    lines = [
+        f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped (declared "
+        f"unsupported) in {summary['seconds']:.1f} s"
+    ]
+    if summary["passed"] + summary["failed"] == 0:
+        lines.append("FAIL: no case ran (every case was skipped or none was selected)")
+    missing = [name for name, ok in summary["required"].items() if not ok]
+    if missing:
+        lines.append(f"FAIL: no passing case for --require {', '.join(missing)}")
+    return lines
 
 
 def jsonable(value: object) -> object:

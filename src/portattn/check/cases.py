@@ -158,6 +158,34 @@ FEATURES = [
     Feature("merge 3 parts", "merge_attention_states", lens=varlen_batch),
 ]
 CASE_NAMES = [f.name for f in FEATURES]
+
+
+def case_tags(feature: Feature) -> frozenset[str]:
+    """What a case exercises, in the words ``--require`` takes: its op, the capability features its
+    arguments need (``window``, ``sinks``, ... as backends declare them) and an fp8 cache format."""
+    kwargs = feature.kwargs(torch.float32, torch.device("cpu"))
+    tags = {feature.op}
+    if feature.op == "mla_decode":
+        tags.add("lse")  # every MLA case also compares the log-sum-exp
+    elif feature.op != "merge_attention_states":
+        default_causal = feature.op == "paged_attention"
+        checks = {
+            "window": any(k in kwargs for k in ("window_left", "window_right", "window_size")),
+            "chunk": "attention_chunk_size" in kwargs,
+            "sinks": "sinks" in kwargs,
+            "softcap": kwargs.get("logit_softcap", 0) > 0,
+            "non_causal": not kwargs.get("causal", default_causal),
+            "dv_ne_d": feature.value_dim not in (None, feature.head_dim),
+            "lse": bool(kwargs.get("return_lse")),
+            "alibi": "alibi_slopes" in kwargs,
+        }
+        tags |= {name for name, used in checks.items() if used}
+    if feature.kv_cache is not None:
+        tags.add(feature.kv_cache)
+    return frozenset(tags)
+
+
+REQUIREMENTS = sorted(set().union(*(case_tags(f) for f in FEATURES)))
 assert len(set(CASE_NAMES)) == len(CASE_NAMES), "case names are how a failure is rerun: keep them unique"
 # Varlen and merge cases gather the paged fixture (page size 16) into contiguous sequences.
 CONTIGUOUS_LAYOUT = (16,)

@@ -19,10 +19,23 @@ import typing
 _FLAG_TYPES = (bool, int, float, str)
 
 
-def doc(help: str, *, choices=None) -> dict:
+def doc(help: str, *, choices=None, parse=None) -> dict:
     """A field's metadata: its help text (and allowed values, shown as the flag's choices), as in
-    ``page_size: int = field(default=16, metadata=doc("tokens per KV-cache page"))``."""
-    return {"help": help} if choices is None else {"help": help, "choices": tuple(choices)}
+    ``page_size: int = field(default=16, metadata=doc("tokens per KV-cache page"))``. ``parse``: a
+    function from the flag's text to the value (a ``ValueError`` names what was expected), for flags
+    whose values the annotation's type cannot read (``--kv-cache-memory 4GiB``)."""
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if parse is not None:
+        meta["parse"] = parse
+    return meta
+
+
+def option(name: str) -> str:
+    """A field as errors name it, keyword and flag: ``kv_cache_memory (--kv-cache-memory)``, so that a
+    message reads right from Python and from the command line."""
+    return f"{name} (--{name.replace('_', '-')})"
 
 
 def names(cls: type) -> tuple[str, ...]:
@@ -73,7 +86,22 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, exclude: tuple[str,
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
         else:
             required = field.default is dataclasses.MISSING
+            parse = field.metadata.get("parse")
+            kind = kind if parse is None else _flag_parser(parse)
             parser.add_argument(flag, type=kind, choices=field.metadata.get("choices"), required=required, **common)
+
+
+def _flag_parser(parse):
+    """``parse`` as an argparse type: its ``ValueError`` becomes the flag's one-line usage error."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
 
 
 def given(args: argparse.Namespace, cls: type) -> dict:

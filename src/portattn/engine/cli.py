@@ -13,6 +13,8 @@ from .config import EngineConfig
 from .sampling_params import SamplingParams
 
 # What the command does not print, and what a flag cannot spell (lists, callables), has no flag.
+# SamplingParams.seed neither: --seed is the engine's (LLM(seed=...)), the seed of every request that
+# has none, which for one command is the same thing.
 NOT_FLAGS = (
     "return_logits",
     "return_prompt_logits",
@@ -22,6 +24,7 @@ NOT_FLAGS = (
     "allowed_token_ids",
     "bad_words",
     "logits_processors",
+    "seed",
 )
 
 

@@ -1,20 +1,47 @@
-"""The engine's configuration, validated once."""
+"""The engine's configuration, validated once; ``"auto"`` values are resolved here, before freezing."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 
-from ..device import resolve_device
+from ..device import default_device, is_gpu, resolve_device
 from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
-from .arguments import doc
+from ..models.hub import checkpoint_dtype, resolve_checkpoint
+from .arguments import doc, option
+from .memory import CPU_KV_CACHE_MEMORY, parse_bytes
 from .spec_decode.config import SpeculativeConfig
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-DEFAULT_KV_CACHE_MEMORY = 512 << 20  # bytes, when neither num_pages nor kv_cache_memory is given
+logger = logging.getLogger("portattn")
+
+# dtype names (vLLM's spellings); "auto" is resolved by auto_dtype.
+DTYPES = {
+    "auto": None,
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
 DEFAULT_MAX_NUM_SEQS = 64
+# Tokens per step when max_num_batched_tokens is not given: vLLM's serving default on GPUs; on the CPU
+# a step of 2048 tokens already takes seconds, and a smaller one keeps decodes moving beside prefills.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"accelerator": 8192, "cpu": 2048}
+
+
+def auto_dtype(model: str, device: torch.device) -> torch.dtype:
+    """``dtype="auto"``: float32 on the CPU (CPUs compute half precision slowly or by emulation, and
+    float32 is what transformers runs there); on an accelerator the dtype the checkpoint's config
+    names (``dtype`` / ``torch_dtype``), float32 when it names none."""
+    if device.type == "cpu":
+        return torch.float32
+    return checkpoint_dtype(model) or torch.float32
 
 
 @dataclass(frozen=True)
@@ -23,15 +50,28 @@ class EngineConfig:
     in the field's metadata); ``model`` becomes a ``str``, ``dtype`` and ``device`` torch objects."""
 
     model: str = field(
-        metadata=doc("Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer) or a .gguf file")
+        metadata=doc(
+            "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer), a .gguf file, or a "
+            "model id (org/name) already in the local Hugging Face cache"
+        )
     )
     tokenizer: str | None = field(
         default=None, metadata=doc("tokenizer directory or .gguf file in place of the model's (default: the model's)")
     )
     device: str | torch.device = field(
-        default="cpu", metadata=doc("torch device: cpu, cuda, cuda:1, xpu, ...; must exist here")
+        default="auto",
+        metadata=doc(
+            "torch device: auto ($PORTATTN_DEVICE if set, else the accelerator if there is one, else cpu), cpu, "
+            "cuda, cuda:1, xpu, ..."
+        ),
     )
-    dtype: str | torch.dtype = field(default="float32", metadata=doc("weights, activations, KV cache", choices=DTYPES))
+    dtype: str | torch.dtype = field(
+        default="auto",
+        metadata=doc(
+            "weights, activations, KV cache; auto: the checkpoint's dtype on an accelerator, float32 on the CPU",
+            choices=DTYPES,
+        ),
+    )
     page_size: int = field(default=16, metadata=doc("tokens per KV-cache page, any positive int"))
     attention_backend: str = field(
         default="auto", metadata=doc("language-model attention backend; auto: $PORTATTN_ATTENTION_BACKEND or fastest")
@@ -51,10 +91,20 @@ class EngineConfig:
             "fewer than one request of max_model_len or max_num_seqs requests of a page need"
         ),
     )
-    chunked_prefill_size: int | None = field(
-        default=None, metadata=doc("tokens per forward; longer prompts are prefilled in chunks (default: no limit)")
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata=doc(
+            "tokens per step: decodes first, then prompt chunks fill the rest (longer prompts are prefilled in "
+            f"chunks); default {DEFAULT_MAX_NUM_BATCHED_TOKENS['accelerator']} on accelerators, "
+            f"{DEFAULT_MAX_NUM_BATCHED_TOKENS['cpu']} on the CPU"
+        ),
     )
-    enable_prefix_caching: bool = field(default=False, metadata=doc("share full KV-cache pages of equal prefixes"))
+    chunked_prefill_size: int | None = field(
+        default=None, metadata=doc("the same as max_num_batched_tokens (the older name; give one of the two)")
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata=doc("share full KV-cache pages of equal prefixes between requests")
+    )
     max_model_len: int | None = field(
         default=None,
         metadata=doc("longest prompt + output (default: max_position_embeddings); the pool must hold one such request"),
@@ -62,8 +112,20 @@ class EngineConfig:
     allow_long_max_model_len: bool = field(
         default=False, metadata=doc("accept a max_model_len above the model's max_position_embeddings")
     )
-    kv_cache_memory: int | None = field(
-        default=None, metadata=doc(f"KV-cache bytes without num_pages (default: {DEFAULT_KV_CACHE_MEMORY >> 20} MiB)")
+    kv_cache_memory: int | str | None = field(
+        default=None,
+        metadata=doc(
+            "KV-cache bytes without num_pages: 4G, 4GiB, 512MiB, 1.5GB or plain bytes (default: on an accelerator "
+            f"what gpu_memory_utilization leaves; on the CPU {CPU_KV_CACHE_MEMORY >> 30} GiB)",
+            parse=parse_bytes,
+        ),
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9,
+        metadata=doc(
+            "fraction of an accelerator's memory for weights, activations, graphs and the KV cache, which "
+            "takes what the others leave (unless num_pages or kv_cache_memory)"
+        ),
     )
     enforce_eager: bool = field(
         default=False, metadata=doc("run every step eagerly (default: decode steps replay captured CUDA/XPU graphs)")
@@ -78,6 +140,9 @@ class EngineConfig:
             "checkpoint's self_attn.k_scale / v_scale, else 1.0",
             choices=KV_CACHE_DTYPES,
         ),
+    )
+    seed: int | None = field(
+        default=None, metadata=doc("the seed of requests whose SamplingParams have none (default: random)")
     )
     generation_config: str = field(
         default="auto",
@@ -98,46 +163,81 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"expected model to be a checkpoint directory (str or path), got {self.model!r}")
-        object.__setattr__(self, "model", os.fspath(self.model))
+        object.__setattr__(self, "model", resolve_checkpoint(os.fspath(self.model)))
         if self.tokenizer is not None:
             if not isinstance(self.tokenizer, (str, os.PathLike)):
                 raise ValueError(
                     f"expected tokenizer to be a directory or .gguf file (str or path), got {self.tokenizer!r}"
                 )
-            object.__setattr__(self, "tokenizer", os.fspath(self.tokenizer))
+            object.__setattr__(self, "tokenizer", resolve_checkpoint(os.fspath(self.tokenizer)))
         if not isinstance(self.generation_config, (str, os.PathLike)) or not os.fspath(self.generation_config):
             raise ValueError(
                 f"expected generation_config to be 'auto', 'vllm' or a folder path, got {self.generation_config!r}"
             )
         object.__setattr__(self, "generation_config", os.fspath(self.generation_config))
+        if self.device == "auto":
+            chosen = os.environ.get("PORTATTN_DEVICE") or None
+            object.__setattr__(self, "device", chosen or default_device())
+            why = "$PORTATTN_DEVICE" if chosen else "the accelerator" if is_gpu(self.device) else "no accelerator here"
+            logger.info("device auto: %s (%s)", self.device, why)
+        object.__setattr__(self, "device", resolve_device(self.device))
         if isinstance(self.dtype, str):
             if self.dtype not in DTYPES:
-                raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")
-            object.__setattr__(self, "dtype", DTYPES[self.dtype])
+                raise ValueError(f"expected {option('dtype')} in {list(DTYPES)}, got {self.dtype!r}")
+            resolved = DTYPES[self.dtype] or auto_dtype(self.model, self.device)
+            object.__setattr__(self, "dtype", resolved)
         if self.dtype not in DTYPES.values():
-            raise ValueError(f"expected dtype in {list(DTYPES)}, got {self.dtype!r}")
-        object.__setattr__(self, "device", resolve_device(self.device))
+            raise ValueError(f"expected {option('dtype')} in {list(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.kv_cache_dtype, (str, torch.dtype)):
             raise ValueError(f"expected kv_cache_dtype in {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         object.__setattr__(self, "kv_cache_dtype", resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype))
+        if isinstance(self.kv_cache_memory, str):
+            try:
+                object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
+            except ValueError as exc:
+                raise ValueError(f"{option('kv_cache_memory')}: {exc}") from None
         for name in ("page_size", "tensor_parallel_size"):
             _positive(name, getattr(self, name))
-        for name in ("max_num_seqs", "num_pages", "chunked_prefill_size", "max_model_len", "kv_cache_memory"):
+        sizes = ("max_num_seqs", "num_pages", "max_num_batched_tokens", "chunked_prefill_size", "max_model_len")
+        for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         for name in ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"expected {name} to be a bool, got {getattr(self, name)!r}")
+                raise ValueError(f"expected {option(name)} to be a bool, got {getattr(self, name)!r}")
+        utilization = self.gpu_memory_utilization
+        if not (isinstance(utilization, (int, float)) and not isinstance(utilization, bool) and 0 < utilization <= 1):
+            raise ValueError(f"expected {option('gpu_memory_utilization')} in (0, 1], got {utilization!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
+            raise ValueError(f"expected {option('seed')} to be None or an int, got {self.seed!r}")
         if self.max_num_seqs is None:
             auto = DEFAULT_MAX_NUM_SEQS if self.num_pages is None else min(DEFAULT_MAX_NUM_SEQS, self.num_pages)
             object.__setattr__(self, "max_num_seqs", auto)
+        self._resolve_token_budget()
         if self.speculative_config is not None:
-            object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+            spec = SpeculativeConfig.parse(self.speculative_config)
+            if spec.model is not None:  # a draft given as a model id: its snapshot in the local cache
+                spec = dataclasses.replace(spec, model=resolve_checkpoint(spec.model))
+            object.__setattr__(self, "speculative_config", spec)
         for name in ("attention_backend", "mm_attention_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"expected {name} to be a backend name or 'auto', got {getattr(self, name)!r}")
 
+    def _resolve_token_budget(self) -> None:
+        """``max_num_batched_tokens`` and its older name ``chunked_prefill_size`` end up equal."""
+        budget, alias = self.max_num_batched_tokens, self.chunked_prefill_size
+        if budget is not None and alias is not None and budget != alias:
+            raise ValueError(
+                f"expected one token budget, got {option('max_num_batched_tokens')} {budget} and "
+                f"{option('chunked_prefill_size')} {alias} (the older name of the same thing)"
+            )
+        if budget is None:
+            kind = "cpu" if self.device.type == "cpu" else "accelerator"
+            budget = alias if alias is not None else DEFAULT_MAX_NUM_BATCHED_TOKENS[kind]
+        object.__setattr__(self, "max_num_batched_tokens", budget)
+        object.__setattr__(self, "chunked_prefill_size", budget)
+
 
 def _positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"expected {name} to be a positive int, got {value!r}")
+        raise ValueError(f"expected {option(name)} to be a positive int, got {value!r}")

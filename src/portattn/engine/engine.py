@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 
+import torch
 from tqdm.auto import tqdm
 
 from ..device import graph_support, is_gpu
@@ -14,7 +15,8 @@ from ..errors import is_int
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.multimodal import MultimodalData
-from .config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
+from . import memory
+from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .generation_config import sampling_defaults
 from .graphs import batch_size_buckets, describe
@@ -26,6 +28,7 @@ from .sampler import bad_word_token_ids, sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from .spec_decode.draft_model import load_draft_model
 from .spec_decode.speculator import build_speculator
 
 logger = logging.getLogger("portattn")
@@ -52,35 +55,6 @@ def max_model_len(config: EngineConfig, max_position_embeddings: int | None) -> 
             "max_model_len %d exceeds max_position_embeddings %d", config.max_model_len, max_position_embeddings
         )
     return config.max_model_len
-
-
-def pool_pages(config: EngineConfig, max_len: int, bytes_per_page: int | None) -> int:
-    """Pages of the KV pool; refused when they cannot hold one request of ``max_len`` tokens or
-    ``max_num_seqs`` requests of a page each (the engine caps nothing silently)."""
-    size = config.page_size
-    per_request = num_pages_for(max_len, size)
-    if config.num_pages is not None:
-        if config.num_pages < per_request:
-            raise ValueError(
-                f"expected num_pages >= {per_request} (one request of max_model_len {max_len} at page size {size}), "
-                f"got {config.num_pages}: pass max_model_len <= {config.num_pages * size} or more pages"
-            )
-        if config.num_pages < config.max_num_seqs:
-            raise ValueError(
-                f"expected num_pages >= max_num_seqs {config.max_num_seqs} (a page per running request), "
-                f"got {config.num_pages}"
-            )
-        return config.num_pages
-    budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-    fits = budget // bytes_per_page
-    need = max(per_request, config.max_num_seqs)
-    if fits < need:
-        raise ValueError(
-            f"expected kv_cache_memory to hold at least {need} pages of {bytes_per_page} bytes (one request of "
-            f"max_model_len {max_len}, and max_num_seqs {config.max_num_seqs}), got {budget} bytes ({fits} pages): "
-            "raise kv_cache_memory or lower max_model_len / max_num_seqs"
-        )
-    return min(fits, config.max_num_seqs * per_request)
 
 
 class Engine:
@@ -114,18 +88,35 @@ class Engine:
         # What requests that leave them unset sample with; rank 0 alone adds requests.
         self.sampling_defaults = sampling_defaults(config.generation_config, config.model) if tp.rank == 0 else {}
         if config.num_pages is not None:  # refused before the weights load
-            pool_pages(config, self.max_len, bytes_per_page=None)
+            memory.pool_pages(config, self.max_len, bytes_per_page=None)
+        # Without num_pages / kv_cache_memory, an accelerator's KV cache is sized from what is measured
+        # from here on (memory.py); None on the CPU.
+        sizing = memory.snapshot(config.device) if config.num_pages is None and config.kv_cache_memory is None else None
         self.model = loader.load_model(
             config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
         )
         self.tokenizer = loader.load_tokenizer(config.tokenizer or config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         self.vocab_size = text_config.vocab_size
+        # Speculative decoding's draft model lives on rank 0; its weights count in the measured use and
+        # its pool (as many pages as the target's) in the bytes of a page.
+        speculative = config.speculative_config
+        draft = None
+        if speculative is not None and speculative.method == "draft_model" and tp.rank == 0:
+            draft = load_draft_model(speculative, config, self.vocab_size, self.tokenizer, self.max_len)
 
         self.backend = select_attention_backend(self.model, config)
         page_size, kv_dtype = config.page_size, config.kv_cache_dtype
         spec = self.model.kv_cache_spec()
-        num_pages = pool_pages(config, self.max_len, spec.bytes_per_page(page_size, kv_dtype))
+        use = None
+        if sizing is not None:
+            graphs = self._eager_reason() is None
+            use = memory.measure(sizing, self.model, self.backend, spec, kv_dtype, config, self.max_len, graphs=graphs)
+        page_bytes = spec.bytes_per_page(page_size, kv_dtype)
+        if draft is not None:
+            page_bytes += draft.kv_cache_spec().bytes_per_page(page_size, kv_dtype)
+        num_pages = memory.pool_pages(config, self.max_len, page_bytes, use)
+        num_pages = memory.agree_across_ranks(num_pages, tp) if use is not None else num_pages
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
         self.kv_pool = model_kv_pool(self.model, config.model, config, num_pages + 1)
@@ -135,8 +126,7 @@ class Engine:
         )
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.chunked_prefill_size)
-        speculative = config.speculative_config
+        self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(
             self.model,
             self.kv_pool,
@@ -148,26 +138,35 @@ class Engine:
             uniform_q_lens=(1,) if speculative is None else (1, speculative.num_speculative_tokens + 1),
         )
         self._ids = itertools.count()
+        # LLM(seed=...): the random keys of requests without a seed of their own come from this
+        # generator, so that a run is reproducible as a whole (vLLM's engine seed).
+        self._seeds = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
         self.requests: dict[int, Sequence] = {}
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (recomputes included)
         self.num_generated_tokens = 0
-        logger.info(
-            "engine: %d pages of %d tokens (%s), max_len %d, backend %s",
-            num_pages,
-            page_size,
-            str(kv_dtype).removeprefix("torch."),
-            self.max_len,
-            self.backend.name,
-        )
+        self.memory_use = use
+        logger.info("%s", self.describe_load(num_pages))
         reason = self._eager_reason()
         if reason is None:
             self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
         self.spec = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
         if speculative is not None and tp.rank == 0:
-            self.spec = build_speculator(speculative, self, capture_graphs=reason is None)
+            self.spec = build_speculator(speculative, self, draft, capture_graphs=reason is None)
             self.runner.verifier = self.spec.verify
         self.warm_up()
+
+    def describe_load(self, num_pages: int) -> str:
+        """The start-up line: model, device, dtype, KV-cache tokens and how many requests of
+        ``max_model_len`` tokens fit at once (vLLM's "maximum concurrency")."""
+        config, tokens = self.config, num_pages * self.config.page_size
+        kv = str(config.kv_cache_dtype).removeprefix("torch.")
+        return (
+            f"loaded {config.model} on {config.device} in {str(config.dtype).removeprefix('torch.')}: "
+            f"KV cache {tokens:,} tokens ({num_pages} pages of {config.page_size}, {kv}), maximum concurrency "
+            f"{tokens / self.max_len:.2f}x for {self.max_len}-token requests (max_model_len); attention "
+            f"backend {self.backend.name}, {config.max_num_batched_tokens} tokens per step"
+        )
 
     def _eager_reason(self) -> str | None:
         """Why decode steps run eagerly (None: they replay captured graphs)."""
@@ -229,16 +228,20 @@ class Engine:
         added: list[Sequence] | None = None,
     ) -> Sequence:
         """Queue one sequence: choice ``index`` of a request (its random stream is keyed by
-        ``(params.seed, index)``; the caller expands a request into its ``params.num_seqs`` sequences).
-        The prompt is truncated as ``params.truncate_prompt_tokens`` says, and the sampling fields
-        ``params`` leaves unset take :attr:`sampling_defaults`.
+        ``(params.seed, index)``, or drawn from the engine's ``seed`` when the request has none; the
+        caller expands a request into its ``params.num_seqs`` sequences). The prompt is truncated as
+        ``params.truncate_prompt_tokens`` says, and the sampling fields ``params`` leaves unset take
+        :attr:`sampling_defaults`.
 
         ``added``: a list the sequence is appended to in the same all-or-nothing step that queues it,
         so that a caller interrupted between two requests knows exactly what to abort."""
         token_ids = self.prepare_prompt(token_ids, params, multimodal)
         self.check_params(params)
         params = params.with_defaults(self.sampling_defaults)
-        key = sample_key(params.seed, index)
+        if params.seed is None and self._seeds is not None:
+            key = int(torch.randint(0, 2**62, (), generator=self._seeds))
+        else:
+            key = sample_key(params.seed, index)
         seq = Sequence(next(self._ids), list(token_ids), params, key, index, multimodal=multimodal)
         if params.bad_words:
             seq.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import is_int
 from ..models import loader
 from ..models.base import MultimodalModel
 from ..runtime.multimodal import MultimodalData
@@ -109,9 +110,14 @@ class InputProcessor:
         if isinstance(prompt, str):
             token_ids = self.tokenize(prompt)
         elif isinstance(prompt, (list, tuple)):
-            token_ids = list(prompt)
+            # NumPy ints become ints; anything else is refused, naming it, by the engine's prompt check.
+            token_ids = [int(t) if is_int(t) else t for t in prompt]
+        elif hasattr(prompt, "ndim") and hasattr(prompt, "tolist"):
+            token_ids = _array_ids(prompt)
         else:
-            raise ValueError(f"expected a prompt as str, list[int] or dict, got {type(prompt).__name__}")
+            raise ValueError(
+                f"expected a prompt as str, list[int], a 1-D integer array or dict, got {type(prompt).__name__}"
+            )
         if not isinstance(self.model, MultimodalModel):
             if data is not None:
                 raise ValueError(f"expected a text-only prompt for {type(self.model).__name__}, got images")
@@ -145,3 +151,14 @@ class InputProcessor:
         images = list(images) if isinstance(images, (list, tuple)) else [images]
         out = self._image_processor(images=images, return_tensors="pt")
         return out["pixel_values"], out["image_grid_thw"]
+
+
+def _array_ids(array) -> list[int]:
+    """A 1-D integer NumPy array or tensor of token ids -> a list of ints."""
+    dtype = str(array.dtype).removeprefix("torch.")
+    if array.ndim != 1 or not dtype.startswith(("int", "uint")):
+        raise ValueError(
+            f"expected token ids as a 1-D integer array, got {array.ndim}-D of dtype {dtype} "
+            f"(shape {tuple(array.shape)})"
+        )
+    return array.tolist()

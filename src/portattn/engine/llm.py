@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import is_int
+from ..logs import configure_default_logging
 from ..models.base import MultimodalModel
 from ..validation import check_pixel_values
 from .arguments import check_keywords, describe, keyword_signature
@@ -29,15 +31,20 @@ class LLM:
 
     Example::
 
-        llm = portattn.LLM(model="/path/to/checkpoint", device="cpu", dtype="float32", page_size=16)
+        llm = portattn.LLM("/path/to/checkpoint")   # or a model id in the local Hugging Face cache
         out = llm.generate(["Hello"], portattn.SamplingParams(max_tokens=32))
         print(out[0].outputs[0].text)   # or out[0].text, the first choice's
+
+    By default the engine runs on the accelerator if there is one (else the CPU), in the checkpoint's
+    dtype there (float32 on the CPU), with a KV cache sized from the device's free memory
+    (``gpu_memory_utilization``); the start-up line at INFO says what it chose.
 
     ``tensor_parallel_size=N`` shards the model over N devices, one process each, started here and
     stopped by :meth:`shutdown` (or ``with LLM(...) as llm:``, or at interpreter exit).
     """
 
     def __init__(self, model: str, **engine_args):
+        configure_default_logging()
         check_keywords(EngineConfig, engine_args, what="LLM")
         self.config = EngineConfig(model=model, **engine_args)
         self.engine = build_engine(self.config)
@@ -47,6 +54,10 @@ class LLM:
     # help(LLM) and editors show EngineConfig's fields as the keywords, with their help text.
     __init__.__signature__ = keyword_signature(EngineConfig, leading=("self", "model"))
     __init__.__doc__ = "Keyword arguments (the fields of EngineConfig):\n\n" + describe(EngineConfig)
+
+    def get_tokenizer(self):
+        """The checkpoint's tokenizer (a transformers tokenizer), or ``None`` when it has none."""
+        return self.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The parameters a request gets when it sets none: vLLM's defaults, with the sampling values
@@ -66,9 +77,9 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for each prompt: a str, a list of token ids, or a dict
-        ``{"prompt_token_ids": [...], "multi_modal_data": {...}}`` (``"prompt": str`` in place of the ids).
-        One :class:`RequestOutput` per prompt, in order, each with ``n`` choices in ``outputs``.
+        """Generate for each prompt: a str, token ids (a list, or a 1-D integer NumPy array or tensor),
+        or a dict ``{"prompt_token_ids": [...], "multi_modal_data": {...}}`` (``"prompt": str`` in place
+        of the ids). One :class:`RequestOutput` per prompt, in order, each with ``n`` choices in ``outputs``.
         ``sampling_params``: one for all prompts or one per prompt; ``None`` is ``SamplingParams()``
         (vLLM's defaults, with the checkpoint's where its ``generation_config.json`` has them: see
         :meth:`get_default_sampling_params`).
@@ -79,8 +90,8 @@ class LLM:
         or ``{"image": img or [img, ...]}`` (PIL images or arrays) processed with the checkpoint's
         image processor, where a single pad token per image is widened to its patch count.
 
-        The progress bar counts generated tokens (against the most that can be generated, so it ends
-        full) and shows prompt and generated tokens per second.
+        The progress bar counts finished prompts and shows the prompt (input) and generated (output)
+        tokens per second, as vLLM's does.
         """
         requests = self._prepare(prompts, sampling_params)
         states: list[RequestState] = []
@@ -194,7 +205,7 @@ class LLM:
 
     def _prepare(self, prompts, sampling_params) -> list[tuple]:
         """``(prompt text or None, token ids, images, params)`` per prompt, all checked before any is queued."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
             prompts = [prompts]
         params = sampling_params if sampling_params is not None else SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -228,24 +239,18 @@ class LLM:
         added: list[Sequence] = []
         try:
             states.extend(self._add(requests, added))
-            seqs = [seq for state in states for seq in state.seqs]
-            budget = {seq: self._budget(seq) for seq in seqs}
-            total = sum(budget.values())
             prompt_start, out_start = engine.num_prompt_tokens_computed, engine.num_generated_tokens
             start = time.perf_counter()
-            with tqdm(total=total, desc="generating", unit="tok", disable=not use_tqdm) as bar:
+            with tqdm(total=len(states), desc="Processed prompts", unit="prompt", disable=not use_tqdm) as bar:
                 done = 0
-                while any(seq.finish_reason is None for seq in seqs):
+                while done < len(states):
                     engine.step()
-                    # Generated tokens, plus the unused budget of finished sequences: the bar ends full.
-                    now = sum(budget[seq] if seq.finish_reason is not None else seq.num_output_tokens for seq in seqs)
+                    now = sum(state.finished for state in states)
                     if use_tqdm:
                         elapsed = max(time.perf_counter() - start, 1e-9)
                         tok_in = (engine.num_prompt_tokens_computed - prompt_start) / elapsed
                         tok_out = (engine.num_generated_tokens - out_start) / elapsed
-                        finished = sum(state.finished for state in states)
-                        rates = f"in {tok_in:.0f} tok/s, out {tok_out:.0f} tok/s"
-                        bar.set_postfix_str(f"{rates}, {finished}/{len(states)} req", refresh=False)
+                        bar.set_postfix_str(f"input: {tok_in:.2f} toks/s, output: {tok_out:.2f} toks/s", refresh=False)
                         bar.update(now - done)
                     done = now
                     yield
@@ -254,7 +259,9 @@ class LLM:
                 if seq.request_id in engine.requests:
                     engine.abort(seq.request_id)
 
-    def _budget(self, seq: Sequence) -> int:
-        """The most tokens ``seq`` can generate: ``max_tokens``, or what ``max_model_len`` leaves."""
-        room = self.engine.max_len - seq.num_prompt_tokens
-        return room if seq.params.max_tokens is None else min(seq.params.max_tokens, room)
+
+def _is_token_ids(prompt) -> bool:
+    """One prompt of token ids (a list of ints, or a 1-D array or tensor), not a list of prompts."""
+    if isinstance(prompt, list):
+        return bool(prompt) and is_int(prompt[0])
+    return getattr(prompt, "ndim", None) == 1

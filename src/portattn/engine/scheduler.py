@@ -1,11 +1,13 @@
 """Continuous batching: which sequences run in the next forward, and how many tokens each.
 
-Every step walks the running sequences first (oldest first: prefill chunks, then decodes of one
-token each), then admits waiting ones while there is a free request slot and token budget. A
-sequence's share is ``min(uncomputed tokens, budget left)``, so one forward can mix prefills,
-prompt chunks (``chunked_prefill_size``) and decodes. When the pool runs out of pages, the newest
-running sequence is preempted: its pages go back to the pool and it recomputes later from its
-tokens, which it keeps.
+Every step has a token budget, ``max_num_batched_tokens`` (vLLM's name and meaning). The running
+sequences in decode (one new token each) come first, oldest first, so that a long prompt never
+stalls them; then the running sequences still prefilling take chunks of what is left, oldest first;
+then waiting ones are admitted while there is a free request slot and budget. A sequence's share is
+``min(uncomputed tokens, budget left)``, so one forward can mix decodes, prompt chunks and whole
+prefills, and no forward computes more than the budget. When the pool runs out of pages, the newest
+running sequence is preempted (a decode already scheduled this step is taken back out): its pages go
+back to the pool and it recomputes later from its tokens, which it keeps.
 
 With speculative decoding, ``lookahead(seq)`` (set per step by the engine) adds the tokens a running
 sequence in decode may propose to its share; when the pool cannot hold them, the sequence runs
@@ -30,11 +32,11 @@ logger = logging.getLogger("portattn")
 
 
 class Scheduler:
-    def __init__(self, page_manager: PageManager, max_num_seqs: int, chunked_prefill_size: int | None):
+    def __init__(self, page_manager: PageManager, max_num_seqs: int, max_num_batched_tokens: int | None):
         self.pages = page_manager
         self.req_pool = page_manager.req_pool
         self.max_num_seqs = max_num_seqs
-        self.token_budget = chunked_prefill_size
+        self.token_budget = max_num_batched_tokens  # None: no limit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -49,27 +51,31 @@ class Scheduler:
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The next forward: ``(sequence, number of new tokens)`` pairs, in batch order."""
         budget = self.token_budget if self.token_budget is not None else float("inf")
-        scheduled: list[tuple[Sequence, int]] = []
-        preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        chosen: dict[Sequence, int] = {}  # in batch order
+        preempted: set[Sequence] = set()
+        decoding = [seq for seq in self.running if seq.num_tokens - seq.num_computed == 1]
+        prefilling = [seq for seq in self.running if seq.num_tokens - seq.num_computed > 1]
+        for seq in decoding + prefilling:
+            if budget <= 0:
+                break
+            if seq in preempted:  # preempted for an older sequence's pages
+                continue
             uncomputed = seq.num_tokens - seq.num_computed
-            extra = self._lookahead(seq, uncomputed)
-            n = int(min(uncomputed + extra, budget))
+            n = int(min(uncomputed + self._lookahead(seq, uncomputed), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
                 if n > uncomputed:  # the proposals give way first
                     n = int(min(uncomputed, budget))
                     continue
-                preempted = True
                 victim = self.running[-1]
+                budget += chosen.pop(victim, 0)
                 self._preempt(victim)
+                preempted.add(victim)
                 if victim is seq:
                     break
             else:
-                scheduled.append((seq, n))
+                chosen[seq] = n
                 budget -= n
-                i += 1
+        scheduled = list(chosen.items())
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = self._admit(seq, budget)

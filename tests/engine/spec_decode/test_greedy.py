@@ -52,4 +52,5 @@ def test_greedy_speculation_equals_plain_decoding(family, page_size, ckpt_root):
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # some runs accepted whole, some cut
     assert stats.accepted_per_pos[-1] > 0
     assert_pools_consistent(llm.engine)
+    llm.engine.pages.clear_cache()  # (prefix caching is on by default)
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_pages

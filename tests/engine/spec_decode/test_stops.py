@@ -67,4 +67,5 @@ def test_stops_inside_accepted_runs_end_as_plain_decoding(chat_llm):
             assert_pools_consistent(llm.engine)
     finally:
         llm.engine.eos_token_ids = eos_ids
+    llm.engine.pages.clear_cache()  # (prefix caching is on by default)
     assert llm.engine.allocator.num_free == llm.engine.allocator.num_pages

@@ -57,38 +57,47 @@ def check_vocabulary(target_vocab: int, draft_vocab: int, target_tokenizer, draf
         fail("a draft model with the target's tokenizer", f"a different one in {path} ({where})")
 
 
+def load_draft_model(
+    config: SpeculativeConfig, engine_config: EngineConfig, target_vocab_size: int, target_tokenizer, max_len: int
+):
+    """The draft checkpoint's model (``config.model``, in the engine's dtype on its device), refused
+    when its vocabulary or tokenizer is not the target's, when it holds fewer positions than
+    ``max_len``, or when it takes images."""
+    path = config.model
+    hf_config = loader.load_config(path)
+    text_config = getattr(hf_config, "text_config", None) or hf_config
+    check_vocabulary(target_vocab_size, text_config.vocab_size, target_tokenizer, loader.load_tokenizer(path), path)
+    positions = getattr(text_config, "max_position_embeddings", None)
+    if positions is not None and positions < max_len and not engine_config.allow_long_max_model_len:
+        fail(f"a draft model with max_position_embeddings >= max_model_len {max_len}", f"{positions} in {path}")
+    model = loader.load_model(path, engine_config.dtype, engine_config.device, hf_config)
+    if isinstance(model, MultimodalModel):
+        fail("a text-only draft model", f"{type(model).__name__} in {path}")
+    return model
+
+
 class DraftModelProposer:
-    """Proposals of a draft checkpoint (``config.model``) for the engine configured by ``engine_config``:
-    the same dtype, device, page size, KV-cache dtype, backend choice and prefix caching; a pool of
-    ``num_pages`` pages (as many tokens as the target's) and ``max_num_seqs`` request rows."""
+    """Proposals of a draft ``model`` (:func:`load_draft_model`) for the engine configured by
+    ``engine_config``: the same dtype, device, page size, KV-cache dtype, backend choice, token budget
+    and prefix caching; a pool of ``num_pages`` pages (as many tokens as the target's) and
+    ``max_num_seqs`` request rows."""
 
     def __init__(
         self,
         config: SpeculativeConfig,
+        model,
         engine_config: EngineConfig,
         *,
-        target_vocab_size: int,
-        target_tokenizer,
         max_len: int,
         num_pages: int,
         eos_token_ids: frozenset[int],
         capture_graphs: bool,
     ):
         path = config.model
-        hf_config = loader.load_config(path)
-        text_config = getattr(hf_config, "text_config", None) or hf_config
-        check_vocabulary(target_vocab_size, text_config.vocab_size, target_tokenizer, loader.load_tokenizer(path), path)
-        positions = getattr(text_config, "max_position_embeddings", None)
-        if positions is not None and positions < max_len and not engine_config.allow_long_max_model_len:
-            fail(f"a draft model with max_position_embeddings >= max_model_len {max_len}", f"{positions} in {path}")
-        self.model = loader.load_model(
-            path, engine_config.dtype, engine_config.device, hf_config, engine_config.mm_attention_backend
-        )
-        if isinstance(self.model, MultimodalModel):
-            fail("a text-only draft model", f"{type(self.model).__name__} in {path}")
+        self.model = model
         self.k = config.num_speculative_tokens
         self.eos_token_ids = eos_token_ids
-        self.budget = engine_config.chunked_prefill_size  # tokens one catch-up forward may bring
+        self.budget = engine_config.max_num_batched_tokens  # tokens one catch-up forward may bring
         page_size = engine_config.page_size
         backend = select_attention_backend(self.model, engine_config)
         self.allocator = PageAllocator(num_pages)

@@ -167,16 +167,16 @@ class Speculator:
         self.proposer.release({seq.request_id for seq in running})
 
 
-def build_speculator(config: SpeculativeConfig, engine, capture_graphs: bool) -> Speculator:
-    """The speculator of ``engine`` (rank 0's, built): an n-gram proposer, or the draft model's."""
+def build_speculator(config: SpeculativeConfig, engine, draft_model=None, *, capture_graphs: bool) -> Speculator:
+    """The speculator of ``engine`` (rank 0's, built): an n-gram proposer, or one over ``draft_model``
+    (:func:`.draft_model.load_draft_model`)."""
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     else:
         proposer = DraftModelProposer(
             config,
+            draft_model,
             engine.config,
-            target_vocab_size=engine.vocab_size,
-            target_tokenizer=engine.tokenizer,
             max_len=engine.max_len,
             num_pages=engine.allocator.num_pages,
             eos_token_ids=frozenset(engine.eos_token_ids),
