@@ -35,9 +35,9 @@ def load_set(name: str) -> list[str]:
 
 def counters(llm) -> dict[str, int]:
     """Speculative decoding's counters now (0 without speculation)."""
-    metrics = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("portattn:spec_decode_num_")}
     names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-    return {n: metrics.get(f"portattn:spec_decode_{n}", 0) for n in names}
+    metrics = {m.name: m for m in llm.get_metrics()}
+    return {n: metrics[f"portattn:spec_decode_{n}"].value if llm.engine.spec is not None else 0 for n in names}
 
 
 def synchronize(device) -> None:
