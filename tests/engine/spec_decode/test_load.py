@@ -12,6 +12,7 @@ import random
 import pytest
 
 from portattn.engine.llm import LLM
+from portattn.engine.page_manager import sequence_page_key
 from tiny_models import checkpoint
 
 from ..test_interrupted_bookkeeping import assert_pools_consistent
@@ -19,6 +20,18 @@ from ..test_randomized_load import workload
 from .helpers import OracleProposer, assert_draft_pools_consistent
 
 SPECS = {"ngram": {"method": "ngram", "num_speculative_tokens": 3}, "draft_model": {"num_speculative_tokens": 2}}
+
+
+def assert_cached_pages_verified(engine) -> None:
+    """Every page a running sequence committed to the prefix cache holds its verified tokens: its key
+    is the chain over the tokens the sequence has now, and its tokens are computed."""
+    size = engine.pages.page_size
+    for seq in engine.scheduler.running:
+        assert len(seq.page_hashes) * size <= seq.num_computed
+        parent = b""
+        for p, key in enumerate(seq.page_hashes):
+            parent = sequence_page_key(seq, parent, p, size)
+            assert key == parent
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
@@ -53,6 +66,7 @@ def test_randomized_load_with_aborts_leaks_nothing(method, ckpt_root):
             engine.abort(victim.request_id)
         engine.step()
         assert_pools_consistent(engine)
+        assert_cached_pages_verified(engine)
         if draft is not None:
             assert_draft_pools_consistent(draft)
             assert set(draft.shadows) <= {seq.request_id for seq in engine.scheduler.running}
@@ -68,6 +82,10 @@ def test_randomized_load_with_aborts_leaks_nothing(method, ckpt_root):
         if not aborted[i] and (method == "ngram" or params.greedy):
             assert seq.output_token_ids == w, f"request {i}"
         assert not seq.num_draft_tokens and len(seq.output_token_ids) <= params.max_tokens
+    engine.spec.paused = True  # plain decoding over the pages the speculative run cached
+    assert engine.pages.cache
+    again = [llm.generate([p], sp, use_tqdm=False)[0].token_ids for p, sp in requests if sp.greedy]
+    assert again == [w for (_, sp), w in zip(requests, want) if sp.greedy]
     engine.pages.clear_cache()
     assert engine.allocator.num_free == engine.allocator.num_pages
     if draft is not None:
