@@ -322,7 +322,7 @@ class Engine:
         scheduled = self.scheduler.schedule()
         try:
             if spec is not None:
-                spec.propose(scheduled, self.scheduler.running)
+                scheduled = spec.propose(scheduled, self.scheduler.running)
             if self.parallel is not None:
                 sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
             else:

@@ -148,7 +148,8 @@ def verify(
         parts += token_logprobs(logits[rows], chosen[rows], batch.num_logprobs)
     host = to_host(parts)
     accept, tokens = host[0].bool().tolist(), host[1].tolist()
-    lp_index = {} if batch.logprob_rows is None else {r: i for i, r in enumerate(batch.logprob_rows.tolist())}
+    wanted = [r for r, view in enumerate(views) if view.params.sample_logprobs is not None]  # batch.logprob_rows
+    lp_index = {r: i for i, r in enumerate(wanted)}
     out: dict[Sequence, Emitted] = {}
     for seq, first in zip(seqs, firsts):
         d = seq.num_draft_tokens

@@ -109,13 +109,18 @@ class Speculator:
 
     # -- the step --------------------------------------------------------------------------------
 
-    def propose(self, scheduled: list[tuple[Sequence, int]], running: list[Sequence]) -> None:
-        """Append the proposals of the sequences scheduled for more tokens than they have uncomputed."""
+    def propose(self, scheduled: list[tuple[Sequence, int]], running: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """Append the proposals of the sequences scheduled for more tokens than they have uncomputed;
+        returns the step (as scheduled, or, when no sequence has a proposal, a plain decode step)."""
         self.proposer.release({seq.request_id for seq in running})
         requests = [(seq, n - 1) for seq, n in scheduled if n > seq.num_tokens - seq.num_computed]
         if not requests:
-            return
-        for (seq, k), (tokens, probs) in zip(requests, self.proposer.propose(requests)):
+            return scheduled
+        proposals = self.proposer.propose(requests)
+        if not any(tokens for tokens, _ in proposals):  # nothing to verify: one token each, as without
+            shrunk = {seq for seq, _ in requests}
+            return [(seq, 1 if seq in shrunk else n) for seq, n in scheduled]
+        for (seq, k), (tokens, probs) in zip(requests, proposals):
             tokens = list(tokens[:k])
             real = len(tokens)
             filler = tokens[-1] if tokens else seq.token_ids[-1]
@@ -125,6 +130,7 @@ class Speculator:
             self.proposed[seq], self.draft_probs[seq] = real, probs
             seq.token_ids += tokens + [filler] * (k - real)
             seq.num_draft_tokens = k
+        return scheduled
 
     def verify(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[Sequence, Emitted]:
         """The runner's verifier (see ``ModelRunner.verifier``)."""
