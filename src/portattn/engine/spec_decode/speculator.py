@@ -178,6 +178,12 @@ def build_speculator(config: SpeculativeConfig, engine, draft_model=None, *, cap
     (:func:`.draft_model.load_draft_model`)."""
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+        logger.info(
+            "speculative decoding: n-gram, %d tokens, n-grams of %d to %d",
+            config.num_speculative_tokens,
+            config.prompt_lookup_min,
+            config.prompt_lookup_max,
+        )
     else:
         proposer = DraftModelProposer(
             config,
