@@ -89,6 +89,7 @@ def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkey
     fields = dataclasses.fields(EngineConfig)
     values = {f.name: _other_value(EngineConfig, f) for f in fields} | {"model": str(tmp_path)}
     values["gpu_memory_utilization"] = 0.5  # in (0, 1]
+    values["speculative_config"] = '{"method": "ngram", "num_speculative_tokens": 2}'  # a JSON object
     given = arguments.given(_parse(_argv(EngineConfig, values)), EngineConfig)
     assert given == values  # each flag, parsed to its field's type
     assert all(f.metadata.get("help") for f in fields)

@@ -4,6 +4,7 @@ default, and the start-up line."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -182,6 +183,11 @@ def test_the_engine_sizes_its_pool_from_the_device_numbers(ckpt_root, monkeypatc
         graphs=True,
     )
     assert fake.forward_tokens[-2:] == [300, 4] and graphs.graphs == 4 * 2048
+    speculating = dataclasses.replace(llm.config, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    snapshot = memory.Snapshot(free=60 << 20, total=64 << 20, allocated=0, reserved=0)
+    spec = engine.model.kv_cache_spec()
+    graphs = memory.measure(snapshot, engine.model, engine.backend, spec, torch.float32, speculating, 256, graphs=True)
+    assert fake.forward_tokens[-1] == 4 * 4 and graphs.graphs == 16 * 2048  # verifications of k + 1 tokens
 
     # More than the device can give is refused, naming the flag.
     with pytest.raises(ValueError, match=r"raise gpu_memory_utilization \(--gpu-memory-utilization\)"):

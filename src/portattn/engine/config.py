@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 from ..models.hub import checkpoint_dtype, resolve_checkpoint
 from .arguments import doc, option
 from .memory import CPU_KV_CACHE_MEMORY, parse_bytes
+from .spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger("portattn")
 
@@ -149,6 +151,14 @@ class EngineConfig:
             "vllm (vLLM's defaults), or a folder holding a generation_config.json"
         ),
     )
+    speculative_config: str | dict | SpeculativeConfig | None = field(
+        default=None,
+        metadata=doc(
+            'speculative decoding, vLLM\'s keys as a JSON object: {"method": "ngram", "num_speculative_tokens": 4, '
+            '"prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"model": DRAFT_CHECKPOINT, "num_speculative_tokens": '
+            '4}; also "disable_by_batch_size"'
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
@@ -204,6 +214,11 @@ class EngineConfig:
             auto = DEFAULT_MAX_NUM_SEQS if self.num_pages is None else min(DEFAULT_MAX_NUM_SEQS, self.num_pages)
             object.__setattr__(self, "max_num_seqs", auto)
         self._resolve_token_budget()
+        if self.speculative_config is not None:
+            spec = SpeculativeConfig.parse(self.speculative_config)
+            if spec.model is not None:  # a draft given as a model id: its snapshot in the local cache
+                spec = dataclasses.replace(spec, model=resolve_checkpoint(spec.model))
+            object.__setattr__(self, "speculative_config", spec)
         for name in ("attention_backend", "mm_attention_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"expected {name} to be a backend name or 'auto', got {getattr(self, name)!r}")

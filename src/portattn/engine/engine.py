@@ -9,15 +9,11 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from ..backends.base import Request
-from ..backends.registry import select_backend
 from ..device import graph_support, is_gpu
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import is_int
-from ..kv_quant import is_quantized
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
-from ..runtime.kv_cache import make_kv_pool
 from ..runtime.multimodal import MultimodalData
 from . import memory
 from .config import EngineConfig
@@ -25,12 +21,15 @@ from .detokenizer import IncrementalDetokenizer
 from .generation_config import sampling_defaults
 from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
+from .model_setup import model_kv_pool, select_attention_backend
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
 from .sampler import bad_word_token_ids, sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from .spec_decode.draft_model import load_draft_model
+from .spec_decode.speculator import build_speculator
 
 logger = logging.getLogger("portattn")
 
@@ -99,35 +98,28 @@ class Engine:
         self.tokenizer = loader.load_tokenizer(config.tokenizer or config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         self.vocab_size = text_config.vocab_size
+        # Speculative decoding's draft model lives on rank 0; its weights count in the measured use and
+        # its pool (as many pages as the target's) in the bytes of a page.
+        speculative = config.speculative_config
+        draft = None
+        if speculative is not None and speculative.method == "draft_model" and tp.rank == 0:
+            draft = load_draft_model(speculative, config, self.vocab_size, self.tokenizer, self.max_len)
 
-        layers = self.model.attention_layers()
-        features = frozenset().union(*(layer.features for layer in layers))
-        first, *others = self.model.attention_ops
-        kv_dtype = config.kv_cache_dtype
-        request = Request(
-            first,
-            config.device.type,
-            config.dtype,
-            layers[0].head_dim,
-            features,
-            frozenset(others),
-            kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,
-        )
-        self.backend = select_backend("attention", config.attention_backend, request)
-
-        page_size = config.page_size
+        self.backend = select_attention_backend(self.model, config)
+        page_size, kv_dtype = config.page_size, config.kv_cache_dtype
         spec = self.model.kv_cache_spec()
         use = None
         if sizing is not None:
             graphs = self._eager_reason() is None
             use = memory.measure(sizing, self.model, self.backend, spec, kv_dtype, config, self.max_len, graphs=graphs)
-        num_pages = memory.pool_pages(config, self.max_len, spec.bytes_per_page(page_size, kv_dtype), use)
+        page_bytes = spec.bytes_per_page(page_size, kv_dtype)
+        if draft is not None:
+            page_bytes += draft.kv_cache_spec().bytes_per_page(page_size, kv_dtype)
+        num_pages = memory.pool_pages(config, self.max_len, page_bytes, use)
         num_pages = memory.agree_across_ranks(num_pages, tp) if use is not None else num_pages
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
-        self.kv_pool = make_kv_pool(spec, num_pages + 1, page_size, kv_dtype, config.device)
-        if is_quantized(kv_dtype):
-            self.kv_pool.set_kv_scales(loader.kv_cache_scales(config.model, spec.num_layers))
+        self.kv_pool = model_kv_pool(self.model, config.model, config, num_pages + 1)
         self.allocator = PageAllocator(num_pages)
         self.req_pool = req_pool_class(
             config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
@@ -143,6 +135,7 @@ class Engine:
             frozenset(self.eos_token_ids),
             scratch_row=scratch_row,
             scratch_page=num_pages,
+            uniform_q_lens=(1,) if speculative is None else (1, speculative.num_speculative_tokens + 1),
         )
         self._ids = itertools.count()
         # LLM(seed=...): the random keys of requests without a seed of their own come from this
@@ -157,6 +150,10 @@ class Engine:
         if reason is None:
             self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
+        self.spec = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
+        if speculative is not None and tp.rank == 0:
+            self.spec = build_speculator(speculative, self, draft, capture_graphs=reason is None)
+            self.runner.verifier = self.spec.verify
         self.warm_up()
 
     def describe_load(self, num_pages: int) -> str:
@@ -194,6 +191,8 @@ class Engine:
             return
         start = time.perf_counter()
         steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
+        if self.spec is not None:  # the other ranks warm up without it: every rank runs the same steps
+            self.spec.paused = True
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
@@ -207,6 +206,8 @@ class Engine:
                 bar.update(1)
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
+        if self.spec is not None:
+            self.spec.paused = False
         logger.info(
             "warm-up: %.1f s (decode graphs for %d shapes %s in %.1f s; %d warm-up prompts in %.1f s)",
             time.perf_counter() - start,
@@ -302,6 +303,8 @@ class Engine:
         if request_id not in self.requests:
             raise ValueError(f"expected the id of an unfinished request, got {request_id}")
         self.scheduler.finish(self.requests.pop(request_id), "abort")
+        if self.spec is not None:
+            self.spec.release(self.scheduler.running)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -313,8 +316,13 @@ class Engine:
         sequences are aborted before the exception propagates: their half-applied step cannot be
         resumed, and their pages and request rows go back to the pools.
         """
+        spec = self.spec
+        if spec is not None:
+            spec.before_schedule(self.scheduler)
         scheduled = self.scheduler.schedule()
         try:
+            if spec is not None:
+                scheduled = spec.propose(scheduled, self.scheduler.running)
             if self.parallel is not None:
                 sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
             else:
@@ -323,21 +331,37 @@ class Engine:
                 prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
                 self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
                 seq.num_computed += n
-                self.pages.commit(seq)
-            self.num_generated_tokens += len(sampled)
+                if not seq.num_draft_tokens:  # a verified sequence commits once its tokens are known
+                    self.pages.commit(seq)
             finished = []
-            for seq, (token, logprobs) in sampled.items():
-                seq.token_ids.append(token)
-                if logprobs is not None:
-                    seq.logprobs.append(logprobs)
-                reason = self._finish_reason(seq, token)
+            for seq, (tokens, logprobs) in sampled.items():
+                verified = seq.num_draft_tokens > 0
+                if verified:
+                    spec.accept(seq, tokens)
+                reason = None
+                for i, token in enumerate(tokens):
+                    if i:  # the previous token was an accepted proposal: its K/V are computed
+                        seq.num_computed += 1
+                    seq.token_ids.append(token)
+                    self.num_generated_tokens += 1
+                    if logprobs is not None:
+                        seq.logprobs.append(logprobs[i])
+                    reason = self._finish_reason(seq, token)
+                    if reason is not None:
+                        break  # what follows a stop is dropped, as plain decoding never makes it
+                if verified:
+                    spec.settle(seq)
                 if reason is not None:
                     if seq.detokenizer is not None:
                         seq.detokenizer.flush()
                     self.scheduler.finish(seq, reason)
                     self.requests.pop(seq.request_id, None)
                     finished.append(seq)
+            if spec is not None and finished:
+                spec.release(self.scheduler.running)
         except BaseException:
+            if spec is not None:
+                spec.discard(scheduled)
             for seq, _ in scheduled:
                 if seq.status is Status.FINISHED:
                     self.requests.pop(seq.request_id, None)

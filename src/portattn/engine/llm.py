@@ -18,6 +18,7 @@ from .arguments import check_keywords, describe, keyword_signature
 from .build import build_engine
 from .config import EngineConfig
 from .input_processor import InputProcessor
+from .metrics import Metric, engine_metrics
 from .outputs import CompletionOutput, RequestOutput, RequestState
 from .sampling_params import SamplingParams
 from .sequence import Sequence
@@ -167,6 +168,14 @@ class LLM:
                         yield out
 
         return deltas()
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's metrics now, as vLLM's ``LLM.get_metrics()`` returns them (objects with ``.name``
+        and ``.value`` or ``.values``, see :mod:`portattn.engine.metrics`): running and waiting
+        sequences, KV-cache use, preemptions, token counts, prefix-cache hits and, with
+        ``speculative_config``, ``portattn:spec_decode_num_drafts``, ``..._num_draft_tokens``,
+        ``..._num_accepted_tokens`` and ``..._num_accepted_tokens_per_pos``."""
+        return engine_metrics(self.engine)
 
     def shutdown(self) -> None:
         """Stop the engine's other tensor-parallel processes (they also stop at interpreter exit).

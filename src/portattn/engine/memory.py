@@ -190,8 +190,9 @@ def measure(start: Snapshot, model, backend, spec: KVCacheSpec, kv_dtype, config
     device = config.device
     weights = devices.allocator_memory(device)[0] - start.allocated
     steps = [profile_lengths(config.max_num_batched_tokens, config.max_num_seqs, max_len)]
-    if graphs:
-        steps.append([1] * config.max_num_seqs)  # the largest captured decode step's shape
+    if graphs:  # the largest captured step's shape: max_num_seqs sequences of one token (k + 1 when speculating)
+        speculative = config.speculative_config
+        steps.append([1 if speculative is None else speculative.num_speculative_tokens + 1] * config.max_num_seqs)
     peaks = _run_profile_steps(model, backend, spec, kv_dtype, config, steps)
     after = snapshot(device)
     return MemoryUse(

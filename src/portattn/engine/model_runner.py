@@ -8,6 +8,7 @@ models the vision encoder's plan and the image embeddings the step needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,15 @@ from .sequence import Sequence
 
 @dataclass(frozen=True)
 class LogitRows:
-    rows: list[int]  # sampled rows first, then prompt rows
+    rows: list[int]  # sampled rows first, then verified rows, then prompt rows
     sampling: list[Sequence]  # the sequences that sample, in the order of their rows
     prompt_rows: list[tuple[Sequence, int, int, int]]  # (sequence, first row, first position, count)
+    verifying: list[Sequence] = ()  # sequences with proposed tokens: num_draft_tokens + 1 rows each, in order
+
+
+# What a step gives each sequence that completed its tokens: the tokens to append (one, or with
+# speculative decoding the accepted proposed tokens and one more) and their log-probabilities.
+Sampled = dict[Sequence, tuple[list[int], list[TokenLogprobs] | None]]
 
 
 class ModelRunner:
@@ -39,6 +46,9 @@ class ModelRunner:
     for plain decoding, ``(1, k + 1)`` when speculative decoding verifies ``k`` drafted tokens per
     sequence. A uniform step of one of them replays a captured graph (:meth:`enable_graphs`), and the
     KV cache kind's plan treats sequences of up to the largest as decodes.
+
+    ``verifier``: what turns the logits of sequences with proposed tokens (``num_draft_tokens > 0``)
+    into their emitted tokens (speculative decoding installs it; see ``spec_decode``).
     """
 
     def __init__(
@@ -63,6 +73,7 @@ class ModelRunner:
         self.backend = backend
         self.scratch_row, self.scratch_page = scratch_row, scratch_page
         self.graphs: DecodeGraphs | None = None
+        self.verifier: Callable[[torch.Tensor, list[Sequence]], Sampled] | None = None
         self.staging = Staging(kv_pool.device)  # the pinned buffer of every eager step's integers
         layers = model.attention_layers()
         chunks = {layer.attention_chunk_size for layer in layers} - {None}
@@ -109,9 +120,10 @@ class ModelRunner:
 
     def logit_rows(self, scheduled: list[tuple[Sequence, int]]) -> LogitRows:
         """Rows of the step's hidden states that need logits: the last token of each sequence whose
-        tokens are then all computed (it samples), and the prompt positions of sequences that asked
-        for prompt logits or log-probabilities."""
-        sample_rows, sampling, prompt_rows = [], [], []
+        tokens are then all computed (it samples; with ``d`` proposed tokens, its last ``d + 1`` rows
+        are verified), and the prompt positions of sequences that asked for prompt logits or
+        log-probabilities."""
+        sample_rows, sampling, prompt_rows, verify_rows, verifying = [], [], [], [], []
         start = 0
         for seq, n in scheduled:
             if seq.params.needs_prompt_logits:
@@ -120,11 +132,15 @@ class ModelRunner:
                 if first < last:
                     prompt_rows.append((seq, start + first - seq.num_computed, first, last - first))
             if seq.num_computed + n == seq.num_tokens:
-                sample_rows.append(start + n - 1)
-                sampling.append(seq)
+                if seq.num_draft_tokens:
+                    verify_rows += range(start + n - 1 - seq.num_draft_tokens, start + n)
+                    verifying.append(seq)
+                else:
+                    sample_rows.append(start + n - 1)
+                    sampling.append(seq)
             start += n
-        rows = sample_rows + [r for _, row, _, count in prompt_rows for r in range(row, row + count)]
-        return LogitRows(rows, sampling, prompt_rows)
+        rows = sample_rows + verify_rows + [r for _, row, _, count in prompt_rows for r in range(row, row + count)]
+        return LogitRows(rows, sampling, prompt_rows, verifying)
 
     @torch.inference_mode()
     def hidden_states(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
@@ -152,32 +168,29 @@ class ModelRunner:
         return self.model.compute_logits(hidden).float()  # [N, V]
 
     @torch.inference_mode()
-    def step(
-        self, scheduled: list[tuple[Sequence, int]], want: LogitRows | None = None
-    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
-        """Run the forward; returns ``(token, its log-probabilities or None)`` for each sequence whose
-        tokens are now all computed. Sampled ids and log-probabilities reach the host in one transfer.
-        ``want``: :meth:`logit_rows` of ``scheduled``, when the caller has it already."""
+    def step(self, scheduled: list[tuple[Sequence, int]], want: LogitRows | None = None) -> Sampled:
+        """Run the forward; returns ``(tokens, their log-probabilities or None)`` for each sequence whose
+        tokens are now all computed (:data:`Sampled`). Sampled ids and log-probabilities reach the host
+        in one transfer (verified sequences in one more). ``want``: :meth:`logit_rows` of
+        ``scheduled``, when the caller has it already."""
         want = want if want is not None else self.logit_rows(scheduled)
         return self.sample_from(want, self.forward(scheduled, want.rows))
 
-    def sample_step(
-        self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor
-    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
+    def sample_step(self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor) -> Sampled:
         """Logits of the rows that need them, and the token of each sequence that completed its tokens."""
         want = self.logit_rows(scheduled)
         return self.sample_from(want, self.logits(hidden, want.rows))
 
-    def sample_from(
-        self, want: LogitRows, logits: torch.Tensor | None
-    ) -> dict[Sequence, tuple[int, TokenLogprobs | None]]:
-        """Prompt logits / log-probabilities kept, and one token sampled per sequence of ``want.sampling``."""
+    def sample_from(self, want: LogitRows, logits: torch.Tensor | None) -> Sampled:
+        """Prompt logits / log-probabilities kept, one token sampled per sequence of ``want.sampling``,
+        and the proposed tokens of ``want.verifying`` verified (:attr:`verifier`)."""
         if logits is None:
             return {}
         sampling, prompt_rows = want.sampling, want.prompt_rows
         sample_rows = range(len(sampling))
         parts, prompt_parts = [], []
-        offset = len(sample_rows)
+        num_verified = sum(seq.num_draft_tokens + 1 for seq in want.verifying)
+        offset = len(sample_rows) + num_verified
         for seq, _, first, count in prompt_rows:
             seq_logits = logits[offset : offset + count]  # positions first .. first + count - 1
             offset += count
@@ -190,7 +203,7 @@ class ModelRunner:
                 target = torch.tensor(nexts, device=logits.device)
                 parts += token_logprobs(seq_logits[:scored], target, seq.params.prompt_logprobs)
                 prompt_parts.append((seq, nexts))
-        sampled: dict[Sequence, tuple[int, TokenLogprobs | None]] = {}
+        sampled: Sampled = {}
         out = None
         if sampling:
             sample_logits = logits[: len(sample_rows)]
@@ -212,8 +225,15 @@ class ModelRunner:
                 rows_ = rows_.tolist()
                 ks = [sampling[r].params.sample_logprobs for r in rows_]
                 row_logprobs = dict(zip(rows_, unpack_logprobs([tokens[r] for r in rows_], *lp, ks)))
-            sampled = {seq: (tokens[i], row_logprobs.get(i)) for i, seq in enumerate(sampling)}
+            for i, seq in enumerate(sampling):
+                lp = row_logprobs.get(i)
+                sampled[seq] = ([tokens[i]], None if lp is None else [lp])
         for j, (seq, nexts) in enumerate(prompt_parts):
             lp = host[4 * j : 4 * j + 4]
             seq.prompt_logprobs += unpack_logprobs(nexts, *lp, [seq.params.prompt_logprobs] * len(nexts))
+        if want.verifying:
+            if self.verifier is None:
+                raise RuntimeError("expected a verifier for sequences with proposed tokens, got none")
+            start = len(sample_rows)
+            sampled.update(self.verifier(logits[start : start + num_verified], list(want.verifying)))
         return sampled

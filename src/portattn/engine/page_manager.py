@@ -151,6 +151,23 @@ class PageManager:
             raise
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the sequence's pages past the first ``num_tokens`` tokens (with speculative
+        decoding: pages that only rejected proposed tokens used; never a cached page, as a page enters
+        the cache only once its tokens are verified)."""
+        keep = num_pages_for(num_tokens, self.page_size)
+        pages = seq.pages
+        if len(pages) <= keep:
+            return
+        tail, num_free = pages[keep:], self.allocator.num_free
+        try:
+            self.allocator.free(tail)
+            seq.pages = pages[:keep]
+        except BaseException:
+            if seq.pages is pages and self.allocator.num_free > num_free:
+                seq.pages = pages[:keep]  # freed: finish the trim
+            raise
+
     def release(self, seq: Sequence) -> None:
         """Return the sequence's pages (cached ones stay with the cache) and forget its KV."""
         pages = seq.pages

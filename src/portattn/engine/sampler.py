@@ -110,11 +110,11 @@ class SamplingBatch:
             if any(p.min_p > 0 for p in params):
                 min_p = column([p.min_p for p in params], torch.float32)
             keys = column([s.sample_key for s in seqs], torch.int64)
-            steps = column([len(s.token_ids) - s.num_prompt_tokens for s in seqs], torch.int64)
+            steps = column([s.num_output_tokens for s in seqs], torch.int64)
         rows, ids = [], []
         for i, s in enumerate(seqs):
             ban = bad_word_bans(s) if s.bad_word_ids else set()
-            if len(s.token_ids) - s.num_prompt_tokens < s.params.min_tokens:
+            if s.num_output_tokens < s.params.min_tokens:
                 ban |= set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else eos_token_ids)
             if ban:
                 ban = sorted(t for t in ban if t < vocab_size)  # a larger id cannot be sampled anyway

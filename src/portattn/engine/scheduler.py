@@ -9,6 +9,10 @@ prefills, and no forward computes more than the budget. When the pool runs out o
 running sequence is preempted (a decode already scheduled this step is taken back out): its pages go
 back to the pool and it recomputes later from its tokens, which it keeps.
 
+With speculative decoding, ``lookahead(seq)`` (set per step by the engine) adds the tokens a running
+sequence in decode may propose to its share; when the pool cannot hold them, the sequence runs
+without them before anything is preempted.
+
 Admission, preemption and finishing are each all or nothing, also when an exception (an interrupt,
 ``MemoryError``) arrives between two of their lines: a sequence is in exactly one queue (or
 finished), and holds a request row and pages exactly while it is running. A half-done admission is
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from .page_manager import PageManager
 from .sequence import Sequence, Status
@@ -35,6 +40,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.lookahead: Callable[[Sequence], int] | None = None  # speculative decoding's proposals
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -54,8 +60,12 @@ class Scheduler:
                 break
             if seq in preempted:  # preempted for an older sequence's pages
                 continue
-            n = int(min(seq.num_tokens - seq.num_computed, budget))
+            uncomputed = seq.num_tokens - seq.num_computed
+            n = int(min(uncomputed + self._lookahead(seq, uncomputed), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
+                if n > uncomputed:  # the proposals give way first
+                    n = int(min(uncomputed, budget))
+                    continue
                 victim = self.running[-1]
                 budget += chosen.pop(victim, 0)
                 self._preempt(victim)
@@ -76,6 +86,12 @@ class Scheduler:
         if not scheduled and self.has_unfinished():
             raise RuntimeError("the page pool cannot hold the oldest sequence on its own; raise num_pages")
         return scheduled
+
+    def _lookahead(self, seq: Sequence, uncomputed: int) -> int:
+        """Proposed tokens ``seq`` is scheduled for: only in decode (one token to compute, output started)."""
+        if self.lookahead is None or uncomputed != 1 or seq.num_output_tokens == 0:
+            return 0
+        return self.lookahead(seq)
 
     def _admit(self, seq: Sequence, budget: float) -> int | None:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first

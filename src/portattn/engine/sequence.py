@@ -35,7 +35,9 @@ class Sequence:
     output's text (``None`` without a tokenizer). ``stop_reason`` is the stop string or stop token
     id that finished it, if any.
     After a step that computes the last token, one new token is sampled and appended, so a running
-    sequence in decode has ``num_computed == num_tokens - 1``.
+    sequence in decode has ``num_computed == num_tokens - 1``. With speculative decoding, the last
+    ``num_draft_tokens`` of ``token_ids`` are proposed tokens that the step verifies; they are removed
+    (and the accepted ones appended again) before the step ends, so between steps it is 0.
     """
 
     request_id: int
@@ -45,6 +47,7 @@ class Sequence:
     index: int = 0
     token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
+    num_draft_tokens: int = 0
     pages: list[int] = field(default_factory=list)
     page_hashes: list[bytes] = field(default_factory=list)
     req_pool_idx: int | None = None

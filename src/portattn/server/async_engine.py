@@ -21,6 +21,7 @@ from ..engine.input_processor import InputProcessor
 from ..engine.outputs import RequestOutput, RequestState
 from ..engine.sampling_params import SamplingParams
 from ..engine.sequence import Status
+from ..engine.spec_decode.speculator import SpecDecodeStats
 from ..runtime.multimodal import MultimodalData
 
 logger = logging.getLogger("portattn")
@@ -50,6 +51,7 @@ class EngineStats:
     prompt_tokens: int = 0  # prompt tokens run through the model (recomputed ones included)
     generation_tokens: int = 0
     steps: int = 0
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters, when the engine speculates
 
 
 class RequestStream:
@@ -248,4 +250,5 @@ class AsyncEngine:
             prompt_tokens=engine.num_prompt_tokens_computed,
             generation_tokens=engine.num_generated_tokens,
             steps=self.stats.steps + 1,
+            spec_decode=engine.spec.stats.snapshot() if engine.spec is not None else None,
         )

@@ -52,6 +52,28 @@ class _EngineCollector:
         )
         c.add_metric([self.labels["model_name"]], s.preemptions)
         yield c
+        if s.spec_decode is not None:
+            yield from self._spec_decode(s.spec_decode)
+
+    def _spec_decode(self, stats):
+        """Speculative decoding's counters, named as vLLM names them (acceptance rate: accepted / draft tokens)."""
+        model = [self.labels["model_name"]]
+        for name, doc, value in (
+            ("num_drafts", "Sequences that proposed tokens, per step.", stats.num_drafts),
+            ("num_draft_tokens", "Proposed tokens.", stats.num_draft_tokens),
+            ("num_accepted_tokens", "Proposed tokens accepted.", stats.num_accepted_tokens),
+        ):
+            c = CounterMetricFamily(f"portattn:spec_decode_{name}", doc, labels=["model_name"])
+            c.add_metric(model, value)
+            yield c
+        c = CounterMetricFamily(
+            "portattn:spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, by position in the proposal.",
+            labels=["model_name", "position"],
+        )
+        for position, value in enumerate(stats.accepted_per_pos):
+            c.add_metric([*model, str(position)], value)
+        yield c
 
 
 class ServerMetrics:

@@ -1,0 +1,163 @@
+"""Speculative decoding on the real model: ``python -m benchmarks.spec_decode --model M [--draft-model D] --out F``.
+
+For each prompt set (``benchmarks/prompts/repetitive.jsonl``: rewrites, summaries and code edits, whose
+answers repeat their input; ``chat.jsonl``: free chat) and each batch size (``--batch-sizes``, 1 and
+64), the chat prompts are answered greedily (``--output-len`` tokens at most, stopping at the end of
+the answer) plainly, with n-gram speculation, and with a draft model when ``--draft-model`` is given.
+Each run reports the output tokens per second of the whole batch (wall time of ``generate``, after a
+warm-up), the acceptance rate and the mean tokens a sequence gains per verification (from
+``LLM.get_metrics()``), the speedup over the plain run of the same set and batch size, and how many
+answers equal the plain ones (in 16-bit, a verification forward of k + 1 tokens may round a near tie
+the other way; in float32 all of them do).
+
+Batch 1 answers ``--prompts-per-set`` prompts one after another; batch B answers B prompts at once
+(the set repeated as needed). ``--model`` and ``--draft-model`` are checkpoint folders or GGUF files.
+The result is one JSON file (``--out``) and a table on standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = Path(__file__).parent / "prompts"
+SETS = ("repetitive", "chat")
+
+
+def load_set(name: str) -> list[str]:
+    return [json.loads(line)["prompt"] for line in (PROMPTS / f"{name}.jsonl").read_text().splitlines() if line]
+
+
+def counters(llm) -> dict[str, int]:
+    """Speculative decoding's counters now (0 without speculation)."""
+    names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    metrics = {m.name: m for m in llm.get_metrics()}
+    return {n: metrics[f"portattn:spec_decode_{n}"].value if llm.engine.spec is not None else 0 for n in names}
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type != "cpu":
+        torch.accelerator.synchronize()
+
+
+def run(llm, conversations: list, batch_size: int, params) -> dict:
+    """Answer ``conversations`` ``batch_size`` at a time; tokens, seconds and the answers."""
+    before = counters(llm)
+    synchronize(llm.config.device)
+    start = time.perf_counter()
+    answers = []
+    for i in range(0, len(conversations), batch_size):
+        outs = llm.chat(conversations[i : i + batch_size], params, use_tqdm=False)
+        answers += [o.outputs[0].token_ids for o in outs]
+    synchronize(llm.config.device)
+    seconds = time.perf_counter() - start
+    after = counters(llm)
+    delta = {k: after[k] - before[k] for k in after}
+    tokens = sum(map(len, answers))
+    out = {"output_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    if delta["num_draft_tokens"]:
+        out["acceptance_rate"] = delta["num_accepted_tokens"] / delta["num_draft_tokens"]
+        out["accepted_per_verification"] = delta["num_accepted_tokens"] / delta["num_drafts"]
+    return out | {"answers": answers}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="checkpoint folder or GGUF file")
+    parser.add_argument("--draft-model", default=None, help="a draft checkpoint with the model's vocabulary")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--prompt-lookup-max", type=int, default=4)
+    parser.add_argument("--prompt-lookup-min", type=int, default=2)
+    parser.add_argument("--draft-tokens", type=int, default=None, help="k of the draft model (default: as n-gram)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--prompts-per-set", type=int, default=8, help="prompts answered one by one at batch 1")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--disable-by-batch-size", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    from portattn.engine.llm import LLM
+    from portattn.engine.sampling_params import SamplingParams
+
+    k = args.num_speculative_tokens
+    configs = {
+        "plain": None,
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": args.prompt_lookup_max,
+            "prompt_lookup_min": args.prompt_lookup_min,
+        },
+    }
+    if args.draft_model is not None:
+        configs["draft"] = {"model": args.draft_model, "num_speculative_tokens": args.draft_tokens or k}
+    for spec in configs.values():
+        if spec is not None and args.disable_by_batch_size is not None:
+            spec["disable_by_batch_size"] = args.disable_by_batch_size
+    params = SamplingParams(temperature=0, max_tokens=args.output_len)
+    warm = SamplingParams(temperature=0, max_tokens=8)
+    prompts = {name: load_set(name) for name in args.sets}
+    result: dict = {
+        "model": str(args.model),
+        "draft_model": args.draft_model,
+        "configs": configs,
+        "output_len": args.output_len,
+        "runs": [],
+    }
+    plain_answers: dict[tuple[str, int], list] = {}
+    for config, spec in configs.items():
+        llm = LLM(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=max(args.batch_sizes),
+            speculative_config=spec,
+        )
+        result |= {"device": str(llm.config.device), "dtype": str(llm.config.dtype).removeprefix("torch.")}
+        for name, texts in prompts.items():
+            for batch_size in args.batch_sizes:
+                count = args.prompts_per_set if batch_size == 1 else batch_size
+                conversations = [[{"role": "user", "content": texts[i % len(texts)]}] for i in range(count)]
+                llm.chat(conversations[:batch_size], warm, use_tqdm=False)  # kernels compiled, graphs warm
+                out = run(llm, conversations, batch_size, params)
+                answers = out.pop("answers")
+                key = (name, batch_size)
+                if config == "plain":
+                    plain_answers[key] = answers
+                else:
+                    out["same_as_plain"] = sum(a == b for a, b in zip(answers, plain_answers[key]))
+                out |= {"config": config, "set": name, "batch_size": batch_size, "prompts": count}
+                result["runs"].append(out)
+        llm.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    plain = {(r["set"], r["batch_size"]): r["tokens_per_s"] for r in result["runs"] if r["config"] == "plain"}
+    for r in result["runs"]:
+        r["speedup"] = r["tokens_per_s"] / plain[(r["set"], r["batch_size"])]
+    print(f"{'set':<11} {'batch':>5} {'config':<6} {'tok/s':>9} {'speedup':>7} {'accept':>6} {'same':>6}")
+    for r in result["runs"]:
+        accept = f"{r['acceptance_rate']:.2f}" if "acceptance_rate" in r else "-"
+        same = f"{r['same_as_plain']}/{r['prompts']}" if "same_as_plain" in r else "-"
+        print(
+            f"{r['set']:<11} {r['batch_size']:>5} {r['config']:<6} {r['tokens_per_s']:>9.1f} "
+            f"{r['speedup']:>7.2f} {accept:>6} {same:>6}"
+        )
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
