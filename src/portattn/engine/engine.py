@@ -323,16 +323,19 @@ class Engine:
         try:
             if spec is not None:
                 scheduled = spec.propose(scheduled, self.scheduler.running)
+
+            def computed() -> None:  # needs no sampled token: runs while the device samples, where it can
+                for seq, n in scheduled:
+                    prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
+                    self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
+                    seq.num_computed += n
+                    if not seq.num_draft_tokens:  # a verified sequence commits once its tokens are known
+                        self.pages.commit(seq)
+
             if self.parallel is not None:
-                sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
+                sampled = self.parallel.step(self.runner, scheduled, set(self.requests), computed)
             else:
-                sampled = self.runner.step(scheduled)
-            for seq, n in scheduled:
-                prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
-                self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
-                seq.num_computed += n
-                if not seq.num_draft_tokens:  # a verified sequence commits once its tokens are known
-                    self.pages.commit(seq)
+                sampled = self.runner.step(scheduled, while_running=computed)
             finished = []
             for seq, (tokens, logprobs) in sampled.items():
                 verified = seq.num_draft_tokens > 0

@@ -7,14 +7,20 @@ A step of ``n`` sequences that each bring ``q`` new tokens (``q`` one of the run
 tokens are sequence-major (token ``i`` of sequence ``b`` is row ``b * q + i``). Everything the step
 reads lives in static buffers at fixed addresses:
 
-* ``inputs [4, B_max * q_max]`` int64 on the device: token ids and positions (one per token),
-  ``req_to_token`` rows and key counts (one per sequence), filled from one pinned host buffer by one
-  copy per step;
+* one int64 buffer of inputs on the device: token ids and positions (one per token), ``req_to_token``
+  rows and key counts (one per sequence), and the per-row parameters of an in-graph draw
+  (``graph_sampling.DRAW_ROWS``), filled from one pinned host buffer by one copy per step;
 * the backend's :class:`~portattn.backends.base.GraphBuffers` (page table at full width, key
   lengths, new-token slots, and what else its op methods read), written by ``backend.plan_into``;
 * what the KV cache kind plans beyond the backend (``kv_pool.graph_plan``: for a latent cache,
   one absorbed row per new token and a split-KV workspace sized for the largest shape), over the
   same buffers.
+
+A decode shape (``q`` 1) ends with the LM head: its graph writes the logits of its rows to a static
+``[B_max, V]`` float32 buffer and their argmax to static token ids, so that a step whose sequences
+only sample replays it and copies ``B`` ids to the host (``graph_sampling.py``: a step with sampled
+rows replays a small draw graph in between); every other step of that shape reads its logits there.
+Verification shapes (``q > 1``) end at the final hidden states, and their logits are computed eagerly.
 
 The plan of each shape (``backend.graph_metadata``) is made once, before capture: its Python values
 (batch size, query length, split counts, tiles) are fixed per shape, and everything that changes
@@ -22,8 +28,9 @@ between steps is read from device memory. Rows ``n .. B-1`` of a padded step are
 tokens in the engine's scratch request row, whose slots all lie in the scratch page: their K/V
 writes never touch a live page.
 
-Where torch has no graphs for the device (``device.graph_support``), or with ``capture=False``, the
-same buffers and plans run eagerly: the CPU tests cover the static path that way.
+A shape is captured at start (:meth:`DecodeGraphs.capture_all`), or with ``lazy`` the first time a
+step of that shape runs. Where torch has no graphs for the device (``device.graph_support``), or with
+``capture=False``, the same buffers and plans run eagerly: the CPU tests cover the static path that way.
 """
 
 from __future__ import annotations
@@ -40,13 +47,16 @@ from ..backends.base import AttentionBackend
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
+from .graph_sampling import DRAW_ROWS, Filters, draw_rows, write_draw_rows
 from .req_pool import ReqToTokenPool
+from .sampler import draw
 from .sequence import Sequence
 
 logger = logging.getLogger("portattn")
 
-# Rows of the static inputs: per token (IDS, POSITIONS), per sequence (ROWS, KEY_COUNTS).
-IDS, POSITIONS, ROWS, KEY_COUNTS = range(4)
+# Rows of the static inputs: per token (IDS, POSITIONS); per sequence (ROWS, KEY_COUNTS, then the draw's).
+IDS, POSITIONS = range(2)
+ROWS, KEY_COUNTS, DRAW = 0, 1, 2
 
 
 def uniform_q_len(scheduled: list[tuple[Sequence, int]]) -> int | None:
@@ -71,8 +81,9 @@ class DecodeGraphs:
     ``batch_sizes`` x ``uniform_q_lens``: the shapes captured (``uniform_q_lens`` (1,) for plain
     decoding; (1, k + 1) when speculative decoding verifies k drafted tokens). ``capture``: record one
     graph per shape (a device with ``graph_support``); ``False`` runs the same buffers and plans
-    eagerly. ``scratch_row`` of ``req_pool`` is pointed at ``scratch_page`` of ``kv_pool`` here;
-    neither may ever be handed to a sequence.
+    eagerly. ``lazy``: :meth:`capture_all` plans every shape but records none; a shape is recorded the
+    first time a step runs it. ``scratch_row`` of ``req_pool`` is pointed at ``scratch_page`` of
+    ``kv_pool`` here; neither may ever be handed to a sequence.
     """
 
     def __init__(
@@ -88,6 +99,7 @@ class DecodeGraphs:
         scratch_row: int,
         scratch_page: int,
         capture: bool,
+        lazy: bool = False,
     ):
         if not backend.supports_graphs:
             raise ValueError(f"expected a backend with a graph plan, got {backend.name}")
@@ -98,11 +110,11 @@ class DecodeGraphs:
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.uniform_q_lens = tuple(sorted(set(uniform_q_lens)))
         self.shapes = tuple((b, q) for q in self.uniform_q_lens for b in self.batch_sizes)
-        self.max_batch_size = self.batch_sizes[-1]
-        max_tokens = self.max_batch_size * self.uniform_q_lens[-1]
+        self.max_batch_size = max_seqs = self.batch_sizes[-1]
+        max_tokens = max_seqs * self.uniform_q_lens[-1]
         self.num_heads = num_heads
         self.device = kv_pool.device
-        self.capture = capture
+        self.capture, self.lazy = capture, lazy
         self.multimodal = isinstance(model, MultimodalModel)
         page_size = kv_pool.page_size
         req_to_token = req_pool.req_to_token
@@ -114,26 +126,42 @@ class DecodeGraphs:
         self.scratch_row = scratch_row
 
         self.buffers = backend.init_graph_buffers(
-            self.max_batch_size,
+            max_seqs,
             max_pages,
             page_size,
             self.device,
             num_heads=num_heads,
             max_uniform_q_len=self.uniform_q_lens[-1],
         )
-        self.inputs = torch.zeros((4, max_tokens), dtype=torch.int64, device=self.device)
+        # The static inputs: one buffer, [2, max_tokens] per token then [2 + len(DRAW_ROWS), max_seqs] per sequence.
+        size = 2 * max_tokens + (DRAW + len(DRAW_ROWS)) * max_seqs
         pinned = devices.is_gpu(self.device)
-        self.host = torch.zeros((4, max_tokens), dtype=torch.int64, pin_memory=pinned)
-        self.host_np = self.host.numpy()
+        self.inputs = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
+        self.token_inputs = self.inputs[: 2 * max_tokens].view(2, max_tokens)
+        self.seq_inputs = self.inputs[2 * max_tokens :].view(-1, max_seqs)
+        host = self.host.numpy()
+        self.host_tokens, self.host_seqs = (
+            host[: 2 * max_tokens].reshape(2, -1),
+            host[2 * max_tokens :].reshape(-1, max_seqs),
+        )
         self.copied = torch.Event(device=self.device) if pinned else None
+        # The LM head's outputs of decode shapes: logits [max_seqs, V] float32 (made at the first decode
+        # forward, which tells V) and token ids [max_seqs], and the pinned buffer the ids come back through.
+        self.logits: torch.Tensor | None = None
+        self.tokens = torch.zeros(max_seqs, dtype=torch.int64, device=self.device)
+        self.host_ids = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned)
+        self.fetched = torch.Event(device=self.device) if pinned else None
         self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
         model.prepare_static(max_tokens)  # what a captured step records must not sync
 
         self.contexts: dict[tuple[int, int], ForwardContext] = {}
-        self.graphs: dict[tuple[int, int], object] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], object] = {}  # (batch size, uniform_q_len) -> graph
+        self.draw_graphs: dict[tuple[int, Filters], object] = {}  # (batch size, filters) -> graph
+        self.outputs: dict[object, torch.Tensor] = {}  # a graph's key -> its output (a static tensor)
         self.pool = None
         self.replays = 0  # steps run through the buffers
+        self.sampled = 0  # of which sampled in the graph (graph_sampling.py)
         self.padded: Counter[int] = Counter()  # sequence count -> steps run padded to a larger bucket
 
     # -- setup -----------------------------------------------------------------------------
@@ -145,33 +173,71 @@ class DecodeGraphs:
         return ForwardContext(self.backend, metadata, self.kv_pool, cache_plan)
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
-        tokens = shape[0] * shape[1]
-        ids = self.inputs[IDS, :tokens]
-        positions = self.inputs[POSITIONS, :tokens]
-        return self.model(ids, positions, self.contexts[shape])  # [B * q, H]
+        """What a shape's graph records: the model over the static inputs ``[B * q, H]``; for a decode
+        shape also the LM head into the static logits and their argmax into the static ids."""
+        batch_size, q = shape
+        tokens = batch_size * q
+        ids = self.token_inputs[IDS, :tokens]
+        positions = self.token_inputs[POSITIONS, :tokens]
+        hidden = self.model(ids, positions, self.contexts[shape])  # [B * q, H]
+        if q == 1:
+            logits = self.model.compute_logits(hidden).float()  # [B, V]
+            if self.logits is None:  # a plain tensor, made outside any capture (the first run is eager)
+                with torch.inference_mode(False):
+                    self.logits = torch.empty((self.max_batch_size, logits.shape[-1]), device=self.device)
+            self.logits[:batch_size].copy_(logits)
+            torch.argmax(self.logits[:batch_size], dim=-1, out=self.tokens[:batch_size])
+        return hidden
+
+    def _draw(self, batch_size: int, filters: Filters) -> torch.Tensor:
+        """What a draw graph records: :func:`~portattn.engine.sampler.draw` over the static logits of
+        ``batch_size`` rows, into the static ids."""
+        rows = draw_rows(self.seq_inputs[DRAW:], batch_size, filters)
+        return self.tokens[:batch_size].copy_(draw(self.logits[:batch_size], rows))
+
+    def _record(self, key, graphs: dict, fn: Callable[[], torch.Tensor]) -> None:
+        """Run ``fn`` once (compiling its kernels), then record it as the graph of ``key`` in ``graphs``
+        (every graph in one memory pool)."""
+        fn()
+        devices.synchronize(self.device)
+        graph = devices.new_graph(self.device)
+        with devices.graph_capture(self.device, graph, self.pool):
+            self.outputs[key] = fn()
+        if self.pool is None:
+            self.pool = graph.pool()
+        graphs[key] = graph
+
+    def _replay(self, key, graphs: dict, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``fn()``'s result: by replay of the graph of ``key`` (recorded now if it is not yet), or
+        eagerly without capture."""
+        if not self.capture:
+            return fn()
+        if key not in graphs:
+            self._record(key, graphs, fn)
+        graphs[key].replay()
+        return self.outputs[key]
 
     @torch.inference_mode()
     def capture_all(self, progress: Callable[[tuple[int, int]], None] | None = None) -> None:
-        """Plan every shape; with ``capture``, run it once (compiling its kernels) and record its graph.
+        """Plan every shape; with ``capture`` and not ``lazy``, run it once (compiling its kernels) and
+        record its graph.
 
         Largest first, all graphs in one memory pool; each shape is planned with every row a padding
         row (valid for the warm-up run). ``progress((batch_size, uniform_q_len))`` is called after each.
         """
         for shape in sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1])):
             self.contexts[shape] = self._context(shape)
-            self._write([], *shape)
-            if self.capture:
-                self._forward(shape)  # compiles kernels outside the capture
-                devices.synchronize(self.device)
-                graph = devices.new_graph(self.device)
-                with devices.graph_capture(self.device, graph, self.pool):
-                    self.outputs[shape] = self._forward(shape)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[shape] = graph
+            if self.capture and not self.lazy:
+                self._write([], *shape)
+                self._record(shape, self.graphs, lambda shape=shape: self._forward(shape))
             if progress is not None:
                 progress(shape)
         devices.synchronize(self.device)
+
+    @property
+    def num_captured(self) -> int:
+        """Graphs recorded so far (decode shapes and draws)."""
+        return len(self.graphs) + len(self.draw_graphs)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -210,16 +276,23 @@ class DecodeGraphs:
         self._write(scheduled, batch_size, q)
         return batch_size, q
 
-    def _write(self, scheduled: list[tuple[Sequence, int]], batch_size: int, q: int) -> None:
+    def _write(
+        self, scheduled: list[tuple[Sequence, int]], batch_size: int, q: int, sampling: bool = False
+    ) -> Filters | None:
+        """The step's inputs (and with ``sampling`` the draw's parameters of its rows: returns their
+        filters, None when every row is greedy) into the pinned buffer, one copy to the device, then
+        the plans."""
         num_seqs = len(scheduled)
         tokens, padded_tokens = num_seqs * q, batch_size * q
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy has left the pinned buffer
-        host = self.host_np
+        host, seqs = self.host_tokens, self.host_seqs
         if scheduled:
             starts = np.fromiter((seq.num_computed for seq, _ in scheduled), np.int64, num_seqs)  # [n]
             if q == 1:
-                host[IDS, :tokens] = [seq.token_ids[seq.num_computed] for seq, _ in scheduled]
+                host[IDS, :tokens] = np.fromiter(
+                    (seq.token_ids[seq.num_computed] for seq, _ in scheduled), np.int64, num_seqs
+                )
             else:
                 host[IDS, :tokens] = [
                     t for seq, n in scheduled for t in seq.token_ids[seq.num_computed : seq.num_computed + n]
@@ -228,42 +301,70 @@ class DecodeGraphs:
                 host[POSITIONS, :tokens] = [p for seq, _ in scheduled for p in self._positions(seq, q)]
             else:
                 host[POSITIONS, :tokens] = (starts[:, None] + np.arange(q)).ravel()  # [n * q]
-            host[ROWS, :num_seqs] = [seq.req_pool_idx for seq, _ in scheduled]
-            host[KEY_COUNTS, :num_seqs] = starts + q
+            seqs[ROWS, :num_seqs] = np.fromiter((seq.req_pool_idx for seq, _ in scheduled), np.int64, num_seqs)
+            seqs[KEY_COUNTS, :num_seqs] = starts + q
         # Padding rows: q tokens (id 0, positions 0 .. q-1) of the scratch row.
         host[IDS, tokens:padded_tokens] = 0
         host[POSITIONS, tokens:padded_tokens] = np.tile(np.arange(q), batch_size - num_seqs)
-        host[ROWS, num_seqs:batch_size] = self.scratch_row
-        host[KEY_COUNTS, num_seqs:batch_size] = q
+        seqs[ROWS, num_seqs:batch_size] = self.scratch_row
+        seqs[KEY_COUNTS, num_seqs:batch_size] = q
+        filters = write_draw_rows(seqs[DRAW:], [seq for seq, _ in scheduled], batch_size) if sampling else None
         self.inputs.copy_(self.host, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
         self.backend.plan_into(
             self.buffers,
             self.req_pool.req_to_token,
-            self.inputs[ROWS, :batch_size],
-            self.inputs[KEY_COUNTS, :batch_size].int(),
+            self.seq_inputs[ROWS, :batch_size],
+            self.seq_inputs[KEY_COUNTS, :batch_size].int(),
             uniform_q_len=q,
         )
         if self.cache_plan is not None:
             self.cache_plan.plan_into(batch_size, q)
+        return filters
+
+    def _run_model(self, shape: tuple[int, int], num_seqs: int) -> torch.Tensor:
+        if shape not in self.contexts:
+            raise RuntimeError(f"shape {shape} was not planned; call capture_all first")
+        self.replays += 1
+        if shape[0] > num_seqs:
+            self.padded[num_seqs] += 1
+        return self._replay(shape, self.graphs, lambda: self._forward(shape))
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Final hidden states ``[n * q, H]`` of a uniform step (:meth:`can_run`), by replay: every new
-        token's row, sequence-major."""
+    def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A uniform step (:meth:`can_run`) by replay: the final hidden states ``[n * q, H]`` of every new
+        token, sequence-major, and for a decode shape (``q`` 1) the logits ``[n, V]`` float32 of its
+        rows (else None). Both are views of static buffers, valid until the next step."""
         shape = self.write_step(scheduled)
-        if shape not in self.contexts:
-            raise RuntimeError(f"shape {shape} was not captured; call capture_all first")
-        self.replays += 1
-        if shape[0] > len(scheduled):
-            self.padded[len(scheduled)] += 1
-        if self.capture:
-            self.graphs[shape].replay()
-            hidden = self.outputs[shape]
-        else:
-            hidden = self._forward(shape)
-        return hidden[: len(scheduled) * shape[1]]
+        n = len(scheduled)
+        hidden = self._run_model(shape, n)
+        logits = self.logits[:n] if shape[1] == 1 else None
+        return hidden[: n * shape[1]], logits
+
+    @torch.inference_mode()
+    def sample(self, seqs: list[Sequence], while_running: Callable[[], None] | None = None) -> list[int]:
+        """The next token of each of ``seqs`` (a decode step, :meth:`can_run`, in which every sequence
+        samples in the graph: ``graph_sampling.samples_in_graph``): the step's graph, then for sampled
+        rows the draw's, then one copy of the ids to the host. ``while_running()`` is called once the
+        device has the work and before the host waits for the ids."""
+        scheduled = [(seq, 1) for seq in seqs]
+        n, batch_size = len(seqs), self.bucket(len(seqs))
+        filters = self._write(scheduled, batch_size, 1, sampling=True)
+        self._run_model((batch_size, 1), n)
+        if filters is not None:
+            self._replay((batch_size, filters), self.draw_graphs, lambda: self._draw(batch_size, filters))
+        self.sampled += 1
+        if self.fetched is None:
+            if while_running is not None:
+                while_running()
+            return self.tokens[:n].tolist()
+        self.host_ids[:n].copy_(self.tokens[:n], non_blocking=True)
+        self.fetched.record()
+        if while_running is not None:
+            while_running()
+        self.fetched.synchronize()
+        return self.host_ids[:n].tolist()
 
 
 def describe(graphs: DecodeGraphs | None, device: torch.device, reason: str | None = None) -> str:
@@ -272,5 +373,7 @@ def describe(graphs: DecodeGraphs | None, device: torch.device, reason: str | No
         return f"decode runs eagerly ({reason})"
     kind = devices.graph_support(device) if graphs.capture else None
     how = f"replays {kind} graphs" if kind else "runs the static-buffer path eagerly (no capture)"
+    if kind and graphs.lazy:
+        how += " (each captured when first used)"
     lens = "" if graphs.uniform_q_lens == (1,) else f" and uniform_q_lens {list(graphs.uniform_q_lens)}"
     return f"decode {how} for batch sizes {list(graphs.batch_sizes)}{lens}"

@@ -216,6 +216,9 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
     from .scheduler import Scheduler
     from .sequence import Sequence
 
+    # Every row samples with the costliest filters (min_p, and the sort of top_k / top_p): the peak
+    # holds what any step's sampling, eager or in a captured decode step's draw, allocates.
+    params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=1.0, top_p=0.9, min_p=0.05)
     device, size = config.device, config.page_size
     pages = max(sum(num_pages_for(n, size) for n in lengths) for lengths in steps)
     longest = max(max(lengths) for lengths in steps)
@@ -229,7 +232,7 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
         for i, n in enumerate(lengths):
             ids = [(7 * j + i) % 128 for j in range(n)]  # plain text ids (no image pads), varied for MoE routing
             mm = model.multimodal_data(ids, None, None) if multimodal else None
-            scheduler.add(Sequence(-1 - i, ids, SamplingParams(max_tokens=1, ignore_eos=True), multimodal=mm))
+            scheduler.add(Sequence(-1 - i, ids, params, multimodal=mm))
         scheduled = scheduler.schedule()
         assert sum(n for _, n in scheduled) == sum(lengths), "the profile step is one forward"
         devices.reset_peak_memory(device)

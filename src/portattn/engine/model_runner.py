@@ -18,7 +18,8 @@ from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
 from .forward_batch import ForwardBatch, Staging
-from .graphs import DecodeGraphs
+from .graph_sampling import samples_in_graph
+from .graphs import DecodeGraphs, uniform_q_len
 from .multimodal import build_multimodal_batch
 from .req_pool import ReqToTokenPool
 from .sampler import SamplingBatch, TokenLogprobs, sample, to_host, token_logprobs, unpack_logprobs
@@ -97,11 +98,12 @@ class ModelRunner:
             multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
         return batch, ForwardContext(self.backend, metadata, self.kv_pool, cache_plan, multimodal)
 
-    def enable_graphs(self, batch_sizes: tuple[int, ...], *, capture: bool) -> DecodeGraphs:
+    def enable_graphs(self, batch_sizes: tuple[int, ...], *, capture: bool, lazy: bool = False) -> DecodeGraphs:
         """Run uniform steps of up to ``max(batch_sizes)`` sequences of one of ``uniform_q_lens`` new
         tokens each through static buffers, padded to the next of ``batch_sizes``; ``capture``
-        records a graph per (batch size, uniform_q_len) (see ``graphs.py``). Call
-        :meth:`DecodeGraphs.capture_all` on the result before the next step."""
+        records a graph per (batch size, uniform_q_len) (see ``graphs.py``), at once or with ``lazy``
+        when a step first needs it. Call :meth:`DecodeGraphs.capture_all` on the result before the
+        next step."""
         if self.scratch_row is None or self.scratch_page is None:
             raise ValueError("expected a runner built with scratch_row and scratch_page, got None")
         self.graphs = DecodeGraphs(
@@ -115,6 +117,7 @@ class ModelRunner:
             scratch_row=self.scratch_row,
             scratch_page=self.scratch_page,
             capture=capture,
+            lazy=lazy,
         )
         return self.graphs
 
@@ -147,15 +150,27 @@ class ModelRunner:
         """The model over the step: final hidden states ``[T, H]``, one row per new token in batch order
         (a captured graph when the step is uniform and one was captured, else planned and run eagerly)."""
         if self.graphs is not None and self.graphs.can_run(scheduled):
-            return self.graphs.run(scheduled)  # [n * q, H]
+            return self.graphs.run(scheduled)[0]  # [n * q, H]
         batch, ctx = self.plan(scheduled)
         return self.model(batch.input_ids, batch.positions, ctx)  # [T, H]
 
     @torch.inference_mode()
     def forward(self, scheduled: list[tuple[Sequence, int]], rows: list[int]) -> torch.Tensor | None:
-        """:meth:`hidden_states`, then the logits ``[len(rows), V]`` float32 of hidden-state ``rows``
-        (``None`` when no row needs them). Under tensor parallelism every rank runs this on the same step."""
-        return self.logits(self.hidden_states(scheduled), rows)
+        """The logits ``[len(rows), V]`` float32 of the step's hidden-state ``rows`` (``None`` when no row
+        needs them): a captured decode step's come from its graph (a view valid until the next step),
+        others' from :meth:`logits` of :meth:`hidden_states`. Under tensor parallelism every rank runs
+        this on the same step."""
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            hidden, logits = self.graphs.run(scheduled)  # [n * q, H], [n, V] or None
+            if logits is None:
+                return self.logits(hidden, rows)
+            if not rows:
+                return None
+            if rows == list(range(len(rows))):
+                return logits[: len(rows)]
+            return logits[torch.tensor(rows, device=logits.device)]
+        batch, ctx = self.plan(scheduled)
+        return self.logits(self.model(batch.input_ids, batch.positions, ctx), rows)
 
     def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
         """Logits ``[len(rows), V]`` float32 of ``hidden``'s ``rows`` (``None`` for no rows). Every row
@@ -167,14 +182,40 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, device=hidden.device)]
         return self.model.compute_logits(hidden).float()  # [N, V]
 
+    def samples_in_graph(self, scheduled: list[tuple[Sequence, int]], want: LogitRows) -> bool:
+        """Whether the step samples inside its captured graph (``graph_sampling.py``): a decode step of a
+        captured shape in which every sequence samples, each by the draw alone."""
+        return (
+            self.graphs is not None
+            and len(want.sampling) == len(scheduled)
+            and not want.prompt_rows
+            and not want.verifying
+            and uniform_q_len(scheduled) == 1
+            and self.graphs.can_run(scheduled)
+            and all(map(samples_in_graph, want.sampling))
+        )
+
     @torch.inference_mode()
-    def step(self, scheduled: list[tuple[Sequence, int]], want: LogitRows | None = None) -> Sampled:
+    def step(
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        want: LogitRows | None = None,
+        while_running: Callable[[], None] | None = None,
+    ) -> Sampled:
         """Run the forward; returns ``(tokens, their log-probabilities or None)`` for each sequence whose
         tokens are now all computed (:data:`Sampled`). Sampled ids and log-probabilities reach the host
         in one transfer (verified sequences in one more). ``want``: :meth:`logit_rows` of
-        ``scheduled``, when the caller has it already."""
+        ``scheduled``, when the caller has it already. ``while_running()``: host work that does not
+        need the sampled tokens, called once: while the device runs a step that samples in its graph,
+        else after the tokens are on the host."""
         want = want if want is not None else self.logit_rows(scheduled)
-        return self.sample_from(want, self.forward(scheduled, want.rows))
+        if self.samples_in_graph(scheduled, want):
+            tokens = self.graphs.sample(want.sampling, while_running)
+            return {seq: ([token], None) for seq, token in zip(want.sampling, tokens)}
+        sampled = self.sample_from(want, self.forward(scheduled, want.rows))
+        if while_running is not None:
+            while_running()
+        return sampled
 
     def sample_step(self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor) -> Sampled:
         """Logits of the rows that need them, and the token of each sequence that completed its tokens."""
@@ -196,7 +237,7 @@ class ModelRunner:
             offset += count
             seq.num_prompt_scored = first + count
             if seq.params.return_prompt_logits:
-                seq.prompt_logits.append(seq_logits.cpu())
+                seq.prompt_logits.append(seq_logits.to("cpu", copy=True))
             scored = min(count, seq.num_prompt_tokens - 1 - first)  # position p scores prompt token p + 1
             if seq.params.prompt_logprobs is not None and scored > 0:
                 nexts = seq.prompt_token_ids[first + 1 : first + 1 + scored]
@@ -209,7 +250,7 @@ class ModelRunner:
             sample_logits = logits[: len(sample_rows)]
             for i, seq in enumerate(sampling):
                 if seq.params.return_logits:
-                    seq.logits.append(sample_logits[i].cpu())
+                    seq.logits.append(sample_logits[i].to("cpu", copy=True))  # a graph's logits are reused
             sbatch = SamplingBatch.build(sampling, self.eos_token_ids, sample_logits.shape[-1], logits.device)
             out = sample(sample_logits, sbatch)
             parts = [out.tokens, *parts]

@@ -278,16 +278,30 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None
 
 
+def draw(logits: torch.Tensor, rows) -> torch.Tensor:
+    """The last part of sampling: ``tokens [N]`` int64 from processed ``logits [N, V]`` (float32).
+
+    Greedy rows (every row when ``rows.keys`` is None) take the argmax; the others draw from the
+    temperature-scaled distribution that ``min_p`` / ``top_k`` / ``top_p`` leave
+    (:func:`filter_logits`), with the row's counter-based noise. ``rows`` has the per-row tensors
+    ``greedy, temperature, top_k, top_p, min_p, keys, steps`` (``None``: unused): a
+    :class:`SamplingBatch`, or the static buffers of captured decode steps, which run this inside their
+    graphs. Device work only, no host sync; a neutral value (``min_p`` 0, ``top_k`` >= V, ``top_p`` 1)
+    leaves a row exactly as a ``None`` filter does."""
+    tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
+    if rows.keys is None:
+        return tokens
+    scores = filter_logits(logits, rows)
+    u = uniform_noise(rows.keys, rows.steps, logits.shape[-1])
+    drawn = torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)
+    return torch.where(rows.greedy, tokens, drawn)
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """One token per row of ``logits [N, V]`` (float32), on the logits' device, with no host sync."""
     raw = logits
     logits = apply_penalties(apply_logits_processors(logits, batch), batch)
-    tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
-    if batch.keys is not None:
-        scores = filter_logits(logits, batch)
-        u = uniform_noise(batch.keys, batch.steps, logits.shape[-1])
-        drawn = torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)
-        tokens = torch.where(batch.greedy, tokens, drawn)
+    tokens = draw(logits, batch)
     if batch.logprob_rows is None:
         return SamplerOutput(tokens)
     rows = batch.logprob_rows

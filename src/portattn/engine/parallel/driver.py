@@ -249,14 +249,15 @@ class Driver:
         self.sender = StepSender(req_pool)
         self._guarded(lambda: check_groups(self.tp))
 
-    def step(self, runner, scheduled, live: set[int]):
-        """Send the step to the other ranks and run it here; returns rank 0's sampled tokens."""
+    def step(self, runner, scheduled, live: set[int], while_running=None):
+        """Send the step to the other ranks and run it here; returns rank 0's sampled tokens
+        (``while_running``: as ``ModelRunner.step`` takes it)."""
         want = runner.logit_rows(scheduled)
         message = self.sender.message(scheduled, want.rows, live)
 
         def run():
             broadcast_message(message, self.tp)
-            return runner.step(scheduled, want)
+            return runner.step(scheduled, want, while_running)
 
         return self._guarded(run)
 

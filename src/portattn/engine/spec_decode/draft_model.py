@@ -203,17 +203,17 @@ class DraftModelProposer:
                 drafting.append((i, seq, shadow, k))
         if not first:
             return out
-        hidden = self.runner.hidden_states(first)  # [T, H]
         rows, start = [], 0
         for shadow, n in first:
             start += n
             if shadow.num_computed + n == shadow.num_tokens:
                 rows.append(start - 1)
+        logits = self.runner.forward(first, rows)  # [len(drafting), V]
+        for shadow, n in first:
             shadow.num_computed += n
         tokens = {i: [] for i, *_ in drafting}
         probs = {i: [] for i, *_ in drafting}
         base = {i: seq.num_tokens for i, seq, *_ in drafting}
-        logits = self.runner.logits(hidden, rows)  # [len(drafting), V]
         try:
             for j in range(max((k for *_, k in drafting), default=0)):
                 if j:

@@ -1,0 +1,123 @@
+"""Sampling inside captured decode steps: which steps may, and the per-row parameters they read.
+
+A captured decode step (``uniform_q_len`` 1, ``graphs.py``) ends with the LM head: the logits of its
+rows go to a static buffer ``[B_max, V]`` float32 and their argmax to the static token ids
+``[B_max]``. A step in which every sequence samples its next token and asks for nothing but the draw
+(:func:`samples_in_graph`) needs no more than that: a greedy step copies the ids to the host; a step
+with sampled rows first replays a small second graph that runs :func:`~portattn.engine.sampler.draw`
+over the static logits, with each row's parameters read from the static inputs
+(:data:`DRAW_ROWS`, written with the step's other inputs in one copy). There is one such graph per
+batch size and :class:`Filters` (which of ``min_p`` and the sort that ``top_k`` / ``top_p`` need run),
+captured the first time a step needs it. Rows without a filter carry its neutral value (``min_p`` 0,
+``top_k`` all, ``top_p`` 1), which leaves them exactly as the eager sampler leaves them, so the tokens
+are the eager path's for the same logits, seeds and positions.
+
+Every other step (log-probabilities, penalties, logits processors, ``allowed_token_ids``, bad words,
+a ``min_tokens`` ban, ``return_logits``, prompt logits, verification of proposed tokens, a prompt
+chunk that does not finish its prompt) takes the logits of its rows from the static buffer and
+samples them as an eager step does (``ModelRunner.sample_from``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .sequence import Sequence
+
+# The draw's per-row parameters in the static inputs, one int64 row each; the last three hold float32
+# values in the first half of their row's bytes.
+DRAW_ROWS = ("keys", "steps", "top_k", "greedy", "temperature", "top_p", "min_p")
+KEYS, STEPS, TOP_K, GREEDY, TEMPERATURE, TOP_P, MIN_P = range(len(DRAW_ROWS))
+TOP_K_ALL = 1 << 62  # top_k of a row that keeps every token: any value >= V does
+
+
+def samples_in_graph(seq: Sequence) -> bool:
+    """Whether ``seq``'s next token comes from the draw alone (greedy, or temperature with ``min_p`` /
+    ``top_k`` / ``top_p``): no log-probabilities, logits kept, penalties, processors, allowed or banned
+    tokens (bad words, or ``min_tokens`` not yet reached)."""
+    p = seq.params
+    return (
+        p.sample_logprobs is None
+        and not p.return_logits
+        and not p.has_penalties
+        and not p.logits_processors
+        and p.allowed_token_ids is None
+        and not seq.bad_word_ids
+        and seq.num_output_tokens >= p.min_tokens
+    )
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which filters a step's draw runs (the rows that do not use one carry its neutral value)."""
+
+    min_p: bool
+    sort: bool  # top_k and top_p (one sort serves both)
+
+
+@dataclass(frozen=True, eq=False)
+class DrawRows:
+    """Device views of the draw's parameters for ``B`` rows, as :func:`~portattn.engine.sampler.draw`
+    reads them (``None``: the filter does not run)."""
+
+    greedy: torch.Tensor  # [B] bool
+    temperature: torch.Tensor  # [B] float32, 1 on greedy rows
+    top_k: torch.Tensor | None  # [B] int64
+    top_p: torch.Tensor | None  # [B] float32
+    min_p: torch.Tensor | None  # [B] float32
+    keys: torch.Tensor  # [B] int64
+    steps: torch.Tensor  # [B] int64 tokens generated so far
+
+
+def _floats(row: np.ndarray | torch.Tensor, batch_size: int):
+    return row.view(np.float32 if isinstance(row, np.ndarray) else torch.float32)[:batch_size]
+
+
+def write_draw_rows(host: np.ndarray, seqs: list[Sequence], batch_size: int) -> Filters | None:
+    """Write the draw's parameters of ``seqs`` (rows ``0 .. n-1``) and of padding rows (greedy,
+    neutral) up to ``batch_size`` into ``host [len(DRAW_ROWS), B_max]``; returns the step's
+    :class:`Filters`, or ``None`` when every row is greedy (the argmax is the token)."""
+    params = [seq.params for seq in seqs]
+    n = len(params)
+    values = np.array([(p.temperature, p.top_k, p.top_p, p.min_p) for p in params], np.float64).reshape(n, 4)
+    greedy = values[:, 0] == 0
+    if greedy.all():
+        return None
+    host[GREEDY, :n] = greedy
+    host[GREEDY, n:batch_size] = 1
+    temperature = _floats(host[TEMPERATURE], batch_size)
+    temperature[:n] = np.where(greedy, 1.0, values[:, 0])
+    temperature[n:] = 1.0
+    top_k = values[:, 1]
+    host[TOP_K, :n] = np.where(top_k > 0, top_k, TOP_K_ALL).astype(np.int64)
+    host[TOP_K, n:batch_size] = TOP_K_ALL
+    for row, column, neutral in ((TOP_P, 2, 1.0), (MIN_P, 3, 0.0)):
+        floats = _floats(host[row], batch_size)
+        floats[:n] = values[:, column]
+        floats[n:] = neutral
+    host[KEYS, :n] = np.fromiter((seq.sample_key for seq in seqs), np.int64, n)
+    host[STEPS, :n] = np.fromiter((seq.num_output_tokens for seq in seqs), np.int64, n)
+    host[KEYS, n:batch_size] = 0
+    host[STEPS, n:batch_size] = 0
+    sampled = ~greedy
+    return Filters(
+        min_p=bool((values[sampled, 3] > 0).any()),
+        sort=bool(((values[sampled, 1] > 0) | (values[sampled, 2] < 1)).any()),
+    )
+
+
+def draw_rows(rows: torch.Tensor, batch_size: int, filters: Filters) -> DrawRows:
+    """The :class:`DrawRows` of the first ``batch_size`` rows of ``rows [len(DRAW_ROWS), B_max]`` (the
+    device twin of what :func:`write_draw_rows` wrote)."""
+    return DrawRows(
+        greedy=rows[GREEDY, :batch_size] != 0,
+        temperature=_floats(rows[TEMPERATURE], batch_size),
+        top_k=rows[TOP_K, :batch_size] if filters.sort else None,
+        top_p=_floats(rows[TOP_P], batch_size) if filters.sort else None,
+        min_p=_floats(rows[MIN_P], batch_size) if filters.min_p else None,
+        keys=rows[KEYS, :batch_size],
+        steps=rows[STEPS, :batch_size],
+    )
