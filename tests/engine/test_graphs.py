@@ -211,3 +211,42 @@ def test_cpu_and_enforce_eager_run_eagerly(ckpt_root, caplog):
     assert "decode runs eagerly (enforce_eager)" in caplog.text
     with pytest.raises(ValueError, match=r"expected enforce_eager \(--enforce-eager\) to be a bool, got 'yes'"):
         EngineConfig(model=path, device="cpu", dtype="float32", enforce_eager="yes")
+
+
+class RecordedStep:
+    """Stands in for a device graph on the CPU: replaying runs the recorded function again."""
+
+    def __init__(self, graphs: DecodeGraphs, key, fn):
+        self.graphs, self.key, self.fn = graphs, key, fn
+
+    def replay(self) -> None:
+        self.graphs.outputs[self.key] = self.fn()
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["at-start", "lazy"])
+def test_graphs_are_captured_at_start_or_when_first_used(lazy, ckpt_root, monkeypatch):
+    """Every decode shape at construction, or (lazy) each shape and each draw's filter set the first
+    time a step needs it, and never twice; the tokens are the same either way."""
+    path = checkpoint("llama", ckpt_root)
+    llm = LLM(path, enforce_eager=True, page_size=16, num_pages=60, max_model_len=256, max_num_seqs=8)
+    graphs = llm.engine.runner.enable_graphs(BUCKETS, capture=True, lazy=lazy)
+    recorded = []
+
+    def record(key, table, fn):
+        recorded.append(key)
+        fn()
+        table[key] = RecordedStep(graphs, key, fn)
+        graphs.outputs[key] = fn()
+
+    monkeypatch.setattr(graphs, "_record", record)
+    graphs.capture_all()
+    assert recorded == ([] if lazy else [(4, 1), (2, 1), (1, 1)])
+    prompts, max_tokens = PROMPTS[1:4], [4, 6, 8]  # 3, 2 and 1 decodes
+    sampling = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.8, seed=n) for n in max_tokens]
+    want = LLM(path, enforce_eager=True, page_size=16, num_pages=60, max_model_len=256, max_num_seqs=8)
+    expected = [o.token_ids for o in want.generate(prompts, sampling, use_tqdm=False)]
+    assert [o.token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)] == expected
+    draws = [key for key in recorded if not isinstance(key[1], int)]
+    assert sorted(k for k in recorded if k not in draws) == [(1, 1), (2, 1), (4, 1)]  # each once
+    assert sorted(b for b, _ in draws) == [1, 2, 4]  # one filter set (temperature alone) per bucket
+    assert graphs.num_captured == len(recorded) == 6

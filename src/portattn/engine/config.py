@@ -130,6 +130,13 @@ class EngineConfig:
     enforce_eager: bool = field(
         default=False, metadata=doc("run every step eagerly (default: decode steps replay captured CUDA/XPU graphs)")
     )
+    lazy_graph_capture: bool = field(
+        default=False,
+        metadata=doc(
+            "capture each decode graph the first time a step of its batch size runs (default: all at start; "
+            "lazily, start-up is shorter and the first step of each size pays its capture)"
+        ),
+    )
     tensor_parallel_size: int = field(
         default=1, metadata=doc("devices the model is sharded over, one process each (device names the first)")
     )
@@ -202,7 +209,7 @@ class EngineConfig:
         for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        for name in ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager"):
+        for name in ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected {option(name)} to be a bool, got {getattr(self, name)!r}")
         utilization = self.gpu_memory_utilization

@@ -148,7 +148,9 @@ class Engine:
         logger.info("%s", self.describe_load(num_pages))
         reason = self._eager_reason()
         if reason is None:
-            self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
+            self.runner.enable_graphs(
+                batch_size_buckets(config.max_num_seqs), capture=True, lazy=config.lazy_graph_capture
+            )
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
         self.spec = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
         if speculative is not None and tp.rank == 0:
@@ -182,8 +184,9 @@ class Engine:
         """Capture the decode graphs and compile the kernels the model uses (GPU), with a progress bar.
 
         Every decode shape (batch size, uniform_q_len) is planned and captured (its kernels compiled
-        first); then a few throw-away prompts (long, short, one token) are prefilled and decoded, so
-        that the first requests find their prefill kernels compiled. Logs how long each part took.
+        first; with ``lazy_graph_capture`` a shape is captured when a step first needs it); then a few
+        throw-away prompts (long, short, one token) are prefilled and decoded, so that the first
+        requests find their prefill kernels compiled. Logs how long each part took.
         """
         graphs = self.runner.graphs
         prompts = [n for n in WARM_UP_PROMPTS if n < self.max_len - 2] if is_gpu(self.config.device) else []
@@ -208,11 +211,16 @@ class Engine:
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
         if self.spec is not None:
             self.spec.paused = False
+        shapes = len(graphs.shapes) if graphs is not None else 0
+        if graphs is not None and graphs.capture:
+            done = f"{graphs.num_captured} graphs captured" + (" (lazily)" if graphs.lazy else "")
+        else:
+            done = "planned"
         logger.info(
-            "warm-up: %.1f s (decode graphs for %d shapes %s in %.1f s; %d warm-up prompts in %.1f s)",
+            "warm-up: %.1f s (decode shapes: %d %s in %.1f s; %d warm-up prompts in %.1f s)",
             time.perf_counter() - start,
-            len(graphs.shapes) if graphs is not None else 0,
-            "captured" if graphs is not None and graphs.capture else "planned",
+            shapes,
+            done,
             captured,
             len(prompts),
             time.perf_counter() - start - captured,

@@ -116,7 +116,8 @@ class DraftModelProposer:
             uniform_q_lens=(1, 2),
         )
         if capture_graphs:
-            self.runner.enable_graphs(batch_size_buckets(engine_config.max_num_seqs), capture=True).capture_all()
+            buckets = batch_size_buckets(engine_config.max_num_seqs)
+            self.runner.enable_graphs(buckets, capture=True, lazy=engine_config.lazy_graph_capture).capture_all()
         self.shadows: dict[int, Sequence] = {}  # request id -> the draft's sequence
         logger.info("speculative decoding: draft model %s, %d pages, backend %s", path, num_pages, backend.name)
 
