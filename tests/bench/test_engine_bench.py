@@ -40,13 +40,23 @@ def test_random_checkpoint_loads_and_is_reused(tmp_path, cpu):
     assert 0.01 < float(model.model.layers[0].mlp.down_proj.weight.std()) < 0.03
     row = bench.decode_point(llm, batch=2, context=20, steps=3, copy_tb_s=1e-3)
     assert row["eager_step_ms"] > 0 and row["limit_ms"] > 0 and "graphs_step_ms" not in row  # no graphs on the CPU
-    assert row["kv_bytes"] == 2 * (20 + 4.5) * 2 * 2 * 2 * 8 * 4  # batch, mean context, layers, k+v, heads, dim, fp32
+    assert row["kv_bytes"] == 2 * (20 + 6) * 2 * 2 * 2 * 8 * 4  # batch, mean context, layers, k+v, heads, dim, fp32
     assert not llm.engine.requests  # every request aborted
 
 
-def test_notes_and_targets():
+def test_notes_targets_and_plot(tmp_path):
     rows = [
-        {"batch": 1, "context": 1024, "limit_ms": 4.0, "graphs_step_ms": 4.4, "graphs_vs_limit": 1.1},
+        {
+            "batch": 1,
+            "context": 1024,
+            "limit_ms": 4.0,
+            "limit_spec_ms": 3.5,
+            "graphs_step_ms": 4.4,
+            "graphs_vs_limit": 1.1,
+            "graphs_vs_spec": 1.26,
+            "graphs_replay_ms": 4.1,
+            "graphs_sampled_step_ms": 4.5,
+        },
         {"batch": 64, "context": 1024, "limit_ms": 5.0, "graphs_step_ms": 7.5, "graphs_vs_limit": 1.5},
     ]
     results = {
@@ -57,14 +67,47 @@ def test_notes_and_targets():
                        "replayed_steps": 250, "preemptions": 0},
         "hf": {"requests": 128, "batch": 64, "output_tokens_per_s": 400.0},
         "hf-compile": {"requests": 128, "batch": 64, "error": "RuntimeError: no"},
-        "coldstart": {"bfloat16": {"construct_and_first_token_s": 45.0, "construct_s": 40.0}},
+        # What main() writes: the part's rows and its part_seconds (a float beside the runs).
+        "coldstart": {"runs": {"bfloat16": {"import_s": 1.5, "construct_and_first_token_s": 24.0, "construct_s": 20.0,
+                                            "first_token_s": 2.5, "graphs_at_start": 11},
+                               "bfloat16-lazy": {"construct_and_first_token_s": 30.0, "construct_s": 25.0},
+                               "float32": {"error": "no first token in 400 s"}},
+                      "part_seconds": 80.5},
     }  # fmt: skip
     text = bench.notes(results)
-    assert "batch-1 decode step 1.10x the streaming limit (target <= 1.2x): met" in text
-    assert "batch-64 decode step 1.50x the streaming limit (target <= 1.35x): not met" in text
-    assert "throughput 6.5x hf (target >= 5.0x): met" in text
+    assert "| 1 | 4.00 / 3.50 | 4.40 | 1.10 / 1.26 | 4.10 |" in text
+    assert (
+        "batch-1 decode step 1.10x the streaming limit at the copy bandwidth, 1.26x at 4.8 TB/s (target <= 1.2x): met"
+        in text
+    )
+    assert "batch-64 decode step 1.50x the streaming limit at the copy bandwidth (target <= 1.3x): not met" in text
+    assert "offline throughput 13,000 total tokens/s (target >= 30,000): not met" in text
     assert "transformers static cache + compile: did not run (RuntimeError: no)" in text
-    assert "bf16 cold start 45.0 s (target <= 60 s): met" in text
+    assert "| bfloat16 | 1.5 | 20.0 | 11 | 2.5 | 24.0 |" in text
+    assert "bfloat16 cold start to the first token 24.0 s (target <= 25 s): met" in text
+    assert "bfloat16-lazy cold start to the first token 30.0 s (target <= 25 s): not met" in text
+    assert "| float32 | failed: 'no first token in 400 s' |" in text
+    assert "import portattn 1.5 s (target <= 2 s): met" in text
+    path = bench.plot(tmp_path, results)  # decode, cold start and throughput panels
+    assert path == tmp_path / "engine_gpu.png" and path.stat().st_size > 10_000
+    assert bench.plot(tmp_path, {"copy": results["copy"]}) is None  # nothing to draw
+
+
+def test_a_coldstart_run_writes_its_notes(tmp_path, monkeypatch):
+    """``--parts coldstart`` alone: the part's JSON (with its part_seconds), the notes and the plot,
+    also beside the older layout of a cold-start file keyed by dtype."""
+    row = {"dtype": "bfloat16", "import_s": 1.0, "construct_s": 9.0, "first_token_s": 1.0,
+           "construct_and_first_token_s": 11.0}  # fmt: skip
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "part_coldstart", lambda args, results: {"runs": {"bfloat16": dict(row)}})
+    monkeypatch.setitem(bench.PART_RUNNERS, "coldstart", bench.part_coldstart)
+    assert bench.main(["--parts", "coldstart", "--out", str(tmp_path), "--workdir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "engine_coldstart.json").read_text())
+    assert saved["runs"]["bfloat16"] == row and saved["part_seconds"] >= 0
+    assert "| bfloat16 | 1.0 | 9.0 |" in (tmp_path / "engine_gpu.md").read_text()
+    assert (tmp_path / "engine_gpu.png").exists()
+    (tmp_path / "engine_coldstart.json").write_text(json.dumps({"bfloat16": row, "part_seconds": 3.0}))
+    assert "| bfloat16 | 1.0 | 9.0 |" in bench.notes(bench.load_results(tmp_path))
 
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
