@@ -31,6 +31,9 @@
 # Examples:
 #   bash scripts/gpu.sh "test ops" "bench ops -- --case 'decode B=64 L=4096 P=16'"
 #   bash scripts/gpu.sh "test engine -- -k 'matches_transformers and p7'" "bench engine -- --parts copy decode"
+#   the captured-graph tests in three parts of under 150 s each (tests/engine/test_graphs_gpu.py):
+#   LIMIT=150 bash scripts/gpu.sh "test engine -- -k 'graphs_gpu and dense'" "test engine -- -k 'graphs_gpu and moe'" \
+#     "test engine -- -k 'graphs_gpu and not dense and not moe'"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/portattn-gpu}
