@@ -6,8 +6,8 @@ returns zeros and its LM head fixed random logits, so that what is timed is the 
 step. Each engine step is split into
 
 * ``schedule``: ``Scheduler.schedule`` (pages reserved, the batch chosen);
-* ``prepare``: the step's inputs written (``DecodeGraphs.write_step``: the pinned buffer, its copy,
-  the plans into the static buffers);
+* ``prepare``: the step's inputs written (``DecodeGraphs._write``: the pinned buffer, its copy, the
+  plans into the static buffers);
 * ``model``: the stubbed forward (close to nothing: what remains is the call);
 * ``sample``: from the hidden states to the sampled ids on the host (LM head, sampler, the copy);
 * ``outputs``: the rest of ``Engine.step``: token appends, stop checks, incremental detokenizing,
@@ -74,10 +74,10 @@ def measure(llm, batch: int, steps: int, params) -> dict:
         engine.step()
     clock: dict = defaultdict(float)
     runner, graphs, scheduler = engine.runner, engine.runner.graphs, engine.scheduler
-    originals = (scheduler.schedule, runner.step, graphs.write_step, engine.model.forward)
+    originals = (scheduler.schedule, runner.step, graphs._write, engine.model.forward)
     scheduler.schedule = timed(clock, "schedule", scheduler.schedule)
     runner.step = timed(clock, "runner", runner.step)
-    graphs.write_step = timed(clock, "prepare", graphs.write_step)
+    graphs._write = timed(clock, "prepare", graphs._write)
     engine.model.forward = timed(clock, "model", engine.model.forward)
     rows = defaultdict(list)
     try:
@@ -95,7 +95,7 @@ def measure(llm, batch: int, steps: int, params) -> dict:
             rows["sample"].append(clock["runner"] - clock["prepare"] - clock["model"])
             rows["outputs"].append(total - clock["runner"] - clock["schedule"])
     finally:
-        scheduler.schedule, runner.step, graphs.write_step, engine.model.forward = originals
+        scheduler.schedule, runner.step, graphs._write, engine.model.forward = originals
         for seq in list(engine.scheduler.running):
             engine.abort(seq.request_id)
     assert graphs.replays >= steps

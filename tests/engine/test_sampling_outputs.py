@@ -8,7 +8,8 @@ import functools
 import pytest
 import torch
 
-from portattn.engine.detokenizer import IncrementalDetokenizer
+from portattn.engine import detokenizer
+from portattn.engine.detokenizer import IncrementalDetokenizer, library_decode
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing.chat import save_tiny_chat_checkpoint
@@ -180,12 +181,17 @@ def test_leaving_a_stream_early_frees_everything(llm):
     assert llm.engine.allocator.num_used == len(llm.engine.pages.cache)  # the prefix cache's pages alone
 
 
-def test_incremental_text_equals_decode(llm):
+@pytest.mark.parametrize("library", [True, False], ids=["library-decode", "tokenizer-decode"])
+def test_incremental_text_equals_decode(llm, library, monkeypatch):
+    """With the tokenizers library's decode (the fast tokenizer's default) and with transformers'."""
     tok = llm.tokenizer
+    if not library:
+        monkeypatch.setattr(detokenizer, "library_decode", lambda *args: None)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tok), (400,), generator=g).tolist()  # stray bytes and special tokens too
     for skip in (True, False):
         detok = IncrementalDetokenizer(tok, SamplingParams(skip_special_tokens=skip))
+        assert (detok._library_decode is not None) == library
         for t in ids:
             detok.append(t)
         detok.flush()
@@ -217,3 +223,14 @@ def test_steps_do_not_copy_the_generated_tokens(llm, monkeypatch):
     deltas = list(llm.stream(["Once upon a time"], params))
     assert not copies
     assert len(whole.token_ids) == 40 and sum(len(d.outputs[0].token_ids) for d in deltas) == 40
+
+
+def test_library_decode_only_where_it_is_the_tokenizers_own(llm):
+    """Not where the tokenizer cleans up spaces or overrides decode: then transformers decodes."""
+    tok = llm.tokenizer
+    assert library_decode(tok, True) is not None
+    assert library_decode(object(), True) is None
+    cleaning = type(tok).from_pretrained(llm.config.model, clean_up_tokenization_spaces=True)
+    assert library_decode(cleaning, True) is None
+    overriding = type("Overriding", (type(tok),), {"decode": lambda self, ids, **kwargs: "x"})
+    assert library_decode(overriding.from_pretrained(llm.config.model), True) is None

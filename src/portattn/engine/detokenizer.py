@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from .sampling_params import SamplingParams
+
+
+def library_decode(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str] | None:
+    """The ``tokenizers`` library's own decode of a transformers fast tokenizer, where it returns exactly
+    what ``tokenizer.decode`` does (neither method overridden, no clean-up of spaces): the same text
+    without transformers' per-call conversions, which cost more than the decode itself for the few
+    tokens of a step. ``None`` for any other tokenizer."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return None
+    cls, backend = type(tokenizer), getattr(tokenizer, "_tokenizer", None)
+    if (
+        not isinstance(tokenizer, PreTrainedTokenizerFast)
+        or backend is None
+        or cls.decode is not PreTrainedTokenizerFast.decode
+        or cls._decode is not PreTrainedTokenizerFast._decode
+        or getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
+        return None
+    return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
@@ -22,6 +46,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, params: SamplingParams):
         self.tokenizer = tokenizer
         self.skip_special_tokens = params.skip_special_tokens
+        self._library_decode = library_decode(tokenizer, params.skip_special_tokens)
         self.stop = params.stop
         self.include_stop = params.include_stop_str_in_output
         longest = max(map(len, self.stop), default=0)
@@ -33,6 +58,8 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
+        if self._library_decode is not None:
+            return self._library_decode(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def append(self, token_id: int) -> int:

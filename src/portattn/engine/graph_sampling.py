@@ -39,15 +39,7 @@ def samples_in_graph(seq: Sequence) -> bool:
     ``top_k`` / ``top_p``): no log-probabilities, logits kept, penalties, processors, allowed or banned
     tokens (bad words, or ``min_tokens`` not yet reached)."""
     p = seq.params
-    return (
-        p.sample_logprobs is None
-        and not p.return_logits
-        and not p.has_penalties
-        and not p.logits_processors
-        and p.allowed_token_ids is None
-        and not seq.bad_word_ids
-        and seq.num_output_tokens >= p.min_tokens
-    )
+    return p.draws_only and not seq.bad_word_ids and seq.num_output_tokens >= p.min_tokens
 
 
 @dataclass(frozen=True)
@@ -72,41 +64,37 @@ class DrawRows:
     steps: torch.Tensor  # [B] int64 tokens generated so far
 
 
-def _floats(row: np.ndarray | torch.Tensor, batch_size: int):
-    return row.view(np.float32 if isinstance(row, np.ndarray) else torch.float32)[:batch_size]
+def _floats(row: torch.Tensor, batch_size: int) -> torch.Tensor:
+    return row.view(torch.float32)[:batch_size]
+
+
+# Padding rows (and the defaults of rows that do not filter): greedy, temperature 1, every token kept.
+_PAD_INTS = np.array([0, 0, TOP_K_ALL, 1], np.int64)[:, None]  # KEYS, STEPS, TOP_K, GREEDY
+_PAD_FLOATS = np.array([1.0, 1.0, 0.0], np.float32)[:, None]  # TEMPERATURE, TOP_P, MIN_P
 
 
 def write_draw_rows(host: np.ndarray, seqs: list[Sequence], batch_size: int) -> Filters | None:
     """Write the draw's parameters of ``seqs`` (rows ``0 .. n-1``) and of padding rows (greedy,
     neutral) up to ``batch_size`` into ``host [len(DRAW_ROWS), B_max]``; returns the step's
-    :class:`Filters`, or ``None`` when every row is greedy (the argmax is the token)."""
+    :class:`Filters`, or ``None`` (nothing written) when every row is greedy: the argmax is the token."""
     params = [seq.params for seq in seqs]
-    n = len(params)
-    values = np.array([(p.temperature, p.top_k, p.top_p, p.min_p) for p in params], np.float64).reshape(n, 4)
-    greedy = values[:, 0] == 0
-    if greedy.all():
+    if all(p.temperature == 0 for p in params):
         return None
-    host[GREEDY, :n] = greedy
-    host[GREEDY, n:batch_size] = 1
-    temperature = _floats(host[TEMPERATURE], batch_size)
-    temperature[:n] = np.where(greedy, 1.0, values[:, 0])
-    temperature[n:] = 1.0
-    top_k = values[:, 1]
-    host[TOP_K, :n] = np.where(top_k > 0, top_k, TOP_K_ALL).astype(np.int64)
-    host[TOP_K, n:batch_size] = TOP_K_ALL
-    for row, column, neutral in ((TOP_P, 2, 1.0), (MIN_P, 3, 0.0)):
-        floats = _floats(host[row], batch_size)
-        floats[:n] = values[:, column]
-        floats[n:] = neutral
-    host[KEYS, :n] = np.fromiter((seq.sample_key for seq in seqs), np.int64, n)
-    host[STEPS, :n] = np.fromiter((seq.num_output_tokens for seq in seqs), np.int64, n)
-    host[KEYS, n:batch_size] = 0
-    host[STEPS, n:batch_size] = 0
-    sampled = ~greedy
-    return Filters(
-        min_p=bool((values[sampled, 3] > 0).any()),
-        sort=bool(((values[sampled, 1] > 0) | (values[sampled, 2] < 1)).any()),
-    )
+    n = len(params)
+    values = np.array([(p.temperature, p.top_k, p.top_p, p.min_p) for p in params], np.float64).T  # [4, n]
+    greedy = values[0] == 0
+    ints = host[:TEMPERATURE]  # [4, B_max]
+    ints[KEYS, :n] = np.fromiter((seq.sample_key for seq in seqs), np.int64, n)
+    ints[STEPS, :n] = np.fromiter((seq.num_output_tokens for seq in seqs), np.int64, n)
+    ints[TOP_K, :n] = np.where(values[1] > 0, values[1], TOP_K_ALL)
+    ints[GREEDY, :n] = greedy
+    ints[:, n:batch_size] = _PAD_INTS
+    floats = host[TEMPERATURE:].view(np.float32)  # [3, 2 * B_max]: float32 in the first half of each row
+    floats[0, :n] = np.where(greedy, 1.0, values[0])
+    floats[1:, :n] = values[2:]
+    floats[:, n:batch_size] = _PAD_FLOATS
+    sampled = values[:, ~greedy]
+    return Filters(min_p=bool((sampled[3] > 0).any()), sort=bool(((sampled[1] > 0) | (sampled[2] < 1)).any()))
 
 
 def draw_rows(rows: torch.Tensor, batch_size: int, filters: Filters) -> DrawRows:

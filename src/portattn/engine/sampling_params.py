@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -267,6 +268,19 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @functools.cached_property
+    def draws_only(self) -> bool:
+        """Whether a token is the draw's alone (greedy, or temperature with ``min_p`` / ``top_k`` /
+        ``top_p``): no log-probabilities, logits kept, penalties, processors or allowed tokens (bad
+        words and ``min_tokens`` belong to the sequence's state). Read every decode step: computed once."""
+        return (
+            self.sample_logprobs is None
+            and not self.return_logits
+            and not self.has_penalties
+            and not self.logits_processors
+            and self.allowed_token_ids is None
+        )
 
     @property
     def needs_prompt_logits(self) -> bool:
