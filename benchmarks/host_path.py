@@ -109,13 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the host's own work, not intra-op parallelism
+    try:
+        return run(args)
+    finally:
+        torch.set_num_threads(threads)
 
+
+def run(args) -> int:
     from portattn.engine.graphs import batch_size_buckets
     from portattn.engine.llm import LLM
     from portattn.engine.sampling_params import SamplingParams
     from portattn.testing.chat import save_tiny_chat_checkpoint
 
-    torch.set_num_threads(1)
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory() as root:
         path = save_tiny_chat_checkpoint(Path(root) / "chat", vocab_size=384)

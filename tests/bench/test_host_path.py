@@ -1,0 +1,57 @@
+"""The host-path benchmark and the real-model benchmark's step breakdown, on the CPU (the static path
+of captured decode run eagerly; the device timings are the GPU's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import host_path, real_model
+from portattn.engine.graphs import batch_size_buckets
+from portattn.engine.llm import LLM
+from portattn.testing.chat import save_tiny_chat_checkpoint
+
+SECTIONS = {"schedule", "prepare", "model", "sample", "outputs", "step"}
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory) -> LLM:
+    path = save_tiny_chat_checkpoint(tmp_path_factory.mktemp("chat") / "chat", vocab_size=384)
+    llm = LLM(path, dtype="float32", max_num_seqs=4, max_model_len=256, num_pages=80, page_size=16, enforce_eager=True)
+    llm.engine.runner.enable_graphs(batch_size_buckets(4), capture=False).capture_all()
+    return llm
+
+
+def test_the_host_path_benchmark_writes_its_sections(tmp_path):
+    out = tmp_path / "host.json"
+    assert host_path.main(["--batch", "3", "--steps", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for case in ("greedy", "sampled"):
+        row = result[case]
+        assert set(row) == SECTIONS
+        parts = sum(row[s] for s in SECTIONS - {"step"})
+        assert row["prepare"] > 0 and row["outputs"] > 0 and parts == pytest.approx(row["step"], rel=0.35)
+
+
+def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
+    breakdown = real_model.step_breakdown(llm, steps=4)
+    assert set(breakdown) == {"greedy", "sampled"}  # the device timings need captured graphs
+    graphs = llm.engine.runner.graphs
+    assert graphs.sampled >= 2 * (10 + 4)  # every decode step of one sequence sampled in the graph
+    assert not llm.engine.requests
+    for row in breakdown.values():
+        assert set(row) == SECTIONS and row["step"] > 0
+    gpu = dict(breakdown, replay_us=100.0, lm_head_us=10.0, draw_us=5.0, replay_kernels=361,
+               replay_top_kernels=[("rmsnorm", 61)])  # fmt: skip
+    gpu["greedy"] = dict(breakdown["greedy"], host_us=50.0)
+    gpu["sampled"] = dict(breakdown["sampled"], host_us=60.0)
+    result = {"model": "/x/SmolLM2.gguf", "dtype": "bfloat16", "breakdown": gpu,
+              "batch1": {"tok_per_s": 700.0, "step_ms": 1.43, "weights_floor_ms": 0.063, "copy_tb_s": 4.2,
+                         "x_floor": 22.7}}  # fmt: skip
+    text = real_model.breakdown_notes(result)
+    assert "Batch 1: 700 tokens/s (1.430 ms a step" in text
+    assert "Device: the decode graph 100 us (361 kernels), of which the LM head and argmax about 10 us" in text
+    assert "| greedy |" in text and "| 50 |" in text
+    real_model.plot_breakdown(tmp_path / "b.png", gpu)
+    assert (tmp_path / "b.png").stat().st_size > 5_000
