@@ -14,3 +14,8 @@ def enable_static_decode(engine) -> None:
 
 def static_replays(engine) -> int:
     return engine.runner.graphs.replays
+
+
+def graph_samples(engine) -> int:
+    """Decode steps that sampled inside the graph (rank 0; the other ranks only run the forward)."""
+    return engine.runner.graphs.sampled

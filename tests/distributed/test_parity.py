@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 
 from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import save_tiny_fp8_checkpoint, save_tiny_mxfp4_checkpoint
 from tiny_models import checkpoint, rel_err
 
 from .conftest import DEVICE, FAMILIES, alive, generate, prompts, rank_pids
-from .static_decode import enable_static_decode, static_replays
+from .static_decode import enable_static_decode, graph_samples, static_replays
 
 MAX_NEW = 8
 TOL = 1e-4
@@ -97,3 +98,20 @@ def test_tp2_static_decode_equals_tp1(family, ckpt_root):
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids
         assert rel_err(g.logits, w.logits) < TOL
+
+
+def test_tp2_decode_samples_in_the_graph_as_tp1(ckpt_root):
+    """Decode steps whose requests only draw (greedy, seeded top-p) sample from the graph's logits, the
+    LM head's gather among them, on every rank's static path: the tokens are one process's."""
+    path = checkpoint("llama", ckpt_root)
+    batch = prompts("llama")
+    params = [SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, temperature=0.8, top_p=0.9, seed=i) for i in range(3)]
+    params.append(SamplingParams(max_tokens=MAX_NEW, ignore_eos=True, temperature=0))
+    one = make_llm(path, 1)
+    one.engine.call(enable_static_decode)
+    want = [o.token_ids for o in one.generate(batch, params, use_tqdm=False)]
+    with make_llm(path, 2) as two:
+        two.engine.call(enable_static_decode)
+        got = [o.token_ids for o in two.generate(batch, params, use_tqdm=False)]
+        assert two.engine.call(graph_samples) > 0
+    assert got == want
