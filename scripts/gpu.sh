@@ -12,6 +12,8 @@
 #   "test tp"         tests/distributed over NCCL (needs two GPUs)
 #   "bench ops"       python -m portattn.bench (the op benchmarks against their peers)
 #   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...)
+#   "bench real_model"  python -m benchmarks.real_model (SmolLM2: answers, batch-1 step and its breakdown, offline)
+#   "bench host_path"   python -m benchmarks.host_path --device cuda (the host's part of a decode step, model stubbed)
 #   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint + python -m benchmarks.serve at several loads
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
@@ -106,9 +108,11 @@ run_bench() {  # name dir [args]
     guard) timeout "$LIMIT" $PY -m portattn.bench.guard "$@" ;;
     probe) PYTHONPATH="$PYTHONPATH:tests" timeout "$LIMIT" $PY scripts/kernels_probe.py "$@" --out "$dir" ;;
     engine | tp) timeout "$LIMIT" $PY -m "benchmarks.$name" --out "$dir" "$@" ;;
+    real_model) timeout "$LIMIT" $PY -m benchmarks.real_model --out "$dir/real_model.json" "$@" ;;
+    host_path) timeout "$LIMIT" $PY -m benchmarks.host_path --device cuda --out "$dir/host_path.json" "$@" ;;
     vision) timeout "$LIMIT" $PY -m benchmarks.vision --device cuda --out "$dir/vision.json" "$@" ;;
     serve) serve_bench "$dir" "$@" ;;
-    *) echo "expected a benchmark in {ops, engine, serve, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
+    *) echo "expected a benchmark in {ops, engine, real_model, host_path, serve, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
   esac 2>&1
 }
 
