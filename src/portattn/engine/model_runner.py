@@ -217,11 +217,6 @@ class ModelRunner:
             while_running()
         return sampled
 
-    def sample_step(self, scheduled: list[tuple[Sequence, int]], hidden: torch.Tensor) -> Sampled:
-        """Logits of the rows that need them, and the token of each sequence that completed its tokens."""
-        want = self.logit_rows(scheduled)
-        return self.sample_from(want, self.logits(hidden, want.rows))
-
     def sample_from(self, want: LogitRows, logits: torch.Tensor | None) -> Sampled:
         """Prompt logits / log-probabilities kept, one token sampled per sequence of ``want.sampling``,
         and the proposed tokens of ``want.verifying`` verified (:attr:`verifier`)."""
