@@ -136,7 +136,7 @@ def fp8(out: Path, ceil) -> dict:
         seq = torch.full((b,), L, device=DEV, dtype=torch.int32)
         qn = torch.randn(b, heads, 512, device=DEV, dtype=torch.bfloat16, generator=gen)
         qr = torch.randn(b, heads, 64, device=DEV, dtype=torch.bfloat16, generator=gen)
-        meta = plan_mla_decode(perm, seq, P, num_heads=heads, kv_lora_rank=512, max_seq_len=L)
+        meta = plan_mla_decode(perm, seq, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L)
         mo = torch.empty_like(qn)
         c8 = quantize_kv(cache, torch.float8_e4m3fn, 0.05)
         variants = [("bf16", cache, 1.0, None), ("e4m3 default", c8, 0.05, None)]

@@ -269,7 +269,7 @@ class TritonBackend(AttentionBackend):
             q_rope,
             kv_cache,
             metadata.page_table,
-            metadata.seq_lens,
+            metadata.seq_lens_k,
             out,
             scale=scale,
             num_kv_splits=metadata.num_kv_splits,

@@ -30,7 +30,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose_num_kv_splits(max_seq_len: int, batch_size: int, num_heads: int) -> int:
+def choose_num_kv_splits(max_seqlen_k: int, batch_size: int, num_heads: int) -> int:
     """Split count for a decode batch, from the problem alone.
 
     Without splits a batch offers ``batch_size · ceil(num_heads / 64)`` programs; splits are added
@@ -41,13 +41,13 @@ def choose_num_kv_splits(max_seq_len: int, batch_size: int, num_heads: int) -> i
     programs = max(1, batch_size) * _cdiv(max(1, num_heads), HEADS_PER_PROGRAM)
     wanted = _cdiv(TARGET_PROGRAMS, programs)
     min_tokens = max(MIN_SPLIT_TOKENS, MIN_SPLIT_TOKENS_PER_HEAD * num_heads)
-    return max(1, min(wanted, max_seq_len // min_tokens, MAX_KV_SPLITS))
+    return max(1, min(wanted, max_seqlen_k // min_tokens, MAX_KV_SPLITS))
 
 
-def resolve_num_kv_splits(num_kv_splits: int | None, max_seq_len: int, batch_size: int, num_heads: int) -> int:
+def resolve_num_kv_splits(num_kv_splits: int | None, max_seqlen_k: int, batch_size: int, num_heads: int) -> int:
     """``None`` or ``-1``: :func:`choose_num_kv_splits`; otherwise the given count (>= 1)."""
     if num_kv_splits is None or num_kv_splits == -1:
-        return choose_num_kv_splits(max_seq_len, batch_size, num_heads)
+        return choose_num_kv_splits(max_seqlen_k, batch_size, num_heads)
     check_int("num_kv_splits", num_kv_splits, 1)
     return num_kv_splits
 
