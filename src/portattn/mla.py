@@ -21,11 +21,7 @@ from .backends.base import MLARequest
 from .backends.metadata import MLADecodeMetadata
 from .backends.registry import select_backend
 from .errors import expect, is_real
-from .kernels.triton.mla_workspace import (
-    mla_workspace_size,
-    partial_buffers,
-    resolve_num_kv_splits,
-)
+from .kernels.triton.mla_workspace import choose_num_kv_splits, mla_workspace_size, partial_buffers
 from .kv_quant import FP8_DTYPES, check_scale
 from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
 
@@ -57,7 +53,7 @@ def plan_mla_decode(
     batch = seq_lens_k.shape[0]
     if max_seqlen_k is None:
         max_seqlen_k = page_table.shape[1] * page_size
-    splits = resolve_num_kv_splits(num_kv_splits, max_seqlen_k, batch, num_heads)
+    splits = choose_num_kv_splits(max_seqlen_k, batch, num_heads, num_kv_splits=num_kv_splits)
     needed = mla_workspace_size(
         max_seqlen_k, batch, num_heads, page_size, num_kv_splits=splits, kv_lora_rank=kv_lora_rank
     )

@@ -30,33 +30,10 @@ from .metadata import (
 
 try:
     from ..kernels.triton.fused_launch import rotary_kv_write
-    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
+    from ..kernels.triton.launch import attention_forward, choose_num_kv_splits, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
-
-# Split-KV: aim for about this many (sequence, query head) work items per launch, so that a batch
-# too small to fill a GPU is spread over key ranges instead. A pure function of the problem size:
-# the same batch is split the same way on every device, and so gives the same numbers.
-SPLIT_TARGET_WORK = 2048
-MIN_KEYS_PER_SPLIT = 512
-QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
-
-
-def choose_num_kv_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
-    """How many key ranges each (query block, KV head) is split into; 1 = no split-KV.
-
-    Work items are (sequence, query head, run of 8 queries); splits are added until there are
-    about ``SPLIT_TARGET_WORK`` of them, keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split.
-    Decode batches and short extends split when few; so do the many queries of a cascade's
-    shared-prefix pass (one sequence, every request's queries); long prefills do not.
-    """
-    if batch == 0:
-        return 1
-    work = batch * num_heads * max(1, -(-max_seqlen_q // QUERIES_PER_WORK_ITEM))
-    by_work = -(-SPLIT_TARGET_WORK // work)
-    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
-    return max(1, min(by_work, by_length, MAX_SPLITS))
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,12 +111,14 @@ class TritonBackend(AttentionBackend):
         """
         fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
         metadata = TritonPagedMetadata(**fields)
-        if num_kv_splits is None and num_heads is not None:
+        if num_kv_splits is not None or num_heads is not None:
             num_kv_splits = choose_num_kv_splits(
-                metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k
+                metadata.max_seqlen_k,
+                metadata.batch_size,
+                num_heads,
+                metadata.max_seqlen_q,
+                num_kv_splits=num_kv_splits,
             )
-        if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_SPLITS:
-            raise ValueError(f"expected num_kv_splits in [1, {MAX_SPLITS}], got {num_kv_splits}")
         return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
 
     def graph_metadata(
@@ -149,7 +128,7 @@ class TritonBackend(AttentionBackend):
         queries per sequence and the longest context a row can hold. The kernel cuts each sequence's
         keys into that many ranges from its length on the device, so shorter contexts leave some
         splits empty (merged as nothing)."""
-        splits = choose_num_kv_splits(batch_size, num_heads, uniform_q_len, buffers.max_seqlen_k)
+        splits = choose_num_kv_splits(buffers.max_seqlen_k, batch_size, num_heads, uniform_q_len)
         return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
 
     def forward_rotary(
@@ -196,7 +175,7 @@ class TritonBackend(AttentionBackend):
         num_kv_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
         if num_kv_splits is None:
             num_kv_splits = choose_num_kv_splits(
-                metadata.batch_size, q.shape[1], metadata.max_seqlen_q, metadata.max_seqlen_k
+                metadata.max_seqlen_k, metadata.batch_size, q.shape[1], metadata.max_seqlen_q
             )
         return attention_forward(
             q,
