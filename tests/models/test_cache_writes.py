@@ -17,7 +17,7 @@ import torch
 import portattn.backends.triton as triton_backend_module
 import portattn.models.layers.attention as attention_module
 from conftest import BACKENDS, DEVICE
-from portattn.backends.base import AttentionLayer
+from portattn.backends.base import AttentionSpec
 from portattn.backends.cache import LatentKVCache, PagedKVCache
 from portattn.backends.registry import backend_class
 from portattn.models.layers import RotaryEmbedding, SelfAttention
@@ -66,7 +66,7 @@ def mha_case(backend_name: str, dtype: torch.dtype):
     from transformers import LlamaConfig
 
     hidden, head_dim = 64, 16
-    spec = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=head_dim, scale=head_dim**-0.5)
+    spec = AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=head_dim, scale=head_dim**-0.5)
     layer = SelfAttention(hidden, spec)
     random_parameters(layer, 0)
     layer = layer.to(DEVICE, dtype)

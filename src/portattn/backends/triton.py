@@ -16,7 +16,7 @@ import torch
 
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
-from .base import AttentionBackend, AttentionLayer, AttentionParams, Capabilities
+from .base import AttentionBackend, AttentionParams, AttentionSpec, Capabilities
 from .cache import PagedKVCache
 from .metadata import (
     GraphBuffers,
@@ -138,7 +138,7 @@ class TritonBackend(AttentionBackend):
         v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        layer: AttentionLayer,
+        spec: AttentionSpec,
         metadata: PagedMetadata,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor | None:
@@ -149,7 +149,7 @@ class TritonBackend(AttentionBackend):
             return None
         q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, layer.params, out)
+        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, spec.params, out)
 
     def plan_varlen(
         self,

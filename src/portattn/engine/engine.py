@@ -152,10 +152,10 @@ class Engine:
         if reason is None:
             self.runner.enable_graphs(batch_size_buckets(config.max_num_seqs), capture=True)
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
-        self.spec = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
+        self.speculator = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
         if speculative is not None and tp.rank == 0:
-            self.spec = build_speculator(speculative, self, draft, capture_graphs=reason is None)
-            self.runner.verifier = self.spec.verify
+            self.speculator = build_speculator(speculative, self, draft, capture_graphs=reason is None)
+            self.runner.verifier = self.speculator.verify
         self.warm_up()
 
     def describe_load(self, num_pages: int) -> str:
@@ -193,8 +193,8 @@ class Engine:
             return
         start = time.perf_counter()
         steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
-        if self.spec is not None:  # the other ranks warm up without it: every rank runs the same steps
-            self.spec.paused = True
+        if self.speculator is not None:  # the other ranks warm up without it: every rank runs the same steps
+            self.speculator.paused = True
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
@@ -208,8 +208,8 @@ class Engine:
                 bar.update(1)
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
-        if self.spec is not None:
-            self.spec.paused = False
+        if self.speculator is not None:
+            self.speculator.paused = False
         logger.info(
             "warm-up: %.1f s (decode graphs for %d shapes %s in %.1f s; %d warm-up prompts in %.1f s)",
             time.perf_counter() - start,
@@ -307,8 +307,8 @@ class Engine:
         if request_id not in self.requests:
             raise ValueError(f"expected the id of an unfinished request, got {request_id}")
         self.scheduler.finish(self.requests.pop(request_id), "abort")
-        if self.spec is not None:
-            self.spec.release(self.scheduler.running)
+        if self.speculator is not None:
+            self.speculator.release(self.scheduler.running)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -320,13 +320,13 @@ class Engine:
         sequences are aborted before the exception propagates: their half-applied step cannot be
         resumed, and their pages and request rows go back to the pools.
         """
-        spec = self.spec
-        if spec is not None:
-            spec.before_schedule(self.scheduler)
+        speculator = self.speculator
+        if speculator is not None:
+            speculator.before_schedule(self.scheduler)
         scheduled = self.scheduler.schedule()
         try:
-            if spec is not None:
-                scheduled = spec.propose(scheduled, self.scheduler.running)
+            if speculator is not None:
+                scheduled = speculator.propose(scheduled, self.scheduler.running)
             if self.parallel is not None:
                 sampled = self.parallel.step(self.runner, scheduled, set(self.requests))
             else:
@@ -341,7 +341,7 @@ class Engine:
             for seq, (tokens, logprobs) in sampled.items():
                 verified = seq.num_draft_tokens > 0
                 if verified:
-                    spec.accept(seq, tokens)
+                    speculator.accept(seq, tokens)
                 reason = None
                 for i, token in enumerate(tokens):
                     if i:  # the previous token was an accepted proposal: its K/V are computed
@@ -354,18 +354,18 @@ class Engine:
                     if reason is not None:
                         break  # what follows a stop is dropped, as plain decoding never makes it
                 if verified:
-                    spec.settle(seq)
+                    speculator.settle(seq)
                 if reason is not None:
                     if seq.detokenizer is not None:
                         seq.detokenizer.flush()
                     self.scheduler.finish(seq, reason)
                     self.requests.pop(seq.request_id, None)
                     finished.append(seq)
-            if spec is not None and finished:
-                spec.release(self.scheduler.running)
+            if speculator is not None and finished:
+                speculator.release(self.scheduler.running)
         except BaseException:
-            if spec is not None:
-                spec.discard(scheduled)
+            if speculator is not None:
+                speculator.discard(scheduled)
             for seq, _ in scheduled:
                 if seq.status is Status.FINISHED:
                     self.requests.pop(seq.request_id, None)

@@ -183,7 +183,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         self.model = DeepseekV3Model(config, tp)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
 
-    def attention_layers(self):
+    def attention_specs(self):
         return [layer.self_attn.spec for layer in self.model.layers]
 
     def kv_cache_spec(self) -> KVCacheSpec:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
+from ..backends.base import AttentionSpec
 from ..distributed.group import TPGroup
 from ..errors import expect
 from ..runtime.context import ForwardContext
@@ -103,7 +103,7 @@ class Gemma2ForCausalLM(CausalLM):
 
     def make_attention(self, config, layer_id: int) -> SelfAttention:
         cap = getattr(config, "attn_logit_softcapping", None) if self.attention_softcap else None
-        spec = AttentionLayer(
+        spec = AttentionSpec(
             layer_id,
             config.num_attention_heads,
             config.num_key_value_heads,

@@ -63,7 +63,7 @@ def check_config(config) -> None:
 
 def gpt_oss_attention(config, layer_id: int, tp: TPGroup | None = None) -> SelfAttention:
     """:class:`SelfAttention` with biases and the layer's learned sinks (``self_attn.sinks``, one per
-    query head; the backend reads them through the layer's :class:`AttentionLayer`)."""
+    query head; the backend reads them through the layer's :class:`AttentionSpec`)."""
     bias = bool(config.attention_bias)
     spec = attention_spec(config, layer_id)
     return SelfAttention(config.hidden_size, spec, qkv_bias=bias, o_bias=bias, sinks=True, tp=tp)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
+from ..backends.base import AttentionSpec
 from ..distributed.group import TPGroup, tp_or_single
 from ..runtime.context import ForwardContext
 from .base import CausalLM
@@ -50,7 +50,7 @@ class Llama4Attention(nn.Module):
         self.qkv_proj = QKVLinear(config.hidden_size, heads, kv_heads, head_dim, bias, tp=tp)
         self.o_proj = RowParallelLinear(heads * head_dim, config.hidden_size, bias, tp=tp)
         chunked = config.layer_types[layer_id] == "chunked_attention"
-        spec = AttentionLayer(
+        spec = AttentionSpec(
             layer_id,
             heads,
             kv_heads,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...backends.base import AttentionLayer
+from ...backends.base import AttentionSpec
 from ...backends.cache import LatentKVCache
 from ...backends.metadata import MLADecodeMetadata
 from ...distributed.group import TPGroup, tp_or_single
@@ -70,7 +70,7 @@ class MultiheadLatentAttention(nn.Module):
         self.scale = scale
         # What the engine's backend selection reads (the expanded form's shapes, this rank's heads).
         local = self.num_heads
-        self.spec = AttentionLayer(layer_id, local, local, qk_dim, scale=scale, v_head_dim=self.v_dim)
+        self.spec = AttentionSpec(layer_id, local, local, qk_dim, scale=scale, v_head_dim=self.v_dim)
 
     def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext):
         plan: LatentAttentionPlan = ctx.cache_plan
