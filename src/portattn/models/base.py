@@ -35,7 +35,8 @@ PACKED_MODULES = {
 class CausalLM(nn.Module):
     """``forward``, ``compute_logits``, the KV cache spec and the checkpoint name map, for the engine.
 
-    Subclasses build ``self.model`` (with ``embed_tokens``) and ``self.lm_head``.
+    Subclasses build ``self.model`` (with ``embed_tokens``) and ``self.lm_head``; ``self.model``'s
+    decoder layers follow the one signature of :mod:`portattn.models.layers.decoder`.
     """
 
     model: nn.Module

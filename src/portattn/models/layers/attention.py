@@ -140,17 +140,17 @@ class SelfAttention(nn.Module):
         x: torch.Tensor,
         ctx: ForwardContext,
         rotary: nn.Module,
-        table: tuple[torch.Tensor, torch.Tensor] | None = None,
+        table: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """``table``: the rotary ``cos, sin`` of this forward's tokens (``rotary.table``), made once
-        per forward by the model; computed here when not given."""
+        """``x [T, H]`` -> ``[T, H]``; ``table``: the rotary ``cos, sin`` of this forward's tokens
+        (``rotary.table``), made once per forward by the model (:mod:`.decoder`)."""
         num_tokens, head_dim = x.shape[0], self.spec.head_dim
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = q.view(num_tokens, -1, head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, head_dim)  # [T, Hkv, D]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = table if table is not None else rotary.table(positions, q.dtype)
+        cos, sin = table
         if fused_ops(q) is not None:  # fused kernels on here: ask the backend to fuse rotary with its write
             out = self.attn.forward_rotary(q, k, v, cos, sin, ctx)
             if out is not None:
