@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from .._version import __version__
 from ..engine.sampling_params import SamplingParams
 from .async_engine import AsyncEngine, Prompt, RequestStream
 from .metrics import ServerMetrics, Timing, log_stats
