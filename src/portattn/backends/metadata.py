@@ -105,6 +105,13 @@ def paged_fields(
     )
 
 
+def cu_seqlens_of(lengths: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """``[B + 1]`` int32 offsets on ``device`` of sequences of ``lengths`` (host ints): ``0, n0, n0 + n1, ...``."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
+    return cu.to(device)
+
+
 def varlen_fields(
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None, max_seqlen_k: int | None
 ) -> dict:

@@ -36,6 +36,33 @@ except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
 
 
+def _attend(q, k, v, out, lse, metadata, seq_lens_k, params: AttentionParams, **layout) -> torch.Tensor:
+    """``attention_forward`` of one op call: the query runs of ``metadata``, the keys of ``seq_lens_k``,
+    every rule of ``params``; ``layout`` is ``page_table=`` and ``num_kv_splits=`` (paged) or
+    ``kv_start=`` (contiguous K/V)."""
+    return attention_forward(
+        q,
+        k,
+        v,
+        out,
+        metadata.cu_seqlens_q,
+        seq_lens_k,
+        max_seqlen_q=metadata.max_seqlen_q,
+        scale=params.scale,
+        causal=params.causal,
+        window_left=params.window_left,
+        window_right=params.window_right,
+        chunk_size=params.attention_chunk_size,
+        sinks=params.sinks,
+        logit_softcap=params.logit_softcap,
+        alibi_slopes=params.alibi_slopes,
+        lse=lse,
+        k_scale=params.k_scale,
+        v_scale=params.v_scale,
+        **layout,
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class TritonPagedMetadata(PagedMetadata):
     """``num_kv_splits``: key ranges per (query block, KV head); ``None`` when planned without the head
@@ -177,27 +204,17 @@ class TritonBackend(AttentionBackend):
             num_kv_splits = choose_num_kv_splits(
                 metadata.max_seqlen_k, metadata.batch_size, q.shape[1], metadata.max_seqlen_q
             )
-        return attention_forward(
+        return _attend(
             q,
             k_cache,
             v_cache,
             out,
-            metadata.cu_seqlens_q,
+            lse,
+            metadata,
             metadata.seq_lens_k,
-            max_seqlen_q=metadata.max_seqlen_q,
-            scale=params.scale,
+            params,
             page_table=metadata.page_table,
-            causal=params.causal,
-            window_left=params.window_left,
-            window_right=params.window_right,
-            chunk_size=params.attention_chunk_size,
-            sinks=params.sinks,
-            logit_softcap=params.logit_softcap,
-            alibi_slopes=params.alibi_slopes,
-            lse=lse,
             num_kv_splits=num_kv_splits,
-            k_scale=params.k_scale,
-            v_scale=params.v_scale,
         )
 
     def varlen_attention(
@@ -213,24 +230,7 @@ class TritonBackend(AttentionBackend):
         seq_lens_k = getattr(metadata, "seq_lens_k", None)  # from plan_varlen; metadata built elsewhere lacks it
         if seq_lens_k is None:
             seq_lens_k = metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]
-        return attention_forward(
-            q,
-            k,
-            v,
-            out,
-            metadata.cu_seqlens_q,
-            seq_lens_k,
-            max_seqlen_q=metadata.max_seqlen_q,
-            scale=params.scale,
-            kv_start=metadata.cu_seqlens_k[:-1],
-            causal=params.causal,
-            window_left=params.window_left,
-            window_right=params.window_right,
-            sinks=params.sinks,
-            logit_softcap=params.logit_softcap,
-            alibi_slopes=params.alibi_slopes,
-            lse=lse,
-        )
+        return _attend(q, k, v, out, lse, metadata, seq_lens_k, params, kv_start=metadata.cu_seqlens_k[:-1])
 
     def mla_decode(
         self,

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from ..backends.base import AttentionBackend
-from ..backends.metadata import GraphBuffers, PagedMetadata, VarlenMetadata
+from ..backends.metadata import GraphBuffers, PagedMetadata, VarlenMetadata, cu_seqlens_of
 from ..backends.registry import require_ops
 from ..mla import MLADecodeMetadata, mla_workspace_size, plan_mla_decode
 
@@ -110,7 +110,7 @@ def plan_latent_attention(
         q_lens = [meta.q_lens[b] for b in expands]
         k_lens = [meta.k_lens[b] for b in expands]
         page_table = meta.page_table[torch.tensor(expands, device=device)] if mixed else meta.page_table
-        cu_q, cu_k = _cumsum(q_lens, device), _cumsum(k_lens, device)
+        cu_q, cu_k = cu_seqlens_of(q_lens, device), cu_seqlens_of(k_lens, device)
         total = sum(k_lens)
         seq = torch.repeat_interleave(
             torch.arange(len(expands), device=device), torch.tensor(k_lens, device=device), output_size=total
@@ -179,9 +179,3 @@ class LatentGraphPlan:
         )
         self.page_table[:rows].copy_(page_table)
         self.seq_lens_k[:rows].copy_(seq_lens_k)
-
-
-def _cumsum(lengths: list[int], device) -> torch.Tensor:
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
-    return cu.to(device)  # [n + 1] int32
