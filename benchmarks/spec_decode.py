@@ -37,7 +37,7 @@ def counters(llm) -> dict[str, int]:
     """Speculative decoding's counters now (0 without speculation)."""
     names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
     metrics = {m.name: m for m in llm.get_metrics()}
-    return {n: metrics[f"portattn:spec_decode_{n}"].value if llm.engine.spec is not None else 0 for n in names}
+    return {n: metrics[f"portattn:spec_decode_{n}"].value if llm.engine.speculator is not None else 0 for n in names}
 
 
 def synchronize(device) -> None:

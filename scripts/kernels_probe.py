@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 
 from portattn.backends.base import AttentionParams
-from portattn.backends.triton import TritonBackend, choose_num_kv_splits
+from portattn.backends.triton import TritonBackend
 from portattn.bench import peers
 from portattn.bench.ceilings import measure_ceilings
 from portattn.bench.paged_attention import PagedCase, _inputs
 from portattn.bench.timing import measure, measure_graph
 from portattn.device import synchronize
 from portattn.kernels.triton import launch, mla_decode_launch
-from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_tiles
+from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_num_kv_splits, choose_tiles
 from portattn.kernels.triton.mla_decode_launch import MLATileConfig
 from portattn.kv_quant import quantize_kv
 from portattn.testing import make_paged_case, max_error, mla_decode_ref, paged_attention_ref
@@ -48,7 +48,7 @@ def _paged_call(case: PagedCase, s: dict, out, tiles=None, splits=None, k_scale=
     cu_q = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * case.q_len
     seq_lens = torch.full((b,), case.k_len, device=DEV, dtype=torch.int32)
     if splits is None:
-        splits = choose_num_kv_splits(b, case.num_q_heads, case.q_len, case.k_len)
+        splits = choose_num_kv_splits(case.k_len, b, case.num_q_heads, case.q_len)
     return lambda i: attention_forward(
         s[i]["q"], s[i]["k_cache"], s[i]["v_cache"], out, cu_q, seq_lens, max_seqlen_q=case.q_len,
         scale=case.head_dim**-0.5, page_table=s[i]["page_table"], num_kv_splits=splits, tiles=tiles,
@@ -136,7 +136,7 @@ def fp8(out: Path, ceil) -> dict:
         seq = torch.full((b,), L, device=DEV, dtype=torch.int32)
         qn = torch.randn(b, heads, 512, device=DEV, dtype=torch.bfloat16, generator=gen)
         qr = torch.randn(b, heads, 64, device=DEV, dtype=torch.bfloat16, generator=gen)
-        meta = plan_mla_decode(perm, seq, P, num_heads=heads, kv_lora_rank=512, max_seq_len=L)
+        meta = plan_mla_decode(perm, seq, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L)
         mo = torch.empty_like(qn)
         c8 = quantize_kv(cache, torch.float8_e4m3fn, 0.05)
         variants = [("bf16", cache, 1.0, None), ("e4m3 default", c8, 0.05, None)]
@@ -184,7 +184,7 @@ def long(out: Path, ceil) -> dict:
         (out / "long.json").write_text(json.dumps(rows, indent=1))
 
     default = choose_tiles(1, 4, 128, 128, interpret=False)
-    splits = choose_num_kv_splits(1, 32, 1, 65536)
+    splits = choose_num_kv_splits(65536, 1, 32, 1)
     record(f"default m{default.block_m} n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
            _paged_call(case, sets, o))  # fmt: skip
     for n, w, st, sp in LONG_VARIANTS:

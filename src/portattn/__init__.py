@@ -1,13 +1,12 @@
 """portattn: device-portable paged attention for LLM and VLM serving."""
 
+from ._version import __version__ as __version__
 from .cascade import cascade_attention, merge_attention_states
 from .errors import OutOfPagesError, UnsupportedFeatureError
 from .local_attention import LocalAttentionBatches, make_local_attention_virtual_batches
 from .mla import mla_decode, mla_workspace_size
 from .ops import paged_attention, varlen_attention
 from .paging import PageAllocator, PageTable, to_page_table
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

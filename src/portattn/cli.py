@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 
-from . import __version__
+from ._version import __version__
 
 REGISTER_HELP = (
     "MODULE[:FUNC] to import (and FUNC to call) before the command, to register models or attention "

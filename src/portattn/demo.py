@@ -74,6 +74,9 @@ def real_model_answers(attention_backend: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from .extras import require_extra
+
+    require_extra("engine", "portattn demo")
     from transformers.utils import logging as hf_logging
 
     from .engine.llm import LLM

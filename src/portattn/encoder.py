@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends.base import AttentionBackend, Request
-from .backends.metadata import VarlenMetadata
+from .backends.metadata import VarlenMetadata, cu_seqlens_of
 from .backends.registry import select_backend
 from .errors import expect, is_int
 from .validation import attention_params
@@ -103,13 +103,6 @@ def window_partition(
         offset += t * gh * gw
     index = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int64)
     return index, lengths
-
-
-def _cu_seqlens(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    return torch.tensor(cu, dtype=torch.int32).to(device)  # [B + 1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,7 +197,7 @@ class EncoderSeqInfo:
 
 
 def _plan(backend: AttentionBackend, lengths: list[int], device: torch.device) -> VarlenMetadata:
-    cu = _cu_seqlens(lengths, device)
+    cu = cu_seqlens_of(lengths, device)
     longest = max(lengths, default=0)
     return backend.plan_varlen(cu, cu, max_seqlen_q=longest, max_seqlen_k=longest)
 

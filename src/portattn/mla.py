@@ -21,11 +21,7 @@ from .backends.base import MLARequest
 from .backends.metadata import MLADecodeMetadata
 from .backends.registry import select_backend
 from .errors import expect, is_real
-from .kernels.triton.mla_workspace import (
-    mla_workspace_size,
-    partial_buffers,
-    resolve_num_kv_splits,
-)
+from .kernels.triton.mla_workspace import choose_num_kv_splits, mla_workspace_size, partial_buffers
 from .kv_quant import FP8_DTYPES, check_scale
 from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
 
@@ -37,32 +33,32 @@ def split_latent(kv_cache: torch.Tensor, kv_lora_rank: int) -> tuple[torch.Tenso
 
 def plan_mla_decode(
     page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    seq_lens_k: torch.Tensor,
     page_size: int,
     *,
     num_heads: int,
     kv_lora_rank: int,
-    max_seq_len: int | None = None,
+    max_seqlen_k: int | None = None,
     num_kv_splits: int | None = None,
     workspace: torch.Tensor | None = None,
 ) -> MLADecodeMetadata:
     """Once per forward: choose the split count and provide the workspace.
 
-    ``max_seq_len`` is a host int bounding ``seq_lens`` (an engine knows it); when omitted it is
+    ``max_seqlen_k`` is a host int bounding ``seq_lens_k`` (an engine knows it); when omitted it is
     the page table's capacity ``max_pages · page_size``, so planning never syncs with the device.
-    A given ``workspace`` must hold ``mla_workspace_size(max_seq_len, B, num_heads, page_size,
+    A given ``workspace`` must hold ``mla_workspace_size(max_seqlen_k, B, num_heads, page_size,
     num_kv_splits=..., kv_lora_rank=...)`` bytes; otherwise one is allocated. Its partial-result
     views are cut here, once, so that the per-layer launches only pass them on.
     """
-    batch = seq_lens.shape[0]
-    if max_seq_len is None:
-        max_seq_len = page_table.shape[1] * page_size
-    splits = resolve_num_kv_splits(num_kv_splits, max_seq_len, batch, num_heads)
+    batch = seq_lens_k.shape[0]
+    if max_seqlen_k is None:
+        max_seqlen_k = page_table.shape[1] * page_size
+    splits = choose_num_kv_splits(max_seqlen_k, batch, num_heads, num_kv_splits=num_kv_splits)
     needed = mla_workspace_size(
-        max_seq_len, batch, num_heads, page_size, num_kv_splits=splits, kv_lora_rank=kv_lora_rank
+        max_seqlen_k, batch, num_heads, page_size, num_kv_splits=splits, kv_lora_rank=kv_lora_rank
     )
     if workspace is not None:
-        check_tensor("workspace", workspace, 1, (torch.uint8,), seq_lens.device)
+        check_tensor("workspace", workspace, 1, (torch.uint8,), seq_lens_k.device)
         expect(workspace.is_contiguous(), "a contiguous workspace", f"strides {workspace.stride()}")
         expect(workspace.data_ptr() % 16 == 0, "workspace aligned to 16 bytes", f"address {workspace.data_ptr()}")
         expect(
@@ -71,13 +67,13 @@ def plan_mla_decode(
             f"{workspace.numel()} bytes",
         )
     elif needed:
-        workspace = torch.empty(needed, dtype=torch.uint8, device=seq_lens.device)
+        workspace = torch.empty(needed, dtype=torch.uint8, device=seq_lens_k.device)
     workspace = workspace if needed else None
     return MLADecodeMetadata(
         page_table=page_table,
-        seq_lens=seq_lens,
+        seq_lens_k=seq_lens_k,
         page_size=page_size,
-        max_seq_len=max_seq_len,
+        max_seqlen_k=max_seqlen_k,
         num_kv_splits=splits,
         workspace=workspace,
         workspace_bytes=needed,
@@ -133,7 +129,7 @@ def mla_decode(
     ``paged_attention`` does.
 
     ``num_kv_splits``: ``None`` (or -1) chooses from the problem with
-    :func:`choose_num_kv_splits` (``max_seq_len`` = the longest sequence); a positive int forces
+    :func:`choose_num_kv_splits` (``max_seqlen_k`` = the longest sequence); a positive int forces
     that many. Results agree across split counts within rounding. ``workspace``: optional uint8
     tensor of at least ``mla_workspace_size(max(seq_lens), B, H, P, num_kv_splits=...,
     kv_lora_rank=R)`` bytes (allocated per call when omitted; pass one to reuse it, e.g. under a
@@ -182,7 +178,7 @@ def mla_decode(
     lens = seq_lens.tolist()
     bad = next((b for b, n in enumerate(lens) if n < 0), None)
     expect(bad is None, "seq_lens >= 0", f"seq_lens[{bad}] = {lens[bad]}" if bad is not None else "")
-    max_seq_len = max(lens, default=0)
+    max_seqlen_k = max(lens, default=0)
     check_page_table(page_table, lens, seq_lens, page_size, num_pages, check=check)
     features = frozenset({"lse"}) if return_lse else frozenset()
     request = MLARequest(
@@ -195,7 +191,7 @@ def mla_decode(
         page_size,
         num_heads=num_heads,
         kv_lora_rank=rank,
-        max_seq_len=max_seq_len,
+        max_seqlen_k=max_seqlen_k,
         num_kv_splits=num_kv_splits,
         workspace=workspace,
     )

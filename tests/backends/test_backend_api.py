@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from portattn.backends.base import AttentionLayer, Request
+from portattn.backends.base import AttentionSpec, Request
 from portattn.backends.cache import PagedKVCache
 from portattn.backends.registry import select_backend
 from portattn.testing import paged_attention_ref
@@ -45,7 +45,7 @@ def make_batch(page_size: int, q_lens: list[int], k_lens: list[int], num_pages: 
 def test_plan_and_forward_match_the_reference(page_size, layer_kw):
     q_lens, k_lens = [1, 5, 9], [13, 5, 20]
     batch = make_batch(page_size, q_lens, k_lens, num_pages=-(-64 // page_size))
-    layer = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, **layer_kw)
+    spec = AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, **layer_kw)
     backend = select_backend("attention", "torch", Request("paged_attention", "cpu", torch.float32, 16))
     num_pages = -(-64 // page_size)
     g = torch.Generator().manual_seed(1)
@@ -60,7 +60,7 @@ def test_plan_and_forward_match_the_reference(page_size, layer_kw):
     v = torch.randn(sum(q_lens), 2, 16, generator=g)
 
     metadata = backend.plan(batch)
-    out = backend.forward(q, k, v, layer, metadata, PagedKVCache(k_cache, v_cache))
+    out = backend.forward(q, k, v, spec, metadata, PagedKVCache(k_cache, v_cache))
 
     assert torch.equal(k_cache.view(-1, 2, 16)[batch.out_cache_loc], k)
     assert torch.equal(v_cache.view(-1, 2, 16)[batch.out_cache_loc], v)
@@ -83,7 +83,7 @@ def test_plan_and_forward_match_the_reference(page_size, layer_kw):
 
 def test_layer_spec_validates():
     with pytest.raises(ValueError, match="expected num_heads divisible"):
-        AttentionLayer(0, num_heads=3, num_kv_heads=2, head_dim=16, scale=0.25)
+        AttentionSpec(0, num_heads=3, num_kv_heads=2, head_dim=16, scale=0.25)
     with pytest.raises(ValueError, match="expected window_left"):
-        AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, window_left=-2)
-    assert AttentionLayer(0, 4, 2, 16, 0.25, attention_chunk_size=8).features == frozenset({"chunk"})
+        AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, window_left=-2)
+    assert AttentionSpec(0, 4, 2, 16, 0.25, attention_chunk_size=8).features == frozenset({"chunk"})

@@ -31,10 +31,11 @@ from portattn.testing import (
 pytestmark = pytest.mark.skipif("triton" not in available_backends(DEVICE), reason="triton does not run here")
 
 if "triton" in available_backends(DEVICE):
-    from portattn.backends.triton import TritonBackend, choose_num_kv_splits
+    from portattn.backends.triton import TritonBackend
     from portattn.kernels.triton.launch import (
         TileConfig,
         attention_forward,
+        choose_num_kv_splits,
         choose_tiles,
         column_tiles,
         dot_precision,
@@ -99,7 +100,7 @@ def test_forced_split_counts_agree_with_each_other_and_the_reference(dtype, kwar
 def test_long_decode_is_split_and_correct():
     num_keys = 2048 if INTERPRETED else 65536
     batch, heads = 1, 4
-    assert choose_num_kv_splits(batch, heads, 1, num_keys) > 1
+    assert choose_num_kv_splits(num_keys, batch, heads, 1) > 1
     case = make_paged_case([1], [num_keys], page_size=16, dtype=torch.float16, device=DEVICE, seed=5)
     ref, tol = reference(case)
     out = portattn.paged_attention(**case.inputs(), backend="triton")
@@ -107,13 +108,13 @@ def test_long_decode_is_split_and_correct():
 
 
 def test_split_count_is_a_function_of_the_problem_size():
-    assert choose_num_kv_splits(1, 32, 1, 65536) == 64  # one long sequence: spread over key ranges
-    assert choose_num_kv_splits(64, 32, 1, 4096) == 1  # enough (sequence, head) pairs already
-    assert choose_num_kv_splits(4, 32, 1, 4096) == 8  # bounded by 512 keys per split
-    assert choose_num_kv_splits(1, 32, 1, 300) == 1  # too short to split
-    assert choose_num_kv_splits(1, 32, 512, 65536) == 1  # long query runs use query blocks instead
-    assert choose_num_kv_splits(1, 32, 64, 8192) == 8  # a cascade's shared pass: 64 queries over a long prefix
-    assert choose_num_kv_splits(4, 32, 16, 8192) == 8  # short extends over long contexts
+    assert choose_num_kv_splits(65536, 1, 32, 1) == 64  # one long sequence: spread over key ranges
+    assert choose_num_kv_splits(4096, 64, 32, 1) == 1  # enough (sequence, head) pairs already
+    assert choose_num_kv_splits(4096, 4, 32, 1) == 8  # bounded by 512 keys per split
+    assert choose_num_kv_splits(300, 1, 32, 1) == 1  # too short to split
+    assert choose_num_kv_splits(65536, 1, 32, 512) == 1  # long query runs use query blocks instead
+    assert choose_num_kv_splits(8192, 1, 32, 64) == 8  # a cascade's shared pass: 64 queries over a long prefix
+    assert choose_num_kv_splits(8192, 4, 32, 16) == 8  # short extends over long contexts
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 7, 16, 64])

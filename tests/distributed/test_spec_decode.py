@@ -34,5 +34,5 @@ def test_tp2_speculation_equals_plain_decoding(method, ckpt_root):
         for _ in range(2):  # the second time from the prefix cache
             assert llm.generate(PROMPTS[:1], params, use_tqdm=False)[0].token_ids == want[0]
         assert llm.engine.pages.num_cached_tokens > 0
-        assert llm.engine.spec.stats.num_accepted_tokens > 0
+        assert llm.engine.speculator.stats.num_accepted_tokens > 0
     assert not any(alive(pid) for pid in pids)

@@ -116,7 +116,7 @@ def test_pools_and_lengths_are_checked_at_construction(kwargs, message, ckpt_roo
 
 def test_a_long_max_model_len_when_explicitly_allowed(ckpt_root):
     llm = LLM(checkpoint("llama", ckpt_root), num_pages=300, max_model_len=4096, allow_long_max_model_len=True)
-    assert llm.engine.max_len == 4096
+    assert llm.engine.max_model_len == 4096
 
 
 def test_a_pool_of_exactly_one_request_runs_it_to_max_model_len(ckpt_root):

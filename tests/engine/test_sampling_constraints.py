@@ -149,7 +149,7 @@ def test_truncate_prompt_tokens_keeps_the_last_k(llm):
     out = llm.generate([long], SamplingParams(temperature=0, max_tokens=6, truncate_prompt_tokens=9))[0]
     assert out.prompt_token_ids == long[-9:] and out.token_ids == greedy(llm, long[-9:])[:6]
     too_long = list(range(10, 10 + 200))  # beyond max_model_len 128
-    with pytest.raises(ValueError, match="shorter than max_len 128"):
+    with pytest.raises(ValueError, match="shorter than max_model_len 128"):
         llm.generate([too_long], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     out = llm.generate([too_long], SamplingParams(temperature=0, max_tokens=4, truncate_prompt_tokens=-1))[0]
     assert out.prompt_token_ids == too_long[-127:] and len(out.token_ids) == 1  # room for one token

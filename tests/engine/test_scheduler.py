@@ -130,6 +130,6 @@ def test_context_limit_finishes_with_length(ckpt_root):
     llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=5, max_model_len=20)
     out = llm.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.token_ids) == 20 - len(PROMPTS[2]) and out.finish_reason == "length"
-    with pytest.raises(ValueError, match="shorter than max_len 20"):
+    with pytest.raises(ValueError, match="shorter than max_model_len 20"):
         llm.generate([PROMPTS[0], PROMPTS[3]], SamplingParams(max_tokens=2), use_tqdm=False)
     assert not llm.engine.has_unfinished()  # the valid prompt before it was not queued either

@@ -17,7 +17,7 @@ import torch
 import portattn.backends.triton as triton_backend_module
 import portattn.models.layers.attention as attention_module
 from conftest import BACKENDS, DEVICE
-from portattn.backends.base import AttentionLayer
+from portattn.backends.base import AttentionSpec
 from portattn.backends.cache import LatentKVCache, PagedKVCache
 from portattn.backends.registry import backend_class
 from portattn.models.layers import RotaryEmbedding, SelfAttention
@@ -66,7 +66,7 @@ def mha_case(backend_name: str, dtype: torch.dtype):
     from transformers import LlamaConfig
 
     hidden, head_dim = 64, 16
-    spec = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=head_dim, scale=head_dim**-0.5)
+    spec = AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=head_dim, scale=head_dim**-0.5)
     layer = SelfAttention(hidden, spec)
     random_parameters(layer, 0)
     layer = layer.to(DEVICE, dtype)
@@ -80,7 +80,10 @@ def mha_case(backend_name: str, dtype: torch.dtype):
     ctx = ForwardContext(backend, backend.plan(batch), pool)
     positions = torch.cat([torch.arange(k - q, k) for q, k in zip(Q_LENS, K_LENS)]).to(DEVICE)
     x = torch.randn(sum(Q_LENS), hidden, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
-    return SimpleNamespace(layer=layer, rotary=rotary, pool=pool, backend=backend, ctx=ctx, x=x, positions=positions)
+    table = rotary.table(positions, dtype)
+    return SimpleNamespace(
+        layer=layer, rotary=rotary, table=table, pool=pool, backend=backend, ctx=ctx, x=x, positions=positions
+    )
 
 
 def divert_write_kv(monkeypatch, backend, shadow: PagedKVCache) -> list:
@@ -106,11 +109,11 @@ def test_the_backends_write_kv_is_the_only_kv_write(backend_name, monkeypatch):
     shadow = PagedKVCache(before[0].clone(), before[1].clone())
     with monkeypatch.context() as patch:
         calls = divert_write_kv(patch, case.backend, shadow)
-        case.layer(case.positions, case.x, case.ctx, case.rotary)
+        case.layer(case.positions, case.x, case.ctx, case.rotary, case.table)
     assert len(calls) == 1 and torch.equal(calls[0], case.ctx.metadata.out_cache_loc)
     assert same_bits(case.pool.k[0], before[0]) and same_bits(case.pool.v[0], before[1])  # nobody else wrote
 
-    out = case.layer(case.positions, case.x, case.ctx, case.rotary)
+    out = case.layer(case.positions, case.x, case.ctx, case.rotary, case.table)
     assert out.isfinite().all()  # every key the attention read was written
     slots = case.ctx.metadata.out_cache_loc
     for cache, old, owner in zip((case.pool.k[0], case.pool.v[0]), before, (shadow.k, shadow.v)):
@@ -136,16 +139,16 @@ def test_the_fused_rotary_write_is_the_backends_and_the_only_one(dtype, monkeypa
     with monkeypatch.context() as patch:
         patch.setattr(triton_backend_module, "rotary_kv_write", diverted)
         patch.setattr(case.backend, "write_kv", lambda *args: pytest.fail("the fused path wrote through write_kv too"))
-        case.layer(case.positions, case.x, case.ctx, case.rotary)
+        case.layer(case.positions, case.x, case.ctx, case.rotary, case.table)
     assert len(calls) == 1 and torch.equal(calls[0], case.ctx.metadata.out_cache_loc)
     assert same_bits(case.pool.k[0], before[0]) and same_bits(case.pool.v[0], before[1])  # nobody else wrote
 
-    fused_out = case.layer(case.positions, case.x, case.ctx, case.rotary)
+    fused_out = case.layer(case.positions, case.x, case.ctx, case.rotary, case.table)
     slots = case.ctx.metadata.out_cache_loc
     for cache, old, owner in zip((case.pool.k[0], case.pool.v[0]), before, shadow):
         assert same_bits(new_slots_only(old, cache, slots), owner.flatten(0, 1)[slots])
     monkeypatch.setattr(attention_module, "fused_ops", lambda x: None)
-    unfused_out = case.layer(case.positions, case.x, case.ctx, case.rotary)  # rewrites the same slots
+    unfused_out = case.layer(case.positions, case.x, case.ctx, case.rotary, case.table)  # rewrites the same slots
     assert fused_out.isfinite().all()  # every key the attention read was written
     # Rotary rounded once (fused, float32 inside) or after each product (the layer's torch code): in
     # float16 the rotated q and k differ by an ulp, which moves the output by a few ulps.
@@ -179,7 +182,8 @@ def test_the_backends_write_latent_is_the_only_latent_write(backend_name, monkey
     g = torch.Generator().manual_seed(3)
     x = torch.randn(sum(Q_LENS), config.hidden_size, generator=g).to(DEVICE, dtype)
     angles = torch.rand(sum(Q_LENS), 1, config.qk_rope_head_dim, generator=g).to(DEVICE, dtype)
-    cos_sin = (angles.cos(), angles.sin())  # [T, 1, Dr]
+    table = (angles.cos(), angles.sin())  # [T, 1, Dr]
+    positions = torch.zeros(sum(Q_LENS), dtype=torch.int64, device=DEVICE)  # read through the table only
     rotary = SimpleNamespace(apply=lambda t, cos, sin: t * cos + t.flip(-1) * sin)  # any rotation will do here
 
     before = pool.latent[0].clone()
@@ -191,10 +195,10 @@ def test_the_backends_write_latent_is_the_only_latent_write(backend_name, monkey
 
     with monkeypatch.context() as patch:
         patch.setattr(backend, "write_latent", diverted)
-        layer(x, cos_sin, rotary, ctx)
+        layer(positions, x, ctx, rotary, table)
     assert len(calls) == 1 and torch.equal(calls[0], metadata.out_cache_loc)
     assert same_bits(pool.latent[0], before)  # nobody else wrote
 
-    assert layer(x, cos_sin, rotary, ctx).isfinite().all()
+    assert layer(positions, x, ctx, rotary, table).isfinite().all()
     slots = metadata.out_cache_loc
     assert same_bits(new_slots_only(before, pool.latent[0], slots), shadow.flatten(0, 1)[slots])

@@ -167,7 +167,7 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
     metadata = torch_backend.plan(batch)
     plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32)
     assert plan.key_slots is None and plan.decode.page_table is metadata.page_table
-    assert plan.decode.max_seq_len == max(k_lens)
+    assert plan.decode.max_seqlen_k == max(k_lens)
 
     # Mixed: the decodes (sequences 1, 2) absorbed, sequence 0's chunk expanded; tokens picked by row.
     batch = make_batch(page_size, [3, 1, 1], k_lens, num_pages=-(-64 // page_size))
@@ -176,7 +176,7 @@ def test_plan_gathers_every_key_slot_and_plans_decode_on_the_page_table(page_siz
     assert torch.equal(plan.key_slots, batch.req_to_token[rows[0], : k_lens[0]].long())
     assert plan.varlen.q_lens == (3,) and plan.varlen.k_lens == (k_lens[0],)
     assert torch.equal(plan.decode.page_table, metadata.page_table[1:])
-    assert plan.decode.seq_lens.tolist() == k_lens[1:] and plan.decode.max_seq_len == max(k_lens[1:])
+    assert plan.decode.seq_lens_k.tolist() == k_lens[1:] and plan.decode.max_seqlen_k == max(k_lens[1:])
     assert plan.decode_rows.tolist() == [3, 4] and plan.expand_rows.tolist() == [0, 1, 2]
 
 
@@ -193,11 +193,11 @@ def test_decodes_of_several_tokens_are_absorbed_one_row_per_token(page_size):
     owner = [b for b, n in enumerate(q_lens) for _ in range(n)]  # the sequence of each row
     assert torch.equal(plan.decode.page_table, metadata.page_table[owner])
     want = [k - n + 1 + i for n, k in zip(q_lens, k_lens) for i in range(n)]
-    assert plan.decode.seq_lens.tolist() == want and plan.decode.max_seq_len == max(k_lens)
+    assert plan.decode.seq_lens_k.tolist() == want and plan.decode.max_seqlen_k == max(k_lens)
 
     # decode_q_len 2: sequence 0 absorbed (2 rows), the others expanded; tokens picked by row.
     plan = plan_latent_attention(torch_backend, metadata, num_heads=4, kv_lora_rank=32, decode_q_len=2)
-    assert plan.decode.seq_lens.tolist() == [12, 13] and torch.equal(
+    assert plan.decode.seq_lens_k.tolist() == [12, 13] and torch.equal(
         plan.decode.page_table, metadata.page_table[[0, 0]]
     )
     assert plan.varlen.q_lens == (5, 3) and plan.varlen.k_lens == (5, 20)

@@ -13,7 +13,7 @@ from tiny_models import checkpoint
 
 def test_layers_alternate_local_and_global(ckpt_root):
     config = tiny_config("gemma2")
-    layers = LLM(checkpoint("gemma2", ckpt_root), num_pages=8, max_model_len=128).engine.model.attention_layers()
+    layers = LLM(checkpoint("gemma2", ckpt_root), num_pages=8, max_model_len=128).engine.model.attention_specs()
     assert [layer.window_left for layer in layers] == [config.sliding_window - 1, -1]
     assert [layer.features for layer in layers] == [frozenset({"window", "softcap"}), frozenset({"softcap"})]
     assert {layer.logit_softcap for layer in layers} == {config.attn_logit_softcapping}

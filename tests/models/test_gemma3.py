@@ -13,9 +13,9 @@ from tiny_models import checkpoint
 def test_five_local_layers_per_global_one_with_their_own_rotary(ckpt_root):
     config = tiny_config("gemma3")
     model = LLM(checkpoint("gemma3", ckpt_root), num_pages=8, max_model_len=128).engine.model
-    windows = [layer.window_left for layer in model.attention_layers()]
+    windows = [layer.window_left for layer in model.attention_specs()]
     assert windows == [config.sliding_window - 1] * 5 + [-1]
-    assert {layer.logit_softcap for layer in model.attention_layers()} == {0.0}
+    assert {layer.logit_softcap for layer in model.attention_specs()} == {0.0}
     local, full = model.model.rotary_emb["sliding_attention"], model.model.rotary_emb["full_attention"]
     head_dim = config.head_dim
     exponents = torch.arange(0, head_dim, 2).float() / head_dim

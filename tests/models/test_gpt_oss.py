@@ -22,7 +22,7 @@ from .family_parity import PROMPTS, TOL, make_llm
 
 def test_sinks_on_every_layer_window_on_every_other(ckpt_root):
     path = checkpoint("gpt_oss", ckpt_root)
-    layers = LLM(path, num_pages=8, max_model_len=128).engine.model.attention_layers()
+    layers = LLM(path, num_pages=8, max_model_len=128).engine.model.attention_specs()
     assert [layer.window_left for layer in layers] == [tiny_config("gpt_oss").sliding_window - 1, -1]
     assert [layer.features for layer in layers] == [frozenset({"window", "sinks"}), frozenset({"sinks"})]
     assert {layer.head_dim for layer in layers} == {64}

@@ -11,14 +11,14 @@ from tiny_models import checkpoint
 
 def test_every_layer_has_the_window(ckpt_root):
     window = tiny_config("mistral").sliding_window
-    layers = LLM(checkpoint("mistral", ckpt_root), num_pages=8, max_model_len=128).engine.model.attention_layers()
+    layers = LLM(checkpoint("mistral", ckpt_root), num_pages=8, max_model_len=128).engine.model.attention_specs()
     assert [layer.window_left for layer in layers] == [window - 1] * len(layers)
     assert {layer.features for layer in layers} == {frozenset({"window"})}
 
 
 def test_no_window_is_full_attention(tmp_path):
     path = save_tiny_checkpoint("mistral", tmp_path, sliding_window=None)
-    layers = LLM(path, num_pages=8, max_model_len=128).engine.model.attention_layers()
+    layers = LLM(path, num_pages=8, max_model_len=128).engine.model.attention_specs()
     assert [layer.window_left for layer in layers] == [-1] * len(layers)
 
 

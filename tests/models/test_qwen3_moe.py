@@ -32,7 +32,7 @@ def test_layers_are_those_transformers_builds(overrides, tmp_path):
     assert kinds == want and "dense" in kinds and "experts" in kinds
     assert all(isinstance(layer.mlp, GatedMLP) for layer, kind in zip(ours.model.layers, kinds) if kind == "dense")
     window = config.sliding_window  # None unless use_sliding_window
-    assert {layer.window_left for layer in ours.attention_layers()} == {-1 if window is None else window - 1}
+    assert {layer.window_left for layer in ours.attention_specs()} == {-1 if window is None else window - 1}
 
 
 def test_bad_routing_configs_are_refused(tmp_path):

@@ -184,7 +184,7 @@ def test_kernel_stays_inside_its_workspace(backend, splits):
     seq_lens = [700, 33, 0, 260]
     case = make_mla_case(seq_lens, page_size=16, num_heads=3, dtype=dtype, seed=11)
     resolved = plan_mla_decode(
-        case.page_table, case.seq_lens, 16, num_heads=3, kv_lora_rank=RANK, max_seq_len=max(seq_lens),
+        case.page_table, case.seq_lens, 16, num_heads=3, kv_lora_rank=RANK, max_seqlen_k=max(seq_lens),
         num_kv_splits=splits,
     ).num_kv_splits  # fmt: skip
     assert resolved > 1
@@ -318,7 +318,7 @@ def test_triton_launcher_rejects_bad_inputs():
     case = make_mla_case([5, 20], page_size=8, num_heads=4)
     out = torch.empty_like(case.q_nope)
     args = (case.q_nope, case.q_rope, case.kv_cache, case.page_table, case.seq_lens)
-    with pytest.raises(ValueError, match="expected seq_lens of dtype int32"):
+    with pytest.raises(ValueError, match="expected seq_lens_k of dtype int32"):
         mla_decode_forward(*args[:4], case.seq_lens.long(), out, scale=0.1, num_kv_splits=1)
     with pytest.raises(ValueError, match=r"expected out of shape \[2, 4, 32\]"):
         mla_decode_forward(*args, out[:, :2], scale=0.1, num_kv_splits=1)

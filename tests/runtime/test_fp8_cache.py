@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import BACKENDS, DEVICE
-from portattn.backends.base import AttentionLayer, Request
+from portattn.backends.base import AttentionSpec, Request
 from portattn.backends.cache import LatentKVCache, PagedKVCache
 from portattn.backends.registry import select_backend
 from portattn.backends.torch_ref import TorchBackend
@@ -60,7 +60,7 @@ def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, pag
     num_pages = -(-64 // page_size)
     batch = make_batch(page_size, q_lens, k_lens, num_pages)
     impl = select_backend("attention", backend, Request("paged_attention", DEVICE.type, torch.float16, 16))
-    layer = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, window_left=7)
+    spec = AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, window_left=7)
     k_scale, v_scale = 0.5, 0.125
     g = torch.Generator().manual_seed(page_size)
     k_cache, v_cache = (poisoned_pool(num_pages, page_size, 2, 16, kv_dtype) for _ in range(2))
@@ -83,7 +83,7 @@ def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, pag
     v[2, 1, 0] = 6e4
 
     metadata = impl.plan(batch)
-    out = impl.forward(q, k, v, layer, metadata, PagedKVCache(k_cache, v_cache, k_scale, v_scale))
+    out = impl.forward(q, k, v, spec, metadata, PagedKVCache(k_cache, v_cache, k_scale, v_scale))
 
     loc = batch.out_cache_loc
     limit = torch.finfo(kv_dtype).max
@@ -192,10 +192,10 @@ def test_the_fused_rotary_write_leaves_fp8_caches_to_write_kv(monkeypatch):
     import portattn.backends.triton as triton_backend
 
     monkeypatch.setattr(triton_backend, "rotary_kv_write", lambda *args: pytest.fail("the fused write ran on fp8"))
-    layer = AttentionLayer(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25)
+    spec = AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25)
     fp8 = torch.zeros(2, 4, 2, 16, dtype=torch.float8_e4m3fn, device=DEVICE)
     q, k, v = (torch.zeros(3, h, 16, device=DEVICE) for h in (4, 2, 2))
     cos, sin = torch.ones(3, 16, device=DEVICE), torch.zeros(3, 16, device=DEVICE)
     for backend in (triton_backend.TritonBackend(), TorchBackend()):
         cache = PagedKVCache(fp8, fp8.clone(), k_scale=0.5, v_scale=2.0)
-        assert backend.forward_rotary(q, k, v, cos, sin, layer, None, cache) is None
+        assert backend.forward_rotary(q, k, v, cos, sin, spec, None, cache) is None

@@ -295,7 +295,7 @@ def bad_requests(url: str, max_len: int):
 
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served):
     url, app = served
-    cases = bad_requests(url, app.state.server.max_len)
+    cases = bad_requests(url, app.state.server.max_model_len)
     assert len(cases) >= 20
     for name, method, path, body, status, param in cases:
         got, payload, _ = request(url + path, method, body)

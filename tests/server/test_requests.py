@@ -91,7 +91,7 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(llm, client):
 
 def test_context_length_errors_have_one_wording(served, client):
     url, app = served
-    max_len = app.state.server.max_len
+    max_len = app.state.server.max_model_len
     long_ids = list(range(10, 10 + max_len))
     cases = [
         ("/v1/completions", {"prompt": long_ids}, "prompt", f"{max_len + 16} tokens ({max_len} in the prompt, 16"),
@@ -114,7 +114,7 @@ def test_tokenize_detokenize_version_ping_and_the_model_by_id(served, llm):
     status, payload, _ = request(url + "/tokenize", "POST", {"prompt": PROMPT, "return_token_strs": True})
     assert status == 200 and payload["tokens"] == tok(PROMPT)["input_ids"]
     assert payload["count"] == len(payload["tokens"])
-    assert payload["max_model_len"] == app.state.server.max_len
+    assert payload["max_model_len"] == app.state.server.max_model_len
     assert payload["token_strs"] == [tok.decode([t]) for t in payload["tokens"]]
     bare = request(url + "/tokenize", "POST", {"prompt": PROMPT, "add_special_tokens": False})[1]
     assert bare["tokens"] == payload["tokens"][1:]  # without the BOS
@@ -131,7 +131,7 @@ def test_tokenize_detokenize_version_ping_and_the_model_by_id(served, llm):
     assert request(url + "/ping")[0] == 200 and request(url + "/ping", "POST", {})[0] == 200
     name = app.state.server.model_name  # a path: slashes in the id
     status, card, _ = request(f"{url}/v1/models/{name}")
-    assert status == 200 and card["id"] == name and card["max_model_len"] == app.state.server.max_len
+    assert status == 200 and card["id"] == name and card["max_model_len"] == app.state.server.max_model_len
     status, payload, _ = request(url + "/v1/models/gpt-4")
     assert status == 404 and payload["error"]["code"] == "model_not_found"
 

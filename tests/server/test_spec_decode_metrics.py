@@ -28,7 +28,7 @@ def test_metrics_expose_the_speculative_decoding_counters(model_root):
             values[name.split("{")[0] + ("[" + name.split('position="')[1][0] + "]" if "position" in name else "")] = (
                 float(value)
             )
-    stats = engine.engine.spec.stats
+    stats = engine.engine.speculator.stats
     assert stats.num_drafts > 0
     assert values["portattn:spec_decode_num_drafts_total"] == stats.num_drafts
     assert values["portattn:spec_decode_num_draft_tokens_total"] == stats.num_draft_tokens

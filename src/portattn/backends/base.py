@@ -181,8 +181,9 @@ class AttentionParams:
 
 
 @dataclass(frozen=True, eq=False)
-class AttentionLayer:
-    """One decoder attention layer, as a model describes it to the backend (built once per layer).
+class AttentionSpec:
+    """What one decoder layer's attention is, as a model describes it to the backend (built once per
+    layer, held by the layer's attention module as ``spec``, passed to every backend ``forward``).
 
     ``window_left = W`` (-1: none; Hugging Face ``sliding_window = S`` is ``W = S - 1``),
     ``attention_chunk_size = C`` (absolute chunks), ``sinks [num_heads]`` and ``logit_softcap``
@@ -305,7 +306,7 @@ class AttentionBackend:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: AttentionLayer,
+        spec: AttentionSpec,
         metadata: PagedMetadata,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
@@ -317,7 +318,7 @@ class AttentionBackend:
         ``q``'s dtype or fp8, with its scales). Returns ``[T, Hq, Dv]``.
         """
         self.write_kv(k, v, kv_cache, metadata.out_cache_loc)
-        params = layer.params
+        params = spec.params
         if kv_cache.k_scale != 1.0 or kv_cache.v_scale != 1.0:
             params = dataclasses.replace(params, k_scale=kv_cache.k_scale, v_scale=kv_cache.v_scale)
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
@@ -330,7 +331,7 @@ class AttentionBackend:
         v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        layer: AttentionLayer,
+        spec: AttentionSpec,
         metadata: PagedMetadata,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor | None:

@@ -61,9 +61,9 @@ class MLADecodeMetadata:
     """Per-forward facts of MLA decode, built once by ``portattn.mla.plan_mla_decode`` and shared by all layers."""
 
     page_table: torch.Tensor  # [B, max_pages] int32, page-granular
-    seq_lens: torch.Tensor  # [B] int32
+    seq_lens_k: torch.Tensor  # [B] int32, one query per row: the keys it sees
     page_size: int
-    max_seq_len: int  # an upper bound of seq_lens (host int)
+    max_seqlen_k: int  # an upper bound of seq_lens_k (host int)
     num_kv_splits: int
     workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
     workspace_bytes: int
@@ -71,7 +71,7 @@ class MLADecodeMetadata:
 
     @property
     def batch_size(self) -> int:
-        return self.seq_lens.shape[0]
+        return self.seq_lens_k.shape[0]
 
 
 def paged_fields(
@@ -103,6 +103,13 @@ def paged_fields(
         q_lens=tuple(q_lens),
         k_lens=tuple(k_lens),
     )
+
+
+def cu_seqlens_of(lengths: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """``[B + 1]`` int32 offsets on ``device`` of sequences of ``lengths`` (host ints): ``0, n0, n0 + n1, ...``."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
+    return cu.to(device)
 
 
 def varlen_fields(

@@ -56,9 +56,9 @@ def masked_softmax(
 
 
 def visible_keys(
-    q_pos: torch.Tensor, num_keys: int, params: AttentionParams, key_lens: torch.Tensor | None = None
+    q_pos: torch.Tensor, num_keys: int, params: AttentionParams, seq_lens_k: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``[B, n, L]`` mask of the keys each query sees; ``key_lens [B]`` hides padding past it."""
+    """``[B, n, L]`` mask of the keys each query sees; ``seq_lens_k [B]`` hides padding past it."""
     lo, hi = key_range(
         q_pos,
         causal=params.causal,
@@ -68,8 +68,8 @@ def visible_keys(
     )
     k_pos = torch.arange(num_keys, device=q_pos.device)
     mask = range_mask(lo, hi, k_pos)  # [B, n, L]
-    if key_lens is not None:
-        mask &= (k_pos < key_lens[:, None])[:, None, :]
+    if seq_lens_k is not None:
+        mask &= (k_pos < seq_lens_k[:, None])[:, None, :]
     return mask
 
 
@@ -158,7 +158,7 @@ class _DecodeGroup:
     b0: int
     b1: int
     pages: torch.Tensor  # [g * Pmax] page ids; unused columns point at page 0 (never seen)
-    key_lens: torch.Tensor  # [g] int64
+    seq_lens_k: torch.Tensor  # [g] keys of each sequence (int64 per step, the buffers' int32 in a graph plan)
     pad_rows: torch.Tensor | None  # flat rows of the [g * Pmax * P] gathered keys that lie past a length
     q_pos: torch.Tensor  # [g, q] int64 positions of each sequence's q new tokens (q = 1 for a per-step plan)
     # (causal, window, chunk) -> [g, 1, L] mask, filled by layer 1; None: made per layer (a graph plan
@@ -169,10 +169,10 @@ class _DecodeGroup:
     def mask(self, params: AttentionParams, num_keys: int) -> torch.Tensor:
         """The visible-key mask for ``params``: layers with the same mask rule share one per forward."""
         if self.masks is None:
-            return visible_keys(self.q_pos, num_keys, params, self.key_lens)
+            return visible_keys(self.q_pos, num_keys, params, self.seq_lens_k)
         rule = (params.causal, params.window_left, params.window_right, params.attention_chunk_size)
         if rule not in self.masks:
-            self.masks[rule] = visible_keys(self.q_pos, num_keys, params, self.key_lens)
+            self.masks[rule] = visible_keys(self.q_pos, num_keys, params, self.seq_lens_k)
         return self.masks[rule]
 
     def zero_padding(self, v: torch.Tensor) -> None:
@@ -192,13 +192,13 @@ def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
     for b0 in range(0, metadata.batch_size, step):
         b1 = min(b0 + step, metadata.batch_size)
         max_pages = num_pages_for(max(metadata.k_lens[b0:b1]), page_size)
-        key_lens = metadata.seq_lens_k[b0:b1].long()  # [g]
-        used = torch.arange(max_pages, device=device) * page_size < key_lens[:, None]  # [g, Pmax]
+        seq_lens_k = metadata.seq_lens_k[b0:b1].long()  # [g]
+        used = torch.arange(max_pages, device=device) * page_size < seq_lens_k[:, None]  # [g, Pmax]
         pages = torch.where(used, metadata.page_table[b0:b1, :max_pages], 0).flatten()
         width = max_pages * page_size
         pad_rows = [b * width + j for b, n in enumerate(metadata.k_lens[b0:b1]) for j in range(n, width)]
         pad_rows = torch.tensor(pad_rows, dtype=torch.int64, device=device)
-        groups.append(_DecodeGroup(b0, b1, pages, key_lens, pad_rows, (key_lens - 1)[:, None]))
+        groups.append(_DecodeGroup(b0, b1, pages, seq_lens_k, pad_rows, (seq_lens_k - 1)[:, None]))
     return groups
 
 
@@ -214,13 +214,12 @@ class TorchPagedMetadata(PagedMetadata):
 @dataclass(frozen=True, eq=False)
 class TorchGraphBuffers(GraphBuffers):
     """The gather plan of a captured uniform step, at full width ``L = max_pages * P``, per row: ``pages
-    [max_batch_size, max_pages]`` (unused columns at page 0), ``key_lens [max_batch_size]`` int64,
-    ``pad_mask [max_batch_size, L]`` bool (True past a length) and ``q_pos [max_batch_size,
-    max_uniform_q_len]`` int64 (the positions of the new tokens; a step of ``q`` reads the first ``q``
-    columns)."""
+    [max_batch_size, max_pages]`` (unused columns at page 0), ``pad_mask [max_batch_size, L]`` bool
+    (True past a length) and ``q_pos [max_batch_size, max_uniform_q_len]`` int64 (the positions of
+    the new tokens; a step of ``q`` reads the first ``q`` columns); the lengths are the base class's
+    ``seq_lens_k``."""
 
     pages: torch.Tensor | None = None
-    key_lens: torch.Tensor | None = None
     pad_mask: torch.Tensor | None = None
     q_pos: torch.Tensor | None = None
 
@@ -237,7 +236,7 @@ def _graph_groups(buffers: TorchGraphBuffers, batch_size: int, uniform_q_len: in
                 b0,
                 b1,
                 pages=buffers.pages[b0:b1].flatten(),
-                key_lens=buffers.key_lens[b0:b1],
+                seq_lens_k=buffers.seq_lens_k[b0:b1],
                 pad_rows=None,
                 q_pos=buffers.q_pos[b0:b1, :uniform_q_len],
                 masks=None,
@@ -297,7 +296,6 @@ class TorchBackend(AttentionBackend):
         return TorchGraphBuffers(
             **fields,
             pages=torch.zeros((max_batch_size, max_pages), dtype=torch.int64, device=device),
-            key_lens=fields["seq_lens_k"].long(),
             pad_mask=torch.arange(width, device=device).expand(max_batch_size, width) >= max_uniform_q_len,
             q_pos=torch.arange(max_uniform_q_len, device=device).repeat(max_batch_size, 1),  # [B, Q]
         )
@@ -314,14 +312,13 @@ class TorchBackend(AttentionBackend):
         """As the base class, then the gather plan of every row from the lengths (device work only)."""
         super().plan_into(buffers, req_to_token, req_pool_indices, seq_lens_k, uniform_q_len=uniform_q_len)
         batch, page_size, device = req_pool_indices.shape[0], buffers.page_size, seq_lens_k.device
-        key_lens = seq_lens_k.long()  # [B]
+        seq_lens_k = seq_lens_k.long()  # [B]
         max_pages = buffers.page_table.shape[1]
-        used = torch.arange(max_pages, device=device) * page_size < key_lens[:, None]  # [B, max_pages]
+        used = torch.arange(max_pages, device=device) * page_size < seq_lens_k[:, None]  # [B, max_pages]
         buffers.pages[:batch].copy_(torch.where(used, buffers.page_table[:batch], 0))
-        buffers.key_lens[:batch].copy_(key_lens)
         width = buffers.pad_mask.shape[1]
-        torch.ge(torch.arange(width, device=device), key_lens[:, None], out=buffers.pad_mask[:batch])
-        q_pos = key_lens[:, None] + torch.arange(-uniform_q_len, 0, device=device)  # [B, q]
+        torch.ge(torch.arange(width, device=device), seq_lens_k[:, None], out=buffers.pad_mask[:batch])
+        q_pos = seq_lens_k[:, None] + torch.arange(-uniform_q_len, 0, device=device)  # [B, q]
         buffers.q_pos[:batch, :uniform_q_len].copy_(q_pos)
 
     def paged_attention(
@@ -409,19 +406,19 @@ class TorchBackend(AttentionBackend):
 
         ``kv_scale`` (fp8 caches) multiplies the scores and the output, as the kernels do."""
         batch, _, rank = q_nope.shape
-        if metadata.max_seq_len == 0:  # no keys anywhere (the cache or the table may be empty)
+        if metadata.max_seqlen_k == 0:  # no keys anywhere (the cache or the table may be empty)
             if lse is not None:
                 lse.fill_(float("-inf"))
             return out.zero_()
         page_size = metadata.page_size
         acc = _accumulate_dtype(q_nope.dtype)
-        max_pages = max(1, num_pages_for(metadata.max_seq_len, page_size))
+        max_pages = max(1, num_pages_for(metadata.max_seqlen_k, page_size))
         pages = metadata.page_table[:, :max_pages]  # [B, Pmax]
-        used = torch.arange(max_pages, device=pages.device) * page_size < metadata.seq_lens[:, None]
+        used = torch.arange(max_pages, device=pages.device) * page_size < metadata.seq_lens_k[:, None]
         pages = torch.where(used, pages, 0)  # unused columns may hold any id
         latent = kv_cache.index_select(0, pages.flatten()).flatten(0, 1).to(acc)  # [B*Pmax*P, R + Dr]
         latent = latent.view(batch, max_pages * page_size, -1)  # [B, Lmax, R + Dr]
-        valid = torch.arange(latent.shape[1], device=pages.device) < metadata.seq_lens[:, None]  # [B, Lmax]
+        valid = torch.arange(latent.shape[1], device=pages.device) < metadata.seq_lens_k[:, None]  # [B, Lmax]
         latent = latent.masked_fill(~valid[..., None], 0.0)  # unowned slots may hold NaN
 
         q = torch.cat([q_nope, q_rope], dim=-1).to(acc)  # [B, H, R + Dr]

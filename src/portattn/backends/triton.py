@@ -16,7 +16,7 @@ import torch
 
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
-from .base import AttentionBackend, AttentionLayer, AttentionParams, Capabilities
+from .base import AttentionBackend, AttentionParams, AttentionSpec, Capabilities
 from .cache import PagedKVCache
 from .metadata import (
     GraphBuffers,
@@ -30,33 +30,37 @@ from .metadata import (
 
 try:
     from ..kernels.triton.fused_launch import rotary_kv_write
-    from ..kernels.triton.launch import MAX_SPLITS, attention_forward, merge_states_forward
+    from ..kernels.triton.launch import attention_forward, choose_num_kv_splits, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
 
-# Split-KV: aim for about this many (sequence, query head) work items per launch, so that a batch
-# too small to fill a GPU is spread over key ranges instead. A pure function of the problem size:
-# the same batch is split the same way on every device, and so gives the same numbers.
-SPLIT_TARGET_WORK = 2048
-MIN_KEYS_PER_SPLIT = 512
-QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 
-
-def choose_num_kv_splits(batch: int, num_heads: int, max_seqlen_q: int, max_seqlen_k: int) -> int:
-    """How many key ranges each (query block, KV head) is split into; 1 = no split-KV.
-
-    Work items are (sequence, query head, run of 8 queries); splits are added until there are
-    about ``SPLIT_TARGET_WORK`` of them, keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split.
-    Decode batches and short extends split when few; so do the many queries of a cascade's
-    shared-prefix pass (one sequence, every request's queries); long prefills do not.
-    """
-    if batch == 0:
-        return 1
-    work = batch * num_heads * max(1, -(-max_seqlen_q // QUERIES_PER_WORK_ITEM))
-    by_work = -(-SPLIT_TARGET_WORK // work)
-    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
-    return max(1, min(by_work, by_length, MAX_SPLITS))
+def _attend(q, k, v, out, lse, metadata, seq_lens_k, params: AttentionParams, **layout) -> torch.Tensor:
+    """``attention_forward`` of one op call: the query runs of ``metadata``, the keys of ``seq_lens_k``,
+    every rule of ``params``; ``layout`` is ``page_table=`` and ``num_kv_splits=`` (paged) or
+    ``kv_start=`` (contiguous K/V)."""
+    return attention_forward(
+        q,
+        k,
+        v,
+        out,
+        metadata.cu_seqlens_q,
+        seq_lens_k,
+        max_seqlen_q=metadata.max_seqlen_q,
+        scale=params.scale,
+        causal=params.causal,
+        window_left=params.window_left,
+        window_right=params.window_right,
+        chunk_size=params.attention_chunk_size,
+        sinks=params.sinks,
+        logit_softcap=params.logit_softcap,
+        alibi_slopes=params.alibi_slopes,
+        lse=lse,
+        k_scale=params.k_scale,
+        v_scale=params.v_scale,
+        **layout,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,12 +138,14 @@ class TritonBackend(AttentionBackend):
         """
         fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
         metadata = TritonPagedMetadata(**fields)
-        if num_kv_splits is None and num_heads is not None:
+        if num_kv_splits is not None or num_heads is not None:
             num_kv_splits = choose_num_kv_splits(
-                metadata.batch_size, num_heads, metadata.max_seqlen_q, metadata.max_seqlen_k
+                metadata.max_seqlen_k,
+                metadata.batch_size,
+                num_heads,
+                metadata.max_seqlen_q,
+                num_kv_splits=num_kv_splits,
             )
-        if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_SPLITS:
-            raise ValueError(f"expected num_kv_splits in [1, {MAX_SPLITS}], got {num_kv_splits}")
         return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
 
     def graph_metadata(
@@ -149,7 +155,7 @@ class TritonBackend(AttentionBackend):
         queries per sequence and the longest context a row can hold. The kernel cuts each sequence's
         keys into that many ranges from its length on the device, so shorter contexts leave some
         splits empty (merged as nothing)."""
-        splits = choose_num_kv_splits(batch_size, num_heads, uniform_q_len, buffers.max_seqlen_k)
+        splits = choose_num_kv_splits(buffers.max_seqlen_k, batch_size, num_heads, uniform_q_len)
         return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
 
     def forward_rotary(
@@ -159,7 +165,7 @@ class TritonBackend(AttentionBackend):
         v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        layer: AttentionLayer,
+        spec: AttentionSpec,
         metadata: PagedMetadata,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor | None:
@@ -170,7 +176,7 @@ class TritonBackend(AttentionBackend):
             return None
         q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, layer.params, out)
+        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, spec.params, out)
 
     def plan_varlen(
         self,
@@ -196,29 +202,19 @@ class TritonBackend(AttentionBackend):
         num_kv_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
         if num_kv_splits is None:
             num_kv_splits = choose_num_kv_splits(
-                metadata.batch_size, q.shape[1], metadata.max_seqlen_q, metadata.max_seqlen_k
+                metadata.max_seqlen_k, metadata.batch_size, q.shape[1], metadata.max_seqlen_q
             )
-        return attention_forward(
+        return _attend(
             q,
             k_cache,
             v_cache,
             out,
-            metadata.cu_seqlens_q,
+            lse,
+            metadata,
             metadata.seq_lens_k,
-            max_seqlen_q=metadata.max_seqlen_q,
-            scale=params.scale,
+            params,
             page_table=metadata.page_table,
-            causal=params.causal,
-            window_left=params.window_left,
-            window_right=params.window_right,
-            chunk_size=params.attention_chunk_size,
-            sinks=params.sinks,
-            logit_softcap=params.logit_softcap,
-            alibi_slopes=params.alibi_slopes,
-            lse=lse,
             num_kv_splits=num_kv_splits,
-            k_scale=params.k_scale,
-            v_scale=params.v_scale,
         )
 
     def varlen_attention(
@@ -234,24 +230,7 @@ class TritonBackend(AttentionBackend):
         seq_lens_k = getattr(metadata, "seq_lens_k", None)  # from plan_varlen; metadata built elsewhere lacks it
         if seq_lens_k is None:
             seq_lens_k = metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]
-        return attention_forward(
-            q,
-            k,
-            v,
-            out,
-            metadata.cu_seqlens_q,
-            seq_lens_k,
-            max_seqlen_q=metadata.max_seqlen_q,
-            scale=params.scale,
-            kv_start=metadata.cu_seqlens_k[:-1],
-            causal=params.causal,
-            window_left=params.window_left,
-            window_right=params.window_right,
-            sinks=params.sinks,
-            logit_softcap=params.logit_softcap,
-            alibi_slopes=params.alibi_slopes,
-            lse=lse,
-        )
+        return _attend(q, k, v, out, lse, metadata, seq_lens_k, params, kv_start=metadata.cu_seqlens_k[:-1])
 
     def mla_decode(
         self,
@@ -269,7 +248,7 @@ class TritonBackend(AttentionBackend):
             q_rope,
             kv_cache,
             metadata.page_table,
-            metadata.seq_lens,
+            metadata.seq_lens_k,
             out,
             scale=scale,
             num_kv_splits=metadata.num_kv_splits,

@@ -125,7 +125,7 @@ class _Bench:
         self.case, self.impl, self.device, self.dtype, self.runs = case, impl, device, dtype, runs
         b, n = case.batch, case.q_len
         self.cu_q = torch.arange(0, b + 1, device=device, dtype=torch.int32) * n
-        self.seq_lens = torch.full((b,), case.shared + case.own, device=device, dtype=torch.int32)
+        self.seq_lens_k = torch.full((b,), case.shared + case.own, device=device, dtype=torch.int32)
         self.params = AttentionParams(scale=case.head_dim**-0.5)
         self.out = torch.empty(b * n, case.num_q_heads, case.head_dim, device=device, dtype=dtype)
         self.row_bytes = case.num_kv_heads * 2 * case.head_dim * torch.tensor([], dtype=dtype).element_size()
@@ -149,8 +149,8 @@ class _Bench:
         c, impl = self.case, self.impl
         sets = self._sets(distinct=False)
         table = sets[0]["page_table"]
-        plain_md = impl.plan_paged(self.cu_q, self.seq_lens, table, c.page_size, num_heads=c.num_q_heads)
-        md = plan_cascade(impl, table, self.cu_q, self.seq_lens, c.page_size, c.shared, num_heads=c.num_q_heads)
+        plain_md = impl.plan_paged(self.cu_q, self.seq_lens_k, table, c.page_size, num_heads=c.num_q_heads)
+        md = plan_cascade(impl, table, self.cu_q, self.seq_lens_k, c.page_size, c.shared, num_heads=c.num_q_heads)
         ms = {
             "plain": self._time(lambda i: self._plain(sets[i], plain_md, self.out), sets),
             "cascade": self._time(lambda i: self._cascade(sets[i], md, self.out), sets),
@@ -174,7 +174,9 @@ class _Bench:
     def distinct_layout(self) -> float:
         sets = self._sets(distinct=True)
         c = self.case
-        md = self.impl.plan_paged(self.cu_q, self.seq_lens, sets[0]["page_table"], c.page_size, num_heads=c.num_q_heads)
+        md = self.impl.plan_paged(
+            self.cu_q, self.seq_lens_k, sets[0]["page_table"], c.page_size, num_heads=c.num_q_heads
+        )
         return self._time(lambda i: self._plain(sets[i], md, self.out), sets)
 
     def _steps(self, md: CascadeMetadata, sets: list[dict]) -> dict:

@@ -80,7 +80,7 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
         for _ in range(num_input_sets(nbytes, at_least=1))
     ]
     page_table = tables[0]
-    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    seq_lens_k = torch.full((batch,), length, dtype=torch.int32, device=device)
     q_nope = torch.randn(batch, heads, RANK, dtype=torch.bfloat16, device=device)
     q_rope = torch.randn(batch, heads, ROPE, dtype=torch.bfloat16, device=device)
     scale = 1.0 / math.sqrt(128 + ROPE)
@@ -89,7 +89,7 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
     def plan_for(splits: int | None):
         if splits not in plans:
             plans[splits] = plan_mla_decode(
-                page_table, seq_lens, page_size, num_heads=heads, kv_lora_rank=RANK, max_seq_len=length,
+                page_table, seq_lens_k, page_size, num_heads=heads, kv_lora_rank=RANK, max_seqlen_k=length,
                 num_kv_splits=splits,
             )  # fmt: skip
         return plans[splits]
@@ -102,7 +102,7 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
         partials = plan_for(splits).partials
         row = {"tiles": vars(tiles or default_tiles), "num_kv_splits": splits}
         fn = lambda table: mla_decode_forward(
-            q_nope, q_rope, cache, table, seq_lens, out, scale=scale, num_kv_splits=splits, partials=partials,
+            q_nope, q_rope, cache, table, seq_lens_k, out, scale=scale, num_kv_splits=splits, partials=partials,
             tiles=tiles,
         )  # fmt: skip
         try:

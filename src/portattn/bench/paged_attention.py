@@ -138,7 +138,7 @@ def run_case(
     sets = [_inputs(case, dtype, device, seed) for seed in range(num_input_sets(per_set))]
     b = case.batch
     cu_q = torch.arange(0, b + 1, device=device, dtype=torch.int32) * case.q_len
-    seq_lens = torch.full((b,), case.k_len, device=device, dtype=torch.int32)
+    seq_lens_k = torch.full((b,), case.k_len, device=device, dtype=torch.int32)
     scale = case.head_dim**-0.5
     params = AttentionParams(scale=scale, window_left=case.window_left)
     if case.kv_cache:
@@ -160,7 +160,7 @@ def run_case(
 
     triton_backend = TritonBackend()
     metadata = triton_backend.plan_paged(
-        cu_q, seq_lens, sets[0]["page_table"], case.page_size, num_heads=case.num_q_heads
+        cu_q, seq_lens_k, sets[0]["page_table"], case.page_size, num_heads=case.num_q_heads
     )
     ours = lambda i: triton_backend.paged_attention(
         sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], metadata, params, out
@@ -193,18 +193,18 @@ def run_case(
         result["peers"][name] = peer if isinstance(peer, str) else timer(peer, idx, device).median_ms
     if case.torch_backend:
         ref_backend = TorchBackend()
-        ref_meta = ref_backend.plan_paged(cu_q, seq_lens, sets[0]["page_table"], case.page_size)
+        ref_meta = ref_backend.plan_paged(cu_q, seq_lens_k, sets[0]["page_table"], case.page_size)
         ref = lambda i: ref_backend.paged_attention(
             sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], ref_meta, params, out
         )
         result["peers"]["torch_backend"] = measure(ref, idx, device, warmup=1, runs=3).median_ms
 
     if sweep:
-        result["sweep"] = _sweep(case, sets, cu_q, seq_lens, metadata, scale, device)
+        result["sweep"] = _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device)
     return result
 
 
-def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
+def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> dict:
     """Median ms of other tile shapes and split counts (same kernel, launched directly)."""
     from ..kernels.triton.launch import choose_tiles
 
@@ -226,7 +226,7 @@ def _sweep(case, sets, cu_q, seq_lens, metadata, scale, device) -> dict:
             tiles = TileConfig(block_m // (default.block_m // default.block_q), block_m, tile[1], tile[2], tile[3])
         key = f"m{tiles.block_m} n{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages} splits{num_kv_splits}"
         fn = lambda i, tiles=tiles, num_kv_splits=num_kv_splits: attention_forward(
-            sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], out, cu_q, seq_lens,
+            sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], out, cu_q, seq_lens_k,
             max_seqlen_q=case.q_len, scale=scale, page_table=sets[i]["page_table"],
             window_left=case.window_left, num_kv_splits=num_kv_splits, tiles=tiles,
             **({"k_scale": K_SCALE, "v_scale": V_SCALE} if case.kv_cache else {}),

@@ -111,12 +111,12 @@ def _sweep(case, qs, ks, vs, cu, max_len, scale, device) -> dict:
     from ..kernels.triton.launch import TileConfig, attention_forward
 
     out = torch.empty_like(qs[0])
-    seq_lens = cu[1:] - cu[:-1]
+    seq_lens_k = cu[1:] - cu[:-1]
     variants = {}
     for block_m, block_n, warps, stages in LONG_TILES:
         tiles = TileConfig(block_m, block_m, block_n, warps, stages)
         fn = lambda i, tiles=tiles: attention_forward(
-            qs[i], ks[i], vs[i], out, cu, seq_lens, max_seqlen_q=max_len, scale=scale, kv_start=cu[:-1],
+            qs[i], ks[i], vs[i], out, cu, seq_lens_k, max_seqlen_q=max_len, scale=scale, kv_start=cu[:-1],
             causal=False, tiles=tiles,
         )  # fmt: skip
         key = f"m{block_m} n{block_n} w{warps} s{stages}"

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..backends.registry import available_backends, backend_class, registered_backends
 from ..device import default_device, describe_device, is_triton_interpreter, resolve_device
 from ..errors import UnsupportedFeatureError, expect

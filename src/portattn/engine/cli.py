@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..extras import require_extra
+
+    require_extra("engine", "portattn generate")
     from .llm import LLM
 
     prompts: list = list(args.prompt)

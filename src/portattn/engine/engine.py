@@ -84,11 +84,11 @@ class Engine:
         self.tp = tp
         self.hf_config = loader.load_config(config.model)
         text_config = getattr(self.hf_config, "text_config", None) or self.hf_config
-        self.max_len = max_model_len(config, getattr(text_config, "max_position_embeddings", None))
+        self.max_model_len = max_model_len(config, getattr(text_config, "max_position_embeddings", None))
         # What requests that leave them unset sample with; rank 0 alone adds requests.
         self.sampling_defaults = sampling_defaults(config.generation_config, config.model) if tp.rank == 0 else {}
         if config.num_pages is not None:  # refused before the weights load
-            memory.pool_pages(config, self.max_len, bytes_per_page=None)
+            memory.pool_pages(config, self.max_model_len, bytes_per_page=None)
         # Without num_pages / kv_cache_memory, an accelerator's KV cache is sized from what is measured
         # from here on (memory.py); None on the CPU.
         sizing = memory.snapshot(config.device) if config.num_pages is None and config.kv_cache_memory is None else None
@@ -103,7 +103,7 @@ class Engine:
         speculative = config.speculative_config
         draft = None
         if speculative is not None and speculative.method == "draft_model" and tp.rank == 0:
-            draft = load_draft_model(speculative, config, self.vocab_size, self.tokenizer, self.max_len)
+            draft = load_draft_model(speculative, config, self.vocab_size, self.tokenizer, self.max_model_len)
 
         self.backend = select_attention_backend(self.model, config)
         page_size, kv_dtype = config.page_size, config.kv_cache_dtype
@@ -111,18 +111,20 @@ class Engine:
         use = None
         if sizing is not None:
             graphs = self._eager_reason() is None
-            use = memory.measure(sizing, self.model, self.backend, spec, kv_dtype, config, self.max_len, graphs=graphs)
+            use = memory.measure(
+                sizing, self.model, self.backend, spec, kv_dtype, config, self.max_model_len, graphs=graphs
+            )
         page_bytes = spec.bytes_per_page(page_size, kv_dtype)
         if draft is not None:
             page_bytes += draft.kv_cache_spec().bytes_per_page(page_size, kv_dtype)
-        num_pages = memory.pool_pages(config, self.max_len, page_bytes, use)
+        num_pages = memory.pool_pages(config, self.max_model_len, page_bytes, use)
         num_pages = memory.agree_across_ranks(num_pages, tp) if use is not None else num_pages
         # One page and one request row beyond what sequences get: the scratch that the padding rows
         # of captured decode steps write to (graphs.py). The allocator never hands them out.
         self.kv_pool = model_kv_pool(self.model, config.model, config, num_pages + 1)
         self.allocator = PageAllocator(num_pages)
         self.req_pool = req_pool_class(
-            config.max_num_seqs + 1, num_pages_for(self.max_len, page_size) * page_size, page_size, config.device
+            config.max_num_seqs + 1, num_pages_for(self.max_model_len, page_size) * page_size, page_size, config.device
         )
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
@@ -152,10 +154,10 @@ class Engine:
                 batch_size_buckets(config.max_num_seqs), capture=True, lazy=config.lazy_graph_capture
             )
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
-        self.spec = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
+        self.speculator = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
         if speculative is not None and tp.rank == 0:
-            self.spec = build_speculator(speculative, self, draft, capture_graphs=reason is None)
-            self.runner.verifier = self.spec.verify
+            self.speculator = build_speculator(speculative, self, draft, capture_graphs=reason is None)
+            self.runner.verifier = self.speculator.verify
         self.warm_up()
 
     def describe_load(self, num_pages: int) -> str:
@@ -166,7 +168,7 @@ class Engine:
         return (
             f"loaded {config.model} on {config.device} in {str(config.dtype).removeprefix('torch.')}: "
             f"KV cache {tokens:,} tokens ({num_pages} pages of {config.page_size}, {kv}), maximum concurrency "
-            f"{tokens / self.max_len:.2f}x for {self.max_len}-token requests (max_model_len); attention "
+            f"{tokens / self.max_model_len:.2f}x for {self.max_model_len}-token requests (max_model_len); attention "
             f"backend {self.backend.name}, {config.max_num_batched_tokens} tokens per step"
         )
 
@@ -189,13 +191,13 @@ class Engine:
         requests find their prefill kernels compiled. Logs how long each part took.
         """
         graphs = self.runner.graphs
-        prompts = [n for n in WARM_UP_PROMPTS if n < self.max_len - 2] if is_gpu(self.config.device) else []
+        prompts = [n for n in WARM_UP_PROMPTS if n < self.max_model_len - 2] if is_gpu(self.config.device) else []
         if not prompts and graphs is None:
             return
         start = time.perf_counter()
         steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
-        if self.spec is not None:  # the other ranks warm up without it: every rank runs the same steps
-            self.spec.paused = True
+        if self.speculator is not None:  # the other ranks warm up without it: every rank runs the same steps
+            self.speculator.paused = True
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
@@ -209,8 +211,8 @@ class Engine:
                 bar.update(1)
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
-        if self.spec is not None:
-            self.spec.paused = False
+        if self.speculator is not None:
+            self.speculator.paused = False
         shapes = len(graphs.shapes) if graphs is not None else 0
         if graphs is not None and graphs.capture:
             done = f"{graphs.num_captured} graphs captured" + (" (lazily)" if graphs.lazy else "")
@@ -286,7 +288,7 @@ class Engine:
     ) -> list[int]:
         """The prompt as ``params.truncate_prompt_tokens`` keeps it, checked (:meth:`check_prompt`).
         A prompt with images is not truncated (its image tokens must stay whole): refused if it would be."""
-        kept = params.truncate(token_ids, self.max_len)
+        kept = params.truncate(token_ids, self.max_model_len)
         if multimodal is not None and len(kept) < len(token_ids):
             raise ValueError(
                 f"expected truncate_prompt_tokens to keep the whole of a prompt with images ({len(token_ids)} "
@@ -303,16 +305,18 @@ class Engine:
             raise ValueError(
                 f"expected token ids in [0, {self.vocab_size}) (ints), got {token_ids[bad]!r} at index {bad}"
             )
-        if len(token_ids) >= self.max_len:
-            raise ValueError(f"expected a prompt shorter than max_len {self.max_len}, got {len(token_ids)} tokens")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"expected a prompt shorter than max_model_len {self.max_model_len}, got {len(token_ids)} tokens"
+            )
 
     def abort(self, request_id: int) -> None:
         """Stop an unfinished request now; its pages and request slot go back to the pools."""
         if request_id not in self.requests:
             raise ValueError(f"expected the id of an unfinished request, got {request_id}")
         self.scheduler.finish(self.requests.pop(request_id), "abort")
-        if self.spec is not None:
-            self.spec.release(self.scheduler.running)
+        if self.speculator is not None:
+            self.speculator.release(self.scheduler.running)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -324,13 +328,13 @@ class Engine:
         sequences are aborted before the exception propagates: their half-applied step cannot be
         resumed, and their pages and request rows go back to the pools.
         """
-        spec = self.spec
-        if spec is not None:
-            spec.before_schedule(self.scheduler)
+        speculator = self.speculator
+        if speculator is not None:
+            speculator.before_schedule(self.scheduler)
         scheduled = self.scheduler.schedule()
         try:
-            if spec is not None:
-                scheduled = spec.propose(scheduled, self.scheduler.running)
+            if speculator is not None:
+                scheduled = speculator.propose(scheduled, self.scheduler.running)
 
             def computed() -> None:  # needs no sampled token: runs while the device samples, where it can
                 for seq, n in scheduled:
@@ -348,7 +352,7 @@ class Engine:
             for seq, (tokens, logprobs) in sampled.items():
                 verified = seq.num_draft_tokens > 0
                 if verified:
-                    spec.accept(seq, tokens)
+                    speculator.accept(seq, tokens)
                 reason = None
                 for i, token in enumerate(tokens):
                     if i:  # the previous token was an accepted proposal: its K/V are computed
@@ -361,18 +365,18 @@ class Engine:
                     if reason is not None:
                         break  # what follows a stop is dropped, as plain decoding never makes it
                 if verified:
-                    spec.settle(seq)
+                    speculator.settle(seq)
                 if reason is not None:
                     if seq.detokenizer is not None:
                         seq.detokenizer.flush()
                     self.scheduler.finish(seq, reason)
                     self.requests.pop(seq.request_id, None)
                     finished.append(seq)
-            if spec is not None and finished:
-                spec.release(self.scheduler.running)
+            if speculator is not None and finished:
+                speculator.release(self.scheduler.running)
         except BaseException:
-            if spec is not None:
-                spec.discard(scheduled)
+            if speculator is not None:
+                speculator.discard(scheduled)
             for seq, _ in scheduled:
                 if seq.status is Status.FINISHED:
                     self.requests.pop(seq.request_id, None)
@@ -407,7 +411,7 @@ class Engine:
                 seq.stop_reason = detok.find_stop(grown)
                 if seq.stop_reason is not None:
                     return "stop"
-        if seq.num_tokens >= self.max_len or (
+        if seq.num_tokens >= self.max_model_len or (
             params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
         ):
             return "length"

@@ -103,16 +103,16 @@ def describe_budget(use: MemoryUse, utilization: float) -> str:
     )
 
 
-def pool_pages(config, max_len: int, bytes_per_page: int | None, use: MemoryUse | None = None) -> int:
+def pool_pages(config, max_model_len: int, bytes_per_page: int | None, use: MemoryUse | None = None) -> int:
     """Pages of the KV pool (see the module docstring); refused when they cannot hold one request of
-    ``max_len`` tokens or ``max_num_seqs`` requests of a page each (the engine caps nothing silently).
+    ``max_model_len`` tokens or ``max_num_seqs`` requests of a page each (the engine caps nothing silently).
     ``bytes_per_page`` may be ``None`` only with ``num_pages``."""
     size = config.page_size
-    per_request = num_pages_for(max_len, size)
+    per_request = num_pages_for(max_model_len, size)
     if config.num_pages is not None:
         if config.num_pages < per_request:
             raise ValueError(
-                f"expected {option('num_pages')} >= {per_request} (one request of max_model_len {max_len} at "
+                f"expected {option('num_pages')} >= {per_request} (one request of max_model_len {max_model_len} at "
                 f"page size {size}), got {config.num_pages}: pass max_model_len <= {config.num_pages * size} "
                 "or more pages"
             )
@@ -136,7 +136,7 @@ def pool_pages(config, max_len: int, bytes_per_page: int | None, use: MemoryUse 
     if fits < need:
         raise ValueError(
             f"expected the KV cache to hold at least {need} pages of {bytes_per_page} bytes (one request of "
-            f"{option('max_model_len')} {max_len}, and max_num_seqs {config.max_num_seqs}), got {budget} bytes "
+            f"{option('max_model_len')} {max_model_len}, and max_num_seqs {config.max_num_seqs}), got {budget} bytes "
             f"({fits} pages) from {source}: raise {option('kv_cache_memory')} (or, on an accelerator, "
             f"{option('gpu_memory_utilization')}) or lower max_model_len / max_num_seqs"
         )
@@ -175,21 +175,21 @@ def snapshot(device: torch.device) -> Snapshot | None:
     return Snapshot(info[0], info[1], allocated, reserved)
 
 
-def profile_lengths(max_num_batched_tokens: int, max_num_seqs: int, max_len: int) -> list[int]:
+def profile_lengths(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
     """Prompt lengths of the profile's largest step: ``max_num_batched_tokens`` tokens spread evenly
-    over up to ``max_num_seqs`` sequences, each shorter than ``max_len``."""
+    over up to ``max_num_seqs`` sequences, each shorter than ``max_model_len``."""
     num_seqs = min(max_num_seqs, max_num_batched_tokens)
-    tokens = min(max_num_batched_tokens, num_seqs * (max_len - 1))
+    tokens = min(max_num_batched_tokens, num_seqs * (max_model_len - 1))
     base, extra = divmod(tokens, num_seqs)
     return [base + (i < extra) for i in range(num_seqs) if base + (i < extra) > 0]
 
 
-def measure(start: Snapshot, model, backend, spec: KVCacheSpec, kv_dtype, config, max_len: int, *, graphs: bool):
+def measure(start: Snapshot, model, backend, spec: KVCacheSpec, kv_dtype, config, max_model_len: int, *, graphs: bool):
     """:class:`MemoryUse` of an engine whose weights loaded after ``start``: runs the profile steps on
     a temporary pool (freed before returning)."""
     device = config.device
     weights = devices.allocator_memory(device)[0] - start.allocated
-    steps = [profile_lengths(config.max_num_batched_tokens, config.max_num_seqs, max_len)]
+    steps = [profile_lengths(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)]
     if graphs:  # the largest captured step's shape: max_num_seqs sequences of one token (k + 1 when speculating)
         speculative = config.speculative_config
         steps.append([1 if speculative is None else speculative.num_speculative_tokens + 1] * config.max_num_seqs)

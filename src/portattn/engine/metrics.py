@@ -53,8 +53,8 @@ def engine_metrics(engine) -> list[Metric]:
         Counter("portattn:generation_tokens", dict(labels), engine.num_generated_tokens),
         Counter("portattn:prefix_cache_hits", dict(labels), engine.pages.num_cached_tokens),
     ]
-    if engine.spec is not None:
-        out += spec_decode_metrics(engine.spec.stats, labels)
+    if engine.speculator is not None:
+        out += spec_decode_metrics(engine.speculator.stats, labels)
     return out
 
 

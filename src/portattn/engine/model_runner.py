@@ -76,7 +76,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.verifier: Callable[[torch.Tensor, list[Sequence]], Sampled] | None = None
         self.staging = Staging(kv_pool.device)  # the pinned buffer of every eager step's integers
-        layers = model.attention_layers()
+        layers = model.attention_specs()
         chunks = {layer.attention_chunk_size for layer in layers} - {None}
         if len(chunks) > 1:
             raise ValueError(f"expected one attention_chunk_size across layers, got {sorted(chunks)}")

@@ -14,15 +14,15 @@ from .config import EngineConfig
 def select_attention_backend(model, config: EngineConfig):
     """The attention backend for ``model`` under ``config``: one request covering every op and
     feature of its layers (design §6.2)."""
-    layers = model.attention_layers()
-    features = frozenset().union(*(layer.features for layer in layers))
+    specs = model.attention_specs()
+    features = frozenset().union(*(spec.features for spec in specs))
     first, *others = model.attention_ops
     kv_dtype = config.kv_cache_dtype
     request = Request(
         first,
         config.device.type,
         config.dtype,
-        layers[0].head_dim,
+        specs[0].head_dim,
         features,
         frozenset(others),
         kv_dtype=kv_dtype if is_quantized(kv_dtype) else None,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
+from ..backends.base import AttentionSpec
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVCacheSpec
 from .layers import Embedding, LMHead, PagedAttention
@@ -35,7 +35,8 @@ PACKED_MODULES = {
 class CausalLM(nn.Module):
     """``forward``, ``compute_logits``, the KV cache spec and the checkpoint name map, for the engine.
 
-    Subclasses build ``self.model`` (with ``embed_tokens``) and ``self.lm_head``.
+    Subclasses build ``self.model`` (with ``embed_tokens``) and ``self.lm_head``; ``self.model``'s
+    decoder layers follow the one signature of :mod:`portattn.models.layers.decoder`.
     """
 
     model: nn.Module
@@ -70,11 +71,11 @@ class CausalLM(nn.Module):
             if module is not self and callable(prepare):
                 prepare(max_tokens)
 
-    def attention_layers(self) -> list[AttentionLayer]:
+    def attention_specs(self) -> list[AttentionSpec]:
         return [m.spec for m in self.modules() if isinstance(m, PagedAttention)]
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        return KVCacheSpec.mha_from_layers(self.attention_layers())
+        return KVCacheSpec.mha_from_specs(self.attention_specs())
 
     @property
     def tie_word_embeddings(self) -> bool:

@@ -29,6 +29,7 @@ from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVCacheSpec, mla_cache_spec
 from .base import PACKED_MODULES, CausalLM
 from .layers import (
+    DecoderLayer,
     Embedding,
     FusedMoE,
     GatedMLP,
@@ -38,6 +39,7 @@ from .layers import (
     RMSNorm,
     new_parameter,
     per_expert_checkpoint_name,
+    run_decoder,
 )
 
 # Routing methods and scoring functions of the original DeepSeek configs that this model computes.
@@ -120,7 +122,7 @@ class DeepseekV3MoE(nn.Module):
         return self.tp.all_reduce(self.experts(x, weights, ids) + self.shared_experts(x))
 
 
-class DeepseekV3DecoderLayer(nn.Module):
+class DeepseekV3DecoderLayer(DecoderLayer):
     def __init__(self, config, layer_id: int, scale: float, tp: TPGroup | None = None):
         super().__init__()
         self.self_attn = MultiheadLatentAttention(config, layer_id, scale, tp=tp)
@@ -130,16 +132,6 @@ class DeepseekV3DecoderLayer(nn.Module):
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos_sin, rotary, ctx, residual=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(MLP output, residual stream before it)``, as ``LlamaDecoderLayer``."""
-        if residual is None:
-            residual, h = x, self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos_sin, rotary, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
 
 
 class DeepseekV3Model(nn.Module):
@@ -154,12 +146,7 @@ class DeepseekV3Model(nn.Module):
         self.rotary_emb = PartialRotaryEmbedding(config, config.qk_rope_head_dim, interleave=interleave)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, hidden]
-        cos_sin = self.rotary_emb(positions, x.dtype)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, cos_sin, self.rotary_emb, ctx, residual)
-        return self.norm(x, residual)[0]
+        return run_decoder(self.layers, self.norm, positions, self.embed_tokens(input_ids), ctx, self.rotary_emb)
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -183,7 +170,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         self.model = DeepseekV3Model(config, tp)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, tp=tp)
 
-    def attention_layers(self):
+    def attention_specs(self):
         return [layer.self_attn.spec for layer in self.model.layers]
 
     def kv_cache_spec(self) -> KVCacheSpec:

@@ -16,12 +16,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
+from ..backends.base import AttentionSpec
 from ..distributed.group import TPGroup
 from ..errors import expect
 from ..runtime.context import ForwardContext
 from .base import CausalLM
-from .layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, SelfAttention, head_dim_of, window_left_of
+from .layers import (
+    DecoderLayer,
+    Embedding,
+    GatedMLP,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    SelfAttention,
+    head_dim_of,
+    window_left_of,
+)
 
 
 def check_config(config) -> None:
@@ -41,7 +51,10 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return torch.tanh(x / cap) * cap
 
 
-class Gemma2DecoderLayer(nn.Module):
+class Gemma2DecoderLayer(DecoderLayer):
+    """Norms before and after both blocks: the stream gets ``post_attention_layernorm(attention)``
+    and ``post_feedforward_layernorm(mlp)``."""
+
     def __init__(self, config, self_attn: SelfAttention, tp: TPGroup | None = None):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
@@ -52,9 +65,11 @@ class Gemma2DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
 
-    def forward(self, positions, x, ctx, rotary) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x), ctx, rotary))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+    def forward(self, positions, x, ctx, rotary, table, residual=None) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.add_norm(self.input_layernorm, x, residual)
+        h = self.post_attention_layernorm(self.self_attn(positions, h, ctx, rotary, table))
+        h, residual = self.pre_feedforward_layernorm(h, residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
 class Gemma2Model(nn.Module):
@@ -82,9 +97,11 @@ class Gemma2Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, H]
         x = x * self.normalizer.to(x.dtype)
+        tables = {kind: rotary.table(positions, x.dtype) for kind, rotary in self.rotary_emb.items()}
+        residual = None
         for layer, kind in zip(self.layers, self.layer_types):
-            x = layer(positions, x, ctx, self.rotary_emb[kind])
-        return self.norm(x)
+            x, residual = layer(positions, x, ctx, self.rotary_emb[kind], tables[kind], residual)
+        return self.norm(x, residual)[0]
 
 
 class Gemma2ForCausalLM(CausalLM):
@@ -103,7 +120,7 @@ class Gemma2ForCausalLM(CausalLM):
 
     def make_attention(self, config, layer_id: int) -> SelfAttention:
         cap = getattr(config, "attn_logit_softcapping", None) if self.attention_softcap else None
-        spec = AttentionLayer(
+        spec = AttentionSpec(
             layer_id,
             config.num_attention_heads,
             config.num_key_value_heads,

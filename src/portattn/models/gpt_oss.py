@@ -27,6 +27,7 @@ from ..runtime.context import ForwardContext
 from .base import CausalLM
 from .layers import (
     ClampedSwiGLU,
+    DecoderLayer,
     Embedding,
     FusedMoE,
     Linear,
@@ -36,6 +37,7 @@ from .layers import (
     SelfAttention,
     attention_spec,
     head_dim_of,
+    run_decoder,
 )
 
 QUANT_METHODS = ("mxfp4",)
@@ -63,7 +65,7 @@ def check_config(config) -> None:
 
 def gpt_oss_attention(config, layer_id: int, tp: TPGroup | None = None) -> SelfAttention:
     """:class:`SelfAttention` with biases and the layer's learned sinks (``self_attn.sinks``, one per
-    query head; the backend reads them through the layer's :class:`AttentionLayer`)."""
+    query head; the backend reads them through the layer's :class:`AttentionSpec`)."""
     bias = bool(config.attention_bias)
     spec = attention_spec(config, layer_id)
     return SelfAttention(config.hidden_size, spec, qkv_bias=bias, o_bias=bias, sinks=True, tp=tp)
@@ -100,17 +102,13 @@ class GptOssMLP(nn.Module):
         return self.tp.all_reduce(self.experts(x, weights, top_ids))
 
 
-class GptOssDecoderLayer(nn.Module):
+class GptOssDecoderLayer(DecoderLayer):
     def __init__(self, config, layer_id: int, tp: TPGroup | None = None):
         super().__init__()
         self.self_attn = gpt_oss_attention(config, layer_id, tp)
         self.mlp = GptOssMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_in_float32=True)
-
-    def forward(self, positions, x, ctx, rotary) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx, rotary)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class GptOssModel(nn.Module):
@@ -122,10 +120,7 @@ class GptOssModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(config, head_dim_of(config))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, H]
-        for layer in self.layers:
-            x = layer(positions, x, ctx, self.rotary_emb)
-        return self.norm(x)
+        return run_decoder(self.layers, self.norm, positions, self.embed_tokens(input_ids), ctx, self.rotary_emb)
 
 
 _MXFP4_PART = re.compile(r"(.*\.mlp\.experts\.(?:gate_up|down)_proj)_(blocks|scales)$")

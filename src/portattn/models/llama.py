@@ -12,7 +12,18 @@ from torch import nn
 from ..distributed.group import TPGroup
 from ..runtime.context import ForwardContext
 from .base import CausalLM
-from .layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, SelfAttention, attention_spec, head_dim_of
+from .layers import (
+    DecoderLayer,
+    Embedding,
+    GatedMLP,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    SelfAttention,
+    attention_spec,
+    head_dim_of,
+    run_decoder,
+)
 
 
 def self_attention(
@@ -23,7 +34,7 @@ def self_attention(
     return SelfAttention(config.hidden_size, spec, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm_eps=eps, tp=tp)
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(DecoderLayer):
     """Attention, then the MLP (``mlp``: the config's gated MLP unless given, e.g. a mixture of experts)."""
 
     def __init__(self, config, self_attn: SelfAttention, tp: TPGroup | None = None, mlp: nn.Module | None = None):
@@ -35,18 +46,6 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions, x, ctx, rotary, residual=None, table=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(mlp output, residual stream before it)``: the next layer (or the final norm) adds the two
-        in its fused add + norm. ``residual`` None: ``x`` is the embedding (the stream itself).
-        ``table``: the forward's rotary ``cos, sin``."""
-        if residual is None:
-            residual, h = x, self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(positions, h, ctx, rotary, table)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -69,10 +68,7 @@ class LlamaModel(nn.Module):
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The layers and final norm over input embeddings ``x [T, H]`` (positions as the rotary takes them)."""
-        residual, table = None, self.rotary_emb.table(positions, x.dtype)  # cos, sin once per forward
-        for layer in self.layers:
-            x, residual = layer(positions, x, ctx, self.rotary_emb, residual, table)
-        return self.norm(x, residual)[0]
+        return run_decoder(self.layers, self.norm, positions, x, ctx, self.rotary_emb)
 
 
 class LlamaForCausalLM(CausalLM):

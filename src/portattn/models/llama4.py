@@ -17,11 +17,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..backends.base import AttentionLayer
+from ..backends.base import AttentionSpec
 from ..distributed.group import TPGroup, tp_or_single
 from ..runtime.context import ForwardContext
 from .base import CausalLM
 from .layers import (
+    DecoderLayer,
     Embedding,
     FusedMoE,
     GatedMLP,
@@ -33,6 +34,7 @@ from .layers import (
     RMSNorm,
     RowParallelLinear,
     l2_norm,
+    run_decoder,
 )
 from .layers.attention import local_heads
 
@@ -50,7 +52,7 @@ class Llama4Attention(nn.Module):
         self.qkv_proj = QKVLinear(config.hidden_size, heads, kv_heads, head_dim, bias, tp=tp)
         self.o_proj = RowParallelLinear(heads * head_dim, config.hidden_size, bias, tp=tp)
         chunked = config.layer_types[layer_id] == "chunked_attention"
-        spec = AttentionLayer(
+        spec = AttentionSpec(
             layer_id,
             heads,
             kv_heads,
@@ -61,14 +63,14 @@ class Llama4Attention(nn.Module):
         self.attn = PagedAttention(local_heads(spec, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads))
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: InterleavedRotaryEmbedding
-    ):
+        self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: InterleavedRotaryEmbedding, table
+    ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = q.view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
         if self.use_rope:
-            q, k = rotary(positions, q, k)
+            q, k = rotary.apply(q, k, table)
         if self.qk_norm_eps is not None:
             q, k = l2_norm(q, self.qk_norm_eps), l2_norm(k, self.qk_norm_eps)
         if self.temperature is not None:
@@ -105,26 +107,18 @@ class Llama4MoE(nn.Module):
         return self.tp.all_reduce(self.shared_expert(x) + self.experts(x, scores, top_ids))
 
 
-class Llama4DecoderLayer(nn.Module):
+class Llama4DecoderLayer(DecoderLayer):
+    """The pre-norm layer; its MLP (dense, or experts on ``moe_layers``) is ``feed_forward`` in checkpoints."""
+
     def __init__(self, config, layer_id: int, tp: TPGroup | None = None):
         super().__init__()
         self.self_attn = Llama4Attention(config, layer_id, tp)
         if layer_id in config.moe_layers:
-            self.feed_forward = Llama4MoE(config, tp)
+            self.mlp = Llama4MoE(config, tp)
         else:
-            self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size_mlp, config.hidden_act, tp=tp)
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size_mlp, config.hidden_act, tp=tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions, x, ctx, rotary, residual=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(feed-forward output, residual stream before it)``, as ``LlamaDecoderLayer``."""
-        if residual is None:
-            residual, h = x, self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(positions, h, ctx, rotary)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.feed_forward(h), residual
 
 
 class Llama4TextModel(nn.Module):
@@ -136,11 +130,7 @@ class Llama4TextModel(nn.Module):
         self.rotary_emb = InterleavedRotaryEmbedding(config, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, H]
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, ctx, self.rotary_emb, residual)
-        return self.norm(x, residual)[0]
+        return run_decoder(self.layers, self.norm, positions, self.embed_tokens(input_ids), ctx, self.rotary_emb)
 
 
 class Llama4ForCausalLM(CausalLM):
@@ -157,4 +147,4 @@ class Llama4ForCausalLM(CausalLM):
     def checkpoint_name(self, name: str) -> tuple[str, object] | None:
         if name.startswith(("vision_model.", "multi_modal_projector.")):
             return None
-        return super().checkpoint_name(name.removeprefix("language_model."))
+        return super().checkpoint_name(name.removeprefix("language_model.").replace(".feed_forward.", ".mlp."))

@@ -66,15 +66,15 @@ class KVCacheSpec:
         KV_CACHE_KINDS[self.kind].check_spec(self)
 
     @classmethod
-    def mha_from_layers(cls, layers) -> KVCacheSpec:
-        """One spec for attention layers that all share head counts and dims (``AttentionLayer``s)."""
-        shapes = {(layer.num_kv_heads, layer.head_dim, layer.v_head_dim) for layer in layers}
+    def mha_from_specs(cls, specs) -> KVCacheSpec:
+        """One cache spec for attention layers that all share head counts and dims (their ``AttentionSpec``s)."""
+        shapes = {(spec.num_kv_heads, spec.head_dim, spec.v_head_dim) for spec in specs}
         if len(shapes) != 1:
             raise ValueError(f"expected every layer to share (Hkv, D, Dv), got {sorted(shapes)}")
-        if [layer.layer_id for layer in layers] != list(range(len(layers))):
-            raise ValueError(f"expected layer ids 0..{len(layers) - 1}, got {[layer.layer_id for layer in layers]}")
+        if [spec.layer_id for spec in specs] != list(range(len(specs))):
+            raise ValueError(f"expected layer ids 0..{len(specs) - 1}, got {[spec.layer_id for spec in specs]}")
         ((kv_heads, head_dim, v_head_dim),) = shapes
-        return cls(len(layers), kv_heads, head_dim, v_head_dim)
+        return cls(len(specs), kv_heads, head_dim, v_head_dim)
 
     def bytes_per_page(self, page_size: int, dtype: torch.dtype) -> int:
         return KV_CACHE_KINDS[self.kind].bytes_per_page(self, page_size, dtype)

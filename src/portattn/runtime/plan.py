@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from ..backends.base import AttentionBackend
-from ..backends.metadata import GraphBuffers, PagedMetadata, VarlenMetadata
+from ..backends.metadata import GraphBuffers, PagedMetadata, VarlenMetadata, cu_seqlens_of
 from ..backends.registry import require_ops
 from ..mla import MLADecodeMetadata, mla_workspace_size, plan_mla_decode
 
@@ -66,14 +66,14 @@ def query_rows(
 
     ``page_table [B, max_pages]``, ``seq_lens_k [B]`` (new tokens included), ``q_lens [B]`` int64 on
     the device, ``num_rows = sum(q_lens)`` as a host int -> ``(page_table [R, max_pages] int32,
-    seq_lens [R] int32)`` with ``seq_lens[r] = seq_lens_k[b] - q_lens[b] + 1 + i`` for token ``i`` of
-    sequence ``b``. Device work only (no sync).
+    row_lens [R] int32)`` with ``row_lens[r] = seq_lens_k[b] - q_lens[b] + 1 + i`` for token ``i`` of
+    sequence ``b`` (each row's ``seq_lens_k``). Device work only (no sync).
     """
     ends = torch.cumsum(q_lens, 0)  # [B] row after each sequence's last
-    first = seq_lens_k.long() - ends + 1  # [B] seq_lens of row r is first[b] + r
+    first = seq_lens_k.long() - ends + 1  # [B] the keys of row r are first[b] + r
     rows = torch.arange(num_rows, device=q_lens.device)  # [R]
-    seq_lens = torch.repeat_interleave(first, q_lens, output_size=num_rows) + rows  # [R]
-    return page_table.repeat_interleave(q_lens, dim=0, output_size=num_rows), seq_lens.int()
+    row_lens = torch.repeat_interleave(first, q_lens, output_size=num_rows) + rows  # [R]
+    return page_table.repeat_interleave(q_lens, dim=0, output_size=num_rows), row_lens.int()
 
 
 def plan_latent_attention(
@@ -93,24 +93,24 @@ def plan_latent_attention(
     if decodes:
         pick = torch.tensor(decodes, device=device)
         page_table = meta.page_table[pick] if mixed else meta.page_table
-        seq_lens = meta.seq_lens_k[pick] if mixed else meta.seq_lens_k
+        seq_lens_k = meta.seq_lens_k[pick] if mixed else meta.seq_lens_k
         q_lens = [meta.q_lens[b] for b in decodes]
         if max(q_lens) > 1:  # one row per new token
             q_lens_dev = torch.tensor(q_lens, device=device)
-            page_table, seq_lens = query_rows(page_table, seq_lens, q_lens_dev, sum(q_lens))
+            page_table, seq_lens_k = query_rows(page_table, seq_lens_k, q_lens_dev, sum(q_lens))
         plan["decode"] = plan_mla_decode(
             page_table,
-            seq_lens,
+            seq_lens_k,
             meta.page_size,
             num_heads=num_heads,
             kv_lora_rank=kv_lora_rank,
-            max_seq_len=max(meta.k_lens[b] for b in decodes),
+            max_seqlen_k=max(meta.k_lens[b] for b in decodes),
         )
     if expands:
         q_lens = [meta.q_lens[b] for b in expands]
         k_lens = [meta.k_lens[b] for b in expands]
         page_table = meta.page_table[torch.tensor(expands, device=device)] if mixed else meta.page_table
-        cu_q, cu_k = _cumsum(q_lens, device), _cumsum(k_lens, device)
+        cu_q, cu_k = cu_seqlens_of(q_lens, device), cu_seqlens_of(k_lens, device)
         total = sum(k_lens)
         seq = torch.repeat_interleave(
             torch.arange(len(expands), device=device), torch.tensor(k_lens, device=device), output_size=total
@@ -131,7 +131,7 @@ class LatentGraphPlan:
     Every captured step is a decode (absorbed). At ``uniform_q_len`` 1 the decode reads the buffers'
     page table and key counts as they are; at ``q > 1`` it reads one row per new token
     (:func:`query_rows`), written by :meth:`plan_into` into a page table and key counts of its own
-    (``[max_rows, max_pages]``, ``[max_rows]``). One split-KV workspace serves every shape.
+    (``page_table [max_rows, max_pages]``, ``seq_lens_k [max_rows]``). One split-KV workspace serves every shape.
     """
 
     def __init__(self, buffers: GraphBuffers, shapes: Sequence[tuple[int, int]], *, num_heads: int, kv_lora_rank: int):
@@ -139,7 +139,7 @@ class LatentGraphPlan:
         device = buffers.seq_lens_k.device
         max_rows = max((b * q for b, q in shapes if q > 1), default=0)
         self.page_table = torch.zeros((max_rows, buffers.page_table.shape[1]), dtype=torch.int32, device=device)
-        self.seq_lens = torch.ones(max_rows, dtype=torch.int32, device=device)
+        self.seq_lens_k = torch.ones(max_rows, dtype=torch.int32, device=device)
         batch = buffers.max_batch_size
         self.q_lens = {q: torch.full((batch,), q, device=device) for _, q in shapes if q > 1}  # [B] int64, constant
         size = max(
@@ -151,17 +151,17 @@ class LatentGraphPlan:
     def plan(self, batch_size: int, uniform_q_len: int) -> LatentAttentionPlan:
         """The plan of one captured shape (made once; views of the static buffers)."""
         if uniform_q_len == 1:
-            page_table, seq_lens = self.buffers.page_table[:batch_size], self.buffers.seq_lens_k[:batch_size]
+            page_table, seq_lens_k = self.buffers.page_table[:batch_size], self.buffers.seq_lens_k[:batch_size]
         else:
             rows = batch_size * uniform_q_len
-            page_table, seq_lens = self.page_table[:rows], self.seq_lens[:rows]
+            page_table, seq_lens_k = self.page_table[:rows], self.seq_lens_k[:rows]
         decode = plan_mla_decode(
             page_table,
-            seq_lens,
+            seq_lens_k,
             self.buffers.page_size,
             num_heads=self.num_heads,
             kv_lora_rank=self.kv_lora_rank,
-            max_seq_len=self.buffers.max_seqlen_k,
+            max_seqlen_k=self.buffers.max_seqlen_k,
             workspace=self.workspace,
         )
         return LatentAttentionPlan(decode=decode)
@@ -171,17 +171,11 @@ class LatentGraphPlan:
         if uniform_q_len == 1:
             return
         rows = batch_size * uniform_q_len
-        page_table, seq_lens = query_rows(
+        page_table, seq_lens_k = query_rows(
             self.buffers.page_table[:batch_size],
             self.buffers.seq_lens_k[:batch_size],
             self.q_lens[uniform_q_len][:batch_size],
             rows,
         )
         self.page_table[:rows].copy_(page_table)
-        self.seq_lens[:rows].copy_(seq_lens)
-
-
-def _cumsum(lengths: list[int], device) -> torch.Tensor:
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=cu[1:])
-    return cu.to(device)  # [n + 1] int32
+        self.seq_lens_k[:rows].copy_(seq_lens_k)

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from .._version import __version__
 from ..engine.sampling_params import SamplingParams
 from .async_engine import AsyncEngine, Prompt, RequestStream
 from .metrics import ServerMetrics, Timing, log_stats
@@ -76,7 +76,7 @@ class Server:
         self.max_request_bytes = max_request_bytes
         self.log_stats_interval = log_stats_interval
         self.metrics = ServerMetrics(async_engine, model_name)
-        self.max_len = async_engine.engine.max_len
+        self.max_model_len = async_engine.engine.max_model_len
         self.created = int(time.time())
         self.streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()  # submitted, for the shutdown
         self.stopping = False
@@ -163,7 +163,7 @@ class Server:
             "created": self.created,
             "owned_by": "portattn",
             "root": self.engine.engine.config.model,
-            "max_model_len": self.max_len,
+            "max_model_len": self.max_model_len,
         }
 
 
@@ -247,7 +247,7 @@ def build_app(server: Server) -> FastAPI:
         param = "prompt" if body.prompt is not None else "messages"
         ids = await pre.run(param, pre.tokenize, body.prompt, body.message_dicts(), body.add_special_tokens, **template)
         texts = await pre.run("tokens", pre.token_texts, ids) if body.return_token_strs else None
-        return {"count": len(ids), "max_model_len": server.max_len, "tokens": ids, "token_strs": texts}
+        return {"count": len(ids), "max_model_len": server.max_model_len, "tokens": ids, "token_strs": texts}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):

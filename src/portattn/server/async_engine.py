@@ -250,5 +250,5 @@ class AsyncEngine:
             prompt_tokens=engine.num_prompt_tokens_computed,
             generation_tokens=engine.num_generated_tokens,
             steps=self.stats.steps + 1,
-            spec_decode=engine.spec.stats.snapshot() if engine.spec is not None else None,
+            spec_decode=engine.speculator.stats.snapshot() if engine.speculator is not None else None,
         )

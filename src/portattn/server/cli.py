@@ -9,10 +9,10 @@ import logging
 
 from ..engine import arguments
 from ..engine.config import EngineConfig
+from ..extras import require_extra
 
 logger = logging.getLogger("portattn")
 
-_MISSING = "portattn serve needs fastapi, uvicorn and prometheus_client: pip install 'portattn[serve]'"
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 DEFAULT_SHUTDOWN_TIMEOUT = 20.0  # seconds; below the 30 s a container supervisor usually waits
 LOG_STATS_INTERVAL = 10.0  # seconds between statistics lines
@@ -109,11 +109,7 @@ def create_app(
 ):
     """Load the checkpoint and return the FastAPI app serving it (the engine thread starts with the
     app). ``log_stats_interval``: seconds between statistics lines at INFO (None: none)."""
-    try:
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-    except ImportError as err:
-        raise ImportError(_MISSING) from err
+    require_extra("serve", "portattn serve")
     from ..engine.build import build_engine
     from ..engine.input_processor import InputProcessor
     from ..models import loader
@@ -145,10 +141,7 @@ def create_app(
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn  # noqa: F401
-    except ImportError as err:
-        raise ImportError(_MISSING) from err
+    require_extra("serve", "portattn serve")
     import torch
 
     from .lifecycle import bind_socket, cpu_threads, serve

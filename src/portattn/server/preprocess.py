@@ -33,11 +33,11 @@ class Echo:
     first_token: str
 
 
-def context_length_error(max_len: int, prompt_len: int, completion: int, param: str) -> APIError:
+def context_length_error(max_model_len: int, prompt_len: int, completion: int, param: str) -> APIError:
     """The one wording of a request that does not fit the context (OpenAI's error code)."""
     return APIError(
         400,
-        f"This model's maximum context length is {max_len} tokens (--max-model-len). However, you requested "
+        f"This model's maximum context length is {max_model_len} tokens (--max-model-len). However, you requested "
         f"{prompt_len + completion} tokens ({prompt_len} in the prompt, {completion} for the completion). "
         "Please reduce the length of the prompt or of the completion.",
         param=param,
@@ -52,7 +52,7 @@ class Preprocessor:
     def __init__(self, processor: InputProcessor, engine: Engine):
         self.processor = processor
         self.engine = engine  # read only: its limits and checks, which touch no engine state
-        self.max_len = engine.max_len
+        self.max_model_len = engine.max_model_len
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="portattn-preprocess")
 
     async def run(self, param: str, fn, *args, **kwargs):
@@ -73,10 +73,10 @@ class Preprocessor:
     def fit(self, prompt_len: int, max_tokens: int | None, param: str, prompt_param: str) -> int:
         """``max_tokens``, or what the context leaves when it is None; the request must fit."""
         completion = 1 if max_tokens is None else max_tokens
-        if prompt_len + completion > self.max_len:
-            where = prompt_param if prompt_len >= self.max_len else param
-            raise context_length_error(self.max_len, prompt_len, completion, where)
-        return self.max_len - prompt_len if max_tokens is None else max_tokens
+        if prompt_len + completion > self.max_model_len:
+            where = prompt_param if prompt_len >= self.max_model_len else param
+            raise context_length_error(self.max_model_len, prompt_len, completion, where)
+        return self.max_model_len - prompt_len if max_tokens is None else max_tokens
 
     def completion_prompts(self, prompts: list, max_tokens: int, echo: bool) -> tuple[list[Prompt], list[Echo]]:
         """Each prompt (a str or token ids) checked and tokenized; with ``echo``, what each echoes."""

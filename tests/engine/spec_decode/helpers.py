@@ -39,7 +39,7 @@ def use_oracle(llm, prompts, outputs, wrong: bool = True) -> OracleProposer:
     ``wrong=False``: every proposal right."""
     want = {tuple(out.prompt_token_ids): out.token_ids for out in outputs}
     oracle = OracleProposer(want, llm.engine.vocab_size, wrong)
-    llm.engine.spec.proposer = oracle
+    llm.engine.speculator.proposer = oracle
     return oracle
 
 

@@ -80,9 +80,9 @@ def test_disable_by_batch_size_turns_speculation_off_and_on(ckpt_root, caplog):
     llm = LLM(path, page_size=4, num_pages=40, max_model_len=40, speculative_config=spec)
     prompts = random_prompts([3, 5, 7], seed=2)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (4, 14, 14)]
-    llm.engine.spec.paused = True
+    llm.engine.speculator.paused = True
     plain = llm.generate(prompts, params, use_tqdm=False)
-    llm.engine.spec.paused = False
+    llm.engine.speculator.paused = False
     oracle = use_oracle(llm, prompts, plain, wrong=False)
     seen = []
     propose = oracle.propose
@@ -105,10 +105,10 @@ def test_proposals_give_way_before_a_preemption(ckpt_root):
     llm = LLM(path, page_size=4, num_pages=6, max_model_len=24, max_num_seqs=2, speculative_config=spec)
     prompts = random_prompts([5, 5], seed=3)
     params = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)
-    llm.engine.spec.paused = True
+    llm.engine.speculator.paused = True
     plain = llm.generate(prompts, params, use_tqdm=False)
-    llm.engine.spec.paused = False
+    llm.engine.speculator.paused = False
     use_oracle(llm, prompts, plain, wrong=False)
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == [o.token_ids for o in plain]
     assert llm.engine.scheduler.num_preemptions == 0
-    assert llm.engine.spec.stats.num_drafts > 0
+    assert llm.engine.speculator.stats.num_drafts > 0

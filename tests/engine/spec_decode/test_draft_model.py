@@ -34,15 +34,15 @@ def draft_llm(path: str, draft: str, **kwargs) -> LLM:
 def test_a_draft_equal_to_the_target_accepts_every_proposal(ckpt_root):
     path = checkpoint("qwen2", ckpt_root)
     llm = draft_llm(path, path, enable_prefix_caching=True)
-    engine, proposer = llm.engine, llm.engine.spec.proposer
+    engine, proposer = llm.engine, llm.engine.speculator.proposer
     engine.runner.enable_graphs((1, 2, 4), capture=False).capture_all()  # the static path, run eagerly
     proposer.runner.enable_graphs((1, 2, 4), capture=False).capture_all()
     greedy = SamplingParams(temperature=0, max_tokens=13, ignore_eos=True)
-    engine.spec.paused = True
+    engine.speculator.paused = True
     want = [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
-    engine.spec.paused = False
+    engine.speculator.paused = False
     assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == want
-    stats = engine.spec.stats
+    stats = engine.speculator.stats
     assert stats.num_drafts > 0 and stats.num_accepted_tokens == stats.num_draft_tokens == K * stats.num_drafts
     assert stats.accepted_per_pos == [stats.num_drafts] * K
     assert set(engine.runner.graphs.padded) <= {3} and engine.runner.graphs.replays > 0
@@ -51,7 +51,7 @@ def test_a_draft_equal_to_the_target_accepts_every_proposal(ckpt_root):
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, ignore_eos=True, seed=7)
     before = stats.snapshot()
     llm.generate(PROMPTS, sampled, use_tqdm=False)
-    after = engine.spec.stats
+    after = engine.speculator.stats
     assert after.num_draft_tokens > before.num_draft_tokens
     assert after.num_accepted_tokens - before.num_accepted_tokens == after.num_draft_tokens - before.num_draft_tokens
     assert not proposer.shadows  # every request finished: the draft holds nothing but its cache
@@ -107,11 +107,11 @@ def test_another_draft_keeps_the_target_distribution(ckpt_root, tmp_path):
     kwargs = dict(page_size=4, num_pages=600, max_model_len=16, max_num_seqs=64, enable_prefix_caching=True)
     llm = draft_llm(path, draft, **kwargs)
     n = 1500
-    llm.engine.spec.paused = True
+    llm.engine.speculator.paused = True
     plain_a, plain_b = samples(llm, 1, n), samples(llm, 2, n)
-    llm.engine.spec.paused = False
+    llm.engine.speculator.paused = False
     spec = samples(llm, 3, n)
-    stats = llm.engine.spec.stats
+    stats = llm.engine.speculator.stats
     assert 0.1 < stats.acceptance_rate < 0.9  # proposals accepted and rejected (residual draws)
     draft_only = samples(LLM(draft, **kwargs), 4, n)
     for position in (1, 2):  # the tokens speculation verified (position 0 comes from the prefill)
@@ -120,7 +120,7 @@ def test_another_draft_keeps_the_target_distribution(ckpt_root, tmp_path):
         assert calibration > 1e-3, calibration  # two plain runs: the test sees one distribution
         assert chi_square_p(s, a) > 1e-3 and chi_square_p(s, b) > 1e-3
         assert chi_square_p(d, a) < 1e-6  # and it tells the draft's distribution apart
-    assert_draft_pools_consistent(llm.engine.spec.proposer)
+    assert_draft_pools_consistent(llm.engine.speculator.proposer)
 
 
 def test_seeded_runs_with_a_draft_model_repeat(ckpt_root):
@@ -137,11 +137,11 @@ def test_seeded_runs_with_a_draft_model_repeat(ckpt_root):
         for pa, pb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
             assert list(pa) == list(pb)
             assert [v.logprob for v in pa.values()] == pytest.approx([v.logprob for v in pb.values()], abs=1e-5)
-    llm.engine.spec.paused = True
+    llm.engine.speculator.paused = True
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
     assert first[1].token_ids == plain[1].token_ids and first[3].token_ids == plain[3].token_ids  # greedy
-    assert 0 < llm.engine.spec.stats.num_accepted_tokens < llm.engine.spec.stats.num_draft_tokens
-    assert_draft_pools_consistent(llm.engine.spec.proposer)
+    assert 0 < llm.engine.speculator.stats.num_accepted_tokens < llm.engine.speculator.stats.num_draft_tokens
+    assert_draft_pools_consistent(llm.engine.speculator.proposer)
 
 
 def test_a_draft_with_another_vocabulary_is_refused(ckpt_root, tmp_path):

@@ -35,7 +35,7 @@ def test_greedy_speculation_equals_plain_decoding(family, page_size, ckpt_root):
         max_num_seqs=4,
         speculative_config=NGRAM,
     )
-    spec = llm.engine.spec
+    spec = llm.engine.speculator
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, return_logits=True)
     prompts = prompts_for(family)
     spec.paused = True  # plain decoding, in the same engine

@@ -52,13 +52,13 @@ def test_randomized_load_with_aborts_leaks_nothing(method, ckpt_root):
         speculative_config=spec,
     )
     engine = llm.engine
-    draft = engine.spec.proposer if method == "draft_model" else None
+    draft = engine.speculator.proposer if method == "draft_model" else None
     rng = random.Random(3)
     aborts = {rng.randint(1, 15): rng.randrange(len(requests)) for _ in range(3)}
     seqs = [engine.add_request(p, sp) for p, sp in requests]
     if draft is None:
         by_id = {seq.request_id: w for seq, w in zip(seqs, want)}
-        engine.spec.proposer = OracleProposer(by_id, engine.vocab_size, key=lambda seq: seq.request_id)
+        engine.speculator.proposer = OracleProposer(by_id, engine.vocab_size, key=lambda seq: seq.request_id)
     step = 0
     while engine.has_unfinished():
         victim = seqs[aborts[step]] if step in aborts else None
@@ -72,7 +72,7 @@ def test_randomized_load_with_aborts_leaks_nothing(method, ckpt_root):
             assert set(draft.shadows) <= {seq.request_id for seq in engine.scheduler.running}
         step += 1
     assert engine.scheduler.num_preemptions > 0
-    stats = engine.spec.stats
+    stats = engine.speculator.stats
     assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
     if draft is None:
         assert stats.num_accepted_tokens < stats.num_draft_tokens  # the oracle is wrong at times
@@ -82,7 +82,7 @@ def test_randomized_load_with_aborts_leaks_nothing(method, ckpt_root):
         if not aborted[i] and (method == "ngram" or params.greedy):
             assert seq.output_token_ids == w, f"request {i}"
         assert not seq.num_draft_tokens and len(seq.output_token_ids) <= params.max_tokens
-    engine.spec.paused = True  # plain decoding over the pages the speculative run cached
+    engine.speculator.paused = True  # plain decoding over the pages the speculative run cached
     assert engine.pages.cache
     again = [llm.generate([p], sp, use_tqdm=False)[0].token_ids for p, sp in requests if sp.greedy]
     assert again == [w for (_, sp), w in zip(requests, want) if sp.greedy]

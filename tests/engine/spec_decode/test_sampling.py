@@ -47,7 +47,7 @@ def run(llm):
 def test_seeded_sampling_with_point_mass_proposals_equals_plain_sampling(ckpt_root):
     # Without the prefix cache: every run computes the same forwards, so its floats repeat exactly.
     llm = LLM(checkpoint("llama", ckpt_root), **ENGINE, speculative_config=NGRAM)
-    spec = llm.engine.spec
+    spec = llm.engine.speculator
     spec.paused = True
     outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     want = run(llm)
@@ -76,15 +76,15 @@ def test_seeded_sampling_is_reproducible_with_the_ngram_proposer(ckpt_root):
     params = SamplingParams(temperature=0.6, top_k=5, seed=11, max_tokens=16, ignore_eos=True, return_logits=True)
     first, second = (llm.generate(prompts, params, use_tqdm=False) for _ in range(2))
     assert [o.token_ids for o in first] == [o.token_ids for o in second]
-    assert llm.engine.spec.stats.num_accepted_tokens > 0
-    llm.engine.spec.paused = True
+    assert llm.engine.speculator.stats.num_accepted_tokens > 0
+    llm.engine.speculator.paused = True
     plain = llm.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in plain] == [o.token_ids for o in first]
     for p, f in zip(plain, first):
         assert p.logits.shape == f.logits.shape and rel_err(f.logits, p.logits) < 1e-4
     assert torch.equal(first[0].logits, second[0].logits)
     metrics = {m.name: m for m in llm.get_metrics()}
-    stats = llm.engine.spec.stats
+    stats = llm.engine.speculator.stats
     assert type(metrics["portattn:spec_decode_num_drafts"]).__name__ == "Counter"
     assert metrics["portattn:spec_decode_num_drafts"].value == stats.num_drafts > 0
     assert metrics["portattn:spec_decode_num_draft_tokens"].value == stats.num_draft_tokens

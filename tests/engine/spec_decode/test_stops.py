@@ -24,7 +24,7 @@ def chat_llm(tmp_path_factory):
 
 
 def outputs(llm, prompts, params, speculate: bool, wrong: bool = False):
-    spec = llm.engine.spec
+    spec = llm.engine.speculator
     spec.paused = True
     plain = llm.generate(prompts, params, use_tqdm=False)
     if not speculate:
@@ -53,9 +53,9 @@ def test_stops_inside_accepted_runs_end_as_plain_decoding(chat_llm):
     try:
         for params in cases:
             want = outputs(llm, prompts, params, speculate=False)
-            before = llm.engine.spec.stats.snapshot()
+            before = llm.engine.speculator.stats.snapshot()
             got = outputs(llm, prompts, params, speculate=True)
-            assert llm.engine.spec.stats.num_accepted_tokens > before.num_accepted_tokens
+            assert llm.engine.speculator.stats.num_accepted_tokens > before.num_accepted_tokens
             for g, w in zip(got, want, strict=True):
                 gc, wc = g.outputs[0], w.outputs[0]
                 assert gc.token_ids == wc.token_ids and gc.text == wc.text

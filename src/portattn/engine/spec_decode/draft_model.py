@@ -58,18 +58,18 @@ def check_vocabulary(target_vocab: int, draft_vocab: int, target_tokenizer, draf
 
 
 def load_draft_model(
-    config: SpeculativeConfig, engine_config: EngineConfig, target_vocab_size: int, target_tokenizer, max_len: int
+    config: SpeculativeConfig, engine_config: EngineConfig, target_vocab_size: int, target_tokenizer, max_model_len: int
 ):
     """The draft checkpoint's model (``config.model``, in the engine's dtype on its device), refused
     when its vocabulary or tokenizer is not the target's, when it holds fewer positions than
-    ``max_len``, or when it takes images."""
+    ``max_model_len``, or when it takes images."""
     path = config.model
     hf_config = loader.load_config(path)
     text_config = getattr(hf_config, "text_config", None) or hf_config
     check_vocabulary(target_vocab_size, text_config.vocab_size, target_tokenizer, loader.load_tokenizer(path), path)
     positions = getattr(text_config, "max_position_embeddings", None)
-    if positions is not None and positions < max_len and not engine_config.allow_long_max_model_len:
-        fail(f"a draft model with max_position_embeddings >= max_model_len {max_len}", f"{positions} in {path}")
+    if positions is not None and positions < max_model_len and not engine_config.allow_long_max_model_len:
+        fail(f"a draft model with max_position_embeddings >= max_model_len {max_model_len}", f"{positions} in {path}")
     model = loader.load_model(path, engine_config.dtype, engine_config.device, hf_config)
     if isinstance(model, MultimodalModel):
         fail("a text-only draft model", f"{type(model).__name__} in {path}")
@@ -88,7 +88,7 @@ class DraftModelProposer:
         model,
         engine_config: EngineConfig,
         *,
-        max_len: int,
+        max_model_len: int,
         num_pages: int,
         eos_token_ids: frozenset[int],
         capture_graphs: bool,
@@ -101,7 +101,7 @@ class DraftModelProposer:
         page_size = engine_config.page_size
         backend = select_attention_backend(self.model, engine_config)
         self.allocator = PageAllocator(num_pages)
-        max_context = -(-max_len // page_size) * page_size
+        max_context = -(-max_model_len // page_size) * page_size
         self.req_pool = ReqToTokenPool(engine_config.max_num_seqs + 1, max_context, page_size, engine_config.device)
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, engine_config.enable_prefix_caching)

@@ -69,14 +69,14 @@ class SpecDecodeStats:
 
 class Speculator:
     """Speculative decoding for one engine: ``proposer`` proposes (:class:`NgramProposer` or the
-    draft model's), ``pages`` is the engine's page manager, ``max_len`` its max_model_len."""
+    draft model's), ``pages`` is the engine's page manager, ``max_model_len`` its ``max_model_len``."""
 
-    def __init__(self, config: SpeculativeConfig, proposer, pages: PageManager, max_len: int, eos_token_ids):
+    def __init__(self, config: SpeculativeConfig, proposer, pages: PageManager, max_model_len: int, eos_token_ids):
         self.config = config
         self.k = config.num_speculative_tokens
         self.proposer = proposer
         self.pages = pages
-        self.max_len = max_len
+        self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * self.k)
         self.enabled = True  # False while disable_by_batch_size holds speculation off
@@ -91,8 +91,8 @@ class Speculator:
 
     def lookahead(self, seq: Sequence) -> int:
         """Tokens ``seq`` (in decode) may propose: ``k``, fewer where max_model_len is near (the
-        verified tokens' positions stay below ``max_len - 1``, as plain decoding's do)."""
-        return max(0, min(self.k, self.max_len - 1 - seq.num_tokens))
+        verified tokens' positions stay below ``max_model_len - 1``, as plain decoding's do)."""
+        return max(0, min(self.k, self.max_model_len - 1 - seq.num_tokens))
 
     def before_schedule(self, scheduler) -> None:
         """Give the scheduler :meth:`lookahead`, or none in a step that does not speculate."""
@@ -189,9 +189,9 @@ def build_speculator(config: SpeculativeConfig, engine, draft_model=None, *, cap
             config,
             draft_model,
             engine.config,
-            max_len=engine.max_len,
+            max_model_len=engine.max_model_len,
             num_pages=engine.allocator.num_pages,
             eos_token_ids=frozenset(engine.eos_token_ids),
             capture_graphs=capture_graphs,
         )
-    return Speculator(config, proposer, engine.pages, engine.max_len, frozenset(engine.eos_token_ids))
+    return Speculator(config, proposer, engine.pages, engine.max_model_len, frozenset(engine.eos_token_ids))

@@ -20,7 +20,36 @@ from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel, merge_states_kernel
 from .resources import fewer_stages_then, launch_fitting
 
-MAX_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
+MAX_KV_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the workspace
+# Split-KV: aim for about this many (sequence, query head) work items per launch, so that a batch
+# too small to fill a GPU is spread over key ranges instead. A pure function of the problem size:
+# the same batch is split the same way on every device, and so gives the same numbers.
+SPLIT_TARGET_WORK = 2048
+MIN_KEYS_PER_SPLIT = 512
+QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
+
+
+def choose_num_kv_splits(
+    max_seqlen_k: int, batch_size: int, num_heads: int, max_seqlen_q: int, *, num_kv_splits: int | None = None
+) -> int:
+    """How many key ranges each (query block, KV head) is split into; 1 = no split-KV.
+
+    Work items are (sequence, query head, run of 8 queries); splits are added until there are
+    about ``SPLIT_TARGET_WORK`` of them, keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split.
+    Decode batches and short extends split when few; so do the many queries of a cascade's
+    shared-prefix pass (one sequence, every request's queries); long prefills do not.
+    ``num_kv_splits`` given: that count (checked to be in ``[1, MAX_KV_SPLITS]``), for tests and
+    benchmarks.
+    """
+    if num_kv_splits is not None:
+        expect(1 <= num_kv_splits <= MAX_KV_SPLITS, f"num_kv_splits in [1, {MAX_KV_SPLITS}]", num_kv_splits)
+        return num_kv_splits
+    if batch_size == 0:
+        return 1
+    work = batch_size * num_heads * max(1, -(-max_seqlen_q // QUERIES_PER_WORK_ITEM))
+    by_work = -(-SPLIT_TARGET_WORK // work)
+    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
+    return max(1, min(by_work, by_length, MAX_KV_SPLITS))
 
 
 def next_pow2(n: int) -> int:
@@ -246,7 +275,7 @@ def attention_forward(
             fail(f"{name} of dtype int32", tensors[name].dtype)
     for name in ("q", "k", "v", "out"):
         _check_inner_contiguous(name, tensors[name])
-    expect(num_kv_splits >= 1 and num_kv_splits <= MAX_SPLITS, f"num_kv_splits in [1, {MAX_SPLITS}]", num_kv_splits)
+    expect(1 <= num_kv_splits <= MAX_KV_SPLITS, f"num_kv_splits in [1, {MAX_KV_SPLITS}]", num_kv_splits)
 
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, value_dim = v.shape[-2], v.shape[-1]

@@ -26,11 +26,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _split_range(seq_len, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr):
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+def _split_range(num_keys, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr):
+    per_split = tl.cdiv(tl.cdiv(num_keys, num_kv_splits), SPLIT_ALIGN) * SPLIT_ALIGN
     per_split = tl.maximum(per_split, SPLIT_ALIGN)  # an empty sequence still gets a step > 0
     start = split * per_split
-    end = tl.minimum(start + per_split, seq_len)
+    end = tl.minimum(start + per_split, num_keys)
     return start, end, per_split
 
 
@@ -40,7 +40,7 @@ def mla_decode_split_kernel(
     QRope,
     KV,
     PageTable,
-    SeqLens,
+    SeqLensK,
     Out,
     Lse,
     PartOut,
@@ -83,8 +83,8 @@ def mla_decode_split_kernel(
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
 
-    seq_len = tl.load(SeqLens + seq)
-    start, end, _ = _split_range(seq_len, split, num_kv_splits, BLOCK_N)
+    num_keys = tl.load(SeqLensK + seq)
+    start, end, _ = _split_range(num_keys, split, num_kv_splits, BLOCK_N)
 
     offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_R)
@@ -169,7 +169,7 @@ def mla_decode_split_kernel(
 def mla_decode_merge_kernel(
     PartOut,
     PartLse,
-    SeqLens,
+    SeqLensK,
     Out,
     Lse,
     num_heads,
@@ -186,9 +186,9 @@ def mla_decode_merge_kernel(
 ):
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
-    seq_len = tl.load(SeqLens + seq)
-    _, _, per_split = _split_range(seq_len, 0, num_kv_splits, SPLIT_ALIGN)
-    num_active = tl.cdiv(seq_len, per_split)  # splits that saw keys; the others wrote nothing
+    num_keys = tl.load(SeqLensK + seq)
+    _, _, per_split = _split_range(num_keys, 0, num_kv_splits, SPLIT_ALIGN)
+    num_active = tl.cdiv(num_keys, per_split)  # splits that saw keys; the others wrote nothing
 
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < KV_LORA_RANK

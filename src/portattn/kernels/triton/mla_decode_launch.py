@@ -61,24 +61,24 @@ def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLAT
     return MLATileConfig(block_h=64, block_n=32, num_warps=8, num_stages=3)
 
 
-def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits) -> None:
+def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits) -> None:
     """Raise a ValueError naming the first problem (the slow path, taken only when a check failed)."""
     tensors = {"q_nope": q_nope, "q_rope": q_rope, "kv_cache": kv_cache, "out": out}
-    tensors |= {"page_table": page_table, "seq_lens": seq_lens}
+    tensors |= {"page_table": page_table, "seq_lens_k": seq_lens_k}
     for name, t in tensors.items():
         expect(t.device == q_nope.device, f"{name} on {q_nope.device}", t.device)
     expect(q_nope.dtype in _DTYPES, "q_nope of dtype float16, bfloat16 or float32", q_nope.dtype)
     for name in ("q_rope", "out"):
         expect(tensors[name].dtype == q_nope.dtype, f"{name} of dtype {q_nope.dtype}", tensors[name].dtype)
     expect(kv_cache.dtype in (q_nope.dtype, *FP8_DTYPES), f"kv_cache of dtype {q_nope.dtype} or fp8", kv_cache.dtype)
-    for name in ("page_table", "seq_lens"):
+    for name in ("page_table", "seq_lens_k"):
         expect(tensors[name].dtype == torch.int32, f"{name} of dtype int32", tensors[name].dtype)
     batch, num_heads, rank = q_nope.shape
     rope_dim = q_rope.shape[2]
     expect(tuple(q_rope.shape[:2]) == (batch, num_heads), f"q_rope of shape [{batch}, {num_heads}, Dr]", q_rope.shape)
     expect(kv_cache.shape[2] == rank + rope_dim, f"kv_cache rows of {rank + rope_dim}", kv_cache.shape[2])
     expect(tuple(out.shape) == (batch, num_heads, rank), f"out of shape [{batch}, {num_heads}, {rank}]", out.shape)
-    expect(seq_lens.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens.shape)
+    expect(seq_lens_k.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens_k.shape)
     expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     expect(num_kv_splits >= 1, "num_kv_splits >= 1", num_kv_splits)
     raise AssertionError("a launch check failed without an explanation")
@@ -89,7 +89,7 @@ def mla_decode_forward(
     q_rope: torch.Tensor,
     kv_cache: torch.Tensor,
     page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    seq_lens_k: torch.Tensor,
     out: torch.Tensor,
     *,
     scale: float,
@@ -102,7 +102,7 @@ def mla_decode_forward(
 ) -> torch.Tensor:
     """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
 
-    ``page_table [B, max_pages]`` int32 page-granular, ``seq_lens [B]`` int32. With
+    ``page_table [B, max_pages]`` int32 page-granular, ``seq_lens_k [B]`` int32. With
     ``num_kv_splits > 1`` the partial results go to ``partials`` (float32 ``[B, H, S, R]`` and
     ``[B, H, S]``, as :func:`~portattn.kernels.triton.mla_workspace.partial_buffers` cuts them from a workspace, e.g. once per
     plan) or else to views of ``workspace``, a uint8 buffer of at least
@@ -118,15 +118,15 @@ def mla_decode_forward(
     valid = (
         dtype in _DTYPES
         and q_rope.dtype == dtype and (kv_cache.dtype == dtype or kv_cache.dtype in FP8_DTYPES) and out.dtype == dtype
-        and page_table.dtype == torch.int32 and seq_lens.dtype == torch.int32
+        and page_table.dtype == torch.int32 and seq_lens_k.dtype == torch.int32
         and q_rope.device == device and kv_cache.device == device and out.device == device
-        and page_table.device == device and seq_lens.device == device
+        and page_table.device == device and seq_lens_k.device == device
         and q_rope.shape[:2] == q_nope.shape[:2] and kv_cache.shape[2] == rank + rope_dim
-        and out.shape == q_nope.shape and seq_lens.shape[0] == batch and page_table.shape[0] == batch
+        and out.shape == q_nope.shape and seq_lens_k.shape[0] == batch and page_table.shape[0] == batch
         and math.isfinite(scale) and scale > 0 and num_kv_splits >= 1
     )  # fmt: skip
     if not valid:
-        _explain(q_nope, q_rope, kv_cache, page_table, seq_lens, out, scale, num_kv_splits)
+        _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits)
     if lse is not None and not (
         lse.dtype == torch.float32 and lse.shape == (batch, num_heads) and lse.device == device
     ):
@@ -167,7 +167,7 @@ def mla_decode_forward(
         f16 = f16_dots and t.block_h <= 32
         q_scale, qk_scale_log2 = (scale, kv_scale * LOG2E) if f16 else (1.0, scale * kv_scale * LOG2E)
         mla_decode_split_kernel[grid](
-            q_nope, q_rope, kv_cache, page_table, seq_lens, out, lse_buf, part_out, part_lse,
+            q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
             q_scale, qk_scale_log2, kv_scale,
             num_heads, num_kv_splits,
             *q_nope.stride(), *q_rope.stride(), *kv_cache.stride(), *page_table.stride(), *out.stride(),
@@ -188,7 +188,7 @@ def mla_decode_forward(
     )
     if split:
         mla_decode_merge_kernel[(num_heads, batch)](
-            part_out, part_lse, seq_lens, out, lse_buf,
+            part_out, part_lse, seq_lens_k, out, lse_buf,
             num_heads, num_kv_splits,
             *out.stride(), *lse_buf.stride(),
             KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n, WRITE_LSE=lse is not None,

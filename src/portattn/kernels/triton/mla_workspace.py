@@ -30,26 +30,24 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose_num_kv_splits(max_seq_len: int, batch_size: int, num_heads: int) -> int:
+def choose_num_kv_splits(
+    max_seqlen_k: int, batch_size: int, num_heads: int, *, num_kv_splits: int | None = None
+) -> int:
     """Split count for a decode batch, from the problem alone.
 
     Without splits a batch offers ``batch_size · ceil(num_heads / 64)`` programs; splits are added
     until there are about ``TARGET_PROGRAMS`` of them, but never so many that a split of the
     longest sequence gets fewer than ``max(256, 32 · num_heads)`` tokens, and never more than
-    ``MAX_KV_SPLITS``. Always at least 1.
+    ``MAX_KV_SPLITS``. Always at least 1. ``num_kv_splits`` ``None`` or -1 chooses so; a positive
+    int is that count.
     """
+    if num_kv_splits is not None and num_kv_splits != -1:
+        check_int("num_kv_splits", num_kv_splits, 1)
+        return num_kv_splits
     programs = max(1, batch_size) * _cdiv(max(1, num_heads), HEADS_PER_PROGRAM)
     wanted = _cdiv(TARGET_PROGRAMS, programs)
     min_tokens = max(MIN_SPLIT_TOKENS, MIN_SPLIT_TOKENS_PER_HEAD * num_heads)
-    return max(1, min(wanted, max_seq_len // min_tokens, MAX_KV_SPLITS))
-
-
-def resolve_num_kv_splits(num_kv_splits: int | None, max_seq_len: int, batch_size: int, num_heads: int) -> int:
-    """``None`` or ``-1``: :func:`choose_num_kv_splits`; otherwise the given count (>= 1)."""
-    if num_kv_splits is None or num_kv_splits == -1:
-        return choose_num_kv_splits(max_seq_len, batch_size, num_heads)
-    check_int("num_kv_splits", num_kv_splits, 1)
-    return num_kv_splits
+    return max(1, min(wanted, max_seqlen_k // min_tokens, MAX_KV_SPLITS))
 
 
 def mla_workspace_size(
@@ -81,7 +79,7 @@ def mla_workspace_size(
     check_int("num_heads", num_heads, 1)
     check_int("page_size", page_size, 1)
     check_int("kv_lora_rank", kv_lora_rank, 1)
-    splits = resolve_num_kv_splits(num_kv_splits, max_seq_len, batch_size, num_heads)
+    splits = choose_num_kv_splits(max_seq_len, batch_size, num_heads, num_kv_splits=num_kv_splits)
     if splits == 1:
         return 0
     return 4 * batch_size * num_heads * splits * (kv_lora_rank + 1)

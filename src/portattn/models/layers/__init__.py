@@ -6,6 +6,7 @@ of operations), so that the engine's logits match ``transformers`` to float roun
 
 from .activation import ACTIVATIONS, ClampedSwiGLU, activation, gated
 from .attention import PagedAttention, SelfAttention, attention_spec, head_dim_of, window_left_of
+from .decoder import DecoderLayer, run_decoder
 from .embedding import Embedding, LMHead, VocabParallel
 from .latent_attention import MultiheadLatentAttention
 from .linear import (
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointSlice",
     "ClampedSwiGLU",
     "ColumnParallelLinear",
+    "DecoderLayer",
     "Embedding",
     "FusedMoE",
     "GatedMLP",
@@ -73,5 +75,6 @@ __all__ = [
     "per_expert_checkpoint_name",
     "rope_inv_freq",
     "rotate_half",
+    "run_decoder",
     "window_left_of",
 ]

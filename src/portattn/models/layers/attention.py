@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from ...backends.base import AttentionLayer
+from ...backends.base import AttentionSpec
 from ...distributed.group import TPGroup, tp_or_single
 from ...runtime.context import ForwardContext
 from .fused import fused_ops
@@ -30,7 +30,7 @@ class PagedAttention(nn.Module):
     """One layer's attention over its paged cache, through the forward's backend (which writes the new
     K/V into the cache, with the cache's scales, and attends)."""
 
-    def __init__(self, spec: AttentionLayer):
+    def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.spec = spec
 
@@ -54,7 +54,7 @@ class PagedAttention(nn.Module):
         return None if out is None else out.flatten(1)  # [T, Hq * Dv]
 
 
-def local_heads(spec: AttentionLayer, num_heads: int, num_kv_heads: int) -> AttentionLayer:
+def local_heads(spec: AttentionSpec, num_heads: int, num_kv_heads: int) -> AttentionSpec:
     """``spec`` with this rank's head counts."""
     if (num_heads, num_kv_heads) == (spec.num_heads, spec.num_kv_heads):
         return spec
@@ -76,12 +76,12 @@ def window_left_of(config, layer_id: int) -> int:
     return -1
 
 
-def attention_spec(config, layer_id: int, *, window_left: int | None = None) -> AttentionLayer:
-    """The :class:`AttentionLayer` of a Llama-style decoder layer: the config's head counts and head dim
+def attention_spec(config, layer_id: int, *, window_left: int | None = None) -> AttentionSpec:
+    """The :class:`AttentionSpec` of a Llama-style decoder layer: the config's head counts and head dim
     (:func:`head_dim_of`), scale ``head_dim ** -0.5``, and the window of :func:`window_left_of` unless
     ``window_left`` is given (sinks: ``SelfAttention(sinks=True)``)."""
     head_dim = head_dim_of(config)
-    return AttentionLayer(
+    return AttentionSpec(
         layer_id,
         config.num_attention_heads,
         config.num_key_value_heads,
@@ -105,7 +105,7 @@ class SelfAttention(nn.Module):
     def __init__(
         self,
         hidden_size: int,
-        spec: AttentionLayer,
+        spec: AttentionSpec,
         *,
         qkv_bias: bool = False,
         o_bias: bool = False,
@@ -140,17 +140,17 @@ class SelfAttention(nn.Module):
         x: torch.Tensor,
         ctx: ForwardContext,
         rotary: nn.Module,
-        table: tuple[torch.Tensor, torch.Tensor] | None = None,
+        table: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """``table``: the rotary ``cos, sin`` of this forward's tokens (``rotary.table``), made once
-        per forward by the model; computed here when not given."""
+        """``x [T, H]`` -> ``[T, H]``; ``table``: the rotary ``cos, sin`` of this forward's tokens
+        (``rotary.table``), made once per forward by the model (:mod:`.decoder`)."""
         num_tokens, head_dim = x.shape[0], self.spec.head_dim
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = q.view(num_tokens, -1, head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, head_dim)  # [T, Hkv, D]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = table if table is not None else rotary.table(positions, q.dtype)
+        cos, sin = table
         if fused_ops(q) is not None:  # fused kernels on here: ask the backend to fuse rotary with its write
             out = self.attn.forward_rotary(q, k, v, cos, sin, ctx)
             if out is not None:

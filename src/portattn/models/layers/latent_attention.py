@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...backends.base import AttentionLayer
+from ...backends.base import AttentionSpec
 from ...backends.cache import LatentKVCache
 from ...backends.metadata import MLADecodeMetadata
 from ...distributed.group import TPGroup, tp_or_single
@@ -70,9 +70,10 @@ class MultiheadLatentAttention(nn.Module):
         self.scale = scale
         # What the engine's backend selection reads (the expanded form's shapes, this rank's heads).
         local = self.num_heads
-        self.spec = AttentionLayer(layer_id, local, local, qk_dim, scale=scale, v_head_dim=self.v_dim)
+        self.spec = AttentionSpec(layer_id, local, local, qk_dim, scale=scale, v_head_dim=self.v_dim)
 
-    def forward(self, x: torch.Tensor, cos_sin, rotary, ctx: ForwardContext):
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary, table) -> torch.Tensor:
+        """``x [T, H]`` -> ``[T, H]``; ``table``: ``rotary.table(positions, dtype)`` (:mod:`.decoder`)."""
         plan: LatentAttentionPlan = ctx.cache_plan
         num_tokens = x.shape[0]
         if self.q_lora_rank is None:
@@ -83,8 +84,8 @@ class MultiheadLatentAttention(nn.Module):
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)  # [T, R], [T, Dr]
         c_kv = self.kv_a_layernorm(c_kv)
-        q_pe = rotary.apply(q_pe, *cos_sin)  # [T, H, Dr]
-        k_pe = rotary.apply(k_pe[:, None, :], *cos_sin)[:, 0]  # [T, 1, Dr] -> [T, Dr]
+        q_pe = rotary.apply(q_pe, *table)  # [T, H, Dr]
+        k_pe = rotary.apply(k_pe[:, None, :], *table)[:, 0]  # [T, 1, Dr] -> [T, Dr]
         cache: LatentKVCache = ctx.kv_cache(self.spec.layer_id)  # latent [num_pages, P, R + Dr], its scale
         ctx.backend.write_latent(c_kv, k_pe, cache, ctx.metadata.out_cache_loc)
         if plan.varlen is None:

@@ -1,5 +1,8 @@
 """Rotary position embeddings: the frequency tables and every rotation the families use.
 
+Each module makes its ``table(positions, dtype)`` once per forward (the model does, for every layer
+that shares the module) and rotates with ``apply(..., *table)`` or ``apply(..., table)``:
+
 * :class:`RotaryEmbedding`: rotate-half ("neox") over the whole head (Llama, Qwen, Gemma); its
   ``rope_parameters`` may differ per layer (``layer_type``, Gemma 3's local and global bases);
 * :class:`InterleavedRotaryEmbedding`: consecutive pairs as complex numbers (Llama 4);
@@ -92,10 +95,19 @@ class InterleavedRotaryEmbedding(nn.Module):
         inv_freq, self.scaling = rope_inv_freq(config, head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``freqs_cis [T, D / 2]`` complex64 of the tokens at ``positions [T]`` (the rotation runs in
+        float32 whatever ``dtype``)."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, D / 2]
-        freqs_cis = torch.polar(torch.ones_like(freqs), freqs) * self.scaling  # [T, D / 2] complex
+        return torch.polar(torch.ones_like(freqs), freqs) * self.scaling  # [T, D / 2] complex
+
+    @staticmethod
+    def apply(q: torch.Tensor, k: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q [T, Hq, D]``, ``k [T, Hkv, D]`` rotated by a :meth:`table`."""
         return _rotate_pairs(q, freqs_cis), _rotate_pairs(k, freqs_cis)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.apply(q, k, self.table(positions, q.dtype))
 
 
 def _rotate_pairs(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
@@ -115,14 +127,14 @@ class PartialRotaryEmbedding(nn.Module):
         self.interleave = interleave
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin [T, Dr / 2]`` (interleaved) or ``[T, Dr]`` (rotate-half), in ``dtype``; once per forward."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, Dr / 2]
         emb = freqs if self.interleave else torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x [T, H, Dr]`` rotated by ``cos, sin`` of :meth:`forward`."""
+        """``x [T, H, Dr]`` rotated by ``cos, sin`` of :meth:`table`."""
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, *]
         if self.interleave:
             x1, x2 = x[..., 0::2], x[..., 1::2]  # [T, H, Dr / 2] each

@@ -1,0 +1,76 @@
+"""The decoder layer every family's follows: one signature, one return convention.
+
+``layer(positions, x, ctx, rotary, table, residual=None) -> (h, residual)``
+
+* ``positions [T]`` (``[3, T]`` under multimodal rotary): the new tokens' positions;
+* ``x [T, H]``: the previous layer's ``h``, or the embeddings for the first layer;
+* ``ctx``: the forward's :class:`~portattn.runtime.context.ForwardContext`;
+* ``rotary``: the layer's rotary embedding module, and ``table`` what its ``table(positions, dtype)``
+  returned: made once per forward by the model and shared by every layer that uses that module;
+* ``residual``: the residual stream ``x`` is to be added to; ``None`` for the first layer, whose
+  ``x`` is the stream itself;
+* returns ``h``, the output of the layer's last block, and the residual stream before it (the
+  stream after the layer is ``h + residual``). The next layer adds the two in its first norm's fused
+  add + norm (:class:`~portattn.models.layers.norm.RMSNorm` ``(x, residual)``, whose sum rounds as a
+  separate add would), and the model ends with ``norm(h, residual)[0]`` (:func:`run_decoder` runs the layers so).
+
+A layer's attention module takes ``(positions, x, ctx, rotary, table)`` and returns ``[T, H]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ...runtime.context import ForwardContext
+
+
+class DecoderLayer(nn.Module):
+    """The pre-norm layer (Llama and most families): ``input_layernorm``, ``self_attn``,
+    ``post_attention_layernorm``, ``mlp``, each block added to the residual stream. Subclasses build
+    the four modules (their names are the checkpoints'); a family with other norms overrides
+    :meth:`forward` under the same signature."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        ctx: ForwardContext,
+        rotary: nn.Module,
+        table,
+        residual: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.add_norm(self.input_layernorm, x, residual)
+        h = self.self_attn(positions, h, ctx, rotary, table)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+    @staticmethod
+    def add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``; with ``residual`` None, ``x`` is the stream."""
+        if residual is None:
+            return norm(x), x
+        return norm(x, residual)
+
+
+def run_decoder(
+    layers: Sequence[nn.Module],
+    norm: nn.Module,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    ctx: ForwardContext,
+    rotary: nn.Module,
+) -> torch.Tensor:
+    """The decoder layers over ``x [T, H]`` with one rotary embedding (its table made here, once),
+    then the final ``norm`` of the stream -> ``[T, H]``."""
+    table, residual = rotary.table(positions, x.dtype), None
+    for layer in layers:
+        x, residual = layer(positions, x, ctx, rotary, table, residual)
+    return norm(x, residual)[0]
