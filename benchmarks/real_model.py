@@ -115,11 +115,12 @@ def breakdown_notes(result: dict) -> str:
     bd = result.get("breakdown")
     if bd:
         lines += ["", "## Where a batch-1 decode step goes (us)", "",
-                  "| case | step | schedule | prepare | sample (replay + wait) | outputs | host (step - device) |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| case | step | schedule | prepare | model (eager calls) | sample (replay + wait) | outputs "
+                  "| host (step - device) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for name in ("greedy", "sampled"):
             r = bd[name]
-            lines.append(f"| {name} | {r['step']:.0f} | {r['schedule']:.0f} | {r['prepare']:.0f} | {r['sample']:.0f} "
+            lines.append(f"| {name} | {r['step']:.0f} | {r['schedule']:.0f} | {r['prepare']:.0f} | {r['model']:.0f} "
+                         f"| {r['sample']:.0f} "
                          f"| {r['outputs']:.0f} | {r.get('host_us', float('nan')):.0f} |")  # fmt: skip
         if "replay_us" in bd:
             lines += ["", f"Device: the decode graph {bd['replay_us']:.0f} us ({bd['replay_kernels']} kernels), of "
