@@ -68,6 +68,7 @@ GROUPS = {
     "special": ("gemma2", "gemma3", "gpt_oss"),  # softcaps, per-layer rotary, sinks
 }
 PAGE_ONE = ("llama", "qwen3", "llama4", "deepseek_v3")  # full, window, chunk, latent attention
+NOT_GROUPED = {"qwen2_5_vl": "its graphs run with image prompts in test_vision_language_model_graphs"}
 
 
 def family_cells() -> list:
