@@ -19,6 +19,8 @@ from portattn.engine.llm import LLM
 from portattn.engine.memory import CPU_KV_CACHE_MEMORY, MemoryUse, kv_cache_budget, parse_bytes, pool_pages
 from portattn.engine.model_runner import ModelRunner
 from portattn.engine.sampling_params import SamplingParams
+from portattn.engine.spec_decode import rejection
+from portattn.models.layers.moe import FusedMoE
 from portattn.paging import num_pages_for
 from tiny_models import checkpoint
 
@@ -203,3 +205,62 @@ def test_the_cpu_default_is_fixed_and_capped_by_what_can_run(ckpt_root):
     assert pool_pages(config, 256, CPU_KV_CACHE_MEMORY // 40) == 40  # a bigger model: what 4 GiB hold
     with pytest.raises(ValueError, match=r"got 4294967296 bytes \(8 pages\) from the CPU default of 4.00 GiB"):
         pool_pages(config, 256, CPU_KV_CACHE_MEMORY // 8)  # one request of 256 tokens needs 32 pages
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_the_profile_verifies_every_row_of_the_largest_speculative_step(method, ckpt_root, monkeypatch):
+    """A verification step computes logits for each of its k + 1 rows per sequence and runs the rejection
+    sampler on them, eagerly, captured steps or not: the profile runs that step (with draft distributions
+    for a draft model) and counts its peak; captured steps take a mixture-of-experts layer's dense path
+    up to their largest shape, and so does the profile."""
+    path = checkpoint("qwen3_moe", ckpt_root)
+    llm = LLM(path, device="cpu", page_size=8, max_model_len=64, max_num_seqs=4, num_pages=40)
+    engine = llm.engine
+    fake = FakeAccelerator(monkeypatch, total=64 << 20, others=0, per_token=2048, workspace=0)
+    verified, dense = [], []
+    verify = rejection.verify
+
+    def recording_verify(logits, seqs, drafts, eos_token_ids):
+        verified.append(
+            (
+                logits.shape[0],
+                [seq.num_draft_tokens for seq in seqs],
+                [None if d is None else tuple(d.shape) for d in drafts],
+            )
+        )
+        return verify(logits, seqs, drafts, eos_token_ids)
+
+    forward_dense = FusedMoE.forward_dense
+
+    def recording_dense(self, x, *args):
+        dense.append(x.shape[0])
+        return forward_dense(self, x, *args)
+
+    monkeypatch.setattr(rejection, "verify", recording_verify)
+    monkeypatch.setattr(FusedMoE, "forward_dense", recording_dense)
+    num_seqs, k = 6, 3  # 6 x 4 = 24 tokens: above the dense path's default bound (16)
+    spec = (
+        {"method": "ngram", "num_speculative_tokens": k}
+        if method == "ngram"
+        else {"model": path, "num_speculative_tokens": k}
+    )
+    config = dataclasses.replace(llm.config, max_num_seqs=num_seqs, num_pages=None, speculative_config=spec)
+    snapshot = memory.Snapshot(free=60 << 20, total=64 << 20, allocated=0, reserved=0)
+    for graphs in (False, True):
+        verified.clear()
+        use = memory.measure(
+            snapshot,
+            engine.model,
+            engine.backend,
+            engine.model.kv_cache_spec(),
+            torch.float32,
+            config,
+            64,
+            graphs=graphs,
+        )
+        assert fake.forward_tokens[-1] == num_seqs * (k + 1)
+        drafts = [(k, engine.vocab_size) if method == "draft_model" else None] * num_seqs
+        assert verified == [(num_seqs * (k + 1), [k] * num_seqs, drafts)]
+        # The largest step: 6 prompts of 63 tokens (max_model_len 64); the verification beside it.
+        assert (use.activations, use.graphs) == (6 * 63 * 2048, num_seqs * (k + 1) * 2048 if graphs else 0)
+    assert num_seqs * (k + 1) in dense  # after prepare_static, as DecodeGraphs calls it

@@ -8,8 +8,10 @@ The first of these that applies:
    the device's memory leaves after the weights, the activations of the largest step (measured by a
    profile forward of ``max_num_batched_tokens`` tokens over up to ``max_num_seqs`` sequences), the
    captured decode graphs (measured as the activations of a decode step of ``max_num_seqs``
-   sequences, which their shared memory pool holds) and what those runs added outside torch's
-   allocator (driver context, library workspaces). The numbers are :class:`MemoryUse`; the
+   sequences, which their shared memory pool holds; with speculative decoding a verification step of
+   ``max_num_seqs`` sequences of ``k + 1`` tokens, whose logits and rejection sampling run eagerly
+   beside the graphs) and what those runs added outside torch's allocator (driver context, library
+   workspaces). The numbers are :class:`MemoryUse`; the
    arithmetic is :func:`kv_cache_budget`, a pure function.
 4. On the CPU (and devices that do not report their free memory), :data:`CPU_KV_CACHE_MEMORY`
    bytes, but no more than ``max_num_seqs`` requests of ``max_model_len`` use: host memory is shared
@@ -186,28 +188,39 @@ def profile_lengths(max_num_batched_tokens: int, max_num_seqs: int, max_model_le
 
 def measure(start: Snapshot, model, backend, spec: KVCacheSpec, kv_dtype, config, max_model_len: int, *, graphs: bool):
     """:class:`MemoryUse` of an engine whose weights loaded after ``start``: runs the profile steps on
-    a temporary pool (freed before returning)."""
+    a temporary pool (freed before returning).
+
+    With speculative decoding the second step is a verification of ``max_num_seqs`` sequences of
+    ``k + 1`` tokens: every row's logits and the rejection sampler (with draft distributions for a
+    draft model), run eagerly after the captured steps too; its peak counts as the graphs' share, or
+    in the activations when steps run eagerly. Captured steps take a mixture-of-experts layer's dense
+    path up to their largest shape (``prepare_static``, as ``DecodeGraphs`` sets it), so the profile
+    does too."""
     device = config.device
     weights = devices.allocator_memory(device)[0] - start.allocated
+    speculative = config.speculative_config
+    q = 1 if speculative is None else speculative.num_speculative_tokens + 1
+    if graphs:
+        model.prepare_static(config.max_num_seqs * q)
     steps = [profile_lengths(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)]
-    if graphs:  # the largest captured step's shape: max_num_seqs sequences of one token (k + 1 when speculating)
-        speculative = config.speculative_config
-        steps.append([1 if speculative is None else speculative.num_speculative_tokens + 1] * config.max_num_seqs)
-    peaks = _run_profile_steps(model, backend, spec, kv_dtype, config, steps)
+    if graphs or speculative is not None:  # the largest uniform step: max_num_seqs sequences of q tokens
+        steps.append([q] * config.max_num_seqs)
+    peaks = _run_profile_steps(model, backend, spec, kv_dtype, config, steps, speculative)
     after = snapshot(device)
     return MemoryUse(
         total=start.total,
         available=start.free + start.reserved - start.allocated,
         weights=weights,
-        activations=peaks[0],
+        activations=peaks[0] if graphs else max(peaks),
         graphs=peaks[1] if graphs else 0,
         non_torch=max(0, (start.free + start.reserved) - (after.free + after.reserved)),
     )
 
 
-def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[int]]) -> list[int]:
+def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[int]], speculative=None) -> list[int]:
     """Peak bytes allocated above the baseline during each step (one forward of prompts of these
-    lengths, with its logits and sampling)."""
+    lengths, with its logits and sampling). With ``speculative``, the second step's sequences hold
+    ``k`` proposed tokens each after a one-token prompt: every row has logits and is verified."""
     from ..models.base import MultimodalModel
     from .model_runner import ModelRunner
     from .page_manager import PageManager
@@ -225,16 +238,22 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
     kv_pool = make_kv_pool(spec, pages, size, kv_dtype, device)
     req_pool = ReqToTokenPool(max(map(len, steps)), num_pages_for(longest, size) * size, size, device)
     runner = ModelRunner(model, kv_pool, req_pool, backend)
+    if speculative is not None:
+        runner.verifier = _profile_verifier(speculative)
     multimodal = isinstance(model, MultimodalModel)
     peaks = []
-    for lengths in steps:
+    for step, lengths in enumerate(steps):
+        verifying = speculative is not None and step == 1
         scheduler = Scheduler(PageManager(PageAllocator(pages), req_pool, False), len(lengths), sum(lengths))
         for i, n in enumerate(lengths):
             ids = [(7 * j + i) % 128 for j in range(n)]  # plain text ids (no image pads), varied for MoE routing
-            mm = model.multimodal_data(ids, None, None) if multimodal else None
-            scheduler.add(Sequence(-1 - i, ids, params, multimodal=mm))
+            prompt = ids[:1] if verifying else ids
+            mm = model.multimodal_data(prompt, None, None) if multimodal else None
+            scheduler.add(Sequence(-1 - i, prompt, params, token_ids=list(ids), multimodal=mm))
         scheduled = scheduler.schedule()
         assert sum(n for _, n in scheduled) == sum(lengths), "the profile step is one forward"
+        for seq, n in scheduled if verifying else ():
+            seq.num_draft_tokens = n - 1
         devices.reset_peak_memory(device)
         baseline = devices.allocator_memory(device)[0]
         runner.step(scheduled)
@@ -245,3 +264,19 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
     del runner, kv_pool, req_pool
     devices.reset_peak_memory(device)
     return peaks
+
+
+def _profile_verifier(speculative):
+    """The rejection sampler as a verification step runs it: with a draft model's distributions (one
+    ``[k, V]`` tensor per sequence, as the proposer holds them) for ``draft_model``, point masses else."""
+    from .spec_decode.rejection import verify
+
+    def verifier(logits: torch.Tensor, seqs: list) -> dict:
+        vocab = logits.shape[-1]
+        drafts = [None] * len(seqs)
+        if speculative.method == "draft_model":
+            k = speculative.num_speculative_tokens
+            drafts = [torch.full((k, vocab), 1 / vocab, device=logits.device) for _ in seqs]
+        return verify(logits, seqs, drafts, frozenset())
+
+    return verifier
