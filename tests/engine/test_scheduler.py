@@ -7,7 +7,12 @@ import pytest
 from portattn import to_page_table
 from portattn.engine.forward_batch import ForwardBatch
 from portattn.engine.llm import LLM
+from portattn.engine.page_manager import PageManager
+from portattn.engine.req_pool import ReqToTokenPool
 from portattn.engine.sampling_params import SamplingParams
+from portattn.engine.scheduler import Scheduler
+from portattn.engine.sequence import Sequence
+from portattn.paging import PageAllocator
 from tiny_models import checkpoint, hf_reference, random_prompts
 
 PROMPTS = random_prompts([3, 9, 17, 26, 31, 40], seed=1)
@@ -133,3 +138,25 @@ def test_context_limit_finishes_with_length(ckpt_root):
     with pytest.raises(ValueError, match="shorter than max_model_len 20"):
         llm.generate([PROMPTS[0], PROMPTS[3]], SamplingParams(max_tokens=2), use_tqdm=False)
     assert not llm.engine.has_unfinished()  # the valid prompt before it was not queued either
+
+
+def test_proposals_give_way_before_a_preemption():
+    """With speculative decoding, an older sequence's proposed tokens never cost a newer one its place:
+    the pages they would need go back before anything is preempted (and the budget gets their tokens)."""
+    size = 4
+    pages = PageManager(PageAllocator(5), ReqToTokenPool(3, 32, size, "cpu"), enable_prefix_caching=False)
+    scheduler = Scheduler(pages, max_num_seqs=2, max_num_batched_tokens=16)
+    old, new = Sequence(0, [1] * 7, SamplingParams(temperature=0)), Sequence(1, [2] * 8, SamplingParams(temperature=0))
+    for seq in (old, new):
+        scheduler.add(seq)
+    assert [n for _, n in scheduler.schedule()] == [7, 8]  # 2 pages each, 1 free
+    for seq in (old, new):  # in decode: old's next token fits its pages, new's needs the free page
+        seq.num_computed = seq.num_tokens
+        seq.token_ids.append(3)
+    scheduler.lookahead = lambda seq: 3  # old alone could take the free page for its proposals
+    assert scheduler.schedule() == [(old, 1), (new, 1)]
+    assert scheduler.num_preemptions == 0 and len(old.pages) == 2 and len(new.pages) == 3
+    assert pages.allocator.num_free == 0
+    # With pages to spare, the proposals run.
+    scheduler.finish(new, "stop")
+    assert scheduler.schedule() == [(old, 4)] and len(old.pages) == 3

@@ -10,8 +10,9 @@ running sequence is preempted (a decode already scheduled this step is taken bac
 back to the pool and it recomputes later from its tokens, which it keeps.
 
 With speculative decoding, ``lookahead(seq)`` (set per step by the engine) adds the tokens a running
-sequence in decode may propose to its share; when the pool cannot hold them, the sequence runs
-without them before anything is preempted.
+sequence in decode may propose to its share; when the pool cannot hold a sequence's tokens, its own
+proposals, then those of the sequences scheduled before it, give way (their pages go back) before
+anything is preempted.
 
 Admission, preemption and finishing are each all or nothing, also when an exception (an interrupt,
 ``MemoryError``) arrives between two of their lines: a sequence is in exactly one queue (or
@@ -63,8 +64,12 @@ class Scheduler:
             uncomputed = seq.num_tokens - seq.num_computed
             n = int(min(uncomputed + self._lookahead(seq, uncomputed), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
-                if n > uncomputed:  # the proposals give way first
+                if n > uncomputed:  # the proposals give way first: this sequence's,
                     n = int(min(uncomputed, budget))
+                    continue
+                freed = self._drop_lookahead(chosen)  # then those of the sequences chosen before it
+                if freed:
+                    budget += freed
                     continue
                 victim = self.running[-1]
                 budget += chosen.pop(victim, 0)
@@ -92,6 +97,18 @@ class Scheduler:
         if self.lookahead is None or uncomputed != 1 or seq.num_output_tokens == 0:
             return 0
         return self.lookahead(seq)
+
+    def _drop_lookahead(self, chosen: dict[Sequence, int]) -> int:
+        """Take the proposed tokens back from the ``chosen`` sequences that have them (each runs its one
+        token) and give back the pages only they needed; returns the tokens freed from the budget."""
+        freed = 0
+        for seq, n in chosen.items():
+            uncomputed = seq.num_tokens - seq.num_computed
+            if n > uncomputed:
+                self.pages.trim(seq, seq.num_tokens)
+                chosen[seq] = uncomputed
+                freed += n - uncomputed
+        return freed
 
     def _admit(self, seq: Sequence, budget: float) -> int | None:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
