@@ -11,7 +11,7 @@ from portattn.engine.page_manager import PageManager
 from portattn.engine.req_pool import ReqToTokenPool
 from portattn.engine.sampling_params import SamplingParams
 from portattn.engine.scheduler import Scheduler
-from portattn.engine.sequence import Sequence
+from portattn.engine.sequence import Sequence, Status
 from portattn.paging import PageAllocator
 from tiny_models import checkpoint, hf_reference, random_prompts
 
@@ -160,3 +160,31 @@ def test_proposals_give_way_before_a_preemption():
     # With pages to spare, the proposals run.
     scheduler.finish(new, "stop")
     assert scheduler.schedule() == [(old, 4)] and len(old.pages) == 3
+
+
+def test_prefix_cache_hits_count_admissions_not_attempts(ckpt_root):
+    """A waiting sequence whose cached prefix matches but whose other pages do not fit yet is tried
+    again each step: the hits count once, when it is admitted."""
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=10, max_model_len=40, max_num_seqs=4)
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    base = PROMPTS[5][:12]
+    llm.generate([[*base, 1]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)  # 3 pages cached
+    before = engine.pages.num_cached_tokens
+    engine.add_request(PROMPTS[4][:18], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # 5 pages of 7
+    engine.step()
+    waiting = engine.add_request([*base, *PROMPTS[3][:13]], params)  # its 3 cached pages and 4 more
+    steps = 0
+    while True:
+        computed = engine.num_prompt_tokens_computed
+        engine.step()
+        if waiting.status is not Status.WAITING:
+            break
+        steps += 1
+        assert engine.pages.num_cached_tokens == before  # its prefix matched in this step, yet it waits
+    assert steps >= 2
+    # Admitted: what the cache served and what the model computed of its prompt add up to the prompt.
+    hits = engine.pages.num_cached_tokens - before
+    assert hits == 12  # its 3 cached pages, once
+    assert hits + engine.num_prompt_tokens_computed - computed == waiting.num_prompt_tokens
+    while engine.has_unfinished():
+        engine.step()

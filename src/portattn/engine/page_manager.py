@@ -44,7 +44,7 @@ class PageManager:
         self.page_size = req_pool.page_size
         self.enable_prefix_caching = enable_prefix_caching
         self.cache: OrderedDict[bytes, int] = OrderedDict()  # key -> page, oldest use first
-        self.num_cached_tokens = 0  # prompt tokens served from the cache, over the engine's life
+        self.num_cached_tokens = 0  # prompt tokens served from the cache to admitted sequences (the scheduler counts)
 
     # -- prefix cache ------------------------------------------------------------------------
 
@@ -77,7 +77,6 @@ class PageManager:
             if seq.pages is not pages and self.allocator.ref_count(pages[0]) > refs:
                 self.allocator.free(pages)  # retained, not recorded
             raise
-        self.num_cached_tokens += seq.num_computed
         return seq.num_computed
 
     def commit(self, seq: Sequence) -> None:

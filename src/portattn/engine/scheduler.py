@@ -115,13 +115,14 @@ class Scheduler:
         tokens; returns how many it computes now, or ``None`` (nothing changed) if the pool is short."""
         try:
             seq.req_pool_idx = self.req_pool.alloc()
-            self.pages.match_prefix(seq)
+            cached = self.pages.match_prefix(seq)
             n = int(min(seq.num_tokens - seq.num_computed, budget))
             if not self.pages.reserve(seq, seq.num_computed + n):
                 self._release(seq)
                 return None
             seq.status = Status.RUNNING
             self.running.append(self.waiting.popleft())
+            self.pages.num_cached_tokens += cached  # hits of an admission, not of each attempt
         except BaseException:
             if seq not in self.running:  # not admitted: back at the head of waiting, holding nothing
                 self._release(seq)
