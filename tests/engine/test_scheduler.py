@@ -188,3 +188,14 @@ def test_prefix_cache_hits_count_admissions_not_attempts(ckpt_root):
     assert hits + engine.num_prompt_tokens_computed - computed == waiting.num_prompt_tokens
     while engine.has_unfinished():
         engine.step()
+
+
+def test_a_step_with_nothing_to_do_runs_no_forward(ckpt_root):
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=16, max_model_len=32)
+    engine = llm.engine
+    assert engine.step() == []  # a fresh engine
+    seq = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.step() == [] and len(seq.output_token_ids) == 2
+    assert engine.num_generated_tokens == 2

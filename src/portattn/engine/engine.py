@@ -322,7 +322,8 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[Sequence]:
-        """One forward; returns the sequences that finished in it.
+        """One forward; returns the sequences that finished in it (none, and no forward, when no
+        request is unfinished).
 
         If the forward or its updates raise (an interrupt, ``MemoryError``), the step's unfinished
         sequences are aborted before the exception propagates: their half-applied step cannot be
@@ -332,6 +333,8 @@ class Engine:
         if speculator is not None:
             speculator.before_schedule(self.scheduler)
         scheduled = self.scheduler.schedule()
+        if not scheduled:  # nothing unfinished (a pool that cannot run what is has raised)
+            return []
         try:
             if speculator is not None:
                 scheduled = speculator.propose(scheduled, self.scheduler.running)
