@@ -146,20 +146,12 @@ class ModelRunner:
         return LogitRows(rows, sampling, prompt_rows, verifying)
 
     @torch.inference_mode()
-    def hidden_states(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """The model over the step: final hidden states ``[T, H]``, one row per new token in batch order
-        (a captured graph when the step is uniform and one was captured, else planned and run eagerly)."""
-        if self.graphs is not None and self.graphs.can_run(scheduled):
-            return self.graphs.run(scheduled)[0]  # [n * q, H]
-        batch, ctx = self.plan(scheduled)
-        return self.model(batch.input_ids, batch.positions, ctx)  # [T, H]
-
-    @torch.inference_mode()
     def forward(self, scheduled: list[tuple[Sequence, int]], rows: list[int]) -> torch.Tensor | None:
         """The logits ``[len(rows), V]`` float32 of the step's hidden-state ``rows`` (``None`` when no row
         needs them): a captured decode step's come from its graph (a view valid until the next step),
-        others' from :meth:`logits` of :meth:`hidden_states`. Under tensor parallelism every rank runs
-        this on the same step."""
+        others' from :meth:`logits` of the model's final hidden states ``[T, H]``, one row per new token
+        in batch order (replayed when the step is uniform and of a captured shape, else planned and run
+        eagerly). Under tensor parallelism every rank runs this on the same step."""
         if self.graphs is not None and self.graphs.can_run(scheduled):
             hidden, logits = self.graphs.run(scheduled)  # [n * q, H], [n, V] or None
             if logits is None:
