@@ -20,8 +20,10 @@ penalties see the sequence as it is at that row (:class:`SequencePrefix`), then 
 
 When all ``d`` are accepted, row ``d`` emits a bonus token drawn from ``p_d`` as the plain sampler
 draws it. Every variate is counter-based (the request's key, the token's position and a purpose),
-so a seeded request's tokens are reproducible and independent of the batch. Everything is batched
-over all rows on the device; the results cross to the host once.
+so the verification of given proposals is reproducible and independent of the batch (point-mass
+proposals give a seeded request's plain tokens; a draft distribution's outcome also depends on the
+proposals and ``q``, i.e. on what the draft computed). Everything is batched over all rows on the
+device; the results cross to the host once.
 """
 
 from __future__ import annotations
