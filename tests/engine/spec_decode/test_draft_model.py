@@ -6,6 +6,7 @@ another vocabulary or tokenizer is refused, naming the mismatch."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -15,11 +16,13 @@ import torch
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
+from portattn.engine.sequence import Sequence
+from portattn.engine.spec_decode.draft_model import DraftModelProposer
 from portattn.testing import save_tiny_checkpoint
 from portattn.testing.chat import save_tiny_chat_checkpoint
 from tiny_models import checkpoint, random_prompts
 
-from ..test_interrupted_bookkeeping import assert_pools_consistent
+from ..test_interrupted_bookkeeping import FILES, LineTrace, assert_pools_consistent
 from .helpers import assert_draft_pools_consistent
 
 K = 3
@@ -155,3 +158,33 @@ def test_a_draft_with_another_vocabulary_is_refused(ckpt_root, tmp_path):
     (smaller / "config.json").write_text(json.dumps(config | {"vocab_size": 384}))  # same size, other tokenizer
     with pytest.raises(ValueError, match=r"target's tokenizer, got a different one in .*chat320 \(token '.*' is id"):
         draft_llm(chat, str(smaller))
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, MemoryError])
+def test_a_shadow_dropped_part_way_is_dropped_by_the_next_release(exc, ckpt_root, monkeypatch):
+    """An exception at any line of dropping a shadow (its request ended, or the draft's pool is full)
+    leaves it known until it holds nothing: the next release gives back every page and row."""
+    path = checkpoint("llama", ckpt_root)
+    proposer = draft_llm(path, path, enable_prefix_caching=True).engine.speculator.proposer
+    drop = DraftModelProposer._drop.__code__
+    monkeypatch.setitem(FILES, drop.co_filename, {"_drop"})
+
+    def new_shadow():
+        seq = Sequence(1, PROMPTS[3], SamplingParams(temperature=0))
+        shadow, _ = proposer._catch_up(seq, K, float("inf"))  # a request row, pages for its tokens
+        assert shadow.req_pool_idx is not None and shadow.pages
+
+    new_shadow()
+    counted = LineTrace()
+    counted.run(lambda: proposer.release(set()))
+    lines = sorted(line for file, line in counted.hits if file == drop.co_filename)
+    assert len(lines) >= 5
+    for line in lines:
+        new_shadow()
+        trace = LineTrace((drop.co_filename, line), 1, exc)
+        with contextlib.suppress(exc):
+            trace.run(lambda: proposer.release(set()))
+        assert trace.fired
+        proposer.release(set())
+        assert not proposer.shadows, line
+        assert_draft_pools_consistent(proposer)

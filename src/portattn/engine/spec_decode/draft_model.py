@@ -143,12 +143,19 @@ class DraftModelProposer:
         return shadow
 
     def _drop(self, shadow: Sequence) -> None:
-        """Give back the shadow's pages and request row, and forget it."""
+        """Give back the shadow's pages and request row, then forget it: a shadow is forgotten only once
+        it holds nothing, also when an exception arrives between two lines (a later drop completes it)."""
+        self.pages.release(shadow)  # all or nothing
+        row, num_free = shadow.req_pool_idx, self.req_pool.num_free
+        if row is not None:
+            try:
+                self.req_pool.free(row)
+                shadow.req_pool_idx = None
+            except BaseException:
+                if self.req_pool.num_free > num_free:
+                    shadow.req_pool_idx = None  # freed: finish the release
+                raise
         self.shadows.pop(shadow.request_id, None)
-        self.pages.release(shadow)
-        if shadow.req_pool_idx is not None:
-            row, shadow.req_pool_idx = shadow.req_pool_idx, None
-            self.req_pool.free(row)
 
     def release(self, live: set[int]) -> None:
         """Drop the shadows of requests not in ``live`` (finished, aborted or preempted targets)."""
