@@ -64,3 +64,15 @@ def test_an_unexpected_error_while_adding_a_request_ends_the_engine_visibly(mode
         assert wait_until(lambda: not async_engine.alive)
         assert isinstance(async_engine.error, RuntimeError)
         assert request(url + "/health")[0] == 503
+
+
+def test_stopping_the_server_shuts_the_engine_down(model_root, monkeypatch):
+    """The app's shutdown stops the engine too (under tensor parallelism, its other ranks), once
+    the engine thread has stopped: not only at interpreter exit."""
+    calls = []
+    with running_server(tiny_checkpoint(model_root)) as (url, app):
+        engine = app.state.server.engine.engine
+        monkeypatch.setattr(engine, "shutdown", lambda: calls.append(app.state.server.engine.alive))
+        assert request(url + "/v1/completions", "POST", {**BODY, "max_tokens": 2})[0] == 200
+        assert calls == []
+    assert calls == [False]  # once, after the engine thread ended

@@ -122,10 +122,15 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the thread after its current step, then the engine (its other tensor-parallel ranks)."""
         self._stop = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.alive:  # still in a step: the ranks stop at interpreter exit instead
+            logger.warning("the engine thread did not stop within 30 s")
+            return
+        self.engine.shutdown()
 
     @property
     def alive(self) -> bool:
