@@ -178,15 +178,24 @@ def test_max_queue_zero_is_refused_at_start_up(model_root):
     assert exit_info.value.code == 2
 
 
-def test_cpu_threads_leave_a_core_to_the_event_loop():
+def test_cpu_threads_leave_a_core_to_the_event_loop(tmp_path, monkeypatch, capsys):
     from portattn.server.lifecycle import cpu_threads
 
     assert cpu_threads({"OMP_NUM_THREADS": "3"})[0] == 3
+    assert cpu_threads({"OMP_NUM_THREADS": "4,2"})[0] == 4  # OpenMP's nested form: the first level
+    for bad in ("0", "four", "-1"):
+        with pytest.raises(ValueError, match=f"expected OMP_NUM_THREADS to be a positive int, got '{bad}'"):
+            cpu_threads({"OMP_NUM_THREADS": bad})
     import os
 
     cores = len(os.sched_getaffinity(0))
     threads, why = cpu_threads({})
     assert threads == max(1, cores - 1) and f"{cores} cores" in why
+    from portattn.cli import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "four")
+    assert main(["serve", str(tmp_path / "no-such-checkpoint")]) == 2  # refused before anything loads
+    assert "expected OMP_NUM_THREADS to be a positive int, got 'four'" in capsys.readouterr().err
 
 
 def test_aborted_requests_are_counted(served):
