@@ -20,6 +20,7 @@ from conftest import BACKENDS, DEVICE
 from portattn.backends.base import AttentionSpec
 from portattn.backends.cache import LatentKVCache, PagedKVCache
 from portattn.backends.registry import backend_class
+from portattn.device import is_triton_interpreter
 from portattn.models.layers import RotaryEmbedding, SelfAttention
 from portattn.models.layers.latent_attention import MultiheadLatentAttention
 from portattn.runtime.context import ForwardContext
@@ -124,8 +125,9 @@ def test_the_backends_write_kv_is_the_only_kv_write(backend_name, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_the_fused_rotary_write_is_the_backends_and_the_only_one(dtype, monkeypatch):
     """With the fused kernels on, the layer asks the backend to fuse rotary with its write; the Triton
-    backend's fused kernel is then the one write (``write_kv`` does not run too), and the attention
-    equals the unfused path's (rotary in the layer, then ``forward``)."""
+    backend's fused kernel is then the one write (``write_kv`` does not run too), and it stores and
+    attends exactly what the unfused path does (rotary in the layer, then ``forward``): the kernel
+    rounds each product and the sum to the dtype, as the layer's torch code does."""
     case = mha_case("triton", dtype)
     monkeypatch.setattr(attention_module, "fused_ops", lambda x: attention_module)  # any launchers: "fused on"
     before = [case.pool.k[0].clone(), case.pool.v[0].clone()]
@@ -147,13 +149,20 @@ def test_the_fused_rotary_write_is_the_backends_and_the_only_one(dtype, monkeypa
     slots = case.ctx.metadata.out_cache_loc
     for cache, old, owner in zip((case.pool.k[0], case.pool.v[0]), before, shadow):
         assert same_bits(new_slots_only(old, cache, slots), owner.flatten(0, 1)[slots])
+    fused_cache = [case.pool.k[0].clone(), case.pool.v[0].clone()]
     monkeypatch.setattr(attention_module, "fused_ops", lambda x: None)
     unfused_out = case.layer(case.positions, case.x, case.ctx, case.rotary, case.table)  # rewrites the same slots
     assert fused_out.isfinite().all()  # every key the attention read was written
-    # Rotary rounded once (fused, float32 inside) or after each product (the layer's torch code): in
-    # float16 the rotated q and k differ by an ulp, which moves the output by a few ulps.
-    tol = {} if dtype == torch.float32 else dict(rtol=0, atol=5e-3 * float(unfused_out.abs().max()))
-    torch.testing.assert_close(fused_out, unfused_out, **tol)
+    if is_triton_interpreter():
+        assert same_bits(case.pool.k[0], fused_cache[0]) and same_bits(case.pool.v[0], fused_cache[1])
+        assert torch.equal(fused_out, unfused_out)
+    else:
+        # Compiled for a GPU, the two paths have differed: on an H200, float16 outputs by up to 3e-3 (15%
+        # of elements), the cause not yet isolated (caches not compared then). Held to a tolerance there.
+        tol = {} if dtype == torch.float32 else dict(rtol=0, atol=5e-3 * float(unfused_out.abs().max()))
+        for cache, want in zip((case.pool.k[0], case.pool.v[0]), fused_cache):
+            torch.testing.assert_close(cache, want, equal_nan=True, **tol)
+        torch.testing.assert_close(fused_out, unfused_out, **tol)
 
 
 class MLAConfig(SimpleNamespace):

@@ -133,6 +133,20 @@ def test_paged_sinks_with_queries_beyond_the_keys(backend, dtype):
     assert torch.count_nonzero(out[[0, 1, 3, 4]]) == 0
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
+@pytest.mark.parametrize(("backend", "dtype"), PAGED)
+def test_a_decode_without_keys_beside_others_is_zeros(backend, dtype, sinks):
+    # A decode batch (one query per sequence) where one sequence has no key: the torch backend
+    # attends such batches padded together, and the empty one's row must still come out zero.
+    case = make_paged_case([1, 1, 1], [5, 0, 9], page_size=4, dtype=dtype, device=DEVICE, seed=6)
+    kwargs = {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEVICE).to(dtype)} if sinks else {}
+    out, lse = portattn.paged_attention(**case.inputs(), backend=backend, return_lse=True, **kwargs)
+    ref, ref_lse = paged_attention_ref(**case.inputs(), return_lse=True, **kwargs)
+    assert max_error(out, ref) <= tolerance(ref, paged_attention_ref(**case.inputs(), upcast=False, **kwargs), dtype)
+    assert lse_error(lse, ref_lse) <= lse_tolerance(ref_lse, dtype)  # -inf, or the sink alone, for the empty one
+    assert torch.count_nonzero(out[1]) == 0
+
+
 # -- batches without keys ----------------------------------------------------------------------
 
 

@@ -82,6 +82,7 @@ def attend(
     mask: torch.Tensor | None = None,
     *,
     return_lse: bool = False,
+    empty_rows: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``B`` sequences over contiguous keys at positions ``0 .. L-1``.
 
@@ -89,8 +90,10 @@ def attend(
     ``[B, n, Hq, Dv]`` in the accumulation dtype (float32, or float64 for float64 inputs), and with
     ``return_lse`` the natural-log LSE ``[B, n, Hq]``. ``mask [B, n, L]`` (default:
     :func:`visible_keys` of ``params``) may also hide padding keys, whose values must then be
-    finite. A query that sees no key returns zeros. ``k`` and ``v`` may hold a quantised cache's
-    stored values: ``params.k_scale`` multiplies the scores and ``params.v_scale`` the output.
+    finite. A query that sees no key returns zeros. ``empty_rows``: whether a query may see no key
+    (default: only where queries outnumber the keys, ``n > L``; a mask that hides padding says so
+    itself). ``k`` and ``v`` may hold a quantised cache's stored values: ``params.k_scale``
+    multiplies the scores and ``params.v_scale`` the output.
     """
     batch, n, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads, value_dim = v.shape[1:]
@@ -125,7 +128,9 @@ def attend(
     sinks = None if params.sinks is None else params.sinks.to(acc).view(num_kv_heads, 1, group, 1, 1)
     # Every query at a position p >= 0 sees key p under every mask rule; only more queries than
     # keys (positions below 0) can leave a row empty.
-    probs = masked_softmax(scores, mask[None, :, None], sinks, empty_rows=n > num_keys, return_lse=return_lse)
+    if empty_rows is None:
+        empty_rows = n > num_keys
+    probs = masked_softmax(scores, mask[None, :, None], sinks, empty_rows=empty_rows, return_lse=return_lse)
     if return_lse:
         probs, lse = probs  # lse [Hkv, B, G, n]
     probs = probs.view(num_kv_heads, batch, group * n, num_keys)
@@ -165,6 +170,9 @@ class _DecodeGroup:
     # is reused for every replay, so nothing computed from its buffers may be kept on the host side)
     masks: dict | None = field(default_factory=dict)
     pad_mask: torch.Tensor | None = None  # [g * Pmax * P] bool, True past a length
+    # A sequence without keys (its query at position -1) sees nothing; padded beside longer ones it
+    # is not caught by attend's own check (queries outnumbering the padded width).
+    empty_rows: bool = False
 
     def mask(self, params: AttentionParams, num_keys: int) -> torch.Tensor:
         """The visible-key mask for ``params``: layers with the same mask rule share one per forward."""
@@ -198,7 +206,9 @@ def _decode_groups(metadata: PagedMetadata) -> list[_DecodeGroup]:
         width = max_pages * page_size
         pad_rows = [b * width + j for b, n in enumerate(metadata.k_lens[b0:b1]) for j in range(n, width)]
         pad_rows = torch.tensor(pad_rows, dtype=torch.int64, device=device)
-        groups.append(_DecodeGroup(b0, b1, pages, seq_lens_k, pad_rows, (seq_lens_k - 1)[:, None]))
+        q_pos = (seq_lens_k - 1)[:, None]  # [g, 1]
+        empty = min(metadata.k_lens[b0:b1]) == 0
+        groups.append(_DecodeGroup(b0, b1, pages, seq_lens_k, pad_rows, q_pos, empty_rows=empty))
     return groups
 
 
@@ -368,7 +378,9 @@ class TorchBackend(AttentionBackend):
             mask = g.mask(params, k.shape[1])  # [g, q, Lmax]
             rows = slice(g.b0 * q_len, g.b1 * q_len)
             queries = q[rows].unflatten(0, (num_seqs, q_len))  # [g, q, Hq, D]
-            _attend_into(out, lse, rows, queries, k, v, g.q_pos, params, mask=mask, batched=True)
+            _attend_into(
+                out, lse, rows, queries, k, v, g.q_pos, params, mask=mask, batched=True, empty_rows=g.empty_rows
+            )
         return out
 
     def varlen_attention(
@@ -448,10 +460,10 @@ class TorchBackend(AttentionBackend):
         return out, out_lse
 
 
-def _attend_into(out, lse, rows, q, k, v, q_pos, params, mask=None, batched=False) -> None:
+def _attend_into(out, lse, rows, q, k, v, q_pos, params, mask=None, batched=False, empty_rows=None) -> None:
     """:func:`attend` into the query rows ``rows`` of ``out`` (and ``lse``): one sequence, or a uniform
     batch (``batched``: sequence-major rows)."""
-    got = attend(q, k, v, q_pos, params, mask, return_lse=lse is not None)
+    got = attend(q, k, v, q_pos, params, mask, return_lse=lse is not None, empty_rows=empty_rows)
     res, res_lse = got if lse is not None else (got, None)
     out[rows] = res.flatten(0, 1) if batched else res[0]  # [g * q, Hq, Dv] or [n, Hq, Dv]
     if lse is not None:
