@@ -14,7 +14,9 @@
 #   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...)
 #   "bench real_model"  python -m benchmarks.real_model (SmolLM2: answers, batch-1 step and its breakdown, offline)
 #   "bench host_path"   python -m benchmarks.host_path --device cuda (the host's part of a decode step, model stubbed)
-#   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint + python -m benchmarks.serve at several loads
+#   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint (or MODEL=path, DATASET=prompts file)
+#                     + python -m benchmarks.serve at several loads; needs wheels a bare GPU image may lack
+#                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection)
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
 #   "bench mla" | "bench cascade" | "bench head_dims"   the op library's other benchmarks
