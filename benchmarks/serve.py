@@ -301,7 +301,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"expected --range-ratio in [0, 1), got {args.range_ratio}")
     if args.start_server and not args.model:
         parser.error("--start-server needs --model DIR")
-    if args.tokenizer is None and args.model and Path(args.model).is_dir():
+    if args.tokenizer is None and args.model and (Path(args.model).is_dir() or args.model.endswith(".gguf")):
         args.tokenizer = args.model
     return args, extra
 

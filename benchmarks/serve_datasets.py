@@ -31,10 +31,14 @@ class BenchRequest:
 
 
 def load_tokenizer(name: str | None):
+    """The tokenizer of a checkpoint folder, a model id or a ``.gguf`` file (its metadata's)."""
     if name is None:
         return None
     from transformers import AutoTokenizer
 
+    path = Path(name)
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
 
 

@@ -14,7 +14,9 @@
 #   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...)
 #   "bench real_model"  python -m benchmarks.real_model (SmolLM2: answers, batch-1 step and its breakdown, offline)
 #   "bench host_path"   python -m benchmarks.host_path --device cuda (the host's part of a decode step, model stubbed)
-#   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint + python -m benchmarks.serve at several loads
+#   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint (or MODEL=path, DATASET=prompts file)
+#                     + python -m benchmarks.serve at several loads; needs wheels a bare GPU image may lack
+#                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection)
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
 #   "bench mla" | "bench cascade" | "bench head_dims"   the op library's other benchmarks
@@ -69,14 +71,22 @@ run_tests() {  # suite dir [pytest args]
     -n "$workers" --maxfail=50 --durations=15 -rfE --junitxml="$dir/junit.xml" "$@" 2>&1 | tail -n 80
 }
 
-serve_bench() {  # dir [extra client args]: a Llama-3-8B-shaped checkpoint served on the GPU, loads from the client
+serve_bench() {  # dir [extra client args]: a checkpoint served on the GPU, loads from the client
+  # MODEL=path serves that checkpoint or .gguf file (DATASET=file sends its prompts, e.g. the real-text
+  # benchmarks/prompts/chat.jsonl); otherwise a Llama-3-8B-shaped checkpoint of random weights.
   local dir=$1 port=${PORT:-8000} shape=${SHAPE:-llama3-8b} dtype=${DTYPE:-bfloat16}
   shift
   local ckpt_dir
   ckpt_dir=$(mktemp -d)
-  local base="http://127.0.0.1:$port" ckpt="$ckpt_dir/$shape-random" server_pid=
+  local base="http://127.0.0.1:$port" ckpt="$ckpt_dir/$shape-random" server_pid= data=()
   trap '[ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; rm -rf "$ckpt_dir"' RETURN
-  timeout 300 $PY -m benchmarks.random_checkpoint "$ckpt" --shape "$shape" --device cuda --dtype "$dtype" || return 1
+  if [ -n "${MODEL:-}" ]; then
+    ckpt=$MODEL
+    shape=$(basename "$MODEL")
+    data=(--tokenizer "$MODEL" ${DATASET:+--dataset "$DATASET"})
+  else
+    timeout 300 $PY -m benchmarks.random_checkpoint "$ckpt" --shape "$shape" --device cuda --dtype "$dtype" || return 1
+  fi
   $PY -m portattn.cli -v serve "$ckpt" --served-model-name "$shape-random" --device cuda --dtype "$dtype" \
     --page-size 16 --max-num-seqs 256 --max-model-len 4096 --host 127.0.0.1 --port "$port" \
     ${SERVE_ARGS:-} >"$dir/server.log" 2>&1 &
@@ -91,7 +101,7 @@ serve_bench() {  # dir [extra client args]: a Llama-3-8B-shaped checkpoint serve
     shift
     echo "== load $name: $*"
     timeout 170 $PY -m benchmarks.serve --base-url "$base" --label "cuda-$shape-$name" --token-range 2 500 \
-      --result-json "$dir/serve_$name.json" "$@"
+      --result-json "$dir/serve_$name.json" "${data[@]}" "$@"
   }
   load conc1 --num-prompts 8 --max-concurrency 1 --input-len 512 --output-len 128
   load poisson16 --num-prompts 400 --request-rate 16 --input-len 512 --output-len 128 --range-ratio 0.5

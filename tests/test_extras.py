@@ -18,8 +18,19 @@ from portattn.extras import EXTRAS, INCLUDES, missing_packages, require_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-# Everything beyond torch that some part of the project imports (the extras' packages, triton).
-OPTIONAL = ("transformers", "safetensors", "tqdm", "gguf", "fastapi", "uvicorn", "prometheus_client", "triton")
+# Everything beyond torch that some part of the project imports (the extras' packages, triton, and
+# numpy, which transformers brings and torch does not require).
+OPTIONAL = (
+    "transformers",
+    "safetensors",
+    "tqdm",
+    "gguf",
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "triton",
+    "numpy",
+)
 
 REFUSE = textwrap.dedent(
     """

@@ -143,3 +143,9 @@ def test_decodes_come_before_prompt_chunks(ckpt_root, monkeypatch):
         engine.step()
     assert a.output_token_ids == hf_reference(path, tuple(long), 4)[0]
     assert b.output_token_ids == hf_reference(path, tuple(short), 4)[0]
+
+
+def test_auto_dtype_of_a_gguf_file_is_bfloat16_on_an_accelerator(tmp_path):
+    path = str(tmp_path / "model.gguf")  # a GGUF file names no compute dtype
+    assert auto_dtype(path, torch.device("cuda")) == torch.bfloat16
+    assert auto_dtype(path, torch.device("cpu")) == torch.float32

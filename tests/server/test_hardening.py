@@ -178,15 +178,24 @@ def test_max_queue_zero_is_refused_at_start_up(model_root):
     assert exit_info.value.code == 2
 
 
-def test_cpu_threads_leave_a_core_to_the_event_loop():
+def test_cpu_threads_leave_a_core_to_the_event_loop(tmp_path, monkeypatch, capsys):
     from portattn.server.lifecycle import cpu_threads
 
     assert cpu_threads({"OMP_NUM_THREADS": "3"})[0] == 3
+    assert cpu_threads({"OMP_NUM_THREADS": "4,2"})[0] == 4  # OpenMP's nested form: the first level
+    for bad in ("0", "four", "-1"):
+        with pytest.raises(ValueError, match=f"expected OMP_NUM_THREADS to be a positive int, got '{bad}'"):
+            cpu_threads({"OMP_NUM_THREADS": bad})
     import os
 
     cores = len(os.sched_getaffinity(0))
     threads, why = cpu_threads({})
     assert threads == max(1, cores - 1) and f"{cores} cores" in why
+    from portattn.cli import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "four")
+    assert main(["serve", str(tmp_path / "no-such-checkpoint")]) == 2  # refused before anything loads
+    assert "expected OMP_NUM_THREADS to be a positive int, got 'four'" in capsys.readouterr().err
 
 
 def test_aborted_requests_are_counted(served):
@@ -230,3 +239,54 @@ def test_api_key_is_checked_before_routes_and_bodies(model_root):
             assert request(url + path, method, body, headers=key)[0] == with_key, path
         for path in ("/health", "/ping", "/version", "/metrics"):
             assert request(url + path)[0] == 200, path
+
+
+def stream_events(url: str, body: dict) -> list:
+    """A streamed completion's events up to ``[DONE]`` (included)."""
+    host = urlparse(url)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    out = []
+    try:
+        while not out or out[-1] != "[DONE]":
+            line = resp.readline()
+            assert line, f"the stream ended without [DONE] after {out[-2:]}"
+            if line.startswith(b"data: "):
+                data = line[len(b"data: ") :].strip()
+                out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    finally:
+        conn.close()
+    return out
+
+
+def test_stream_errors_end_as_openai_error_events(served, monkeypatch, caplog):
+    """A stream that fails ends with an error event and ``[DONE]``, its body as the whole response's
+    would be: the engine refusing the request is the client's error, a defect of the server is logged."""
+    url, app = served
+    engine = app.state.server.engine.engine
+    body = {"prompt": "hi", "max_tokens": 3}
+    with monkeypatch.context() as patch:
+
+        def refuse(*args, **kwargs):
+            raise ValueError("expected top_k to be -1 or at least 1, got 0")
+
+        patch.setattr(engine, "add_request", refuse)
+        status, whole, _ = request(url + "/v1/completions", "POST", body)
+        tail = stream_events(url, body)
+    assert status == 400 and tail[-1] == "[DONE]" and tail[-2] == whole, (whole, tail)
+    assert whole["error"]["param"] == "top_k" and whole["error"]["type"] == "invalid_request_error"
+
+    from portattn.server.responses import CompletionFormat
+
+    def broken(self, prompt, out):
+        raise KeyError("a defect")
+
+    with monkeypatch.context() as patch, caplog.at_level(logging.ERROR, logger="portattn"):
+        patch.setattr(CompletionFormat, "choices", broken)
+        tail = stream_events(url, {**body, "max_tokens": 50, "ignore_eos": True})
+    assert tail[-1] == "[DONE]" and tail[-2]["error"]["type"] == "server_error", tail
+    assert "KeyError" in tail[-2]["error"]["message"]
+    assert any(r.getMessage() == "request failed" for r in caplog.records)
+    assert wait_until(lambda: not engine.requests)  # the request was aborted

@@ -38,9 +38,12 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = {"accelerator": 8192, "cpu": 2048}
 def auto_dtype(model: str, device: torch.device) -> torch.dtype:
     """``dtype="auto"``: float32 on the CPU (CPUs compute half precision slowly or by emulation, and
     float32 is what transformers runs there); on an accelerator the dtype the checkpoint's config
-    names (``dtype`` / ``torch_dtype``), float32 when it names none."""
+    names (``dtype`` / ``torch_dtype``), float32 when it names none, and bfloat16 for a GGUF file
+    (its weights are quantized or 16-bit: it names no compute dtype)."""
     if device.type == "cpu":
         return torch.float32
+    if str(model).endswith(".gguf"):
+        return torch.bfloat16
     return checkpoint_dtype(model) or torch.float32
 
 

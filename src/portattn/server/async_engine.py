@@ -122,10 +122,15 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the thread after its current step, then the engine (its other tensor-parallel ranks)."""
         self._stop = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.alive:  # still in a step: the ranks stop at interpreter exit instead
+            logger.warning("the engine thread did not stop within 30 s")
+            return
+        self.engine.shutdown()
 
     @property
     def alive(self) -> bool:
@@ -147,6 +152,8 @@ class AsyncEngine:
             self._pending += 1
         self._inbox.put(("add", stream, prompts, params))
         self._wake.set()
+        if self.error is not None:  # the thread died meanwhile and may have drained its inbox already
+            stream.fail(self._failure())
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -156,6 +163,27 @@ class AsyncEngine:
     # -- engine thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as err:  # the engine is broken: fail every request and stop taking new ones
+            logger.exception("the engine failed")
+            self.error = err  # set before the inbox is drained: a later submit sees it (see submit)
+            failure = self._failure()
+            for stream in self._streams.values():
+                stream.push(failure)
+            self._streams.clear()
+            while True:  # requests submitted but not yet added would otherwise wait forever
+                try:
+                    msg = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if msg[0] == "add":
+                    msg[1].push(failure)
+
+    def _failure(self) -> RuntimeError:
+        return RuntimeError(f"the engine failed: {type(self.error).__name__}: {self.error}")
+
+    def _loop(self) -> None:
         engine = self.engine
         while not self._stop:
             self._drain()
@@ -164,16 +192,8 @@ class AsyncEngine:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            try:
-                engine.step()
-                self._emit()
-            except Exception as err:  # the engine is broken: fail every request and stop taking new ones
-                logger.exception("engine step failed")
-                self.error = err
-                for stream in self._streams.values():
-                    stream.push(RuntimeError(f"engine step failed: {err}"))
-                self._streams.clear()
-                break
+            engine.step()
+            self._emit()
             self._publish()
 
     def _drain(self) -> None:
@@ -191,6 +211,7 @@ class AsyncEngine:
                 self._abort(msg[1])
 
     def _add(self, stream: RequestStream, prompts: list[Prompt], params: SamplingParams) -> None:
+        self._streams[stream.request_id] = stream  # first: an engine failure below reaches it (_run)
         added = []
         try:
             for i, prompt in enumerate(prompts):
@@ -205,9 +226,8 @@ class AsyncEngine:
         except ValueError as err:  # the handler checked already: nothing else to blame
             for seq in added:
                 self.engine.abort(seq.request_id)
+            del self._streams[stream.request_id]
             stream.push(err)
-            return
-        self._streams[stream.request_id] = stream
 
     def _abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)

@@ -147,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
     from .lifecycle import bind_socket, cpu_threads, serve
 
     kwargs = engine_args(args)
+    threads, why = cpu_threads()  # read now: a bad OMP_NUM_THREADS fails before the model loads
     portattn_logger = logging.getLogger("portattn")
     if portattn_logger.getEffectiveLevel() > logging.INFO:  # the start-up lines and statistics, as vLLM shows
         portattn_logger.setLevel(logging.INFO)
@@ -166,7 +167,6 @@ def main(args: argparse.Namespace) -> int:
         raise
     server = app.state.server
     if server.engine.engine.config.device.type == "cpu":
-        threads, why = cpu_threads()
         torch.set_num_threads(threads)
         logger.info("CPU: intra-op threads: %d (%s)", threads, why)
     logger.info("serving %s on http://%s:%d", server.model_name, args.host, args.port)

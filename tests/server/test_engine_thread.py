@@ -1,0 +1,78 @@
+"""When the engine thread ends on an error (a failed step, a failure while adding a request), every
+request it had not answered, added or still in its inbox, gets the error instead of waiting forever,
+and the error is recorded (``portattn serve`` then exits for its supervisor to restart it)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from .conftest import StepGate, request, running_server, tiny_checkpoint, wait_until
+
+BODY = {"prompt": "Rivers run", "max_tokens": 50, "ignore_eos": True}
+
+
+def send(url: str, results: list, timeout: float = 20) -> threading.Thread:
+    """A completion request on a thread; its ``(status, payload, headers)`` lands in ``results``."""
+    thread = threading.Thread(
+        target=lambda: results.append(request(url + "/v1/completions", "POST", BODY, timeout=timeout)), daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def test_requests_in_the_inbox_get_the_error_when_the_engine_dies(model_root):
+    with running_server(tiny_checkpoint(model_root), max_num_seqs=1) as (url, app):
+        async_engine = app.state.server.engine
+        results: list = []
+        with StepGate(async_engine.engine) as gate:
+            running = send(url, results)
+            assert gate.entered.wait(timeout=20)
+            waiting = send(url, results)  # the engine thread is in its step: this one stays in the inbox
+            assert wait_until(lambda: len(app.state.server.streams) == 2)
+
+            def broken_step():
+                raise RuntimeError("the device fell over")
+
+            gate.step = broken_step
+            gate.allow(1)
+            running.join(timeout=30)
+            waiting.join(timeout=30)
+        assert not running.is_alive() and not waiting.is_alive(), "a request hangs after the engine died"
+        assert [r[0] for r in results] == [500, 500]
+        assert all("the device fell over" in r[1]["error"]["message"] for r in results)
+        assert isinstance(async_engine.error, RuntimeError) and not async_engine.alive
+        assert request(url + "/health")[0] == 503
+
+
+def test_an_unexpected_error_while_adding_a_request_ends_the_engine_visibly(model_root, monkeypatch):
+    """Not a silent death (no error recorded, the request never answered): the request gets the
+    error, ``error`` is set (``portattn serve`` then exits for its supervisor), /health says 503."""
+    with running_server(tiny_checkpoint(model_root)) as (url, app):
+        async_engine = app.state.server.engine
+
+        def broken_add(*args, **kwargs):
+            raise RuntimeError("the scheduler is broken")
+
+        monkeypatch.setattr(async_engine.engine, "add_request", broken_add)
+        status, payload, _ = request(url + "/v1/completions", "POST", BODY, timeout=20)
+        assert status == 500 and "the scheduler is broken" in payload["error"]["message"], payload
+        assert wait_until(lambda: not async_engine.alive)
+        assert isinstance(async_engine.error, RuntimeError)
+        assert request(url + "/health")[0] == 503
+
+
+def test_stopping_the_server_shuts_the_engine_down(model_root, monkeypatch):
+    """The app's shutdown stops the engine too (under tensor parallelism, its other ranks), once
+    the engine thread has stopped: not only at interpreter exit."""
+    calls = []
+    with running_server(tiny_checkpoint(model_root)) as (url, app):
+        engine = app.state.server.engine.engine
+        monkeypatch.setattr(engine, "shutdown", lambda: calls.append(app.state.server.engine.alive))
+        assert request(url + "/v1/completions", "POST", {**BODY, "max_tokens": 2})[0] == 200
+        assert calls == []
+    assert calls == [False]  # once, after the engine thread ended
