@@ -178,3 +178,19 @@ class PageManager:
             if pages and seq.pages is pages and self.allocator.ref_count(pages[0]) < refs:
                 seq.pages, seq.page_hashes, seq.num_computed = [], [], 0  # freed: finish the release
             raise
+
+    def release_all(self, seq: Sequence) -> None:
+        """:meth:`release` the pages, then free the request row; a no-op for a sequence that holds
+        neither. All or nothing per step: an exception between two lines leaves what is freed marked
+        freed, and a later call completes the rest."""
+        self.release(seq)
+        row, num_free = seq.req_pool_idx, self.req_pool.num_free
+        if row is None:
+            return
+        try:
+            self.req_pool.free(row)
+            seq.req_pool_idx = None
+        except BaseException:
+            if self.req_pool.num_free > num_free:
+                seq.req_pool_idx = None  # freed: finish the release
+            raise

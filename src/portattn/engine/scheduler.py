@@ -172,14 +172,4 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         """Give back the sequence's pages and request row; a no-op for one that holds neither."""
-        self.pages.release(seq)
-        row, num_free = seq.req_pool_idx, self.req_pool.num_free
-        if row is None:
-            return
-        try:
-            self.req_pool.free(row)
-            seq.req_pool_idx = None
-        except BaseException:
-            if self.req_pool.num_free > num_free:
-                seq.req_pool_idx = None  # freed: finish the release
-            raise
+        self.pages.release_all(seq)

@@ -145,16 +145,7 @@ class DraftModelProposer:
     def _drop(self, shadow: Sequence) -> None:
         """Give back the shadow's pages and request row, then forget it: a shadow is forgotten only once
         it holds nothing, also when an exception arrives between two lines (a later drop completes it)."""
-        self.pages.release(shadow)  # all or nothing
-        row, num_free = shadow.req_pool_idx, self.req_pool.num_free
-        if row is not None:
-            try:
-                self.req_pool.free(row)
-                shadow.req_pool_idx = None
-            except BaseException:
-                if self.req_pool.num_free > num_free:
-                    shadow.req_pool_idx = None  # freed: finish the release
-                raise
+        self.pages.release_all(shadow)
         self.shadows.pop(shadow.request_id, None)
 
     def release(self, live: set[int]) -> None:
