@@ -21,11 +21,10 @@ from pathlib import Path
 
 import torch
 
+from . import prompt_sets
+
 # The first 40 prompts of the real-text chat set (the first is "What is the capital of France?").
-PROMPTS = [
-    json.loads(line)["prompt"]
-    for line in (Path(__file__).parent / "prompts" / "chat.jsonl").read_text().splitlines()[:40]
-]
+PROMPTS = prompt_sets.read("chat")[:40]
 
 
 def convert(gguf: Path, folder: Path) -> None:
@@ -49,14 +48,7 @@ def convert(gguf: Path, folder: Path) -> None:
 
 
 def prompt_ids(tokenizer) -> list[list[int]]:
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], add_generation_prompt=True, return_dict=True
-            )["input_ids"]
-        )
-        for p in PROMPTS
-    ]
+    return prompt_sets.chat_ids(tokenizer, PROMPTS)
 
 
 @torch.inference_mode()

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = Path(__file__).parent / "prompts"
+from . import prompt_sets
+
 # The first is a near-tie in float32 ("The" over "L", by 0.08): bf16 answers it either way.
 QUESTIONS = [
     "What is the capital of France?",
@@ -37,15 +38,7 @@ QUESTIONS = [
 
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
-    rows = [json.loads(line)["prompt"] for line in (PROMPTS / "chat.jsonl").read_text().splitlines()]
-    ids = [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": r}], add_generation_prompt=True, return_dict=True
-            )["input_ids"]
-        )
-        for r in rows
-    ]
+    ids = prompt_sets.chat_ids(tokenizer, prompt_sets.read("chat"))
     return [ids[i % len(ids)] for i in range(count)]
 
 

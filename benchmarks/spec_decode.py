@@ -25,12 +25,7 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = Path(__file__).parent / "prompts"
-SETS = ("repetitive", "chat")
-
-
-def load_set(name: str) -> list[str]:
-    return [json.loads(line)["prompt"] for line in (PROMPTS / f"{name}.jsonl").read_text().splitlines() if line]
+from . import prompt_sets
 
 
 def counters(llm) -> dict[str, int]:
@@ -77,7 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--draft-tokens", type=int, default=None, help="k of the draft model (default: as n-gram)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--sets", nargs="+", default=list(prompt_sets.SETS), choices=prompt_sets.SETS)
     parser.add_argument("--prompts-per-set", type=int, default=8, help="prompts answered one by one at batch 1")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=2048)
@@ -105,7 +100,7 @@ def main(argv=None) -> int:
             spec["disable_by_batch_size"] = args.disable_by_batch_size
     params = SamplingParams(temperature=0, max_tokens=args.output_len)
     warm = SamplingParams(temperature=0, max_tokens=8)
-    prompts = {name: load_set(name) for name in args.sets}
+    prompts = {name: prompt_sets.read(name) for name in args.sets}
     result: dict = {
         "model": str(args.model),
         "draft_model": args.draft_model,

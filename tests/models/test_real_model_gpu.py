@@ -10,14 +10,13 @@ LM head output); ``benchmarks/bf16_error.py`` breaks the same measure down by pa
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks import prompt_sets
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.testing import smollm2_or_skip
@@ -27,7 +26,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-PROMPTS = Path(__file__).parents[2] / "benchmarks" / "prompts" / "chat.jsonl"
 # Questions whose answers no bf16 rounding can flip: in float32 every token up to the answer wins by
 # more than 1.2 (logit margin over the runner-up), above the bf16 error this module measures (about
 # 0.45 mean max |error|). "What is the capital of France?" is not one of them: its first token, "The"
@@ -48,15 +46,7 @@ def prompts(path) -> list[list[int]]:
 
     folder, name = os.path.split(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()[:40]]
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": t}], add_generation_prompt=True, return_dict=True
-            )["input_ids"]
-        )
-        for t in texts
-    ]
+    return prompt_sets.chat_ids(tokenizer, prompt_sets.read("chat")[:40])
 
 
 @torch.inference_mode()
