@@ -129,3 +129,18 @@ class StepGate:
     def __exit__(self, *exc):
         self.allow(None)
         self.engine.step = self.step
+
+
+@pytest.fixture(scope="module")
+def llm(model_root):
+    """The offline engine on the served model's checkpoint, to compare the server's answers with."""
+    from portattn.engine.llm import LLM
+
+    return LLM(tiny_checkpoint(model_root), **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    """The official ``openai`` client of the served model."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", timeout=60, max_retries=0)

@@ -21,20 +21,10 @@ openai = pytest.importorskip("openai")
 from portattn.engine.llm import LLM  # noqa: E402
 from portattn.engine.sampling_params import SamplingParams  # noqa: E402
 
-from .conftest import ENGINE, request, running_server, tiny_checkpoint, wait_until  # noqa: E402
+from .conftest import request, running_server, tiny_checkpoint, wait_until  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Servers stream tokens to", "At the café a", "Rivers run"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
-
-
-@pytest.fixture(scope="module")
-def llm(model_root) -> LLM:
-    return LLM(tiny_checkpoint(model_root), **ENGINE)
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def engine_idle(app) -> bool:

@@ -19,19 +19,9 @@ import portattn  # noqa: E402
 from portattn.engine.llm import LLM  # noqa: E402
 from portattn.engine.sampling_params import SamplingParams  # noqa: E402
 
-from .conftest import ENGINE, request, running_server, tiny_checkpoint  # noqa: E402
+from .conftest import request, running_server  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over"
-
-
-@pytest.fixture(scope="module")
-def llm(model_root) -> LLM:
-    return LLM(tiny_checkpoint(model_root), **ENGINE)
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def test_unknown_fields_are_accepted_and_logged_once(served, caplog):
