@@ -14,6 +14,7 @@
 #   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...)
 #   "bench real_model"  python -m benchmarks.real_model (SmolLM2: answers, batch-1 step and its breakdown, offline)
 #   "bench host_path"   python -m benchmarks.host_path --device cuda (the host's part of a decode step, model stubbed)
+#   "bench spec_decode"  python -m benchmarks.spec_decode (SmolLM2 with and without n-gram speculation, MODEL=path)
 #   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint (or MODEL=path, DATASET=prompts file)
 #                     + python -m benchmarks.serve at several loads; needs wheels a bare GPU image may lack
 #                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection)
@@ -78,16 +79,17 @@ serve_bench() {  # dir [extra client args]: a checkpoint served on the GPU, load
   shift
   local ckpt_dir
   ckpt_dir=$(mktemp -d)
-  local base="http://127.0.0.1:$port" ckpt="$ckpt_dir/$shape-random" server_pid= data=()
+  local base="http://127.0.0.1:$port" ckpt="$ckpt_dir/$shape-random" name="$shape-random" server_pid= data=()
   trap '[ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; rm -rf "$ckpt_dir"' RETURN
   if [ -n "${MODEL:-}" ]; then
     ckpt=$MODEL
     shape=$(basename "$MODEL")
-    data=(--tokenizer "$MODEL" ${DATASET:+--dataset "$DATASET"})
+    name=$shape
+    data=(--tokenizer "$MODEL" ${DATASET:+--dataset "$DATASET" --endpoint /v1/chat/completions})
   else
     timeout 300 $PY -m benchmarks.random_checkpoint "$ckpt" --shape "$shape" --device cuda --dtype "$dtype" || return 1
   fi
-  $PY -m portattn.cli -v serve "$ckpt" --served-model-name "$shape-random" --device cuda --dtype "$dtype" \
+  $PY -m portattn.cli -v serve "$ckpt" --served-model-name "$name" --device cuda --dtype "$dtype" \
     --page-size 16 --max-num-seqs 256 --max-model-len 4096 --host 127.0.0.1 --port "$port" \
     ${SERVE_ARGS:-} >"$dir/server.log" 2>&1 &
   server_pid=$!
@@ -119,10 +121,12 @@ run_bench() {  # name dir [args]
     probe) PYTHONPATH="$PYTHONPATH:tests" timeout "$LIMIT" $PY scripts/kernels_probe.py "$@" --out "$dir" ;;
     engine | tp) timeout "$LIMIT" $PY -m "benchmarks.$name" --out "$dir" "$@" ;;
     real_model) timeout "$LIMIT" $PY -m benchmarks.real_model --out "$dir/real_model.json" "$@" ;;
+    spec_decode) timeout "$LIMIT" $PY -m benchmarks.spec_decode --model "${MODEL:-$($PY -c 'from portattn.testing import smollm2_gguf; print(smollm2_gguf())')}" \
+      --device cuda --out "$dir/spec_decode.json" "$@" ;;
     host_path) timeout "$LIMIT" $PY -m benchmarks.host_path --device cuda --out "$dir/host_path.json" "$@" ;;
     vision) timeout "$LIMIT" $PY -m benchmarks.vision --device cuda --out "$dir/vision.json" "$@" ;;
     serve) serve_bench "$dir" "$@" ;;
-    *) echo "expected a benchmark in {ops, engine, real_model, host_path, serve, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
+    *) echo "expected a benchmark in {ops, engine, real_model, host_path, spec_decode, serve, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
   esac 2>&1
 }
 
