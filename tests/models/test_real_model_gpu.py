@@ -68,7 +68,7 @@ def mean_max_error(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
 def test_bf16_logits_within_the_budget_of_transformers_bf16(path, prompts):
     ref = transformers_last_logits(path, prompts, torch.float32)
     hf_error = mean_max_error(transformers_last_logits(path, prompts, torch.bfloat16), ref)
-    llm = LLM(path, device="cuda", dtype="bfloat16", max_model_len=1024)
+    llm = LLM(path, device="cuda", dtype="bfloat16", max_model_len=1024, kv_cache_memory="1GiB")
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1, return_logits=True), use_tqdm=False)
     error = mean_max_error([o.logits[0].float().cpu() for o in outs], ref)
     print(f"bf16 mean max |error|: engine {error:.3f}, transformers {hf_error:.3f} ({error / hf_error:.2f}x)")
@@ -76,7 +76,7 @@ def test_bf16_logits_within_the_budget_of_transformers_bf16(path, prompts):
 
 
 def test_bf16_answers_the_questions(path):
-    llm = LLM(path, device="cuda", dtype="bfloat16", max_model_len=1024)
+    llm = LLM(path, device="cuda", dtype="bfloat16", max_model_len=1024, kv_cache_memory="1GiB")
     greedy = SamplingParams(temperature=0, max_tokens=24)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], greedy, use_tqdm=False)
     for (question, expected), out in zip(QUESTIONS.items(), outs):
