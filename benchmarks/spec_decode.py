@@ -76,7 +76,12 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts-per-set", type=int, default=8, help="prompts answered one by one at batch 1")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--disable-by-batch-size", type=int, default=None)
+    parser.add_argument(
+        "--disable-by-batch-size",
+        type=lambda v: None if v == "none" else int(v),
+        default=...,  # the config's default
+        help="speculation pauses above this many running sequences; 'none': never (default: the config's, 8)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -96,10 +101,9 @@ def main(argv=None) -> int:
     if args.draft_model is not None:
         configs["draft"] = {"model": args.draft_model, "num_speculative_tokens": args.draft_tokens or k}
     for spec in configs.values():
-        if spec is not None and args.disable_by_batch_size is not None:
+        if spec is not None and args.disable_by_batch_size is not ...:
             spec["disable_by_batch_size"] = args.disable_by_batch_size
     params = SamplingParams(temperature=0, max_tokens=args.output_len)
-    warm = SamplingParams(temperature=0, max_tokens=8)
     prompts = {name: prompt_sets.read(name) for name in args.sets}
     result: dict = {
         "model": str(args.model),
@@ -119,11 +123,15 @@ def main(argv=None) -> int:
             speculative_config=spec,
         )
         result |= {"device": str(llm.config.device), "dtype": str(llm.config.dtype).removeprefix("torch.")}
+        if spec is not None:  # as the engine took it, defaults included
+            result["configs"][config] = llm.engine.speculator.config.as_dict()
         for name, texts in prompts.items():
             for batch_size in args.batch_sizes:
                 count = args.prompts_per_set if batch_size == 1 else batch_size
                 conversations = [[{"role": "user", "content": texts[i % len(texts)]}] for i in range(count)]
-                llm.chat(conversations[:batch_size], warm, use_tqdm=False)  # kernels compiled, graphs warm
+                # Kernels compiled and graphs warm for every length the run reaches (a longer context may
+                # take another split count of the attention kernel, compiled on first use).
+                llm.chat(conversations[:batch_size], params, use_tqdm=False)
                 out = run(llm, conversations, batch_size, params)
                 answers = out.pop("answers")
                 key = (name, batch_size)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# Speculation at every batch size (the default pauses it above 8 running sequences).
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+    "disable_by_batch_size": None,
+}
 
 
 class OracleProposer:

@@ -14,7 +14,7 @@ import pytest
 from portattn.cli import main
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.engine.spec_decode.config import SpeculativeConfig
+from portattn.engine.spec_decode.config import DEFAULT_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
 from tiny_models import checkpoint, random_prompts
 
 from .helpers import use_oracle
@@ -52,7 +52,10 @@ def test_defaults_as_vllm_sets_them():
         "num_speculative_tokens": 3,
         "prompt_lookup_max": 5,
         "prompt_lookup_min": 5,
+        "disable_by_batch_size": DEFAULT_DISABLE_BY_BATCH_SIZE,
     }
+    always = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": null}')
+    assert always.disable_by_batch_size is None and SpeculativeConfig.parse(always.as_dict()) == always
     one = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     assert (one.prompt_lookup_min, one.prompt_lookup_max) == (4, 4)
     draft = SpeculativeConfig.parse({"model": "/d", "num_speculative_tokens": 2})
@@ -77,7 +80,10 @@ def test_generate_takes_speculative_config_json(ckpt_root, capsys):
 def test_disable_by_batch_size_turns_speculation_off_and_on(ckpt_root, caplog):
     path = checkpoint("llama", ckpt_root)
     spec = {"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 2}
-    llm = LLM(path, page_size=4, num_pages=40, max_model_len=40, speculative_config=spec)
+    with caplog.at_level(logging.INFO, logger="portattn"):
+        llm = LLM(path, page_size=4, num_pages=40, max_model_len=40, speculative_config=spec)
+    assert "pauses in steps that start with more than 2 running sequences" in caplog.text
+    caplog.clear()
     prompts = random_prompts([3, 5, 7], seed=2)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (4, 14, 14)]
     llm.engine.speculator.paused = True

@@ -32,7 +32,9 @@ PROMPTS = random_prompts([4, 11, 1, 23], seed=8)
 
 def draft_llm(path: str, draft: str, **kwargs) -> LLM:
     kwargs = dict(page_size=4, num_pages=120, max_model_len=64, max_num_seqs=4) | kwargs
-    return LLM(path, speculative_config={"model": draft, "num_speculative_tokens": K}, **kwargs)
+    return LLM(
+        path, speculative_config={"model": draft, "num_speculative_tokens": K, "disable_by_batch_size": None}, **kwargs
+    )
 
 
 def test_a_draft_equal_to_the_target_accepts_every_proposal(ckpt_root):

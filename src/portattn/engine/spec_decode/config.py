@@ -12,6 +12,10 @@ from ...errors import expect, fail, is_int
 METHODS = ("ngram", "draft_model")
 # Both prompt_lookup bounds when neither is given (vLLM's defaults).
 DEFAULT_PROMPT_LOOKUP = 5
+# Speculation pauses in steps that start with more running sequences than this, unless the config
+# says otherwise: SmolLM2-135M on an H200 gained 1.1-1.3x at 8 sequences and lost 10-40% at 16
+# (benchmarks/results/spec_decode_h200/), where a step is no longer bound by streaming the weights.
+DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,8 @@ class SpeculativeConfig:
       it must have the target's vocabulary.
 
     ``disable_by_batch_size``: no speculation in a step that starts with more running sequences
-    than this (logged when it turns off and on again); ``None``: always speculate.
+    than this (logged when it turns off and on again); default ``DEFAULT_DISABLE_BY_BATCH_SIZE`` (8),
+    ``None``: always speculate.
     """
 
     num_speculative_tokens: int
@@ -38,7 +43,7 @@ class SpeculativeConfig:
     model: str | None = None
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
-    disable_by_batch_size: int | None = None
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -90,5 +95,6 @@ class SpeculativeConfig:
         return cls(**fields)
 
     def as_dict(self) -> dict:
-        """The keys that are set, as ``parse`` takes them."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """The keys that are set, as ``parse`` takes them (``disable_by_batch_size`` also when ``None``)."""
+        keep = ("disable_by_batch_size",)
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k in keep}

@@ -194,4 +194,10 @@ def build_speculator(config: SpeculativeConfig, engine, draft_model=None, *, cap
             eos_token_ids=frozenset(engine.eos_token_ids),
             capture_graphs=capture_graphs,
         )
+    if config.disable_by_batch_size is not None:
+        logger.info(
+            "speculative decoding pauses in steps that start with more than %d running sequences "
+            "(disable_by_batch_size; null speculates at every batch size)",
+            config.disable_by_batch_size,
+        )
     return Speculator(config, proposer, engine.pages, engine.max_model_len, frozenset(engine.eos_token_ids))
