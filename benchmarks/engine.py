@@ -266,8 +266,9 @@ def decode_point(llm, batch: int, context: int, steps: int, copy_tb_s: float) ->
     return row
 
 
-def count_kernels(fn) -> tuple[int, Counter]:
-    """Device kernels (and copies) that ``fn()`` runs, by torch.profiler."""
+def count_kernels(fn, times: Counter | None = None) -> tuple[int, Counter]:
+    """Device kernels (and copies) that ``fn()`` runs, by torch.profiler; their microseconds by name
+    are added to ``times`` when given."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -275,7 +276,11 @@ def count_kernels(fn) -> tuple[int, Counter]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         sync()
-    names = Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if times is not None:
+        for e in kernels:
+            times[e.name] += e.time_range.elapsed_us()
+    names = Counter(e.name for e in kernels)
     return sum(names.values()), names
 
 
@@ -354,6 +359,18 @@ def part_launches(args, results: dict) -> dict:
         replay, replay_names = count_kernels(graph.replay)
         out |= {"replay_kernels": replay, "replay_per_layer": replay / args.layers}
         out["replay_top"] = replay_names.most_common(25)
+        # Where a replay's device time goes, kernel by kernel (the buffers hold the last step's batch:
+        # batch 1 as planned above; the larger buckets rows from the decode part's steps).
+        out["replay_time_us"] = {}
+        for size in sorted({1, 64, max(args.batches)} & set(runner.graphs.batch_sizes)):
+            times: Counter = Counter()
+            count_kernels(runner.graphs.graphs[(size, 1)].replay, times)
+            out["replay_time_us"][size] = {
+                "total": sum(times.values()),
+                "top": [(name[:90], round(us, 1)) for name, us in times.most_common(14)],
+            }
+            top = ", ".join(f"{name[:40]} {us:.0f}" for name, us in times.most_common(6))
+            print(f"[launches] replay at batch {size}: {sum(times.values()):.0f} us of kernels; {top}", flush=True)
     for seq in seqs:
         engine.abort(seq.request_id)
     print(f"[launches] {out['unfused_per_layer']:.1f} -> {out['eager_per_layer']:.1f} per layer", flush=True)
