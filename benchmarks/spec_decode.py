@@ -4,11 +4,12 @@ For each prompt set (``benchmarks/prompts/repetitive.jsonl``: rewrites, summarie
 answers repeat their input; ``chat.jsonl``: free chat) and each batch size (``--batch-sizes``, 1 and
 64), the chat prompts are answered greedily (``--output-len`` tokens at most, stopping at the end of
 the answer) plainly, with n-gram speculation, and with a draft model when ``--draft-model`` is given.
-Each run reports the output tokens per second of the whole batch (wall time of ``generate``, after a
-warm-up), the acceptance rate and the mean tokens a sequence gains per verification (from
-``LLM.get_metrics()``), the speedup over the plain run of the same set and batch size, and how many
-answers equal the plain ones (in 16-bit, a verification forward of k + 1 tokens may round a near tie
-the other way; in float32 all of them do).
+The engines are built side by side and take turns: each (set, batch size) is warmed once per
+configuration, then timed in ``--repeats`` rounds of every configuration in turn. Each run reports the
+median output tokens per second of the whole batch (wall time of ``generate``), the acceptance rate
+and the mean tokens a sequence gains per verification (from ``LLM.get_metrics()``), the speedup over
+the plain run of the same set and batch size, and how many answers equal the plain ones (in 16-bit, a
+verification forward of k + 1 tokens may round a near tie the other way; in float32 all of them do).
 
 Batch 1 answers ``--prompts-per-set`` prompts one after another; batch B answers B prompts at once
 (the set repeated as needed). ``--model`` and ``--draft-model`` are checkpoint folders or GGUF files.
@@ -61,6 +62,13 @@ def run(llm, conversations: list, batch_size: int, params) -> dict:
     return out | {"answers": answers}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median tokens/s among repeats (answers dropped), with every repeat's tokens/s."""
+    ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
+    out = {k: v for k, v in ordered[len(ordered) // 2].items() if k != "answers"}
+    return out | {"tokens_per_s_repeats": [round(r["tokens_per_s"], 1) for r in runs]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="checkpoint folder or GGUF file")
@@ -82,6 +90,8 @@ def main(argv=None) -> int:
         default=...,  # the config's default
         help="speculation pauses above this many running sequences; 'none': never (default: the config's, 8)",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (the median is reported)")
+    parser.add_argument("--kv-cache-memory", default="4GiB", help="of each engine (they are built side by side)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -112,40 +122,47 @@ def main(argv=None) -> int:
         "output_len": args.output_len,
         "runs": [],
     }
-    plain_answers: dict[tuple[str, int], list] = {}
+    # Every engine is built first and the configurations take turns on each (set, batch size), so
+    # that a slower phase of the machine (clocks, the host) does not fall on one configuration.
+    llms = {}
     for config, spec in configs.items():
-        llm = LLM(
+        llms[config] = LLM(
             args.model,
             device=args.device,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             max_num_seqs=max(args.batch_sizes),
+            kv_cache_memory=args.kv_cache_memory,
             speculative_config=spec,
         )
-        result |= {"device": str(llm.config.device), "dtype": str(llm.config.dtype).removeprefix("torch.")}
         if spec is not None:  # as the engine took it, defaults included
-            result["configs"][config] = llm.engine.speculator.config.as_dict()
-        for name, texts in prompts.items():
-            for batch_size in args.batch_sizes:
-                count = args.prompts_per_set if batch_size == 1 else batch_size
-                conversations = [[{"role": "user", "content": texts[i % len(texts)]}] for i in range(count)]
-                # Kernels compiled and graphs warm for every length the run reaches (a longer context may
-                # take another split count of the attention kernel, compiled on first use).
+            result["configs"][config] = llms[config].engine.speculator.config.as_dict()
+    llm = llms["plain"]
+    result |= {"device": str(llm.config.device), "dtype": str(llm.config.dtype).removeprefix("torch.")}
+    result["repeats"] = args.repeats
+    for name, texts in prompts.items():
+        for batch_size in args.batch_sizes:
+            count = args.prompts_per_set if batch_size == 1 else batch_size
+            conversations = [[{"role": "user", "content": texts[i % len(texts)]}] for i in range(count)]
+            for llm in llms.values():
+                # Kernels compiled and graphs warm for every length the run reaches (a longer context
+                # may take another split count of the attention kernel, compiled on first use).
                 llm.chat(conversations[:batch_size], params, use_tqdm=False)
-                out = run(llm, conversations, batch_size, params)
-                answers = out.pop("answers")
-                key = (name, batch_size)
-                if config == "plain":
-                    plain_answers[key] = answers
-                else:
-                    out["same_as_plain"] = sum(a == b for a, b in zip(answers, plain_answers[key]))
+            rounds = {config: [] for config in llms}
+            for _ in range(args.repeats):
+                for config, llm in llms.items():
+                    rounds[config].append(run(llm, conversations, batch_size, params))
+            for config, runs in rounds.items():
+                out = median_run(runs)
+                if config != "plain":
+                    plain = rounds["plain"][0]["answers"]
+                    out["same_as_plain"] = sum(a == b for a, b in zip(runs[0]["answers"], plain))
                 out |= {"config": config, "set": name, "batch_size": batch_size, "prompts": count}
                 result["runs"].append(out)
+    for llm in llms.values():
         llm.shutdown()
-        del llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    del llm, llms
+    gc.collect()
     plain = {(r["set"], r["batch_size"]): r["tokens_per_s"] for r in result["runs"] if r["config"] == "plain"}
     for r in result["runs"]:
         r["speedup"] = r["tokens_per_s"] / plain[(r["set"], r["batch_size"])]
