@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,9 +87,8 @@ def sharegpt_requests(path: Path, args, rng: random.Random, tokenizer) -> list[B
             pairs.append((prompt, reply))
     if not pairs:
         raise SystemExit(f"expected ShareGPT conversations of at least two turns in {path}, got none")
-    rng.shuffle(pairs)
     out = []
-    for prompt, reply in pairs[: args.num_prompts]:
+    for prompt, reply in take(pairs, args.num_prompts, rng, path):
         output_len = args.output_len if tokenizer is None or args.fixed_output_len else len(tokenizer(reply).input_ids)
         out.append(BenchRequest(prompt, max(1, output_len)))
     return out
@@ -109,8 +109,20 @@ def prompt_file_requests(path: Path, args, rng: random.Random) -> list[BenchRequ
         records = [(line, None) for line in text.splitlines() if line.strip()]
     if not records or not all(isinstance(p, str) and p for p, _ in records):
         raise SystemExit(f"expected non-empty prompts in {path} (lines, a JSON list or JSON lines), got none")
-    rng.shuffle(records)
-    return [BenchRequest(p, n or args.output_len) for p, n in records[: args.num_prompts]]
+    return [BenchRequest(p, n or args.output_len) for p, n in take(records, args.num_prompts, rng, path)]
+
+
+def take(records: list, count: int, rng: random.Random, path: Path) -> list:
+    """``count`` records in a random order; a file with fewer is gone through again (each pass shuffled),
+    and the output says so."""
+    out = []
+    while len(out) < count:
+        block = list(records)
+        rng.shuffle(block)
+        out += block[: count - len(out)]
+    if count > len(records):
+        print(f"{path}: its {len(records)} prompts repeated to make {count} requests", file=sys.stderr)
+    return out
 
 
 def dataset_name(path: Path) -> str:

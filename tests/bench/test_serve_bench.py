@@ -87,17 +87,17 @@ def test_sharegpt_and_prompt_files_over_both_endpoints(served, model_root, tmp_p
     args += ["--tokenizer", tok_dir, "--num-prompts", "10", "--result-json", str(result)]
     assert bench.main(args) == 0
     out = json.loads(result.read_text())
-    assert out["config"]["dataset"] == "sharegpt" and out["summary"]["completed"] == 3
+    assert out["config"]["dataset"] == "sharegpt" and out["summary"]["completed"] == 10  # 3 replies, repeated
     from benchmarks.serve_datasets import load_tokenizer
 
     tok = load_tokenizer(tok_dir)
-    want = sorted(len(tok(r).input_ids) for r in replies)
-    assert sorted(r["output_len"] for r in out["requests"]) == want
+    lengths = [r["output_len"] for r in out["requests"]]  # every reply three times, one a fourth time
+    assert sorted(lengths.count(len(tok(r).input_ids)) for r in replies) == [3, 3, 4]
     assert all(r["input_len"] > 3 and len(r["itl"]) == r["output_len"] - 1 for r in out["requests"])
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p, "output_len": 3}) for p in ("A paged cache", "Hello")))
     result = tmp_path / "prompts.json"
-    args = ["--base-url", served[0], "--dataset", str(prompts), "--result-json", str(result)]
+    args = ["--base-url", served[0], "--dataset", str(prompts), "--num-prompts", "2", "--result-json", str(result)]
     assert bench.main(args) == 0
     out = check_run(result, 2, 3)
     assert out["config"]["dataset"] == "prompts"
