@@ -465,6 +465,9 @@ def part_coldstart(args, results: dict) -> dict:
     """``{"runs": {run: row}}``, one fresh process per run of ``--cold-runs`` (a dtype, ``-lazy``:
     decode graphs captured when first used)."""
     path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    _BUILT.clear()  # the other parts' engine would hold the memory a fresh process sizes its cache from
+    gc.collect()
+    torch.cuda.empty_cache()
     runs = {}
     for run in args.cold_runs:
         dtype, _, lazy = run.partition("-")
