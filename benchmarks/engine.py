@@ -7,8 +7,9 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
 * ``copy``: device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate;
 * ``decode``: a Llama-3-8B-shaped model (``--layers``, 32) decoding batches of 1, 8, 32, 64, 128
   sequences at ``--context`` (1024) tokens, captured graphs and eager: wall time per engine step,
-  the graph replay alone (the GPU's busy time), host planning time, the same batch sampling (top-k,
-  top-p) with the draw graph alone, against the streaming limit ``(weights read per step + KV read) /
+  the graph replay alone (the GPU's busy time, the step's plan included), host planning time (with
+  graphs: the inputs written and copied), the same batch sampling (top-k, top-p) with the draw graph
+  alone, against the streaming limit ``(weights read per step + KV read) /
   bandwidth`` at the measured copy bandwidth and at the specified 4.8 TB/s;
 * ``launches``: kernels per layer of one eager decode step and of one replay (torch.profiler);
 * ``throughput``: offline generation of 512 requests of 1024 prompt + 256 output tokens;
@@ -660,7 +661,8 @@ def notes(results: dict) -> str:
                 f"| {fmt(r.get('eager_step_ms'))} | {fmt(r.get('eager_vs_limit'))} "
                 f"| {fmt(r.get('graphs_plan_us'), '.0f')} / {fmt(r.get('eager_plan_us'), '.0f')} |"
             )
-        lines.append("\nReplay: the decode graph (model, LM head, argmax); host: step - replay; sampled: the same "
+        lines.append("\nReplay: the decode graph (the step's plan, model, LM head, argmax); plan (graphs): the host "
+                     "writing the step's inputs and copying them; host: step - replay; sampled: the same "
                      "batch at temperature 0.8, top-k 50, top-p 0.95, with the draw graph (timed alone) after the "
                      "replay.")  # fmt: skip
         if "tokens_agreeing" in part:

@@ -75,6 +75,31 @@ def test_static_decode_equals_eager(family, page_size, ckpt_root):
     assert set(graphs.padded) == {3}  # 3 decodes ran padded to 4
 
 
+def test_the_host_copies_the_inputs_and_the_replay_plans(ckpt_root):
+    """A captured step's host part is the pinned inputs and one copy to the device; the plan (page
+    table, key lengths, new-token slots) is the start of what the graph records, so the host launches
+    none of its kernels."""
+    llm = static_llm(checkpoint("llama", ckpt_root), page_size=4, num_pages=100, max_model_len=64, max_num_seqs=4)
+    engine, graphs = llm.engine, llm.engine.runner.graphs
+    for prompt in PROMPTS[1:4]:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    while engine.scheduler.waiting or any(s.num_computed < s.num_prompt_tokens for s in engine.scheduler.running):
+        engine.step()
+    scheduled = [(seq, 1) for seq in engine.scheduler.running]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        shape = graphs.write_step(scheduled)
+    assert [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None] == ["aten::copy_"]
+    graphs.buffers.seq_lens_k.zero_()
+    graphs.buffers.page_table.fill_(-1)
+    graphs._run_model(shape, len(scheduled))
+    for row, (seq, _) in enumerate(scheduled):
+        assert int(graphs.buffers.seq_lens_k[row]) == seq.num_computed + 1
+        pages = engine.req_pool.req_to_token[seq.req_pool_idx, : seq.num_computed + 1 : 4] // 4
+        assert graphs.buffers.page_table[row, : len(pages)].tolist() == pages.tolist()
+    for seq, _ in scheduled:
+        engine.abort(seq.request_id)
+
+
 def test_static_decode_after_preemption_and_with_prefix_caching(ckpt_root):
     path = checkpoint("llama4", ckpt_root)
     # 12 pages of 8 tokens cannot hold six growing sequences: the newest are preempted and recomputed.

@@ -367,8 +367,10 @@ class AttentionBackend:
     # A backend with ``supports_graphs`` plans uniform steps (``B`` sequences of ``uniform_q_len`` new
     # tokens each: decodes, or speculative verification) into static buffers: ``init_graph_buffers``
     # once, ``graph_metadata`` once per captured ``(batch_size, uniform_q_len)`` (its Python values are
-    # then fixed for every replay), ``plan_into`` before each replay (writes the step's lengths and
-    # tables into the buffers). Its op methods must then read per-step facts from the device only.
+    # then fixed for every replay), ``plan_into`` for each step (writes the step's lengths and tables
+    # into the buffers; the engine records it in the step's graph, so it must be capturable: device work
+    # of shapes fixed by the batch size and q). Its op methods must then read per-step facts from the
+    # device only.
 
     def init_graph_buffers(
         self,
@@ -409,7 +411,7 @@ class AttentionBackend:
         ``req_to_token [max_reqs, max_context]`` int32 token-granular (``max_context = max_pages *
         P``); ``req_pool_indices [B]`` int64 rows of it; ``seq_lens_k [B]`` int32 keys per sequence,
         its ``q = uniform_q_len`` new tokens (at positions ``seq_lens_k - q .. seq_lens_k - 1``)
-        included. Device work only: no host sync.
+        included. Device work only, capturable in a graph (no host sync; shapes fixed by ``B`` and ``q``).
         """
         self._require_graphs()
         batch, q = req_pool_indices.shape[0], uniform_q_len

@@ -11,7 +11,8 @@ reads lives in static buffers at fixed addresses:
   rows and key counts (one per sequence), and the per-row parameters of an in-graph draw
   (``graph_sampling.DRAW_ROWS``), filled from one pinned host buffer by one copy per step;
 * the backend's :class:`~portattn.backends.base.GraphBuffers` (page table at full width, key
-  lengths, new-token slots, and what else its op methods read), written by ``backend.plan_into``;
+  lengths, new-token slots, and what else its op methods read), written by ``backend.plan_into``
+  from the inputs as the first part of the captured step (the host launches no plan kernels);
 * what the KV cache kind plans beyond the backend (``kv_pool.graph_plan``: for a latent cache,
   one absorbed row per new token and a split-KV workspace sized for the largest shape), over the
   same buffers.
@@ -172,9 +173,26 @@ class DecodeGraphs:
         cache_plan = None if self.cache_plan is None else self.cache_plan.plan(batch_size, q)
         return ForwardContext(self.backend, metadata, self.kv_pool, cache_plan)
 
+    def _plan(self, shape: tuple[int, int]) -> None:
+        """The step's plan from the static inputs: the backend's buffers (page table, lengths, new-token
+        slots) and the cache kind's. Device work only, recorded at the start of the shape's graph, so a
+        replay plans itself and the host launches one graph instead of the plan's dozens of kernels."""
+        batch_size, q = shape
+        self.backend.plan_into(
+            self.buffers,
+            self.req_pool.req_to_token,
+            self.seq_inputs[ROWS, :batch_size],
+            self.seq_inputs[KEY_COUNTS, :batch_size].int(),
+            uniform_q_len=q,
+        )
+        if self.cache_plan is not None:
+            self.cache_plan.plan_into(batch_size, q)
+
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
-        """What a shape's graph records: the model over the static inputs ``[B * q, H]``; for a decode
-        shape also the LM head into the static logits and their argmax into the static ids."""
+        """What a shape's graph records: the step's plan (:meth:`_plan`), the model over the static inputs
+        ``[B * q, H]``; for a decode shape also the LM head into the static logits and their argmax into
+        the static ids."""
+        self._plan(shape)
         batch_size, q = shape
         tokens = batch_size * q
         ids = self.token_inputs[IDS, :tokens]
@@ -269,8 +287,8 @@ class DecodeGraphs:
         return [int(data.positions[0, i]) if i < prompt else i + data.position_delta for i in range(start, start + q)]
 
     def write_step(self, scheduled: list[tuple[Sequence, int]]) -> tuple[int, int]:
-        """Fill the static inputs and the plans' buffers for ``scheduled`` (:meth:`can_run`); returns
-        the shape ``(batch_size, uniform_q_len)`` it runs as."""
+        """Fill the static inputs for ``scheduled`` (:meth:`can_run`); returns the shape ``(batch_size,
+        uniform_q_len)`` it runs as, whose replay plans and runs the step."""
         q = uniform_q_len(scheduled)
         batch_size = self.bucket(len(scheduled))
         self._write(scheduled, batch_size, q)
@@ -280,8 +298,8 @@ class DecodeGraphs:
         self, scheduled: list[tuple[Sequence, int]], batch_size: int, q: int, sampling: bool = False
     ) -> Filters | None:
         """The step's inputs (and with ``sampling`` the draw's parameters of its rows: returns their
-        filters, None when every row is greedy) into the pinned buffer, one copy to the device, then
-        the plans."""
+        filters, None when every row is greedy) into the pinned buffer, and one copy to the device (the
+        plan is part of the replay: :meth:`_plan`)."""
         num_seqs = len(scheduled)
         tokens, padded_tokens = num_seqs * q, batch_size * q
         if self.copied is not None:
@@ -312,15 +330,6 @@ class DecodeGraphs:
         self.inputs.copy_(self.host, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
-        self.backend.plan_into(
-            self.buffers,
-            self.req_pool.req_to_token,
-            self.seq_inputs[ROWS, :batch_size],
-            self.seq_inputs[KEY_COUNTS, :batch_size].int(),
-            uniform_q_len=q,
-        )
-        if self.cache_plan is not None:
-            self.cache_plan.plan_into(batch_size, q)
         return filters
 
     def _run_model(self, shape: tuple[int, int], num_seqs: int) -> torch.Tensor:
