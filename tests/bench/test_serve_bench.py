@@ -137,7 +137,10 @@ def test_the_project_prompt_set_is_a_dataset():
 
     path = Path(bench.__file__).parent / "prompts" / "chat.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    args = Namespace(dataset_path=str(path), dataset_name=None, num_prompts=1000, output_len=32)
+    args = Namespace(dataset_path=str(path), dataset_name=None, num_prompts=2 * len(lines), output_len=32)
     name, requests = load_requests(args, random.Random(0), None, text=True)
-    assert name == "prompts" and sorted(r.prompt for r in requests) == sorted(x["prompt"] for x in lines)
+    # More requests than prompts: the file twice over, each pass in its own order.
+    prompts = sorted(x["prompt"] for x in lines)
+    assert name == "prompts" and sorted(r.prompt for r in requests) == sorted(prompts * 2)
+    assert sorted(r.prompt for r in requests[: len(lines)]) == prompts
     assert {r.output_len for r in requests} == {32}
