@@ -13,10 +13,13 @@ Keys are addressed by logical index ``j``: paged (``PAGED``) through
 contiguous (varlen) at ``kv_start[b] + j``. A head dim that is not a power of two is covered by up
 to three column tiles of decreasing powers of two, each at least 16 wide (80 = 64 + 16, 224 = 128 +
 64 + 32, 72 = 64 + 16 with 8 masked columns), instead of one tile padded to the next power of two:
-the dot products then do little or no work on padding columns. The same holds for the value dim. Grid: ``(q blocks, KV heads, NUM_SPLITS)``, the q blocks taken
-last first (a causal sequence's last block sees the most keys: it starts first, not last). With
-``NUM_SPLITS > 1`` each program covers one share of the block's visible tiles and writes its
-normalised partial output and base-2 log-sum-exp; ``merge.py`` combines them (and adds sinks).
+the dot products then do little or no work on padding columns. The same holds for the value dim.
+Grid: ``(q blocks, KV heads, splits)``, the q blocks taken last first (a causal sequence's last block
+sees the most keys: it starts first, not last). With ``SPLIT`` (more than one split) each program
+covers one share of the block's visible tiles and writes its normalised partial output and base-2
+log-sum-exp; ``merge.py`` combines them (and adds sinks). The split count is the grid's, not a
+compile-time constant: one compiled kernel serves every count (a captured decode step of each batch
+size may choose another).
 With ``HAS_LSE`` the natural-log LSE of each row is written too (by the merge when split).
 ALiBi (``HAS_ALIBI``) adds ``-slope * |p - j|`` to the scaled, softcapped scores.
 
@@ -398,7 +401,7 @@ def attention_fwd_kernel(
     full_end = tl.minimum(tl.maximum(tl.maximum(first_hi + 1 - tile_base, 0) // BLOCK_N, full_begin), num_tiles)
 
     # This split's share of the tiles.
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(num_tiles, tl.num_programs(2))
     split_begin = tl.minimum(split * tiles_per_split, num_tiles)
     split_end = tl.minimum(split_begin + tiles_per_split, num_tiles)
 
@@ -471,7 +474,7 @@ def attention_fwd_kernel(
             DOT_PRECISION=DOT_PRECISION,
         )
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         if HAS_SINKS:
             sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
             m_new = tl.maximum(m_i, sink)

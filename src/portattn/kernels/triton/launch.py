@@ -355,7 +355,7 @@ def attention_forward(
             PARTIAL_DV=partial_dv, PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal,
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
-            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, NUM_SPLITS=num_kv_splits,
+            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
             DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
@@ -364,8 +364,8 @@ def attention_forward(
     if num_kv_splits > 1:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
-            num_q_heads, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
-            NUM_SPLITS=num_kv_splits, SPLITS_PAD=next_pow2(num_kv_splits), BLOCK_DV=partial_dv,
+            num_q_heads, num_kv_splits, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
+            SPLITS_PAD=next_pow2(num_kv_splits), BLOCK_DV=partial_dv,
             VALUE_DIM=value_dim, HAS_SINKS=sinks is not None, HAS_LSE=lse is not None,
         )  # fmt: skip
     return out

@@ -23,11 +23,11 @@ def merge_splits_kernel(
     Out,
     Lse,
     num_heads,
+    num_splits,
     stride_ot,
     stride_oh,
     stride_lt,
     stride_lh,
-    NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     VALUE_DIM: tl.constexpr,
@@ -38,8 +38,8 @@ def merge_splits_kernel(
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row = (token * num_heads + head) * NUM_SPLITS
-    split_ok = offs_s < NUM_SPLITS
+    row = (token * num_heads + head) * num_splits
+    split_ok = offs_s < num_splits
 
     lse = tl.load(PartialLse + row + offs_s, mask=split_ok, other=float("-inf"))  # [SPLITS_PAD]
     m = tl.max(lse, 0)
