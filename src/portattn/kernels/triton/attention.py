@@ -294,7 +294,7 @@ def attention_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     HAS_LSE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ROW_ALIGN: tl.constexpr,
     F16_DOTS: tl.constexpr,
