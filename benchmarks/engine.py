@@ -388,6 +388,7 @@ def part_throughput(args, results: dict) -> dict:
         max_model_len=args.prompt_len + args.output_len + 16,
         kv_cache_memory=args.kv_gib << 30,
         chunked_prefill_size=args.chunked_prefill,
+        async_scheduling=args.async_scheduling,
     )
     prompts = random_prompts(args.requests, args.prompt_len, llm.engine.vocab_size, seed=1)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -420,6 +421,7 @@ def part_throughput(args, results: dict) -> dict:
         "steps": steps[0],
         "replayed_steps": (graphs.replays - replays0) if graphs is not None else 0,
         "preemptions": llm.engine.scheduler.num_preemptions,
+        "async_scheduling": args.async_scheduling,
     }
     print(f"[throughput] {json.dumps(out)}", flush=True)
     return out
@@ -681,7 +683,8 @@ def notes(results: dict) -> str:
         lines += ["## Offline throughput", "", f"portattn: {tp['requests']} requests of {tp['prompt_len']} + "
                   f"{tp['output_len']} tokens in {tp['seconds']:.1f} s: {tp['output_tokens_per_s']:.0f} output "
                   f"tokens/s ({tp['total_tokens_per_s']:.0f} tokens/s with the prompts); {tp['replayed_steps']} of "
-                  f"{tp['steps']} steps replayed graphs; {tp['preemptions']} preemptions."]  # fmt: skip
+                  f"{tp['steps']} steps replayed graphs; {tp['preemptions']} preemptions"
+                  f"{'; async scheduling' if tp.get('async_scheduling') else ''}."]  # fmt: skip
         for name, part in (("transformers eager", hf), ("transformers static cache + compile", hfc)):
             if not part:
                 continue
@@ -768,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--chunked-prefill", type=int, default=16384)
+    parser.add_argument(
+        "--async-scheduling", action="store_true", help="the throughput part's engine launches decode steps ahead"
+    )
     parser.add_argument("--hf-requests", type=int, default=128, help="requests timed through transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--cold-runs", nargs="+", default=["bfloat16", "bfloat16-lazy", "float32"],

@@ -49,9 +49,31 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
     result = {"model": "/x/SmolLM2.gguf", "dtype": "bfloat16", "breakdown": gpu,
               "batch1": {"tok_per_s": 700.0, "step_ms": 1.43, "weights_floor_ms": 0.063, "copy_tb_s": 4.2,
                          "x_floor": 22.7}}  # fmt: skip
+    result["async"] = {"batch1": {"tok_per_s": 900.0, "step_ms": 1.11}, "offline": {"total_tok_per_s": 50_000.0},
+                       "same_tokens": True, "steps_ahead": 300}  # fmt: skip
     text = real_model.breakdown_notes(result)
+    assert "Async scheduling: batch 1 900 tokens/s (1.110 ms a step), offline 50,000 total tokens/s; " in text
+    assert "offline tokens equal the synchronous run's; 300 steps launched ahead" in text
     assert "Batch 1: 700 tokens/s (1.430 ms a step" in text
     assert "Device: the decode graph 100 us (361 kernels), of which the LM head and argmax about 10 us" in text
     assert "| greedy |" in text and "| 50 |" in text
     real_model.plot_breakdown(tmp_path / "b.png", gpu)
     assert (tmp_path / "b.png").stat().st_size > 5_000
+
+
+def test_the_real_model_speed_with_and_without_async_scheduling(tmp_path):
+    from portattn.engine.run_ahead import RunAhead
+
+    path = save_tiny_chat_checkpoint(tmp_path / "chat", vocab_size=384)
+    runs = []
+    for ahead in (False, True):
+        llm = LLM(path, dtype="float32", max_num_seqs=4, max_model_len=320, num_pages=90, enforce_eager=True)
+        llm.engine.runner.enable_graphs(batch_size_buckets(4), capture=False, feed=ahead).capture_all()
+        if ahead:
+            llm.engine.run_ahead = RunAhead(llm.engine)
+        runs.append(real_model.speed(llm, [[5, 6, 7]], [[8, 9], [10, 11, 12], [13] * 5], output_len=6))
+        assert not ahead or llm.engine.run_ahead.steps_ahead > 0
+    (b1, off, ids), (fast_b1, fast_off, fast_ids) = runs
+    assert fast_ids == ids and [len(t) for t in ids] == [6, 6, 6]
+    assert off["output_tokens"] == fast_off["output_tokens"] == 18 and off["input_tokens"] == 10
+    assert b1["step_ms"] == pytest.approx(1e3 / b1["tok_per_s"]) and fast_b1["tok_per_s"] > 0

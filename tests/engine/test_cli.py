@@ -90,8 +90,11 @@ def test_every_engine_config_field_is_a_flag_and_an_llm_keyword(tmp_path, monkey
     values = {f.name: _other_value(EngineConfig, f) for f in fields} | {"model": str(tmp_path)}
     values["gpu_memory_utilization"] = 0.5  # in (0, 1]
     values["speculative_config"] = '{"method": "ngram", "num_speculative_tokens": 2}'  # a JSON object
+    values["async_scheduling"] = False  # it refuses speculative decoding (given above); its flag below
     given = arguments.given(_parse(_argv(EngineConfig, values)), EngineConfig)
     assert given == values  # each flag, parsed to its field's type
+    flag = _parse(["--model", str(tmp_path), "--prompt-ids", "1", "--async-scheduling"])
+    assert arguments.given(flag, EngineConfig) == {"model": str(tmp_path), "async_scheduling": True}
     assert all(f.metadata.get("help") for f in fields)
 
     monkeypatch.setattr(portattn.engine.llm, "build_engine", lambda config: type("Stub", (), {"tokenizer": None})())

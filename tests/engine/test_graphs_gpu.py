@@ -159,3 +159,21 @@ def test_graphs_sample_as_eager(family, ckpt_root):
     assert got == [o.token_ids for o in eager.generate(PROMPTS, params, use_tqdm=False)]
     runner = graphs.engine.runner.graphs
     assert runner.sampled > 0 and runner.draw_graphs and runner.padded
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["at_start", "lazy"])
+def test_async_scheduling_replays_as_synchronous(lazy, ckpt_root):
+    """Decode steps launched before the previous step's ids are read (their input ids gathered inside
+    the graph): greedy and seeded tokens equal the synchronous engine's (float32), graphs captured at
+    start or lazily (a step that records its graph reads its ids from the host)."""
+    from .test_graph_sampling import MIXED
+
+    path = checkpoint("qwen3", ckpt_root)
+    kwargs = dict(device=ENGINE_DEVICE, dtype="float32", page_size=16, num_pages=80, max_model_len=256, max_num_seqs=8)
+    fast = LLM(path, async_scheduling=True, lazy_graph_capture=lazy, **kwargs)
+    plain = LLM(path, **kwargs)
+    assert fast.engine.run_ahead is not None
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, **k) for n, k in zip(MAX_TOKENS, [*MIXED, MIXED[5]])]
+    got = [o.token_ids for o in fast.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == [o.token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)]
+    assert fast.engine.run_ahead.steps_ahead > 0

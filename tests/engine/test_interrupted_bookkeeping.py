@@ -18,7 +18,8 @@ import pytest
 from portattn import paging
 from portattn.engine import engine as engine_module
 from portattn.engine import llm as llm_module
-from portattn.engine import page_manager, req_pool, scheduler
+from portattn.engine import page_manager, req_pool, run_ahead, scheduler
+from portattn.engine.graphs import batch_size_buckets
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from tiny_models import checkpoint, random_prompts
@@ -30,8 +31,9 @@ FILES = {
     page_manager.__file__: None,
     scheduler.__file__: None,
     req_pool.__file__: {"alloc", "free", "write_pages"},
-    engine_module.__file__: {"add_request", "abort", "step", "has_unfinished", "_finish_reason"},
+    engine_module.__file__: {"add_request", "abort", "step", "run_step", "finish", "has_unfinished", "finish_reason"},
     llm_module.__file__: {"generate", "_run", "_add"},
+    run_ahead.__file__: None,  # async scheduling (make_llm(ahead=True))
 }
 
 BASE = random_prompts([9], seed=11)[0]
@@ -90,10 +92,11 @@ def assert_pools_consistent(engine) -> None:
         assert len(seq.pages) * rows.page_size >= seq.num_computed
 
 
-def make_llm(ckpt_root) -> LLM:
+def make_llm(ckpt_root, ahead: bool = False) -> LLM:
+    """``ahead``: with async scheduling, over the captured-step buffers run eagerly."""
     # 9 pages of 4 tokens hold two of the requests: admissions wait, decodes preempt, and the
     # prefix cache is evicted from.
-    return LLM(
+    llm = LLM(
         checkpoint("llama", ckpt_root),
         page_size=4,
         num_pages=9,
@@ -101,7 +104,12 @@ def make_llm(ckpt_root) -> LLM:
         max_num_seqs=3,
         chunked_prefill_size=8,
         enable_prefix_caching=True,
+        enforce_eager=ahead,
     )
+    if ahead:
+        llm.engine.runner.enable_graphs(batch_size_buckets(3), capture=False, feed=True).capture_all()
+        llm.engine.run_ahead = run_ahead.RunAhead(llm.engine)
+    return llm
 
 
 def generate(llm: LLM, cold: bool = False) -> list[list[int]]:
@@ -112,10 +120,16 @@ def generate(llm: LLM, cold: bool = False) -> list[list[int]]:
     return [out.token_ids for out in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("module", [paging, page_manager, scheduler, req_pool, engine_module, llm_module])
-def test_an_interrupt_at_any_line_of_generate_leaves_the_pools_exact(module, ckpt_root):
-    llm = make_llm(ckpt_root)
+@pytest.mark.parametrize(
+    "module,ahead",
+    [(m, False) for m in (paging, page_manager, scheduler, req_pool, engine_module, llm_module)] + [(run_ahead, True)],
+    ids=lambda v: v.__name__.rsplit(".", 1)[-1] if hasattr(v, "__name__") else ("ahead" if v else "sync"),
+)
+def test_an_interrupt_at_any_line_of_generate_leaves_the_pools_exact(module, ahead, ckpt_root):
+    llm = make_llm(ckpt_root, ahead)
     want = generate(llm)
+    if ahead:
+        assert want == generate(make_llm(ckpt_root)) and llm.engine.run_ahead.steps_ahead > 0
     assert generate(llm) == want  # served partly from the prefix cache: the same tokens
     tracer = LineTrace()
     cached, preempted = llm.engine.pages.num_cached_tokens, llm.engine.scheduler.num_preemptions

@@ -140,6 +140,14 @@ class EngineConfig:
             "lazily, start-up is shorter and the first step of each size pays its capture)"
         ),
     )
+    async_scheduling: bool = field(
+        default=False,
+        metadata=doc(
+            "launch the next decode step before reading this one's tokens, where every running sequence decodes "
+            "and samples in its captured graph (the host's work then overlaps the device's; outputs arrive one "
+            "step later). One process, no speculative decoding"
+        ),
+    )
     tensor_parallel_size: int = field(
         default=1, metadata=doc("devices the model is sharded over, one process each (device names the first)")
     )
@@ -212,7 +220,8 @@ class EngineConfig:
         for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        for name in ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture"):
+        flags = ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture")
+        for name in (*flags, "async_scheduling"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected {option(name)} to be a bool, got {getattr(self, name)!r}")
         utilization = self.gpu_memory_utilization
@@ -229,6 +238,12 @@ class EngineConfig:
             if spec.model is not None:  # a draft given as a model id: its snapshot in the local cache
                 spec = dataclasses.replace(spec, model=resolve_checkpoint(spec.model))
             object.__setattr__(self, "speculative_config", spec)
+        if self.async_scheduling and (self.speculative_config is not None or self.tensor_parallel_size > 1):
+            got = "speculative_config" if self.speculative_config is not None else "tensor_parallel_size"
+            raise ValueError(
+                f"expected {option('async_scheduling')} in one process without speculative decoding, got {got} "
+                f"{getattr(self, got) if got == 'tensor_parallel_size' else 'set'}"
+            )
         for name in ("attention_backend", "mm_attention_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"expected {name} to be a backend name or 'auto', got {getattr(self, name)!r}")

@@ -24,6 +24,7 @@ from .model_runner import ModelRunner
 from .model_setup import model_kv_pool, select_attention_backend
 from .page_manager import PageManager
 from .req_pool import ReqToTokenPool
+from .run_ahead import RunAhead
 from .sampler import bad_word_token_ids, sample_key
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -151,9 +152,22 @@ class Engine:
         reason = self._eager_reason()
         if reason is None:
             self.runner.enable_graphs(
-                batch_size_buckets(config.max_num_seqs), capture=True, lazy=config.lazy_graph_capture
+                batch_size_buckets(config.max_num_seqs),
+                capture=True,
+                lazy=config.lazy_graph_capture,
+                feed=config.async_scheduling,
             )
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
+        # async_scheduling: decode steps launched before the previous one's tokens are read (run_ahead.py)
+        self.run_ahead = None
+        if config.async_scheduling:
+            if self.runner.graphs is not None:
+                self.run_ahead = RunAhead(self)
+                logger.info(
+                    "engine: async scheduling: decode steps launched before the previous step's tokens are read"
+                )
+            else:
+                logger.info("engine: async scheduling off: it needs captured decode steps (%s)", reason)
         self.speculator = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
         if speculative is not None and tp.rank == 0:
             self.speculator = build_speculator(speculative, self, draft, capture_graphs=reason is None)
@@ -323,18 +337,26 @@ class Engine:
 
     def step(self) -> list[Sequence]:
         """One forward; returns the sequences that finished in it (none, and no forward, when no
-        request is unfinished).
+        request is unfinished). With ``async_scheduling``, the sequences that finished with the tokens
+        it read, which a step launched by the previous call sampled (``run_ahead.py``).
 
         If the forward or its updates raise (an interrupt, ``MemoryError``), the step's unfinished
         sequences are aborted before the exception propagates: their half-applied step cannot be
         resumed, and their pages and request rows go back to the pools.
         """
+        if self.run_ahead is not None:
+            return self.run_ahead.step()
         speculator = self.speculator
         if speculator is not None:
             speculator.before_schedule(self.scheduler)
         scheduled = self.scheduler.schedule()
         if not scheduled:  # nothing unfinished (a pool that cannot run what is has raised)
             return []
+        return self.run_step(scheduled)
+
+    def run_step(self, scheduled: list[tuple[Sequence, int]]) -> list[Sequence]:
+        """:meth:`step` from its schedule: the forward, the sampled tokens appended, the stops."""
+        speculator = self.speculator
         try:
             if speculator is not None:
                 scheduled = speculator.propose(scheduled, self.scheduler.running)
@@ -364,16 +386,13 @@ class Engine:
                     self.num_generated_tokens += 1
                     if logprobs is not None:
                         seq.logprobs.append(logprobs[i])
-                    reason = self._finish_reason(seq, token)
+                    reason = self.finish_reason(seq, token)
                     if reason is not None:
                         break  # what follows a stop is dropped, as plain decoding never makes it
                 if verified:
                     speculator.settle(seq)
                 if reason is not None:
-                    if seq.detokenizer is not None:
-                        seq.detokenizer.flush()
-                    self.scheduler.finish(seq, reason)
-                    self.requests.pop(seq.request_id, None)
+                    self.finish(seq, reason)
                     finished.append(seq)
             if speculator is not None and finished:
                 speculator.release(self.scheduler.running)
@@ -388,6 +407,13 @@ class Engine:
             raise
         return finished
 
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """``seq`` stopped after its last token for ``reason``: its text flushed, its pages released."""
+        if seq.detokenizer is not None:
+            seq.detokenizer.flush()
+        self.scheduler.finish(seq, reason)
+        self.requests.pop(seq.request_id, None)
+
     def call(self, fn, *args):
         """``fn(self, *args)``, on every rank under tensor parallelism (``fn`` a module-level function
         whose collectives every rank makes); returns this rank's result."""
@@ -400,7 +426,7 @@ class Engine:
         if self.parallel is not None:
             self.parallel.shutdown()
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+    def finish_reason(self, seq: Sequence, token: int) -> str | None:
         """Why ``seq`` stops after ``token`` (None: it goes on); updates its text and ``stop_reason``."""
         params, detok = seq.params, seq.detokenizer
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):

@@ -73,10 +73,12 @@ _PAD_INTS = np.array([0, 0, TOP_K_ALL, 1], np.int64)[:, None]  # KEYS, STEPS, TO
 _PAD_FLOATS = np.array([1.0, 1.0, 0.0], np.float32)[:, None]  # TEMPERATURE, TOP_P, MIN_P
 
 
-def write_draw_rows(host: np.ndarray, seqs: list[Sequence], batch_size: int) -> Filters | None:
+def write_draw_rows(host: np.ndarray, seqs: list[Sequence], batch_size: int, ahead: int = 0) -> Filters | None:
     """Write the draw's parameters of ``seqs`` (rows ``0 .. n-1``) and of padding rows (greedy,
     neutral) up to ``batch_size`` into ``host [len(DRAW_ROWS), B_max]``; returns the step's
-    :class:`Filters`, or ``None`` (nothing written) when every row is greedy: the argmax is the token."""
+    :class:`Filters`, or ``None`` (nothing written) when every row is greedy: the argmax is the token.
+    ``ahead``: output tokens each sequence has beyond its ``token_ids`` (sampled by a step whose ids the
+    host has not read yet: ``async_scheduling``), which count in the draw's step number."""
     params = [seq.params for seq in seqs]
     if all(p.temperature == 0 for p in params):
         return None
@@ -85,7 +87,7 @@ def write_draw_rows(host: np.ndarray, seqs: list[Sequence], batch_size: int) -> 
     greedy = values[0] == 0
     ints = host[:TEMPERATURE]  # [4, B_max]
     ints[KEYS, :n] = np.fromiter((seq.sample_key for seq in seqs), np.int64, n)
-    ints[STEPS, :n] = np.fromiter((seq.num_output_tokens for seq in seqs), np.int64, n)
+    ints[STEPS, :n] = np.fromiter((seq.num_output_tokens + ahead for seq in seqs), np.int64, n)
     ints[TOP_K, :n] = np.where(values[1] > 0, values[1], TOP_K_ALL)
     ints[GREEDY, :n] = greedy
     ints[:, n:batch_size] = _PAD_INTS

@@ -55,9 +55,11 @@ from .sequence import Sequence
 
 logger = logging.getLogger("portattn")
 
-# Rows of the static inputs: per token (IDS, POSITIONS); per sequence (ROWS, KEY_COUNTS, then the draw's).
+# Rows of the static inputs: per token (IDS, POSITIONS); per sequence (ROWS, KEY_COUNTS, FEED, then the
+# draw's). FEED: the row of the previous decode step whose sampled id is this sequence's input (-1: the
+# host's id), for steps launched before the host read the previous step's ids (``async_scheduling``).
 IDS, POSITIONS = range(2)
-ROWS, KEY_COUNTS, DRAW = 0, 1, 2
+ROWS, KEY_COUNTS, FEED, DRAW = 0, 1, 2, 3
 
 
 def uniform_q_len(scheduled: list[tuple[Sequence, int]]) -> int | None:
@@ -101,6 +103,7 @@ class DecodeGraphs:
         scratch_page: int,
         capture: bool,
         lazy: bool = False,
+        feed: bool = False,
     ):
         if not backend.supports_graphs:
             raise ValueError(f"expected a backend with a graph plan, got {backend.name}")
@@ -116,6 +119,7 @@ class DecodeGraphs:
         self.num_heads = num_heads
         self.device = kv_pool.device
         self.capture, self.lazy = capture, lazy
+        self.feed = feed  # decode steps may take their input ids from the previous step's (see FEED)
         self.multimodal = isinstance(model, MultimodalModel)
         page_size = kv_pool.page_size
         req_to_token = req_pool.req_to_token
@@ -151,8 +155,10 @@ class DecodeGraphs:
         # forward, which tells V) and token ids [max_seqs], and the pinned buffer the ids come back through.
         self.logits: torch.Tensor | None = None
         self.tokens = torch.zeros(max_seqs, dtype=torch.int64, device=self.device)
-        self.host_ids = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned)
-        self.fetched = torch.Event(device=self.device) if pinned else None
+        # Two of each: a step launched ahead fetches into one while the host has yet to read the other.
+        self.host_ids = [torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self.fetched = [torch.Event(device=self.device) for _ in range(2)] if pinned else None
+        self.launches = 0  # decode steps launched by launch(); picks the host buffer
         self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
         model.prepare_static(max_tokens)  # what a captured step records must not sync
 
@@ -187,6 +193,9 @@ class DecodeGraphs:
         )
         if self.cache_plan is not None:
             self.cache_plan.plan_into(batch_size, q)
+        if self.feed and q == 1:  # rows fed from the previous step's sampled ids
+            ids, feed = self.token_inputs[IDS, :batch_size], self.seq_inputs[FEED, :batch_size]
+            ids.copy_(torch.where(feed >= 0, self.tokens.index_select(0, feed.clamp(min=0)), ids))
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
         """What a shape's graph records: the step's plan (:meth:`_plan`), the model over the static inputs
@@ -259,6 +268,12 @@ class DecodeGraphs:
 
     # -- steps -----------------------------------------------------------------------------
 
+    def recorded(self, num_seqs: int, q: int = 1) -> bool:
+        """Whether a step of ``num_seqs`` sequences of ``q`` tokens replays without recording its graph
+        first (always without capture). A step fed from the previous step's ids must: recording runs the
+        step once, which overwrites those ids before the replay reads them."""
+        return not self.capture or (self.bucket(num_seqs), q) in self.graphs
+
     def bucket(self, num_seqs: int) -> int | None:
         """The smallest captured batch size that holds ``num_seqs`` sequences (None: none does)."""
         return next((b for b in self.batch_sizes if b >= num_seqs), None)
@@ -295,11 +310,17 @@ class DecodeGraphs:
         return batch_size, q
 
     def _write(
-        self, scheduled: list[tuple[Sequence, int]], batch_size: int, q: int, sampling: bool = False
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        batch_size: int,
+        q: int,
+        sampling: bool = False,
+        feed: list[int] | None = None,
     ) -> Filters | None:
         """The step's inputs (and with ``sampling`` the draw's parameters of its rows: returns their
         filters, None when every row is greedy) into the pinned buffer, and one copy to the device (the
-        plan is part of the replay: :meth:`_plan`)."""
+        plan is part of the replay: :meth:`_plan`). ``feed`` (a decode launched ahead): each sequence's
+        row in the previous step, whose sampled id is its input; its ``token_ids`` lack that token."""
         num_seqs = len(scheduled)
         tokens, padded_tokens = num_seqs * q, batch_size * q
         if self.copied is not None:
@@ -307,7 +328,9 @@ class DecodeGraphs:
         host, seqs = self.host_tokens, self.host_seqs
         if scheduled:
             starts = np.fromiter((seq.num_computed for seq, _ in scheduled), np.int64, num_seqs)  # [n]
-            if q == 1:
+            if feed is not None:
+                host[IDS, :tokens] = 0  # the device's ids of the previous step replace them
+            elif q == 1:
                 host[IDS, :tokens] = np.fromiter(
                     (seq.token_ids[seq.num_computed] for seq, _ in scheduled), np.int64, num_seqs
                 )
@@ -326,7 +349,12 @@ class DecodeGraphs:
         host[POSITIONS, tokens:padded_tokens] = np.tile(np.arange(q), batch_size - num_seqs)
         seqs[ROWS, num_seqs:batch_size] = self.scratch_row
         seqs[KEY_COUNTS, num_seqs:batch_size] = q
-        filters = write_draw_rows(seqs[DRAW:], [seq for seq, _ in scheduled], batch_size) if sampling else None
+        seqs[FEED, :batch_size] = -1
+        if feed is not None:
+            seqs[FEED, :num_seqs] = feed
+        ahead = 0 if feed is None else 1
+        seq_list = [seq for seq, _ in scheduled]
+        filters = write_draw_rows(seqs[DRAW:], seq_list, batch_size, ahead) if sampling else None
         self.inputs.copy_(self.host, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
@@ -357,23 +385,41 @@ class DecodeGraphs:
         samples in the graph: ``graph_sampling.samples_in_graph``): the step's graph, then for sampled
         rows the draw's, then one copy of the ids to the host. ``while_running()`` is called once the
         device has the work and before the host waits for the ids."""
+        launched = self.launch(seqs)
+        if while_running is not None:
+            while_running()
+        return self.collect(launched)
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], feed: list[int] | None = None) -> tuple[int, int | list[int]]:
+        """Start the decode step of :meth:`sample` and the copy of its ids to the host, without waiting:
+        a handle for :meth:`collect`. ``feed`` (the graphs made with ``feed``): each sequence's row in the
+        previously launched step, whose sampled id is its input (:meth:`_write`). Two launched steps may
+        be uncollected at a time."""
+        if feed is not None and not self.feed:
+            raise RuntimeError("decode graphs made without feed cannot take their ids from the previous step")
         scheduled = [(seq, 1) for seq in seqs]
         n, batch_size = len(seqs), self.bucket(len(seqs))
-        filters = self._write(scheduled, batch_size, 1, sampling=True)
+        filters = self._write(scheduled, batch_size, 1, sampling=True, feed=feed)
         self._run_model((batch_size, 1), n)
         if filters is not None:
             self._replay((batch_size, filters), self.draw_graphs, lambda: self._draw(batch_size, filters))
         self.sampled += 1
-        if self.fetched is None:
-            if while_running is not None:
-                while_running()
-            return self.tokens[:n].tolist()
-        self.host_ids[:n].copy_(self.tokens[:n], non_blocking=True)
-        self.fetched.record()
-        if while_running is not None:
-            while_running()
-        self.fetched.synchronize()
-        return self.host_ids[:n].tolist()
+        if self.fetched is None:  # no pinned copies here: the ids now (the next step overwrites them)
+            return n, self.tokens[:n].tolist()
+        slot = self.launches % 2
+        self.launches += 1
+        self.host_ids[slot][:n].copy_(self.tokens[:n], non_blocking=True)
+        self.fetched[slot].record()
+        return n, slot
+
+    def collect(self, launched: tuple[int, int | list[int]]) -> list[int]:
+        """The sampled ids of a :meth:`launch`ed step (waits for them)."""
+        n, where = launched
+        if isinstance(where, list):
+            return where
+        self.fetched[where].synchronize()
+        return self.host_ids[where][:n].tolist()
 
 
 def describe(graphs: DecodeGraphs | None, device: torch.device, reason: str | None = None) -> str:

@@ -98,11 +98,14 @@ class ModelRunner:
             multimodal = build_multimodal_batch(self.model, scheduled, batch.input_ids.device)  # None: no images
         return batch, ForwardContext(self.backend, metadata, self.kv_pool, cache_plan, multimodal)
 
-    def enable_graphs(self, batch_sizes: tuple[int, ...], *, capture: bool, lazy: bool = False) -> DecodeGraphs:
+    def enable_graphs(
+        self, batch_sizes: tuple[int, ...], *, capture: bool, lazy: bool = False, feed: bool = False
+    ) -> DecodeGraphs:
         """Run uniform steps of up to ``max(batch_sizes)`` sequences of one of ``uniform_q_lens`` new
         tokens each through static buffers, padded to the next of ``batch_sizes``; ``capture``
         records a graph per (batch size, uniform_q_len) (see ``graphs.py``), at once or with ``lazy``
-        when a step first needs it. Call :meth:`DecodeGraphs.capture_all` on the result before the
+        when a step first needs it; ``feed``: decode steps may take their input ids from the previous
+        step's (``async_scheduling``). Call :meth:`DecodeGraphs.capture_all` on the result before the
         next step."""
         if self.scratch_row is None or self.scratch_page is None:
             raise ValueError("expected a runner built with scratch_row and scratch_page, got None")
@@ -118,6 +121,7 @@ class ModelRunner:
             scratch_page=self.scratch_page,
             capture=capture,
             lazy=lazy,
+            feed=feed,
         )
         return self.graphs
 

@@ -1,0 +1,167 @@
+"""Asynchronous scheduling: the next decode step is launched before the host reads this one's tokens.
+
+A decode step whose sequences all sample inside its captured graph (``graph_sampling.py``) leaves its
+sampled ids on the device. With ``async_scheduling`` the engine launches it and returns; the next
+:meth:`RunAhead.step` launches the step after it at once, its input ids taken on the device from the
+launched step's (``DecodeGraphs.launch(feed=...)``), and only then waits for the launched step's ids
+and appends them, checks stops and streams text, while the device runs the step after. The host's
+work per token then overlaps the device's instead of following it.
+
+Between calls, a sequence of a launched step has ``num_computed == num_tokens``: the K/V of its last
+token are computed (or being computed) and the token sampled after it is not yet in ``token_ids``, as
+within a synchronous step before its tokens are appended. Its pages are committed to the prefix cache
+only up to tokens the host knows.
+
+A step is launched ahead only where the engine would schedule exactly that step: every running
+sequence decodes and samples in the graph, none waits for admission, the pool has the slot of each
+next token. A sequence that certainly stops with the token in flight (``max_tokens`` or
+``max_model_len`` reached) is left out of the step ahead; one that stops on a sampled stop token or
+string has run one step too many, whose token is dropped and whose slot goes back with its pages
+(the device writes it before any later step can reuse the page: one stream orders them). Otherwise
+the in-flight step's tokens are read and the next call schedules as usual. Outputs therefore come
+one step later than they are computed; the tokens are those of synchronous scheduling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+@dataclass(eq=False)
+class Launched:
+    """A decode step launched and not yet read: its sequences (one row each, in batch order) and the
+    handle of ``DecodeGraphs.launch``."""
+
+    seqs: list[Sequence]
+    handle: tuple
+
+
+class RunAhead:
+    """The engine's steps under ``async_scheduling`` (see the module's doc)."""
+
+    def __init__(self, engine: Engine):
+        if engine.runner.graphs is None or not engine.runner.graphs.feed:
+            raise ValueError("expected decode graphs made with feed for async_scheduling, got none")
+        self.engine = engine
+        self.launched: Launched | None = None
+        self.steps_ahead = 0  # steps launched before the previous step's tokens were read
+
+    def step(self) -> list[Sequence]:
+        """One call of :meth:`Engine.step`: returns the sequences that finished with the tokens read."""
+        engine = self.engine
+        launched = self.launched
+        if launched is None:
+            scheduled = engine.scheduler.schedule()
+            if not scheduled:
+                return []
+            if not self._launchable(scheduled):
+                return engine.run_step(scheduled)
+            self.launched = self._launch(scheduled, None)
+            return []
+        ahead = self._ahead(launched)
+        self.launched = None
+        following = None
+        try:
+            if ahead is not None:
+                following = self._launch(*ahead)
+                self.steps_ahead += 1
+            tokens = engine.runner.graphs.collect(launched.handle)
+            finished = self._take(launched.seqs, tokens)
+            if following is not None:  # its tokens' K/V are now those of known tokens
+                for seq in following.seqs:
+                    if seq.status is Status.RUNNING:
+                        seq.num_computed += 1
+                        engine.pages.commit(seq)
+        except BaseException:
+            for seq in launched.seqs + (following.seqs if following is not None else []):
+                if seq.status is Status.RUNNING and seq.request_id in engine.requests:
+                    engine.abort(seq.request_id)
+            raise
+        if following is not None and any(seq.status is Status.RUNNING for seq in following.seqs):
+            self.launched = following
+        elif following is not None:  # every sequence of it stopped: nothing to read
+            engine.runner.graphs.collect(following.handle)
+        return finished
+
+    # -- what may run ahead ----------------------------------------------------------------------
+
+    def _launchable(self, scheduled: list[tuple[Sequence, int]]) -> bool:
+        """Whether a scheduled step may be launched without reading its tokens: a decode step that
+        samples in its captured graph."""
+        runner = self.engine.runner
+        return all(n == 1 for _, n in scheduled) and runner.samples_in_graph(scheduled, runner.logit_rows(scheduled))
+
+    def _ahead(self, launched: Launched) -> tuple[list[tuple[Sequence, int]], list[int]] | None:
+        """The step after ``launched`` as the scheduler would make it, with each sequence's row in
+        ``launched`` (its input id), or None when that step needs the tokens first."""
+        engine = self.engine
+        scheduler, max_len = engine.scheduler, engine.max_model_len
+        live = [seq for seq in launched.seqs if seq.status is Status.RUNNING]
+        if scheduler.waiting or len(scheduler.running) != len(live) or set(scheduler.running) != set(live):
+            return None  # admissions, or sequences outside the launched step (a prefill to go on)
+        rows = {seq: row for row, seq in enumerate(launched.seqs)}
+        going = []
+        for seq in live:
+            p = seq.params
+            if (
+                p.max_tokens is not None and seq.num_output_tokens + 1 >= p.max_tokens
+            ) or seq.num_tokens + 1 >= max_len:
+                continue  # stops with the token in flight
+            if not (p.draws_only and not seq.bad_word_ids and seq.num_output_tokens + 1 >= p.min_tokens):
+                return None  # its next token needs the eager sampler
+            going.append(seq)
+        budget = scheduler.token_budget
+        if not going or (budget is not None and len(going) > budget):
+            return None
+        scheduled = [(seq, 1) for seq in going]
+        graphs = engine.runner.graphs
+        if not graphs.can_run(scheduled) or not graphs.recorded(len(going)):
+            return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
+        for seq in going:
+            if not engine.pages.reserve(seq, seq.num_computed + 1):
+                return None  # the pool is short: the scheduler decides (it may preempt)
+        return scheduled, [rows[seq] for seq in going]
+
+    # -- launching and reading -------------------------------------------------------------------
+
+    def _launch(self, scheduled: list[tuple[Sequence, int]], feed: list[int] | None) -> Launched:
+        """Launch a decode step of ``scheduled`` (``feed``: each row's input id from the launched step's
+        row, None: from ``token_ids``). A fresh launch's sequences count their tokens computed at once;
+        those of a step ahead once the tokens before them are read."""
+        engine = self.engine
+        seqs = [seq for seq, _ in scheduled]
+        try:
+            handle = engine.runner.graphs.launch(seqs, feed)
+            if feed is None:
+                for seq in seqs:
+                    if seq.num_computed < seq.num_prompt_tokens:  # a prompt's last token (a prefill tail)
+                        engine.num_prompt_tokens_computed += 1
+                    seq.num_computed += 1
+                    engine.pages.commit(seq)
+        except BaseException:
+            for seq in seqs:
+                if seq.request_id in engine.requests:
+                    engine.abort(seq.request_id)
+            raise
+        return Launched(seqs, handle)
+
+    def _take(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
+        """Append the launched step's tokens to its sequences that still run; returns those that stop."""
+        engine = self.engine
+        finished = []
+        for seq, token in zip(seqs, tokens):
+            if seq.status is not Status.RUNNING:  # aborted meanwhile
+                continue
+            seq.token_ids.append(token)
+            engine.num_generated_tokens += 1
+            reason = engine.finish_reason(seq, token)
+            if reason is not None:
+                engine.finish(seq, reason)
+                finished.append(seq)
+        return finished

@@ -1,0 +1,129 @@
+"""Asynchronous scheduling (``engine/run_ahead.py``) on the static decode path, run eagerly on the CPU:
+steps launched before the previous step's tokens are read give the tokens of synchronous scheduling
+(greedy, seeded sampling, stop tokens and strings found one step late, ``max_tokens`` and
+``max_model_len`` stops left out of the step ahead), with admissions, preemption, prefix caching and
+aborts in between, and the pools consistent after every step."""
+
+from __future__ import annotations
+
+import pytest
+
+from portattn.engine.config import EngineConfig
+from portattn.engine.graphs import batch_size_buckets
+from portattn.engine.llm import LLM
+from portattn.engine.run_ahead import RunAhead
+from portattn.engine.sampling_params import SamplingParams
+from portattn.testing.chat import save_tiny_chat_checkpoint
+from tiny_models import checkpoint, random_prompts
+
+from .test_interrupted_bookkeeping import assert_pools_consistent
+
+PROMPTS = random_prompts([1, 5, 15, 17, 30, 37], seed=21)
+
+
+def static(path: str, ahead: bool, **kwargs) -> LLM:
+    """The engine with captured-step buffers run eagerly, and with ``ahead`` asynchronous scheduling."""
+    kwargs = dict(page_size=4, num_pages=300, max_model_len=96, max_num_seqs=4) | kwargs
+    llm = LLM(path, enforce_eager=True, **kwargs)
+    engine = llm.engine
+    engine.runner.enable_graphs(batch_size_buckets(engine.config.max_num_seqs), capture=False, feed=ahead)
+    engine.runner.graphs.capture_all()
+    if ahead:
+        engine.run_ahead = RunAhead(engine)
+    return llm
+
+
+def run(llm: LLM, prompts, params) -> list[list[int]]:
+    """Step the engine by hand (pools checked after each step); the output tokens of each request."""
+    engine = llm.engine
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while engine.has_unfinished():
+        engine.step()
+        assert_pools_consistent(engine)
+    return [seq.output_token_ids for seq in seqs]
+
+
+def test_tokens_equal_synchronous_scheduling(ckpt_root):
+    path = checkpoint("llama", ckpt_root)
+    greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 2, 9, 14, 30, 21)]
+    sampled = [
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=s, max_tokens=12, ignore_eos=True) for s in range(6)
+    ]
+    for params in (greedy, sampled):
+        want = run(static(path, ahead=False), PROMPTS, params)
+        llm = static(path, ahead=True)
+        assert run(llm, PROMPTS, params) == want
+        assert llm.engine.run_ahead.steps_ahead > 5  # decodes overlapped once no request waits
+
+
+def test_stops_found_one_step_late_drop_the_step_ahead(ckpt_root):
+    path = checkpoint("qwen3", ckpt_root)
+    plain = static(path, ahead=False)
+    free = run(plain, PROMPTS[:4], [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)] * 4)
+    # Stop tokens met mid-answer: each request stops at the 6th, 2nd, 11th and 1st token of its free answer.
+    stops = [
+        SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[out[i]]) for out, i in zip(free, (5, 1, 10, 0))
+    ]
+    want = run(plain, PROMPTS[:4], stops)
+    llm = static(path, ahead=True)
+    assert run(llm, PROMPTS[:4], stops) == want
+    assert [len(out) for out in want] == [free[0].index(free[0][5]) + 1, free[1].index(free[1][1]) + 1,
+                                          free[2].index(free[2][10]) + 1, 1]  # fmt: skip
+    assert llm.engine.run_ahead.steps_ahead > 0
+    llm.engine.pages.clear_cache()
+    assert llm.engine.allocator.num_used == 0 and not llm.engine.scheduler.running
+
+
+def test_stop_strings_and_max_model_len(tmp_path):
+    path = save_tiny_chat_checkpoint(tmp_path / "chat")
+    plain = static(path, ahead=False, max_model_len=40)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13] * 9]
+    free = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
+    text = free[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]  # found in the first answer only
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]) for _ in prompts]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    llm = static(path, ahead=True, max_model_len=40)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in want]
+    assert [o.outputs[0].finish_reason for o in got] == ["stop", "length", "length"]  # max_model_len 40
+    assert llm.engine.run_ahead.steps_ahead > 0
+
+
+def test_admissions_preemption_prefix_caching_and_aborts(ckpt_root):
+    path = checkpoint("llama4", ckpt_root)
+    shared = PROMPTS[4][:16]
+    prompts = [shared + p for p in PROMPTS] + PROMPTS  # twelve requests, a shared prefix for six
+    params = [SamplingParams(temperature=0, max_tokens=8 + i % 5, ignore_eos=True) for i in range(len(prompts))]
+    # 24 pages of 4 tokens cannot hold four growing sequences of up to 65 tokens: preemption.
+    kwargs = dict(num_pages=24, enable_prefix_caching=True)
+    want = run(static(path, ahead=False, **kwargs), prompts, params)
+    llm = static(path, ahead=True, **kwargs)
+    assert run(llm, prompts, params) == want
+    engine = llm.engine
+    assert engine.scheduler.num_preemptions > 0 and engine.pages.num_cached_tokens > 0
+    assert engine.run_ahead.steps_ahead > 0
+
+    seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)) for p in PROMPTS[:3]]
+    aborted = False
+    while engine.has_unfinished():
+        engine.step()
+        if not aborted and engine.run_ahead.launched is not None and seqs[1] in engine.run_ahead.launched.seqs:
+            engine.abort(seqs[1].request_id)  # its step is in flight
+            aborted = True
+        assert_pools_consistent(engine)
+    assert aborted and seqs[1].finish_reason == "abort"
+    alone = run(static(path, ahead=False, **kwargs), [PROMPTS[0], PROMPTS[2]], [seqs[0].params] * 2)
+    assert [seqs[0].output_token_ids, seqs[2].output_token_ids] == alone
+
+
+def test_async_scheduling_is_refused_where_it_cannot_run(ckpt_root):
+    path = checkpoint("llama", ckpt_root)
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match=r"async_scheduling .* without speculative decoding, got speculative_config"):
+        EngineConfig(model=path, async_scheduling=True, speculative_config=spec)
+    with pytest.raises(ValueError, match="got tensor_parallel_size 2"):
+        EngineConfig(model=path, async_scheduling=True, tensor_parallel_size=2)
+    llm = LLM(path, async_scheduling=True, page_size=4, num_pages=100, max_model_len=64)  # the CPU: no graphs
+    assert llm.engine.run_ahead is None
