@@ -13,7 +13,10 @@ Where a batch-1 step's time goes (``breakdown``): the engine's sections per step
 (``benchmarks.host_path``: schedule, prepare, sample = the replay and the wait for the ids, outputs),
 the decode graph's device time by events (the model, the LM head and the argmax), the LM head and
 argmax alone, the draw graph of a sampled step, and the kernels one replay launches. The host's
-share is the step less the replay. The JSON goes to ``--out`` (default ``$OUT/real_model.json``, or
+share is the step less the replay. Then the batch-1 speed and the offline job again on an engine with
+``async_scheduling`` (``async``: each decode step launched before the previous one's ids are read),
+with whether its offline tokens equal the first engine's. The JSON goes to ``--out`` (default
+``$OUT/real_model.json``, or
 ``benchmarks/results/real_model.json``), the notes beside it (``.md``) and the plot (``.png``).
 """
 
@@ -214,9 +217,8 @@ def main(argv=None) -> int:
 
     result: dict = {"model": str(args.model), "dtype": args.dtype}
     start = time.perf_counter()
-    engine_args = dict(
-        max_model_len=2048, max_num_seqs=256, kv_cache_memory="16GiB"
-    )  # two engines, one after the other
+    # Two engines, one after the other (the second with async scheduling): a KV cache of their own size.
+    engine_args = dict(max_model_len=2048, max_num_seqs=256, kv_cache_memory="16GiB")
     llm = LLM(args.model, device="cuda", dtype=args.dtype, **engine_args)
     result["construct_s"] = time.perf_counter() - start
     tokenizer = llm.tokenizer
@@ -243,8 +245,7 @@ def main(argv=None) -> int:
     result["async"] = {"batch1": batch1, "offline": offline, "same_tokens": ids == plain_ids}
     result["async"]["batch1"]["x_floor"] = batch1["step_ms"] / floor_ms
     result["async"]["steps_ahead"] = fast.engine.run_ahead.steps_ahead if fast.engine.run_ahead else 0
-    llm = fast
-    llm.engine.shutdown()
+    fast.engine.shutdown()
     print(json.dumps(result, indent=2))
     print(breakdown_notes(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
