@@ -52,6 +52,9 @@ CASES = [
     PagedCase("fp8 e4m3 decode B=64 L=4096 P=16", 64, 1, 4096, peers=(), kv_cache="fp8_e4m3"),
     PagedCase("fp8 e5m2 decode B=64 L=4096 P=16", 64, 1, 4096, peers=(), kv_cache="fp8_e5m2"),
     PagedCase("decode B=1 L=65536 P=16", 1, 1, 65536, peers=("cudnn", "flash"), torch_backend=True),
+    # An engine's common decode: short contexts at small batches, where a step is launch- and latency-bound.
+    PagedCase("decode B=1 L=1024 P=16", 1, 1, 1024, peers=("cudnn", "flash")),
+    PagedCase("decode B=8 L=1024 P=16", 8, 1, 1024, peers=("cudnn", "flash")),
     PagedCase("prefill B=1 L=8192 causal", 1, 8192, 8192),
     PagedCase("extend B=8 512 over 8192", 8, 512, 8192 + 512, torch_backend=True),
 ]
@@ -206,7 +209,7 @@ def run_case(
 
 def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> dict:
     """Median ms of other tile shapes and split counts (same kernel, launched directly)."""
-    from ..kernels.triton.launch import choose_tiles
+    from ..kernels.triton.launch import MAX_KV_SPLITS, choose_tiles
 
     group = case.num_q_heads // case.num_kv_heads
     default = choose_tiles(case.q_len, group, case.head_dim, case.head_dim, interpret=False)
@@ -214,7 +217,12 @@ def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> dict:
     variants = {}
     splits = metadata.num_kv_splits
     tile_list = sweep_tiles(case)
-    split_list = sorted({1, 2, 4, splits} if case.batch > 1 else {splits // 4 or 1, splits // 2 or 1, splits})
+    if case.batch > 1 and case.k_len > 2048:
+        split_list = sorted({1, 2, 4, splits})
+    else:  # one sequence, or short contexts: fewer and more splits than chosen (up to MAX_KV_SPLITS)
+        split_list = sorted(
+            {max(splits // 4, 1), max(splits // 2, 1), splits} | {min(splits * m, MAX_KV_SPLITS) for m in (2, 4, 8)}
+        )
     trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list]
     if case.mode == "decode":  # deeper pipelines with more splits
         trials += [((None, 64, 4, 4), s) for s in split_list if s != splits]
