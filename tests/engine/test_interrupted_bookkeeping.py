@@ -31,7 +31,18 @@ FILES = {
     page_manager.__file__: None,
     scheduler.__file__: None,
     req_pool.__file__: {"alloc", "free", "write_pages"},
-    engine_module.__file__: {"add_request", "abort", "step", "run_step", "finish", "has_unfinished", "finish_reason"},
+    engine_module.__file__: {
+        "add_request",
+        "abort",
+        "step",
+        "run_step",
+        "mark_computed",
+        "append_tokens",
+        "at_length",
+        "finish",
+        "has_unfinished",
+        "_finish_reason",
+    },
     llm_module.__file__: {"generate", "_run", "_add"},
     run_ahead.__file__: None,  # async scheduling (make_llm(ahead=True))
 }

@@ -362,12 +362,7 @@ class Engine:
                 scheduled = speculator.propose(scheduled, self.scheduler.running)
 
             def computed() -> None:  # needs no sampled token: runs while the device samples, where it can
-                for seq, n in scheduled:
-                    prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
-                    self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
-                    seq.num_computed += n
-                    if not seq.num_draft_tokens:  # a verified sequence commits once its tokens are known
-                        self.pages.commit(seq)
+                self.mark_computed(scheduled)
 
             if self.parallel is not None:
                 sampled = self.parallel.step(self.runner, scheduled, set(self.requests), computed)
@@ -378,17 +373,7 @@ class Engine:
                 verified = seq.num_draft_tokens > 0
                 if verified:
                     speculator.accept(seq, tokens)
-                reason = None
-                for i, token in enumerate(tokens):
-                    if i:  # the previous token was an accepted proposal: its K/V are computed
-                        seq.num_computed += 1
-                    seq.token_ids.append(token)
-                    self.num_generated_tokens += 1
-                    if logprobs is not None:
-                        seq.logprobs.append(logprobs[i])
-                    reason = self.finish_reason(seq, token)
-                    if reason is not None:
-                        break  # what follows a stop is dropped, as plain decoding never makes it
+                reason = self.append_tokens(seq, tokens, logprobs)
                 if verified:
                     speculator.settle(seq)
                 if reason is not None:
@@ -406,6 +391,40 @@ class Engine:
                     self.abort(seq.request_id)
             raise
         return finished
+
+    def mark_computed(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """The K/V of the scheduled tokens are (being) computed: counts advanced and full pages committed
+        to the prefix cache (a sequence with proposed tokens commits once they are verified)."""
+        for seq, n in scheduled:
+            prompt_end = min(seq.num_computed + n, seq.num_prompt_tokens)
+            self.num_prompt_tokens_computed += max(0, prompt_end - seq.num_computed)
+            seq.num_computed += n
+            if not seq.num_draft_tokens:
+                self.pages.commit(seq)
+
+    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list | None) -> str | None:
+        """Append a step's sampled ``tokens`` (more than one: accepted proposals, then the verifier's
+        token) to ``seq`` until one stops it; returns why it stops (None: it goes on)."""
+        reason = None
+        for i, token in enumerate(tokens):
+            if i:  # the previous token was an accepted proposal: its K/V are computed
+                seq.num_computed += 1
+            seq.token_ids.append(token)
+            self.num_generated_tokens += 1
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[i])
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                break  # what follows a stop is dropped, as plain decoding never makes it
+        return reason
+
+    def at_length(self, seq: Sequence, ahead: int = 0) -> bool:
+        """Whether ``seq`` stops for its length with ``ahead`` more tokens (``max_model_len`` or
+        ``max_tokens`` reached)."""
+        limit = seq.params.max_tokens
+        return seq.num_tokens + ahead >= self.max_model_len or (
+            limit is not None and seq.num_output_tokens + ahead >= limit
+        )
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """``seq`` stopped after its last token for ``reason``: its text flushed, its pages released."""
@@ -426,7 +445,7 @@ class Engine:
         if self.parallel is not None:
             self.parallel.shutdown()
 
-    def finish_reason(self, seq: Sequence, token: int) -> str | None:
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         """Why ``seq`` stops after ``token`` (None: it goes on); updates its text and ``stop_reason``."""
         params, detok = seq.params, seq.detokenizer
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
@@ -440,8 +459,6 @@ class Engine:
                 seq.stop_reason = detok.find_stop(grown)
                 if seq.stop_reason is not None:
                     return "stop"
-        if seq.num_tokens >= self.max_model_len or (
-            params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
-        ):
+        if self.at_length(seq):
             return "length"
         return None

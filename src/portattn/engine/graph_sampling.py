@@ -34,12 +34,13 @@ KEYS, STEPS, TOP_K, GREEDY, TEMPERATURE, TOP_P, MIN_P = range(len(DRAW_ROWS))
 TOP_K_ALL = 1 << 62  # top_k of a row that keeps every token: any value >= V does
 
 
-def samples_in_graph(seq: Sequence) -> bool:
+def samples_in_graph(seq: Sequence, ahead: int = 0) -> bool:
     """Whether ``seq``'s next token comes from the draw alone (greedy, or temperature with ``min_p`` /
     ``top_k`` / ``top_p``): no log-probabilities, logits kept, penalties, processors, allowed or banned
-    tokens (bad words, or ``min_tokens`` not yet reached)."""
+    tokens (bad words, or ``min_tokens`` not yet reached). ``ahead``: output tokens sampled beyond its
+    ``token_ids`` (``async_scheduling``)."""
     p = seq.params
-    return p.draws_only and not seq.bad_word_ids and seq.num_output_tokens >= p.min_tokens
+    return p.draws_only and not seq.bad_word_ids and seq.num_output_tokens + ahead >= p.min_tokens
 
 
 @dataclass(frozen=True)

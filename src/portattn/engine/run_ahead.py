@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .graph_sampling import samples_in_graph
 from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -74,10 +75,7 @@ class RunAhead:
             tokens = engine.runner.graphs.collect(launched.handle)
             finished = self._take(launched.seqs, tokens)
             if following is not None:  # its tokens' K/V are now those of known tokens
-                for seq in following.seqs:
-                    if seq.status is Status.RUNNING:
-                        seq.num_computed += 1
-                        engine.pages.commit(seq)
+                engine.mark_computed([(seq, 1) for seq in following.seqs if seq.status is Status.RUNNING])
         except BaseException:
             for seq in launched.seqs + (following.seqs if following is not None else []):
                 if seq.status is Status.RUNNING and seq.request_id in engine.requests:
@@ -101,19 +99,16 @@ class RunAhead:
         """The step after ``launched`` as the scheduler would make it, with each sequence's row in
         ``launched`` (its input id), or None when that step needs the tokens first."""
         engine = self.engine
-        scheduler, max_len = engine.scheduler, engine.max_model_len
+        scheduler = engine.scheduler
         live = [seq for seq in launched.seqs if seq.status is Status.RUNNING]
         if scheduler.waiting or len(scheduler.running) != len(live) or set(scheduler.running) != set(live):
             return None  # admissions, or sequences outside the launched step (a prefill to go on)
         rows = {seq: row for row, seq in enumerate(launched.seqs)}
         going = []
         for seq in live:
-            p = seq.params
-            if (
-                p.max_tokens is not None and seq.num_output_tokens + 1 >= p.max_tokens
-            ) or seq.num_tokens + 1 >= max_len:
+            if engine.at_length(seq, ahead=1):
                 continue  # stops with the token in flight
-            if not (p.draws_only and not seq.bad_word_ids and seq.num_output_tokens + 1 >= p.min_tokens):
+            if not samples_in_graph(seq, ahead=1):
                 return None  # its next token needs the eager sampler
             going.append(seq)
         budget = scheduler.token_budget
@@ -139,11 +134,7 @@ class RunAhead:
         try:
             handle = engine.runner.graphs.launch(seqs, feed)
             if feed is None:
-                for seq in seqs:
-                    if seq.num_computed < seq.num_prompt_tokens:  # a prompt's last token (a prefill tail)
-                        engine.num_prompt_tokens_computed += 1
-                    seq.num_computed += 1
-                    engine.pages.commit(seq)
+                engine.mark_computed(scheduled)
         except BaseException:
             for seq in seqs:
                 if seq.request_id in engine.requests:
@@ -158,9 +149,7 @@ class RunAhead:
         for seq, token in zip(seqs, tokens):
             if seq.status is not Status.RUNNING:  # aborted meanwhile
                 continue
-            seq.token_ids.append(token)
-            engine.num_generated_tokens += 1
-            reason = engine.finish_reason(seq, token)
+            reason = engine.append_tokens(seq, [token], None)
             if reason is not None:
                 engine.finish(seq, reason)
                 finished.append(seq)
