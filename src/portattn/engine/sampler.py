@@ -24,11 +24,13 @@ log-probabilities where a request asked for them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
 import torch
 
+from ..device import is_gpu, is_triton_interpreter
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -62,10 +64,33 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(keys: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[N, V]`` float32 uniform variates in (0, 1), a pure function of ``(keys[r], steps[r], v)``."""
+@functools.cache
+def _kernels():
+    try:
+        from ..kernels.triton import fused_launch
+    except ImportError:  # no triton here: the torch code draws
+        return None
+    return fused_launch
+
+
+def draw_kernels(logits: torch.Tensor):
+    """The Triton launchers that draw on ``logits``' device (GPUs), or ``None`` where torch draws."""
+    if not is_gpu(logits.device) or is_triton_interpreter():
+        return None
+    return _kernels()
+
+
+def row_words(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``[2, N]`` int64 (values below 2^32): the two hash words of each row's variates, from its key
+    and step."""
     row = _mix32((keys & _M32) ^ _mix32(((keys >> 32) & _M32) ^ _mix32(steps & _M32)))  # [N]
     row2 = _mix32(row ^ 0x5BD1E995)  # [N], a second, independent word for the row
+    return torch.stack([row, row2])
+
+
+def uniform_noise(keys: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[N, V]`` float32 uniform variates in (0, 1), a pure function of ``(keys[r], steps[r], v)``."""
+    row, row2 = row_words(keys, steps)  # [N] each
     col = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.int64))  # [V]
     h = _mix32((_mix32(row[:, None] ^ col[None, :]) + row2[:, None]) & _M32)  # [N, V]
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 0 or 1
@@ -287,10 +312,18 @@ def draw(logits: torch.Tensor, rows) -> torch.Tensor:
     ``greedy, temperature, top_k, top_p, min_p, keys, steps`` (``None``: unused): a
     :class:`SamplingBatch`, or the static buffers of captured decode steps, which run this inside their
     graphs. Device work only, no host sync; a neutral value (``min_p`` 0, ``top_k`` >= V, ``top_p`` 1)
-    leaves a row exactly as a ``None`` filter does."""
-    tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
+    leaves a row exactly as a ``None`` filter does. On GPUs the noise and the argmax are one Triton
+    kernel (``kernels/triton/gumbel_max.py``: the same variates, computed in registers)."""
     if rows.keys is None:
-        return tokens
+        return torch.argmax(logits, dim=-1)
+    fused = draw_kernels(logits)
+    if fused is not None:
+        words = row_words(rows.keys, rows.steps)
+        if rows.min_p is None and rows.top_k is None and rows.top_p is None:
+            return fused.gumbel_max(logits, rows.temperature, words, rows.greedy, divide=True)
+        drawn = fused.gumbel_max(filter_logits(logits, rows), rows.temperature, words, rows.greedy, divide=False)
+        return torch.where(rows.greedy, torch.argmax(logits, dim=-1), drawn)
+    tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
     scores = filter_logits(logits, rows)
     u = uniform_noise(rows.keys, rows.steps, logits.shape[-1])
     drawn = torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)

@@ -11,6 +11,7 @@ import torch
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel
+from .gumbel_max import gumbel_max_kernel
 from .launch import next_pow2
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
@@ -108,3 +109,32 @@ def rotary_kv_write(
         num_warps=1,
     )  # fmt: skip
     return out
+
+
+def gumbel_max(
+    scores: torch.Tensor,
+    temperature: torch.Tensor,
+    row_words: torch.Tensor,
+    greedy: torch.Tensor,
+    *,
+    divide: bool,
+    chunk: int = 4096,
+    block: int = 1024,
+) -> torch.Tensor:
+    """``tokens [N]`` int64: per row of ``scores [N, V]`` float32 (rows contiguous), the argmax of
+    ``scores / T - log(-log u)`` with the sampler's variates ``u`` of ``row_words [2, N]``
+    (``sampler.row_words``), or of the raw scores on ``greedy`` rows; ``divide=False``: the scores
+    are already divided by ``temperature [N]``. The sampler's draw, without ``[N, V]`` of noise."""
+    rows, vocab = scores.shape
+    block = min(block, next_pow2(vocab))
+    chunk = max(block, min(chunk, next_pow2(vocab)))
+    num_chunks = -(-vocab // chunk)
+    best = torch.empty((rows, num_chunks), dtype=torch.float32, device=scores.device)
+    best_token = torch.empty((rows, num_chunks), dtype=torch.int32, device=scores.device)
+    if rows:
+        gumbel_max_kernel[(rows, num_chunks)](
+            scores, temperature, row_words, greedy, best, best_token, vocab, scores.stride(0), rows, num_chunks,
+            DIVIDE=divide, BLOCK=block, CHUNK=chunk, num_warps=4,
+        )  # fmt: skip
+    first_best = best.argmax(dim=1, keepdim=True)  # [N, 1]: the first chunk with the row's best score
+    return best_token.gather(1, first_best)[:, 0].long()
