@@ -17,6 +17,10 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
   ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32);
+* ``cascade``: batches (``--cascade-batches``) decoding after a shared prefix (``--cascade-shared``
+  tokens, then ``--cascade-own`` of each request's own): steps with graphs (plain attention), eager
+  plain, eager through a cascade, and as the engine's default rule chooses (the rule's bounds come
+  from this table);
 * ``llama4`` / ``deepseek``: a Llama 4-shaped model (chunked local layers, MoE) and a DeepSeek-V3-shaped
   one (MLA, grouped MoE), fewer layers and experts to fit, decoding with graphs and eagerly.
 """
@@ -39,7 +43,7 @@ import torch
 
 from portattn.device import synchronize
 
-PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "llama4", "deepseek")
+PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
 SPEC_TB_S = 4.8  # the H200's specified memory bandwidth, the second limit the targets are read against
 
@@ -264,6 +268,61 @@ def decode_point(llm, batch: int, context: int, steps: int, copy_tb_s: float) ->
         if f"{mode}_step_ms" in row:
             row[f"{mode}_vs_limit"] = row[f"{mode}_step_ms"] / row["limit_ms"]
     print(f"[decode] {json.dumps(row)}", flush=True)
+    return row
+
+
+def step_ms(engine, steps: int) -> float:
+    """Wall milliseconds per engine step over ``steps`` steps, after one untimed step."""
+    engine.step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+@torch.inference_mode()
+def cascade_point(llm, batch: int, shared: int, own: int, steps: int) -> dict:
+    """Decode steps of ``batch`` requests that share a ``shared``-token prefix (cached before they
+    start) and have ``own`` prompt tokens each: graphs with plain attention, eager plain, eager
+    through a cascade, and the default rule (``auto``: what it chose is in ``auto_cascades``)."""
+    import dataclasses
+
+    from portattn.engine.sampling_params import SamplingParams
+
+    engine = llm.engine
+    runner = engine.runner
+    graphs, rule = runner.graphs, runner.cascade_rule
+    prefix = random_prompts(1, shared, engine.vocab_size, seed=shared)[0]
+    llm.generate([prefix], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=4 * steps + 16, ignore_eos=True)
+    tails = random_prompts(batch, own, engine.vocab_size, seed=batch + shared)
+    seqs = [engine.add_request(prefix + tail, params) for tail in tails]
+    while any(s.num_computed < s.num_prompt_tokens for s in seqs):
+        engine.step()
+    always = dataclasses.replace(rule, min_batch=1, min_shared_tokens=1, min_shared_fraction=0.0,
+                                 graph_min_saved_bytes=0)  # fmt: skip
+    row: dict = {"batch": batch, "shared": shared, "own": own}
+    try:
+        for mode, mode_graphs, mode_rule in (("graphs", graphs, None), ("eager", None, None),
+                                             ("cascade", None, always), ("auto", graphs, rule)):  # fmt: skip
+            runner.graphs, runner.cascade_rule = mode_graphs, mode_rule
+            before = runner.cascade_steps
+            row[f"{mode}_step_ms"] = step_ms(engine, steps)
+            row[f"{mode}_cascades"] = (runner.cascade_steps - before) / (steps + 1)
+    finally:
+        runner.graphs, runner.cascade_rule = graphs, rule
+    per_token = kv_bytes_per_token(engine)
+    row["plain_kv_bytes"] = batch * (shared + own) * per_token
+    row["cascade_kv_bytes"] = (shared + batch * own) * per_token
+    row["rule_saved_bytes"] = (batch - 1) * shared * rule.bytes_per_token
+    row["cascade_vs_graphs"] = row["graphs_step_ms"] / row["cascade_step_ms"]
+    row["auto_vs_best"] = min(row["graphs_step_ms"], row["cascade_step_ms"]) / row["auto_step_ms"]
+    for seq in seqs:
+        if seq.request_id in engine.requests:
+            engine.abort(seq.request_id)
+    print(f"[cascade] {json.dumps(row)}", flush=True)
     return row
 
 
@@ -521,6 +580,20 @@ def cold_child(path: str, dtype: str, lazy: bool = False) -> None:
     print(json.dumps(row), flush=True)
 
 
+def part_cascade(args, results: dict) -> dict:
+    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    longest = max(args.cascade_shared) + args.cascade_own + 4 * args.steps + 64
+    llm = make_llm(
+        path, max_num_seqs=max(args.cascade_batches), max_model_len=longest, kv_cache_memory=args.kv_gib << 30
+    )
+    rows = [
+        cascade_point(llm, batch, shared, args.cascade_own, args.steps)
+        for shared in args.cascade_shared
+        for batch in args.cascade_batches
+    ]
+    return {"model": "llama3-8b", "layers": args.layers, "rule": str(llm.engine.runner.cascade_rule), "rows": rows}
+
+
 def part_family(args, results: dict, name: str) -> dict:
     from portattn.engine.sampling_params import SamplingParams
 
@@ -709,6 +782,20 @@ def notes(results: dict) -> str:
                          f"| {fmt(r.get('construct_and_first_token_s'), '.1f')} "
                          f"| {fmt(r.get('new_shape_s'), '.1f')} |")  # fmt: skip
         lines.append("")
+    cascade = results.get("cascade")
+    if cascade:
+        lines += [f"## Shared prefixes: cascade or graphs ({cascade['model']}, {cascade['layers']} layers)", "",
+                  "| batch | shared | own | graphs ms | eager ms | cascade ms | cascade vs graphs | rule ms "
+                  "(cascaded) | rule vs best | rule's saved GB |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in cascade["rows"]:
+            lines.append(f"| {r['batch']} | {r['shared']} | {r['own']} | {r['graphs_step_ms']:.2f} "
+                         f"| {r['eager_step_ms']:.2f} | {r['cascade_step_ms']:.2f} | {r['cascade_vs_graphs']:.2f}x "
+                         f"| {r['auto_step_ms']:.2f} ({r['auto_cascades']:.0%}) | {r['auto_vs_best']:.2f} "
+                         f"| {r['rule_saved_bytes'] / 1e9:.1f} |")  # fmt: skip
+        lines += ["", f"Rule: {cascade['rule']}. Graphs and eager attend plainly; cascade: every step eagerly "
+                  "through the cascade; rule: the engine's default (graphs unless the rule takes the step).",
+                  ""]  # fmt: skip
     lines += targets(results)
     return "\n".join(lines) + "\n"
 
@@ -751,6 +838,7 @@ PART_RUNNERS = {
     "hf": lambda a, r: part_hf(a, r, compiled=False),
     "hf-compile": lambda a, r: part_hf(a, r, compiled=True),
     "coldstart": part_coldstart,
+    "cascade": part_cascade,
     "llama4": lambda a, r: part_family(a, r, "llama4"),
     "deepseek": lambda a, r: part_family(a, r, "deepseek"),
 }
@@ -779,6 +867,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-runs", nargs="+", default=["bfloat16", "bfloat16-lazy", "float32"],
                         help="cold starts: a dtype, with -lazy for lazy_graph_capture")  # fmt: skip
     parser.add_argument("--cold-timeout", type=int, default=400)
+    parser.add_argument("--cascade-batches", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--cascade-shared", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--cascade-own", type=int, default=256)
     parser.add_argument("--family-layers", type=int, default=4)
     parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--cold-child", default=None, help=argparse.SUPPRESS)

@@ -13,17 +13,25 @@ separately, and the two states are merged.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 
-from .backends.base import AttentionBackend, AttentionParams, Request
-from .backends.metadata import PagedMetadata
+from .backends.base import AttentionBackend, Request
+from .backends.cascade import CascadeMetadata, cascades, run_cascade
 from .backends.registry import select_backend
 from .errors import check_int, expect
 from .ops import call_params, call_request, check_paged_inputs, new_lse
 from .validation import FLOAT_DTYPES, check_tensor
+
+__all__ = [
+    "CascadeMetadata",
+    "cascade_attention",
+    "cascades",
+    "merge_attention_states",
+    "plan_cascade",
+    "run_cascade",
+]
 
 
 def merge_attention_states(
@@ -84,15 +92,6 @@ def merge_attention_states(
     return impl.merge_attention_states(outs, lses, out, out_lse)
 
 
-@dataclass(frozen=True, eq=False)
-class CascadeMetadata:
-    """The two paged passes of a cascade, planned once per forward (see :func:`plan_cascade`)."""
-
-    shared: PagedMetadata | None  # every query over the shared pages, as one sequence; None: no shared prefix
-    own: PagedMetadata  # each request over its own keys (its page-table row past the shared pages)
-    shared_prefix_len: int
-
-
 def plan_cascade(
     backend: AttentionBackend,
     page_table: torch.Tensor,
@@ -102,19 +101,26 @@ def plan_cascade(
     shared_prefix_len: int,
     *,
     num_heads: int,
+    host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> CascadeMetadata:
     """Plan both passes with ``backend`` (host syncs happen here; :func:`run_cascade` then only launches).
 
-    Inputs as :func:`cascade_attention` takes them, already validated.
+    Inputs as :func:`cascade_attention` takes them, already validated. ``host_lens = (q_lens,
+    k_lens)``: the lengths as the caller has them on the host (an engine's plan), so that planning
+    does not read them back from the device.
     """
     device = seq_lens_k.device
     shared_pages = shared_prefix_len // page_size
+    own_lens = None
+    if host_lens is not None:
+        own_lens = (host_lens[0], [k - shared_prefix_len for k in host_lens[1]])
     own = backend.plan_paged(
         cu_seqlens_q,
         seq_lens_k - shared_prefix_len,
         page_table[:, shared_pages:],  # [B, max_pages - shared_pages], a view
         page_size,
         num_heads=num_heads,
+        host_lens=own_lens,
     )
     num_tokens = sum(own.q_lens)
     if shared_prefix_len == 0 or num_tokens == 0:
@@ -127,39 +133,9 @@ def plan_cascade(
         page_table[:1, :shared_pages],
         page_size,
         num_heads=num_heads,
+        host_lens=((num_tokens,), (shared_prefix_len,)),
     )
     return CascadeMetadata(shared, own, shared_prefix_len)
-
-
-def run_cascade(
-    backend: AttentionBackend,
-    metadata: CascadeMetadata,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    params: AttentionParams,
-    out: torch.Tensor,
-    lse: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The shared pass, the own pass and their merge into ``out [T, Hq, Dv]`` (and ``lse [T, Hq]``); no sync.
-
-    ``params`` must be causal or not, with softcap and sinks but no window, chunk or ALiBi (those
-    depend on positions, which the shared pass does not keep). Sinks go into the own pass only.
-    """
-    if metadata.shared is None:
-        if lse is None:
-            return backend.paged_attention(q, k_cache, v_cache, metadata.own, params, out)
-        return backend.paged_attention(q, k_cache, v_cache, metadata.own, params, out, lse=lse)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32  # partial states are not rounded
-    shape = (q.shape[0], q.shape[1], v_cache.shape[-1])
-    shared_out, own_out = (torch.empty(shape, dtype=acc, device=q.device) for _ in range(2))
-    shared_lse, own_lse = (torch.empty(shape[:2], dtype=acc, device=q.device) for _ in range(2))
-    shared_params = dataclasses.replace(params, causal=False, sinks=None)
-    backend.paged_attention(q, k_cache, v_cache, metadata.shared, shared_params, shared_out, lse=shared_lse)
-    backend.paged_attention(q, k_cache, v_cache, metadata.own, params, own_out, lse=own_lse)
-    merged_lse = torch.empty_like(own_lse) if lse is None else lse
-    backend.merge_attention_states([shared_out, own_out], [shared_lse, own_lse], out, merged_lse)
-    return out
 
 
 def cascade_attention(

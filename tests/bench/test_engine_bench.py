@@ -120,3 +120,20 @@ def test_random_checkpoints_of_moe_families_load(family, tmp_path):
     llm = LLM(str(path), page_size=4, num_pages=64, max_model_len=256, max_num_seqs=2)
     out = llm.generate([[3, 4, 5]], use_tqdm=False)[0]
     assert len(out.token_ids) > 0
+
+
+def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
+    """Graphs (the static path here) and eager attend plainly, the cascade mode cascades every step, the
+    default rule none at this size; the notes table has the row."""
+    from portattn.engine.llm import LLM
+
+    path = write_random_checkpoint(tiny_llama(), tmp_path / "ckpt", device="cpu")
+    llm = LLM(str(path), page_size=4, num_pages=128, max_model_len=256, max_num_seqs=4, enforce_eager=True)
+    llm.engine.runner.enable_graphs((1, 2, 4), capture=False).capture_all()
+    row = bench.cascade_point(llm, batch=4, shared=32, own=5, steps=3)
+    modes = ("graphs", "eager", "cascade", "auto")
+    assert [row[f"{mode}_cascades"] for mode in modes] == [0, 0, 1, 0]
+    assert row["rule_saved_bytes"] == 3 * 32 * llm.engine.runner.cascade_rule.bytes_per_token
+    assert not llm.engine.requests
+    text = bench.notes({"cascade": {"model": "tiny", "layers": 2, "rule": "r", "rows": [row]}})
+    assert "| 4 | 32 | 5 |" in text

@@ -13,7 +13,13 @@ from portattn.testing import save_tiny_fp8_checkpoint, save_tiny_mxfp4_checkpoin
 from tiny_models import checkpoint, rel_err
 
 from .conftest import DEVICE, FAMILIES, alive, generate, prompts, rank_pids
-from .static_decode import enable_static_decode, graph_samples, static_replays
+from .static_decode import (
+    cascade_from_two_sequences,
+    enable_static_decode,
+    fewest_cascade_steps,
+    graph_samples,
+    static_replays,
+)
 
 MAX_NEW = 8
 TOL = 1e-4
@@ -115,3 +121,26 @@ def test_tp2_decode_samples_in_the_graph_as_tp1(ckpt_root):
         got = [o.token_ids for o in two.generate(batch, params, use_tqdm=False)]
         assert two.engine.call(graph_samples) > 0
     assert got == want
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_tp2_cascade_steps_equal_tp1_without(family, ckpt_root):
+    """Rank 0 decides which steps cascade (the other ranks' mirrors hold no page lists) and every rank
+    attends through the cascade it sends; the outputs are one process's plain ones."""
+    path = checkpoint(family, ckpt_root)
+    prefix = prompts(family)[3][:28]  # four whole 7-token pages
+    batch = [[*prefix, 7], [*prefix, 5, 9], [*prefix, 2]]
+
+    def shared_run(llm):
+        generate(llm, [prefix], 1, prompt_logits=False)  # its pages enter the prefix cache
+        return generate(llm, batch, MAX_NEW, prompt_logits=False)
+
+    kwargs = dict(page_size=7, num_pages=40, max_model_len=56, max_num_seqs=4, device=DEVICE)
+    want = shared_run(LLM(path, disable_cascade_attn=True, **kwargs))
+    with LLM(path, tensor_parallel_size=2, **kwargs) as two:
+        two.engine.call(cascade_from_two_sequences)
+        got = shared_run(two)
+        assert two.engine.call(fewest_cascade_steps) == MAX_NEW - 1
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        assert rel_err(g.logits, w.logits) < TOL

@@ -21,6 +21,7 @@ from ..errors import is_int, is_real
 from ..kv_quant import quantize_kv
 from ..paging import num_pages_for, to_page_table
 from .cache import LatentKVCache, PagedKVCache
+from .cascade import cascades, run_cascade
 from .metadata import (
     GraphBuffers,
     MLADecodeMetadata,
@@ -322,7 +323,23 @@ class AttentionBackend:
         if kv_cache.k_scale != 1.0 or kv_cache.v_scale != 1.0:
             params = dataclasses.replace(params, k_scale=kv_cache.k_scale, v_scale=kv_cache.v_scale)
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, params, out)
+        return self.attend(q, kv_cache.k, kv_cache.v, metadata, params, out)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: PagedMetadata,
+        params: AttentionParams,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """The attention step of :meth:`forward` (the cache already written): the cascade of
+        ``metadata.cascade`` (a batch that shares a prefix, planned by the engine) where it computes
+        ``params`` exactly (:func:`portattn.cascade.cascades`), else :meth:`paged_attention`."""
+        if metadata.cascade is not None and cascades(params):
+            return run_cascade(self, metadata.cascade, q, k_cache, v_cache, params, out)
+        return self.paged_attention(q, k_cache, v_cache, metadata, params, out)
 
     def forward_rotary(
         self,

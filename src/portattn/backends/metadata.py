@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from .cascade import CascadeMetadata
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,6 +37,9 @@ class PagedMetadata:
     q_lens: tuple[int, ...] | None
     k_lens: tuple[int, ...] | None
     out_cache_loc: torch.Tensor | None = None  # [T] int64 slots of the new tokens (engine path, set by plan)
+    # The engine's plan of a batch whose sequences share their first pages: layers whose attention a
+    # cascade computes exactly attend through it (``AttentionBackend.attend``); None: plain paged.
+    cascade: CascadeMetadata | None = None
 
     @property
     def batch_size(self) -> int:

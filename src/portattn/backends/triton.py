@@ -176,7 +176,7 @@ class TritonBackend(AttentionBackend):
             return None
         q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-        return self.paged_attention(q, kv_cache.k, kv_cache.v, metadata, spec.params, out)
+        return self.attend(q, kv_cache.k, kv_cache.v, metadata, spec.params, out)
 
     def plan_varlen(
         self,

@@ -148,6 +148,13 @@ class EngineConfig:
             "step later). One process, no speculative decoding"
         ),
     )
+    disable_cascade_attn: bool = field(
+        default=False,
+        metadata=doc(
+            "never attend through a cascade (default: decode steps of at least 8 sequences that share a long "
+            "prefix read its KV pages once for the batch, where the engine's rule says it pays: docs/engine.md)"
+        ),
+    )
     tensor_parallel_size: int = field(
         default=1, metadata=doc("devices the model is sharded over, one process each (device names the first)")
     )
@@ -221,7 +228,7 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         flags = ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture")
-        for name in (*flags, "async_scheduling"):
+        for name in (*flags, "async_scheduling", "disable_cascade_attn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected {option(name)} to be a bool, got {getattr(self, name)!r}")
         utilization = self.gpu_memory_utilization

@@ -8,15 +8,18 @@ models the vision encoder's plan and the image embeddings the step needs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..backends.base import AttentionBackend
+from ..cascade import plan_cascade
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
+from .cascade_rule import cascade_rule
 from .forward_batch import ForwardBatch, Staging
 from .graph_sampling import samples_in_graph
 from .graphs import DecodeGraphs, uniform_q_len
@@ -50,6 +53,10 @@ class ModelRunner:
 
     ``verifier``: what turns the logits of sequences with proposed tokens (``num_draft_tokens > 0``)
     into their emitted tokens (speculative decoding installs it; see ``spec_decode``).
+
+    ``cascade``: steps whose sequences share a long prefix attend through a cascade where
+    :class:`~portattn.engine.cascade_rule.CascadeRule` says it pays (:attr:`cascade_rule`, ``None``
+    where the model, its cache or the backend has no cascade); ``cascade_steps`` counts those steps.
     """
 
     def __init__(
@@ -63,6 +70,7 @@ class ModelRunner:
         scratch_row: int | None = None,
         scratch_page: int | None = None,
         uniform_q_lens: tuple[int, ...] = (1,),
+        cascade: bool = True,
     ):
         if not uniform_q_lens or any(not isinstance(q, int) or isinstance(q, bool) or q < 1 for q in uniform_q_lens):
             raise ValueError(f"expected uniform_q_lens of positive ints, got {uniform_q_lens!r}")
@@ -83,13 +91,32 @@ class ModelRunner:
         self.attention_chunk_size = chunks.pop() if chunks else None
         self.num_heads = max(layer.num_heads for layer in layers)  # sizes split-KV launches
         self.multimodal = isinstance(model, MultimodalModel)
+        self.cascade_rule = cascade_rule(layers, kv_pool, backend, self.uniform_q_lens[-1]) if cascade else None
+        self.cascade_steps = 0
 
-    def plan(self, scheduled: list[tuple[Sequence, int]]) -> tuple[ForwardBatch, ForwardContext]:
-        """Everything the forward reads, made before the model runs (every host sync of the step)."""
+    def plan(
+        self, scheduled: list[tuple[Sequence, int]], shared_prefix_len: int = 0
+    ) -> tuple[ForwardBatch, ForwardContext]:
+        """Everything the forward reads, made before the model runs (every host sync of the step).
+        ``shared_prefix_len > 0``: the sequences share their first pages up to it (:meth:`cascade_tokens`),
+        and the layers a cascade serves attend through one (the metadata's ``cascade``)."""
         batch = ForwardBatch.build(
             scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
         )
         metadata = self.backend.plan(batch, num_heads=self.num_heads)
+        if shared_prefix_len:
+            cascade = plan_cascade(
+                self.backend,
+                metadata.page_table,
+                metadata.cu_seqlens_q,
+                metadata.seq_lens_k,
+                metadata.page_size,
+                shared_prefix_len,
+                num_heads=self.num_heads,
+                host_lens=(batch.q_lens, batch.k_lens),
+            )
+            metadata = dataclasses.replace(metadata, cascade=cascade)
+            self.cascade_steps += 1
         cache_plan = self.kv_pool.plan(
             self.backend, metadata, num_heads=self.num_heads, decode_q_len=self.uniform_q_lens[-1]
         )
@@ -149,14 +176,33 @@ class ModelRunner:
         rows = sample_rows + verify_rows + [r for _, row, _, count in prompt_rows for r in range(row, row + count)]
         return LogitRows(rows, sampling, prompt_rows, verifying)
 
+    def cascade_tokens(self, scheduled: list[tuple[Sequence, int]]) -> int:
+        """The shared prefix through which the step attends as a cascade (0: plain paged attention):
+        :attr:`cascade_rule` for this step, which weighs giving up its captured graph if it has one."""
+        if self.cascade_rule is None:
+            return 0
+        replays = self.graphs is not None and self.graphs.can_run(scheduled)
+        return self.cascade_rule.shared_tokens(scheduled, self.kv_pool.page_size, replays=replays)
+
+    def replays(self, scheduled: list[tuple[Sequence, int]], cascade: int | None = None) -> bool:
+        """Whether the step replays a captured graph: a shape :meth:`DecodeGraphs.can_run` takes, and
+        no cascade (``cascade``: the step's :meth:`cascade_tokens` when the caller has it)."""
+        if self.graphs is None or not self.graphs.can_run(scheduled):
+            return False
+        return (self.cascade_tokens(scheduled) if cascade is None else cascade) == 0
+
     @torch.inference_mode()
-    def forward(self, scheduled: list[tuple[Sequence, int]], rows: list[int]) -> torch.Tensor | None:
+    def forward(
+        self, scheduled: list[tuple[Sequence, int]], rows: list[int], cascade: int | None = None
+    ) -> torch.Tensor | None:
         """The logits ``[len(rows), V]`` float32 of the step's hidden-state ``rows`` (``None`` when no row
         needs them): a captured decode step's come from its graph (a view valid until the next step),
         others' from :meth:`logits` of the model's final hidden states ``[T, H]``, one row per new token
         in batch order (replayed when the step is uniform and of a captured shape, else planned and run
-        eagerly). Under tensor parallelism every rank runs this on the same step."""
-        if self.graphs is not None and self.graphs.can_run(scheduled):
+        eagerly). ``cascade``: the step's :meth:`cascade_tokens`, when the caller has it (the other
+        ranks under tensor parallelism take rank 0's, which every rank runs this step with)."""
+        cascade = self.cascade_tokens(scheduled) if cascade is None else cascade
+        if self.replays(scheduled, cascade):
             hidden, logits = self.graphs.run(scheduled)  # [n * q, H], [n, V] or None
             if logits is None:
                 return self.logits(hidden, rows)
@@ -165,7 +211,7 @@ class ModelRunner:
             if rows == list(range(len(rows))):
                 return logits[: len(rows)]
             return logits[torch.tensor(rows, device=logits.device)]
-        batch, ctx = self.plan(scheduled)
+        batch, ctx = self.plan(scheduled, cascade)
         return self.logits(self.model(batch.input_ids, batch.positions, ctx), rows)
 
     def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
@@ -178,17 +224,19 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, device=hidden.device)]
         return self.model.compute_logits(hidden).float()  # [N, V]
 
-    def samples_in_graph(self, scheduled: list[tuple[Sequence, int]], want: LogitRows) -> bool:
-        """Whether the step samples inside its captured graph (``graph_sampling.py``): a decode step of a
-        captured shape in which every sequence samples, each by the draw alone."""
+    def samples_in_graph(
+        self, scheduled: list[tuple[Sequence, int]], want: LogitRows, cascade: int | None = None
+    ) -> bool:
+        """Whether the step samples inside its captured graph (``graph_sampling.py``): a decode step that
+        :meth:`replays` in which every sequence samples, each by the draw alone."""
         return (
             self.graphs is not None
             and len(want.sampling) == len(scheduled)
             and not want.prompt_rows
             and not want.verifying
             and uniform_q_len(scheduled) == 1
-            and self.graphs.can_run(scheduled)
             and all(map(samples_in_graph, want.sampling))
+            and self.replays(scheduled, cascade)
         )
 
     @torch.inference_mode()
@@ -197,18 +245,20 @@ class ModelRunner:
         scheduled: list[tuple[Sequence, int]],
         want: LogitRows | None = None,
         while_running: Callable[[], None] | None = None,
+        cascade: int | None = None,
     ) -> Sampled:
         """Run the forward; returns ``(tokens, their log-probabilities or None)`` for each sequence whose
         tokens are now all computed (:data:`Sampled`). Sampled ids and log-probabilities reach the host
         in one transfer (verified sequences in one more). ``want``: :meth:`logit_rows` of
         ``scheduled``, when the caller has it already. ``while_running()``: host work that does not
         need the sampled tokens, called once: while the device runs a step that samples in its graph,
-        else after the tokens are on the host."""
+        else after the tokens are on the host. ``cascade``: as :meth:`forward` takes it."""
         want = want if want is not None else self.logit_rows(scheduled)
-        if self.samples_in_graph(scheduled, want):
+        cascade = self.cascade_tokens(scheduled) if cascade is None else cascade
+        if self.samples_in_graph(scheduled, want, cascade):
             tokens = self.graphs.sample(want.sampling, while_running)
             return {seq: ([token], None) for seq, token in zip(want.sampling, tokens)}
-        sampled = self.sample_from(want, self.forward(scheduled, want.rows))
+        sampled = self.sample_from(want, self.forward(scheduled, want.rows, cascade))
         if while_running is not None:
             while_running()
         return sampled

@@ -115,8 +115,8 @@ class RunAhead:
         if not going or (budget is not None and len(going) > budget):
             return None
         scheduled = [(seq, 1) for seq in going]
-        graphs = engine.runner.graphs
-        if not graphs.can_run(scheduled) or not graphs.recorded(len(going)):
+        runner = engine.runner
+        if not runner.replays(scheduled) or not runner.graphs.recorded(len(going)):
             return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
         for seq in going:
             if not engine.pages.reserve(seq, seq.num_computed + 1):

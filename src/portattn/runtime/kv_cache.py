@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -93,8 +93,12 @@ class KVPool:
     which the backend writes and attends over.
 
     Allocated with ``torch.empty``: a slot is only read after its token's K/V were written.
-    ``dtype`` is the cache dtype (the model's, or fp8).
+    ``dtype`` is the cache dtype (the model's, or fp8). ``cascades``: the kind's layers attend through
+    the backend's paged attention, so that a batch sharing a prefix may attend through a cascade
+    (``engine/cascade_rule.py``).
     """
+
+    cascades: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device):
         self.spec, self.num_pages, self.page_size, self.dtype, self.device = spec, num_pages, page_size, dtype, device
@@ -141,6 +145,8 @@ class KVPool:
 
 class MHAKVPool(KVPool):
     """Per-layer ``k [num_pages, P, Hkv, D]`` and ``v [num_pages, P, Hkv, Dv]``."""
+
+    cascades = True
 
     def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device):
         super().__init__(spec, num_pages, page_size, dtype, device)

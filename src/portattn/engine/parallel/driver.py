@@ -253,11 +253,12 @@ class Driver:
         """Send the step to the other ranks and run it here; returns rank 0's sampled tokens
         (``while_running``: as ``ModelRunner.step`` takes it)."""
         want = runner.logit_rows(scheduled)
-        message = self.sender.message(scheduled, want.rows, live)
+        cascade = runner.cascade_tokens(scheduled)  # the other ranks' mirrors do not know the pages
+        message = self.sender.message(scheduled, want.rows, live, cascade)
 
         def run():
             broadcast_message(message, self.tp)
-            return runner.step(scheduled, want, while_running)
+            return runner.step(scheduled, want, while_running, cascade)
 
         return self._guarded(run)
 

@@ -40,6 +40,7 @@ class StepMessage:
     logit_rows: list[int]  # rows of the forward's hidden states that need logits (every rank computes them)
     page_writes: list[tuple[int, int, list[int]]]  # (row, first page, pages) in the order rank 0 wrote them
     ended: list[int] = field(default_factory=list)  # request ids whose mirrors can go
+    cascade: int = 0  # the shared prefix rank 0 attends through a cascade (ModelRunner.cascade_tokens)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,9 @@ class StepSender:
         self.req_pool = req_pool
         self.known: set[int] = set()  # requests the other ranks hold mirrors of
 
-    def message(self, scheduled: list[tuple[Sequence, int]], logit_rows: list[int], live: set[int]) -> StepMessage:
+    def message(
+        self, scheduled: list[tuple[Sequence, int]], logit_rows: list[int], live: set[int], cascade: int = 0
+    ) -> StepMessage:
         ended = sorted(self.known - live)
         self.known -= set(ended)
         seqs = []
@@ -87,7 +90,7 @@ class StepSender:
                     data = seq.multimodal
                     multimodal = dataclasses.replace(data, pixel_values=data.pixel_values.cpu(), embeds=None)
             seqs.append(SeqStep(seq.request_id, seq.req_pool_idx, start, seq.token_ids[start : start + n], multimodal))
-        return StepMessage(seqs, list(logit_rows), self.req_pool.take_journal(), ended)
+        return StepMessage(seqs, list(logit_rows), self.req_pool.take_journal(), ended, cascade)
 
 
 class SequenceMirror:

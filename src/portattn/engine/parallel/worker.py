@@ -61,7 +61,7 @@ def serve(engine: Engine, tp: TPGroup, pulse: Pulse) -> None:
         if isinstance(message, CallMessage):
             message.fn(engine, *message.args)
         elif isinstance(message, StepMessage):
-            engine.runner.forward(mirror.apply(message), message.logit_rows)
+            engine.runner.forward(mirror.apply(message), message.logit_rows, message.cascade)
         else:
             raise RuntimeError(f"expected a step, call or stop message from rank 0, got {type(message).__name__}")
         pulse.done()
