@@ -584,7 +584,12 @@ def part_cascade(args, results: dict) -> dict:
     path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
     longest = max(args.cascade_shared) + args.cascade_own + 4 * args.steps + 64
     llm = make_llm(
-        path, max_num_seqs=max(args.cascade_batches), max_model_len=longest, kv_cache_memory=args.kv_gib << 30
+        path,
+        max_num_seqs=max(args.cascade_batches),
+        max_model_len=longest,
+        kv_cache_memory=args.kv_gib << 30,
+        allow_long_max_model_len=True,
+        enable_cascade_attn=True,
     )
     rows = [
         cascade_point(llm, batch, shared, args.cascade_own, args.steps)

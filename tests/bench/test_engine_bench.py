@@ -128,7 +128,10 @@ def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
     from portattn.engine.llm import LLM
 
     path = write_random_checkpoint(tiny_llama(), tmp_path / "ckpt", device="cpu")
-    llm = LLM(str(path), page_size=4, num_pages=128, max_model_len=256, max_num_seqs=4, enforce_eager=True)
+    llm = LLM(
+        str(path), page_size=4, num_pages=128, max_model_len=256, max_num_seqs=4, enforce_eager=True,
+        enable_cascade_attn=True,
+    )  # fmt: skip
     llm.engine.runner.enable_graphs((1, 2, 4), capture=False).capture_all()
     row = bench.cascade_point(llm, batch=4, shared=32, own=5, steps=3)
     modes = ("graphs", "eager", "cascade", "auto")

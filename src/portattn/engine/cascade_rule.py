@@ -4,21 +4,27 @@ Sequences that share a prompt prefix share its KV-cache pages (prefix caching; t
 one request; many requests with one system prompt). Plain paged attention reads those pages once per
 sequence; a cascade (:mod:`portattn.cascade`) reads them once for the whole batch, attends each
 sequence's own keys apart and merges the two states. It pays where attention is bound by reading
-keys, and costs a second pass and a merge per layer:
+keys, and costs a second pass and a merge per layer, launched from the host:
 
-- on the H200 (bf16, 32 query / 8 KV heads of 128), 64 decodes over 8,192 shared keys and 256 of
-  their own ran 2.06x faster as a cascade, while 64 extends of 256 new tokens each over the same
-  prefix ran at 0.88x: long query runs are bound by compute, which sharing does not reduce;
-- a step that would replay a captured decode graph runs eagerly to cascade (the graphs capture plain
-  attention), and gives up what the graph saves in launches.
+- the op alone, on the H200 (bf16, 32 query / 8 KV heads of 128): 64 decodes over 8,192 shared keys
+  and 256 of their own ran 2.06x faster as a cascade; 64 extends of 256 new tokens each over the
+  same prefix ran at 0.88x (long query runs are bound by compute, which sharing does not reduce);
+- in the engine (``python -m benchmarks.engine --parts cascade``, Llama-3-8B shape, H200): the
+  captured decode graphs attend plainly, and a step that cascades runs eagerly. At batches 8-64 over
+  1,024 or 8,192 shared tokens the eager cascade step ran at 0.21-0.75x the speed of the graph step
+  it would replace (26-42 ms against 6-22 ms), and was slower than the eager plain step too (eager
+  steps of this engine are bound by the host's launches, about 0.7 ms a layer, which a cascade adds
+  to).
 
-So :class:`CascadeRule` takes a step whose sequences all bring at most ``max_q_len`` new tokens
-(decodes, speculative verifications), at least ``min_batch`` of them, sharing at least
-``min_shared_tokens`` keys (whole pages before every sequence's new tokens), where the shared keys
-are most of what the batch reads; a step that a graph would run needs the bytes a cascade saves,
-``(B - 1) * shared * bytes per token`` over the layers it serves, to reach ``graph_min_saved_bytes``.
-``python -m benchmarks.engine --parts cascade`` measures both sides of these bounds on a device.
-``disable_cascade_attn`` (vLLM's flag) turns cascades off.
+So cascades are opt-in (``enable_cascade_attn``) and never replace a captured graph unless
+``graph_min_saved_bytes`` is set. :class:`CascadeRule` takes a step whose sequences all bring at most
+``max_q_len`` new tokens (decodes, speculative verifications), at least ``min_batch`` of them,
+sharing at least ``min_shared_tokens`` keys (whole pages before every sequence's new tokens), where
+the shared keys are most of what the batch reads; a step that a graph would run needs
+``graph_min_saved_bytes`` and the bytes a cascade saves, ``(B - 1) * shared * bytes per token`` over
+the layers it serves, to reach it. What would make the cascade pay is capturing it in the decode
+graphs (the 8B shape's graph step grows from 8.7 ms to 21.6 ms at batch 64 when 8,192 of each
+sequence's keys are shared: that attention is what a cascade reads once).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ class CascadeRule:
     min_batch: int = 8
     min_shared_tokens: int = 1024
     min_shared_fraction: float = 0.5  # of the batch's keys, counted once per sequence
-    graph_min_saved_bytes: int = 16 << 30
+    graph_min_saved_bytes: int | None = None  # None: a step that replays a graph never cascades
 
     def shared_tokens(self, scheduled: list[tuple[Sequence, int]], page_size: int, *, replays: bool) -> int:
         """The shared prefix a step of ``scheduled`` attends through a cascade (a multiple of
@@ -81,7 +87,9 @@ class CascadeRule:
         saved = (batch - 1) * shared  # key rows the cascade does not read again
         if batch * shared < self.min_shared_fraction * keys:
             return 0
-        if replays and saved * self.bytes_per_token < self.graph_min_saved_bytes:
+        if replays and (
+            self.graph_min_saved_bytes is None or saved * self.bytes_per_token < self.graph_min_saved_bytes
+        ):
             return 0
         return shared
 

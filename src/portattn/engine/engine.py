@@ -139,7 +139,7 @@ class Engine:
             scratch_row=scratch_row,
             scratch_page=num_pages,
             uniform_q_lens=(1,) if speculative is None else (1, speculative.num_speculative_tokens + 1),
-            cascade=not config.disable_cascade_attn,
+            cascade=config.enable_cascade_attn,
         )
         self._ids = itertools.count()
         # LLM(seed=...): the random keys of requests without a seed of their own come from this
