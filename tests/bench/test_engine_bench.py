@@ -134,8 +134,8 @@ def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
     )  # fmt: skip
     llm.engine.runner.enable_graphs((1, 2, 4), capture=False).capture_all()
     row = bench.cascade_point(llm, batch=4, shared=32, own=5, steps=3)
-    modes = ("graphs", "eager", "cascade", "auto")
-    assert [row[f"{mode}_cascades"] for mode in modes] == [0, 0, 1, 0]
+    modes = ("graphs", "cascade_graphs", "eager", "cascade", "auto")
+    assert [row[f"{mode}_cascades"] for mode in modes] == [0, 1, 0, 1, 0]
     assert row["rule_saved_bytes"] == 3 * 32 * llm.engine.runner.cascade_rule.bytes_per_token
     assert not llm.engine.requests
     text = bench.notes({"cascade": {"model": "tiny", "layers": 2, "rule": "r", "rows": [row]}})

@@ -14,6 +14,7 @@ from portattn.backends.registry import backend_class
 from portattn.cascade import plan_cascade
 from portattn.device import is_triton_interpreter
 from portattn.engine.cascade_rule import CascadeRule, shared_prefix_pages
+from portattn.engine.graphs import CASCADE
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.engine.sequence import Sequence
@@ -173,34 +174,74 @@ def test_the_rule_takes_decodes_of_many_sequences_over_a_long_shared_prefix():
     assert rule(graph_min_saved_bytes=saved + 1).shared_tokens(batch(8, 8, 100), 16, replays=False) == 128
 
 
-def test_the_default_rule_never_gives_up_a_graph():
-    """By default a step that would replay its graph keeps it (measured faster on an H200 at every
-    batch and prefix tried); an eager step of 64 sequences over 1,024 shared tokens cascades; with
-    ``graph_min_saved_bytes`` 16 GiB, an 8B-shaped model (128 KiB of K/V per token) gives up its graph
-    for 8,192 shared tokens, not for 1,024."""
+def test_the_default_graph_bound():
+    """By default (4 GiB) a graph step of an 8B-shaped model (128 KiB of K/V per token) cascades in its
+    cascade shape with 64 sequences over 1,024 shared tokens (8.5 GB not read again), not with 8 (0.9
+    GB); an eager step needs no such bound; ``None`` keeps every graph step plain."""
     default = CascadeRule(bytes_per_token=32 * 8 * 256 * 2)
-    assert default.shared_tokens(batch(64, 512, 256), 16, replays=True) == 0
-    assert default.shared_tokens(batch(64, 64, 256), 16, replays=False) == 1024
-    bound = dataclasses.replace(default, graph_min_saved_bytes=16 << 30)
-    assert bound.shared_tokens(batch(64, 64, 256), 16, replays=True) == 0
-    assert bound.shared_tokens(batch(64, 512, 256), 16, replays=True) == 8192
+    assert default.shared_tokens(batch(64, 64, 256), 16, replays=True) == 1024
+    assert default.shared_tokens(batch(8, 64, 256), 16, replays=True) == 0
+    assert default.shared_tokens(batch(8, 64, 256), 16, replays=False) == 1024
+    never = dataclasses.replace(default, graph_min_saved_bytes=None)
+    assert never.shared_tokens(batch(64, 512, 256), 16, replays=True) == 0
 
 
-def test_a_cascade_step_gives_up_its_graph(ckpt_root):
-    """On the static graph path a step keeps its graph by default; with the rule's graph bound reached,
-    a step the rule takes runs eagerly (no replay)."""
-    path = checkpoint("llama", ckpt_root)
-    llm = eager_llm(path, 16, enable_cascade_attn=True)
-    llm.engine.runner.enable_graphs((1, 2, 4, 8), capture=False).capture_all()
+def static_llm(path: str, page_size: int, **kwargs) -> LLM:
+    """The engine on the static-buffer path of captured decode (run eagerly: capture=False), buckets
+    1, 2, 4, 8 (the six requests run padded to 8), cascading every decode step that shares a page."""
+    llm = eager_llm(path, page_size, enable_cascade_attn=True, **kwargs)
     runner = llm.engine.runner
-    want = shared_prefix_run(eager_llm(path, 16))
-    runner.cascade_rule = dataclasses.replace(runner.cascade_rule, graph_min_saved_bytes=None)
-    assert_same(shared_prefix_run(llm), want)
-    assert runner.cascade_steps == 0 and runner.graphs.replays >= 11
-    replays = runner.graphs.replays
+    runner.enable_graphs((1, 2, 4, 8), capture=False).capture_all()
     runner.cascade_rule = dataclasses.replace(runner.cascade_rule, graph_min_saved_bytes=0)
+    return llm
+
+
+@pytest.mark.parametrize(
+    "family,page_size", [("llama", 1), ("llama", 7), ("llama", 16), ("gemma2", 7), ("gpt_oss", 16), ("llama4", 3)]
+)
+def test_cascade_shapes_of_the_graphs_equal_plain(family, page_size, ckpt_root):
+    """The graphs' cascade shape (the shared length a static input, the own and shared passes planned
+    inside the step) gives plain attention's tokens and logits: padding rows in the scratch page, NaN in
+    every unwritten slot (the scratch page too), layers with windows, chunks and sinks beside."""
+    path = checkpoint(family, ckpt_root)
+    want = shared_prefix_run(eager_llm(path, page_size))
+    llm = static_llm(path, page_size)
+    poison_free_slots(llm)
     assert_same(shared_prefix_run(llm), want)
-    assert runner.cascade_steps == 11 and runner.graphs.replays == replays
+    runner = llm.engine.runner
+    assert runner.cascade_steps == 11 and runner.graphs.replays == 11
+    assert runner.graphs.padded == {6: 11}
+    assert (8, 1, CASCADE) in runner.graphs.contexts
+
+
+@pytest.mark.skipif(not is_triton_interpreter(), reason="the CPU engine runs Triton only under its interpreter")
+def test_cascade_shapes_on_triton_interpreter(ckpt_root):
+    path = checkpoint("llama", ckpt_root)
+    want = shared_prefix_run(eager_llm(path, 16, attention_backend="triton"), 4)
+    llm = static_llm(path, 16, attention_backend="triton")
+    poison_free_slots(llm)
+    assert_same(shared_prefix_run(llm, 4), want)
+    assert llm.engine.runner.cascade_steps == 3
+
+
+def test_a_step_below_the_graph_bound_replays_the_plain_shape(ckpt_root):
+    """The rule's graph bound decides between a graph's cascade shape and its plain one; a sampled
+    step cascades inside the graph too (the draw after it)."""
+    path = checkpoint("llama", ckpt_root)
+    llm = static_llm(path, 16)
+    runner = llm.engine.runner
+    runner.cascade_rule = dataclasses.replace(runner.cascade_rule, graph_min_saved_bytes=None)
+    want = shared_prefix_run(eager_llm(path, 16))
+    assert_same(shared_prefix_run(llm), want)
+    assert runner.cascade_steps == 0 and runner.graphs.replays == 11
+    assert not [shape for shape in runner.graphs.contexts if len(shape) == 3]
+    runner.cascade_rule = dataclasses.replace(runner.cascade_rule, graph_min_saved_bytes=0)
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=6, ignore_eos=True)
+    prompts = [PREFIX + tail for tail in TAILS]
+    plain = eager_llm(path, 16).generate(prompts, sampled, use_tqdm=False)
+    got = llm.generate(prompts, sampled, use_tqdm=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    assert runner.cascade_steps == 5 and runner.graphs.sampled == 5
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -179,3 +179,30 @@ def test_async_scheduling_replays_as_synchronous(lazy, ckpt_root):
     got = [o.token_ids for o in fast.generate(PROMPTS, params, use_tqdm=False)]
     assert got == [o.token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)]
     assert fast.engine.run_ahead.steps_ahead > 0
+
+
+@pytest.mark.parametrize("family,backend", [("llama", "triton"), ("gemma2", "triton"), ("llama", "torch")])
+def test_cascade_shapes_captured_equal_eager(family, backend, ckpt_root):
+    """Decode steps whose sequences share a prefix replay the graphs' cascade shape (captured when first
+    used; the shared length a static input): tokens and logits equal the eager engine's plain
+    attention (float32; Gemma 2's windowed layers attend plainly inside the cascade step)."""
+    import dataclasses
+
+    from .test_cascade_steps import PREFIX, TAILS
+
+    path = checkpoint(family, ckpt_root)
+    kwargs = dict(
+        device=ENGINE_DEVICE, dtype="float32", page_size=16, num_pages=120, max_model_len=256, max_num_seqs=8,
+        attention_backend=backend,
+    )  # fmt: skip
+    graphs = LLM(path, enable_cascade_attn=True, **kwargs)
+    runner = graphs.engine.runner
+    runner.cascade_rule = dataclasses.replace(
+        runner.cascade_rule, min_batch=2, min_shared_tokens=1, graph_min_saved_bytes=0
+    )
+    eager = LLM(path, enforce_eager=True, **kwargs)
+    prompts = [PREFIX + tail for tail in TAILS]
+    for llm in (graphs, eager):
+        generate(llm, [PREFIX], [1])  # the prefix's pages enter the cache
+    compare(generate(graphs, prompts, [12] * 6), generate(eager, prompts, [12] * 6), torch.float32)
+    assert runner.cascade_steps == 11 and (8, 1, "cascade") in runner.graphs.graphs

@@ -9,22 +9,23 @@ keys, and costs a second pass and a merge per layer, launched from the host:
 - the op alone, on the H200 (bf16, 32 query / 8 KV heads of 128): 64 decodes over 8,192 shared keys
   and 256 of their own ran 2.06x faster as a cascade; 64 extends of 256 new tokens each over the
   same prefix ran at 0.88x (long query runs are bound by compute, which sharing does not reduce);
-- in the engine (``python -m benchmarks.engine --parts cascade``, Llama-3-8B shape, H200): the
-  captured decode graphs attend plainly, and a step that cascades runs eagerly. At batches 8-64 over
-  1,024 or 8,192 shared tokens the eager cascade step ran at 0.21-0.75x the speed of the graph step
-  it would replace (26-42 ms against 6-22 ms), and was slower than the eager plain step too (eager
-  steps of this engine are bound by the host's launches, about 0.7 ms a layer, which a cascade adds
-  to).
+- in the engine (``python -m benchmarks.engine --parts cascade``, Llama-3-8B shape, H200), run
+  eagerly: at batches 8-64 over 1,024 or 8,192 shared tokens an eager cascade step ran at 0.21-0.75x
+  the speed of the captured graph step it would replace (26-42 ms against 6-22 ms), and slower than
+  the eager plain step too (eager steps of this engine are bound by the host's launches, about 0.7 ms
+  a layer, which a cascade adds to). The graph steps themselves grow with the shared keys they read
+  again: at batch 64 from 8.7 ms (1,024 shared) to 21.6 ms (8,192), about 4 GB of naive key reads
+  (``(B - 1) * shared * bytes per token``) per millisecond at every batch measured.
 
-So cascades are opt-in (``enable_cascade_attn``) and never replace a captured graph unless
-``graph_min_saved_bytes`` is set. :class:`CascadeRule` takes a step whose sequences all bring at most
-``max_q_len`` new tokens (decodes, speculative verifications), at least ``min_batch`` of them,
-sharing at least ``min_shared_tokens`` keys (whole pages before every sequence's new tokens), where
-the shared keys are most of what the batch reads; a step that a graph would run needs
-``graph_min_saved_bytes`` and the bytes a cascade saves, ``(B - 1) * shared * bytes per token`` over
-the layers it serves, to reach it. What would make the cascade pay is capturing it in the decode
-graphs (the 8B shape's graph step grows from 8.7 ms to 21.6 ms at batch 64 when 8,192 of each
-sequence's keys are shared: that attention is what a cascade reads once).
+So a decode step that replays a graph cascades inside it, in the graphs' cascade shape
+(``graphs.py``), where the bytes a cascade saves reach ``graph_min_saved_bytes`` (4 GiB: about a
+millisecond of the re-reads above, against the cascade's second pass and merge, a few launches a
+layer); that bound comes from the plain graph steps, and the cascade shapes still have to be timed
+against it on a GPU. Eager steps and verification steps that do not replay cascade by the other
+bounds alone. :class:`CascadeRule` takes a step whose sequences all bring at most ``max_q_len`` new
+tokens (decodes, speculative verifications), at least ``min_batch`` of them, sharing at least
+``min_shared_tokens`` keys (whole pages before every sequence's new tokens), where the shared keys are
+most of what the batch reads. Cascades are opt-in (``enable_cascade_attn``).
 """
 
 from __future__ import annotations
@@ -70,12 +71,12 @@ class CascadeRule:
     min_batch: int = 8
     min_shared_tokens: int = 1024
     min_shared_fraction: float = 0.5  # of the batch's keys, counted once per sequence
-    graph_min_saved_bytes: int | None = None  # None: a step that replays a graph never cascades
+    graph_min_saved_bytes: int | None = 4 << 30  # None: a step that replays a graph never cascades
 
     def shared_tokens(self, scheduled: list[tuple[Sequence, int]], page_size: int, *, replays: bool) -> int:
         """The shared prefix a step of ``scheduled`` attends through a cascade (a multiple of
-        ``page_size``), or 0 for plain paged attention. ``replays``: the step would otherwise replay a
-        captured graph."""
+        ``page_size``), or 0 for plain paged attention. ``replays``: the step replays a captured graph
+        (it cascades in the graph's cascade shape, if the bytes saved reach ``graph_min_saved_bytes``)."""
         batch = len(scheduled)
         if batch < self.min_batch or any(n > self.max_q_len for _, n in scheduled):
             return 0

@@ -151,9 +151,9 @@ class EngineConfig:
     enable_cascade_attn: bool = field(
         default=False,
         metadata=doc(
-            "attend eager decode steps of at least 8 sequences that share a long prefix through a cascade (its KV "
-            "pages read once for the batch). Off by default: on an H200 it measured slower than plain attention, "
-            "and a step that replays a captured graph never takes it (docs/engine.md)"
+            "attend decode steps of at least 8 sequences that share a long prefix through a cascade (the shared KV "
+            "pages read once for the batch; a captured step in its graph's cascade shape). Off by default: run "
+            "eagerly it measured slower on an H200, and the graphs' cascade shapes are not yet timed (docs/engine.md)"
         ),
     )
     tensor_parallel_size: int = field(

@@ -29,6 +29,15 @@ between steps is read from device memory. Rows ``n .. B-1`` of a padded step are
 tokens in the engine's scratch request row, whose slots all lie in the scratch page: their K/V
 writes never touch a live page.
 
+A decode step whose sequences share their first pages may run as a **cascade shape** ``(B, 1,
+CASCADE)`` (``engine/cascade_rule.py`` decides): the same step, with each layer that a cascade serves
+attending the shared pages once for all ``B`` queries and each sequence's own keys apart
+(:mod:`portattn.cascade`). The shared length is one more static input (SHARED); the plan recorded in
+the graph derives two more sets of the backend's buffers from it: the own pass's (each row's page
+table past the shared pages, its lengths less the shared length; at least one key, so that padding
+rows stay in their scratch page) and the shared pass's (one sequence of ``B`` queries over the first
+row's shared pages). Cascade shapes are captured the first time a step needs them.
+
 A shape is captured at start (:meth:`DecodeGraphs.capture_all`), or with ``lazy`` the first time a
 step of that shape runs. Where torch has no graphs for the device (``device.graph_support``), or with
 ``capture=False``, the same buffers and plans run eagerly: the CPU tests cover the static path that way.
@@ -36,6 +45,7 @@ step of that shape runs. Where torch has no graphs for the device (``device.grap
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -45,6 +55,7 @@ import torch
 
 from .. import device as devices
 from ..backends.base import AttentionBackend
+from ..backends.cascade import CascadeMetadata
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
@@ -55,11 +66,13 @@ from .sequence import Sequence
 
 logger = logging.getLogger("portattn")
 
-# Rows of the static inputs: per token (IDS, POSITIONS); per sequence (ROWS, KEY_COUNTS, FEED, then the
-# draw's). FEED: the row of the previous decode step whose sampled id is this sequence's input (-1: the
-# host's id), for steps launched before the host read the previous step's ids (``async_scheduling``).
+# Rows of the static inputs: per token (IDS, POSITIONS); per sequence (ROWS, KEY_COUNTS, FEED, SHARED,
+# then the draw's). FEED: the row of the previous decode step whose sampled id is this sequence's input
+# (-1: the host's id), for steps launched before the host read the previous step's ids
+# (``async_scheduling``). SHARED: its first column is the shared prefix of a cascade shape (tokens).
 IDS, POSITIONS = range(2)
-ROWS, KEY_COUNTS, FEED, DRAW = 0, 1, 2, 3
+ROWS, KEY_COUNTS, FEED, SHARED, DRAW = 0, 1, 2, 3, 4
+CASCADE = "cascade"  # the third element of a cascade shape's key: (batch size, 1, CASCADE)
 
 
 def uniform_q_len(scheduled: list[tuple[Sequence, int]]) -> int | None:
@@ -124,6 +137,7 @@ class DecodeGraphs:
         page_size = kv_pool.page_size
         req_to_token = req_pool.req_to_token
         max_pages = req_to_token.shape[1] // page_size
+        self.max_pages = max_pages
 
         # The scratch row: every column a slot of the scratch page.
         columns = torch.arange(req_to_token.shape[1], dtype=torch.int32, device=self.device)
@@ -162,7 +176,8 @@ class DecodeGraphs:
         self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
         model.prepare_static(max_tokens)  # what a captured step records must not sync
 
-        self.contexts: dict[tuple[int, int], ForwardContext] = {}
+        self.cascade_buffers = None  # (own pass, shared pass) GraphBuffers, made for the first cascade shape
+        self.contexts: dict[tuple, ForwardContext] = {}
         self.graphs: dict[tuple[int, int], object] = {}  # (batch size, uniform_q_len) -> graph
         self.draw_graphs: dict[tuple[int, Filters], object] = {}  # (batch size, filters) -> graph
         self.outputs: dict[object, torch.Tensor] = {}  # a graph's key -> its output (a static tensor)
@@ -173,36 +188,64 @@ class DecodeGraphs:
 
     # -- setup -----------------------------------------------------------------------------
 
-    def _context(self, shape: tuple[int, int]) -> ForwardContext:
-        batch_size, q = shape
+    def _context(self, shape: tuple) -> ForwardContext:
+        batch_size, q = shape[:2]
         metadata = self.backend.graph_metadata(self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q)
+        if len(shape) == 3:  # a cascade shape: the own pass per row, the shared pass as one sequence of B queries
+            own, shared = self._cascade_buffers()
+            heads = self.num_heads
+            cascade = CascadeMetadata(
+                shared=self.backend.graph_metadata(shared, 1, num_heads=heads, uniform_q_len=batch_size),
+                own=self.backend.graph_metadata(own, batch_size, num_heads=heads, uniform_q_len=1),
+                shared_prefix_len=0,  # per step, on the device (SHARED)
+            )
+            metadata = dataclasses.replace(metadata, cascade=cascade)
         cache_plan = None if self.cache_plan is None else self.cache_plan.plan(batch_size, q)
         return ForwardContext(self.backend, metadata, self.kv_pool, cache_plan)
 
-    def _plan(self, shape: tuple[int, int]) -> None:
+    def _cascade_buffers(self):
+        if self.cascade_buffers is None:
+            make, p, heads = self.backend.init_graph_buffers, self.kv_pool.page_size, self.num_heads
+            max_seqs = self.max_batch_size
+            self.cascade_buffers = (
+                make(max_seqs, self.max_pages, p, self.device, num_heads=heads, max_uniform_q_len=1),
+                make(1, self.max_pages, p, self.device, num_heads=heads, max_uniform_q_len=max_seqs),
+            )
+            self.row_ids = torch.arange(max_seqs, device=self.device)
+            self.columns = torch.arange(self.req_pool.req_to_token.shape[1], device=self.device)
+        return self.cascade_buffers
+
+    def _plan(self, shape: tuple) -> None:
         """The step's plan from the static inputs: the backend's buffers (page table, lengths, new-token
-        slots) and the cache kind's. Device work only, recorded at the start of the shape's graph, so a
-        replay plans itself and the host launches one graph instead of the plan's dozens of kernels."""
-        batch_size, q = shape
-        self.backend.plan_into(
-            self.buffers,
-            self.req_pool.req_to_token,
-            self.seq_inputs[ROWS, :batch_size],
-            self.seq_inputs[KEY_COUNTS, :batch_size].int(),
-            uniform_q_len=q,
-        )
+        slots) and the cache kind's; for a cascade shape also the own and shared passes' buffers. Device
+        work only, recorded at the start of the shape's graph, so a replay plans itself and the host
+        launches one graph instead of the plan's dozens of kernels."""
+        batch_size, q = shape[:2]
+        req_to_token = self.req_pool.req_to_token
+        rows, key_counts = self.seq_inputs[ROWS, :batch_size], self.seq_inputs[KEY_COUNTS, :batch_size]
+        self.backend.plan_into(self.buffers, req_to_token, rows, key_counts.int(), uniform_q_len=q)
+        if len(shape) == 3:
+            own, shared = self.cascade_buffers
+            shared_len = self.seq_inputs[SHARED, :1]  # [1] tokens, whole pages
+            width = req_to_token.shape[1]
+            # Each row's token slots from the shared length on (the tail repeats the last column: never read).
+            columns = (self.columns + shared_len).clamp(max=width - 1)  # [width]
+            own_rows = req_to_token.index_select(0, rows).gather(1, columns.expand(batch_size, width))
+            own_lens = (key_counts - shared_len).clamp(min=1).int()  # padding rows: one scratch key
+            self.backend.plan_into(own, own_rows, self.row_ids[:batch_size], own_lens, uniform_q_len=1)
+            self.backend.plan_into(shared, req_to_token, rows[:1], shared_len.int(), uniform_q_len=batch_size)
         if self.cache_plan is not None:
             self.cache_plan.plan_into(batch_size, q)
         if self.feed and q == 1:  # rows fed from the previous step's sampled ids
             ids, feed = self.token_inputs[IDS, :batch_size], self.seq_inputs[FEED, :batch_size]
             ids.copy_(torch.where(feed >= 0, self.tokens.index_select(0, feed.clamp(min=0)), ids))
 
-    def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
+    def _forward(self, shape: tuple) -> torch.Tensor:
         """What a shape's graph records: the step's plan (:meth:`_plan`), the model over the static inputs
         ``[B * q, H]``; for a decode shape also the LM head into the static logits and their argmax into
         the static ids."""
         self._plan(shape)
-        batch_size, q = shape
+        batch_size, q = shape[:2]
         tokens = batch_size * q
         ids = self.token_inputs[IDS, :tokens]
         positions = self.token_inputs[POSITIONS, :tokens]
@@ -301,13 +344,21 @@ class DecodeGraphs:
         prompt = data.positions.shape[1]
         return [int(data.positions[0, i]) if i < prompt else i + data.position_delta for i in range(start, start + q)]
 
-    def write_step(self, scheduled: list[tuple[Sequence, int]]) -> tuple[int, int]:
+    def write_step(self, scheduled: list[tuple[Sequence, int]], cascade: int = 0) -> tuple:
         """Fill the static inputs for ``scheduled`` (:meth:`can_run`); returns the shape ``(batch_size,
-        uniform_q_len)`` it runs as, whose replay plans and runs the step."""
+        uniform_q_len)`` it runs as, whose replay plans and runs the step; with ``cascade`` (a shared
+        prefix of that many tokens, decodes only) the cascade shape ``(batch_size, 1, CASCADE)``."""
         q = uniform_q_len(scheduled)
         batch_size = self.bucket(len(scheduled))
-        self._write(scheduled, batch_size, q)
-        return batch_size, q
+        self._write(scheduled, batch_size, q, cascade=cascade)
+        return self._shape(batch_size, q, cascade)
+
+    def _shape(self, batch_size: int, q: int, cascade: int) -> tuple:
+        if not cascade:
+            return batch_size, q
+        if q != 1:
+            raise ValueError(f"expected a cascade shape of decodes (one new token each), got {q} new tokens")
+        return batch_size, 1, CASCADE
 
     def _write(
         self,
@@ -316,6 +367,7 @@ class DecodeGraphs:
         q: int,
         sampling: bool = False,
         feed: list[int] | None = None,
+        cascade: int = 0,
     ) -> Filters | None:
         """The step's inputs (and with ``sampling`` the draw's parameters of its rows: returns their
         filters, None when every row is greedy) into the pinned buffer, and one copy to the device (the
@@ -350,6 +402,7 @@ class DecodeGraphs:
         seqs[ROWS, num_seqs:batch_size] = self.scratch_row
         seqs[KEY_COUNTS, num_seqs:batch_size] = q
         seqs[FEED, :batch_size] = -1
+        seqs[SHARED, 0] = cascade
         if feed is not None:
             seqs[FEED, :num_seqs] = feed
         ahead = 0 if feed is None else 1
@@ -360,48 +413,57 @@ class DecodeGraphs:
             self.copied.record()
         return filters
 
-    def _run_model(self, shape: tuple[int, int], num_seqs: int) -> torch.Tensor:
+    def _run_model(self, shape: tuple, num_seqs: int) -> torch.Tensor:
         if shape not in self.contexts:
-            raise RuntimeError(f"shape {shape} was not planned; call capture_all first")
+            if len(shape) == 2:
+                raise RuntimeError(f"shape {shape} was not planned; call capture_all first")
+            self.contexts[shape] = self._context(shape)  # a cascade shape, planned when first needed
         self.replays += 1
         if shape[0] > num_seqs:
             self.padded[num_seqs] += 1
         return self._replay(shape, self.graphs, lambda: self._forward(shape))
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, scheduled: list[tuple[Sequence, int]], cascade: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A uniform step (:meth:`can_run`) by replay: the final hidden states ``[n * q, H]`` of every new
         token, sequence-major, and for a decode shape (``q`` 1) the logits ``[n, V]`` float32 of its
-        rows (else None). Both are views of static buffers, valid until the next step."""
-        shape = self.write_step(scheduled)
+        rows (else None). Both are views of static buffers, valid until the next step. ``cascade``: the
+        step's shared prefix (tokens, whole pages before every new token), run as a cascade shape."""
+        shape = self.write_step(scheduled, cascade)
         n = len(scheduled)
         hidden = self._run_model(shape, n)
         logits = self.logits[:n] if shape[1] == 1 else None
         return hidden[: n * shape[1]], logits
 
     @torch.inference_mode()
-    def sample(self, seqs: list[Sequence], while_running: Callable[[], None] | None = None) -> list[int]:
+    def sample(
+        self, seqs: list[Sequence], while_running: Callable[[], None] | None = None, cascade: int = 0
+    ) -> list[int]:
         """The next token of each of ``seqs`` (a decode step, :meth:`can_run`, in which every sequence
         samples in the graph: ``graph_sampling.samples_in_graph``): the step's graph, then for sampled
         rows the draw's, then one copy of the ids to the host. ``while_running()`` is called once the
-        device has the work and before the host waits for the ids."""
-        launched = self.launch(seqs)
+        device has the work and before the host waits for the ids. ``cascade``: as :meth:`run`."""
+        launched = self.launch(seqs, cascade=cascade)
         if while_running is not None:
             while_running()
         return self.collect(launched)
 
     @torch.inference_mode()
-    def launch(self, seqs: list[Sequence], feed: list[int] | None = None) -> tuple[int, int | list[int]]:
+    def launch(
+        self, seqs: list[Sequence], feed: list[int] | None = None, cascade: int = 0
+    ) -> tuple[int, int | list[int]]:
         """Start the decode step of :meth:`sample` and the copy of its ids to the host, without waiting:
         a handle for :meth:`collect`. ``feed`` (the graphs made with ``feed``): each sequence's row in the
         previously launched step, whose sampled id is its input (:meth:`_write`). Two launched steps may
-        be uncollected at a time."""
+        be uncollected at a time. ``cascade``: as :meth:`run` (not with ``feed``)."""
         if feed is not None and not self.feed:
             raise RuntimeError("decode graphs made without feed cannot take their ids from the previous step")
         scheduled = [(seq, 1) for seq in seqs]
         n, batch_size = len(seqs), self.bucket(len(seqs))
-        filters = self._write(scheduled, batch_size, 1, sampling=True, feed=feed)
-        self._run_model((batch_size, 1), n)
+        if feed is not None and cascade:
+            raise ValueError("expected a cascade step to read its input ids from the host, got feed rows")
+        filters = self._write(scheduled, batch_size, 1, sampling=True, feed=feed, cascade=cascade)
+        self._run_model(self._shape(batch_size, 1, cascade), n)
         if filters is not None:
             self._replay((batch_size, filters), self.draw_graphs, lambda: self._draw(batch_size, filters))
         self.sampled += 1

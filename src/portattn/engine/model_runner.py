@@ -178,18 +178,19 @@ class ModelRunner:
 
     def cascade_tokens(self, scheduled: list[tuple[Sequence, int]]) -> int:
         """The shared prefix through which the step attends as a cascade (0: plain paged attention):
-        :attr:`cascade_rule` for this step, which weighs giving up its captured graph if it has one."""
+        :attr:`cascade_rule` for this step. A step that replays a graph cascades in its graph's cascade
+        shape (decodes only: a verification step that replays never cascades)."""
         if self.cascade_rule is None:
             return 0
-        replays = self.graphs is not None and self.graphs.can_run(scheduled)
+        replays = self.replays(scheduled)
+        if replays and uniform_q_len(scheduled) != 1:
+            return 0
         return self.cascade_rule.shared_tokens(scheduled, self.kv_pool.page_size, replays=replays)
 
-    def replays(self, scheduled: list[tuple[Sequence, int]], cascade: int | None = None) -> bool:
-        """Whether the step replays a captured graph: a shape :meth:`DecodeGraphs.can_run` takes, and
-        no cascade (``cascade``: the step's :meth:`cascade_tokens` when the caller has it)."""
-        if self.graphs is None or not self.graphs.can_run(scheduled):
-            return False
-        return (self.cascade_tokens(scheduled) if cascade is None else cascade) == 0
+    def replays(self, scheduled: list[tuple[Sequence, int]]) -> bool:
+        """Whether the step replays a captured graph: a shape :meth:`DecodeGraphs.can_run` takes (with a
+        cascade, the cascade shape of its batch size)."""
+        return self.graphs is not None and self.graphs.can_run(scheduled)
 
     @torch.inference_mode()
     def forward(
@@ -202,8 +203,9 @@ class ModelRunner:
         eagerly). ``cascade``: the step's :meth:`cascade_tokens`, when the caller has it (the other
         ranks under tensor parallelism take rank 0's, which every rank runs this step with)."""
         cascade = self.cascade_tokens(scheduled) if cascade is None else cascade
-        if self.replays(scheduled, cascade):
-            hidden, logits = self.graphs.run(scheduled)  # [n * q, H], [n, V] or None
+        if self.replays(scheduled):
+            self.cascade_steps += bool(cascade)
+            hidden, logits = self.graphs.run(scheduled, cascade)  # [n * q, H], [n, V] or None
             if logits is None:
                 return self.logits(hidden, rows)
             if not rows:
@@ -224,9 +226,7 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, device=hidden.device)]
         return self.model.compute_logits(hidden).float()  # [N, V]
 
-    def samples_in_graph(
-        self, scheduled: list[tuple[Sequence, int]], want: LogitRows, cascade: int | None = None
-    ) -> bool:
+    def samples_in_graph(self, scheduled: list[tuple[Sequence, int]], want: LogitRows) -> bool:
         """Whether the step samples inside its captured graph (``graph_sampling.py``): a decode step that
         :meth:`replays` in which every sequence samples, each by the draw alone."""
         return (
@@ -236,7 +236,7 @@ class ModelRunner:
             and not want.verifying
             and uniform_q_len(scheduled) == 1
             and all(map(samples_in_graph, want.sampling))
-            and self.replays(scheduled, cascade)
+            and self.replays(scheduled)
         )
 
     @torch.inference_mode()
@@ -255,8 +255,9 @@ class ModelRunner:
         else after the tokens are on the host. ``cascade``: as :meth:`forward` takes it."""
         want = want if want is not None else self.logit_rows(scheduled)
         cascade = self.cascade_tokens(scheduled) if cascade is None else cascade
-        if self.samples_in_graph(scheduled, want, cascade):
-            tokens = self.graphs.sample(want.sampling, while_running)
+        if self.samples_in_graph(scheduled, want):
+            self.cascade_steps += bool(cascade)
+            tokens = self.graphs.sample(want.sampling, while_running, cascade)
             return {seq: ([token], None) for seq, token in zip(want.sampling, tokens)}
         sampled = self.sample_from(want, self.forward(scheduled, want.rows, cascade))
         if while_running is not None:

@@ -93,7 +93,9 @@ class RunAhead:
         """Whether a scheduled step may be launched without reading its tokens: a decode step that
         samples in its captured graph."""
         runner = self.engine.runner
-        return all(n == 1 for _, n in scheduled) and runner.samples_in_graph(scheduled, runner.logit_rows(scheduled))
+        if not all(n == 1 for _, n in scheduled) or runner.cascade_tokens(scheduled):
+            return False  # (a cascade step runs synchronously)
+        return runner.samples_in_graph(scheduled, runner.logit_rows(scheduled))
 
     def _ahead(self, launched: Launched) -> tuple[list[tuple[Sequence, int]], list[int]] | None:
         """The step after ``launched`` as the scheduler would make it, with each sequence's row in
@@ -116,7 +118,7 @@ class RunAhead:
             return None
         scheduled = [(seq, 1) for seq in going]
         runner = engine.runner
-        if not runner.replays(scheduled) or not runner.graphs.recorded(len(going)):
+        if not runner.replays(scheduled) or runner.cascade_tokens(scheduled) or not runner.graphs.recorded(len(going)):
             return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
         for seq in going:
             if not engine.pages.reserve(seq, seq.num_computed + 1):
