@@ -176,9 +176,10 @@ class DecodeGraphs:
         self.cache_plan = kv_pool.graph_plan(self.buffers, self.shapes, num_heads=num_heads)
         model.prepare_static(max_tokens)  # what a captured step records must not sync
 
-        self.cascade_buffers = None  # (own pass, shared pass) GraphBuffers, made for the first cascade shape
+        # (own pass, shared pass) GraphBuffers, row ids and token columns: made for the first cascade shape
+        self.cascade_buffers = self.row_ids = self.columns = None
         self.contexts: dict[tuple, ForwardContext] = {}
-        self.graphs: dict[tuple[int, int], object] = {}  # (batch size, uniform_q_len) -> graph
+        self.graphs: dict[tuple, object] = {}  # (batch size, uniform_q_len[, CASCADE]) -> graph
         self.draw_graphs: dict[tuple[int, Filters], object] = {}  # (batch size, filters) -> graph
         self.outputs: dict[object, torch.Tensor] = {}  # a graph's key -> its output (a static tensor)
         self.pool = None

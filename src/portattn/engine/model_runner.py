@@ -54,9 +54,10 @@ class ModelRunner:
     ``verifier``: what turns the logits of sequences with proposed tokens (``num_draft_tokens > 0``)
     into their emitted tokens (speculative decoding installs it; see ``spec_decode``).
 
-    ``cascade``: steps whose sequences share a long prefix attend through a cascade where
-    :class:`~portattn.engine.cascade_rule.CascadeRule` says it pays (:attr:`cascade_rule`, ``None``
-    where the model, its cache or the backend has no cascade); ``cascade_steps`` counts those steps.
+    ``cascade`` (the engine's ``enable_cascade_attn``): steps whose sequences share a long prefix
+    attend through a cascade where :class:`~portattn.engine.cascade_rule.CascadeRule` takes them
+    (:attr:`cascade_rule`; ``None`` without ``cascade`` or where the model, its cache or the backend
+    has no cascade); ``cascade_steps`` counts those steps.
     """
 
     def __init__(
@@ -70,7 +71,7 @@ class ModelRunner:
         scratch_row: int | None = None,
         scratch_page: int | None = None,
         uniform_q_lens: tuple[int, ...] = (1,),
-        cascade: bool = True,
+        cascade: bool = False,
     ):
         if not uniform_q_lens or any(not isinstance(q, int) or isinstance(q, bool) or q < 1 for q in uniform_q_lens):
             raise ValueError(f"expected uniform_q_lens of positive ints, got {uniform_q_lens!r}")
