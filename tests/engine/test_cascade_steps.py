@@ -256,3 +256,30 @@ def test_a_cascade_plan_reads_no_length_back_from_the_device(backend):
     with no_host_sync():
         md = plan_cascade(impl, page_table, cu, seq_lens, P, shared, num_heads=4, host_lens=(q_lens, k_lens))
     assert md.own.k_lens == (6, 11, 26) and md.shared.k_lens == (shared,) and md.shared.q_lens == (3,)
+
+
+def test_verification_steps_cascade_with_a_causal_own_pass(ckpt_root):
+    """Speculative decoding's verification steps (k + 1 new tokens a sequence) cascade eagerly: the
+    own pass is causal over each sequence's new tokens. The draft is the model itself (every proposal
+    verified in steps of 4 tokens); the tokens equal plain decoding's."""
+    path = checkpoint("llama", ckpt_root)
+    spec = {"model": path, "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    prefix = PREFIX
+    prompts = [prefix + tail for tail in TAILS]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = [o.token_ids for o in eager_llm(path, 8).generate(prompts, params, use_tqdm=False)]
+    llm = eager_llm(path, 8, enable_cascade_attn=True, speculative_config=spec)
+    assert llm.engine.runner.cascade_rule.max_q_len == 4
+    llm.generate([prefix], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    runner, cascaded = llm.engine.runner, []
+    plan = runner.plan
+
+    def spy(scheduled, shared_prefix_len=0):
+        if shared_prefix_len:
+            cascaded.append(max(n for _, n in scheduled))
+        return plan(scheduled, shared_prefix_len)
+
+    runner.plan = spy
+    got = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert 4 in cascaded  # verification steps of 3 proposed tokens went through the cascade
