@@ -207,19 +207,22 @@ def time_mode(engine, graphs, steps: int) -> dict:
 
 
 SAMPLED = dict(temperature=0.8, top_k=50, top_p=0.95, seed=1)  # the sampled decode steps' parameters
+NUCLEUS = dict(temperature=0.6, top_p=0.9, seed=1)  # top_p alone (Llama 3's generation defaults): no sort
 
 
 @torch.inference_mode()
-def time_sampled(engine, graphs, seqs: list, steps: int) -> dict:
-    """Graph steps of the same batch sampling (:data:`SAMPLED`) instead of greedy: the step, and the
-    draw graph (sort, filters, noise) alone; the sequences are greedy again afterwards."""
+def time_sampled(engine, graphs, seqs: list, steps: int, params: dict = SAMPLED, name: str = "sampled") -> dict:
+    """Graph steps of the same batch sampling (``params``: :data:`SAMPLED`, or :data:`NUCLEUS` named
+    ``nucleus``) instead of greedy: the step, and the draw graph alone (``graphs_<name>_step_ms``,
+    ``graphs_<name>_draw_ms``; the sampled draw keeps round 2's names); the sequences are greedy
+    again afterwards."""
     import dataclasses
 
     from portattn.engine.graph_sampling import Filters
 
     greedy = [seq.params for seq in seqs]
     for seq in seqs:
-        seq.params = dataclasses.replace(seq.params, **SAMPLED)
+        seq.params = dataclasses.replace(seq.params, **params)
     try:
         sampled0 = graphs.sampled
         engine.step()
@@ -228,11 +231,14 @@ def time_sampled(engine, graphs, seqs: list, steps: int) -> dict:
         for _ in range(steps):
             engine.step()
         sync()
-        row = {"graphs_sampled_step_ms": (time.perf_counter() - t0) * 1e3 / steps}
-        row["graphs_sampled_in_graph"] = (graphs.sampled - sampled0) / (steps + 1)
-        key = (graphs.bucket(len(seqs)), Filters(min_p=False, sort=True))
+        row = {f"graphs_{name}_step_ms": (time.perf_counter() - t0) * 1e3 / steps}
+        row[f"graphs_{name}_in_graph"] = (graphs.sampled - sampled0) / (steps + 1)
+        filters = Filters(min_p=False, top_k="top_k" in params, top_p="top_p" in params)
+        key = (graphs.bucket(len(seqs)), filters)
         if key in graphs.draw_graphs:
-            row["graphs_draw_ms"] = event_time_ms(graphs.draw_graphs[key].replay)
+            row["graphs_draw_ms" if name == "sampled" else f"graphs_{name}_draw_ms"] = event_time_ms(
+                graphs.draw_graphs[key].replay
+            )
     finally:
         for seq, params in zip(seqs, greedy):
             seq.params = params
@@ -251,6 +257,7 @@ def decode_point(llm, batch: int, context: int, steps: int, copy_tb_s: float) ->
         if graphs is not None:
             row |= time_mode(engine, graphs, steps)
             row |= time_sampled(engine, graphs, seqs, steps)
+            row |= time_sampled(engine, graphs, seqs, steps, NUCLEUS, "nucleus")
         row |= time_mode(engine, None, steps)
     finally:
         engine.runner.graphs = graphs
@@ -734,7 +741,8 @@ def notes(results: dict) -> str:
             continue
         lines += [f"## Decode: {part['model']}, {part['layers']} layers", ""]
         lines += ["| batch | limit ms (copy / spec) | graphs step ms | x limit (copy / spec) | replay ms | host ms "
-                  "| sampled step ms | draw ms | eager step ms | x limit | plan us (graphs / eager) |",
+                  "| sampled step ms | draw ms (top-k + top-p / top-p alone) | eager step ms | x limit "
+                  "| plan us (graphs / eager) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in part["rows"]:
             lines.append(
@@ -742,13 +750,14 @@ def notes(results: dict) -> str:
                 f"| {fmt(r.get('graphs_step_ms'))} | {fmt(r.get('graphs_vs_limit'))} / {fmt(r.get('graphs_vs_spec'))} "
                 f"| {fmt(r.get('graphs_replay_ms'))} | {fmt(r.get('graphs_host_ms'))} "
                 f"| {fmt(r.get('graphs_sampled_step_ms'))} | {fmt(r.get('graphs_draw_ms'), '.3f')} "
+                f"/ {fmt(r.get('graphs_nucleus_draw_ms'), '.3f')} "
                 f"| {fmt(r.get('eager_step_ms'))} | {fmt(r.get('eager_vs_limit'))} "
                 f"| {fmt(r.get('graphs_plan_us'), '.0f')} / {fmt(r.get('eager_plan_us'), '.0f')} |"
             )
         lines.append("\nReplay: the decode graph (the step's plan, model, LM head, argmax); plan (graphs): the host "
                      "writing the step's inputs and copying them; host: step - replay; sampled: the same "
                      "batch at temperature 0.8, top-k 50, top-p 0.95, with the draw graph (timed alone) after the "
-                     "replay.")  # fmt: skip
+                     "replay; top-p alone: temperature 0.6, top-p 0.9 (the nucleus draw, no sort).")  # fmt: skip
         if "tokens_agreeing" in part:
             lines.append(f"\nGreedy tokens of graphs and eager agree for {part['tokens_agreeing']} of 16 per prompt.")
         lines.append("")

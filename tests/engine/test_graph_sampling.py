@@ -160,7 +160,7 @@ def test_draw_rows_give_the_eager_draw_with_neutral_padding():
     ]
     host = np.full((len(DRAW_ROWS), 8), -7, np.int64)  # stale values everywhere
     filters = write_draw_rows(host, seqs, 4)
-    assert filters == Filters(min_p=True, sort=True)
+    assert filters == Filters(min_p=True, top_k=True, top_p=False)
     rows = draw_rows(torch.from_numpy(host), 4, filters)
     assert rows.greedy.tolist() == [True, False, False, True]
     assert rows.top_k.tolist() == [TOP_K_ALL, 5, TOP_K_ALL, TOP_K_ALL]
@@ -174,8 +174,8 @@ def test_draw_rows_give_the_eager_draw_with_neutral_padding():
         static = draw(logits, rows)
     assert static[:3].tolist() == eager.tolist()
     assert write_draw_rows(host, seqs[:1], 4) is None  # all greedy: the argmax is the token
-    assert write_draw_rows(host, seqs[1:2], 2) == Filters(min_p=False, sort=True)
-    assert write_draw_rows(host, seqs[2:], 1) == Filters(min_p=True, sort=False)
+    assert write_draw_rows(host, seqs[1:2], 2) == Filters(min_p=False, top_k=True, top_p=False)
+    assert write_draw_rows(host, seqs[2:], 1) == Filters(min_p=True, top_k=False, top_p=False)
 
 
 def test_the_static_inputs_hold_the_draw_rows(ckpt_root):

@@ -40,7 +40,8 @@ def rows_of(n: int, seed: int, *, filters: bool) -> SimpleNamespace:
 
 
 def reference_draw(logits: torch.Tensor, rows) -> torch.Tensor:
-    """``sampler.draw``'s torch code (the path off GPUs)."""
+    """The plain draw in torch: Gumbel-max over the filtered logits (``sampler.draw`` for rows with
+    ``top_k`` or without ``top_p``)."""
     tokens = torch.argmax(logits, dim=-1)
     scores = sampler.filter_logits(logits, rows)
     u = sampler.uniform_noise(rows.keys, rows.steps, logits.shape[-1])
@@ -100,9 +101,10 @@ def test_draw_takes_the_kernel_on_gpus(filters, monkeypatch):
     from portattn.kernels.triton import fused_launch
 
     calls = []
-    real = fused_launch.gumbel_max
-    monkeypatch.setattr(fused_launch, "gumbel_max", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("gumbel_max", "nucleus"):
+        real = getattr(fused_launch, name)
+        monkeypatch.setattr(fused_launch, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k))
     logits = 3 * torch.randn(16, 32000, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    rows = rows_of(16, 2, filters=filters)
+    rows = rows_of(16, 2, filters=filters)  # with filters every sampled row has top_k: the sorted draw
     assert torch.equal(sampler.draw(logits, rows), reference_draw(logits, rows))
-    assert calls == [1]
+    assert calls == (["nucleus", "gumbel_max"] if filters else ["nucleus"])

@@ -7,7 +7,7 @@ rows go to a static buffer ``[B_max, V]`` float32 and their argmax to the static
 with sampled rows first replays a small second graph that runs :func:`~portattn.engine.sampler.draw`
 over the static logits, with each row's parameters read from the static inputs
 (:data:`DRAW_ROWS`, written with the step's other inputs in one copy). There is one such graph per
-batch size and :class:`Filters` (which of ``min_p`` and the sort that ``top_k`` / ``top_p`` need run),
+batch size and :class:`Filters` (which of ``min_p``, ``top_k`` (a sort) and ``top_p`` run),
 captured the first time a step needs it. Rows without a filter carry its neutral value (``min_p`` 0,
 ``top_k`` all, ``top_p`` 1), which leaves them exactly as the eager sampler leaves them, so the tokens
 are the eager path's for the same logits, seeds and positions.
@@ -48,7 +48,8 @@ class Filters:
     """Which filters a step's draw runs (the rows that do not use one carry its neutral value)."""
 
     min_p: bool
-    sort: bool  # top_k and top_p (one sort serves both)
+    top_k: bool  # some row has top_k: its draw sorts (top_p with it)
+    top_p: bool  # some row has top_p (without top_k: the nucleus draw, no sort)
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +98,9 @@ def write_draw_rows(host: np.ndarray, seqs: list[Sequence], batch_size: int, ahe
     floats[1:, :n] = values[2:]
     floats[:, n:batch_size] = _PAD_FLOATS
     sampled = values[:, ~greedy]
-    return Filters(min_p=bool((sampled[3] > 0).any()), sort=bool(((sampled[1] > 0) | (sampled[2] < 1)).any()))
+    return Filters(
+        min_p=bool((sampled[3] > 0).any()), top_k=bool((sampled[1] > 0).any()), top_p=bool((sampled[2] < 1).any())
+    )
 
 
 def draw_rows(rows: torch.Tensor, batch_size: int, filters: Filters) -> DrawRows:
@@ -106,8 +109,8 @@ def draw_rows(rows: torch.Tensor, batch_size: int, filters: Filters) -> DrawRows
     return DrawRows(
         greedy=rows[GREEDY, :batch_size] != 0,
         temperature=_floats(rows[TEMPERATURE], batch_size),
-        top_k=rows[TOP_K, :batch_size] if filters.sort else None,
-        top_p=_floats(rows[TOP_P], batch_size) if filters.sort else None,
+        top_k=rows[TOP_K, :batch_size] if filters.top_k else None,
+        top_p=_floats(rows[TOP_P], batch_size) if filters.top_p or filters.top_k else None,
         min_p=_floats(rows[MIN_P], batch_size) if filters.min_p else None,
         keys=rows[KEYS, :batch_size],
         steps=rows[STEPS, :batch_size],

@@ -88,12 +88,25 @@ def row_words(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return torch.stack([row, row2])
 
 
-def uniform_noise(keys: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[N, V]`` float32 uniform variates in (0, 1), a pure function of ``(keys[r], steps[r], v)``."""
-    row, row2 = row_words(keys, steps)  # [N] each
-    col = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.int64))  # [V]
+def round_words(words: torch.Tensor, r: int) -> torch.Tensor:
+    """The row words of draw round ``r`` of the nucleus sampler (round 0: ``words`` themselves)."""
+    if r == 0:
+        return words
+    r_mixed = _mix32(torch.tensor(r, dtype=torch.int64, device=words.device))
+    return torch.stack([_mix32(words[0] ^ r_mixed), _mix32((words[1] + r) & _M32)])
+
+
+def noise_of_words(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[N, V]`` float32 uniform variates in (0, 1) of the rows' hash words ``[2, N]`` and the token ids."""
+    row, row2 = words  # [N] each
+    col = _mix32(torch.arange(vocab_size, device=words.device, dtype=torch.int64))  # [V]
     h = _mix32((_mix32(row[:, None] ^ col[None, :]) + row2[:, None]) & _M32)  # [N, V]
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, never 0 or 1
+
+
+def uniform_noise(keys: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[N, V]`` float32 uniform variates in (0, 1), a pure function of ``(keys[r], steps[r], v)``."""
+    return noise_of_words(row_words(keys, steps), vocab_size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -267,13 +280,20 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Temperature-scaled ``[N, V]`` logits with tokens outside ``min_p`` / ``top_k`` / ``top_p`` at -inf."""
+def scale_min_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature-scaled ``[N, V]`` logits with tokens below ``min_p`` of the likeliest at -inf."""
     logits = logits / batch.temperature[:, None]
     if batch.min_p is not None:
         probs = torch.softmax(logits, dim=-1)
         floor = batch.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature-scaled ``[N, V]`` logits with tokens outside ``min_p`` / ``top_k`` / ``top_p`` at -inf
+    (``top_k`` and ``top_p`` by one sort: the draw of rows with ``top_k``)."""
+    logits = scale_min_p(logits, batch)
     if batch.top_k is None and batch.top_p is None:
         return logits
     ordered, order = torch.sort(logits, dim=-1, descending=True)  # [N, V]
@@ -303,31 +323,88 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None
 
 
+NUCLEUS_ROUNDS = 32  # draws of the nucleus sampler before a row takes its likeliest token
+
+
+def nucleus_draw(
+    scores: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    words: torch.Tensor,
+    greedy: torch.Tensor,
+    *,
+    divide: bool,
+    rounds: int = NUCLEUS_ROUNDS,
+) -> torch.Tensor:
+    """``tokens [N]``: a sample of each row's nucleus (``top_p [N]``, 1 for the whole distribution) by
+    rejection, the argmax on ``greedy`` rows; the torch code of ``kernels/triton/nucleus.py`` (its
+    docstring has the method), drawing the same tokens. ``scores [N, V]`` float32: raw logits with
+    ``divide`` (divided by ``temperature`` here), else scaled already; ``words [2, N]``: the rows'
+    hash words (:func:`row_words`). Device work only (``rounds`` fixed), except on the CPU, which
+    stops once every row has its token."""
+    s = scores / temperature[:, None] if divide else scores
+    top = s.max(dim=-1).values  # [N]
+    argmax = torch.argmax(s, dim=-1)  # [N]
+    safe_top = torch.where(top == float("-inf"), 0.0, top)[:, None]
+    weights = torch.exp(s - safe_top)  # [N, V]
+    total = weights.sum(dim=-1)  # [N]
+    token, done = argmax.clone(), greedy.clone()
+    lo = torch.full_like(top, float("-inf"))
+    for r in range(rounds):
+        noisy = torch.where(
+            s > lo[:, None],
+            s - torch.log(-torch.log(noise_of_words(round_words(words, r), s.shape[-1]))),
+            float("-inf"),
+        )
+        best = noisy.max(dim=-1).values
+        drawn = torch.where(best == float("-inf"), argmax, torch.argmax(noisy, dim=-1))
+        drawn_score = s.gather(1, drawn[:, None])  # [N, 1]
+        mass_above = torch.where(s > drawn_score, weights, 0.0).sum(dim=-1)
+        accept = ~done & ((top_p >= 1) | (mass_above < top_p * total))
+        token = torch.where(accept, drawn, token)
+        lo = torch.where(done | accept, lo, drawn_score[:, 0])
+        done = done | accept
+        if s.device.type == "cpu" and done.numpy().all():  # no device to wait for: stop when all are drawn
+            break
+    return token
+
+
 def draw(logits: torch.Tensor, rows) -> torch.Tensor:
     """The last part of sampling: ``tokens [N]`` int64 from processed ``logits [N, V]`` (float32).
 
     Greedy rows (every row when ``rows.keys`` is None) take the argmax; the others draw from the
-    temperature-scaled distribution that ``min_p`` / ``top_k`` / ``top_p`` leave
-    (:func:`filter_logits`), with the row's counter-based noise. ``rows`` has the per-row tensors
-    ``greedy, temperature, top_k, top_p, min_p, keys, steps`` (``None``: unused): a
-    :class:`SamplingBatch`, or the static buffers of captured decode steps, which run this inside their
-    graphs. Device work only, no host sync; a neutral value (``min_p`` 0, ``top_k`` >= V, ``top_p`` 1)
-    leaves a row exactly as a ``None`` filter does. On GPUs the noise and the argmax are one Triton
-    kernel (``kernels/triton/gumbel_max.py``: the same variates, computed in registers)."""
+    temperature-scaled distribution that ``min_p`` / ``top_k`` / ``top_p`` leave, with the row's
+    counter-based noise: rows with ``top_k`` from :func:`filter_logits` (one sort serves ``top_k`` and
+    ``top_p``), the others by :func:`nucleus_draw` (``top_p`` without a sort; with ``top_p`` 1 it
+    draws what the plain Gumbel-max draw would). Which way a row goes depends on its own parameters
+    only. ``rows`` has the per-row tensors ``greedy, temperature, top_k, top_p, min_p, keys, steps``
+    (``None``: unused): a :class:`SamplingBatch`, or the static buffers of captured decode steps, which
+    run this inside their graphs. Device work only, no host sync (the CPU's nucleus rounds stop early);
+    a neutral value (``min_p`` 0, ``top_k`` >= V, ``top_p`` 1) leaves a row exactly as a ``None``
+    filter does. On GPUs the draws are Triton kernels (``kernels/triton/nucleus.py``,
+    ``gumbel_max.py``: the same variates, computed in registers)."""
     if rows.keys is None:
         return torch.argmax(logits, dim=-1)
-    fused = draw_kernels(logits)
-    if fused is not None:
-        words = row_words(rows.keys, rows.steps)
-        if rows.min_p is None and rows.top_k is None and rows.top_p is None:
-            return fused.gumbel_max(logits, rows.temperature, words, rows.greedy, divide=True)
-        drawn = fused.gumbel_max(filter_logits(logits, rows), rows.temperature, words, rows.greedy, divide=False)
-        return torch.where(rows.greedy, torch.argmax(logits, dim=-1), drawn)
-    tokens = torch.argmax(logits, dim=-1)  # [N]; greedy rows keep this
-    scores = filter_logits(logits, rows)
-    u = uniform_noise(rows.keys, rows.steps, logits.shape[-1])
-    drawn = torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)
-    return torch.where(rows.greedy, tokens, drawn)
+    kernels = draw_kernels(logits)
+    words = row_words(rows.keys, rows.steps)
+    divide = rows.min_p is None  # the kernels divide raw logits; min_p masks scaled ones first
+    scores = logits if divide else scale_min_p(logits, rows)
+    top_p = rows.top_p if rows.top_p is not None else torch.ones_like(rows.temperature)
+    if kernels is not None:
+        tokens = kernels.nucleus(
+            scores, rows.temperature, top_p, words, rows.greedy, divide=divide, rounds=NUCLEUS_ROUNDS
+        )
+    else:
+        tokens = nucleus_draw(scores, rows.temperature, top_p, words, rows.greedy, divide=divide)
+    if rows.top_k is None:
+        return tokens
+    filtered = filter_logits(logits, rows)
+    if kernels is not None:
+        sorted_draw = kernels.gumbel_max(filtered, rows.temperature, words, rows.greedy, divide=False)
+    else:
+        sorted_draw = torch.argmax(filtered - torch.log(-torch.log(noise_of_words(words, logits.shape[-1]))), dim=-1)
+    with_top_k = (rows.top_k < logits.shape[-1]) & ~rows.greedy
+    return torch.where(with_top_k, sorted_draw, tokens)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:

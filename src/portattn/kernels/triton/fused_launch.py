@@ -13,6 +13,7 @@ from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel
 from .gumbel_max import gumbel_max_kernel
 from .launch import next_pow2
+from .nucleus import nucleus_kernel
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
 ACTIVATION_CODES = {"silu": SILU, "swish": SILU, "gelu": GELU, "gelu_pytorch_tanh": GELU_TANH, "gelu_tanh": GELU_TANH}
@@ -138,3 +139,29 @@ def gumbel_max(
         )  # fmt: skip
     first_best = best.argmax(dim=1, keepdim=True)  # [N, 1]: the first chunk with the row's best score
     return best_token.gather(1, first_best)[:, 0].long()
+
+
+def nucleus(
+    scores: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    row_words: torch.Tensor,
+    greedy: torch.Tensor,
+    *,
+    divide: bool,
+    rounds: int,
+    block: int = 4096,
+) -> torch.Tensor:
+    """``tokens [N]`` int64: per row of ``scores [N, V]`` float32 (rows contiguous), a sample of the
+    nucleus of ``top_p [N]`` (1: the whole distribution) by rejection (``kernels/triton/nucleus.py``),
+    with the sampler's variates of ``row_words [2, N]``; the argmax on ``greedy`` rows. ``divide``: the
+    scores are raw logits, divided by ``temperature [N]`` first. ``rounds``: draws before a row takes
+    its top token."""
+    rows, vocab = scores.shape
+    out = torch.empty(rows, dtype=torch.int64, device=scores.device)
+    if rows:
+        nucleus_kernel[(rows,)](
+            scores, temperature, top_p, row_words, greedy, out, vocab, scores.stride(0), rows,
+            DIVIDE=divide, ROUNDS=rounds, BLOCK=min(block, next_pow2(vocab)), num_warps=8,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,120 @@
+"""Top-p (nucleus) sampling without a sort: one program per row, a few passes over its scores.
+
+The nucleus of a row is every token ``v`` whose likelier tokens hold less than ``top_p`` of the
+probability: ``sum_{u: s_u > s_v} p_u < top_p``; a sample from it is a sample of the whole
+distribution restricted to it. By rejection (the sampler's reference, ``sampler.nucleus_draw``,
+computes the same): round ``r`` draws ``t`` by Gumbel-max among the tokens scoring above ``lo``
+(the sampler's counter-based variates, their row words remixed with ``r`` for ``r > 0``), and
+accepts it when the mass above ``s_t`` is below ``top_p`` (or ``top_p`` is 1); otherwise no token
+scoring at most ``s_t`` is in the nucleus, so ``lo = s_t`` and the next round draws again. Every
+accepted token is an exact sample of the nucleus distribution; round 0 draws what the sampler's
+plain draw would, so a row with ``top_p`` 1 or whose first draw lands in its nucleus gets that token.
+After ``ROUNDS`` rejections (vanishingly rare) the row takes its top token, which is always in the
+nucleus. A greedy row takes its argmax. Passes: the maximum and the normaliser (online), then two a
+round (the draw, the mass above the drawn token).
+
+``DIVIDE``: divide the scores by the row's temperature first (raw logits); otherwise they are
+scaled already (and masked by ``min_p``: -inf). Grid: ``(N,)``; ``Out [N]`` int64.
+"""
+
+import triton
+import triton.language as tl
+
+from .gumbel_max import _mix32
+
+
+@triton.jit
+def _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE: tl.constexpr):
+    s = tl.load(Scores + row_offset + tokens, mask=mask, other=float("-inf"))
+    if DIVIDE:
+        s = s / temperature
+    return s
+
+
+@triton.jit
+def nucleus_kernel(
+    Scores,
+    Temperature,
+    TopP,
+    RowWords,  # [2, N] int64 holding uint32 values: the row's hash words (round 0)
+    Greedy,
+    Out,
+    vocab,
+    stride_row,
+    num_rows,
+    DIVIDE: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row_offset = row.to(tl.int64) * stride_row
+    greedy = tl.load(Greedy + row) != 0
+    temperature = tl.load(Temperature + row)
+    top_p = tl.load(TopP + row)
+    word1 = tl.load(RowWords + row).to(tl.uint32)
+    word2 = tl.load(RowWords + num_rows + row).to(tl.uint32)
+    lanes = tl.arange(0, BLOCK)
+
+    # The maximum, the normaliser sum(exp(s - max)) (online, per lane) and the argmax (first index).
+    lane_max = tl.full((BLOCK,), float("-inf"), tl.float32)
+    lane_sum = tl.zeros((BLOCK,), tl.float32)
+    lane_arg = tl.zeros((BLOCK,), tl.int32)
+    for start in range(0, vocab, BLOCK):
+        tokens = start + lanes
+        mask = tokens < vocab
+        s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
+        better = s > lane_max
+        new_max = tl.maximum(lane_max, s)
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        lane_sum = lane_sum * tl.exp(lane_max - safe) + tl.where(mask, tl.exp(s - safe), 0.0)
+        lane_arg = tl.where(better, tokens, lane_arg)
+        lane_max = new_max
+    top = tl.max(lane_max, axis=0)
+    safe_top = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(tl.where(lane_max == float("-inf"), 0.0, lane_sum * tl.exp(lane_max - safe_top)), axis=0)
+    argmax = tl.min(tl.where(lane_max == top, lane_arg, 2147483647), axis=0)
+
+    token = argmax
+    done = greedy.to(tl.int32)
+    lo = tl.where(top == top, float("-inf"), float("-inf")).to(tl.float32)  # a scalar tensor, loop-carried
+    for r in range(ROUNDS):
+        if done == 0:
+            w1 = word1
+            w2 = word2
+            if r > 0:
+                round_id = (word1 ^ word1) + r  # r as uint32, compiled (a tensor) or interpreted (an int)
+                w1 = _mix32(word1 ^ _mix32(round_id))
+                w2 = _mix32(word2 + round_id)
+            best = tl.full((BLOCK,), float("-inf"), tl.float32)
+            best_token = tl.zeros((BLOCK,), tl.int32)
+            best_score = tl.full((BLOCK,), float("-inf"), tl.float32)
+            for start in range(0, vocab, BLOCK):
+                tokens = start + lanes
+                mask = tokens < vocab
+                s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
+                h = _mix32(_mix32(w1 ^ _mix32(tokens.to(tl.uint32))) + w2)
+                u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                noisy = tl.where(mask & (s > lo), s - tl.log(-tl.log(u)), float("-inf"))
+                better = noisy > best
+                best_token = tl.where(better, tokens, best_token)
+                best_score = tl.where(better, s, best_score)
+                best = tl.where(better, noisy, best)
+            winner = tl.max(best, axis=0)
+            drawn = tl.min(tl.where(best == winner, best_token, 2147483647), axis=0)
+            drawn_score = tl.max(tl.where(best_token == drawn, best_score, float("-inf")), axis=0)
+            if winner == float("-inf"):  # nothing scores above lo (cannot happen: the top token does)
+                drawn = argmax
+                drawn_score = top
+            above = tl.zeros((BLOCK,), tl.float32)
+            for start in range(0, vocab, BLOCK):
+                tokens = start + lanes
+                mask = tokens < vocab
+                s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
+                above += tl.where(mask & (s > drawn_score), tl.exp(s - safe_top), 0.0)
+            mass_above = tl.sum(above, axis=0)
+            if (top_p >= 1.0) | (mass_above < top_p * total):
+                token = drawn
+                done = 1
+            else:
+                lo = drawn_score
+    tl.store(Out + row, token.to(tl.int64))
