@@ -2,14 +2,16 @@
 
 One step's rows go through: log-probabilities of the raw logits (rows that asked) -> logits
 processors -> ``allowed_token_ids`` -> ``bad_words`` and ``min_tokens`` bans -> penalties -> greedy
-argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw. Every per-request value is
+argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw (rows with ``top_k`` by one
+sort; rows with ``top_p`` alone by rejection, without a sort: :func:`nucleus_draw`). Every per-request value is
 a ``[N]`` tensor (allowed and banned tokens are ``(row, token)`` index lists), so no Python loop
 touches the vocabulary; the one exception is a request's own ``logits_processors``, Python callables
 that run on its row alone, and only for the requests that have them.
 
 Randomness is counter-based: the uniform variate of row ``r``, token ``v`` is a hash of the
 request's 64-bit key, the number of tokens the request has generated so far, and ``v``; the draw is
-the Gumbel-max trick (``argmax(logits / T - log(-log u))`` samples from ``softmax(logits / T)``).
+the Gumbel-max trick (``argmax(logits / T - log(-log u))`` samples from ``softmax(logits / T)``);
+the nucleus draw's later rounds remix the row's hash words with the round number.
 A request's samples are therefore a function of its own key and position alone: they do not depend
 on which other requests share the batch, on the batch order, or on preemption (a recomputed request
 regenerates the same variates), and no per-request generator state has to be stored, advanced or
