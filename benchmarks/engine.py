@@ -186,13 +186,7 @@ def time_mode(engine, graphs, steps: int) -> dict:
     runner = engine.runner
     mode = "eager" if graphs is None else "graphs"
     runner.graphs = graphs
-    engine.step()  # this mode's kernels compiled
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    sync()
-    row = {f"{mode}_step_ms": (time.perf_counter() - t0) * 1e3 / steps}
+    row = {f"{mode}_step_ms": step_ms(engine, steps)}  # (its first, untimed step compiles this mode's kernels)
     scheduled = engine.scheduler.schedule()  # the next step (reserving is idempotent)
     if graphs is not None:
         row["graphs_plan_us"] = host_time_us(lambda: graphs.write_step(scheduled))
@@ -225,13 +219,7 @@ def time_sampled(engine, graphs, seqs: list, steps: int, params: dict = SAMPLED,
         seq.params = dataclasses.replace(seq.params, **params)
     try:
         sampled0 = graphs.sampled
-        engine.step()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        sync()
-        row = {f"graphs_{name}_step_ms": (time.perf_counter() - t0) * 1e3 / steps}
+        row = {f"graphs_{name}_step_ms": step_ms(engine, steps)}
         row[f"graphs_{name}_in_graph"] = (graphs.sampled - sampled0) / (steps + 1)
         filters = Filters(min_p=False, top_k="top_k" in params, top_p="top_p" in params)
         key = (graphs.bucket(len(seqs)), filters)
