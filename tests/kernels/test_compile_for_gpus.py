@@ -1,0 +1,70 @@
+"""The sampler's Triton kernels compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any
+machine: the CPU's interpreter runs Python, not the compiler, so a construct the compiler refuses
+(types a loop carries, branches on runtime values) would otherwise surface only on a GPU.
+
+The compile runs in a child process without ``TRITON_INTERPRET`` (under the interpreter,
+``@triton.jit`` makes functions the compiler cannot take)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SKIP = 3  # the child's exit status when this triton cannot compile for CUDA here
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
+    from portattn.kernels.triton.nucleus import nucleus_kernel
+
+    COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
+    KERNELS = [
+        ("nucleus, raw logits", nucleus_kernel,
+         {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "RowWords": "*i64", "Greedy": "*i1",
+          "Out": "*i64", **COMMON}, {"DIVIDE": True, "ROUNDS": 32, "BLOCK": 4096}, 8),
+        ("nucleus, scaled scores", nucleus_kernel,
+         {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "RowWords": "*i64", "Greedy": "*i1",
+          "Out": "*i64", **COMMON}, {"DIVIDE": False, "ROUNDS": 32, "BLOCK": 4096}, 8),
+        ("gumbel_max", gumbel_max_kernel,
+         {"Scores": "*fp32", "Temperature": "*fp32", "RowWords": "*i64", "Greedy": "*i1", "BestScore": "*fp32",
+          "BestToken": "*i32", **COMMON, "num_chunks": "i32"}, {"DIVIDE": True, "BLOCK": 1024, "CHUNK": 4096}, 4),
+    ]
+    for name, fn, signature, constexprs, warps in KERNELS:
+        signature = {**signature, **{key: "constexpr" for key in constexprs}}
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        try:
+            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        except (FileNotFoundError, RuntimeError) as exc:
+            if "ptxas" in str(exc):
+                print("no ptxas:", exc); sys.exit(3)
+            raise
+        print(name, "cubin", len(kernel.asm["cubin"]))
+    """
+)
+
+
+def test_the_sampler_kernels_compile_for_hopper():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    names = [line.split(" cubin ")[0] for line in lines]
+    assert names == ["nucleus, raw logits", "nucleus, scaled scores", "gumbel_max"]
+    assert all(int(line.split(" cubin ")[1]) > 0 for line in lines)
