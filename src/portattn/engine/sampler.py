@@ -377,27 +377,33 @@ def draw(logits: torch.Tensor, rows) -> torch.Tensor:
     Greedy rows (every row when ``rows.keys`` is None) take the argmax; the others draw from the
     temperature-scaled distribution that ``min_p`` / ``top_k`` / ``top_p`` leave, with the row's
     counter-based noise: rows with ``top_k`` from :func:`filter_logits` (one sort serves ``top_k`` and
-    ``top_p``), the others by :func:`nucleus_draw` (``top_p`` without a sort; with ``top_p`` 1 it
-    draws what the plain Gumbel-max draw would). Which way a row goes depends on its own parameters
-    only. ``rows`` has the per-row tensors ``greedy, temperature, top_k, top_p, min_p, keys, steps``
-    (``None``: unused): a :class:`SamplingBatch`, or the static buffers of captured decode steps, which
-    run this inside their graphs. Device work only, no host sync (the CPU's nucleus rounds stop early);
-    a neutral value (``min_p`` 0, ``top_k`` >= V, ``top_p`` 1) leaves a row exactly as a ``None``
-    filter does. On GPUs the draws are Triton kernels (``kernels/triton/nucleus.py``,
-    ``gumbel_max.py``: the same variates, computed in registers)."""
+    ``top_p``), the others by :func:`nucleus_draw` (``top_p`` without a sort), or, when no row has
+    ``top_p``, by the plain Gumbel-max draw, which is what the nucleus draw gives a row of ``top_p`` 1.
+    A row's token depends on its own parameters only. ``rows`` has the per-row tensors ``greedy,
+    temperature, top_k, top_p, min_p, keys, steps`` (``None``: unused): a :class:`SamplingBatch`, or
+    the static buffers of captured decode steps, which run this inside their graphs. Device work only,
+    no host sync (the CPU's nucleus rounds stop early); a neutral value (``min_p`` 0, ``top_k`` >= V,
+    ``top_p`` 1) leaves a row exactly as a ``None`` filter does. On GPUs the draws are Triton kernels
+    (``kernels/triton/nucleus.py``, ``gumbel_max.py``: the same variates, computed in registers)."""
     if rows.keys is None:
         return torch.argmax(logits, dim=-1)
     kernels = draw_kernels(logits)
     words = row_words(rows.keys, rows.steps)
     divide = rows.min_p is None  # the kernels divide raw logits; min_p masks scaled ones first
     scores = logits if divide else scale_min_p(logits, rows)
-    top_p = rows.top_p if rows.top_p is not None else torch.ones_like(rows.temperature)
-    if kernels is not None:
+    if rows.top_p is None:  # the plain draw: what the nucleus draw gives a row with top_p 1, in one pass
+        if kernels is not None:
+            tokens = kernels.gumbel_max(scores, rows.temperature, words, rows.greedy, divide=divide)
+        else:
+            s = scores / rows.temperature[:, None] if divide else scores
+            drawn = torch.argmax(s - torch.log(-torch.log(noise_of_words(words, s.shape[-1]))), dim=-1)
+            tokens = torch.where(rows.greedy, torch.argmax(s, dim=-1), drawn)
+    elif kernels is not None:
         tokens = kernels.nucleus(
-            scores, rows.temperature, top_p, words, rows.greedy, divide=divide, rounds=NUCLEUS_ROUNDS
+            scores, rows.temperature, rows.top_p, words, rows.greedy, divide=divide, rounds=NUCLEUS_ROUNDS
         )
     else:
-        tokens = nucleus_draw(scores, rows.temperature, top_p, words, rows.greedy, divide=divide)
+        tokens = nucleus_draw(scores, rows.temperature, rows.top_p, words, rows.greedy, divide=divide)
     if rows.top_k is None:
         return tokens
     filtered = filter_logits(logits, rows)
