@@ -437,8 +437,7 @@ class AttentionBackend:
         buffers.page_table[:batch].copy_(to_page_table(rows, buffers.page_size))  # [B, max_pages]
         buffers.seq_lens_k[:batch].copy_(seq_lens_k)
         columns = seq_lens_k.long()[:, None] + torch.arange(-q, 0, device=rows.device)  # [B, q] new tokens
-        # (A row of fewer keys than queries, a cascade's shared pass, writes nothing: its slots are clamped.)
-        buffers.out_cache_loc[: batch * q].copy_(rows.gather(1, columns.clamp(min=0)).flatten())  # [B * q]
+        buffers.out_cache_loc[: batch * q].copy_(rows.gather(1, columns).flatten())  # [B * q]
 
     def _require_graphs(self) -> None:
         if not self.supports_graphs:

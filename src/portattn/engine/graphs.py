@@ -234,7 +234,9 @@ class DecodeGraphs:
             own_rows = req_to_token.index_select(0, rows).gather(1, columns.expand(batch_size, width))
             own_lens = (key_counts - shared_len).clamp(min=1).int()  # padding rows: one scratch key
             self.backend.plan_into(own, own_rows, self.row_ids[:batch_size], own_lens, uniform_q_len=1)
-            self.backend.plan_into(shared, req_to_token, rows[:1], shared_len.int(), uniform_q_len=batch_size)
+            # The shared pass's page table and length: planned as one key run (q 1); its metadata reads B
+            # queries, non-causal and without a window, so no query position enters its mask.
+            self.backend.plan_into(shared, req_to_token, rows[:1], shared_len.int(), uniform_q_len=1)
         if self.cache_plan is not None:
             self.cache_plan.plan_into(batch_size, q)
         if self.feed and q == 1:  # rows fed from the previous step's sampled ids

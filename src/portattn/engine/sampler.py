@@ -111,6 +111,11 @@ def uniform_noise(keys: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
     return noise_of_words(row_words(keys, steps), vocab_size)
 
 
+def gumbel_argmax(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``argmax(scores - log(-log u))``: a draw from ``softmax(scores)`` per row (``[N, V]`` -> ``[N]``)."""
+    return torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)
+
+
 @dataclass(frozen=True, eq=False)
 class SamplingBatch:
     """The per-row sampling parameters of one step as device tensors (``N`` rows)."""
@@ -396,7 +401,7 @@ def draw(logits: torch.Tensor, rows) -> torch.Tensor:
             tokens = kernels.gumbel_max(scores, rows.temperature, words, rows.greedy, divide=divide)
         else:
             s = scores / rows.temperature[:, None] if divide else scores
-            drawn = torch.argmax(s - torch.log(-torch.log(noise_of_words(words, s.shape[-1]))), dim=-1)
+            drawn = gumbel_argmax(s, noise_of_words(words, s.shape[-1]))
             tokens = torch.where(rows.greedy, torch.argmax(s, dim=-1), drawn)
     elif kernels is not None:
         tokens = kernels.nucleus(
@@ -410,7 +415,7 @@ def draw(logits: torch.Tensor, rows) -> torch.Tensor:
     if kernels is not None:
         sorted_draw = kernels.gumbel_max(filtered, rows.temperature, words, rows.greedy, divide=False)
     else:
-        sorted_draw = torch.argmax(filtered - torch.log(-torch.log(noise_of_words(words, logits.shape[-1]))), dim=-1)
+        sorted_draw = gumbel_argmax(filtered, noise_of_words(words, logits.shape[-1]))
     with_top_k = (rows.top_k < logits.shape[-1]) & ~rows.greedy
     return torch.where(with_top_k, sorted_draw, tokens)
 

@@ -34,8 +34,9 @@ PARAMS = [
     SamplingParams(temperature=0.7, logits_processors=[late_bias], min_tokens=6, stop_token_ids=[7], seed=4),
     SamplingParams(temperature=0.9, n=2, best_of=3, seed=5, max_tokens=8),
     SamplingParams(temperature=0, repetition_penalty=1.5, max_tokens=11, logprobs=2),
+    SamplingParams(temperature=1.0, top_p=0.5, seed=6, max_tokens=12),  # the nucleus draw (no top_k)
 ]
-PROMPTS = random_prompts([3, 8, 5, 12, 6, 9], seed=6)
+PROMPTS = random_prompts([3, 8, 5, 12, 6, 9, 7], seed=6)
 ENGINE = dict(page_size=4, num_pages=120, max_model_len=64, enable_prefix_caching=False)
 
 

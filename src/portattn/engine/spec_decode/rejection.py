@@ -35,7 +35,9 @@ from ..sampler import (
     TokenLogprobs,
     apply_logits_processors,
     apply_penalties,
+    draw,
     filter_logits,
+    gumbel_argmax,
     to_host,
     token_logprobs,
     uniform_noise,
@@ -79,11 +81,6 @@ class SequencePrefix:
     @property
     def output_token_ids(self) -> list[int]:
         return self.seq.token_ids[self.seq.num_prompt_tokens : self.num_tokens]
-
-
-def gumbel_argmax(scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``argmax(scores - log(-log u))``: a draw from ``softmax(scores)`` per row (``[N, V]`` -> ``[N]``)."""
-    return torch.argmax(scores - torch.log(-torch.log(u)), dim=-1)
 
 
 def _processed(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -132,8 +129,7 @@ def verify(
     processed, scores = _processed(logits, batch)
     tokens = torch.argmax(processed, dim=-1)  # [R] greedy rows' choice
     if scores is not None:
-        u = uniform_noise(batch.keys, batch.steps, vocab)  # the plain sampler's variates
-        drawn = gumbel_argmax(scores, u)  # [R]: what plain sampling draws at each position
+        drawn = draw(processed, batch)  # [R]: what plain sampling draws at each position (its own code)
         emit, accept = drawn, drawn == draft_ids
         if any(q is not None for q in draft_probs):
             emit, accept, q_rows = _against_draft_probs(scores, batch, draft_ids, seqs, draft_probs, firsts)
