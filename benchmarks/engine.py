@@ -298,7 +298,7 @@ def cascade_point(llm, batch: int, shared: int, own: int, steps: int) -> dict:
     while any(s.num_computed < s.num_prompt_tokens for s in seqs):
         engine.step()
     always = dataclasses.replace(rule, min_batch=1, min_shared_tokens=1, min_shared_fraction=0.0,
-                                 graph_min_saved_bytes=0)  # fmt: skip
+                                 graph_min_saved_bytes=0, eager_min_saved_bytes=0)  # fmt: skip
     row: dict = {"batch": batch, "shared": shared, "own": own}
     try:
         for mode, mode_graphs, mode_rule in (("graphs", graphs, None), ("cascade_graphs", graphs, always),

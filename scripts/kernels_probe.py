@@ -10,6 +10,8 @@
   (rank 512 + 64, page 64) over bf16 and fp8 latent caches at H 16 and 128 (``MLA_FP8_TILES``);
 * ``long``: decode B=1 L=65536 P=16 with the default tiles and over ``LONG_VARIANTS``, each timed as
   CUDA-graph replays (``timing.measure_graph``: median and spread);
+* ``splits``: decode at B=1 and 4 over 8k-128k keys at 8-64 splits, and an fp8 cache at B=8 and 64
+  over 4096 keys at 1-4 splits (where the split rule should sit);
 * ``fp32``: float32 paged attention and MLA decode against float64, IEEE dots and TF32.
 
 Every section prints its rows and writes ``DIR/<section>.json``; ceilings (copy, bf16 matmul) come
@@ -84,7 +86,9 @@ def headdims_unaligned(out: Path, dims: list[int]) -> dict:
 
 # (block_n, warps, stages, splits). The first round swept (64|128|32, 4|8, 2..5) at one split:
 # 128 x 4 warps x 3 stages was the fastest (0.216 ms), and became the fp8 decode default.
-FP8_VARIANTS = [(256, 4, 2, 1), (256, 8, 2, 1), (128, 4, 3, 2), (128, 4, 2, 2), (64, 4, 4, 2), (128, 4, 4, 1)]
+# Round 3: 128 x 4 x 3 (the default, 1 split) 0.212 ms, at 2 splits 0.193; 256 x 4 x 2 0.209.
+FP8_VARIANTS = [(128, 4, 3, 2), (128, 4, 3, 3), (128, 4, 3, 4), (256, 4, 2, 2), (256, 4, 3, 2), (256, 8, 2, 2),
+                (128, 8, 3, 2), (128, 4, 4, 2), (64, 4, 4, 2), (64, 4, 4, 4)]  # fmt: skip
 MLA_FP8_TILES = {16: [(16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2)], 128: [(64, 64, 8, 2)]}
 
 
@@ -161,7 +165,8 @@ def fp8(out: Path, ceil) -> dict:
 
 
 # (block_n, warps, stages, splits). The first round: 64 x 8 x 5 at 64 splits 0.0839 ms, 4 or 3 stages 0.093.
-LONG_VARIANTS = [(64, 8, 5, 32), (64, 8, 5, 48), (64, 4, 4, 32), (128, 4, 3, 64), (128, 8, 3, 32), (64, 4, 4, 64)]
+LONG_VARIANTS = [(64, 8, 5, 32), (64, 8, 5, 96), (64, 8, 5, 128), (64, 8, 5, 132), (64, 4, 4, 132),
+                 (128, 4, 3, 66), (128, 4, 3, 132), (32, 4, 4, 128)]  # fmt: skip
 
 
 def long(out: Path, ceil) -> dict:
@@ -185,12 +190,61 @@ def long(out: Path, ceil) -> dict:
 
     default = choose_tiles(1, 4, 128, 128, interpret=False)
     splits = choose_num_kv_splits(65536, 1, 32, 1)
+    launch.MAX_KV_SPLITS = max(sp for *_, sp in LONG_VARIANTS)  # the sweep goes past the engine's bound
     record(f"default m{default.block_m} n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
            _paged_call(case, sets, o))  # fmt: skip
     for n, w, st, sp in LONG_VARIANTS:
         t = TileConfig(default.block_q, default.block_m, n, w, st)
         record(f"n{n} w{w} s{st} S{sp}", _paged_call(case, sets, o, tiles=t, splits=sp))
     record("default again", _paged_call(case, sets, o))
+    return rows
+
+
+SPLIT_BATCHES, SPLIT_LENGTHS, SPLIT_COUNTS = (1, 4), (8192, 16384, 32768, 65536, 131072), (8, 16, 32, 48, 64)
+FP8_SPLIT_BATCHES, FP8_SPLIT_LENGTH = (8, 64), 4096
+
+
+def splits(out: Path, ceil) -> dict:
+    """Decode at batches ``SPLIT_BATCHES`` over ``SPLIT_LENGTHS`` keys at each of ``SPLIT_COUNTS``
+    splits (and the default), bf16 with the default tiles; then an fp8 e4m3 cache at B=8 and 64 over
+    4096 keys at 1, 2 and 3 splits: where the split rule should sit."""
+    rows = {}
+
+    def record(key, fn, nbytes):
+        try:
+            r = _timed(fn, 2)
+        except Exception as exc:
+            rows[key] = peers.error_line(exc)
+            print(f"splits {key:<36} {rows[key]}", flush=True)
+            return
+        r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+        rows[key] = r
+        print(f"splits {key:<36} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
+        (out / "splits.json").write_text(json.dumps(rows, indent=1))
+
+    for b in SPLIT_BATCHES:
+        for L in SPLIT_LENGTHS:
+            case = PagedCase(f"decode B={b} L={L} P=16", b, 1, L, peers=())
+            sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+            o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
+            nbytes = b * L * 8 * 128 * 2 * 2
+            default = choose_num_kv_splits(L, b, 32, 1)
+            for sp in sorted({*SPLIT_COUNTS, default}):
+                mark = " (default)" if sp == default else ""
+                record(f"B={b} L={L} S{sp}{mark}", _paged_call(case, sets, o, splits=sp), nbytes)
+            del sets
+    L = FP8_SPLIT_LENGTH
+    for b in FP8_SPLIT_BATCHES:
+        case = PagedCase(f"decode B={b} L={L} P=16", b, 1, L, peers=())
+        sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+        sets = [{**s, "k_cache": quantize_kv(s["k_cache"], torch.float8_e4m3fn, 0.5),
+                 "v_cache": quantize_kv(s["v_cache"], torch.float8_e4m3fn, 0.25)} for s in sets]  # fmt: skip
+        o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
+        default = choose_num_kv_splits(L, b, 32, 1)
+        for sp in sorted({1, 2, 3, 4, default}):
+            mark = " (default)" if sp == default else ""
+            fn = _paged_call(case, sets, o, splits=sp, k_scale=0.5, v_scale=0.25)
+            record(f"fp8 B={b} L={L} S{sp}{mark}", fn, b * L * 8 * 128 * 2)
     return rows
 
 
@@ -228,7 +282,7 @@ def main() -> int:
     ceil = None
     for section in args.sections:
         t0 = time.time()
-        if section in ("fp8", "long") and ceil is None:
+        if section in ("fp8", "long", "splits") and ceil is None:
             ceil = measure_ceilings(DEV)
             print(
                 f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
@@ -240,6 +294,8 @@ def main() -> int:
             fp8(out, ceil)
         elif section == "long":
             long(out, ceil)
+        elif section == "splits":
+            splits(out, ceil)
         elif section == "fp32":
             fp32(out)
         print(f"== {section}: {time.time() - t0:.0f} s", flush=True)

@@ -108,7 +108,10 @@ def test_long_decode_is_split_and_correct():
 
 
 def test_split_count_is_a_function_of_the_problem_size():
-    assert choose_num_kv_splits(65536, 1, 32, 1) == 64  # one long sequence: spread over key ranges
+    assert choose_num_kv_splits(65536, 1, 32, 1) == 32  # one long sequence: spread over key ranges
+    assert choose_num_kv_splits(65536, 4, 32, 1) == 8  # about 256 programs of 8 KV heads (H200: fastest)
+    assert choose_num_kv_splits(8192, 1, 32, 1) == 16  # bounded by 512 keys per split
+    assert choose_num_kv_splits(65536, 1, 32, 4) == 64  # query runs (verifications) aim at twice the work
     assert choose_num_kv_splits(4096, 64, 32, 1) == 1  # enough (sequence, head) pairs already
     assert choose_num_kv_splits(4096, 4, 32, 1) == 8  # bounded by 512 keys per split
     assert choose_num_kv_splits(300, 1, 32, 1) == 1  # too short to split

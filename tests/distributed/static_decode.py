@@ -27,7 +27,9 @@ def cascade_from_two_sequences(engine) -> None:
     import dataclasses
 
     rule = engine.runner.cascade_rule
-    engine.runner.cascade_rule = dataclasses.replace(rule, min_batch=2, min_shared_tokens=1, graph_min_saved_bytes=0)
+    engine.runner.cascade_rule = dataclasses.replace(
+        rule, min_batch=2, min_shared_tokens=1, graph_min_saved_bytes=0, eager_min_saved_bytes=0
+    )
 
 
 def fewest_cascade_steps(engine) -> int:

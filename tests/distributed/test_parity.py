@@ -136,7 +136,7 @@ def test_tp2_cascade_steps_equal_tp1_without(family, ckpt_root):
         return generate(llm, batch, MAX_NEW, prompt_logits=False)
 
     kwargs = dict(page_size=7, num_pages=40, max_model_len=56, max_num_seqs=4, device=DEVICE)
-    want = shared_run(LLM(path, **kwargs))
+    want = shared_run(LLM(path, enable_cascade_attn=False, **kwargs))
     with LLM(path, tensor_parallel_size=2, enable_cascade_attn=True, **kwargs) as two:
         two.engine.call(cascade_from_two_sequences)
         got = shared_run(two)

@@ -27,6 +27,9 @@ TAILS = random_prompts([1, 3, 5, 8, 2, 6], seed=4)  # the shared 40 tokens, then
 
 
 def eager_llm(path: str, page_size: int, **kwargs) -> LLM:
+    """Plain attention unless ``enable_cascade_attn=True``, then every eager step of two or more
+    sequences that share a page takes the cascade (by default an eager step never does)."""
+    kwargs.setdefault("enable_cascade_attn", False)
     llm = LLM(
         path,
         enforce_eager=True,
@@ -37,8 +40,10 @@ def eager_llm(path: str, page_size: int, **kwargs) -> LLM:
         **kwargs,
     )
     rule = llm.engine.runner.cascade_rule
-    if rule is not None:  # every step of two or more sequences that share a page takes the cascade
-        llm.engine.runner.cascade_rule = dataclasses.replace(rule, min_batch=2, min_shared_tokens=1)
+    if rule is not None:
+        llm.engine.runner.cascade_rule = dataclasses.replace(
+            rule, min_batch=2, min_shared_tokens=1, eager_min_saved_bytes=0
+        )
     return llm
 
 
@@ -72,7 +77,7 @@ def test_cascade_steps_equal_plain(family, page_size, ckpt_root):
     """Gemma 2 alternates windowed layers (plain) with full ones (cascade), gpt-oss has sinks (in the
     own pass only) and windows, Llama 4 chunked layers (plain) beside global ones."""
     path = checkpoint(family, ckpt_root)
-    plain = eager_llm(path, page_size)  # cascades are opt-in
+    plain = eager_llm(path, page_size)
     assert plain.engine.runner.cascade_rule is None
     want = shared_prefix_run(plain)
     llm = eager_llm(path, page_size, enable_cascade_attn=True)
@@ -146,7 +151,7 @@ def test_shared_prefix_pages():
 
 
 def rule(**kwargs) -> CascadeRule:
-    return CascadeRule(**{"bytes_per_token": 1024, "min_shared_tokens": 64, **kwargs})
+    return CascadeRule(**{"bytes_per_token": 1024, "min_shared_tokens": 64, "graph_min_saved_bytes": 0, **kwargs})
 
 
 def batch(n: int, shared_pages: int, own_tokens: int, q: int = 1, page_size: int = 16) -> list:
@@ -159,29 +164,32 @@ def batch(n: int, shared_pages: int, own_tokens: int, q: int = 1, page_size: int
 
 
 def test_the_rule_takes_decodes_of_many_sequences_over_a_long_shared_prefix():
-    assert rule().shared_tokens(batch(8, 8, 100), 16, replays=False) == 128
-    assert rule().shared_tokens(batch(7, 8, 100), 16, replays=False) == 0  # fewer than min_batch
-    assert rule().shared_tokens(batch(8, 3, 100), 16, replays=False) == 0  # 48 shared keys < 64
-    assert rule().shared_tokens(batch(8, 8, 100, q=2), 16, replays=False) == 0  # more than max_q_len new tokens
-    assert rule(max_q_len=2).shared_tokens(batch(8, 8, 100, q=2), 16, replays=False) == 128  # verification
+    assert rule().shared_tokens(batch(8, 8, 100), 16, replays=True) == 128
+    assert rule().shared_tokens(batch(7, 8, 100), 16, replays=True) == 0  # fewer than min_batch
+    assert rule().shared_tokens(batch(8, 3, 100), 16, replays=True) == 0  # 48 shared keys < 64
+    assert rule().shared_tokens(batch(8, 8, 100, q=2), 16, replays=True) == 0  # more than max_q_len new tokens
+    assert rule(max_q_len=2).shared_tokens(batch(8, 8, 100, q=2), 16, replays=True) == 128  # verification
     # The shared keys must be at least half of what the batch reads: 128 shared, 200 own each.
-    assert rule().shared_tokens(batch(8, 8, 200), 16, replays=False) == 0
-    assert rule(min_shared_fraction=0.3).shared_tokens(batch(8, 8, 200), 16, replays=False) == 128
-    # Giving up a captured graph needs (B - 1) * shared * bytes_per_token >= graph_min_saved_bytes.
+    assert rule().shared_tokens(batch(8, 8, 200), 16, replays=True) == 0
+    assert rule(min_shared_fraction=0.3).shared_tokens(batch(8, 8, 200), 16, replays=True) == 128
+    # A cascade needs (B - 1) * shared * bytes_per_token >= the bound of the step's kind: by default
+    # none for an eager step (it never cascades).
     saved = 7 * 128 * 1024
     assert rule(graph_min_saved_bytes=saved).shared_tokens(batch(8, 8, 100), 16, replays=True) == 128
     assert rule(graph_min_saved_bytes=saved + 1).shared_tokens(batch(8, 8, 100), 16, replays=True) == 0
-    assert rule(graph_min_saved_bytes=saved + 1).shared_tokens(batch(8, 8, 100), 16, replays=False) == 128
+    assert rule(graph_min_saved_bytes=0).shared_tokens(batch(8, 8, 100), 16, replays=False) == 0
+    assert rule(eager_min_saved_bytes=saved).shared_tokens(batch(8, 8, 100), 16, replays=False) == 128
+    assert rule(eager_min_saved_bytes=saved + 1).shared_tokens(batch(8, 8, 100), 16, replays=False) == 0
 
 
 def test_the_default_graph_bound():
     """By default (4 GiB) a graph step of an 8B-shaped model (128 KiB of K/V per token) cascades in its
     cascade shape with 64 sequences over 1,024 shared tokens (8.5 GB not read again), not with 8 (0.9
-    GB); an eager step needs no such bound; ``None`` keeps every graph step plain."""
+    GB); an eager step never does; ``None`` keeps every graph step plain."""
     default = CascadeRule(bytes_per_token=32 * 8 * 256 * 2)
     assert default.shared_tokens(batch(64, 64, 256), 16, replays=True) == 1024
     assert default.shared_tokens(batch(8, 64, 256), 16, replays=True) == 0
-    assert default.shared_tokens(batch(8, 64, 256), 16, replays=False) == 1024
+    assert default.shared_tokens(batch(64, 512, 256), 16, replays=False) == 0
     never = dataclasses.replace(default, graph_min_saved_bytes=None)
     assert never.shared_tokens(batch(64, 512, 256), 16, replays=True) == 0
 

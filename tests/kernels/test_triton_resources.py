@@ -134,3 +134,17 @@ def test_fp32_prefill_tiles_at_head_dim_128_step_down_once_in_stages():
     assert (bf16.block_m, bf16.block_n, bf16.num_stages) == (128, 128, 2)
     assert launch.shared_memory_bytes(bf16.__class__(32, 128, 128, 8, 2), 128, 128, 4) == 262144
     assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 128, 1)
+
+
+@pytest.mark.parametrize("head_dim", [40, 64, 80, 128, 200, 256])
+@pytest.mark.parametrize("max_seqlen_q", [1, 5, 40, 512])
+def test_ieee_float32_tiles_compile_in_seconds(head_dim, max_seqlen_q):
+    """IEEE float32 dots are unrolled into multiply-adds, BLOCK_M * BLOCK_N * columns per program: the
+    tiles keep that at most 2048 per thread (64 x 32 x 128 in 4 warps; 128 x 128 x 128 in 8 warps is
+    8192 and took 74 s to compile for sm_90), and still fit the shared memory."""
+    tiles = launch.choose_tiles(
+        max_seqlen_q, 4, head_dim, head_dim, interpret=False, itemsize=4, shared_memory=H200_SHARED, ieee_dots=True
+    )
+    columns = sum(launch.column_tiles(head_dim))
+    assert tiles.block_m * tiles.block_n * columns / (32 * tiles.num_warps) <= 2048
+    assert launch.shared_memory_bytes(tiles, head_dim, head_dim, 4) <= H200_SHARED

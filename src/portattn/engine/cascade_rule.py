@@ -17,15 +17,19 @@ keys, and costs a second pass and a merge per layer, launched from the host:
   again: at batch 64 from 8.7 ms (1,024 shared) to 21.6 ms (8,192), about 4 GB of naive key reads
   (``(B - 1) * shared * bytes per token``) per millisecond at every batch measured.
 
-So a decode step that replays a graph cascades inside it, in the graphs' cascade shape
-(``graphs.py``), where the bytes a cascade saves reach ``graph_min_saved_bytes`` (4 GiB: about a
-millisecond of the re-reads above, against the cascade's second pass and merge, a few launches a
-layer); that bound comes from the plain graph steps, and the cascade shapes still have to be timed
-against it on a GPU. Eager steps and verification steps that do not replay cascade by the other
-bounds alone. :class:`CascadeRule` takes a step whose sequences all bring at most ``max_q_len`` new
-tokens (decodes, speculative verifications), at least ``min_batch`` of them, sharing at least
-``min_shared_tokens`` keys (whole pages before every sequence's new tokens), where the shared keys are
-most of what the batch reads. Cascades are opt-in (``enable_cascade_attn``).
+- the same steps replayed in the graphs' cascade shape (``graphs.py``: both passes and the merge
+  inside the captured step) ran at 1.01-1.06x the plain graph step over 1,024 shared tokens (batches
+  8, 32, 64) and at 1.15x, 1.77x and 2.35x over 8,192 (``benchmarks/results/engine_h200/round4``):
+  never slower in what was measured, and the faster the more keys a step would read again.
+
+So a decode step that replays a graph cascades inside it where the bytes a cascade saves reach
+``graph_min_saved_bytes`` (4 GiB: about a millisecond of the re-reads above, against the second
+pass and merge), and an eager step (and a verification step, which never replays) only where they
+reach ``eager_min_saved_bytes``, by default never. :class:`CascadeRule` takes a step whose sequences
+all bring at most ``max_q_len`` new tokens (decodes, speculative verifications), at least
+``min_batch`` of them, sharing at least ``min_shared_tokens`` keys (whole pages before every
+sequence's new tokens), where the shared keys are most of what the batch reads. The engine has the
+rule unless ``enable_cascade_attn=False``.
 """
 
 from __future__ import annotations
@@ -72,11 +76,13 @@ class CascadeRule:
     min_shared_tokens: int = 1024
     min_shared_fraction: float = 0.5  # of the batch's keys, counted once per sequence
     graph_min_saved_bytes: int | None = 4 << 30  # None: a step that replays a graph never cascades
+    eager_min_saved_bytes: int | None = None  # None: an eager step never cascades
 
     def shared_tokens(self, scheduled: list[tuple[Sequence, int]], page_size: int, *, replays: bool) -> int:
         """The shared prefix a step of ``scheduled`` attends through a cascade (a multiple of
         ``page_size``), or 0 for plain paged attention. ``replays``: the step replays a captured graph
-        (it cascades in the graph's cascade shape, if the bytes saved reach ``graph_min_saved_bytes``)."""
+        (it cascades in the graph's cascade shape if the bytes saved reach ``graph_min_saved_bytes``;
+        an eager step if they reach ``eager_min_saved_bytes``)."""
         batch = len(scheduled)
         if batch < self.min_batch or any(n > self.max_q_len for _, n in scheduled):
             return 0
@@ -88,9 +94,8 @@ class CascadeRule:
         saved = (batch - 1) * shared  # key rows the cascade does not read again
         if batch * shared < self.min_shared_fraction * keys:
             return 0
-        if replays and (
-            self.graph_min_saved_bytes is None or saved * self.bytes_per_token < self.graph_min_saved_bytes
-        ):
+        bound = self.graph_min_saved_bytes if replays else self.eager_min_saved_bytes
+        if bound is None or saved * self.bytes_per_token < bound:
             return 0
         return shared
 

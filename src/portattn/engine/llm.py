@@ -161,11 +161,17 @@ class LLM:
 
         def deltas() -> Iterator[RequestOutput]:
             states: list[RequestState] = []
-            for _ in self._run(requests, states, use_tqdm=False):
-                for state in states:
-                    out = state.output(delta=True)
-                    if out is not None:
-                        yield out
+            run = self._run(requests, states, use_tqdm=False)
+            try:
+                for _ in run:
+                    for state in states:
+                        out = state.output(delta=True)
+                        if out is not None:
+                            yield out
+            finally:
+                # Closed here rather than when collected, so the aborts happen as the stream is left
+                # (under Python 3.12 they had not yet happened when `close()` returned).
+                run.close()
 
         return deltas()
 

@@ -54,7 +54,7 @@ class ModelRunner:
     ``verifier``: what turns the logits of sequences with proposed tokens (``num_draft_tokens > 0``)
     into their emitted tokens (speculative decoding installs it; see ``spec_decode``).
 
-    ``cascade`` (the engine's ``enable_cascade_attn``): steps whose sequences share a long prefix
+    ``cascade`` (the engine's ``enable_cascade_attn``, on by default): steps whose sequences share a long prefix
     attend through a cascade where :class:`~portattn.engine.cascade_rule.CascadeRule` takes them
     (:attr:`cascade_rule`; ``None`` without ``cascade`` or where the model, its cache or the backend
     has no cascade); ``cascade_steps`` counts those steps.

@@ -25,6 +25,11 @@ MAX_KV_SPLITS = 64  # split-KV programs per (q block, KV head); bounds the works
 # too small to fill a GPU is spread over key ranges instead. A pure function of the problem size:
 # the same batch is split the same way on every device, and so gives the same numbers.
 SPLIT_TARGET_WORK = 2048
+# Single-query decodes aim at half that: on an H200 (32 query / 8 KV heads of 128, bf16) B=1 over
+# 16k-128k keys ran fastest at 32 splits and B=4 over 8k-128k at 8, about 256 programs (two per SM),
+# where 2048 gave 64 and 16: 0.0750 against 0.0849 ms over 64k keys (84% of copy against 74%), 0.0439
+# against 0.0522 at B=4 over 8k (benchmarks/results/round4_h200/NOTES.md). Query runs keep 2048.
+DECODE_SPLIT_TARGET_WORK = 1024
 MIN_KEYS_PER_SPLIT = 512
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 
@@ -35,7 +40,8 @@ def choose_num_kv_splits(
     """How many key ranges each (query block, KV head) is split into; 1 = no split-KV.
 
     Work items are (sequence, query head, run of 8 queries); splits are added until there are
-    about ``SPLIT_TARGET_WORK`` of them, keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split.
+    about ``SPLIT_TARGET_WORK`` of them (``DECODE_SPLIT_TARGET_WORK`` for single-query decodes),
+    keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split.
     Decode batches and short extends split when few; so do the many queries of a cascade's
     shared-prefix pass (one sequence, every request's queries); long prefills do not.
     ``num_kv_splits`` given: that count (checked to be in ``[1, MAX_KV_SPLITS]``), for tests and
@@ -47,7 +53,8 @@ def choose_num_kv_splits(
     if batch_size == 0:
         return 1
     work = batch_size * num_heads * max(1, -(-max_seqlen_q // QUERIES_PER_WORK_ITEM))
-    by_work = -(-SPLIT_TARGET_WORK // work)
+    target = DECODE_SPLIT_TARGET_WORK if max_seqlen_q == 1 else SPLIT_TARGET_WORK
+    by_work = -(-target // work)
     by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
     return max(1, min(by_work, by_length, MAX_KV_SPLITS))
 
@@ -102,6 +109,7 @@ def choose_tiles(
     itemsize: int = 2,
     shared_memory: int | None = None,
     kv_itemsize: int | None = None,
+    ieee_dots: bool = False,
 ) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -122,6 +130,11 @@ def choose_tiles(
     page-table indirection leaves two tiles in flight per program whatever ``num_stages`` says, so
     a tile of one-byte keys must be twice as long to keep as many bytes in flight as a 16-bit one
     (benchmarks/results/round3_h200/NOTES.md: 0.264 -> 0.216 ms at B=64 over 4096 keys).
+
+    IEEE float32 dots (``ieee_dots``) run on the FMA units, and Triton unrolls each into
+    ``BLOCK_M * BLOCK_N * D / threads`` multiply-adds per thread: query runs take 64 x 32 tiles in 4
+    warps (32 x 32 above 128 columns). A 128 x 128 tile in 8 warps took 74 s to compile for sm_90 at
+    head dim 128, 64 x 32 took 13 s (``docs/kernels.md``).
     """
     group_pad = next_pow2(group)
     if interpret:
@@ -143,6 +156,8 @@ def choose_tiles(
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
         block_n, num_warps, num_stages = 64, 4, 3
+    if ieee_dots and block_m > 32:  # FMA dots: compile time grows with the tile (see above)
+        block_m, block_n, num_warps, num_stages = min(block_m, 32 if wide else 64), 32, 4, 2
     tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
     kv_bytes = kv_itemsize or itemsize
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
@@ -305,6 +320,7 @@ def attention_forward(
             itemsize=q.element_size(),
             shared_memory=max_shared_memory(q.device),
             kv_itemsize=k.element_size(),
+            ieee_dots=dot_precision(q.dtype) == "ieee",
         )
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
