@@ -63,6 +63,22 @@ def _timed(fn, n, graph=True) -> dict:
     return {"ms": t.median_ms, "p10": t.p10_ms, "p90": t.p90_ms, "spread": t.spread}
 
 
+def _record(rows: dict, path: Path, section: str, key: str, fn, nbytes: int, ceil) -> None:
+    """Time ``fn`` as graph replays into ``rows[key]`` (with its fraction of copy for ``nbytes`` moved;
+    the error line if it fails), print it and rewrite ``path``."""
+    label = f"{section} {key:<40}"
+    try:
+        r = _timed(fn, 2)
+    except Exception as exc:
+        rows[key] = peers.error_line(exc)
+        print(f"{label} {rows[key]}", flush=True)
+        return
+    r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+    rows[key] = r
+    print(f"{label} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
+    path.write_text(json.dumps(rows, indent=1))
+
+
 def headdims_unaligned(out: Path, dims: list[int]) -> dict:
     launch.row_alignment = lambda *tensors: 1  # the launches as they were: no alignment, no copies
     launch.realign_rows = lambda q, k, v, out: (q, k, v, out)
@@ -176,17 +192,8 @@ def long(out: Path, ceil) -> dict:
     o = torch.empty(1, 32, 128, device=DEV, dtype=torch.bfloat16)
     nbytes = 65536 * 8 * 128 * 2 * 2
 
-    def record(key, fn, graph=True):
-        try:
-            r = _timed(fn, 2, graph)
-        except Exception as exc:
-            rows[key] = peers.error_line(exc)
-            print(f"long {key:<40} {rows[key]}", flush=True)
-            return
-        r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
-        rows[key] = r
-        print(f"long {key:<40} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
-        (out / "long.json").write_text(json.dumps(rows, indent=1))
+    def record(key, fn):
+        _record(rows, out / "long.json", "long", key, fn, nbytes, ceil)
 
     default = choose_tiles(1, 4, 128, 128, interpret=False)
     splits = choose_num_kv_splits(65536, 1, 32, 1)
@@ -211,16 +218,7 @@ def splits(out: Path, ceil) -> dict:
     rows = {}
 
     def record(key, fn, nbytes):
-        try:
-            r = _timed(fn, 2)
-        except Exception as exc:
-            rows[key] = peers.error_line(exc)
-            print(f"splits {key:<36} {rows[key]}", flush=True)
-            return
-        r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
-        rows[key] = r
-        print(f"splits {key:<36} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
-        (out / "splits.json").write_text(json.dumps(rows, indent=1))
+        _record(rows, out / "splits.json", "splits", key, fn, nbytes, ceil)
 
     for b in SPLIT_BATCHES:
         for L in SPLIT_LENGTHS:
