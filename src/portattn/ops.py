@@ -142,6 +142,7 @@ def paged_attention(
         page_size,
         attention_chunk_size=attention_chunk_size,
         num_heads=num_q_heads,
+        kv_dtype=k_cache.dtype,
     )
     if not return_lse:  # backends that do not declare "lse" keep the six-argument form
         return impl.paged_attention(q, k_cache, v_cache, metadata, params, out)

@@ -112,6 +112,11 @@ def test_split_count_is_a_function_of_the_problem_size():
     assert choose_num_kv_splits(65536, 4, 32, 1) == 8  # about 256 programs of 8 KV heads (H200: fastest)
     assert choose_num_kv_splits(8192, 1, 32, 1) == 16  # bounded by 512 keys per split
     assert choose_num_kv_splits(65536, 1, 32, 4) == 64  # query runs (verifications) aim at twice the work
+    # Decodes over an fp8 cache: at least 2 splits where the keys allow (H200: 1.09x at B=64 over 4096).
+    assert choose_num_kv_splits(4096, 64, 32, 1, kv_itemsize=1) == 2
+    assert choose_num_kv_splits(4096, 8, 32, 1, kv_itemsize=1) == 4  # as many as a 16-bit cache gets
+    assert choose_num_kv_splits(700, 64, 32, 1, kv_itemsize=1) == 1  # under 2 x 512 keys: no split
+    assert choose_num_kv_splits(4096, 64, 32, 4, kv_itemsize=1) == 1  # query runs: the 16-bit rule
     assert choose_num_kv_splits(4096, 64, 32, 1) == 1  # enough (sequence, head) pairs already
     assert choose_num_kv_splits(4096, 4, 32, 1) == 8  # bounded by 512 keys per split
     assert choose_num_kv_splits(300, 1, 32, 1) == 1  # too short to split
@@ -348,3 +353,17 @@ def test_host_power_of_two_equals_tritons():
     import triton
 
     assert [next_pow2(n) for n in range(1, 1100)] == [triton.next_power_of_2(n) for n in range(1, 1100)]
+
+
+def test_plans_split_decodes_over_an_fp8_cache_by_its_dtype():
+    """The split count of a plan and of a graph's plan follows the cache's dtype."""
+    backend = TritonBackend()
+    batch, keys, page = 64, 4096, 16
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.full((batch,), keys, dtype=torch.int32, device=DEVICE)
+    table = torch.zeros(batch, keys // page, dtype=torch.int32, device=DEVICE)
+    buffers = backend.init_graph_buffers(batch, keys // page, page, DEVICE, num_heads=32)
+    for kv_dtype, want in ((torch.bfloat16, 1), (torch.float8_e4m3fn, 2), (None, 1)):
+        planned = backend.plan_paged(cu, lens, table, page, num_heads=32, kv_dtype=kv_dtype)
+        graph = backend.graph_metadata(buffers, batch, num_heads=32, kv_dtype=kv_dtype)
+        assert (planned.num_kv_splits, graph.num_kv_splits) == (want, want), kv_dtype

@@ -204,3 +204,21 @@ def test_fp8_decode_forwards_do_not_sync(family, ckpt_root):
     decodes = guard_decode_forwards(llm)
     llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert decodes and max(decodes) == 2
+
+
+def test_the_engine_plans_by_its_cache_dtype(ckpt_root, monkeypatch):
+    """The engine tells the backend its cache's dtype when it plans a step and when it plans a graph's
+    shape (fp8 decodes split more)."""
+    llm = make_llm(path_of("qwen3", ckpt_root), "fp8_e4m3", decode_steps=False)
+    backend, seen = llm.engine.runner.backend, []
+    plan, graph_metadata = backend.plan, backend.graph_metadata
+    monkeypatch.setattr(backend, "plan", lambda batch, **kw: seen.append(("plan", kw["kv_dtype"])) or plan(batch, **kw))
+    monkeypatch.setattr(
+        backend,
+        "graph_metadata",
+        lambda *args, **kw: seen.append(("graph", kw["kv_dtype"])) or graph_metadata(*args, **kw),
+    )
+    llm.engine.runner.enable_graphs((1, 2), capture=False).capture_all()
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert {kind for kind, _ in seen} == {"plan", "graph"}
+    assert {dtype for _, dtype in seen} == {torch.float8_e4m3fn}

@@ -273,15 +273,18 @@ class AttentionBackend:
         attention_chunk_size: int | None = None,
         num_heads: int | None = None,
         host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> PagedMetadata:
         return PagedMetadata(**paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens))
 
-    def plan(self, batch: PagedBatch, *, num_heads: int | None = None) -> PagedMetadata:
+    def plan(
+        self, batch: PagedBatch, *, num_heads: int | None = None, kv_dtype: torch.dtype | None = None
+    ) -> PagedMetadata:
         """Engine entry point, once per forward: page table from ``req_to_token``, then ``plan_paged``.
 
         Every host sync of the forward happens here (``plan_paged`` reads the lengths, unless the
         batch carries host copies ``q_lens`` and ``k_lens``). ``num_heads`` (the model's query heads)
-        lets a backend size its launches now rather than per layer.
+        and ``kv_dtype`` (the cache's) let a backend size its launches now rather than per layer.
         """
         width = num_pages_for(batch.max_seqlen_k, batch.page_size) * batch.page_size
         rows = batch.req_to_token[batch.req_pool_indices, :width]  # [B, width] token-granular
@@ -294,6 +297,7 @@ class AttentionBackend:
             attention_chunk_size=batch.attention_chunk_size,
             num_heads=num_heads,
             host_lens=(batch.q_lens, batch.k_lens) if getattr(batch, "k_lens", None) is not None else None,
+            kv_dtype=kv_dtype,
         )
         return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
 
@@ -406,11 +410,18 @@ class AttentionBackend:
         return GraphBuffers(**fields)
 
     def graph_metadata(
-        self, buffers: GraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+        self,
+        buffers: GraphBuffers,
+        batch_size: int,
+        *,
+        num_heads: int,
+        uniform_q_len: int = 1,
+        kv_dtype: torch.dtype | None = None,
     ) -> PagedMetadata:
         """The plan a captured uniform step of ``batch_size`` sequences of ``uniform_q_len`` new tokens
         reads: views of ``buffers`` (built once per shape; every replay reads what :meth:`plan_into`
-        last wrote). Its ``max_seqlen_q`` is ``uniform_q_len``, its ``max_seqlen_k`` the buffers' width."""
+        last wrote). Its ``max_seqlen_q`` is ``uniform_q_len``, its ``max_seqlen_k`` the buffers' width.
+        ``kv_dtype``: the cache's, for backends whose launches depend on it."""
         self._require_graphs()
         return PagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len))
 

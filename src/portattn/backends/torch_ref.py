@@ -311,7 +311,13 @@ class TorchBackend(AttentionBackend):
         )
 
     def graph_metadata(
-        self, buffers: TorchGraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+        self,
+        buffers: TorchGraphBuffers,
+        batch_size: int,
+        *,
+        num_heads: int,
+        uniform_q_len: int = 1,
+        kv_dtype: torch.dtype | None = None,
     ) -> TorchPagedMetadata:
         groups = _graph_groups(buffers, batch_size, uniform_q_len)
         return TorchPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), decode_groups=groups)

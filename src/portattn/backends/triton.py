@@ -130,6 +130,7 @@ class TritonBackend(AttentionBackend):
         num_heads: int | None = None,
         num_kv_splits: int | None = None,
         host_lens=None,
+        kv_dtype: torch.dtype | None = None,
     ) -> TritonPagedMetadata:
         """As the base class, plus the split count (``num_kv_splits`` forces one, for tests and benchmarks).
 
@@ -145,17 +146,25 @@ class TritonBackend(AttentionBackend):
                 num_heads,
                 metadata.max_seqlen_q,
                 num_kv_splits=num_kv_splits,
+                kv_itemsize=None if kv_dtype is None else kv_dtype.itemsize,
             )
         return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
 
     def graph_metadata(
-        self, buffers: GraphBuffers, batch_size: int, *, num_heads: int, uniform_q_len: int = 1
+        self,
+        buffers: GraphBuffers,
+        batch_size: int,
+        *,
+        num_heads: int,
+        uniform_q_len: int = 1,
+        kv_dtype: torch.dtype | None = None,
     ) -> TritonPagedMetadata:
         """As the base class, with the split count fixed for the shape: chosen for ``uniform_q_len``
         queries per sequence and the longest context a row can hold. The kernel cuts each sequence's
         keys into that many ranges from its length on the device, so shorter contexts leave some
         splits empty (merged as nothing)."""
-        splits = choose_num_kv_splits(buffers.max_seqlen_k, batch_size, num_heads, uniform_q_len)
+        itemsize = None if kv_dtype is None else kv_dtype.itemsize
+        splits = choose_num_kv_splits(buffers.max_seqlen_k, batch_size, num_heads, uniform_q_len, kv_itemsize=itemsize)
         return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
 
     def forward_rotary(
@@ -202,7 +211,11 @@ class TritonBackend(AttentionBackend):
         num_kv_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
         if num_kv_splits is None:
             num_kv_splits = choose_num_kv_splits(
-                metadata.max_seqlen_k, metadata.batch_size, q.shape[1], metadata.max_seqlen_q
+                metadata.max_seqlen_k,
+                metadata.batch_size,
+                q.shape[1],
+                metadata.max_seqlen_q,
+                kv_itemsize=k_cache.element_size(),
             )
         return _attend(
             q,

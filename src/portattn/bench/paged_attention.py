@@ -163,8 +163,9 @@ def run_case(
 
     triton_backend = TritonBackend()
     metadata = triton_backend.plan_paged(
-        cu_q, seq_lens_k, sets[0]["page_table"], case.page_size, num_heads=case.num_q_heads
-    )
+        cu_q, seq_lens_k, sets[0]["page_table"], case.page_size, num_heads=case.num_q_heads,
+        kv_dtype=sets[0]["k_cache"].dtype,
+    )  # fmt: skip
     ours = lambda i: triton_backend.paged_attention(
         sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache"], metadata, params, out
     )

@@ -191,13 +191,16 @@ class DecodeGraphs:
 
     def _context(self, shape: tuple) -> ForwardContext:
         batch_size, q = shape[:2]
-        metadata = self.backend.graph_metadata(self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q)
+        kv = self.kv_pool.dtype
+        metadata = self.backend.graph_metadata(
+            self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q, kv_dtype=kv
+        )
         if len(shape) == 3:  # a cascade shape: the own pass per row, the shared pass as one sequence of B queries
             own, shared = self._cascade_buffers()
             heads = self.num_heads
             cascade = CascadeMetadata(
-                shared=self.backend.graph_metadata(shared, 1, num_heads=heads, uniform_q_len=batch_size),
-                own=self.backend.graph_metadata(own, batch_size, num_heads=heads, uniform_q_len=1),
+                shared=self.backend.graph_metadata(shared, 1, num_heads=heads, uniform_q_len=batch_size, kv_dtype=kv),
+                own=self.backend.graph_metadata(own, batch_size, num_heads=heads, uniform_q_len=1, kv_dtype=kv),
                 shared_prefix_len=0,  # per step, on the device (SHARED)
             )
             metadata = dataclasses.replace(metadata, cascade=cascade)

@@ -104,7 +104,7 @@ class ModelRunner:
         batch = ForwardBatch.build(
             scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
         )
-        metadata = self.backend.plan(batch, num_heads=self.num_heads)
+        metadata = self.backend.plan(batch, num_heads=self.num_heads, kv_dtype=self.kv_pool.dtype)
         if shared_prefix_len:
             cascade = plan_cascade(
                 self.backend,
