@@ -190,12 +190,16 @@ def test_incremental_text_equals_decode(llm, library, monkeypatch):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tok), (400,), generator=g).tolist()  # stray bytes and special tokens too
     for skip in (True, False):
-        detok = IncrementalDetokenizer(tok, SamplingParams(skip_special_tokens=skip))
-        assert (detok._library_decode is not None) == library
-        for t in ids:
-            detok.append(t)
-        detok.flush()
-        assert detok.text == tok.decode(ids, skip_special_tokens=skip)
+        for read_every_token in (True, False):  # a stream's reads, or none until the end (generate)
+            detok = IncrementalDetokenizer(tok, SamplingParams(skip_special_tokens=skip))
+            assert (detok._library_decode is not None) == library
+            for i, t in enumerate(ids):
+                detok.append(t)
+                if read_every_token:
+                    assert tok.decode(ids[: i + 1], skip_special_tokens=skip).startswith(detok.text)
+            detok.flush()
+            assert detok.text == tok.decode(ids, skip_special_tokens=skip)
+            assert detok.read_offset == len(ids)
     assert "<|end|>" in tok.decode(ids, skip_special_tokens=False)
     held = IncrementalDetokenizer(tok, SamplingParams(stop=["abcd", "xy"]))
     for t in tok("hello world", add_special_tokens=False)["input_ids"]:
