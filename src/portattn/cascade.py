@@ -102,12 +102,13 @@ def plan_cascade(
     *,
     num_heads: int,
     host_lens: tuple[Sequence[int], Sequence[int]] | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> CascadeMetadata:
     """Plan both passes with ``backend`` (host syncs happen here; :func:`run_cascade` then only launches).
 
     Inputs as :func:`cascade_attention` takes them, already validated. ``host_lens = (q_lens,
     k_lens)``: the lengths as the caller has them on the host (an engine's plan), so that planning
-    does not read them back from the device.
+    does not read them back from the device. ``kv_dtype``: the cache's (``plan_paged`` takes it).
     """
     device = seq_lens_k.device
     shared_pages = shared_prefix_len // page_size
@@ -121,6 +122,7 @@ def plan_cascade(
         page_size,
         num_heads=num_heads,
         host_lens=own_lens,
+        kv_dtype=kv_dtype,
     )
     num_tokens = sum(own.q_lens)
     if shared_prefix_len == 0 or num_tokens == 0:
@@ -134,6 +136,7 @@ def plan_cascade(
         page_size,
         num_heads=num_heads,
         host_lens=((num_tokens,), (shared_prefix_len,)),
+        kv_dtype=kv_dtype,
     )
     return CascadeMetadata(shared, own, shared_prefix_len)
 
@@ -212,8 +215,9 @@ def cascade_attention(
     request = call_request("paged_attention", q, value_dim, params, True, both_passes, extra_ops=extra_ops)
     impl = select_backend("attention", backend, request)
     metadata = plan_cascade(
-        impl, page_table, cu_seqlens_q, seq_lens_k, page_size, shared_prefix_len, num_heads=num_q_heads
-    )
+        impl, page_table, cu_seqlens_q, seq_lens_k, page_size, shared_prefix_len, num_heads=num_q_heads,
+        kv_dtype=k_cache.dtype,
+    )  # fmt: skip
     out = torch.empty((num_tokens, num_q_heads, value_dim), dtype=q.dtype, device=device)
     lse = new_lse(q) if return_lse else None
     run_cascade(impl, metadata, q, k_cache, v_cache, params, out, lse)

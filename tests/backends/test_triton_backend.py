@@ -361,9 +361,13 @@ def test_plans_split_decodes_over_an_fp8_cache_by_its_dtype():
     batch, keys, page = 64, 4096, 16
     cu = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE)
     lens = torch.full((batch,), keys, dtype=torch.int32, device=DEVICE)
-    table = torch.zeros(batch, keys // page, dtype=torch.int32, device=DEVICE)
+    table = torch.zeros(batch, keys // page + 1, dtype=torch.int32, device=DEVICE)  # room for a shared page
     buffers = backend.init_graph_buffers(batch, keys // page, page, DEVICE, num_heads=32)
+    from portattn.cascade import plan_cascade
+
     for kv_dtype, want in ((torch.bfloat16, 1), (torch.float8_e4m3fn, 2), (None, 1)):
         planned = backend.plan_paged(cu, lens, table, page, num_heads=32, kv_dtype=kv_dtype)
         graph = backend.graph_metadata(buffers, batch, num_heads=32, kv_dtype=kv_dtype)
-        assert (planned.num_kv_splits, graph.num_kv_splits) == (want, want), kv_dtype
+        # a cascade's own pass: the same decodes over what follows a 16-key shared prefix
+        own = plan_cascade(backend, table, cu, lens + 16, page, 16, num_heads=32, kv_dtype=kv_dtype).own
+        assert (planned.num_kv_splits, graph.num_kv_splits, own.num_kv_splits) == (want, want, want), kv_dtype

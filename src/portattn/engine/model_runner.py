@@ -115,6 +115,7 @@ class ModelRunner:
                 shared_prefix_len,
                 num_heads=self.num_heads,
                 host_lens=(batch.q_lens, batch.k_lens),
+                kv_dtype=self.kv_pool.dtype,
             )
             metadata = dataclasses.replace(metadata, cascade=cascade)
             self.cascade_steps += 1
