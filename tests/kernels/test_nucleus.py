@@ -99,3 +99,60 @@ def test_draws_follow_the_nucleus_distribution(use_kernel):
     expected = probs[:3].double() / 0.8 * n
     chi2 = float(((counts[:3] - expected) ** 2 / expected).sum())
     assert chi2 < 13.8  # 2 degrees of freedom: p < 0.001
+
+
+def top_k_rows(n: int, vocab: int, seed: int) -> torch.Tensor:
+    """k per row: 1, small, the vocabulary and past it (every token), and in between."""
+    ks = torch.tensor([1, 2, 5, 17, vocab - 1, vocab, vocab + 3, 1 << 62])
+    return ks.repeat(n)[:n].to(DEVICE)
+
+
+@pytest.mark.parametrize("vocab,block", [(1000, 128), (77, 32)])
+@pytest.mark.parametrize("divide", [True, False])
+def test_top_k_without_a_sort_draws_the_torch_codes_tokens(vocab, block, divide):
+    """Top-k by bisection on the scores' keys (the kernel) and by a sort of them (the torch code) give
+    the same set, so the same tokens; with ties at the k-th score (rounded logits), masked tokens and
+    top_p beside it."""
+    n = 40
+    g = torch.Generator().manual_seed(vocab + 1)
+    logits = (torch.randn(n, vocab, generator=g) * torch.linspace(0.3, 4, n)[:, None]).to(DEVICE)
+    logits[::3] = (logits[::3] * 2).round() / 2  # ties everywhere, the k-th score's among them
+    r = rows(n, vocab)
+    scores = logits if divide else logits / r["temperature"][:, None]
+    if not divide:
+        scores = scores.masked_fill(torch.rand(n, vocab, generator=g).to(DEVICE) < 0.2, float("-inf"))
+    top_k = top_k_rows(n, vocab, vocab)
+    args = (scores, r["temperature"], r["top_p"], r["words"], r["greedy"])
+    want = sampler.nucleus_draw(*args, divide=divide, top_k=top_k)
+    got = nucleus(*args, divide=divide, rounds=sampler.NUCLEUS_ROUNDS, block=block, top_k=top_k)
+    assert torch.equal(got, want)
+    s = scores / r["temperature"][:, None] if divide else scores
+    kth = s.sort(dim=-1, descending=True).values.gather(1, (top_k.clamp(max=vocab) - 1)[:, None])
+    assert bool((s.gather(1, got[:, None]) >= kth).all())  # every token within its row's top k
+    whole = sampler.nucleus_draw(*args, divide=divide)  # no top_k: some rows draw outside their top k
+    assert not torch.equal(whole, want)
+
+
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "triton"])
+def test_draws_follow_the_top_k_then_top_p_distribution(use_kernel):
+    """top_k 4 over probabilities 0.3, 0.2, 0.15, 0.15, 0.1, 0.1 keeps the first four (mass 0.8); top_p
+    0.55 applies to that mass: tokens with less than 0.55 * 0.8 = 0.44 above them stay, the first two
+    (the third and its tie have 0.5 above; over the whole distribution they would stay). Draws follow
+    0.3 : 0.2 (chi-square)."""
+    n = 6000 if DEVICE.type != "cpu" else 600 if use_kernel else 1500
+    probs = torch.tensor([0.3, 0.2, 0.15, 0.15, 0.1, 0.1])
+    logits = probs.log().repeat(n, 1).to(DEVICE)
+    words = sampler.row_words(
+        torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(2)).to(DEVICE),
+        torch.zeros(n, dtype=torch.int64, device=DEVICE),
+    )
+    args = (logits, torch.ones(n, device=DEVICE), torch.full((n,), 0.55, device=DEVICE), words)
+    greedy = torch.zeros(n, dtype=torch.bool, device=DEVICE)
+    top_k = torch.full((n,), 4, dtype=torch.int64, device=DEVICE)
+    draw = nucleus if use_kernel else sampler.nucleus_draw
+    tokens = draw(*args, greedy, divide=True, rounds=sampler.NUCLEUS_ROUNDS, top_k=top_k).cpu()
+    counts = torch.bincount(tokens, minlength=6).double()
+    assert counts[2:].sum() == 0
+    expected = torch.tensor([0.6, 0.4], dtype=torch.float64) * n
+    chi2 = float(((counts[:2] - expected) ** 2 / expected).sum())
+    assert chi2 < 10.8  # 1 degree of freedom: p < 0.001

@@ -7,7 +7,7 @@ rows go to a static buffer ``[B_max, V]`` float32 and their argmax to the static
 with sampled rows first replays a small second graph that runs :func:`~portattn.engine.sampler.draw`
 over the static logits, with each row's parameters read from the static inputs
 (:data:`DRAW_ROWS`, written with the step's other inputs in one copy). There is one such graph per
-batch size and :class:`Filters` (which of ``min_p``, ``top_k`` (a sort) and ``top_p`` run),
+batch size and :class:`Filters` (which of ``min_p``, ``top_k`` and ``top_p`` run),
 captured the first time a step needs it. Rows without a filter carry its neutral value (``min_p`` 0,
 ``top_k`` all, ``top_p`` 1), which leaves them exactly as the eager sampler leaves them, so the tokens
 are the eager path's for the same logits, seeds and positions.
@@ -48,8 +48,8 @@ class Filters:
     """Which filters a step's draw runs (the rows that do not use one carry its neutral value)."""
 
     min_p: bool
-    top_k: bool  # some row has top_k: its draw sorts (top_p with it)
-    top_p: bool  # some row has top_p (without top_k: the nucleus draw, no sort)
+    top_k: bool  # some row has top_k (the nucleus draw looks for the k-th largest score)
+    top_p: bool  # some row has top_p (the nucleus draw)
 
 
 @dataclass(frozen=True, eq=False)

@@ -229,9 +229,9 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
     from .scheduler import Scheduler
     from .sequence import Sequence
 
-    # Every row samples with the costliest filters (min_p; top_k and top_p, which run both the sorted
-    # draw and the nucleus draw): the peak holds what any step's sampling, eager or in a captured decode
-    # step's draw, allocates.
+    # Every row samples with every filter (min_p, top_k and top_p: on the CPU, and wherever torch draws,
+    # top_k sorts the scores' keys): the peak holds what any step's sampling, eager or in a captured
+    # decode step's draw, allocates.
     params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=1.0, top_k=50, top_p=0.9, min_p=0.05)
     device, size = config.device, config.page_size
     pages = max(sum(num_pages_for(n, size) for n in lengths) for lengths in steps)

@@ -2,8 +2,8 @@
 
 One step's rows go through: log-probabilities of the raw logits (rows that asked) -> logits
 processors -> ``allowed_token_ids`` -> ``bad_words`` and ``min_tokens`` bans -> penalties -> greedy
-argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw (rows with ``top_k`` by one
-sort; rows with ``top_p`` alone by rejection, without a sort: :func:`nucleus_draw`). Every per-request value is
+argmax, or temperature -> ``min_p`` -> ``top_k`` -> ``top_p`` -> a draw (``top_k`` and ``top_p`` by
+rejection, without a sort: :func:`nucleus_draw`). Every per-request value is
 a ``[N]`` tensor (allowed and banned tokens are ``(row, token)`` index lists), so no Python loop
 touches the vocabulary; the one exception is a request's own ``logits_processors``, Python callables
 that run on its row alone, and only for the requests that have them.
@@ -299,7 +299,9 @@ def scale_min_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Temperature-scaled ``[N, V]`` logits with tokens outside ``min_p`` / ``top_k`` / ``top_p`` at -inf
-    (``top_k`` and ``top_p`` by one sort: the draw of rows with ``top_k``)."""
+    (``top_k`` and ``top_p`` by one sort): the distribution speculative decoding's rejection sampler
+    compares. The draw keeps the same tokens without a sort, except that a tie at the ``top_p``
+    boundary stays whole there (its mass above is counted by score, not by sorted position)."""
     logits = scale_min_p(logits, batch)
     if batch.top_k is None and batch.top_p is None:
         return logits
@@ -333,6 +335,13 @@ class SamplerOutput:
 NUCLEUS_ROUNDS = 32  # draws of the nucleus sampler before a row takes its likeliest token
 
 
+def score_keys(s: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int64 keys of float32 scores (``a < b`` exactly when ``key(a) < key(b)``): the
+    nucleus kernel's, which compares keys where it looks for the k-th largest score."""
+    bits = s.contiguous().view(torch.int32).to(torch.int64) & _M32
+    return torch.where(bits >= 1 << 31, _M32 - bits, bits | (1 << 31))
+
+
 def nucleus_draw(
     scores: torch.Tensor,
     temperature: torch.Tensor,
@@ -342,24 +351,34 @@ def nucleus_draw(
     *,
     divide: bool,
     rounds: int = NUCLEUS_ROUNDS,
+    top_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``tokens [N]``: a sample of each row's nucleus (``top_p [N]``, 1 for the whole distribution) by
     rejection, the argmax on ``greedy`` rows; the torch code of ``kernels/triton/nucleus.py`` (its
     docstring has the method), drawing the same tokens. ``scores [N, V]`` float32: raw logits with
     ``divide`` (divided by ``temperature`` here), else scaled already; ``words [2, N]``: the rows'
-    hash words (:func:`row_words`). Device work only (``rounds`` fixed), except on the CPU, which
-    stops once every row has its token."""
+    hash words (:func:`row_words`); ``top_k [N]`` (V or more: every token): the nucleus is taken of
+    the tokens scoring at least the row's k-th largest score. Device work only (``rounds`` fixed),
+    except on the CPU, which stops once every row has its token."""
     s = scores / temperature[:, None] if divide else scores
     top = s.max(dim=-1).values  # [N]
     argmax = torch.argmax(s, dim=-1)  # [N]
     safe_top = torch.where(top == float("-inf"), 0.0, top)[:, None]
     weights = torch.exp(s - safe_top)  # [N, V]
-    total = weights.sum(dim=-1)  # [N]
+    keys = score_keys(s)  # [N, V]
+    floor = torch.zeros_like(top, dtype=torch.int64)  # every key is >= 0: no top_k
+    if top_k is not None:
+        vocab = s.shape[-1]
+        ordered = keys.sort(dim=-1, descending=True).values
+        kth = ordered.gather(1, (top_k.clamp(1, vocab) - 1)[:, None])[:, 0]
+        floor = torch.where((top_k < vocab) & ~greedy, kth, floor)
+    in_set = keys >= floor[:, None]  # [N, V]: the top-k set (every token without top_k)
+    total = torch.where(in_set, weights, 0.0).sum(dim=-1)  # [N]
     token, done = argmax.clone(), greedy.clone()
     lo = torch.full_like(top, float("-inf"))
     for r in range(rounds):
         noisy = torch.where(
-            s > lo[:, None],
+            (s > lo[:, None]) & in_set,
             s - torch.log(-torch.log(noise_of_words(round_words(words, r), s.shape[-1]))),
             float("-inf"),
         )
@@ -381,9 +400,9 @@ def draw(logits: torch.Tensor, rows) -> torch.Tensor:
 
     Greedy rows (every row when ``rows.keys`` is None) take the argmax; the others draw from the
     temperature-scaled distribution that ``min_p`` / ``top_k`` / ``top_p`` leave, with the row's
-    counter-based noise: rows with ``top_k`` from :func:`filter_logits` (one sort serves ``top_k`` and
-    ``top_p``), the others by :func:`nucleus_draw` (``top_p`` without a sort), or, when no row has
-    ``top_p``, by the plain Gumbel-max draw, which is what the nucleus draw gives a row of ``top_p`` 1.
+    counter-based noise: by :func:`nucleus_draw` (``top_k`` and ``top_p`` without a sort), or, when no
+    row has either, by the plain Gumbel-max draw, which is what the nucleus draw gives a row of
+    ``top_p`` 1 and ``top_k`` V.
     A row's token depends on its own parameters only. ``rows`` has the per-row tensors ``greedy,
     temperature, top_k, top_p, min_p, keys, steps`` (``None``: unused): a :class:`SamplingBatch`, or
     the static buffers of captured decode steps, which run this inside their graphs. Device work only,
@@ -396,28 +415,18 @@ def draw(logits: torch.Tensor, rows) -> torch.Tensor:
     words = row_words(rows.keys, rows.steps)
     divide = rows.min_p is None  # the kernels divide raw logits; min_p masks scaled ones first
     scores = logits if divide else scale_min_p(logits, rows)
-    if rows.top_p is None:  # the plain draw: what the nucleus draw gives a row with top_p 1, in one pass
+    if rows.top_p is None and rows.top_k is None:  # the plain draw, in one pass
         if kernels is not None:
-            tokens = kernels.gumbel_max(scores, rows.temperature, words, rows.greedy, divide=divide)
-        else:
-            s = scores / rows.temperature[:, None] if divide else scores
-            drawn = gumbel_argmax(s, noise_of_words(words, s.shape[-1]))
-            tokens = torch.where(rows.greedy, torch.argmax(s, dim=-1), drawn)
-    elif kernels is not None:
-        tokens = kernels.nucleus(
-            scores, rows.temperature, rows.top_p, words, rows.greedy, divide=divide, rounds=NUCLEUS_ROUNDS
-        )
-    else:
-        tokens = nucleus_draw(scores, rows.temperature, rows.top_p, words, rows.greedy, divide=divide)
-    if rows.top_k is None:
-        return tokens
-    filtered = filter_logits(logits, rows)
+            return kernels.gumbel_max(scores, rows.temperature, words, rows.greedy, divide=divide)
+        s = scores / rows.temperature[:, None] if divide else scores
+        drawn = gumbel_argmax(s, noise_of_words(words, s.shape[-1]))
+        return torch.where(rows.greedy, torch.argmax(s, dim=-1), drawn)
+    top_p = rows.top_p if rows.top_p is not None else torch.ones_like(rows.temperature)
     if kernels is not None:
-        sorted_draw = kernels.gumbel_max(filtered, rows.temperature, words, rows.greedy, divide=False)
-    else:
-        sorted_draw = gumbel_argmax(filtered, noise_of_words(words, logits.shape[-1]))
-    with_top_k = (rows.top_k < logits.shape[-1]) & ~rows.greedy
-    return torch.where(with_top_k, sorted_draw, tokens)
+        return kernels.nucleus(
+            scores, rows.temperature, top_p, words, rows.greedy, divide=divide, rounds=NUCLEUS_ROUNDS, top_k=rows.top_k
+        )
+    return nucleus_draw(scores, rows.temperature, top_p, words, rows.greedy, divide=divide, top_k=rows.top_k)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:

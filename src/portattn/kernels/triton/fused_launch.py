@@ -151,17 +151,21 @@ def nucleus(
     divide: bool,
     rounds: int,
     block: int = 4096,
+    top_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``tokens [N]`` int64: per row of ``scores [N, V]`` float32 (rows contiguous), a sample of the
     nucleus of ``top_p [N]`` (1: the whole distribution) by rejection (``kernels/triton/nucleus.py``),
     with the sampler's variates of ``row_words [2, N]``; the argmax on ``greedy`` rows. ``divide``: the
     scores are raw logits, divided by ``temperature [N]`` first. ``rounds``: draws before a row takes
-    its top token."""
+    its top token. ``top_k [N]`` int64 (V or more: every token): the nucleus of the tokens scoring at
+    least the row's k-th largest score."""
     rows, vocab = scores.shape
     out = torch.empty(rows, dtype=torch.int64, device=scores.device)
     if rows:
         nucleus_kernel[(rows,)](
-            scores, temperature, top_p, row_words, greedy, out, vocab, scores.stride(0), rows,
-            DIVIDE=divide, ROUNDS=rounds, BLOCK=min(block, next_pow2(vocab)), num_warps=8,
+            scores, temperature, top_p, out if top_k is None else top_k, row_words, greedy, out, vocab,
+            scores.stride(0), rows,
+            DIVIDE=divide, ROUNDS=rounds, BLOCK=min(block, next_pow2(vocab)), HAS_TOP_K=top_k is not None,
+            num_warps=8,
         )  # fmt: skip
     return out

@@ -1,4 +1,4 @@
-"""Top-p (nucleus) sampling without a sort: one program per row, a few passes over its scores.
+"""Top-k and top-p (nucleus) sampling without a sort: one program per row, passes over its scores.
 
 The nucleus of a row is every token ``v`` whose likelier tokens hold less than ``top_p`` of the
 probability: ``sum_{u: s_u > s_v} p_u < top_p``; a sample from it is a sample of the whole
@@ -12,6 +12,14 @@ plain draw would, so a row with ``top_p`` 1 or whose first draw lands in its nuc
 After ``ROUNDS`` rejections (vanishingly rare) the row takes its top token, which is always in the
 nucleus. A greedy row takes its argmax. Passes: the maximum and the normaliser (online), then two a
 round (the draw, the mass above the drawn token).
+
+``HAS_TOP_K``: rows with ``top_k < V`` keep only the tokens scoring at least their k-th largest score
+(ties with it stay, as the sorted filter keeps them), and ``top_p`` applies to that set's mass: the
+k-th largest score is found by bisection on the scores' order-preserving 32-bit keys (a pass per
+step counts the tokens at or above the middle key, about 20 passes; it stops early where exactly k
+are), then one pass sums the set's mass, and the rounds draw only inside the set. The rejection stays
+exact: the target, ``{t in the set: mass above s_t < top_p * mass of the set}``, is still every token
+above some score.
 
 ``DIVIDE``: divide the scores by the row's temperature first (raw logits); otherwise they are
 scaled already (and masked by ``min_p``: -inf). Grid: ``(N,)``; ``Out [N]`` int64.
@@ -32,10 +40,19 @@ def _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE: tl.constexpr)
 
 
 @triton.jit
+def _keys(s):
+    """Order-preserving int64 keys of float32 scores: ``a < b`` exactly when ``key(a) < key(b)``."""
+    bits = s.to(tl.uint32, bitcast=True)
+    flipped = tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+    return flipped.to(tl.int64)
+
+
+@triton.jit
 def nucleus_kernel(
     Scores,
     Temperature,
     TopP,
+    TopK,  # [N] int64: V or more keeps every token (read with HAS_TOP_K only)
     RowWords,  # [2, N] int64 holding uint32 values: the row's hash words (round 0)
     Greedy,
     Out,
@@ -45,6 +62,7 @@ def nucleus_kernel(
     DIVIDE: tl.constexpr,
     ROUNDS: tl.constexpr,
     BLOCK: tl.constexpr,
+    HAS_TOP_K: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_offset = row.to(tl.int64) * stride_row
@@ -74,6 +92,42 @@ def nucleus_kernel(
     total = tl.sum(tl.where(lane_max == float("-inf"), 0.0, lane_sum * tl.exp(lane_max - safe_top)), axis=0)
     argmax = tl.min(tl.where(lane_max == top, lane_arg, 2147483647), axis=0)
 
+    # The top-k set {key >= floor_key} and its mass; without top_k (or k >= V) every token, the total.
+    floor_key = tl.zeros((), tl.int64)  # the smallest key: every score is at or above it
+    mass = total
+    if HAS_TOP_K:
+        k = tl.load(TopK + row)
+        if (k < vocab) & (greedy == 0):
+            lo_key = tl.zeros((), tl.int64)  # count(key >= lo_key) >= k holds; the answer is in [lo, hi]
+            hi_key = tl.zeros((), tl.int64) + 4294967295
+            found = tl.zeros((), tl.int32)
+            for _step in range(32):
+                if found == 0:
+                    mid = lo_key + (hi_key - lo_key + 1) // 2
+                    lane_count = tl.zeros((BLOCK,), tl.int32)
+                    for start in range(0, vocab, BLOCK):
+                        tokens = start + lanes
+                        mask = tokens < vocab
+                        s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
+                        lane_count += (mask & (_keys(s) >= mid)).to(tl.int32)
+                    count = tl.sum(lane_count, axis=0)
+                    if count >= k:
+                        lo_key = mid
+                        if count == k:  # exactly the k likeliest: the set is found
+                            found = 1
+                    else:
+                        hi_key = mid - 1
+                    if lo_key == hi_key:
+                        found = 1
+            floor_key = lo_key
+            lane_mass = tl.zeros((BLOCK,), tl.float32)
+            for start in range(0, vocab, BLOCK):
+                tokens = start + lanes
+                mask = tokens < vocab
+                s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
+                lane_mass += tl.where(mask & (_keys(s) >= floor_key), tl.exp(s - safe_top), 0.0)
+            mass = tl.sum(lane_mass, axis=0)
+
     token = argmax
     done = greedy.to(tl.int32)
     lo = tl.where(top == top, float("-inf"), float("-inf")).to(tl.float32)  # a scalar tensor, loop-carried
@@ -94,7 +148,7 @@ def nucleus_kernel(
                 s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
                 h = _mix32(_mix32(w1 ^ _mix32(tokens.to(tl.uint32))) + w2)
                 u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-                noisy = tl.where(mask & (s > lo), s - tl.log(-tl.log(u)), float("-inf"))
+                noisy = tl.where(mask & (s > lo) & (_keys(s) >= floor_key), s - tl.log(-tl.log(u)), float("-inf"))
                 better = noisy > best
                 best_token = tl.where(better, tokens, best_token)
                 best_score = tl.where(better, s, best_score)
@@ -112,7 +166,7 @@ def nucleus_kernel(
                 s = _scores(Scores, row_offset, tokens, mask, temperature, DIVIDE)
                 above += tl.where(mask & (s > drawn_score), tl.exp(s - safe_top), 0.0)
             mass_above = tl.sum(above, axis=0)
-            if (top_p >= 1.0) | (mass_above < top_p * total):
+            if (top_p >= 1.0) | (mass_above < top_p * mass):
                 token = drawn
                 done = 1
             else:
