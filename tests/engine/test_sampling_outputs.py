@@ -181,6 +181,25 @@ def test_leaving_a_stream_early_frees_everything(llm):
     assert llm.engine.allocator.num_used == len(llm.engine.pages.cache)  # the prefix cache's pages alone
 
 
+def test_leaving_a_stream_aborts_at_once_whoever_holds_its_run(llm, monkeypatch):
+    """The stream closes the engine loop it runs when it is left, rather than leaving that to the
+    loop's collection (which a reference elsewhere delays; under Python 3.12 the requests were still
+    queued when ``close()`` returned)."""
+    held = []
+    run = LLM._run
+
+    def holding(self, *args, **kwargs):
+        gen = run(self, *args, **kwargs)
+        held.append(gen)
+        return gen
+
+    monkeypatch.setattr(LLM, "_run", holding)
+    it = llm.stream(PROMPTS, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    next(it)
+    it.close()
+    assert held and not llm.engine.requests and not llm.engine.has_unfinished()
+
+
 @pytest.mark.parametrize("library", [True, False], ids=["library-decode", "tokenizer-decode"])
 def test_incremental_text_equals_decode(llm, library, monkeypatch):
     """With the tokenizers library's decode (the fast tokenizer's default) and with transformers'."""
