@@ -1,0 +1,148 @@
+"""How many K/V tiles the decode kernel keeps in flight, per launch shape, without a GPU.
+
+``python scripts/pipeline_depth.py [--kv bf16|fp8_e4m3|fp8_e5m2] [--block-n 64 128] [--warps 4 8]
+[--stages 3 4 5 6 8]`` compiles the paged attention kernel of a decode (32 query / 8 KV heads of
+128, page 16, bfloat16 queries) for Hopper (sm_90, through ptxas) at each tile shape and pipeline
+depth, and prints the shared-memory buffers Triton's software pipeliner gives the K tile (from the
+TTGIR's ``local_alloc``) and the asynchronous copies in the PTX. The launch is first captured from a
+real call under ``TRITON_INTERPRET`` in a child process, so the signature, the specialised
+alignments and the constexprs are the launcher's.
+
+What it showed (Triton 3.9 here; ``benchmarks/results/round4_h200/NOTES.md``): the K/V loads depend
+on a page-table load in the same iteration, and the pipeliner spends two stages per buffer on that
+chain: ``floor((num_stages - 1) / 2)`` buffers, so 3 or 4 stages keep one tile (no overlap of loads
+with compute), 5 or 6 keep two, 7 or 8 three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KV_DTYPES = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+TRITON_TYPES = {
+    "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32", "int64": "i64",
+    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5",
+}  # fmt: skip
+
+
+def capture(kv: str) -> dict:
+    """Under the interpreter: one decode through ``portattn.paged_attention`` with the attention
+    kernel's launch recorded (argument types, integer values, constexprs)."""
+    import torch
+
+    import portattn
+    from portattn.kernels.triton import launch
+    from portattn.kv_quant import quantize_kv
+
+    seen = {}
+    kernel = launch.attention_fwd_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def call(*args, **kwargs):
+                sig, ints = {}, {}
+                for name, arg in zip(kernel.arg_names, args):
+                    if isinstance(arg, torch.Tensor):
+                        sig[name] = "*" + TRITON_TYPES[str(arg.dtype).removeprefix("torch.")]
+                    elif isinstance(arg, bool):
+                        sig[name] = "i1"
+                    elif isinstance(arg, int):
+                        sig[name], ints[name] = "i32", arg
+                    else:
+                        sig[name] = "fp32"
+                opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+                seen.update(sig=sig, ints=ints, constexprs=kwargs, opts=opts)
+                return kernel[grid](*args, **kwargs)
+
+            return call
+
+    launch.attention_fwd_kernel = Recorder()
+    # the queries in float16 here (the interpreter's bfloat16 dots are not what is measured); the
+    # compile below takes bfloat16 queries, as an engine's decode has them
+    q = torch.randn(1, 32, 128, dtype=torch.float16)
+    cache = [torch.randn(16, 16, 8, 128, dtype=torch.float16) for _ in range(2)]
+    dtype = getattr(torch, KV_DTYPES[kv])
+    scale = 1.0 if kv == "bf16" else 0.5
+    if kv == "bf16":
+        cache = [c.to(torch.bfloat16) for c in cache]
+        q = q.to(torch.bfloat16)
+    else:
+        cache = [quantize_kv(c.float(), dtype, scale) for c in cache]
+    table = torch.arange(16, dtype=torch.int32)[None]
+    cu, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([256], dtype=torch.int32)
+    portattn.paged_attention(q, *cache, table, cu, lens, backend="triton", k_scale=scale, v_scale=scale)
+    return seen
+
+
+def compile_variants(seen: dict, block_ns, warps, stages) -> None:
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from portattn.kernels.triton.attention import attention_fwd_kernel
+    from portattn.kernels.triton.launch import f16_dots_for
+
+    sig = dict(seen["sig"], Q="*bf16", Out="*bf16")
+    kv_dtype = {v: k for k, v in TRITON_TYPES.items()}[sig["K"].lstrip("*")]
+    constexprs = dict(seen["constexprs"], F16_DOTS=f16_dots_for(torch.bfloat16, getattr(torch, kv_dtype)))
+    names = attention_fwd_kernel.arg_names
+    attrs = {  # what the JIT specialises: 16-byte aligned pointers, integers that are multiples of 16
+        (names.index(n),): [["tt.divisibility", 16]]
+        for n, t in sig.items()
+        if t.startswith("*") or (seen["ints"].get(n, 1) % 16 == 0 and seen["ints"].get(n) != 0)
+    }
+    print(f"K/V {kv_dtype}, queries bfloat16 (F16_DOTS={constexprs['F16_DOTS']}), block_m {constexprs['BLOCK_M']}")
+    print("block_n warps stages | K buffers  async copies (TTGIR / PTX)")
+    for block_n in block_ns:
+        for w in warps:
+            for s in stages:
+                const = dict(constexprs, BLOCK_N=block_n)
+                source = ASTSource(
+                    fn=attention_fwd_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                    constexprs=const, attrs=attrs,
+                )  # fmt: skip
+                options = {"num_warps": w, "num_stages": s}
+                compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+                ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+                tile = re.search(rf"local_alloc[^\n]*memdesc<(\d+)x{block_n}x128x", ttgir)
+                buffers = int(tile.group(1)) if tile else 0
+                copies = len(re.findall("async_copy_global_to_local", ttgir))
+                in_ptx = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
+                print(f"{block_n:7} {w:5} {s:6} | {buffers:9}  {copies} / {in_ptx}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kv", choices=sorted(KV_DTYPES), default="fp8_e4m3")
+    parser.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--warps", type=int, nargs="+", default=[4])
+    parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5, 6, 8])
+    parser.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)  # the child's part
+    args = parser.parse_args()
+    if args.capture:
+        print(json.dumps(capture(args.kv)))
+        return 0
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    child = subprocess.run(
+        [sys.executable, __file__, "--capture", "--kv", args.kv], env=env, capture_output=True, text=True, check=False
+    )
+    if child.returncode != 0:
+        print(child.stderr[-3000:], file=sys.stderr)
+        return child.returncode
+    seen = json.loads(child.stdout.strip().splitlines()[-1])
+    os.environ.pop("TRITON_INTERPRET", None)
+    compile_variants(seen, args.block_n, args.warps, args.stages)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
