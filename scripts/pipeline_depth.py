@@ -1,10 +1,11 @@
 """How many K/V tiles the decode kernel keeps in flight, per launch shape, without a GPU.
 
 ``python scripts/pipeline_depth.py [--kv bf16|fp8_e4m3|fp8_e5m2] [--block-n 64 128] [--warps 4 8]
-[--stages 3 4 5 6 8]`` compiles the paged attention kernel of a decode (32 query / 8 KV heads of
-128, page 16, bfloat16 queries) for Hopper (sm_90, through ptxas) at each tile shape and pipeline
-depth, and prints the shared-memory buffers Triton's software pipeliner gives the K tile (from the
-TTGIR's ``local_alloc``) and the asynchronous copies in the PTX. The launch is first captured from a
+[--stages 3 4 5 6 8] [--q-len 1] [--block-m M]`` compiles the paged attention kernel of a decode (or
+``--q-len`` queries; 32 query / 8 KV heads of 128, page 16, bfloat16 queries) for Hopper (sm_90,
+through ptxas) at each tile shape and pipeline depth, and prints the shared-memory buffers Triton's
+software pipeliner gives the K tile (from the TTGIR's ``local_alloc``), the asynchronous copies in
+the PTX and which tensor-core instruction the dots use (``wgmma`` or ``mma.sync``). The launch is first captured from a
 real call under ``TRITON_INTERPRET`` in a child process, so the signature, the specialised
 alignments and the constexprs are the launcher's.
 
@@ -32,9 +33,9 @@ TRITON_TYPES = {
 }  # fmt: skip
 
 
-def capture(kv: str) -> dict:
-    """Under the interpreter: one decode through ``portattn.paged_attention`` with the attention
-    kernel's launch recorded (argument types, integer values, constexprs)."""
+def capture(kv: str, q_len: int = 1) -> dict:
+    """Under the interpreter: one call of ``portattn.paged_attention`` (``q_len`` queries over 256
+    keys) with the attention kernel's launch recorded (argument types, integer values, constexprs)."""
     import torch
 
     import portattn
@@ -66,7 +67,7 @@ def capture(kv: str) -> dict:
     launch.attention_fwd_kernel = Recorder()
     # the queries in float16 here (the interpreter's bfloat16 dots are not what is measured); the
     # compile below takes bfloat16 queries, as an engine's decode has them
-    q = torch.randn(1, 32, 128, dtype=torch.float16)
+    q = torch.randn(q_len, 32, 128, dtype=torch.float16)
     cache = [torch.randn(16, 16, 8, 128, dtype=torch.float16) for _ in range(2)]
     dtype = getattr(torch, KV_DTYPES[kv])
     scale = 1.0 if kv == "bf16" else 0.5
@@ -76,7 +77,7 @@ def capture(kv: str) -> dict:
     else:
         cache = [quantize_kv(c.float(), dtype, scale) for c in cache]
     table = torch.arange(16, dtype=torch.int32)[None]
-    cu, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([256], dtype=torch.int32)
+    cu, lens = torch.tensor([0, q_len], dtype=torch.int32), torch.tensor([256], dtype=torch.int32)
     portattn.paged_attention(q, *cache, table, cu, lens, backend="triton", k_scale=scale, v_scale=scale)
     return seen
 
@@ -100,7 +101,7 @@ def compile_variants(seen: dict, block_ns, warps, stages) -> None:
         if t.startswith("*") or (seen["ints"].get(n, 1) % 16 == 0 and seen["ints"].get(n) != 0)
     }
     print(f"K/V {kv_dtype}, queries bfloat16 (F16_DOTS={constexprs['F16_DOTS']}), block_m {constexprs['BLOCK_M']}")
-    print("block_n warps stages | K buffers  async copies (TTGIR / PTX)")
+    print("block_n warps stages | K buffers  async copies (TTGIR / PTX)  dots")
     for block_n in block_ns:
         for w in warps:
             for s in stages:
@@ -116,7 +117,8 @@ def compile_variants(seen: dict, block_ns, warps, stages) -> None:
                 buffers = int(tile.group(1)) if tile else 0
                 copies = len(re.findall("async_copy_global_to_local", ttgir))
                 in_ptx = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
-                print(f"{block_n:7} {w:5} {s:6} | {buffers:9}  {copies} / {in_ptx}")
+                mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
+                print(f"{block_n:7} {w:5} {s:6} | {buffers:9}  {copies} / {in_ptx:<5} {mma}")
 
 
 def main() -> int:
@@ -125,21 +127,27 @@ def main() -> int:
     parser.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--warps", type=int, nargs="+", default=[4])
     parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5, 6, 8])
+    parser.add_argument("--q-len", type=int, default=1, help="queries of the sequence (1: a decode)")
+    parser.add_argument("--block-m", type=int, default=None, help="query rows (default: the launcher's)")
     parser.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)  # the child's part
     args = parser.parse_args()
     if args.capture:
-        print(json.dumps(capture(args.kv)))
+        print(json.dumps(capture(args.kv, args.q_len)))
         return 0
     path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     child = subprocess.run(
-        [sys.executable, __file__, "--capture", "--kv", args.kv], env=env, capture_output=True, text=True, check=False
-    )
+        [sys.executable, __file__, "--capture", "--kv", args.kv, "--q-len", str(args.q_len)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     if child.returncode != 0:
         print(child.stderr[-3000:], file=sys.stderr)
         return child.returncode
     seen = json.loads(child.stdout.strip().splitlines()[-1])
     os.environ.pop("TRITON_INTERPRET", None)
+    if args.block_m is not None:
+        group_pad = seen["constexprs"]["GROUP_PAD"]
+        seen["constexprs"].update(BLOCK_M=args.block_m, BLOCK_Q=args.block_m // group_pad)
     compile_variants(seen, args.block_n, args.warps, args.stages)
     return 0
 
