@@ -79,22 +79,29 @@ def test_after_the_last_round_a_row_takes_its_top_token():
     assert sampler.nucleus_draw(*args, greedy, divide=True, rounds=1).tolist() == [7] * 4
 
 
+def draw_counts(probs: torch.Tensor, top_p: float, use_kernel: bool, seed: int, top_k: int | None = None):
+    """``(n, counts)``: how often each token of ``probs`` is drawn over ``n`` rows of its log (one key
+    each), by the kernel or the torch code."""
+    n = 6000 if DEVICE.type != "cpu" else 600 if use_kernel else 1500  # the interpreter runs a program at a time
+    logits = probs.log().repeat(n, 1).to(DEVICE)
+    words = sampler.row_words(
+        torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(seed)).to(DEVICE),
+        torch.zeros(n, dtype=torch.int64, device=DEVICE),
+    )
+    args = (logits, torch.ones(n, device=DEVICE), torch.full((n,), top_p, device=DEVICE), words)
+    greedy = torch.zeros(n, dtype=torch.bool, device=DEVICE)
+    ks = None if top_k is None else torch.full((n,), top_k, dtype=torch.int64, device=DEVICE)
+    draw = nucleus if use_kernel else sampler.nucleus_draw
+    tokens = draw(*args, greedy, divide=True, rounds=sampler.NUCLEUS_ROUNDS, top_k=ks).cpu()
+    return n, torch.bincount(tokens, minlength=len(probs)).double()
+
+
 @pytest.mark.parametrize("use_kernel", [False, True], ids=["torch", "triton"])
 def test_draws_follow_the_nucleus_distribution(use_kernel):
     """top_p 0.7 over probabilities 0.4, 0.25, 0.15, 0.1, 0.06, 0.04 keeps the first three (the mass
     above the fourth is 0.8): draws over many keys follow 0.4 : 0.25 : 0.15 (chi-square)."""
-    n = 6000 if DEVICE.type != "cpu" else 600 if use_kernel else 1500  # the interpreter runs a program at a time
     probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
-    logits = probs.log().repeat(n, 1).to(DEVICE)
-    words = sampler.row_words(
-        torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(1)).to(DEVICE),
-        torch.zeros(n, dtype=torch.int64, device=DEVICE),
-    )
-    args = (logits, torch.ones(n, device=DEVICE), torch.full((n,), 0.7, device=DEVICE), words)
-    greedy = torch.zeros(n, dtype=torch.bool, device=DEVICE)
-    draw = nucleus if use_kernel else sampler.nucleus_draw
-    tokens = draw(*args, greedy, divide=True, rounds=sampler.NUCLEUS_ROUNDS).cpu()
-    counts = torch.bincount(tokens, minlength=6).double()
+    n, counts = draw_counts(probs, 0.7, use_kernel, seed=1)
     assert counts[3:].sum() == 0
     expected = probs[:3].double() / 0.8 * n
     chi2 = float(((counts[:3] - expected) ** 2 / expected).sum())
@@ -139,19 +146,8 @@ def test_draws_follow_the_top_k_then_top_p_distribution(use_kernel):
     0.55 applies to that mass: tokens with less than 0.55 * 0.8 = 0.44 above them stay, the first two
     (the third and its tie have 0.5 above; over the whole distribution they would stay). Draws follow
     0.3 : 0.2 (chi-square)."""
-    n = 6000 if DEVICE.type != "cpu" else 600 if use_kernel else 1500
     probs = torch.tensor([0.3, 0.2, 0.15, 0.15, 0.1, 0.1])
-    logits = probs.log().repeat(n, 1).to(DEVICE)
-    words = sampler.row_words(
-        torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(2)).to(DEVICE),
-        torch.zeros(n, dtype=torch.int64, device=DEVICE),
-    )
-    args = (logits, torch.ones(n, device=DEVICE), torch.full((n,), 0.55, device=DEVICE), words)
-    greedy = torch.zeros(n, dtype=torch.bool, device=DEVICE)
-    top_k = torch.full((n,), 4, dtype=torch.int64, device=DEVICE)
-    draw = nucleus if use_kernel else sampler.nucleus_draw
-    tokens = draw(*args, greedy, divide=True, rounds=sampler.NUCLEUS_ROUNDS, top_k=top_k).cpu()
-    counts = torch.bincount(tokens, minlength=6).double()
+    n, counts = draw_counts(probs, 0.55, use_kernel, seed=2, top_k=4)
     assert counts[2:].sum() == 0
     expected = torch.tensor([0.6, 0.4], dtype=torch.float64) * n
     chi2 = float(((counts[:2] - expected) ** 2 / expected).sum())
