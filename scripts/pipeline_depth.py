@@ -13,9 +13,10 @@ alignments and the constexprs are the launcher's.
 What it showed (Triton 3.9 here; ``benchmarks/results/round4_h200/NOTES.md``): the K/V loads depend
 on a page-table load in the same iteration, and the pipeliner spends two stages per buffer on that
 chain: ``floor((num_stages - 1) / 2)`` buffers, so 3 or 4 stages keep one tile (no overlap of loads
-with compute), 5 or 6 keep two, 7 or 8 three. The MLA decode kernel's latent loads were not made
-asynchronous at any depth (plain loads, page ids prefetched by hand). ``PIPELINE_DEPTH_DUMP=file``
-writes the last TTGIR there.
+with compute), 5 or 6 keep two, 7 or 8 three. The MLA decode kernel, which loads its page ids a
+block ahead by hand, keeps ``num_stages - 1`` latent tiles over a bf16 cache, and none over an fp8
+one: its fp8 latent rows are plain loads at every depth. ``PIPELINE_DEPTH_DUMP=file`` writes the
+last TTGIR there.
 """
 
 from __future__ import annotations
@@ -129,7 +130,12 @@ def compile_variants(seen: dict, block_ns, warps, stages) -> None:
     f16 = f16_dots_for(torch.bfloat16, getattr(torch, kv_dtype))
     constexprs = dict(seen["constexprs"], F16_DOTS=f16 and (not mla or seen["constexprs"]["BLOCK_H"] <= 32))
     names = kernel.arg_names
-    attrs = {  # what the JIT specialises: 16-byte aligned pointers, integers that are multiples of 16
+    # What the JIT specialises: integers equal to 1 become constants; 16-byte aligned pointers and
+    # integers that are multiples of 16 are marked so.
+    ones = {n for n, v in seen["ints"].items() if v == 1}
+    constexprs.update({n: 1 for n in ones})
+    sig = {n: t for n, t in sig.items() if n not in ones}
+    attrs = {
         (names.index(n),): [["tt.divisibility", 16]]
         for n, t in sig.items()
         if t.startswith("*") or (seen["ints"].get(n, 1) % 16 == 0 and seen["ints"].get(n) != 0)
