@@ -142,7 +142,7 @@ def compile_variants(seen: dict, block_ns, warps, stages) -> None:
     }
     rows = f"block_h {constexprs['BLOCK_H']}" if mla else f"block_m {constexprs['BLOCK_M']}"
     print(f"{'MLA latent' if mla else 'K/V'} {kv_dtype}, queries bfloat16 (F16_DOTS={constexprs['F16_DOTS']}), {rows}")
-    print("block_n warps stages | K buffers  async copies (TTGIR / PTX)  dots")
+    print("block_n warps stages | K buffers  async copies (TTGIR / PTX)  dots      shared loads (8/16-bit, ldmatrix)")
     for block_n in block_ns:
         for w in warps:
             for s in stages:
@@ -155,13 +155,16 @@ def compile_variants(seen: dict, block_ns, warps, stages) -> None:
                 ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
                 if os.environ.get("PIPELINE_DEPTH_DUMP"):
                     Path(os.environ["PIPELINE_DEPTH_DUMP"]).write_text(ttgir)
+                    Path(os.environ["PIPELINE_DEPTH_DUMP"] + ".ptx").write_text(ptx)
                 width = constexprs["BLOCK_R"] if mla else 128
                 tile = re.search(rf"local_alloc[^\n]*memdesc<(\d+)x{block_n}x{width}x", ttgir)
                 buffers = int(tile.group(1)) if tile else 0
                 copies = len(re.findall("async_copy_global_to_local", ttgir))
                 in_ptx = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
                 mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
-                print(f"{block_n:7} {w:5} {s:6} | {buffers:9}  {copies} / {in_ptx:<5} {mma}")
+                narrow = len(re.findall(r"ld\.shared(?:\.v\d)?\.[bu](?:8|16)\b", ptx))
+                ldmatrix = ptx.count("ldmatrix")
+                print(f"{block_n:7} {w:5} {s:6} | {buffers:9}  {copies} / {in_ptx:<5} {mma:9} {narrow:5} {ldmatrix:5}")
 
 
 def main() -> int:

@@ -116,10 +116,11 @@ def top_k_rows(n: int, vocab: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("vocab,block", [(1000, 128), (77, 32)])
 @pytest.mark.parametrize("divide", [True, False])
-def test_top_k_without_a_sort_draws_the_torch_codes_tokens(vocab, block, divide):
-    """Top-k by bisection on the scores' keys (the kernel) and by a sort of them (the torch code) give
-    the same set, so the same tokens; with ties at the k-th score (rounded logits), masked tokens and
-    top_p beside it."""
+@pytest.mark.parametrize("cap", [0, 8], ids=["search", "topk_then_search"])
+def test_top_k_without_a_sort_draws_the_torch_codes_tokens(vocab, block, divide, cap):
+    """Top-k by a search of the scores' keys (the kernel; with ``cap`` 8, rows of k <= 8 take their
+    k-th largest from ``torch.topk`` first) and by a sort of them (the torch code) give the same set,
+    so the same tokens; with ties at the k-th score (rounded logits), masked tokens and top_p beside it."""
     n = 40
     g = torch.Generator().manual_seed(vocab + 1)
     logits = (torch.randn(n, vocab, generator=g) * torch.linspace(0.3, 4, n)[:, None]).to(DEVICE)
@@ -131,7 +132,7 @@ def test_top_k_without_a_sort_draws_the_torch_codes_tokens(vocab, block, divide)
     top_k = top_k_rows(n, vocab, vocab)
     args = (scores, r["temperature"], r["top_p"], r["words"], r["greedy"])
     want = sampler.nucleus_draw(*args, divide=divide, top_k=top_k)
-    got = nucleus(*args, divide=divide, rounds=sampler.NUCLEUS_ROUNDS, block=block, top_k=top_k)
+    got = nucleus(*args, divide=divide, rounds=sampler.NUCLEUS_ROUNDS, block=block, top_k=top_k, top_k_cap=cap)
     assert torch.equal(got, want)
     s = scores / r["temperature"][:, None] if divide else scores
     kth = s.sort(dim=-1, descending=True).values.gather(1, (top_k.clamp(max=vocab) - 1)[:, None])

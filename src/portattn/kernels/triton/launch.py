@@ -84,6 +84,14 @@ class TileConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None  # a register cap per thread (more programs per SM); None: the compiler's
+
+    def launch_options(self) -> dict:
+        """The compiler options of a launch with these tiles."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            options["maxnreg"] = self.maxnreg
+        return options
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
@@ -383,8 +391,7 @@ def attention_forward(
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
-            DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, **t.launch_options(),
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))

@@ -22,6 +22,10 @@ the set. The rejection stays
 exact: the target, ``{t in the set: mass above s_t < top_p * mass of the set}``, is still every token
 above some score.
 
+``HAS_FLOOR``: rows whose k-th largest score the launcher found already (``torch.topk`` over at
+most ``TOP_K_CAP`` scores: far fewer passes than the search) give it as ``Floor [N]`` (raw, divided
+here like the scores; -inf: no floor), and ``TopK`` V for them; the set is the tokens at or above it.
+
 ``DIVIDE``: divide the scores by the row's temperature first (raw logits); otherwise they are
 scaled already (and masked by ``min_p``: -inf). Grid: ``(N,)``; ``Out [N]`` int64.
 """
@@ -54,6 +58,7 @@ def nucleus_kernel(
     Temperature,
     TopP,
     TopK,  # [N] int64: V or more keeps every token (read with HAS_TOP_K only)
+    Floor,  # [N] float32: the k-th largest score, -inf for none (read with HAS_FLOOR only)
     RowWords,  # [2, N] int64 holding uint32 values: the row's hash words (round 0)
     Greedy,
     Out,
@@ -64,6 +69,7 @@ def nucleus_kernel(
     ROUNDS: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_TOP_K: tl.constexpr,
+    HAS_FLOOR: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_offset = row.to(tl.int64) * stride_row
@@ -96,6 +102,12 @@ def nucleus_kernel(
     # The top-k set {key >= floor_key} and its mass; without top_k (or k >= V) every token, the total.
     floor_key = tl.zeros((), tl.int64)  # the smallest key: every score is at or above it
     mass = total
+    if HAS_FLOOR:
+        floor = tl.load(Floor + row)
+        if DIVIDE:
+            floor = floor / temperature  # the scores' own division: the same order, ties included
+        if (floor > float("-inf")) & (greedy == 0):
+            floor_key = _keys(floor)
     if HAS_TOP_K:
         k = tl.load(TopK + row)
         if (k < vocab) & (greedy == 0):
@@ -126,6 +138,8 @@ def nucleus_kernel(
                     if exact | (lo_key == hi_key):  # exactly the k likeliest at or above lo_key
                         found = 1
             floor_key = lo_key
+    if HAS_TOP_K or HAS_FLOOR:  # noqa: SIM102 (a compile-time test, then a run-time one)
+        if floor_key > 0:
             lane_mass = tl.zeros((BLOCK,), tl.float32)
             for start in range(0, vocab, BLOCK):
                 tokens = start + lanes
