@@ -15,8 +15,12 @@ on a page-table load in the same iteration, and the pipeliner spends two stages 
 chain: ``floor((num_stages - 1) / 2)`` buffers, so 3 or 4 stages keep one tile (no overlap of loads
 with compute), 5 or 6 keep two, 7 or 8 three. The MLA decode kernel, which loads its page ids a
 block ahead by hand, keeps ``num_stages - 1`` latent tiles over a bf16 cache, and none over an fp8
-one: its fp8 latent rows are plain loads at every depth. ``PIPELINE_DEPTH_DUMP=file`` writes the
-last TTGIR there.
+one: its fp8 latent rows are plain loads at every depth. The last column counts the PTX's 8- and
+16-bit shared-memory loads and its ``ldmatrix`` instructions: over an fp8 cache the V operand is read
+a byte at a time (384 ``ld.shared.b8`` at 128 x 4 x 3), which round 5 found not to be what limits it
+(``benchmarks/results/round5_h200/NOTES.md``). ``PIPELINE_DEPTH_DUMP=file`` writes the last TTGIR
+there and the PTX beside it (``file.ptx``). The capture needs Triton 3.9's interpreter (3.6's fails
+in the kernel's page-table arithmetic); the compile runs on any machine.
 """
 
 from __future__ import annotations

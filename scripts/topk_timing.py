@@ -1,6 +1,6 @@
 """The top-k draw's parts on a GPU: ``torch.topk`` over a Llama 3 vocabulary (128,256 scores a row) at
 several k, and the nucleus draw (top-p 0.95, temperature 0.8) with top-k 50 / 1000 / none, the k-th
-largest score from ``torch.topk`` (``top_k_cap`` 256) or searched in the kernel (cap 0), each checked
+largest score from ``torch.topk`` (``top_k_cap`` 256 and 1024) or searched in the kernel (cap 0), each checked
 token for token against the torch code. Graph replays, median ms; batches 1 and 64.
 
     PYTHONPATH=src python3 scripts/topk_timing.py
@@ -24,7 +24,7 @@ def main() -> None:
         top_p = torch.full((b,), 0.95, device=dev)
         words = sampler.row_words(torch.arange(b, device=dev) * 7919, torch.zeros(b, dtype=torch.int64, device=dev))
         args = (x, temp, top_p, words, torch.zeros(b, dtype=torch.bool, device=dev))
-        for k, cap in ((50, 256), (50, 0), (1000, 256), (0, 256)):
+        for k, cap in ((50, 256), (50, 1024), (50, 0), (1000, 256), (1000, 1024), (0, 256)):
             top_k = None if k == 0 else torch.full((b,), k, dtype=torch.int64, device=dev)
 
             def draw(_, top_k=top_k, cap=cap, args=args):

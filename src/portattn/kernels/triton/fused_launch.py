@@ -17,9 +17,11 @@ from .nucleus import nucleus_kernel
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
 # Rows with top_k up to this take their k-th largest score from torch.topk (a radix select) before the
-# nucleus kernel; larger k are searched in the kernel, 16 pivots a pass over the scores (slower: about
-# 0.7 ms a row on an H200 over 128k scores, where the select of 256 takes far less).
-TOP_K_CAP = 256
+# nucleus kernel; larger k are searched in the kernel, 16 pivots a pass over the scores. On an H200 over
+# 128,256 scores (benchmarks/results/engine_h200/round5/topk_timing.txt) the search added 0.6-0.7 ms to
+# the draw at batch 1 and 64; torch.topk of 64 / 256 / 1024 scores took 0.056 / 0.068 / 0.068 ms at
+# batch 1 and 0.137 / 0.149 / 0.155 ms at 64.
+TOP_K_CAP = 1024
 ACTIVATION_CODES = {"silu": SILU, "swish": SILU, "gelu": GELU, "gelu_pytorch_tanh": GELU_TANH, "gelu_tanh": GELU_TANH}
 
 
