@@ -100,18 +100,19 @@ def headdims_unaligned(out: Path, dims: list[int]) -> dict:
     return rows
 
 
-# (block_n, warps, stages, splits). The first round swept (64|128|32, 4|8, 2..5) at one split:
-# 128 x 4 warps x 3 stages was the fastest (0.216 ms), and became the fp8 decode default.
+# (block_n, warps, stages, splits, maxnreg, pages_ahead). The first round swept (64|128|32, 4|8, 2..5) at
+# one split: 128 x 4 warps x 3 stages was the fastest (0.216 ms), and became the fp8 decode default.
 # Round 3/4: 128 x 4 x 3 (the default) 0.212 ms at 1 split, 0.193 at 2; 256 x 4 x 2 0.209. The pipeliner
 # keeps floor((stages - 1) / 2) K/V tiles in flight here (scripts/pipeline_depth.py): 3 or 4 stages
-# keep one, so the loads never overlap the math; these keep two or three.
-# Round 5: 5-8 stages were slower (0.204-0.244 ms against 0.195 at 3). Nsight Compute on the 128 x 4 x 3
-# launch: 168 registers a thread, three programs (12 warps) an SM, the schedulers issuing 45% of cycles, DRAM
-# at 59%: the loads are not hidden for lack of warps. The fifth entry caps the registers (maxnreg).
-FP8_VARIANTS = [(128, 4, 3, 2, None), (128, 4, 3, 2, 128), (128, 4, 3, 2, 96), (128, 4, 2, 2, 128),
-                (128, 4, 4, 2, 128), (64, 4, 3, 2, 128), (64, 4, 3, 2, 96), (64, 4, 2, 2, 96), (64, 4, 2, 2, 80),
-                (128, 8, 3, 2, None), (128, 8, 3, 2, 96), (128, 8, 3, 2, 80), (256, 8, 3, 2, 128),
-                (128, 4, 3, 1, 128), (128, 4, 3, 4, 128), (64, 4, 3, 4, 96)]  # fmt: skip
+# keep one. Round 5: 5-8 stages (two or three tiles) were slower (0.204-0.244 ms against 0.195 at 3);
+# so were register caps (maxnreg 128: 0.199; 96: 0.310) for more programs per SM
+# (benchmarks/results/round5_h200/NOTES.md). Next: page ids loaded a tile ahead by hand (pages_ahead),
+# where the pipeliner keeps stages - 1 tiles (two at 3 stages, in Triton 3.9's compile).
+FP8_VARIANTS = [(128, 4, 3, 2, None, False), (128, 4, 3, 2, None, True), (128, 4, 2, 2, None, True),
+                (128, 4, 4, 2, None, True), (64, 4, 3, 2, None, True), (64, 4, 4, 2, None, True),
+                (128, 8, 3, 2, None, True), (128, 4, 3, 1, None, True), (256, 4, 2, 2, None, True)]  # fmt: skip
+# bf16 decodes with page ids a tile ahead (the default 64 x 8 x 5 keeps two tiles; these keep 2-4).
+BF16_AHEAD_VARIANTS = [(64, 8, 3, 1), (64, 8, 4, 1), (64, 8, 5, 1), (128, 4, 3, 1)]
 MLA_FP8_TILES = {16: [(16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2)], 128: [(64, 64, 8, 2)]}
 
 
@@ -142,12 +143,19 @@ def fp8(out: Path, ceil) -> dict:
     for name, s in fp8_sets.items():
         record(f"{name} default", _paged_call(case, s, o, k_scale=ks, v_scale=vs), kv_bytes)
     default = choose_tiles(1, 4, 128, 128, interpret=False)
-    for n, w, st, sp, reg in FP8_VARIANTS:
-        t = TileConfig(default.block_q, default.block_m, n, w, st, reg)
+    for n, w, st, sp, reg, ahead in FP8_VARIANTS:
+        t = TileConfig(default.block_q, default.block_m, n, w, st, reg, ahead)
         fn = _paged_call(case, fp8_sets["e4m3"], o, tiles=t, splits=sp, k_scale=ks, v_scale=vs)
-        key = f"e4m3 n{n} w{w} s{st} S{sp} r{reg}"
+        key = f"e4m3 n{n} w{w} s{st} S{sp} r{reg}{' ahead' if ahead else ''}"
         try:
             record(key, fn, kv_bytes)
+        except Exception as exc:
+            rows[key] = peers.error_line(exc)
+    for n, w, st, sp in BF16_AHEAD_VARIANTS:
+        t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=True)
+        key = f"bf16 n{n} w{w} s{st} S{sp} ahead"
+        try:
+            record(key, _paged_call(case, sets, o, tiles=t, splits=sp), 2 * kv_bytes)
         except Exception as exc:
             rows[key] = peers.error_line(exc)
     saved = launch.f16_dots_for
@@ -190,8 +198,10 @@ def fp8(out: Path, ceil) -> dict:
 
 # (block_n, warps, stages, splits). Round 4: 64 x 8 x 5 at 32 splits 0.0751 ms (84% of copy), at 64 0.0843;
 # 5 stages keep two tiles in flight, 7 or 8 keep three (scripts/pipeline_depth.py).
-LONG_VARIANTS = [(64, 8, 5, 32), (64, 8, 7, 32), (64, 8, 8, 32), (64, 4, 7, 32), (128, 4, 6, 32), (128, 8, 6, 32),
-                 (128, 4, 8, 32), (64, 8, 7, 16)]  # fmt: skip
+# Round 5: the default stays (0.0748-0.0755 ms; 7 or 8 stages 0.078). Then: page ids a tile ahead (the
+# fifth entry), where 3-5 stages keep 2-4 tiles.
+LONG_VARIANTS = [(64, 8, 5, 32, False), (64, 8, 3, 32, True), (64, 8, 4, 32, True), (64, 8, 5, 32, True),
+                 (128, 4, 3, 32, True), (64, 8, 4, 16, True)]  # fmt: skip
 
 
 def long(out: Path, ceil) -> dict:
@@ -206,12 +216,12 @@ def long(out: Path, ceil) -> dict:
 
     default = choose_tiles(1, 4, 128, 128, interpret=False)
     splits = choose_num_kv_splits(65536, 1, 32, 1)
-    launch.MAX_KV_SPLITS = max(launch.MAX_KV_SPLITS, *(sp for *_, sp in LONG_VARIANTS))  # a sweep may go past it
+    launch.MAX_KV_SPLITS = max(launch.MAX_KV_SPLITS, *(v[3] for v in LONG_VARIANTS))  # a sweep may go past it
     record(f"default m{default.block_m} n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
            _paged_call(case, sets, o))  # fmt: skip
-    for n, w, st, sp in LONG_VARIANTS:
-        t = TileConfig(default.block_q, default.block_m, n, w, st)
-        record(f"n{n} w{w} s{st} S{sp}", _paged_call(case, sets, o, tiles=t, splits=sp))
+    for n, w, st, sp, ahead in LONG_VARIANTS:
+        t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead)
+        record(f"n{n} w{w} s{st} S{sp}{' ahead' if ahead else ''}", _paged_call(case, sets, o, tiles=t, splits=sp))
     record("default again", _paged_call(case, sets, o))
     return rows
 

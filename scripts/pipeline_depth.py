@@ -180,6 +180,7 @@ def main() -> int:
     parser.add_argument("--q-len", type=int, default=1, help="queries of the sequence (1: a decode)")
     parser.add_argument("--block-m", type=int, default=None, help="query rows (default: the launcher's)")
     parser.add_argument("--mla-heads", type=int, default=0, help="MLA decode of this many heads instead")
+    parser.add_argument("--pages-ahead", action="store_true", help="page ids loaded a tile ahead (PAGES_AHEAD)")
     parser.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)  # the child's part
     args = parser.parse_args()
     if args.capture:
@@ -200,6 +201,8 @@ def main() -> int:
     if args.block_m is not None:
         group_pad = seen["constexprs"]["GROUP_PAD"]
         seen["constexprs"].update(BLOCK_M=args.block_m, BLOCK_Q=args.block_m // group_pad)
+    if args.pages_ahead:
+        seen["constexprs"]["PAGES_AHEAD"] = True
     compile_variants(seen, args.block_n, args.warps, args.stages)
     return 0
 

@@ -29,6 +29,10 @@ then scaled by ``q_scale`` and converted too; the launcher folds the cache's K s
 ``qk_scale``, and ``v_scale`` multiplies the normalised output (1.0 for caches in the query's dtype).
 Float32 inputs take the dots in ``DOT_PRECISION`` ("ieee" unless TF32 was asked for).
 ``ROW_ALIGN``: every row stride is a multiple of it, and arrives divided by it (see the kernel).
+``PAGES_AHEAD`` (paged K/V; off by default, for the probes): each key tile's page ids are loaded one
+tile ahead, in the previous iteration. Loaded in the same iteration, they cost Triton's software
+pipeliner two stages per K/V buffer (``floor((num_stages - 1) / 2)`` tiles in flight); loaded ahead,
+one (``num_stages - 1``; ``scripts/pipeline_depth.py --pages-ahead``).
 """
 
 import triton
@@ -151,6 +155,7 @@ def _attend_tiles(
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr,
 ):
     """Online softmax over key tiles ``tile_begin .. tile_end - 1`` (tile i starts at tile_base + i * BLOCK_N).
 
@@ -171,9 +176,21 @@ def _attend_tiles(
         offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
     if BLOCK_DV3 > 0:
         offs_dv3 = BLOCK_DV + BLOCK_DV2 + tl.arange(0, BLOCK_DV3)
+    if PAGES_AHEAD:  # the first tile's page ids; each iteration loads the next tile's
+        offs_ahead = tile_base + tile_begin * BLOCK_N + offs_tile
+        next_page = tl.load(PageTableRow + offs_ahead // PAGE_SIZE, mask=offs_ahead < num_keys, other=0)
     for tile in range(tile_begin, tile_end):
         offs_n = tile_base + tile * BLOCK_N + offs_tile
-        page, offset, in_range = _key_slots(offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE=PAGE_SIZE, PAGED=PAGED)
+        if PAGES_AHEAD:
+            page = next_page.to(tl.int64)
+            offset = (offs_n % PAGE_SIZE).to(tl.int64)
+            in_range = offs_n < num_keys
+            offs_ahead = offs_n + BLOCK_N
+            next_page = tl.load(PageTableRow + offs_ahead // PAGE_SIZE, mask=offs_ahead < num_keys, other=0)
+        else:
+            page, offset, in_range = _key_slots(
+                offs_n, num_keys, PageTableRow, kv_start, PAGE_SIZE=PAGE_SIZE, PAGED=PAGED
+            )
         k_rows = K + page * stride_kp + offset * stride_ks  # [BLOCK_N] pointers to the first column
         v_rows = V + page * stride_vp + offset * stride_vs
         row_ok = in_range if MASKED else offs_tile < BLOCK_N  # unmasked tiles: every key exists
@@ -298,6 +315,7 @@ def attention_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     ROW_ALIGN: tl.constexpr,
     F16_DOTS: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
     if ROW_ALIGN > 1:
@@ -472,6 +490,7 @@ def attention_fwd_kernel(
             HAS_SOFTCAP=HAS_SOFTCAP,
             HAS_ALIBI=HAS_ALIBI,
             DOT_PRECISION=DOT_PRECISION,
+            PAGES_AHEAD=PAGES_AHEAD and PAGED,
         )
 
     if not SPLIT:

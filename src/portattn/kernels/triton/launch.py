@@ -85,6 +85,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs per SM); None: the compiler's
+    pages_ahead: bool = False  # paged K/V: each key tile's page ids loaded one tile ahead (see the kernel)
 
     def launch_options(self) -> dict:
         """The compiler options of a launch with these tiles."""
@@ -391,7 +392,8 @@ def attention_forward(
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
-            DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, **t.launch_options(),
+            DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, PAGES_AHEAD=t.pages_ahead,
+            **t.launch_options(),
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
