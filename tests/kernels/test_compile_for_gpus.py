@@ -31,15 +31,17 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.nucleus import nucleus_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
-    NUCLEUS = {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "TopK": "*i64", "RowWords": "*i64",
-               "Greedy": "*i1", "Out": "*i64", **COMMON}
+    NUCLEUS = {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "TopK": "*i64", "Floor": "*fp32",
+               "RowWords": "*i64", "Greedy": "*i1", "Out": "*i64", **COMMON}
     KERNELS = [
         ("nucleus, raw logits", nucleus_kernel, NUCLEUS,
-         {"DIVIDE": True, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": False}, 8),
+         {"DIVIDE": True, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": False, "HAS_FLOOR": False}, 8),
         ("nucleus, scaled scores", nucleus_kernel, NUCLEUS,
-         {"DIVIDE": False, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": False}, 8),
-        ("nucleus, top_k", nucleus_kernel, NUCLEUS,
-         {"DIVIDE": True, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": True}, 8),
+         {"DIVIDE": False, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": False, "HAS_FLOOR": False}, 8),
+        ("nucleus, top_k searched", nucleus_kernel, NUCLEUS,
+         {"DIVIDE": True, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": True, "HAS_FLOOR": False}, 8),
+        ("nucleus, top_k floors and search", nucleus_kernel, NUCLEUS,
+         {"DIVIDE": True, "ROUNDS": 32, "BLOCK": 4096, "HAS_TOP_K": True, "HAS_FLOOR": True}, 8),
         ("gumbel_max", gumbel_max_kernel,
          {"Scores": "*fp32", "Temperature": "*fp32", "RowWords": "*i64", "Greedy": "*i1", "BestScore": "*fp32",
           "BestToken": "*i32", **COMMON, "num_chunks": "i32"}, {"DIVIDE": True, "BLOCK": 1024, "CHUNK": 4096}, 4),
@@ -68,5 +70,11 @@ def test_the_sampler_kernels_compile_for_hopper():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     names = [line.split(" cubin ")[0] for line in lines]
-    assert names == ["nucleus, raw logits", "nucleus, scaled scores", "nucleus, top_k", "gumbel_max"]
+    assert names == [
+        "nucleus, raw logits",
+        "nucleus, scaled scores",
+        "nucleus, top_k searched",
+        "nucleus, top_k floors and search",
+        "gumbel_max",
+    ]
     assert all(int(line.split(" cubin ")[1]) > 0 for line in lines)
