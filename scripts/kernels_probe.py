@@ -14,8 +14,9 @@
   over 4096 keys at 1-4 splits (where the split rule should sit);
 * ``fp32``: float32 paged attention and MLA decode against float64, IEEE dots and TF32.
 
-Every section prints its rows and writes ``DIR/<section>.json``; ceilings (copy, bf16 matmul) come
-from the same process.
+Every section prints its rows and writes ``DIR/<section>.json`` and its plot ``DIR/<section>.png`` (the
+timed rows' milliseconds); ceilings (copy, bf16 matmul) come from the same process.
+``--replot FILE.json ...`` draws the plots of committed results again (no GPU needed).
 """
 
 from __future__ import annotations
@@ -288,12 +289,37 @@ def fp32(out: Path) -> dict:
     return rows
 
 
+def plot(rows: dict, path: Path) -> None:
+    """A bar per timed row of ``rows`` (those with "ms"), written to ``path`` (a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [(key, r["ms"]) for key, r in rows.items() if isinstance(r, dict) and "ms" in r]
+    if not timed:
+        return
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(timed) + 1.2))
+    ax.barh([k for k, _ in timed][::-1], [ms for _, ms in timed][::-1], color="tab:blue")
+    ax.set_xlabel("ms (graph replays, median)")
+    ax.set_title(path.stem)
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("sections", nargs="+")
+    parser.add_argument("sections", nargs="*")
+    parser.add_argument("--replot", nargs="+", type=Path, default=None, help="plot these result JSONs again")
     parser.add_argument("--out", default="/tmp/probe")
     parser.add_argument("--dims", type=int, nargs="*", default=[40, 59, 72])
     args = parser.parse_args()
+    if args.replot:
+        for path in args.replot:
+            plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ceil = None
@@ -315,6 +341,8 @@ def main() -> int:
             splits(out, ceil)
         elif section == "fp32":
             fp32(out)
+        if (out / f"{section}.json").exists():
+            plot(json.loads((out / f"{section}.json").read_text()), out / f"{section}.png")
         print(f"== {section}: {time.time() - t0:.0f} s", flush=True)
     return 0
 
