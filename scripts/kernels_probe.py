@@ -200,9 +200,11 @@ def fp8(out: Path, ceil) -> dict:
 # (block_n, warps, stages, splits). Round 4: 64 x 8 x 5 at 32 splits 0.0751 ms (84% of copy), at 64 0.0843;
 # 5 stages keep two tiles in flight, 7 or 8 keep three (scripts/pipeline_depth.py).
 # Round 5: the default stays (0.0748-0.0755 ms; 7 or 8 stages 0.078). Then: page ids a tile ahead (the
-# fifth entry), where 3-5 stages keep 2-4 tiles.
-LONG_VARIANTS = [(64, 8, 5, 32, False), (64, 8, 3, 32, True), (64, 8, 4, 32, True), (64, 8, 5, 32, True),
-                 (128, 4, 3, 32, True), (64, 8, 4, 16, True)]  # fmt: skip
+# fifth entry), where 3-5 stages keep 2-4 tiles, and the splits merged by their last program (the sixth:
+# no merge kernel after the launch).
+LONG_VARIANTS = [(64, 8, 5, 32, False, False), (64, 8, 3, 32, True, False), (64, 8, 4, 32, True, False),
+                 (64, 8, 5, 32, True, False), (128, 4, 3, 32, True, False), (64, 8, 4, 16, True, False),
+                 (64, 8, 5, 32, False, True), (64, 8, 5, 16, False, True)]  # fmt: skip
 
 
 def long(out: Path, ceil) -> dict:
@@ -220,9 +222,10 @@ def long(out: Path, ceil) -> dict:
     launch.MAX_KV_SPLITS = max(launch.MAX_KV_SPLITS, *(v[3] for v in LONG_VARIANTS))  # a sweep may go past it
     record(f"default m{default.block_m} n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
            _paged_call(case, sets, o))  # fmt: skip
-    for n, w, st, sp, ahead in LONG_VARIANTS:
-        t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead)
-        record(f"n{n} w{w} s{st} S{sp}{' ahead' if ahead else ''}", _paged_call(case, sets, o, tiles=t, splits=sp))
+    for n, w, st, sp, ahead, merge in LONG_VARIANTS:
+        t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead, merge_in_kernel=merge)
+        key = f"n{n} w{w} s{st} S{sp}{' ahead' if ahead else ''}{' merged in kernel' if merge else ''}"
+        record(key, _paged_call(case, sets, o, tiles=t, splits=sp))
     record("default again", _paged_call(case, sets, o))
     return rows
 

@@ -181,6 +181,7 @@ def main() -> int:
     parser.add_argument("--block-m", type=int, default=None, help="query rows (default: the launcher's)")
     parser.add_argument("--mla-heads", type=int, default=0, help="MLA decode of this many heads instead")
     parser.add_argument("--pages-ahead", action="store_true", help="page ids loaded a tile ahead (PAGES_AHEAD)")
+    parser.add_argument("--merge-in-kernel", action="store_true", help="a split launch merging its splits itself")
     parser.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)  # the child's part
     args = parser.parse_args()
     if args.capture:
@@ -203,6 +204,8 @@ def main() -> int:
         seen["constexprs"].update(BLOCK_M=args.block_m, BLOCK_Q=args.block_m // group_pad)
     if args.pages_ahead:
         seen["constexprs"]["PAGES_AHEAD"] = True
+    if args.merge_in_kernel:
+        seen["constexprs"].update(SPLIT=True, MERGE_IN_KERNEL=True)
     compile_variants(seen, args.block_n, args.warps, args.stages)
     return 0
 

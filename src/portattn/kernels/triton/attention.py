@@ -33,6 +33,9 @@ Float32 inputs take the dots in ``DOT_PRECISION`` ("ieee" unless TF32 was asked 
 tile ahead, in the previous iteration. Loaded in the same iteration, they cost Triton's software
 pipeliner two stages per K/V buffer (``floor((num_stages - 1) / 2)`` tiles in flight); loaded ahead,
 one (``num_stages - 1``; ``scripts/pipeline_depth.py --pages-ahead``).
+``MERGE_IN_KERNEL`` (split launches; off by default, for the probes): the last split program of each
+(query block, KV head) to finish merges the block's splits itself (``MergeCounters``: one int32 ticket
+counter per such pair, zero between launches), so no merge kernel follows.
 """
 
 import triton
@@ -249,6 +252,59 @@ def _attend_tiles(
 
 
 @triton.jit
+def _merge_splits_of_rows(
+    PartialOut,
+    PartialLse,
+    Sinks,
+    Out,
+    Lse,
+    part_rows,
+    stride_ws,
+    num_splits,
+    out_rows,
+    lse_rows,
+    head,
+    row_ok,
+    BLOCK_M: tl.constexpr,
+    PARTIAL_DV: tl.constexpr,
+    VALUE_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
+    """``merge.merge_splits_kernel``'s arithmetic for the ``BLOCK_M`` rows of one program (their splits
+    at ``part_rows + s * stride_ws``), read through L2 (``.cg``): other programs wrote them."""
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for s in range(num_splits):
+        lse_s = tl.load(PartialLse + part_rows + s * stride_ws, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        m = tl.maximum(m, lse_s)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    offs_dv = tl.arange(0, PARTIAL_DV)
+    dv_ok = row_ok[:, None] & (offs_dv < VALUE_DIM)[None, :]
+    denom = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, PARTIAL_DV), tl.float32)
+    for s in range(num_splits):
+        row = part_rows + s * stride_ws
+        weight = tl.exp2(tl.load(PartialLse + row, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
+        part = tl.load(
+            PartialOut + row[:, None] * PARTIAL_DV + offs_dv[None, :], mask=dv_ok, other=0.0, cache_modifier=".cg"
+        )
+        acc += part * weight[:, None]
+        denom += weight
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m_safe)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    tl.store(Out + out_rows[:, None] + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=dv_ok)
+    if HAS_LSE:
+        lse = tl.where(
+            denom == 0.0, float("-inf"), (m_safe + tl.log2(tl.where(denom == 0.0, 1.0, denom))) * 0.6931471805599453
+        )
+        tl.store(Lse + lse_rows, lse, mask=row_ok)
+
+
+@triton.jit
 def attention_fwd_kernel(
     Q,
     K,
@@ -263,6 +319,7 @@ def attention_fwd_kernel(
     KvStart,
     Sinks,
     AlibiSlopes,
+    MergeCounters,
     num_seqs,
     q_scale,
     qk_scale,
@@ -316,6 +373,7 @@ def attention_fwd_kernel(
     ROW_ALIGN: tl.constexpr,
     F16_DOTS: tl.constexpr,
     PAGES_AHEAD: tl.constexpr,
+    MERGE_IN_KERNEL: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
     if ROW_ALIGN > 1:
@@ -531,3 +589,18 @@ def attention_fwd_kernel(
             o3 = acc3 * v_scale / l_safe[:, None]
             _store_columns(w_rows, row_ok, o3, BLOCK_DV + BLOCK_DV2, BLOCK_DV3, VALUE_DIM)
         tl.store(PartialLse + w_row, lse, mask=row_ok)
+        if MERGE_IN_KERNEL:
+            # The last of the block's splits to finish merges them: a ticket per (query block, KV
+            # head), taken after every thread's stores (the barrier) with release semantics, read
+            # with acquire semantics, and put back to 0 for the next launch by the merging program.
+            tl.debug_barrier()
+            counter = MergeCounters + tl.program_id(0) * tl.num_programs(1) + kv_head
+            ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == tl.num_programs(2) - 1:
+                _merge_splits_of_rows(
+                    PartialOut, PartialLse, Sinks, Out, Lse, q_row * stride_wt + head * stride_wh, stride_ws,
+                    tl.num_programs(2), q_row * stride_ot + head * stride_oh, q_row * stride_lt + head * stride_lh,
+                    head, row_ok, BLOCK_M=BLOCK_M, PARTIAL_DV=PARTIAL_DV, VALUE_DIM=VALUE_DIM,
+                    HAS_SINKS=HAS_SINKS, HAS_LSE=HAS_LSE,
+                )  # fmt: skip
+                tl.atomic_xchg(counter, 0)

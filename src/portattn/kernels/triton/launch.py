@@ -86,6 +86,7 @@ class TileConfig:
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs per SM); None: the compiler's
     pages_ahead: bool = False  # paged K/V: each key tile's page ids loaded one tile ahead (see the kernel)
+    merge_in_kernel: bool = False  # split launches: the last split of a block merges (no merge kernel)
 
     def launch_options(self) -> dict:
         """The compiler options of a launch with these tiles."""
@@ -247,6 +248,23 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
+_MERGE_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(device: torch.device, count: int) -> torch.Tensor | None:
+    """At least ``count`` int32 zeros on ``device`` for in-kernel split merges: one buffer per device,
+    kept (the merging programs put their counters back to 0), grown outside graph capture only
+    (None while capturing a stream that would need a larger one: the launch merges with the merge
+    kernel instead). Launches that use it run one at a time on a device (one stream)."""
+    counters = _MERGE_COUNTERS.get(device)
+    if counters is None or counters.numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        size = max(count, 2 * (0 if counters is None else counters.numel()), 1024)
+        counters = _MERGE_COUNTERS[device] = torch.zeros(size, dtype=torch.int32, device=device)
+    return counters
+
+
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
     if t.stride(-1) != 1:
         fail(f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
@@ -374,12 +392,18 @@ def attention_forward(
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
         return smaller_tiles(t, group)
 
+    merged = []  # whether the launch that ran merged its splits itself
+
     def launch(t: TileConfig) -> None:
         grid = (num_tokens // t.block_q + batch, num_kv_heads, num_kv_splits)
+        counters = None
+        if num_kv_splits > 1 and t.merge_in_kernel:
+            counters = merge_counters(q.device, grid[0] * grid[1])
+        merged[:] = [counters is not None]
         attention_fwd_kernel[grid](
             q, k, v, out, lse_buf, partial_out, partial_lse,
             table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
-            q if alibi_slopes is None else alibi_slopes,
+            q if alibi_slopes is None else alibi_slopes, seq_lens_k if counters is None else counters,
             batch, q_scale, qk_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
             *strides,
             lse_buf.stride(0), lse_buf.stride(1),
@@ -393,11 +417,11 @@ def attention_forward(
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
             DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, PAGES_AHEAD=t.pages_ahead,
-            **t.launch_options(),
+            MERGE_IN_KERNEL=counters is not None, **t.launch_options(),
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
-    if num_kv_splits > 1:
+    if num_kv_splits > 1 and not merged[0]:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
             num_q_heads, num_kv_splits, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
