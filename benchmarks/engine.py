@@ -43,6 +43,7 @@ import torch
 
 from portattn.device import synchronize
 
+KERNEL_OPTIONS = {"pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL"}  # -> launch.py
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
 SPEC_TB_S = 4.8  # the H200's specified memory bandwidth, the second limit the targets are read against
@@ -728,6 +729,8 @@ def notes(results: dict) -> str:
         if not part:
             continue
         lines += [f"## Decode: {part['model']}, {part['layers']} layers", ""]
+        if part.get("kernel_options"):
+            lines += [f"Attention launch options on: {', '.join(part['kernel_options'])}.", ""]
         lines += ["| batch | limit ms (copy / spec) | graphs step ms | x limit (copy / spec) | replay ms | host ms "
                   "| sampled step ms | draw ms (top-k + top-p / top-p alone) | eager step ms | x limit "
                   "| plan us (graphs / eager) |",
@@ -879,6 +882,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cascade-own", type=int, default=256)
     parser.add_argument("--family-layers", type=int, default=4)
     parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument(
+        "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
+        help="attention launch options that are off by default, on for this run (recorded in the results)",
+    )  # fmt: skip
     parser.add_argument("--cold-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cold-dtype", default="bfloat16", help=argparse.SUPPRESS)
     parser.add_argument("--cold-lazy", action="store_true", help=argparse.SUPPRESS)
@@ -889,6 +896,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("the engine benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.kernel_options:
+        from portattn.kernels.triton import launch
+
+        for option in args.kernel_options:
+            setattr(launch, KERNEL_OPTIONS[option], True)
     args.workdir = args.workdir or default_workdir()
     args.out.mkdir(parents=True, exist_ok=True)
     results = load_results(args.out)
@@ -898,6 +910,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         results[part] = PART_RUNNERS[part](args, results)
         results[part]["part_seconds"] = time.perf_counter() - start
+        results[part]["kernel_options"] = args.kernel_options
         (args.out / f"engine_{part}.json").write_text(json.dumps(results[part], indent=1))
         if part != "copy" and "copy" in results:  # measured on the way, for the limit
             (args.out / "engine_copy.json").write_text(json.dumps(results["copy"], indent=1))

@@ -58,3 +58,20 @@ def test_in_kernel_merge_in_the_query_dtype():
     got, _ = run(case, dataclasses.replace(plain, merge_in_kernel=True), 4)
     want, _ = run(case, plain, 4)
     assert got.dtype == torch.float16 and torch.equal(got, want)
+
+
+def test_the_launch_switches_reach_launches_with_default_tiles(monkeypatch):
+    """``benchmarks/engine.py --kernel-options`` sets these module switches: a launch with the default
+    tiles then merges in the kernel (the merge kernel must not run) and gives the same output."""
+    case = make_paged_case([1, 1], [70, 33], page_size=7, dtype=torch.float32, device=DEVICE, seed=4)
+    want, _ = run(case, None, 3)
+    monkeypatch.setattr(launch, "MERGE_SPLITS_IN_KERNEL", True)
+    monkeypatch.setattr(launch, "PAGES_AHEAD", True)
+
+    class NoMergeKernel:
+        def __getitem__(self, grid):
+            raise AssertionError("the merge kernel ran")
+
+    monkeypatch.setattr(launch, "merge_splits_kernel", NoMergeKernel())
+    got, _ = run(case, None, 3)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

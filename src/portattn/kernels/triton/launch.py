@@ -31,6 +31,11 @@ SPLIT_TARGET_WORK = 2048
 # against 0.0522 at B=4 over 8k (benchmarks/results/round4_h200/NOTES.md). Query runs keep 2048.
 DECODE_SPLIT_TARGET_WORK = 1024
 MIN_KEYS_PER_SPLIT = 512
+# Launch options that stay off until a GPU benchmark shows them faster (launches with the default tiles
+# take them; ``python -m benchmarks.engine --kernel-options pages_ahead merge_in_kernel`` turns them on
+# for a run): see TileConfig and docs/kernels.md.
+PAGES_AHEAD = False
+MERGE_SPLITS_IN_KERNEL = False
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 
 
@@ -360,6 +365,8 @@ def attention_forward(
             kv_itemsize=k.element_size(),
             ieee_dots=dot_precision(q.dtype) == "ieee",
         )
+        if PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL:
+            tiles = dataclasses.replace(tiles, pages_ahead=PAGES_AHEAD, merge_in_kernel=MERGE_SPLITS_IN_KERNEL)
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_d, block_d2, block_d3 = column_tiles(head_dim)
