@@ -75,3 +75,28 @@ def test_the_launch_switches_reach_launches_with_default_tiles(monkeypatch):
     monkeypatch.setattr(launch, "merge_splits_kernel", NoMergeKernel())
     got, _ = run(case, None, 3)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(DEVICE.type == "cpu", reason="concurrency: programs run one at a time under the interpreter")
+def test_in_kernel_merge_under_load_and_in_a_graph():
+    """Many programs racing for their tickets (64 sequences of 1,500 keys, 8 KV heads, 16 splits), launch
+    after launch and replayed from a CUDA graph: every output equals the merge kernel's."""
+    case = make_paged_case([1] * 64, [1500] * 64, page_size=16, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                           dtype=torch.bfloat16, device=DEVICE, seed=1)  # fmt: skip
+    want, _ = run(case, None, 16)
+    tiles = dataclasses.replace(launch.choose_tiles(1, 4, 128, 128, interpret=False), merge_in_kernel=True)
+    for _ in range(20):
+        got, _ = run(case, tiles, 16)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-2)
+    out = torch.empty_like(case.q)
+    call = dict(max_seqlen_q=1, scale=0.125, page_table=case.page_table, num_kv_splits=16, tiles=tiles)
+    args = (case.q, case.k_cache, case.v_cache, out, case.cu_seqlens_q, case.seq_lens_k)
+    attention_forward(*args, **call)  # the counters exist before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention_forward(*args, **call)
+    for _ in range(20):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-2)
+    assert int(launch.merge_counters(case.q.device, 1).abs().sum()) == 0
