@@ -45,6 +45,17 @@ from portattn.device import synchronize
 
 KERNEL_OPTIONS = {"pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL"}  # -> launch.py
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
+
+
+def apply_kernel_options(options: list[str]) -> None:
+    """Switch attention launch options that are off by default on for this process (``--kernel-options``)."""
+    if options:
+        from portattn.kernels.triton import launch
+
+        for option in options:
+            setattr(launch, KERNEL_OPTIONS[option], True)
+
+
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
 SPEC_TB_S = 4.8  # the H200's specified memory bandwidth, the second limit the targets are read against
 
@@ -896,11 +907,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("the engine benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.kernel_options:
-        from portattn.kernels.triton import launch
-
-        for option in args.kernel_options:
-            setattr(launch, KERNEL_OPTIONS[option], True)
+    apply_kernel_options(args.kernel_options)
     args.workdir = args.workdir or default_workdir()
     args.out.mkdir(parents=True, exist_ok=True)
     results = load_results(args.out)

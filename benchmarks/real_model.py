@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from . import prompt_sets
+from .engine import KERNEL_OPTIONS, apply_kernel_options
 
 # The first is a near-tie in float32 ("The" over "L", by 0.08): bf16 answers it either way.
 QUESTIONS = [
@@ -204,6 +205,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")) / "real_model.json"
     )
+    parser.add_argument(
+        "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
+        help="attention launch options that are off by default, on for this run (recorded in the results)",
+    )  # fmt: skip
     parser.add_argument("--breakdown-steps", type=int, default=200, help="batch-1 steps timed per breakdown case")
     args = parser.parse_args(argv)
     if args.model is None:
@@ -215,7 +220,8 @@ def main(argv=None) -> int:
     from portattn.engine.llm import LLM
     from portattn.engine.sampling_params import SamplingParams
 
-    result: dict = {"model": str(args.model), "dtype": args.dtype}
+    apply_kernel_options(args.kernel_options)
+    result: dict = {"model": str(args.model), "dtype": args.dtype, "kernel_options": args.kernel_options}
     start = time.perf_counter()
     # Two engines, one after the other (the second with async scheduling): a KV cache of their own size.
     engine_args = dict(max_model_len=2048, max_num_seqs=256, kv_cache_memory="16GiB")
