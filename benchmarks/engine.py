@@ -43,17 +43,22 @@ import torch
 
 from portattn.device import synchronize
 
-KERNEL_OPTIONS = {"pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL"}  # -> launch.py
+# -> launch.py's switches; "unfused_linear": norms and activations in their own kernels at every batch
+KERNEL_OPTIONS = {"pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL", "unfused_linear": None}
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
 
 def apply_kernel_options(options: list[str]) -> None:
-    """Switch attention launch options that are off by default on for this process (``--kernel-options``)."""
+    """Switch launch options that are off by default on for this process (``--kernel-options``)."""
     if options:
         from portattn.kernels.triton import launch
+        from portattn.models.layers.fused import set_fused_linear_rows
 
         for option in options:
-            setattr(launch, KERNEL_OPTIONS[option], True)
+            if option == "unfused_linear":
+                set_fused_linear_rows(0)
+            else:
+                setattr(launch, KERNEL_OPTIONS[option], True)
 
 
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
@@ -741,7 +746,7 @@ def notes(results: dict) -> str:
             continue
         lines += [f"## Decode: {part['model']}, {part['layers']} layers", ""]
         if part.get("kernel_options"):
-            lines += [f"Attention launch options on: {', '.join(part['kernel_options'])}.", ""]
+            lines += [f"Launch options on: {', '.join(part['kernel_options'])}.", ""]
         lines += ["| batch | limit ms (copy / spec) | graphs step ms | x limit (copy / spec) | replay ms | host ms "
                   "| sampled step ms | draw ms (top-k + top-p / top-p alone) | eager step ms | x limit "
                   "| plan us (graphs / eager) |",
@@ -895,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument(
         "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
-        help="attention launch options that are off by default, on for this run (recorded in the results)",
+        help="launch options that are off by default, on for this run (recorded in the results)",
     )  # fmt: skip
     parser.add_argument("--cold-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cold-dtype", default="bfloat16", help=argparse.SUPPRESS)

@@ -12,6 +12,21 @@ SILU, GELU, GELU_TANH = 0, 1, 2
 
 
 @triton.jit
+def activate(g, ACT: tl.constexpr):
+    """``act(g)`` in float32 (``g`` float32)."""
+    if ACT == 0:
+        a = g / (1.0 + tl.exp(-g))
+    elif ACT == 1:
+        a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+    else:
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        t = tl.exp(-2.0 * tl.abs(z))  # tanh(|z|) = (1 - t) / (1 + t), no overflow
+        tanh = (1.0 - t) / (1.0 + t)
+        a = 0.5 * g * (1.0 + tl.where(z < 0, -tanh, tanh))
+    return a
+
+
+@triton.jit
 def gated_activation_kernel(
     GateUp,
     Out,
@@ -26,14 +41,5 @@ def gated_activation_kernel(
     mask = offs < inter
     g = tl.load(GateUp + row * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(GateUp + row * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    if ACT == 0:
-        a = g / (1.0 + tl.exp(-g))
-    elif ACT == 1:
-        a = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
-    else:
-        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        t = tl.exp(-2.0 * tl.abs(z))  # tanh(|z|) = (1 - t) / (1 + t), no overflow
-        tanh = (1.0 - t) / (1.0 + t)
-        a = 0.5 * g * (1.0 + tl.where(z < 0, -tanh, tanh))
-    a = a.to(Out.dtype.element_ty).to(tl.float32)
+    a = activate(g, ACT).to(Out.dtype.element_ty).to(tl.float32)
     tl.store(Out + row * stride_out + offs, (a * u).to(Out.dtype.element_ty), mask=mask)

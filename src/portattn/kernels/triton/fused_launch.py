@@ -1,4 +1,5 @@
-"""Launchers of the fused elementwise kernels (RMSNorm with the residual add, gated activation).
+"""Launchers of the fused kernels (RMSNorm with the residual add, gated activation, rotary with the
+cache write, a small-batch linear with the norm before it and the activation after it, sampling).
 
 The model layers call these on GPUs (``models/layers/norm.py``, ``activation.py``); their torch code
 is the reference and the path everywhere else.
@@ -6,9 +7,14 @@ is the reference and the path everywhere else.
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
+import torch
+import triton
+
+from ...device import compute_units
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
+from .fused_linear import norm_linear_kernel
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel
 from .gumbel_max import gumbel_max_kernel
@@ -22,6 +28,8 @@ NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
 # the draw at batch 1 and 64; torch.topk of 64 / 256 / 1024 scores took 0.056 / 0.068 / 0.068 ms at
 # batch 1 and 0.137 / 0.149 / 0.155 ms at 64.
 TOP_K_CAP = 1024
+# norm_linear: rows per launch (one row block: every program streams its weight block once for all rows).
+NORM_LINEAR_ROWS = 16
 ACTIVATION_CODES = {"silu": SILU, "swish": SILU, "gelu": GELU, "gelu_pytorch_tanh": GELU_TANH, "gelu_tanh": GELU_TANH}
 
 
@@ -59,6 +67,79 @@ def add_rmsnorm(
         )  # fmt: skip
     out = out.view(x.shape)
     return out, (residual_out.view(x.shape) if residual is not None else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearTiles:
+    """:func:`norm_linear`'s tiles: output columns and input features a step per program, its warps and
+    pipeline stages."""
+
+    block_n: int
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def linear_tiles(out_features: int, in_features: int, device: torch.device) -> LinearTiles:
+    """The widest column block (64, 32, 16) that still gives every compute unit two programs."""
+    units = compute_units(device)
+    block_n = next((n for n in (64, 32) if -(-out_features // n) >= 2 * units), 16)
+    return LinearTiles(block_n, min(128, max(16, next_pow2(in_features))))
+
+
+def norm_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    mode: str = "dtype",
+    act: str | None = None,
+    tiles: LinearTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(y, summed)`` for rows ``x [M, K]``, ``M <= NORM_LINEAR_ROWS``, in float16 or bfloat16:
+    ``y = rmsnorm(x + residual) @ weight.T + bias`` (:func:`add_rmsnorm`'s norm of ``norm_weight`` in
+    ``mode``; without a ``norm_weight``, and then without a residual, ``x @ weight.T + bias``),
+    ``summed = x + residual`` (None without a residual).
+    With ``act`` (a gated activation's name) ``weight`` is ``[gate; up]`` (``[2I, K]``) and ``y`` is
+    ``act(gate) * up [M, I]``, as :func:`gated_activation` of the unfused product."""
+    rows, in_features = x.shape
+    out_features = weight.shape[0] // (2 if act else 1)
+    if rows > NORM_LINEAR_ROWS:
+        raise ValueError(f"expected at most {NORM_LINEAR_ROWS} rows for norm_linear, got {rows}")
+    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
+        raise ValueError(f"expected float16 or bfloat16 rows and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    if weight.shape[1] != in_features or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"expected x [M, K] and weight [N, K] with contiguous rows, got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if act is not None and weight.shape[0] % 2:
+        raise ValueError(f"expected a [gate; up] weight of an even number of rows, got {weight.shape[0]}")
+    out = torch.empty((rows, out_features), dtype=x.dtype, device=x.device)
+    summed = None
+    if residual is not None:
+        if norm_weight is None:
+            raise ValueError("expected a norm_weight with a residual (the sum is the norm's input), got none")
+        if residual.shape != x.shape or residual.stride(-1) != 1:
+            raise ValueError(f"expected a residual like x {tuple(x.shape)}, got {tuple(residual.shape)}")
+        summed = torch.empty_like(x)
+    if rows == 0:
+        return out, summed
+    tiles = tiles or linear_tiles(out_features, in_features, x.device)
+    grid = (triton.cdiv(out_features, tiles.block_n), 1)
+    norm_linear_kernel[grid](
+        x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
+        x if bias is None else bias, out, x if summed is None else summed,
+        rows, out_features, in_features, eps,
+        x.stride(0), 0 if residual is None else residual.stride(0), 0 if summed is None else summed.stride(0),
+        weight.stride(0), out.stride(0),
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
+        HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
+        BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return out, summed
 
 
 def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:

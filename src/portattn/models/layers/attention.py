@@ -22,7 +22,15 @@ from ...backends.base import AttentionSpec
 from ...distributed.group import TPGroup, tp_or_single
 from ...runtime.context import ForwardContext
 from .fused import fused_ops
-from .linear import QKVLinear, RowParallelLinear, as_tensor, copy_checked, new_parameter, shard_of
+from .linear import (
+    QKVLinear,
+    RowParallelLinear,
+    as_tensor,
+    copy_checked,
+    new_parameter,
+    norm_then_linear,
+    shard_of,
+)
 from .norm import RMSNorm
 
 
@@ -141,11 +149,25 @@ class SelfAttention(nn.Module):
         ctx: ForwardContext,
         rotary: nn.Module,
         table: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
+        *,
+        norm: nn.Module | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> ``[T, H]``; ``table``: the rotary ``cos, sin`` of this forward's tokens
-        (``rotary.table``), made once per forward by the model (:mod:`.decoder`)."""
-        num_tokens, head_dim = x.shape[0], self.spec.head_dim
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        (``rotary.table``), made once per forward by the model (:mod:`.decoder`).
+
+        With ``norm`` (the layer's input RMSNorm) the input is ``norm(x + residual)`` and the return
+        ``(out, x + residual)``: the norm runs inside the q/k/v projection where it can
+        (:func:`~.linear.norm_then_linear`)."""
+        if norm is None:
+            return self.attend(positions, self.qkv_proj(x), ctx, rotary, table)
+        qkv, summed = norm_then_linear(self.qkv_proj, x, norm, residual)
+        return self.attend(positions, qkv, ctx, rotary, table), summed
+
+    def attend(self, positions, qkv: torch.Tensor, ctx: ForwardContext, rotary: nn.Module, table) -> torch.Tensor:
+        """The layer after its q/k/v projection: ``qkv [T, (Hq + 2 Hkv) D]`` -> ``[T, H]``."""
+        num_tokens, head_dim = qkv.shape[0], self.spec.head_dim
+        q, k, v = self.qkv_proj.split(qkv)
         q = q.view(num_tokens, -1, head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, head_dim)  # [T, Hkv, D]
         if hasattr(self, "q_norm"):

@@ -19,12 +19,15 @@ A layer's attention module takes ``(positions, x, ctx, rotary, table)`` and retu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from ...runtime.context import ForwardContext
+from .activation import Activation
+from .fused import fused_linear_ops
 
 
 class DecoderLayer(nn.Module):
@@ -47,10 +50,32 @@ class DecoderLayer(nn.Module):
         table,
         residual: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.add_norm(self.input_layernorm, x, residual)
-        h = self.self_attn(positions, h, ctx, rotary, table)
+        fuse_attention, fuse_mlp = self.norm_fusion if fused_linear_ops(x) is not None else (False, False)
+        if fuse_attention:  # the norm inside the q/k/v projection (small batches on GPUs)
+            h, residual = self.self_attn(positions, x, ctx, rotary, table, norm=self.input_layernorm, residual=residual)
+        else:
+            h, residual = self.add_norm(self.input_layernorm, x, residual)
+            h = self.self_attn(positions, h, ctx, rotary, table)
+        if fuse_mlp:  # the norm and the activation inside the gate/up projection
+            return self.mlp(h, norm=self.post_attention_layernorm, residual=residual)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
+
+    @functools.cached_property
+    def norm_fusion(self) -> tuple[bool, bool]:
+        """Whether the input norm can run inside the attention's q/k/v projection and the post-attention
+        norm inside the MLP's gate/up projection: the shared blocks, not overridden (a family's own
+        attention or MLP, a mixture of experts, keeps its norms apart)."""
+        from .attention import SelfAttention
+        from .mlp import GatedMLP
+        from .norm import RMSNorm
+
+        def plain(module, cls) -> bool:
+            return isinstance(module, cls) and type(module).forward is cls.forward
+
+        attention = plain(self.self_attn, SelfAttention) and plain(self.input_layernorm, RMSNorm)
+        mlp = plain(self.mlp, GatedMLP) and plain(self.post_attention_layernorm, RMSNorm)
+        return attention, mlp and isinstance(self.mlp.act, Activation)
 
     @staticmethod
     def add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...distributed.group import TPGroup, attention_heads, tp_or_single
+from .activation import Activation, gated
+from .fused import fused_linear_ops
 
 
 class CheckpointSlice:
@@ -293,3 +295,31 @@ class QKVLinear(MergedLinear):
         full = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         self._init_shards(hidden_size, sizes, sources, full, bias, ("q", "k", "v"), tp, dtype)
         self.num_heads, self.num_kv_heads = heads, kv_heads
+
+
+def norm_then_linear(
+    linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None, act: Activation | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(norm(x + residual)), x + residual)`` (``residual`` None: ``x`` is the stream), with
+    ``act``: ``gated(act, linear(...))``. One kernel at small batches on GPUs
+    (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype; the norm,
+    the matmul and the activation one after the other elsewhere."""
+    ops = fused_linear_ops(x)
+    weight = linear.weight
+    if (
+        ops is not None
+        and type(linear).forward is Linear.forward
+        and weight.dtype == x.dtype
+        and norm.weight.dtype in (x.dtype, torch.float32)
+        and x.stride(-1) == weight.stride(-1) == 1
+        and (residual is None or residual.stride(-1) == 1)
+        and (norm.mode != "dtype" or norm.weight.dtype == x.dtype)
+    ):
+        y, summed = ops.norm_linear(
+            x, weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual, mode=norm.mode,
+            act=None if act is None else act.name,
+        )  # fmt: skip
+        return y, (x if residual is None else summed)
+    h, summed = (norm(x), x) if residual is None else norm(x, residual)
+    y = linear(h)
+    return (y if act is None else gated(act, y)), summed

@@ -12,7 +12,7 @@ from torch import nn
 
 from ...distributed.group import TPGroup
 from .activation import activation, gated
-from .linear import MergedLinear, RowParallelLinear
+from .linear import MergedLinear, RowParallelLinear, norm_then_linear
 
 
 class GatedMLP(nn.Module):
@@ -33,5 +33,13 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], bias, tp=tp)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp=tp, reduce=reduce)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gated(self.act, self.gate_up_proj(x)))
+    def forward(
+        self, x: torch.Tensor, *, norm: nn.Module | None = None, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, H]`` -> ``[T, H]``; with ``norm`` (the layer's post-attention RMSNorm) the input is
+        ``norm(x + residual)`` and the return ``(out, x + residual)``: the norm and the activation run
+        inside the gate/up projection where they can (:func:`~.linear.norm_then_linear`)."""
+        if norm is None:
+            return self.down_proj(gated(self.act, self.gate_up_proj(x)))
+        h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
+        return self.down_proj(h), summed

@@ -1,0 +1,110 @@
+"""A linear layer of a few rows with the RMSNorm before it and the gated activation after it fused in:
+the decode step's projections at small batches, where each launch costs more than its bytes.
+
+``y = norm(x + residual) @ W^T (+ bias)`` over rows ``x [M, K]`` (``M`` up to ``BLOCK_M``), weight
+``W [N, K]``; or, with ``GATED``, ``act(gate) * up`` of ``W = [W_gate; W_up]`` (``N`` the width of
+each half). The norm is :mod:`.fused_norm`'s, value for value: ``r = x + residual`` rounded to the
+dtype (written to ``ResidualOut`` by the first column block's programs), normalised in float32 and
+scaled by the norm weight as ``MODE`` says; the activation is :mod:`.fused_activation`'s (gate and up
+rounded to the dtype, the activation rounded before the product). Only the product's summation order
+differs from the unfused layers'. Grid: ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))``.
+
+Every program reads all of its rows of ``x`` twice (once for the sum of squares, once for the
+product): rows are a few kilobytes, the weight block it streams is what the time goes to.
+"""
+
+import triton
+import triton.language as tl
+
+from .fused_activation import activate
+
+
+@triton.jit
+def norm_linear_kernel(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    Bias,
+    Out,
+    ResidualOut,
+    M,
+    N,
+    K,
+    eps,
+    stride_x,
+    stride_r,
+    stride_ro,
+    stride_w,
+    stride_o,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    dtype = X.dtype.element_ty
+
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            mask = row_ok[:, None] & (ks < K)[None, :]
+            x = tl.load(X + rows64[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(Residual + rows64[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
+                if pid_n == 0:
+                    tl.store(ResidualOut + rows64[:, None] * stride_ro + ks[None, :], x, mask=mask)
+            h = x.to(tl.float32)
+            squares += tl.sum(h * h, axis=1)
+        inv_rms = 1.0 / tl.sqrt(squares / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        mask = row_ok[:, None] & k_ok[None, :]
+        a = tl.load(X + rows64[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
+        if HAS_NORM:
+            if HAS_RESIDUAL:
+                r = tl.load(Residual + rows64[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
+                a = (a.to(tl.float32) + r.to(tl.float32)).to(dtype)
+            normed = a.to(tl.float32) * inv_rms[:, None]
+            nw = tl.load(NormWeight + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            if MODE == 1:
+                a = (normed * (1.0 + nw)).to(dtype)
+            elif MODE == 2:
+                a = (nw * normed).to(dtype)
+            else:
+                a = (nw * normed.to(dtype).to(tl.float32)).to(dtype)
+        w_mask = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+        acc = tl.dot(a, tl.trans(w), acc)
+        if GATED:
+            w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+
+    if HAS_BIAS:
+        acc += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(Bias + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dtype)
+    if GATED:
+        gate = y.to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        y = (activate(gate, ACT).to(dtype).to(tl.float32) * up).to(dtype)
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(Out + rows64[:, None] * stride_o + cols[None, :], y, mask=out_mask)

@@ -1,0 +1,126 @@
+"""The small-batch linear with its norm and gated activation fused in (``norm_linear``) against the
+layers' torch code with the product in float64 (on the CPU through Triton's interpreter in float16; on
+a GPU natively, bfloat16 too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from portattn.models.layers import RMSNorm
+from portattn.models.layers.activation import ACTIVATIONS
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+
+if "triton" in BACKENDS:
+    from portattn.kernels.triton.fused_launch import NORM_LINEAR_ROWS, LinearTiles, linear_tiles, norm_linear
+
+DTYPES = [torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
+ULP = {torch.float16: 2**-10, torch.bfloat16: 2**-7}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, ulps: float) -> None:
+    """Within ``ulps`` rounding steps of the dtype of each value, plus a few float32 steps of the largest
+    value (the products summed in another order, in float32)."""
+    assert got.dtype == dtype and got.shape == want.shape
+    got, want = got.double(), want.double()
+    bound = ulps * ULP[dtype] * want.abs() + 1e-5 * want.abs().max()
+    excess = (got - want).abs() - bound
+    assert float(excess.max()) <= 0, float(((got - want).abs() / want.abs().max()).max())
+
+
+def reference(x, residual, norm, weight, bias, act):
+    """The unfused layers' values: the norm as ``RMSNorm`` rounds it, the product in float64 rounded to
+    the dtype, gate and up rounded, the activation rounded before the product."""
+    summed = x if residual is None else x + residual
+    h = summed if norm is None else norm.norm(summed)
+    y = h.double() @ weight.double().T + (0 if bias is None else bias.double())
+    if act is None:
+        return y.to(x.dtype), summed
+    gate, up = y.to(x.dtype).chunk(2, dim=-1)
+    return ACTIVATIONS[act](gate.float()).to(x.dtype) * up, summed
+
+
+def make(rows, in_features, out_features, dtype, *, mode="dtype", bias=False, act=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    norm = None
+    if mode is not None:
+        norm = RMSNorm(in_features, 1e-5, unit_offset=mode == "unit_offset", weight_in_float32=mode == "float32")
+        norm.weight.copy_(1 + 0.3 * torch.randn(in_features, generator=g))
+        norm = norm.to(DEVICE, dtype)
+    width = out_features * (2 if act else 1)
+    weight = (torch.randn(width, in_features, generator=g) / in_features**0.5).to(DEVICE, dtype)
+    b = torch.randn(width, generator=g).to(DEVICE, dtype) if bias else None
+    x = torch.randn(rows, in_features, generator=g).to(DEVICE, dtype)
+    residual = torch.randn(rows, in_features, generator=g).to(DEVICE, dtype)
+    return norm, weight, b, x, residual
+
+
+def run(x, residual, norm, weight, bias, act, tiles=None):
+    return norm_linear(
+        x, weight, bias, norm_weight=None if norm is None else norm.weight, eps=1e-5, residual=residual,
+        mode="dtype" if norm is None else norm.mode, act=act, tiles=tiles,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("act", [None, "silu", "gelu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("mode", ["dtype", "unit_offset", "float32", None])
+@pytest.mark.parametrize("rows", [1, 7, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norm_linear_equals_the_layers(dtype, rows, mode, act):
+    norm, weight, bias, x, residual = make(rows, 200, 40, dtype, mode=mode, bias=rows == 7, act=act, seed=rows)
+    for res in (residual, None) if norm is not None else (None,):
+        y, summed = run(x, res, norm, weight, bias, act, LinearTiles(16, 64, 4, 2))
+        want, want_summed = reference(x, res, norm, weight, bias, act)
+        close(y, want, dtype, 1.01 if act is None else 3)
+        if res is None:
+            assert summed is None
+        else:
+            assert torch.equal(summed, want_summed)  # the add rounds as a separate add does
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 1, 1), (32, 128, 4, 3), (64, 32, 8, 4)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 1, 16), (5, 72, 100), (2, 576, 96)], ids=str)
+def test_norm_linear_tiles_and_ragged_shapes(shape, tiles):
+    """Widths and features that are not multiples of the tiles (masked columns and a partial last step)."""
+    rows, in_features, out_features = shape
+    norm, weight, bias, x, residual = make(rows, in_features, out_features, torch.float16, bias=True, act="silu")
+    y, summed = run(x, residual, norm, weight, bias, "silu", LinearTiles(*tiles))
+    want, want_summed = reference(x, residual, norm, weight, bias, "silu")
+    close(y, want, torch.float16, 3)
+    assert torch.equal(summed, want_summed)
+
+
+def test_norm_linear_reads_strided_rows_and_leaves_its_inputs():
+    norm, weight, _, x, residual = make(4, 64, 32, torch.float16)
+    wide = torch.randn(4, 3 * 64).to(DEVICE, torch.float16)
+    x, residual = wide[:, :64], wide[:, 128:]  # rows 192 apart
+    before = wide.clone()
+    y, summed = run(x, residual, norm, weight, None, None)
+    want, want_summed = reference(x, residual, norm, weight, None, None)
+    close(y, want, torch.float16, 1.01)
+    assert torch.equal(summed, want_summed) and torch.equal(wide, before)
+
+
+def test_norm_linear_rejects_what_it_does_not_compute():
+    norm, weight, _, x, residual = make(NORM_LINEAR_ROWS + 1, 64, 32, torch.float16)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        run(x, residual, norm, weight, None, None)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        run(x[:2].float(), residual[:2].float(), None, weight.float(), None, None)
+    with pytest.raises(ValueError, match="even number of rows"):
+        run(x[:2], residual[:2], norm, weight[:31], None, "silu")
+    with pytest.raises(ValueError, match="expected a residual like x"):
+        run(x[:2], residual[:3], norm, weight, None, None)
+    with pytest.raises(ValueError, match="norm_weight with a residual"):
+        run(x[:2], residual[:2], None, weight, None, None)
+    assert run(x[:0], residual[:0], norm, weight, None, None)[0].shape == (0, 32)
+
+
+def test_linear_tiles_give_every_unit_programs():
+    cpu = torch.device("cpu")  # compute_units: the CPU's cores here
+    for out_features, in_features in [(960, 576), (6144, 4096), (28672, 4096), (16, 8)]:
+        tiles = linear_tiles(out_features, in_features, cpu)
+        assert tiles.block_n in (16, 32, 64) and 16 <= tiles.block_k <= 128
+        assert tiles.block_n == 16 or -(-out_features // tiles.block_n) >= 2

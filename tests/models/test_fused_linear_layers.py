@@ -1,0 +1,73 @@
+"""Decoder layers fold their norms into the projections after them, and the gated activation into the
+gate/up projection, at small batches (``norm_then_linear``, ``kernels/triton/fused_linear.py``): the
+engine's greedy tokens and logits with the folding equal those without it, and it runs exactly where it
+should (forwards of at most ``fused_linear_rows()`` tokens, two projections a layer).
+
+On the CPU the fused kernels run through Triton's interpreter, switched on for the test (the model
+path keeps its torch code there); on a GPU they are the model path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import BACKENDS
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+from portattn.models.layers import fused
+from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+
+PROMPTS = random_prompts([5, 30, 2])  # 37 tokens prefilled together (not folded), then decodes of 3
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, q/k norms
+def test_folded_norms_equal_the_layers(family, ckpt_root, monkeypatch):
+    from portattn.kernels.triton import fused_launch
+
+    if ENGINE_DEVICE == "cpu":  # the interpreter: fused kernels on for this test only
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    rows, launch = [], fused_launch.norm_linear
+
+    def counted(x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return launch(x, *args, **kwargs)
+
+    monkeypatch.setattr(fused_launch, "norm_linear", counted)
+    llm = LLM(
+        checkpoint(family, ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
+        max_model_len=128, max_num_seqs=4, enforce_eager=True,
+    )  # fmt: skip
+    layers = len(llm.engine.model.model.layers)
+    assert all(layer.norm_fusion == (True, True) for layer in llm.engine.model.model.layers)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+
+    folded = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert rows and all(n == len(PROMPTS) for n in rows)  # the decodes of three, never the prefill
+    assert len(rows) == 2 * layers * 7  # two projections a layer, seven decode steps
+    monkeypatch.setattr(fused, "_linear_rows", [0])
+    plain = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert len(rows) == 2 * layers * 7  # none without the folding
+    for a, b in zip(folded, plain):
+        assert a.token_ids == b.token_ids
+        scale = float(b.logits.abs().max())
+        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale
+
+
+def test_families_with_their_own_blocks_keep_their_norms(ckpt_root):
+    """A mixture of experts keeps its post-attention norm apart (its attention's input norm folds)."""
+    llm = LLM(checkpoint("mixtral", ckpt_root), num_pages=16, max_model_len=64, enforce_eager=True)
+    assert {layer.norm_fusion for layer in llm.engine.model.model.layers} == {(True, False)}
+
+
+def test_the_bound_is_checked_and_zero_turns_the_folding_off(monkeypatch):
+    with pytest.raises(ValueError, match=r"in \[0, 16\]"):
+        fused.set_fused_linear_rows(17)
+    monkeypatch.setattr(fused, "fused_ops", lambda x: object())  # "fused kernels on"
+    x = torch.zeros(16, 8, dtype=torch.float16)
+    assert fused.fused_linear_ops(x) is not None and fused.fused_linear_ops(x.float()) is None
+    assert fused.fused_linear_ops(torch.zeros(17, 8, dtype=torch.float16)) is None
+    monkeypatch.setattr(fused, "_linear_rows", [0])
+    assert fused.fused_linear_ops(x[:1]) is None
