@@ -1,9 +1,9 @@
 """The small-batch linear with its norm and activation fused in (``norm_linear``) against the unfused
 launches it replaces, on a GPU: the q/k/v projection after the input norm and the gate/up projection
-with its activation after the post-attention norm, at the shapes of SmolLM2-135M and Llama-3-8B, rows
-1, 4 and 16, over ``TILES``.
+with its activation after the post-attention norm, at the shapes of SmolLM2-135M, Qwen2.5-0.5B and
+Llama-3-8B, rows 1, 4 and 16, over ``TILES``.
 
-    PYTHONPATH=src python scripts/linear_probe.py [--out DIR]
+    PYTHONPATH=src python scripts/linear_probe.py [--out DIR] [--shapes NAME ...] [--rows N ...]
 
 Each case is timed as CUDA-graph replays (``timing.measure_graph``), rotating through enough weight
 copies that they do not stay in L2 (as a model's layers do not); the percentage is of the copy
@@ -30,9 +30,10 @@ from portattn.kernels.triton.fused_launch import (
     norm_linear,
 )
 
-SHAPES = {"smollm2-135m": (576, 960, 1536), "llama3-8b": (4096, 6144, 14336)}  # hidden, q/k/v width, inter
-TILES = [(16, 128, 4, 4), (16, 64, 4, 4), (16, 256, 4, 3), (16, 128, 2, 4), (32, 128, 4, 4), (32, 64, 4, 3),
-         (32, 256, 8, 3), (64, 128, 8, 3), (64, 64, 4, 4)]  # fmt: skip
+# hidden, q/k/v width, intermediate size
+SHAPES = {"smollm2-135m": (576, 960, 1536), "qwen2.5-0.5b": (896, 1152, 4864), "llama3-8b": (4096, 6144, 14336)}
+# (block_n, block_k, warps, stages); a block_k of at least the hidden size: every load at once
+TILES = [(16, 1024, 4, 1), (16, 1024, 8, 1), (32, 1024, 8, 1), (16, 256, 4, 3), (16, 128, 2, 4), (64, 128, 8, 3)]
 DEV = torch.device("cuda")
 DT = torch.bfloat16
 
@@ -44,16 +45,19 @@ def sets_for(weight_bytes: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     args = parser.parse_args()
     copy_tb_s = measure_ceilings(DEV).copy_tb_s
     rows_out: dict = {"copy_tb_s": copy_tb_s}
-    for shape, (hidden, qkv, inter) in SHAPES.items():
+    for shape in args.shapes:
+        hidden, qkv, inter = SHAPES[shape]
         for what, width, act in (("qkv", qkv, None), ("gate_up", 2 * inter, "silu")):
             nbytes = width * hidden * 2
             n = sets_for(nbytes)
             weights = [torch.randn(width, hidden, device=DEV, dtype=DT) / hidden**0.5 for _ in range(n)]
             norm_w = torch.rand(hidden, device=DEV, dtype=DT) + 0.5
-            for rows in (1, 4, 16):
+            for rows in args.rows:
                 x = torch.randn(rows, hidden, device=DEV, dtype=DT)
                 res = torch.randn(rows, hidden, device=DEV, dtype=DT)
 

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not ava
 if "triton" in BACKENDS:
     from portattn.kernels.triton.fused_launch import NORM_LINEAR_ROWS, LinearTiles, linear_tiles, norm_linear
 
+STEPS = LinearTiles(16, 64, 4, 2) if "triton" in BACKENDS else None  # a loop over the features
 DTYPES = [torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
 ULP = {torch.float16: 2**-10, torch.bfloat16: 2**-7}
 
@@ -70,8 +71,9 @@ def run(x, residual, norm, weight, bias, act, tiles=None):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_norm_linear_equals_the_layers(dtype, rows, mode, act):
     norm, weight, bias, x, residual = make(rows, 200, 40, dtype, mode=mode, bias=rows == 7, act=act, seed=rows)
-    for res in (residual, None) if norm is not None else (None,):
-        y, summed = run(x, res, norm, weight, bias, act, LinearTiles(16, 64, 4, 2))
+    cases = [(res, tiles) for res in ((residual, None) if norm is not None else (None,)) for tiles in (None, STEPS)]
+    for res, tiles in cases:  # all 200 features at once (the default here), and 64 a step
+        y, summed = run(x, res, norm, weight, bias, act, tiles)
         want, want_summed = reference(x, res, norm, weight, bias, act)
         close(y, want, dtype, 1.01 if act is None else 3)
         if res is None:
@@ -80,13 +82,13 @@ def test_norm_linear_equals_the_layers(dtype, rows, mode, act):
             assert torch.equal(summed, want_summed)  # the add rounds as a separate add does
 
 
-@pytest.mark.parametrize("tiles", [(16, 16, 1, 1), (32, 128, 4, 3), (64, 32, 8, 4)], ids=str)
+@pytest.mark.parametrize("tiles", [None, (16, 16, 1, 1), (32, 128, 4, 3), (64, 32, 8, 4)], ids=str)
 @pytest.mark.parametrize("shape", [(3, 1, 16), (5, 72, 100), (2, 576, 96)], ids=str)
 def test_norm_linear_tiles_and_ragged_shapes(shape, tiles):
     """Widths and features that are not multiples of the tiles (masked columns and a partial last step)."""
     rows, in_features, out_features = shape
     norm, weight, bias, x, residual = make(rows, in_features, out_features, torch.float16, bias=True, act="silu")
-    y, summed = run(x, residual, norm, weight, bias, "silu", LinearTiles(*tiles))
+    y, summed = run(x, residual, norm, weight, bias, "silu", tiles and LinearTiles(*tiles))
     want, want_summed = reference(x, residual, norm, weight, bias, "silu")
     close(y, want, torch.float16, 3)
     assert torch.equal(summed, want_summed)
@@ -118,9 +120,14 @@ def test_norm_linear_rejects_what_it_does_not_compute():
     assert run(x[:0], residual[:0], norm, weight, None, None)[0].shape == (0, 32)
 
 
-def test_linear_tiles_give_every_unit_programs():
+def test_linear_tiles():
+    """Up to NORM_LINEAR_SINGLE_K features in one step of 16 columns; wider rows 128 features a step,
+    in column blocks that give every compute unit programs."""
     cpu = torch.device("cpu")  # compute_units: the CPU's cores here
-    for out_features, in_features in [(960, 576), (6144, 4096), (28672, 4096), (16, 8)]:
+    for out_features, in_features, block_k in [(960, 576, 1024), (16, 8, 16), (3072, 1024, 1024), (40, 200, 256)]:
+        assert linear_tiles(out_features, in_features, cpu).block_n == 16
+        assert linear_tiles(out_features, in_features, cpu).block_k == block_k
+    for out_features, in_features in [(6144, 4096), (28672, 4096), (16, 2048)]:
         tiles = linear_tiles(out_features, in_features, cpu)
-        assert tiles.block_n in (16, 32, 64) and 16 <= tiles.block_k <= 128
+        assert tiles.block_n in (16, 32, 64) and tiles.block_k == 128
         assert tiles.block_n == 16 or -(-out_features // tiles.block_n) >= 2

@@ -28,8 +28,10 @@ NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
 # the draw at batch 1 and 64; torch.topk of 64 / 256 / 1024 scores took 0.056 / 0.068 / 0.068 ms at
 # batch 1 and 0.137 / 0.149 / 0.155 ms at 64.
 TOP_K_CAP = 1024
-# norm_linear: rows per launch (one row block: every program streams its weight block once for all rows).
+# norm_linear: rows per launch (one row block: every program streams its weight block once for all rows),
+# and the features up to which a program loads its whole weight block at once.
 NORM_LINEAR_ROWS = 16
+NORM_LINEAR_SINGLE_K = 1024
 ACTIVATION_CODES = {"silu": SILU, "swish": SILU, "gelu": GELU, "gelu_pytorch_tanh": GELU_TANH, "gelu_tanh": GELU_TANH}
 
 
@@ -81,10 +83,15 @@ class LinearTiles:
 
 
 def linear_tiles(out_features: int, in_features: int, device: torch.device) -> LinearTiles:
-    """The widest column block (64, 32, 16) that still gives every compute unit two programs."""
+    """Up to ``NORM_LINEAR_SINGLE_K`` features: 16 columns a program, all features in one step (every
+    load at once). Wider: the widest column block (64, 32, 16) that still gives every compute unit two
+    programs, 128 features a step over a 4-stage pipeline."""
+    if in_features <= NORM_LINEAR_SINGLE_K:
+        block_k = max(16, next_pow2(in_features))
+        return LinearTiles(16, block_k, 8 if block_k >= 1024 else 4, 1)
     units = compute_units(device)
     block_n = next((n for n in (64, 32) if -(-out_features // n) >= 2 * units), 16)
-    return LinearTiles(block_n, min(128, max(16, next_pow2(in_features))))
+    return LinearTiles(block_n, 128)
 
 
 def norm_linear(
@@ -136,7 +143,7 @@ def norm_linear(
         weight.stride(0), out.stride(0),
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
-        BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SINGLE=tiles.block_k >= in_features,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out, summed

@@ -9,14 +9,44 @@ scaled by the norm weight as ``MODE`` says; the activation is :mod:`.fused_activ
 rounded to the dtype, the activation rounded before the product). Only the product's summation order
 differs from the unfused layers'. Grid: ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))``.
 
-Every program reads all of its rows of ``x`` twice (once for the sum of squares, once for the
-product): rows are a few kilobytes, the weight block it streams is what the time goes to.
+With ``BLOCK_K >= K`` (features up to a thousand or so: small models) a program issues every load at
+once, its weight block with its rows, and computes the norm while the weight arrives: one memory
+latency a launch. Wider rows take two passes over ``K`` (the sum of squares first, then the product);
+rows are a few kilobytes, the weight block a program streams is what the time goes to.
 """
 
 import triton
 import triton.language as tl
 
 from .fused_activation import activate
+
+
+@triton.jit
+def _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, write, HAS_RESIDUAL: tl.constexpr):
+    """``x + residual`` of rows ``rows64`` at features ``ks``, rounded to the dtype; stored to
+    ``ResidualOut`` where ``write``."""
+    x = tl.load(X + rows64[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(Residual + rows64[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        if write:
+            tl.store(ResidualOut + rows64[:, None] * stride_ro + ks[None, :], x, mask=mask)
+    return x
+
+
+@triton.jit
+def _normed(x, inv_rms, NormWeight, ks, k_ok, MODE: tl.constexpr):
+    """The norm of rows ``x`` given their ``inv_rms``, as :mod:`.fused_norm` rounds it."""
+    dtype = x.dtype
+    normed = x.to(tl.float32) * inv_rms[:, None]
+    nw = tl.load(NormWeight + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    if MODE == 1:
+        a = (normed * (1.0 + nw)).to(dtype)
+    elif MODE == 2:
+        a = (nw * normed).to(dtype)
+    else:
+        a = (nw * normed.to(dtype).to(tl.float32)).to(dtype)
+    return a
 
 
 @triton.jit
@@ -46,6 +76,7 @@ def norm_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SINGLE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,47 +86,62 @@ def norm_linear_kernel(
     rows64 = rows.to(tl.int64)
     cols64 = cols.to(tl.int64)
     dtype = X.dtype.element_ty
-
-    if HAS_NORM:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            mask = row_ok[:, None] & (ks < K)[None, :]
-            x = tl.load(X + rows64[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(Residual + rows64[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
-                if pid_n == 0:
-                    tl.store(ResidualOut + rows64[:, None] * stride_ro + ks[None, :], x, mask=mask)
-            h = x.to(tl.float32)
-            squares += tl.sum(h * h, axis=1)
-        inv_rms = 1.0 / tl.sqrt(squares / K + eps)
-
+    write = pid_n == 0  # the first column block's programs store the sum (a residual comes with a norm)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+
+    if SINGLE:  # every load at once: the weight block arrives while the norm is computed
+        ks = tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        mask = row_ok[:, None] & k_ok[None, :]
-        a = tl.load(X + rows64[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
-        if HAS_NORM:
-            if HAS_RESIDUAL:
-                r = tl.load(Residual + rows64[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
-                a = (a.to(tl.float32) + r.to(tl.float32)).to(dtype)
-            normed = a.to(tl.float32) * inv_rms[:, None]
-            nw = tl.load(NormWeight + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            if MODE == 1:
-                a = (normed * (1.0 + nw)).to(dtype)
-            elif MODE == 2:
-                a = (nw * normed).to(dtype)
-            else:
-                a = (nw * normed.to(dtype).to(tl.float32)).to(dtype)
         w_mask = col_ok[:, None] & k_ok[None, :]
         w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-        acc = tl.dot(a, tl.trans(w), acc)
         if GATED:
             w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+        mask = row_ok[:, None] & k_ok[None, :]
+        a = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, write, HAS_RESIDUAL)
+        if HAS_NORM:
+            h = a.to(tl.float32)
+            a = _normed(a, 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps), NormWeight, ks, k_ok, MODE)
+        acc = tl.dot(a, tl.trans(w), acc)
+        if GATED:
             acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+    else:
+        if HAS_NORM:
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                mask = row_ok[:, None] & (ks < K)[None, :]
+                x = _rows(
+                    X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, write, HAS_RESIDUAL
+                )
+                h = x.to(tl.float32)
+                squares += tl.sum(h * h, axis=1)
+            inv_rms = 1.0 / tl.sqrt(squares / K + eps)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            mask = row_ok[:, None] & k_ok[None, :]
+            a = _rows(
+                X,
+                Residual,
+                ResidualOut,
+                rows64,
+                ks,
+                mask,
+                stride_x,
+                stride_r,
+                stride_ro,
+                row_ok & (pid_n < 0),
+                HAS_RESIDUAL,
+            )
+            if HAS_NORM:
+                a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
+            w_mask = col_ok[:, None] & k_ok[None, :]
+            w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc)
+            if GATED:
+                w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+                acc_up = tl.dot(a, tl.trans(w_up), acc_up)
 
     if HAS_BIAS:
         acc += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]

@@ -302,13 +302,15 @@ def norm_then_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(linear(norm(x + residual)), x + residual)`` (``residual`` None: ``x`` is the stream), with
     ``act``: ``gated(act, linear(...))``. One kernel at small batches on GPUs
-    (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype; the norm,
-    the matmul and the activation one after the other elsewhere."""
+    (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype over at most
+    ``NORM_LINEAR_SINGLE_K`` features (small models: wider rows stream their weights faster through
+    the vendor's matmul); the norm, the matmul and the activation one after the other elsewhere."""
     ops = fused_linear_ops(x)
     weight = linear.weight
     if (
         ops is not None
         and type(linear).forward is Linear.forward
+        and x.shape[1] <= ops.NORM_LINEAR_SINGLE_K
         and weight.dtype == x.dtype
         and norm.weight.dtype in (x.dtype, torch.float32)
         and x.stride(-1) == weight.stride(-1) == 1
