@@ -33,7 +33,7 @@ from portattn.kernels.triton.fused_launch import (
 # hidden, q/k/v width, intermediate size
 SHAPES = {"smollm2-135m": (576, 960, 1536), "qwen2.5-0.5b": (896, 1152, 4864), "llama3-8b": (4096, 6144, 14336)}
 # (block_n, block_k, warps, stages); a block_k of at least the hidden size: every load at once
-TILES = [(16, 1024, 4, 1), (16, 1024, 8, 1), (32, 1024, 8, 1), (16, 256, 4, 3), (16, 128, 2, 4), (64, 128, 8, 3)]
+TILES = [(16, 1024, 4, 1), (16, 1024, 8, 1), (16, 256, 4, 3), (16, 128, 2, 4), (16, 256, 8, 3), (32, 256, 4, 3)]
 DEV = torch.device("cuda")
 DT = torch.bfloat16
 
@@ -76,7 +76,7 @@ def main() -> int:
                     def fused(w, x=x, res=res, act=act, t=t, norm_w=norm_w):
                         return norm_linear(x, w, norm_weight=norm_w, eps=1e-5, residual=res, act=act, tiles=t)[0]
 
-                    auto = linear_tiles(width // (2 if act else 1), hidden, DEV)
+                    auto = linear_tiles(width // (2 if act else 1), hidden, DEV, gated=act is not None, rows=rows)
                     cases[f"fused {tiles or f'auto {tuple(vars(auto).values())}'}"] = fused
                 ref = unfused(weights[0]).float()
                 for name, fn in cases.items():

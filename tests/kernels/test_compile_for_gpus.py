@@ -1,4 +1,4 @@
-"""The sampler's Triton kernels compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any
+"""The sampler's and the fused linear's Triton kernels compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any
 machine: the CPU's interpreter runs Python, not the compiler, so a construct the compiler refuses
 (types a loop carries, branches on runtime values) would otherwise surface only on a GPU.
 
@@ -29,6 +29,7 @@ CHILD = textwrap.dedent(
         print("no compiler:", exc); sys.exit(3)
     from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
     from portattn.kernels.triton.nucleus import nucleus_kernel
+    from portattn.kernels.triton.fused_linear import norm_linear_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
     NUCLEUS = {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "TopK": "*i64", "Floor": "*fp32",
@@ -46,6 +47,17 @@ CHILD = textwrap.dedent(
          {"Scores": "*fp32", "Temperature": "*fp32", "RowWords": "*i64", "Greedy": "*i1", "BestScore": "*fp32",
           "BestToken": "*i32", **COMMON, "num_chunks": "i32"}, {"DIVIDE": True, "BLOCK": 1024, "CHUNK": 4096}, 4),
     ]
+    LINEAR = {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
+              "M": "i32", "N": "i32", "K": "i32", "eps": "fp32",
+              **{name: "i32" for name in ("stride_x", "stride_r", "stride_ro", "stride_w", "stride_o")}}
+    FLAGS = {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "ACT": 0, "BLOCK_M": 16,
+             "BLOCK_N": 16}
+    KERNELS += [
+        ("norm_linear, one step", norm_linear_kernel, LINEAR,
+         {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True}, 4),
+        ("norm_linear, gated, steps", norm_linear_kernel, LINEAR,
+         {**FLAGS, "GATED": True, "BLOCK_K": 256, "SINGLE": False}, 4),
+    ]
     for name, fn, signature, constexprs, warps in KERNELS:
         signature = {**signature, **{key: "constexpr" for key in constexprs}}
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
@@ -60,7 +72,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_the_sampler_kernels_compile_for_hopper():
+def test_the_sampler_and_linear_kernels_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
@@ -76,5 +88,7 @@ def test_the_sampler_kernels_compile_for_hopper():
         "nucleus, top_k searched",
         "nucleus, top_k floors and search",
         "gumbel_max",
+        "norm_linear, one step",
+        "norm_linear, gated, steps",
     ]
     assert all(int(line.split(" cubin ")[1]) > 0 for line in lines)

@@ -121,12 +121,13 @@ def test_norm_linear_rejects_what_it_does_not_compute():
 
 
 def test_linear_tiles():
-    """Up to NORM_LINEAR_SINGLE_K features in one step of 16 columns; wider rows 128 features a step,
-    in column blocks that give every compute unit programs."""
+    """Up to NORM_LINEAR_SINGLE_K features: plain projections in one step of 16 columns, gated ones 256
+    features a step; wider rows 128 features a step, in column blocks that give every unit programs."""
     cpu = torch.device("cpu")  # compute_units: the CPU's cores here
     for out_features, in_features, block_k in [(960, 576, 1024), (16, 8, 16), (3072, 1024, 1024), (40, 200, 256)]:
         assert linear_tiles(out_features, in_features, cpu).block_n == 16
         assert linear_tiles(out_features, in_features, cpu).block_k == block_k
+        assert linear_tiles(out_features, in_features, cpu, gated=True).block_k == min(256, block_k)
     for out_features, in_features in [(6144, 4096), (28672, 4096), (16, 2048)]:
         tiles = linear_tiles(out_features, in_features, cpu)
         assert tiles.block_n in (16, 32, 64) and tiles.block_k == 128

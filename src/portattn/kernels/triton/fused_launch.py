@@ -82,13 +82,17 @@ class LinearTiles:
     num_stages: int = 4
 
 
-def linear_tiles(out_features: int, in_features: int, device: torch.device) -> LinearTiles:
-    """Up to ``NORM_LINEAR_SINGLE_K`` features: 16 columns a program, all features in one step (every
-    load at once). Wider: the widest column block (64, 32, 16) that still gives every compute unit two
-    programs, 128 features a step over a 4-stage pipeline."""
+def linear_tiles(out_features: int, in_features: int, device: torch.device, *, gated: bool = False, rows: int = 1):
+    """16 columns a program. A plain projection of up to ``NORM_LINEAR_SINGLE_K`` features takes them
+    all in one step (every load at once; 8 warps past 4 rows); a gated one 256 features a step over 3
+    stages (its two weight blocks at once spill). On an H200 at SmolLM2's shapes
+    (``benchmarks/results/engine_h200/round6``): q/k/v 4.2 us against 5.1 unfused, gate/up 6.3 against
+    7.2. Wider rows: the widest column block (64, 32, 16) that gives every compute unit two programs,
+    128 features a step."""
     if in_features <= NORM_LINEAR_SINGLE_K:
-        block_k = max(16, next_pow2(in_features))
-        return LinearTiles(16, block_k, 8 if block_k >= 1024 else 4, 1)
+        if gated:
+            return LinearTiles(16, min(256, max(16, next_pow2(in_features))), 4, 3)
+        return LinearTiles(16, max(16, next_pow2(in_features)), 4 if rows <= 4 else 8, 1)
     units = compute_units(device)
     block_n = next((n for n in (64, 32) if -(-out_features // n) >= 2 * units), 16)
     return LinearTiles(block_n, 128)
@@ -133,7 +137,7 @@ def norm_linear(
         summed = torch.empty_like(x)
     if rows == 0:
         return out, summed
-    tiles = tiles or linear_tiles(out_features, in_features, x.device)
+    tiles = tiles or linear_tiles(out_features, in_features, x.device, gated=act is not None, rows=rows)
     grid = (triton.cdiv(out_features, tiles.block_n), 1)
     norm_linear_kernel[grid](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,

@@ -22,15 +22,28 @@ from .fused_activation import activate
 
 
 @triton.jit
-def _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, write, HAS_RESIDUAL: tl.constexpr):
-    """``x + residual`` of rows ``rows64`` at features ``ks``, rounded to the dtype; stored to
-    ``ResidualOut`` where ``write``."""
+def _rows(
+    X,
+    Residual,
+    ResidualOut,
+    rows64,
+    ks,
+    mask,
+    stride_x,
+    stride_r,
+    stride_ro,
+    HAS_RESIDUAL: tl.constexpr,
+    WRITE: tl.constexpr,
+):
+    """``x + residual`` of rows ``rows64`` at features ``ks``, rounded to the dtype; with ``WRITE``,
+    stored to ``ResidualOut`` by the first column block's programs."""
     x = tl.load(X + rows64[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(Residual + rows64[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
-        if write:
-            tl.store(ResidualOut + rows64[:, None] * stride_ro + ks[None, :], x, mask=mask)
+        if WRITE:  # noqa: SIM102 (a constexpr, then a runtime test: Triton takes no mixed `and`)
+            if tl.program_id(0) == 0:
+                tl.store(ResidualOut + rows64[:, None] * stride_ro + ks[None, :], x, mask=mask)
     return x
 
 
@@ -86,7 +99,6 @@ def norm_linear_kernel(
     rows64 = rows.to(tl.int64)
     cols64 = cols.to(tl.int64)
     dtype = X.dtype.element_ty
-    write = pid_n == 0  # the first column block's programs store the sum (a residual comes with a norm)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
 
@@ -98,7 +110,7 @@ def norm_linear_kernel(
         if GATED:
             w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
         mask = row_ok[:, None] & k_ok[None, :]
-        a = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, write, HAS_RESIDUAL)
+        a = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, HAS_RESIDUAL, True)
         if HAS_NORM:
             h = a.to(tl.float32)
             a = _normed(a, 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps), NormWeight, ks, k_ok, MODE)
@@ -111,9 +123,7 @@ def norm_linear_kernel(
             for k0 in range(0, K, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 mask = row_ok[:, None] & (ks < K)[None, :]
-                x = _rows(
-                    X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, write, HAS_RESIDUAL
-                )
+                x = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, HAS_RESIDUAL, True)
                 h = x.to(tl.float32)
                 squares += tl.sum(h * h, axis=1)
             inv_rms = 1.0 / tl.sqrt(squares / K + eps)
@@ -131,8 +141,8 @@ def norm_linear_kernel(
                 stride_x,
                 stride_r,
                 stride_ro,
-                row_ok & (pid_n < 0),
                 HAS_RESIDUAL,
+                False,
             )
             if HAS_NORM:
                 a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
