@@ -7,7 +7,8 @@ Llama-3-8B, rows 1, 4 and 16, over ``TILES``.
 
 Each case is timed as CUDA-graph replays (``timing.measure_graph``), rotating through enough weight
 copies that they do not stay in L2 (as a model's layers do not); the percentage is of the copy
-bandwidth over the weight bytes. Writes ``DIR/linear_probe.json``.
+bandwidth over the weight bytes. Writes ``DIR/linear_probe.json`` and its plot ``DIR/linear_probe.png``;
+``--replot FILE.json ...`` draws the plots of committed results again (no GPU needed).
 """
 
 from __future__ import annotations
@@ -42,12 +43,26 @@ def sets_for(weight_bytes: int) -> int:
     return max(2, min(64, math.ceil(160e6 / weight_bytes)))  # past the H200's 50 MB of L2
 
 
+def plot(path: Path) -> None:
+    """``path``'s timed rows as bars (``kernels_probe.plot``, in milliseconds) beside it, as a PNG."""
+    from kernels_probe import plot as plot_rows
+
+    rows = json.loads(path.read_text())
+    timed = {key: {"ms": r["us"] / 1e3} for key, r in rows.items() if isinstance(r, dict) and "us" in r}
+    plot_rows(timed, path.with_suffix(".png"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--replot", nargs="+", type=Path, default=None, help="plot these result JSONs again")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     args = parser.parse_args()
+    if args.replot:
+        for path in args.replot:
+            plot(path)
+        return 0
     copy_tb_s = measure_ceilings(DEV).copy_tb_s
     rows_out: dict = {"copy_tb_s": copy_tb_s}
     for shape in args.shapes:
@@ -97,6 +112,7 @@ def main() -> int:
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "linear_probe.json").write_text(json.dumps(rows_out, indent=2))
+    plot(args.out / "linear_probe.json")
     return 0
 
 
