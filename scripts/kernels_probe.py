@@ -51,7 +51,9 @@ def _paged_call(case: PagedCase, s: dict, out, tiles=None, splits=None, k_scale=
     cu_q = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * case.q_len
     seq_lens = torch.full((b,), case.k_len, device=DEV, dtype=torch.int32)
     if splits is None:
-        splits = choose_num_kv_splits(case.k_len, b, case.num_q_heads, case.q_len)
+        splits = choose_num_kv_splits(
+            case.k_len, b, case.num_q_heads, case.q_len, kv_itemsize=s[0]["k_cache"].element_size()
+        )  # as the backend's plan: an fp8 cache's decodes take at least 2 splits
     return lambda i: attention_forward(
         s[i]["q"], s[i]["k_cache"], s[i]["v_cache"], out, cu_q, seq_lens, max_seqlen_q=case.q_len,
         scale=case.head_dim**-0.5, page_table=s[i]["page_table"], num_kv_splits=splits, tiles=tiles,
