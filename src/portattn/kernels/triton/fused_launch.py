@@ -1,8 +1,8 @@
 """Launchers of the fused kernels (RMSNorm with the residual add, gated activation, rotary with the
 cache write, a small-batch linear with the norm before it and the activation after it, sampling).
 
-The model layers call these on GPUs (``models/layers/norm.py``, ``activation.py``); their torch code
-is the reference and the path everywhere else.
+The model layers call these on GPUs (``models/layers/norm.py``, ``activation.py``, ``linear.py``), the
+Triton backend the rotary write; the layers' torch code is the reference and the path everywhere else.
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@
   add + norm (:class:`~portattn.models.layers.norm.RMSNorm` ``(x, residual)``, whose sum rounds as a
   separate add would), and the model ends with ``norm(h, residual)[0]`` (:func:`run_decoder` runs the layers so).
 
-A layer's attention module takes ``(positions, x, ctx, rotary, table)`` and returns ``[T, H]``.
+A layer's attention module takes ``(positions, x, ctx, rotary, table)`` and returns ``[T, H]``. The
+shared blocks also take the norm before them (``SelfAttention(..., norm=, residual=)``,
+``GatedMLP(h, norm=, residual=)``, returning ``(out, x + residual)``): at small batches on GPUs
+:class:`DecoderLayer` hands them its norms to run inside their first projection (:mod:`.fused`).
 """
 
 from __future__ import annotations
