@@ -44,7 +44,9 @@ import torch
 from portattn.device import synchronize
 
 # -> launch.py's switches; "unfused_linear": norms and activations in their own kernels at every batch
-KERNEL_OPTIONS = {"pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL", "unfused_linear": None}
+KERNEL_OPTIONS = {
+    "pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL", "pdl": "PDL", "unfused_linear": None,
+}  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
 

@@ -30,6 +30,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
     from portattn.kernels.triton.nucleus import nucleus_kernel
     from portattn.kernels.triton.fused_linear import norm_linear_kernel
+    from portattn.kernels.triton.merge import merge_splits_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
     NUCLEUS = {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "TopK": "*i64", "Floor": "*fp32",
@@ -51,12 +52,19 @@ CHILD = textwrap.dedent(
               "M": "i32", "N": "i32", "K": "i32", "eps": "fp32",
               **{name: "i32" for name in ("stride_x", "stride_r", "stride_ro", "stride_w", "stride_o")}}
     FLAGS = {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "ACT": 0, "BLOCK_M": 16,
-             "BLOCK_N": 16}
+             "BLOCK_N": 16, "PDL": False}
     KERNELS += [
         ("norm_linear, one step", norm_linear_kernel, LINEAR,
          {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True}, 4),
         ("norm_linear, gated, steps", norm_linear_kernel, LINEAR,
          {**FLAGS, "GATED": True, "BLOCK_K": 256, "SINGLE": False}, 4),
+        ("norm_linear, one step, PDL", norm_linear_kernel, LINEAR,
+         {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True, "PDL": True}, 4),
+        ("merge_splits, PDL", merge_splits_kernel,
+         {"PartialOut": "*fp32", "PartialLse": "*fp32", "Sinks": "*bf16", "Out": "*bf16", "Lse": "*fp32",
+          "num_heads": "i32", "num_splits": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32",
+          "stride_lh": "i32"},
+         {"SPLITS_PAD": 4, "BLOCK_DV": 128, "VALUE_DIM": 128, "HAS_SINKS": False, "HAS_LSE": False, "PDL": True}, 4),
     ]
     for name, fn, signature, constexprs, warps in KERNELS:
         signature = {**signature, **{key: "constexpr" for key in constexprs}}
@@ -67,7 +75,9 @@ CHILD = textwrap.dedent(
             if "ptxas" in str(exc):
                 print("no ptxas:", exc); sys.exit(3)
             raise
-        print(name, "cubin", len(kernel.asm["cubin"]))
+        # programmatic dependent launch: the wait (and the trigger) in the PTX exactly where asked for
+        pdl = "griddepcontrol.wait" in kernel.asm["ptx"] and "griddepcontrol.launch_dependents" in kernel.asm["ptx"]
+        print(name, "cubin", len(kernel.asm["cubin"]), "pdl" if pdl else "-")
     """
 )
 
@@ -90,5 +100,8 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "gumbel_max",
         "norm_linear, one step",
         "norm_linear, gated, steps",
+        "norm_linear, one step, PDL",
+        "merge_splits, PDL",
     ]
-    assert all(int(line.split(" cubin ")[1]) > 0 for line in lines)
+    assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)
+    assert [line.endswith(" pdl") for line in lines] == [name.endswith("PDL") for name in names]

@@ -41,6 +41,8 @@ counter per such pair, zero between launches), so no merge kernel follows.
 import triton
 import triton.language as tl
 
+from .pdl import wait_for_previous
+
 # log2(e) is written out in the kernels: base-2 exponentials are the fast ones on every GPU.
 
 
@@ -374,8 +376,10 @@ def attention_fwd_kernel(
     F16_DOTS: tl.constexpr,
     PAGES_AHEAD: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
+    wait_for_previous(PDL)
     if ROW_ALIGN > 1:
         # The row strides arrive divided by ROW_ALIGN: multiplied back here, the compiler knows that
         # every row starts at a multiple of ROW_ALIGN elements, and moves rows in 16-byte vectors

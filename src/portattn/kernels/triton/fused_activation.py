@@ -8,6 +8,8 @@ Grid: ``(T, cdiv(I, BLOCK))``.
 import triton
 import triton.language as tl
 
+from .pdl import wait_for_previous
+
 SILU, GELU, GELU_TANH = 0, 1, 2
 
 
@@ -35,7 +37,9 @@ def gated_activation_kernel(
     stride_out,
     ACT: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter

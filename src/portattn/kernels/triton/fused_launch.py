@@ -18,7 +18,7 @@ from .fused_linear import norm_linear_kernel
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel
 from .gumbel_max import gumbel_max_kernel
-from .launch import next_pow2
+from .launch import next_pow2, pdl_options
 from .nucleus import nucleus_kernel
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
@@ -65,7 +65,7 @@ def add_rmsnorm(
             x2, residual2, weight, out, residual_out, hidden, eps,
             x2.stride(0), residual2.stride(0), out.stride(0), residual_out.stride(0),
             HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode], BLOCK=block,
-            num_warps=max(1, min(16, block // 256)),
+            num_warps=max(1, min(16, block // 256)), **pdl_options(x.device),
         )  # fmt: skip
     out = out.view(x.shape)
     return out, (residual_out.view(x.shape) if residual is not None else None)
@@ -148,7 +148,7 @@ def norm_linear(
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SINGLE=tiles.block_k >= in_features,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
 
@@ -164,7 +164,7 @@ def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:
         grid = (rows_in.shape[0], -(-inter // block))
         gated_activation_kernel[grid](
             rows_in, out, inter, rows_in.stride(0), out.stride(0),
-            ACT=ACTIVATION_CODES[name], BLOCK=block, num_warps=4,
+            ACT=ACTIVATION_CODES[name], BLOCK=block, num_warps=4, **pdl_options(gate_up.device),
         )  # fmt: skip
     return out.view(*gate_up.shape[:-1], inter)
 
@@ -205,7 +205,7 @@ def rotary_kv_write(
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
         BLOCK=next_pow2(head_dim // 2), VALUE_DIM=value_dim, BLOCK_V=next_pow2(value_dim),
-        num_warps=1,
+        num_warps=1, **pdl_options(q.device),
     )  # fmt: skip
     return out
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .fused_activation import activate
+from .pdl import wait_for_previous
 
 
 @triton.jit
@@ -90,6 +91,7 @@ def norm_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SINGLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -109,6 +111,7 @@ def norm_linear_kernel(
         w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
         if GATED:
             w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+        wait_for_previous(PDL)  # the weights are no earlier kernel's output: loaded before the wait
         mask = row_ok[:, None] & k_ok[None, :]
         a = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, HAS_RESIDUAL, True)
         if HAS_NORM:
@@ -118,6 +121,7 @@ def norm_linear_kernel(
         if GATED:
             acc_up = tl.dot(a, tl.trans(w_up), acc_up)
     else:
+        wait_for_previous(PDL)
         if HAS_NORM:
             squares = tl.zeros([BLOCK_M], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):

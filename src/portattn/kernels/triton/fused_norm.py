@@ -9,6 +9,8 @@ weight)`` in float32; 2 (gpt-oss): ``weight * normed`` in float32.
 import triton
 import triton.language as tl
 
+from .pdl import wait_for_previous
+
 
 @triton.jit
 def add_rmsnorm_kernel(
@@ -26,7 +28,9 @@ def add_rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     MODE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden

@@ -9,6 +9,8 @@ the model dtype: each product, then the sum. Grid: ``(T, Hq + 2 * Hkv)``.
 import triton
 import triton.language as tl
 
+from .pdl import wait_for_previous
+
 
 @triton.jit
 def _rounded(x, DTYPE: tl.constexpr):
@@ -46,7 +48,9 @@ def rotary_kv_write_kernel(
     BLOCK: tl.constexpr,
     VALUE_DIM: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     DTYPE: tl.constexpr = Q.dtype.element_ty

@@ -36,7 +36,23 @@ MIN_KEYS_PER_SPLIT = 512
 # for a run): see TileConfig and docs/kernels.md.
 PAGES_AHEAD = False
 MERGE_SPLITS_IN_KERNEL = False
+# Programmatic dependent launch for the attention, merge and fused kernels (``pdl.py``; NVIDIA compute
+# capability 9 and later): off until timed (``--kernel-options pdl``).
+PDL = False
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
+
+
+def pdl_options(device: torch.device) -> dict:
+    """A launch's keyword arguments for programmatic dependent launch: ``PDL`` (the kernels' constexpr)
+    and ``launch_pdl`` where :data:`PDL` is on and ``device`` takes it; none elsewhere."""
+    if not PDL or device.type != "cuda" or is_triton_interpreter() or not _takes_pdl(device.index):
+        return {}
+    return {"PDL": True, "launch_pdl": True}
+
+
+@functools.cache
+def _takes_pdl(index: int | None) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def choose_num_kv_splits(
@@ -424,7 +440,7 @@ def attention_forward(
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
             DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, PAGES_AHEAD=t.pages_ahead,
-            MERGE_IN_KERNEL=counters is not None, **t.launch_options(),
+            MERGE_IN_KERNEL=counters is not None, **t.launch_options(), **pdl_options(q.device),
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
@@ -433,7 +449,7 @@ def attention_forward(
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
             num_q_heads, num_kv_splits, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
             SPLITS_PAD=next_pow2(num_kv_splits), BLOCK_DV=partial_dv,
-            VALUE_DIM=value_dim, HAS_SINKS=sinks is not None, HAS_LSE=lse is not None,
+            VALUE_DIM=value_dim, HAS_SINKS=sinks is not None, HAS_LSE=lse is not None, **pdl_options(q.device),
         )  # fmt: skip
     return out
 

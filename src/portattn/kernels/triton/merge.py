@@ -14,6 +14,8 @@ output holds. Grids: ``(T, H)``.
 import triton
 import triton.language as tl
 
+from .pdl import wait_for_previous
+
 
 @triton.jit
 def merge_splits_kernel(
@@ -33,7 +35,9 @@ def merge_splits_kernel(
     VALUE_DIM: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HAS_LSE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_previous(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
