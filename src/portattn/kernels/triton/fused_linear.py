@@ -135,19 +135,7 @@ def norm_linear_kernel(
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
             mask = row_ok[:, None] & k_ok[None, :]
-            a = _rows(
-                X,
-                Residual,
-                ResidualOut,
-                rows64,
-                ks,
-                mask,
-                stride_x,
-                stride_r,
-                stride_ro,
-                HAS_RESIDUAL,
-                False,
-            )
+            a = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, HAS_RESIDUAL, False)
             if HAS_NORM:
                 a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
             w_mask = col_ok[:, None] & k_ok[None, :]
