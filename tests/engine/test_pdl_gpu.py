@@ -10,8 +10,10 @@ import torch
 
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from portattn.kernels.triton import launch
 from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
+
+pytest.importorskip("triton")
+from portattn.kernels.triton import launch
 
 PROMPTS = random_prompts([1, 5, 17, 30], seed=3)
 
