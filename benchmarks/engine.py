@@ -43,15 +43,17 @@ import torch
 
 from portattn.device import synchronize
 
-# -> launch.py's switches; "unfused_linear": norms and activations in their own kernels at every batch
+# -> (launch.py's switch, the value the option sets); "unfused_linear": norms and activations in their
+# own kernels at every batch
 KERNEL_OPTIONS = {
-    "pages_ahead": "PAGES_AHEAD", "merge_in_kernel": "MERGE_SPLITS_IN_KERNEL", "pdl": "PDL", "unfused_linear": None,
+    "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
+    "no_pdl": ("PDL", False), "unfused_linear": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
 
 def apply_kernel_options(options: list[str]) -> None:
-    """Switch launch options that are off by default on for this process (``--kernel-options``)."""
+    """Switch launch options away from their defaults for this process (``--kernel-options``)."""
     if options:
         from portattn.kernels.triton import launch
         from portattn.models.layers.fused import set_fused_linear_rows
@@ -60,7 +62,7 @@ def apply_kernel_options(options: list[str]) -> None:
             if option == "unfused_linear":
                 set_fused_linear_rows(0)
             else:
-                setattr(launch, KERNEL_OPTIONS[option], True)
+                setattr(launch, *KERNEL_OPTIONS[option])
 
 
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"
@@ -748,7 +750,7 @@ def notes(results: dict) -> str:
             continue
         lines += [f"## Decode: {part['model']}, {part['layers']} layers", ""]
         if part.get("kernel_options"):
-            lines += [f"Launch options on: {', '.join(part['kernel_options'])}.", ""]
+            lines += [f"Launch options: {', '.join(part['kernel_options'])}.", ""]
         lines += ["| batch | limit ms (copy / spec) | graphs step ms | x limit (copy / spec) | replay ms | host ms "
                   "| sampled step ms | draw ms (top-k + top-p / top-p alone) | eager step ms | x limit "
                   "| plan us (graphs / eager) |",
@@ -902,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument(
         "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
-        help="launch options that are off by default, on for this run (recorded in the results)",
+        help="launch options away from their defaults for this run (recorded in the results)",
     )  # fmt: skip
     parser.add_argument("--cold-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cold-dtype", default="bfloat16", help=argparse.SUPPRESS)

@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
-        help="launch options that are off by default, on for this run (recorded in the results)",
+        help="launch options away from their defaults for this run (recorded in the results)",
     )  # fmt: skip
     parser.add_argument("--breakdown-steps", type=int, default=200, help="batch-1 steps timed per breakdown case")
     args = parser.parse_args(argv)

@@ -331,7 +331,9 @@ def test_decode_tiles_pack_query_heads():
     tiles = choose_tiles(4096, 4, 256, 256, interpret=False)
     assert (tiles.block_m, tiles.block_n) == (64, 32)
     tiles = choose_tiles(1, 4, 128, 128, interpret=False, kv_itemsize=1)  # an fp8 cache: twice the keys per tile
-    assert (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages) == (16, 128, 4, 3)
+    assert (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages) == (16, 128, 4, 2)
+    assert tiles.pages_ahead  # each tile's page ids loaded a tile ahead
+    assert not choose_tiles(1, 4, 128, 128, interpret=False).pages_ahead  # 16-bit caches: not
 
 
 def test_mla_prefill_shape_head_dim_192_value_dim_128():

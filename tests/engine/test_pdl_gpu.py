@@ -19,11 +19,12 @@ PROMPTS = random_prompts([1, 5, 17, 30], seed=3)
 
 
 def test_launches_take_pdl_only_where_switched_on_and_supported(monkeypatch):
-    assert launch.pdl_options(torch.device(ENGINE_DEVICE)) == {}  # off by default
-    monkeypatch.setattr(launch, "PDL", True)
+    assert launch.PDL  # on by default
     assert launch.pdl_options(torch.device("cpu")) == {}
     if ENGINE_DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None:
         assert launch.pdl_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setattr(launch, "PDL", False)
+    assert launch.pdl_options(torch.device(ENGINE_DEVICE)) == {}
 
 
 @pytest.mark.skipif(

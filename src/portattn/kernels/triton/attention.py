@@ -29,7 +29,7 @@ then scaled by ``q_scale`` and converted too; the launcher folds the cache's K s
 ``qk_scale``, and ``v_scale`` multiplies the normalised output (1.0 for caches in the query's dtype).
 Float32 inputs take the dots in ``DOT_PRECISION`` ("ieee" unless TF32 was asked for).
 ``ROW_ALIGN``: every row stride is a multiple of it, and arrives divided by it (see the kernel).
-``PAGES_AHEAD`` (paged K/V; off by default, for the probes): each key tile's page ids are loaded one
+``PAGES_AHEAD`` (paged K/V; the default tiles of decodes over an fp8 cache): each key tile's page ids are loaded one
 tile ahead, in the previous iteration. Loaded in the same iteration, they cost Triton's software
 pipeliner two stages per K/V buffer (``floor((num_stages - 1) / 2)`` tiles in flight); loaded ahead,
 one (``num_stages - 1``; ``scripts/pipeline_depth.py --pages-ahead``).

@@ -37,8 +37,10 @@ MIN_KEYS_PER_SPLIT = 512
 PAGES_AHEAD = False
 MERGE_SPLITS_IN_KERNEL = False
 # Programmatic dependent launch for the attention, merge and fused kernels (``pdl.py``; NVIDIA compute
-# capability 9 and later): off until timed (``--kernel-options pdl``).
-PDL = False
+# capability 9 and later). On: on an H200 SmolLM2's batch-1 decode graph took 795 us against 891 and
+# Llama-3-8B's batch-1 replay 4.81 ms against 4.90, batch 64 unchanged
+# (benchmarks/results/engine_h200/round7/NOTES.md); ``--kernel-options no_pdl`` turns it off for a run.
+PDL = True
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 
 
@@ -168,10 +170,13 @@ def choose_tiles(
     (:func:`shared_memory_bytes`): float32 takes twice the bytes of bf16, and a launch that does not
     fit would compile, fail and compile again.
 
-    An fp8 cache (``kv_itemsize`` 1) decodes in 128-key tiles, 4 warps, 3 stages: on an H200 the
-    page-table indirection leaves two tiles in flight per program whatever ``num_stages`` says, so
-    a tile of one-byte keys must be twice as long to keep as many bytes in flight as a 16-bit one
-    (benchmarks/results/round3_h200/NOTES.md: 0.264 -> 0.216 ms at B=64 over 4096 keys).
+    An fp8 cache (``kv_itemsize`` 1) decodes in 128-key tiles, 4 warps, 2 stages, with each tile's
+    page ids loaded a tile ahead (``pages_ahead``): on an H200 the page-table indirection leaves two
+    tiles in flight per program whatever ``num_stages`` says, so a tile of one-byte keys must be
+    twice as long to keep as many bytes in flight as a 16-bit one
+    (benchmarks/results/round3_h200/NOTES.md: 0.264 -> 0.216 ms at B=64 over 4096 keys), and the
+    page ids ahead took 3% more (0.1895 against 0.1946 ms, medians of three alternations,
+    benchmarks/results/round7_h200/NOTES.md).
 
     IEEE float32 dots (``ieee_dots``) run on the FMA units, and Triton unrolls each into
     ``BLOCK_M * BLOCK_N * D / threads`` multiply-adds per thread: query runs take 64 x 32 tiles in 4
@@ -192,15 +197,16 @@ def choose_tiles(
     else:
         cap, block_n, num_warps, num_stages = 128, 128, 8, 2
     block_m = max(16, group_pad, min(cap, next_pow2(max(max_seqlen_q, 1) * group_pad)))
-    if block_m <= 32 and not wide and kv_itemsize == 1:  # decode-like over an fp8 cache
-        block_n, num_warps, num_stages = 128, 4, 3
+    fp8_decode = block_m <= 32 and not wide and kv_itemsize == 1
+    if fp8_decode:  # decode-like over an fp8 cache
+        block_n, num_warps, num_stages = 128, 4, 2
     elif block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
         block_n, num_warps, num_stages = 64, 4, 3
     if ieee_dots and block_m > 32:  # FMA dots: compile time grows with the tile (see above)
         block_m, block_n, num_warps, num_stages = min(block_m, 32 if wide else 64), 32, 4, 2
-    tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages)
+    tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=fp8_decode)
     kv_bytes = kv_itemsize or itemsize
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
         smaller = smaller_tiles(tiles, group)
@@ -382,7 +388,9 @@ def attention_forward(
             ieee_dots=dot_precision(q.dtype) == "ieee",
         )
         if PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL:
-            tiles = dataclasses.replace(tiles, pages_ahead=PAGES_AHEAD, merge_in_kernel=MERGE_SPLITS_IN_KERNEL)
+            tiles = dataclasses.replace(
+                tiles, pages_ahead=tiles.pages_ahead or PAGES_AHEAD, merge_in_kernel=MERGE_SPLITS_IN_KERNEL
+            )
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_d, block_d2, block_d3 = column_tiles(head_dim)

@@ -5,7 +5,8 @@ still finishing: its programs are placed and run their prologue, then wait in
 :func:`wait_for_previous` until the previous kernel has completed and its writes are visible. At small
 batches, where a step is hundreds of kernels of a few microseconds, that hides part of each launch.
 Every kernel that takes ``PDL`` waits before it reads anything an earlier kernel wrote, so the order of
-the stream holds from kernel to kernel. Off by default (``launch.PDL``) until a GPU run shows it faster.
+the stream holds from kernel to kernel. On by default (``launch.PDL``; timed in
+benchmarks/results/engine_h200/round7/NOTES.md).
 """
 
 import triton
