@@ -44,10 +44,10 @@ import torch
 from portattn.device import synchronize
 
 # -> (launch.py's switch, the value the option sets); "unfused_linear": norms and activations in their
-# own kernels at every batch
+# own kernels at every batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
-    "no_pdl": ("PDL", False), "unfused_linear": None,
+    "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -61,6 +61,11 @@ def apply_kernel_options(options: list[str]) -> None:
         for option in options:
             if option == "unfused_linear":
                 set_fused_linear_rows(0)
+            elif option == "unfused_rotary":  # the base class's answer: "not in one launch here"
+                from portattn.backends.base import AttentionBackend
+                from portattn.backends.triton import TritonBackend
+
+                TritonBackend.forward_projected = AttentionBackend.forward_projected
             else:
                 setattr(launch, *KERNEL_OPTIONS[option])
 

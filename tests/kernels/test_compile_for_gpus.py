@@ -1,4 +1,4 @@
-"""The sampler's and the fused linear's Triton kernels compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any
+"""The sampler's and the fused linears' Triton kernels compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any
 machine: the CPU's interpreter runs Python, not the compiler, so a construct the compiler refuses
 (types a loop carries, branches on runtime values) would otherwise surface only on a GPU.
 
@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(
         print("no compiler:", exc); sys.exit(3)
     from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
     from portattn.kernels.triton.nucleus import nucleus_kernel
-    from portattn.kernels.triton.fused_linear import norm_linear_kernel
+    from portattn.kernels.triton.fused_linear import norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
@@ -60,6 +60,14 @@ CHILD = textwrap.dedent(
          {**FLAGS, "GATED": True, "BLOCK_K": 256, "SINGLE": False}, 4),
         ("norm_linear, one step, PDL", norm_linear_kernel, LINEAR,
          {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True, "PDL": True}, 4),
+        ("norm_linear_rotary, one step, PDL", norm_linear_rotary_kernel,
+         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Cos", "Sin", "QOut", "KCache",
+                                        "VCache", "ResidualOut")},
+          "Slots": "*i64", "M": "i32", "K": "i32", "eps": "fp32",
+          **{name: "i32" for name in ("stride_x", "stride_r", "stride_ro", "stride_w", "stride_cos", "stride_sin",
+                                      "stride_qt", "stride_ks", "stride_kh", "stride_vs", "stride_vh")}},
+         {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "NUM_Q_HEADS": 9, "NUM_KV_HEADS": 3,
+          "HEAD_DIM": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 1024, "SINGLE": True, "PDL": True}, 4),
         ("merge_splits, PDL", merge_splits_kernel,
          {"PartialOut": "*fp32", "PartialLse": "*fp32", "Sinks": "*bf16", "Out": "*bf16", "Lse": "*fp32",
           "num_heads": "i32", "num_splits": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32",
@@ -101,6 +109,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "norm_linear, one step",
         "norm_linear, gated, steps",
         "norm_linear, one step, PDL",
+        "norm_linear_rotary, one step, PDL",
         "merge_splits, PDL",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)

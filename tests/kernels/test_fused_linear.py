@@ -14,7 +14,14 @@ from portattn.models.layers.activation import ACTIVATIONS
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 
 if "triton" in BACKENDS:
-    from portattn.kernels.triton.fused_launch import NORM_LINEAR_ROWS, LinearTiles, linear_tiles, norm_linear
+    from portattn.kernels.triton.fused_launch import (
+        NORM_LINEAR_ROWS,
+        LinearTiles,
+        linear_tiles,
+        norm_linear,
+        norm_linear_rotary,
+        rotary_kv_write,
+    )
 
 STEPS = LinearTiles(16, 64, 4, 2) if "triton" in BACKENDS else None  # a loop over the features
 DTYPES = [torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
@@ -119,6 +126,76 @@ def test_norm_linear_rejects_what_it_does_not_compute():
     with pytest.raises(ValueError, match="norm_weight with a residual"):
         run(x[:2], residual[:2], None, weight, None, None)
     assert run(x[:0], residual[:0], norm, weight, None, None)[0].shape == (0, 32)
+
+
+def rotary_case(rows, heads, head_dim, dtype, *, bias, mode="dtype", page_size=7, seed=0):
+    """A q/k/v projection's inputs, a rotate-half table, NaN-poisoned caches and distinct slots."""
+    num_q, num_kv = heads
+    width = (num_q + 2 * num_kv) * head_dim
+    norm, weight, b, x, residual = make(rows, 96, width, dtype, mode=mode, bias=bias, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    angles = torch.rand(rows, head_dim // 2, generator=g) * 6.3
+    cos = torch.cat([angles.cos()] * 2, dim=-1).to(DEVICE, dtype)
+    sin = torch.cat([angles.sin()] * 2, dim=-1).to(DEVICE, dtype)
+    pages = 2 * rows // page_size + 2
+    caches = [torch.full((pages, page_size, num_kv, head_dim), float("nan"), dtype=dtype, device=DEVICE) for _ in "kv"]
+    slots = torch.randperm(pages * page_size, generator=g)[:rows].to(DEVICE)
+    return norm, weight, b, x, residual, cos, sin, caches, slots
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (3, 1), (2, 2)], ids=str)
+@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("rows", [1, 6, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norm_linear_rotary_equals_the_two_launches(dtype, rows, head_dim, heads):
+    """One launch (projection, rotation, cache write) gives the values of ``norm_linear`` then
+    ``rotary_kv_write`` (the same products; a sum may round one step apart where the dot's columns sit
+    elsewhere in its tile); cache slots other than the new tokens' stay as they were (NaN)."""
+    norm, weight, bias, x, residual, cos, sin, caches, slots = rotary_case(
+        rows, heads, head_dim, dtype, bias=rows == 6, mode="unit_offset" if rows == 16 else "dtype", seed=rows
+    )  # fmt: skip
+    num_q, num_kv = heads
+    tiles = [None] + ([LinearTiles(32, 128, 4, 1), LinearTiles(16, 32, 4, 2)] if head_dim == 64 else [])
+    for tile in tiles:  # the default (all features at once, 16 columns), 32 columns, 32 features a step
+        want_caches = [c.clone() for c in caches]
+        qkv, want_summed = norm_linear(x, weight, bias, norm_weight=norm.weight, eps=1e-5, residual=residual,
+                                       mode=norm.mode, tiles=tile)  # fmt: skip
+        q, k, v = qkv.split([num_q * head_dim, num_kv * head_dim, num_kv * head_dim], dim=-1)
+        want_q = rotary_kv_write(
+            q.view(rows, num_q, head_dim), k.view(rows, num_kv, head_dim), v.view(rows, num_kv, head_dim),
+            cos, sin, *want_caches, slots,
+        )  # fmt: skip
+        got_caches = [c.clone() for c in caches]
+        got_q, summed = norm_linear_rotary(
+            x, weight, bias, cos, sin, *got_caches, slots, num_q_heads=num_q, num_kv_heads=num_kv,
+            norm_weight=norm.weight, eps=1e-5, residual=residual, mode=norm.mode, tiles=tile,
+        )  # fmt: skip
+        close(got_q, want_q, dtype, 2)
+        assert torch.equal(summed, want_summed)
+        for got, want in zip(got_caches, want_caches):
+            assert torch.equal(got.isnan(), want.isnan())  # the same slots written, the rest untouched
+            close(got.flatten(0, 1)[slots], want.flatten(0, 1)[slots], dtype, 2)
+        written = want_caches[0].flatten(0, 1)[slots]
+        assert not written.isnan().any() and want_caches[0].isnan().sum() == want_caches[0].numel() - written.numel()
+
+
+def test_norm_linear_rotary_rejects_what_it_does_not_compute():
+    norm, weight, bias, x, residual, cos, sin, caches, slots = rotary_case(2, (2, 1), 16, torch.float16, bias=False)
+
+    def call(weight=weight, caches=caches, num_q_heads=2):
+        return norm_linear_rotary(x, weight, None, cos, sin, *caches, slots, num_q_heads=num_q_heads,
+                                  num_kv_heads=1, norm_weight=norm.weight, eps=1e-5, residual=residual)  # fmt: skip
+
+    with pytest.raises(ValueError, match="q/k/v weight of 4 heads"):
+        call(weight=weight[:56])
+    with pytest.raises(ValueError, match="K/V caches of torch.float16"):
+        call(caches=[c.float() for c in caches])
+    with pytest.raises(ValueError, match="contiguous K/V caches"):
+        call(caches=[caches[0], torch.cat([caches[1]] * 2, dim=-1)[..., ::2]])  # every other element
+    with pytest.raises(ValueError, match="K/V caches of torch.float16 and head dim 16"):
+        call(caches=[c[..., :8].contiguous() for c in caches])
+    with pytest.raises(ValueError, match="q/k/v weight of 5 heads"):
+        call(num_q_heads=3)  # 64 rows / 5 heads: no whole head dim
 
 
 def test_linear_tiles():

@@ -1,7 +1,8 @@
 """Decoder layers fold their norms into the projections after them, and the gated activation into the
 gate/up projection, at small batches (``norm_then_linear``, ``kernels/triton/fused_linear.py``): the
 engine's greedy tokens and logits with the folding equal those without it, and it runs exactly where it
-should (forwards of at most ``fused_linear_rows()`` tokens, two projections a layer).
+should (forwards of at most ``fused_linear_rows()`` tokens, two projections a layer; with the Triton
+backend the q/k/v projection also rotates and writes the cache, except where q/k norms come between).
 
 On the CPU the fused kernels run through Triton's interpreter, switched on for the test (the model
 path keeps its torch code there); on a GPU they are the model path.
@@ -23,34 +24,51 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not ava
 PROMPTS = random_prompts([5, 30, 2])  # 37 tokens prefilled together (not folded), then decodes of 3
 
 
+@pytest.mark.parametrize(
+    "backend", ["triton", "torch"]
+)  # the projection, rotation and cache write in one launch, or not
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, q/k norms
-def test_folded_norms_equal_the_layers(family, ckpt_root, monkeypatch):
+def test_folded_norms_equal_the_layers(family, backend, ckpt_root, monkeypatch):
     from portattn.kernels.triton import fused_launch
 
     if ENGINE_DEVICE == "cpu":  # the interpreter: fused kernels on for this test only
         monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
-    rows, launch = [], fused_launch.norm_linear
+    rows = {"norm_linear": [], "norm_linear_rotary": []}
 
-    def counted(x, *args, **kwargs):
-        rows.append(x.shape[0])
-        return launch(x, *args, **kwargs)
+    def counting(name):
+        launch = getattr(fused_launch, name)
 
-    monkeypatch.setattr(fused_launch, "norm_linear", counted)
+        def counted(x, *args, **kwargs):
+            rows[name].append(x.shape[0])
+            return launch(x, *args, **kwargs)
+
+        return counted
+
+    for name in rows:
+        monkeypatch.setattr(fused_launch, name, counting(name))
+    if backend == "triton":  # the backend imported its launcher by name
+        from portattn.backends import triton as triton_backend
+
+        monkeypatch.setattr(triton_backend, "norm_linear_rotary", fused_launch.norm_linear_rotary)
     llm = LLM(
         checkpoint(family, ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
-        max_model_len=128, max_num_seqs=4, enforce_eager=True,
+        max_model_len=128, max_num_seqs=4, enforce_eager=True, attention_backend=backend,
     )  # fmt: skip
     layers = len(llm.engine.model.model.layers)
     assert all(layer.norm_fusion == (True, True) for layer in llm.engine.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
-    rows.clear()  # the engine's warm-up forwards (on GPUs)
+    for launches in rows.values():
+        launches.clear()  # the engine's warm-up forwards (on GPUs)
 
     folded = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert rows and all(n == len(PROMPTS) for n in rows)  # the decodes of three, never the prefill
-    assert len(rows) == 2 * layers * 7  # two projections a layer, seven decode steps
+    both = rows["norm_linear"] + rows["norm_linear_rotary"]
+    assert both and all(n == len(PROMPTS) for n in both)  # the decodes of three, never the prefill
+    assert len(both) == 2 * layers * 7  # two projections a layer, seven decode steps
+    with_rotary = backend == "triton" and family != "qwen3"  # q/k norms come between projection and rotation
+    assert len(rows["norm_linear_rotary"]) == (layers * 7 if with_rotary else 0)
     monkeypatch.setattr(fused, "_linear_rows", [0])
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert len(rows) == 2 * layers * 7  # none without the folding
+    assert len(rows["norm_linear"]) + len(rows["norm_linear_rotary"]) == 2 * layers * 7  # none without the folding
     for a, b in zip(folded, plain):
         assert a.token_ids == b.token_ids
         scale = float(b.logits.abs().max())

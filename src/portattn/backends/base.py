@@ -302,8 +302,9 @@ class AttentionBackend:
         return dataclasses.replace(metadata, out_cache_loc=batch.out_cache_loc)
 
     # -- the engine's entry points, once per layer -------------------------------------------
-    # The backend is the one writer of the KV cache: ``forward`` and ``forward_rotary`` write the new
-    # tokens' K/V through ``write_kv``, the MLA layer writes its latent rows through ``write_latent``.
+    # The backend is the one writer of the KV cache: ``forward``, ``forward_rotary`` and
+    # ``forward_projected`` write the new tokens' K/V (through ``write_kv``, or as it would), the MLA
+    # layer writes its latent rows through ``write_latent``.
     # A cache's scales come with its view (``kv_cache.k_scale``...), never as per-step arguments.
 
     def forward(
@@ -362,6 +363,31 @@ class AttentionBackend:
         :meth:`forward`). A backend that returns a result rotates exactly as ``q * cos +
         rotate_half(q) * sin`` rounds in ``q``'s dtype, and writes what :meth:`write_kv` would.
         """
+        return None
+
+    def forward_projected(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        spec: AttentionSpec,
+        metadata: PagedMetadata,
+        kv_cache: PagedKVCache,
+        *,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        residual: torch.Tensor | None = None,
+        mode: str = "dtype",
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """:meth:`forward_rotary` of the q/k/v projection of rows ``x [T, K]``, where the backend computes
+        the projection, the rotation and the cache write in one launch: ``qkv = rmsnorm(x + residual)
+        @ weight.T + bias`` (``weight = [W_q; W_k; W_v]``, ``[(Hq + 2 Hkv) D, K]``; the norm of
+        ``norm_weight`` in ``mode`` as ``RMSNorm`` computes it, none without ``norm_weight``), split
+        into heads. Returns ``(out [T, Hq, Dv], x + residual)`` (``None`` in place of the sum without a
+        residual), or ``None`` where the backend does not (the default: the caller projects, then
+        calls :meth:`forward_rotary` or :meth:`forward`)."""
         return None
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: PagedKVCache, slots: torch.Tensor) -> None:

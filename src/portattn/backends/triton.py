@@ -29,7 +29,12 @@ from .metadata import (
 )
 
 try:
-    from ..kernels.triton.fused_launch import rotary_kv_write
+    from ..kernels.triton.fused_launch import (
+        NORM_LINEAR_ROWS,
+        NORM_LINEAR_SINGLE_K,
+        norm_linear_rotary,
+        rotary_kv_write,
+    )
     from ..kernels.triton.launch import attention_forward, choose_num_kv_splits, merge_states_forward
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
@@ -186,6 +191,43 @@ class TritonBackend(AttentionBackend):
         q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
         return self.attend(q, kv_cache.k, kv_cache.v, metadata, spec.params, out)
+
+    def forward_projected(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        spec: AttentionSpec,
+        metadata: PagedMetadata,
+        kv_cache: PagedKVCache,
+        *,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        residual: torch.Tensor | None = None,
+        mode: str = "dtype",
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The projection, rotation and cache write in one launch (``norm_linear_rotary``) for forwards
+        of at most ``NORM_LINEAR_ROWS`` tokens over at most ``NORM_LINEAR_SINGLE_K`` features into a
+        cache of their dtype, heads of a multiple of 16 (K and V alike); then attention. ``None``
+        otherwise."""
+        rows, features = x.shape
+        if (
+            rows > NORM_LINEAR_ROWS
+            or features > NORM_LINEAR_SINGLE_K
+            or kv_cache.k.dtype != x.dtype
+            or spec.head_dim != spec.v_head_dim
+            or spec.head_dim % 16
+        ):
+            return None
+        q, summed = norm_linear_rotary(
+            x, weight, bias, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc,
+            num_q_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, norm_weight=norm_weight, eps=eps,
+            residual=residual, mode=mode,
+        )  # fmt: skip
+        out = q.new_empty((rows, spec.num_heads, spec.v_head_dim))
+        return self.attend(q, kv_cache.k, kv_cache.v, metadata, spec.params, out), summed
 
     def plan_varlen(
         self,

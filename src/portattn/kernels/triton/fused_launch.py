@@ -14,7 +14,7 @@ import triton
 
 from ...device import compute_units
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
-from .fused_linear import norm_linear_kernel
+from .fused_linear import norm_linear_kernel, norm_linear_rotary_kernel
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel
 from .gumbel_max import gumbel_max_kernel
@@ -98,6 +98,24 @@ def linear_tiles(out_features: int, in_features: int, device: torch.device, *, g
     return LinearTiles(block_n, 128)
 
 
+def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, norm_weight) -> None:
+    """What :func:`norm_linear` and :func:`norm_linear_rotary` take: at most ``NORM_LINEAR_ROWS`` rows of
+    float16 or bfloat16 and a weight of their dtype, contiguous rows, a residual like ``x`` with a norm."""
+    rows, in_features = x.shape
+    if rows > NORM_LINEAR_ROWS:
+        raise ValueError(f"expected at most {NORM_LINEAR_ROWS} rows for norm_linear, got {rows}")
+    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
+        raise ValueError(f"expected float16 or bfloat16 rows and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    if weight.shape[1] != in_features or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"expected x [M, K] and weight [N, K] with contiguous rows, got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if residual is not None:
+        if norm_weight is None:
+            raise ValueError("expected a norm_weight with a residual (the sum is the norm's input), got none")
+        if residual.shape != x.shape or residual.stride(-1) != 1:
+            raise ValueError(f"expected a residual like x {tuple(x.shape)}, got {tuple(residual.shape)}")
+
+
 def norm_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -118,23 +136,11 @@ def norm_linear(
     ``act(gate) * up [M, I]``, as :func:`gated_activation` of the unfused product."""
     rows, in_features = x.shape
     out_features = weight.shape[0] // (2 if act else 1)
-    if rows > NORM_LINEAR_ROWS:
-        raise ValueError(f"expected at most {NORM_LINEAR_ROWS} rows for norm_linear, got {rows}")
-    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
-        raise ValueError(f"expected float16 or bfloat16 rows and weight of one dtype, got {x.dtype} and {weight.dtype}")
-    if weight.shape[1] != in_features or x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"expected x [M, K] and weight [N, K] with contiguous rows, got {tuple(x.shape)}, "
-                         f"{tuple(weight.shape)}")  # fmt: skip
+    _check_rows(x, weight, residual, norm_weight)
     if act is not None and weight.shape[0] % 2:
         raise ValueError(f"expected a [gate; up] weight of an even number of rows, got {weight.shape[0]}")
     out = torch.empty((rows, out_features), dtype=x.dtype, device=x.device)
-    summed = None
-    if residual is not None:
-        if norm_weight is None:
-            raise ValueError("expected a norm_weight with a residual (the sum is the norm's input), got none")
-        if residual.shape != x.shape or residual.stride(-1) != 1:
-            raise ValueError(f"expected a residual like x {tuple(x.shape)}, got {tuple(residual.shape)}")
-        summed = torch.empty_like(x)
+    summed = None if residual is None else torch.empty_like(x)
     if rows == 0:
         return out, summed
     tiles = tiles or linear_tiles(out_features, in_features, x.device, gated=act is not None, rows=rows)
@@ -151,6 +157,66 @@ def norm_linear(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
+
+
+def norm_linear_rotary(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    mode: str = "dtype",
+    tiles: LinearTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(q, summed)``: :func:`norm_linear`'s q/k/v projection of rows ``x [M, K]`` (``weight =
+    [W_q; W_k; W_v]``, ``[(Hq + 2 Hkv) D, K]``) with :func:`rotary_kv_write` after it, in one launch:
+    q and k rotated by ``cos, sin [M, D]`` (the rotate-half embedding, rows in x's dtype), the rotated
+    queries returned ``[M, Hq, D]``, the rotated keys and the values stored at cache ``slots [M]``
+    (``k_cache``, ``v_cache [N, P, Hkv, D]`` contiguous, in x's dtype). The same values as the two
+    launches: each program takes ``block_n / 2`` features of each half of one head."""
+    rows, in_features = x.shape
+    heads = num_q_heads + 2 * num_kv_heads
+    head_dim = weight.shape[0] // heads
+    tiles = tiles or linear_tiles(weight.shape[0], in_features, x.device, rows=rows)
+    if weight.shape[0] != heads * head_dim or head_dim % tiles.block_n:
+        raise ValueError(f"expected a q/k/v weight of {heads} heads of a multiple of {tiles.block_n} features, "
+                         f"got {tuple(weight.shape)}")  # fmt: skip
+    if k_cache.dtype != x.dtype or v_cache.dtype != x.dtype or k_cache.shape[-1] != head_dim:
+        raise ValueError(f"expected K/V caches of {x.dtype} and head dim {head_dim}, got {k_cache.dtype} "
+                         f"{tuple(k_cache.shape)} and {v_cache.dtype} {tuple(v_cache.shape)}")  # fmt: skip
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or v_cache.shape != k_cache.shape:
+        raise ValueError("expected contiguous K/V caches of one shape (a slot is page * P + offset)")
+    cos, sin = cos.reshape(rows, head_dim), sin.reshape(rows, head_dim)
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"expected cos and sin with a contiguous last dim, got strides {cos.stride()}, {sin.stride()}")
+    _check_rows(x, weight, residual, norm_weight)
+    q = torch.empty((rows, num_q_heads, head_dim), dtype=x.dtype, device=x.device)
+    summed = None if residual is None else torch.empty_like(x)
+    if rows == 0:
+        return q, summed
+    grid = (weight.shape[0] // tiles.block_n, 1)
+    norm_linear_rotary_kernel[grid](
+        x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
+        x if bias is None else bias, cos, sin, slots, q, k_cache, v_cache, x if summed is None else summed,
+        rows, in_features, eps,
+        x.stride(0), 0 if residual is None else residual.stride(0), 0 if summed is None else summed.stride(0),
+        weight.stride(0), cos.stride(0), sin.stride(0), q.stride(0),
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
+        HAS_BIAS=bias is not None, NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SINGLE=tiles.block_k >= in_features,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
+    )  # fmt: skip
+    return q, summed
 
 
 def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .fused_activation import activate
+from .fused_rotary import _rounded
 from .pdl import wait_for_previous
 
 
@@ -64,15 +65,16 @@ def _normed(x, inv_rms, NormWeight, ks, k_ok, MODE: tl.constexpr):
 
 
 @triton.jit
-def norm_linear_kernel(
+def _project(
     X,
     Residual,
     NormWeight,
     W,
-    Bias,
-    Out,
     ResidualOut,
-    M,
+    rows64,
+    row_ok,
+    cols64,
+    col_ok,
     N,
     K,
     eps,
@@ -80,30 +82,20 @@ def norm_linear_kernel(
     stride_r,
     stride_ro,
     stride_w,
-    stride_o,
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     MODE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
-    ACT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SINGLE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    rows64 = rows.to(tl.int64)
-    cols64 = cols.to(tl.int64)
-    dtype = X.dtype.element_ty
+    """``(acc, acc_up)`` float32 ``[BLOCK_M, BLOCK_N]``: ``norm(x + residual)`` of rows ``rows64`` times
+    the weight rows ``cols64`` (and, with ``GATED``, rows ``cols64 + N``: the up half)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-
     if SINGLE:  # every load at once: the weight block arrives while the norm is computed
         ks = tl.arange(0, BLOCK_K)
         k_ok = ks < K
@@ -144,7 +136,50 @@ def norm_linear_kernel(
             if GATED:
                 w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
                 acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+    return acc, acc_up
 
+
+@triton.jit
+def norm_linear_kernel(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    Bias,
+    Out,
+    ResidualOut,
+    M,
+    N,
+    K,
+    eps,
+    stride_x,
+    stride_r,
+    stride_ro,
+    stride_w,
+    stride_o,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SINGLE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    rows64 = rows.to(tl.int64)
+    dtype = X.dtype.element_ty
+    acc, acc_up = _project(
+        X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, cols.to(tl.int64), col_ok, N, K, eps,
+        stride_x, stride_r, stride_ro, stride_w, HAS_NORM, HAS_RESIDUAL, MODE, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
+        SINGLE, PDL,
+    )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if GATED:
@@ -156,3 +191,94 @@ def norm_linear_kernel(
         y = (activate(gate, ACT).to(dtype).to(tl.float32) * up).to(dtype)
     out_mask = row_ok[:, None] & col_ok[None, :]
     tl.store(Out + rows64[:, None] * stride_o + cols[None, :], y, mask=out_mask)
+
+
+@triton.jit
+def _rotated(y1, y2, Cos, Sin, rows64, offs, mask, stride_cos, stride_sin, HALF: tl.constexpr):
+    """``q * cos + rotate_half(q) * sin`` of the halves ``y1, y2`` at head features ``offs`` and
+    ``HALF + offs``, rounded as :mod:`.fused_rotary` rounds it."""
+    dtype = y1.dtype
+    cos1 = tl.load(Cos + rows64[:, None] * stride_cos + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    cos2 = tl.load(Cos + rows64[:, None] * stride_cos + HALF + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(Sin + rows64[:, None] * stride_sin + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(Sin + rows64[:, None] * stride_sin + HALF + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    x1, x2 = y1.to(tl.float32), y2.to(tl.float32)
+    o1 = _rounded(x1 * cos1, dtype) - _rounded(x2 * sin1, dtype)
+    o2 = _rounded(x2 * cos2, dtype) + _rounded(x1 * sin2, dtype)
+    return o1.to(dtype), o2.to(dtype)
+
+
+@triton.jit
+def norm_linear_rotary_kernel(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    Bias,
+    Cos,
+    Sin,
+    Slots,
+    QOut,
+    KCache,
+    VCache,
+    ResidualOut,
+    M,
+    K,
+    eps,
+    stride_x,
+    stride_r,
+    stride_ro,
+    stride_w,
+    stride_cos,
+    stride_sin,
+    stride_qt,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SINGLE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    PAIRS: tl.constexpr = BLOCK_N // 2  # of each half of a head, a program's columns
+    head = tl.program_id(0) // (HALF // PAIRS)
+    first = (tl.program_id(0) % (HALF // PAIRS)) * PAIRS  # the program's first feature in each half
+    c = tl.arange(0, BLOCK_N)
+    cols = head * HEAD_DIM + (c // PAIRS) * HALF + first + c % PAIRS  # [first half's run | second half's]
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)
+    col_ok = cols < (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+    acc, _ = _project(
+        X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, cols.to(tl.int64), col_ok, 0, K, eps,
+        stride_x, stride_r, stride_ro, stride_w, HAS_NORM, HAS_RESIDUAL, MODE, False, BLOCK_M, BLOCK_N, BLOCK_K,
+        SINGLE, PDL,
+    )  # fmt: skip
+    if HAS_BIAS:
+        acc += tl.load(Bias + cols).to(tl.float32)[None, :]
+    y = acc.to(X.dtype.element_ty)
+    y1, y2 = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, PAIRS]), (0, 2, 1)))  # the two halves' runs
+    offs = first + tl.arange(0, PAIRS)
+    mask = row_ok[:, None] & (offs < HALF)[None, :]
+    if head < NUM_Q_HEADS + NUM_KV_HEADS:
+        y1, y2 = _rotated(y1, y2, Cos, Sin, rows64, offs, mask, stride_cos, stride_sin, HALF)
+    if head < NUM_Q_HEADS:
+        dst = QOut + rows64[:, None] * stride_qt + head * HEAD_DIM + offs[None, :]
+    else:
+        slots = tl.load(Slots + rows64, mask=row_ok, other=0)
+        if head < NUM_Q_HEADS + NUM_KV_HEADS:
+            dst = KCache + slots[:, None] * stride_ks + (head - NUM_Q_HEADS) * stride_kh + offs[None, :]
+        else:
+            dst = VCache + slots[:, None] * stride_vs + (head - NUM_Q_HEADS - NUM_KV_HEADS) * stride_vh + offs[None, :]
+    tl.store(dst, y1, mask=mask)
+    tl.store(dst + HALF, y2, mask=mask)

@@ -28,6 +28,7 @@ from .linear import (
     as_tensor,
     copy_checked,
     new_parameter,
+    norm_folds,
     norm_then_linear,
     shard_of,
 )
@@ -60,6 +61,20 @@ class PagedAttention(nn.Module):
         v = v.view(-1, spec.num_kv_heads, spec.v_head_dim)  # [T, Hkv, Dv]
         out = ctx.backend.forward_rotary(q, k, v, cos, sin, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
         return None if out is None else out.flatten(1)  # [T, Hq * Dv]
+
+    def forward_projected(self, x, linear: nn.Module, norm: nn.Module, residual, cos, sin, ctx: ForwardContext):
+        """``(out [T, Hq * Dv], x + residual)`` of q/k/v projected from ``norm(x + residual)`` by
+        ``linear``, rotated by ``cos, sin``, written and attended, where the backend does all of it in
+        one launch before attending (``AttentionBackend.forward_projected``); ``None`` where it does not."""
+        spec = self.spec
+        done = ctx.backend.forward_projected(
+            x, linear.weight, linear.bias, cos, sin, spec, ctx.metadata, ctx.kv_cache(spec.layer_id),
+            norm_weight=norm.weight, eps=norm.eps, residual=residual, mode=norm.mode,
+        )  # fmt: skip
+        if done is None:
+            return None
+        out, summed = done
+        return out.flatten(1), (x if residual is None else summed)
 
 
 def local_heads(spec: AttentionSpec, num_heads: int, num_kv_heads: int) -> AttentionSpec:
@@ -158,9 +173,15 @@ class SelfAttention(nn.Module):
 
         With ``norm`` (the layer's input RMSNorm) the input is ``norm(x + residual)`` and the return
         ``(out, x + residual)``: the norm runs inside the q/k/v projection where it can
-        (:func:`~.linear.norm_then_linear`)."""
+        (:func:`~.linear.norm_then_linear`), and where the backend can, the rotation and the cache
+        write run in that launch too (:meth:`PagedAttention.forward_projected`)."""
         if norm is None:
             return self.attend(positions, self.qkv_proj(x), ctx, rotary, table)
+        if not hasattr(self, "q_norm") and norm_folds(self.qkv_proj, x, norm, residual) is not None:
+            done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx)
+            if done is not None:  # the projection, rotation and cache write in one launch
+                out, summed = done
+                return self.o_proj(out), summed
         qkv, summed = norm_then_linear(self.qkv_proj, x, norm, residual)
         return self.attend(positions, qkv, ctx, rotary, table), summed
 

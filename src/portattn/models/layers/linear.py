@@ -297,14 +297,9 @@ class QKVLinear(MergedLinear):
         self.num_heads, self.num_kv_heads = heads, kv_heads
 
 
-def norm_then_linear(
-    linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None, act: Activation | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(linear(norm(x + residual)), x + residual)`` (``residual`` None: ``x`` is the stream), with
-    ``act``: ``gated(act, linear(...))``. One kernel at small batches on GPUs
-    (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype over at most
-    ``NORM_LINEAR_SINGLE_K`` features (small models: wider rows stream their weights faster through
-    the vendor's matmul); the norm, the matmul and the activation one after the other elsewhere."""
+def norm_folds(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None):
+    """The fused launchers when ``linear(norm(x + residual))`` runs as one kernel (see
+    :func:`norm_then_linear`), else ``None``."""
     ops = fused_linear_ops(x)
     weight = linear.weight
     if (
@@ -317,9 +312,23 @@ def norm_then_linear(
         and (residual is None or residual.stride(-1) == 1)
         and (norm.mode != "dtype" or norm.weight.dtype == x.dtype)
     ):
+        return ops
+    return None
+
+
+def norm_then_linear(
+    linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None, act: Activation | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(norm(x + residual)), x + residual)`` (``residual`` None: ``x`` is the stream), with
+    ``act``: ``gated(act, linear(...))``. One kernel at small batches on GPUs
+    (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype over at most
+    ``NORM_LINEAR_SINGLE_K`` features (small models: wider rows stream their weights faster through
+    the vendor's matmul); the norm, the matmul and the activation one after the other elsewhere."""
+    ops = norm_folds(linear, x, norm, residual)
+    if ops is not None:
         y, summed = ops.norm_linear(
-            x, weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual, mode=norm.mode,
-            act=None if act is None else act.name,
+            x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
+            mode=norm.mode, act=None if act is None else act.name,
         )  # fmt: skip
         return y, (x if residual is None else summed)
     h, summed = (norm(x), x) if residual is None else norm(x, residual)
