@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -86,8 +87,10 @@ def step_breakdown(llm, steps: int) -> dict:
         hidden = graphs.outputs[shape]
         head = engine.model.compute_logits
         out["lm_head_us"] = event_time_ms(lambda: torch.argmax(head(hidden).float(), dim=-1), repeats=200) * 1e3
-        out["replay_kernels"], names = count_kernels(replay)
+        times: Counter = Counter()
+        out["replay_kernels"], names = count_kernels(replay, times)
         out["replay_top_kernels"] = names.most_common(12)
+        out["replay_kernel_us"] = times.most_common(12)  # one replay, profiled: microseconds by kernel name
         draws = [key for key in graphs.draw_graphs if key[0] == shape[0]]
         if draws:
             out["draw_us"] = event_time_ms(graphs.draw_graphs[draws[0]].replay, repeats=200) * 1e3
@@ -125,6 +128,12 @@ def breakdown_notes(result: dict) -> str:
                          f"({tl['busy_per_token_us']:.0f} us a token), idle between the first and last kernel "
                          f"{tl['idle_us'] / 1e3:.1f} ms (gaps {gaps}); largest gaps "
                          f"{', '.join(f'{g:.0f}' for g in tl['largest_gaps_us'][:6])} us.")  # fmt: skip
+            if tl.get("step_call_us"):
+                call, wait = tl["step_call_us"], tl["collect_wait_us"]
+                lines.append(f"Its {tl['step_calls']} engine steps: a call p50 {call['p50']:.0f} / "
+                             f"p90 {call['p90']:.0f} / p99 {call['p99']:.0f} / max {call['max']:.0f} us, of which "
+                             f"waiting for ids p50 {wait['p50']:.0f} / p10 {wait['p10']:.0f} us; the host's own part "
+                             f"{tl['host_us_per_call']:.0f} us a call.")  # fmt: skip
     bd = result.get("breakdown")
     if bd:
         lines += ["", "## Where a batch-1 decode step goes (us)", "",
@@ -140,6 +149,9 @@ def breakdown_notes(result: dict) -> str:
                       f"which the LM head and argmax about {bd['lm_head_us']:.0f} us; the draw graph "
                       f"{bd.get('draw_us', float('nan')):.0f} us."]  # fmt: skip
             lines.append("Most launched: " + ", ".join(f"{n[:60]} x{c}" for n, c in bd["replay_top_kernels"][:8]))
+            if bd.get("replay_kernel_us"):
+                lines.append("Device time by kernel (one replay, profiled), us: "
+                             + ", ".join(f"{n[:50]} {t:.0f}" for n, t in bd["replay_kernel_us"][:8]))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -228,11 +240,29 @@ def device_timeline(llm, prompt: list, tokens: int = 256) -> dict:
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate(prompt, params, use_tqdm=False)
     sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        llm.generate(prompt, params, use_tqdm=False)
-        sync()
-        wall_us = (time.perf_counter() - start) * 1e6
+    engine = llm.engine
+    calls, waits = [], []  # each Engine.step call, and its wait for a step's ids (graphs.collect)
+
+    def clocked(fn, into):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                into.append((time.perf_counter() - start) * 1e6)
+
+        return run
+
+    engine.step = clocked(engine.step, calls)
+    engine.runner.graphs.collect = clocked(engine.runner.graphs.collect, waits)
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            llm.generate(prompt, params, use_tqdm=False)
+            sync()
+            wall_us = (time.perf_counter() - start) * 1e6
+    finally:
+        del engine.step, engine.runner.graphs.collect  # the instance attributes: the methods again
     spans = sorted(
         (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
     )
@@ -242,8 +272,18 @@ def device_timeline(llm, prompt: list, tokens: int = 256) -> dict:
         "tokens": tokens, "wall_us": wall_us, "kernels": len(spans), "first_to_last_kernel_us": first_to_last,
         "busy_us": busy, "idle_us": first_to_last - busy, "idle_by_gap_size_us": by_size,
         "largest_gaps_us": sorted(gaps, reverse=True)[:12], "busy_per_token_us": busy / tokens,
-        "wall_per_token_us": wall_us / tokens,
+        "wall_per_token_us": wall_us / tokens, "step_calls": len(calls), "step_call_us": percentiles(calls),
+        "collect_wait_us": percentiles(waits), "host_us_per_call": (sum(calls) - sum(waits)) / max(len(calls), 1),
     }  # fmt: skip
+
+
+def percentiles(values: list[float]) -> dict:
+    """p10 / p50 / p90 / p99 / max and the sum of ``values``."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return {"p10": at(0.1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1], "sum": sum(ordered)}
 
 
 def main(argv=None) -> int:
