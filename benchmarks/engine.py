@@ -44,10 +44,11 @@ import torch
 from portattn.device import synchronize
 
 # -> (launch.py's switch, the value the option sets); "unfused_linear": norms and activations in their
-# own kernels at every batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch
+# own kernels at every batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch;
+# "no_short_shapes": every captured step planned for the longest context (engine/graphs.py)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
-    "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None,
+    "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -66,6 +67,10 @@ def apply_kernel_options(options: list[str]) -> None:
                 from portattn.backends.triton import TritonBackend
 
                 TritonBackend.forward_projected = AttentionBackend.forward_projected
+            elif option == "no_short_shapes":
+                from portattn.engine import graphs
+
+                graphs.SHORT_KEYS = 0
             else:
                 setattr(launch, *KERNEL_OPTIONS[option])
 

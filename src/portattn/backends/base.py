@@ -443,13 +443,15 @@ class AttentionBackend:
         num_heads: int,
         uniform_q_len: int = 1,
         kv_dtype: torch.dtype | None = None,
+        max_seqlen_k: int | None = None,
     ) -> PagedMetadata:
         """The plan a captured uniform step of ``batch_size`` sequences of ``uniform_q_len`` new tokens
         reads: views of ``buffers`` (built once per shape; every replay reads what :meth:`plan_into`
-        last wrote). Its ``max_seqlen_q`` is ``uniform_q_len``, its ``max_seqlen_k`` the buffers' width.
-        ``kv_dtype``: the cache's, for backends whose launches depend on it."""
+        last wrote). Its ``max_seqlen_q`` is ``uniform_q_len``, its ``max_seqlen_k`` the buffers' width,
+        or ``max_seqlen_k`` when given: a plan for steps whose rows hold at most that many keys (the
+        engine's short shapes). ``kv_dtype``: the cache's, for backends whose launches depend on it."""
         self._require_graphs()
-        return PagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len))
+        return PagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len, max_seqlen_k))
 
     def plan_into(
         self,

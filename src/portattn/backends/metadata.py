@@ -216,18 +216,25 @@ def graph_buffer_fields(
     )
 
 
-def graph_fields(buffers: GraphBuffers, batch_size: int, uniform_q_len: int = 1) -> dict:
+def graph_fields(
+    buffers: GraphBuffers, batch_size: int, uniform_q_len: int = 1, max_seqlen_k: int | None = None
+) -> dict:
     """The :class:`PagedMetadata` fields of a graph plan of ``batch_size`` sequences of ``uniform_q_len``
     new tokens: views of the first rows of ``buffers``; no host copy of the lengths (they change
-    between replays)."""
+    between replays). ``max_seqlen_k``: the most keys a row of a step replaying the plan holds (the
+    buffers' width when None)."""
     buffers.check_shape(batch_size, uniform_q_len)
+    if max_seqlen_k is None:
+        max_seqlen_k = buffers.max_seqlen_k
+    elif not uniform_q_len <= max_seqlen_k <= buffers.max_seqlen_k:
+        raise ValueError(f"expected max_seqlen_k in [{uniform_q_len}, {buffers.max_seqlen_k}], got {max_seqlen_k}")
     return dict(
         cu_seqlens_q=buffers.cu_seqlens_q[uniform_q_len - 1, : batch_size + 1],
         seq_lens_k=buffers.seq_lens_k[:batch_size],
         page_table=buffers.page_table[:batch_size],
         page_size=buffers.page_size,
         max_seqlen_q=uniform_q_len,
-        max_seqlen_k=buffers.max_seqlen_k,
+        max_seqlen_k=max_seqlen_k,
         q_lens=None,
         k_lens=None,
         out_cache_loc=buffers.out_cache_loc[: batch_size * uniform_q_len],

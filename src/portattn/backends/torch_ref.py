@@ -318,9 +318,11 @@ class TorchBackend(AttentionBackend):
         num_heads: int,
         uniform_q_len: int = 1,
         kv_dtype: torch.dtype | None = None,
+        max_seqlen_k: int | None = None,
     ) -> TorchPagedMetadata:
         groups = _graph_groups(buffers, batch_size, uniform_q_len)
-        return TorchPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), decode_groups=groups)
+        fields = graph_fields(buffers, batch_size, uniform_q_len, max_seqlen_k)
+        return TorchPagedMetadata(**fields, decode_groups=groups)
 
     def plan_into(
         self, buffers: TorchGraphBuffers, req_to_token, req_pool_indices, seq_lens_k, *, uniform_q_len: int = 1

@@ -163,14 +163,17 @@ class TritonBackend(AttentionBackend):
         num_heads: int,
         uniform_q_len: int = 1,
         kv_dtype: torch.dtype | None = None,
+        max_seqlen_k: int | None = None,
     ) -> TritonPagedMetadata:
         """As the base class, with the split count fixed for the shape: chosen for ``uniform_q_len``
-        queries per sequence and the longest context a row can hold. The kernel cuts each sequence's
-        keys into that many ranges from its length on the device, so shorter contexts leave some
-        splits empty (merged as nothing)."""
+        queries per sequence and the longest context a row can hold (``max_seqlen_k``, else the
+        buffers' width). The kernel cuts each sequence's keys into that many ranges from its length on
+        the device, so shorter contexts leave some splits empty (merged as nothing)."""
         itemsize = None if kv_dtype is None else kv_dtype.itemsize
-        splits = choose_num_kv_splits(buffers.max_seqlen_k, batch_size, num_heads, uniform_q_len, kv_itemsize=itemsize)
-        return TritonPagedMetadata(**graph_fields(buffers, batch_size, uniform_q_len), num_kv_splits=splits)
+        fields = graph_fields(buffers, batch_size, uniform_q_len, max_seqlen_k)
+        longest = fields["max_seqlen_k"]
+        splits = choose_num_kv_splits(longest, batch_size, num_heads, uniform_q_len, kv_itemsize=itemsize)
+        return TritonPagedMetadata(**fields, num_kv_splits=splits)
 
     def forward_rotary(
         self,

@@ -38,6 +38,12 @@ table past the shared pages, its lengths less the shared length; at least one ke
 rows stay in their scratch page) and the shared pass's (one sequence of ``B`` queries over the first
 row's shared pages). Cascade shapes are captured the first time a step needs them.
 
+A step whose every sequence holds at most ``SHORT_KEYS`` keys (its new tokens included) runs as the
+**short shape** ``(B, q, SHORT)`` where the backend plans such steps differently
+(``graph_metadata(max_seqlen_k=SHORT_KEYS)``): the Triton backend splits no sequence's keys over
+programs there, so the step has no split-merge launches (one a layer: 30 of SmolLM2's 204 kernels at
+batch 1). Short shapes are captured the first time a step needs them.
+
 A shape is captured at start (:meth:`DecodeGraphs.capture_all`), or with ``lazy`` the first time a
 step of that shape runs. Where torch has no graphs for the device (``device.graph_support``), or with
 ``capture=False``, the same buffers and plans run eagerly: the CPU tests cover the static path that way.
@@ -73,6 +79,16 @@ logger = logging.getLogger("portattn")
 IDS, POSITIONS = range(2)
 ROWS, KEY_COUNTS, FEED, SHARED, DRAW = 0, 1, 2, 3, 4
 CASCADE = "cascade"  # the third element of a cascade shape's key: (batch size, 1, CASCADE)
+SHORT = "short"  # the third element of a short shape's key: (batch size, q, SHORT)
+# Steps whose sequences hold at most this many keys may run as short shapes: the Triton backend keeps
+# at least launch.MIN_KEYS_PER_SPLIT (512) keys in a range, so it plans them without splits.
+SHORT_KEYS = 512
+
+
+def longest_of(scheduled: list[tuple[Sequence, int]], q: int) -> int:
+    """The most keys a sequence of a uniform step of ``q`` new tokens holds, the new ones included (as
+    its key count in the step's inputs)."""
+    return max((seq.num_computed for seq, _ in scheduled), default=0) + q
 
 
 def uniform_q_len(scheduled: list[tuple[Sequence, int]]) -> int | None:
@@ -117,6 +133,7 @@ class DecodeGraphs:
         capture: bool,
         lazy: bool = False,
         feed: bool = False,
+        short_keys: int | None = None,
     ):
         if not backend.supports_graphs:
             raise ValueError(f"expected a backend with a graph plan, got {backend.name}")
@@ -133,6 +150,10 @@ class DecodeGraphs:
         self.device = kv_pool.device
         self.capture, self.lazy = capture, lazy
         self.feed = feed  # decode steps may take their input ids from the previous step's (see FEED)
+        # Short shapes for steps of at most this many keys a sequence (SHORT_KEYS unless given; 0: none),
+        # and whether the plan of each (batch size, q) differs from the long one's (capture_all asks).
+        self.short_keys = min(SHORT_KEYS if short_keys is None else short_keys, req_pool.req_to_token.shape[1])
+        self.short_plans: dict[tuple[int, int], bool] = {}
         self.multimodal = isinstance(model, MultimodalModel)
         page_size = kv_pool.page_size
         req_to_token = req_pool.req_to_token
@@ -192,10 +213,11 @@ class DecodeGraphs:
     def _context(self, shape: tuple) -> ForwardContext:
         batch_size, q = shape[:2]
         kv = self.kv_pool.dtype
+        longest = self.short_keys if shape[2:] == (SHORT,) else None
         metadata = self.backend.graph_metadata(
-            self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q, kv_dtype=kv
+            self.buffers, batch_size, num_heads=self.num_heads, uniform_q_len=q, kv_dtype=kv, max_seqlen_k=longest
         )
-        if len(shape) == 3:  # a cascade shape: the own pass per row, the shared pass as one sequence of B queries
+        if shape[2:] == (CASCADE,):  # the own pass per row, the shared pass as one sequence of B queries
             own, shared = self._cascade_buffers()
             heads = self.num_heads
             cascade = CascadeMetadata(
@@ -228,7 +250,7 @@ class DecodeGraphs:
         req_to_token = self.req_pool.req_to_token
         rows, key_counts = self.seq_inputs[ROWS, :batch_size], self.seq_inputs[KEY_COUNTS, :batch_size]
         self.backend.plan_into(self.buffers, req_to_token, rows, key_counts.int(), uniform_q_len=q)
-        if len(shape) == 3:
+        if shape[2:] == (CASCADE,):
             own, shared = self.cascade_buffers
             shared_len = self.seq_inputs[SHARED, :1]  # [1] tokens, whole pages
             width = req_to_token.shape[1]
@@ -303,6 +325,7 @@ class DecodeGraphs:
         """
         for shape in sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1])):
             self.contexts[shape] = self._context(shape)
+            self.short_plans[shape] = self._short_plan_differs(shape)  # its short shape is captured when needed
             if self.capture and not self.lazy:
                 self._write([], *shape)
                 self._record(shape, self.graphs, lambda shape=shape: self._forward(shape))
@@ -317,11 +340,12 @@ class DecodeGraphs:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def recorded(self, num_seqs: int, q: int = 1) -> bool:
-        """Whether a step of ``num_seqs`` sequences of ``q`` tokens replays without recording its graph
-        first (always without capture). A step fed from the previous step's ids must: recording runs the
-        step once, which overwrites those ids before the replay reads them."""
-        return not self.capture or (self.bucket(num_seqs), q) in self.graphs
+    def recorded(self, num_seqs: int, q: int = 1, longest: int | None = None) -> bool:
+        """Whether a step of ``num_seqs`` sequences of ``q`` tokens (holding at most ``longest`` keys a
+        sequence, its new tokens included; None: any number) replays without recording its graph first
+        (always without capture). A step fed from the previous step's ids must: recording runs the step
+        once, which overwrites those ids before the replay reads them."""
+        return not self.capture or self._shape(self.bucket(num_seqs), q, 0, longest) in self.graphs
 
     def bucket(self, num_seqs: int) -> int | None:
         """The smallest captured batch size that holds ``num_seqs`` sequences (None: none does)."""
@@ -357,14 +381,31 @@ class DecodeGraphs:
         q = uniform_q_len(scheduled)
         batch_size = self.bucket(len(scheduled))
         self._write(scheduled, batch_size, q, cascade=cascade)
-        return self._shape(batch_size, q, cascade)
+        return self._shape(batch_size, q, cascade, longest_of(scheduled, q))
 
-    def _shape(self, batch_size: int, q: int, cascade: int) -> tuple:
-        if not cascade:
-            return batch_size, q
-        if q != 1:
-            raise ValueError(f"expected a cascade shape of decodes (one new token each), got {q} new tokens")
-        return batch_size, 1, CASCADE
+    def _shape(self, batch_size: int, q: int, cascade: int, longest: int | None = None) -> tuple:
+        """The key of a step of ``batch_size`` (a bucket) x ``q`` tokens: the cascade shape with a
+        shared prefix, the short shape for ``longest`` keys a sequence at most ``short_keys`` where its
+        plan differs, else ``(batch_size, q)``."""
+        if cascade:
+            if q != 1:
+                raise ValueError(f"expected a cascade shape of decodes (one new token each), got {q} new tokens")
+            return batch_size, 1, CASCADE
+        if longest is not None and longest <= self.short_keys and self.short_plans.get((batch_size, q)):
+            return batch_size, q, SHORT
+        return batch_size, q
+
+    def _short_plan_differs(self, shape: tuple[int, int]) -> bool:
+        """Whether the backend plans steps of ``shape`` with at most ``short_keys`` keys a sequence
+        otherwise than the long plan (its split count); never for a cache kind with a plan of its own
+        (MLA's latent cache)."""
+        batch_size, q = shape
+        if self.cache_plan is not None or self.short_keys < q:
+            return False
+        plan = self.backend.graph_metadata
+        args = dict(num_heads=self.num_heads, uniform_q_len=q, kv_dtype=self.kv_pool.dtype)
+        long, short = (plan(self.buffers, batch_size, **args, max_seqlen_k=n) for n in (None, self.short_keys))
+        return getattr(long, "num_kv_splits", None) != getattr(short, "num_kv_splits", None)
 
     def _write(
         self,
@@ -423,7 +464,7 @@ class DecodeGraphs:
         if shape not in self.contexts:
             if len(shape) == 2:
                 raise RuntimeError(f"shape {shape} was not planned; call capture_all first")
-            self.contexts[shape] = self._context(shape)  # a cascade shape, planned when first needed
+            self.contexts[shape] = self._context(shape)  # a cascade or short shape, planned when first needed
         self.replays += 1
         if shape[0] > num_seqs:
             self.padded[num_seqs] += 1
@@ -469,7 +510,7 @@ class DecodeGraphs:
         if feed is not None and cascade:
             raise ValueError("expected a cascade step to read its input ids from the host, got feed rows")
         filters = self._write(scheduled, batch_size, 1, sampling=True, feed=feed, cascade=cascade)
-        self._run_model(self._shape(batch_size, 1, cascade), n)
+        self._run_model(self._shape(batch_size, 1, cascade, longest_of(scheduled, 1)), n)
         if filters is not None:
             self._replay((batch_size, filters), self.draw_graphs, lambda: self._draw(batch_size, filters))
         self.sampled += 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .graph_sampling import samples_in_graph
+from .graphs import longest_of
 from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -118,7 +119,9 @@ class RunAhead:
             return None
         scheduled = [(seq, 1) for seq in going]
         runner = engine.runner
-        if not runner.replays(scheduled) or runner.cascade_tokens(scheduled) or not runner.graphs.recorded(len(going)):
+        if runner.cascade_tokens(scheduled) or not runner.replays(scheduled):
+            return None
+        if not runner.graphs.recorded(len(going), longest=longest_of(scheduled, 1)):
             return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
         for seq in going:
             if not engine.pages.reserve(seq, seq.num_computed + 1):
