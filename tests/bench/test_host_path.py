@@ -54,14 +54,14 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
                        "timeline": {"tokens": 256, "wall_us": 260_000.0, "kernels": 52_000, "busy_us": 200_000.0,
                                     "busy_per_token_us": 781.25, "idle_us": 55_000.0,
                                     "idle_by_gap_size_us": {">2us": 50_000.0, ">200us": 20_000.0},
-                                    "largest_gaps_us": [900.0, 500.0], "step_calls": 257,
+                                    "largest_gaps_us": [900.0, 500.0], "step_calls": 257, "clocked_wall_us": 250_000.0,
                                     "step_call_us": {"p50": 800.0, "p90": 900.0, "p99": 1500.0, "max": 3000.0},
                                     "collect_wait_us": {"p10": 1.0, "p50": 300.0},
                                     "host_us_per_call": 450.0}}  # fmt: skip
     text = real_model.breakdown_notes(result)
     assert "wall 260.0 ms, kernels 52000, device busy 200.0 ms (781 us a token)" in text
     assert "(gaps >2us 50.0 ms, >200us 20.0 ms); largest gaps 900, 500 us." in text
-    assert "Its 257 engine steps: a call p50 800 / p90 900 / p99 1500 / max 3000 us" in text
+    assert "Unprofiled (250.0 ms), its 257 engine steps: a call p50 800 / p90 900 / p99 1500 / max 3000 us" in text
     assert "waiting for ids p50 300 / p10 1 us; the host's own part 450 us a call." in text
     assert real_model.percentiles([3.0, 1.0, 2.0]) == {"p10": 1.0, "p50": 2.0, "p90": 3.0, "p99": 3.0, "max": 3.0,
                                                        "sum": 6.0}  # fmt: skip
