@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .fused_activation import activate
-from .fused_rotary import _rounded
+from .fused_rotary import rotate_halves
 from .pdl import wait_for_previous
 
 
@@ -202,9 +202,7 @@ def _rotated(y1, y2, Cos, Sin, rows64, offs, mask, stride_cos, stride_sin, HALF:
     cos2 = tl.load(Cos + rows64[:, None] * stride_cos + HALF + offs[None, :], mask=mask, other=0.0).to(tl.float32)
     sin1 = tl.load(Sin + rows64[:, None] * stride_sin + offs[None, :], mask=mask, other=0.0).to(tl.float32)
     sin2 = tl.load(Sin + rows64[:, None] * stride_sin + HALF + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    x1, x2 = y1.to(tl.float32), y2.to(tl.float32)
-    o1 = _rounded(x1 * cos1, dtype) - _rounded(x2 * sin1, dtype)
-    o2 = _rounded(x2 * cos2, dtype) + _rounded(x1 * sin2, dtype)
+    o1, o2 = rotate_halves(y1.to(tl.float32), y2.to(tl.float32), cos1, cos2, sin1, sin2, dtype)
     return o1.to(dtype), o2.to(dtype)
 
 

@@ -18,6 +18,16 @@ def _rounded(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def rotate_halves(x1, x2, cos1, cos2, sin1, sin2, DTYPE: tl.constexpr):
+    """``x * cos + rotate_half(x) * sin`` of a head's halves ``x1, x2`` (float32, any shape), with
+    ``rotate_half(x) = [-x2, x1]``, rounded as transformers rounds it in ``DTYPE``: each product, then
+    the sum (returned in float32)."""
+    o1 = _rounded(x1 * cos1, DTYPE) - _rounded(x2 * sin1, DTYPE)
+    o2 = _rounded(x2 * cos2, DTYPE) + _rounded(x1 * sin2, DTYPE)
+    return o1, o2
+
+
+@triton.jit
 def rotary_kv_write_kernel(
     Q,
     K,
@@ -77,8 +87,6 @@ def rotary_kv_write_kernel(
         dst = KCache + slot * stride_ks + head * stride_kch
     x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    # rotate_half(x) = [-x2, x1]
-    o1 = _rounded(x1 * cos1, DTYPE) - _rounded(x2 * sin1, DTYPE)
-    o2 = _rounded(x2 * cos2, DTYPE) + _rounded(x1 * sin2, DTYPE)
+    o1, o2 = rotate_halves(x1, x2, cos1, cos2, sin1, sin2, DTYPE)
     tl.store(dst + offs, o1.to(dst.dtype.element_ty), mask=mask)
     tl.store(dst + HALF + offs, o2.to(dst.dtype.element_ty), mask=mask)
