@@ -195,7 +195,7 @@ def test_norm_linear_rotary_equals_the_two_launches(dtype, rows, head_dim, heads
 
 
 def test_norm_linear_rotary_rejects_what_it_does_not_compute():
-    norm, weight, bias, x, residual, cos, sin, caches, slots = rotary_case(2, (2, 1), 16, torch.float16, bias=False)
+    norm, weight, _, x, residual, cos, sin, caches, slots = rotary_case(2, (2, 1), 16, torch.float16, bias=False)
 
     def call(weight=weight, caches=caches, num_q_heads=2):
         return norm_linear_rotary(x, weight, None, cos, sin, *caches, slots, num_q_heads=num_q_heads,
@@ -203,11 +203,11 @@ def test_norm_linear_rotary_rejects_what_it_does_not_compute():
 
     with pytest.raises(ValueError, match="q/k/v weight of 4 heads"):
         call(weight=weight[:56])
-    with pytest.raises(ValueError, match="K/V caches of torch.float16"):
+    with pytest.raises(ValueError, match=r"K/V caches of torch\.float16"):
         call(caches=[c.float() for c in caches])
     with pytest.raises(ValueError, match="contiguous K/V caches"):
         call(caches=[caches[0], torch.cat([caches[1]] * 2, dim=-1)[..., ::2]])  # every other element
-    with pytest.raises(ValueError, match="K/V caches of torch.float16 and head dim 16"):
+    with pytest.raises(ValueError, match=r"K/V caches of torch\.float16 and head dim 16"):
         call(caches=[c[..., :8].contiguous() for c in caches])
     with pytest.raises(ValueError, match="q/k/v weight of 5 heads"):
         call(num_q_heads=3)  # 64 rows / 5 heads: no whole head dim
