@@ -56,6 +56,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+MID_CONTEXT = 160  # prompt tokens of the breakdown's second replay timing
+
+
 @torch.inference_mode()
 def step_breakdown(llm, steps: int) -> dict:
     """Microseconds of a batch-1 decode step, by section and by device time (see the module's doc)."""
@@ -94,6 +97,17 @@ def step_breakdown(llm, steps: int) -> dict:
         draws = [key for key in graphs.draw_graphs if key[0] == shape[0]]
         if draws:
             out["draw_us"] = event_time_ms(graphs.draw_graphs[draws[0]].replay, repeats=200) * 1e3
+    finally:
+        engine.abort(seq.request_id)
+    # The same graph over a context like a 256-token generate's middle (the step's attention grows with it).
+    seq = engine.add_request([11 + i % 300 for i in range(MID_CONTEXT)], cases["greedy"])
+    try:
+        while seq.num_computed < seq.num_prompt_tokens:
+            engine.step()
+        engine.step()
+        shape = graphs.write_step(engine.scheduler.schedule())
+        out["replay_mid_context"] = {"keys": seq.num_computed + 1, "shape": list(shape)}
+        out["replay_mid_context"]["us"] = event_time_ms(graphs.graphs[shape].replay, repeats=200) * 1e3
     finally:
         engine.abort(seq.request_id)
     for name in cases:
@@ -149,6 +163,10 @@ def breakdown_notes(result: dict) -> str:
             lines += ["", f"Device: the decode graph {bd['replay_us']:.0f} us ({bd['replay_kernels']} kernels), of "
                       f"which the LM head and argmax about {bd['lm_head_us']:.0f} us; the draw graph "
                       f"{bd.get('draw_us', float('nan')):.0f} us."]  # fmt: skip
+            mid = bd.get("replay_mid_context")
+            if mid:
+                lines.append(f"The decode graph over {mid['keys']} keys (shape {tuple(mid['shape'])}): "
+                             f"{mid['us']:.0f} us.")  # fmt: skip
             lines.append("Most launched: " + ", ".join(f"{n[:60]} x{c}" for n, c in bd["replay_top_kernels"][:8]))
             if bd.get("replay_kernel_us"):
                 lines.append("Device time by kernel (one replay, profiled), us: "

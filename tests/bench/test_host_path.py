@@ -43,7 +43,8 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
     for row in breakdown.values():
         assert set(row) == SECTIONS and row["step"] > 0
     gpu = dict(breakdown, replay_us=100.0, lm_head_us=10.0, draw_us=5.0, replay_kernels=361,
-               replay_top_kernels=[("rmsnorm", 61)])  # fmt: skip
+               replay_top_kernels=[("rmsnorm", 61)], replay_mid_context={"keys": 161, "shape": [1, 1, "short"],
+                                                                         "us": 120.0})  # fmt: skip
     gpu["greedy"] = dict(breakdown["greedy"], host_us=50.0)
     gpu["sampled"] = dict(breakdown["sampled"], host_us=60.0)
     result = {"model": "/x/SmolLM2.gguf", "dtype": "bfloat16", "breakdown": gpu,
@@ -70,6 +71,7 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
     assert "Batch 1: 700 tokens/s (1.430 ms a step" in text
     assert "Device: the decode graph 100 us (361 kernels), of which the LM head and argmax about 10 us" in text
     assert "| greedy |" in text and "| 50 |" in text
+    assert "The decode graph over 161 keys (shape (1, 1, 'short')): 120 us." in text
     real_model.plot_breakdown(tmp_path / "b.png", gpu)
     assert (tmp_path / "b.png").stat().st_size > 5_000
 
