@@ -150,10 +150,6 @@ class DecodeGraphs:
         self.device = kv_pool.device
         self.capture, self.lazy = capture, lazy
         self.feed = feed  # decode steps may take their input ids from the previous step's (see FEED)
-        # Short shapes for steps of at most this many keys a sequence (SHORT_KEYS unless given; 0: none),
-        # and whether the plan of each (batch size, q) differs from the long one's (capture_all asks).
-        self.short_keys = min(SHORT_KEYS if short_keys is None else short_keys, req_pool.req_to_token.shape[1])
-        self.short_plans: dict[tuple[int, int], bool] = {}
         self.multimodal = isinstance(model, MultimodalModel)
         page_size = kv_pool.page_size
         req_to_token = req_pool.req_to_token
@@ -173,6 +169,10 @@ class DecodeGraphs:
             num_heads=num_heads,
             max_uniform_q_len=self.uniform_q_lens[-1],
         )
+        # Short shapes for steps of at most this many keys a sequence (SHORT_KEYS unless given; 0: none),
+        # and whether the plan of each (batch size, q) differs from the long one's (capture_all asks).
+        self.short_keys = min(SHORT_KEYS if short_keys is None else short_keys, self.buffers.max_seqlen_k)
+        self.short_plans: dict[tuple[int, int], bool] = {}
         # The static inputs: one buffer, [2, max_tokens] per token then [2 + len(DRAW_ROWS), max_seqs] per sequence.
         size = 2 * max_tokens + (DRAW + len(DRAW_ROWS)) * max_seqs
         pinned = devices.is_gpu(self.device)
