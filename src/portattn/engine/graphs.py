@@ -86,8 +86,8 @@ SHORT_KEYS = 512
 
 
 def longest_of(scheduled: list[tuple[Sequence, int]], q: int) -> int:
-    """The most keys a sequence of a uniform step of ``q`` new tokens holds, the new ones included (as
-    its key count in the step's inputs)."""
+    """The most keys a sequence of a uniform step of ``q`` new tokens holds, the new ones included (the
+    key count :meth:`DecodeGraphs._write` gives it), before the step is written."""
     return max((seq.num_computed for seq, _ in scheduled), default=0) + q
 
 
@@ -381,7 +381,7 @@ class DecodeGraphs:
         q = uniform_q_len(scheduled)
         batch_size = self.bucket(len(scheduled))
         self._write(scheduled, batch_size, q, cascade=cascade)
-        return self._shape(batch_size, q, cascade, longest_of(scheduled, q))
+        return self._shape(batch_size, q, cascade, self._written_longest(batch_size))
 
     def _shape(self, batch_size: int, q: int, cascade: int, longest: int | None = None) -> tuple:
         """The key of a step of ``batch_size`` (a bucket) x ``q`` tokens: the cascade shape with a
@@ -460,6 +460,10 @@ class DecodeGraphs:
             self.copied.record()
         return filters
 
+    def _written_longest(self, batch_size: int) -> int:
+        """The most keys a row of the step just written holds (its key counts in the pinned inputs)."""
+        return int(self.host_seqs[KEY_COUNTS, :batch_size].max())
+
     def _run_model(self, shape: tuple, num_seqs: int) -> torch.Tensor:
         if shape not in self.contexts:
             if len(shape) == 2:
@@ -510,7 +514,7 @@ class DecodeGraphs:
         if feed is not None and cascade:
             raise ValueError("expected a cascade step to read its input ids from the host, got feed rows")
         filters = self._write(scheduled, batch_size, 1, sampling=True, feed=feed, cascade=cascade)
-        self._run_model(self._shape(batch_size, 1, cascade, longest_of(scheduled, 1)), n)
+        self._run_model(self._shape(batch_size, 1, cascade, self._written_longest(batch_size)), n)
         if filters is not None:
             self._replay((batch_size, filters), self.draw_graphs, lambda: self._draw(batch_size, filters))
         self.sampled += 1
