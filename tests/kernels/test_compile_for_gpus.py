@@ -31,6 +31,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.nucleus import nucleus_kernel
     from portattn.kernels.triton.fused_linear import norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
+    from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
     NUCLEUS = {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "TopK": "*i64", "Floor": "*fp32",
@@ -68,6 +69,13 @@ CHILD = textwrap.dedent(
                                       "stride_qt", "stride_ks", "stride_kh", "stride_vs", "stride_vh")}},
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "NUM_Q_HEADS": 9, "NUM_KV_HEADS": 3,
           "HEAD_DIM": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 1024, "SINGLE": True, "PDL": True}, 4),
+        ("rotary_kv_write, PDL", rotary_kv_write_kernel,
+         {**{name: "*bf16" for name in ("Q", "K", "V", "Cos", "Sin", "QOut", "KCache", "VCache")}, "Slots": "*i64",
+          **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+                                      "stride_cos", "stride_sin", "stride_ot", "stride_oh", "stride_ks", "stride_kch",
+                                      "stride_vs", "stride_vch")}},
+         {"NUM_Q_HEADS": 9, "NUM_KV_HEADS": 3, "HALF": 32, "BLOCK": 32, "VALUE_DIM": 64, "BLOCK_V": 64,
+          "PDL": True}, 1),
         ("merge_splits, PDL", merge_splits_kernel,
          {"PartialOut": "*fp32", "PartialLse": "*fp32", "Sinks": "*bf16", "Out": "*bf16", "Lse": "*fp32",
           "num_heads": "i32", "num_splits": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32",
@@ -110,6 +118,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "norm_linear, gated, steps",
         "norm_linear, one step, PDL",
         "norm_linear_rotary, one step, PDL",
+        "rotary_kv_write, PDL",
         "merge_splits, PDL",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)
