@@ -49,6 +49,7 @@ from portattn.device import synchronize
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
+    "no_short_splits": ("SHORT_DECODE_KEYS", 0),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 

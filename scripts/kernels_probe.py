@@ -13,6 +13,9 @@
 * ``splits``: decode at B=1 and 4 over 8k-128k keys at 8-64 splits, and an fp8 cache at B=8 and 64
   over 4096 keys at 1-4 splits (where the split rule should sit);
 * ``fp32``: float32 paged attention and MLA decode against float64, IEEE dots and TF32.
+* ``short``: batch-1 and batch-8 decodes at SmolLM2-135M's shape (Hq 9 / Hkv 3 / D 64, page 16) over
+  5-511 keys, the default tiles (no splits: the engine's short shapes) against ``SHORT_VARIANTS``
+  (tiles, splits, page ids ahead, splits merged in the kernel): what a short step's attention costs.
 * ``fp8ab``: the fp8 decode's default tiles against ``FP8_AB_CANDIDATE`` (page ids a tile ahead),
   e4m3 and e5m2, timed alternately over ``--rounds`` rounds beside the bf16 cache (is a gain steady?).
 
@@ -59,7 +62,7 @@ def _paged_call(case: PagedCase, s: dict, out, tiles=None, splits=None, k_scale=
     return lambda i: attention_forward(
         s[i]["q"], s[i]["k_cache"], s[i]["v_cache"], out, cu_q, seq_lens, max_seqlen_q=case.q_len,
         scale=case.head_dim**-0.5, page_table=s[i]["page_table"], num_kv_splits=splits, tiles=tiles,
-        k_scale=k_scale, v_scale=v_scale,
+        k_scale=k_scale, v_scale=v_scale, max_seqlen_k=case.k_len,
     )  # fmt: skip
 
 
@@ -305,6 +308,48 @@ def splits(out: Path, ceil) -> dict:
     return rows
 
 
+# (block_n, warps, stages, splits, page ids ahead, merged in kernel), timed at SmolLM2's shape, batch 1
+SHORT_VARIANTS = [(64, 4, 2, 1, False, False), (32, 4, 3, 1, False, False), (128, 4, 2, 1, False, False),
+                  (256, 4, 1, 1, False, False), (512, 8, 1, 1, False, False), (128, 4, 2, 1, True, False),
+                  (64, 4, 3, 4, False, False), (32, 4, 2, 8, False, False), (32, 4, 3, 8, False, False),
+                  (32, 2, 2, 8, False, False), (16, 4, 2, 16, False, False), (32, 4, 2, 16, False, False),
+                  (32, 4, 2, 8, False, True)]  # fmt: skip
+SHORT_KEYS, SHORT_BATCHES = (5, 64, 162, 320, 511), (1, 8)
+SHORT_SHAPES = ((9, 3, 64), (32, 8, 128))  # (Hq, Hkv, D): SmolLM2-135M, Llama-3-8B
+
+
+def short(out: Path, ceil) -> dict:
+    rows = {}
+    for hq, hkv, d in SHORT_SHAPES:
+        for b in SHORT_BATCHES:
+            for L in SHORT_KEYS:
+                case = PagedCase(f"decode B={b} L={L}", b, 1, L, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, peers=())
+                sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+                o = torch.empty(b, hq, d, device=DEV, dtype=torch.bfloat16)
+                nbytes = b * L * hkv * d * 2 * 2
+                name = f"Hq{hq} D{d} B={b} L={L}"
+
+                def record(key, fn, name=name, nbytes=nbytes):
+                    _record(rows, out / "short.json", "short", f"{name} {key}", fn, nbytes, ceil)
+
+                splits = choose_num_kv_splits(L, b, hq, 1)
+                record(f"default S{splits}", _paged_call(case, sets, o))
+                d0 = choose_tiles(1, hq // hkv, d, d, interpret=False)
+                plan_splits = choose_num_kv_splits(512, b, hq, 1)  # the engine's short shape plans for 512 keys
+                ts = choose_tiles(1, hq // hkv, d, d, interpret=False, short_splits=512 // plan_splits <= 64)
+                record(f"short-shape plan n{ts.block_n} S{plan_splits}",
+                       _paged_call(case, sets, o, tiles=ts, splits=plan_splits))  # fmt: skip
+                record(f"long-context tiles n{d0.block_n} w{d0.num_warps} s{d0.num_stages} S1",
+                       _paged_call(case, sets, o, tiles=d0, splits=1))  # fmt: skip
+                if (hq, b) != (9, 1):
+                    continue
+                for n, w, st, sp, ahead, merge in SHORT_VARIANTS:
+                    t = TileConfig(d0.block_q, d0.block_m, n, w, st, pages_ahead=ahead, merge_in_kernel=merge)
+                    key = f"n{n} w{w} s{st} S{sp}{' ahead' if ahead else ''}{' merged in kernel' if merge else ''}"
+                    record(key, _paged_call(case, sets, o, tiles=t, splits=sp))
+    return rows
+
+
 def fp32(out: Path) -> dict:
     rows = {}
     case = make_paged_case([1, 9, 64], [300, 40, 700], page_size=16, head_dim=128, dtype=torch.float32, device=DEV)
@@ -365,7 +410,7 @@ def main() -> int:
     ceil = None
     for section in args.sections:
         t0 = time.time()
-        if section in ("fp8", "fp8ab", "long", "splits") and ceil is None:
+        if section in ("fp8", "fp8ab", "long", "splits", "short") and ceil is None:
             ceil = measure_ceilings(DEV)
             print(
                 f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
@@ -381,6 +426,8 @@ def main() -> int:
             long(out, ceil)
         elif section == "splits":
             splits(out, ceil)
+        elif section == "short":
+            short(out, ceil)
         elif section == "fp32":
             fp32(out)
         if (out / f"{section}.json").exists():

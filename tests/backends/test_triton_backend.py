@@ -119,10 +119,31 @@ def test_split_count_is_a_function_of_the_problem_size():
     assert choose_num_kv_splits(4096, 64, 32, 4, kv_itemsize=1) == 1  # query runs: the 16-bit rule
     assert choose_num_kv_splits(4096, 64, 32, 1) == 1  # enough (sequence, head) pairs already
     assert choose_num_kv_splits(4096, 4, 32, 1) == 8  # bounded by 512 keys per split
-    assert choose_num_kv_splits(300, 1, 32, 1) == 1  # too short to split
+    # Short decodes (at most 512 keys, a 16-bit cache): 64-key ranges, as many as the work allows.
+    assert choose_num_kv_splits(300, 1, 32, 1) == 5
+    assert choose_num_kv_splits(512, 1, 9, 1) == 8
+    assert choose_num_kv_splits(512, 64, 9, 1) == 2  # bounded by the work
+    assert choose_num_kv_splits(513, 1, 32, 1) == 1  # past the short bound: 512 keys a range
+    assert choose_num_kv_splits(300, 1, 32, 1, kv_itemsize=1) == 1  # fp8: its own rule
+    assert choose_num_kv_splits(300, 1, 32, 4) == 1  # query runs: too short to split
     assert choose_num_kv_splits(65536, 1, 32, 512) == 1  # long query runs use query blocks instead
     assert choose_num_kv_splits(8192, 1, 32, 64) == 8  # a cascade's shared pass: 64 queries over a long prefix
     assert choose_num_kv_splits(8192, 4, 32, 16) == 8  # short extends over long contexts
+
+
+def test_short_decodes_take_short_tiles_only_where_each_range_is_short():
+    from portattn.kernels.triton.launch import choose_tiles, short_splits
+
+    assert short_splits(1, 300, 5, 2) and short_splits(1, 512, 8, 2)
+    assert not short_splits(1, 512, 2, 2)  # 256 keys a range
+    assert not short_splits(1, 300, 5, 1)  # an fp8 cache
+    assert not short_splits(4, 64, 1, 2)  # query runs
+    assert not short_splits(1, None, 1, 2)  # the longest sequence not known
+    short = choose_tiles(1, 3, 64, 64, interpret=False, short_splits=True)
+    assert (short.block_n, short.num_warps, short.num_stages) == (32, 4, 2)
+    assert choose_tiles(1, 3, 64, 64, interpret=False).block_n == 64
+    long_runs = choose_tiles(512, 4, 128, 128, interpret=False, short_splits=True)  # not a decode's tiles
+    assert long_runs == choose_tiles(512, 4, 128, 128, interpret=False)
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 7, 16, 64])

@@ -1,8 +1,9 @@
 """Short shapes (``engine/graphs.py``): a captured step whose sequences all hold at most ``short_keys``
-keys runs the backend's plan for that many keys (for the Triton backend: no key splits, so no merge
-launches), and gives the tokens and logits of the long plan; a sequence that grows past the bound moves
-its step back to the long shape. On the CPU the static path runs the same plans eagerly (Triton under
-its interpreter), on a GPU captured graphs; NaN fills every cache slot no sequence wrote."""
+keys runs the backend's plan for that many keys (for the Triton backend: short key ranges, here of 8
+keys so that the test's short sequences split), and gives the tokens and logits of the long plan; a
+sequence that grows past the bound moves its step back to the long shape. On the CPU the static path
+runs the same plans eagerly (Triton under its interpreter), on a GPU captured graphs; NaN fills every
+cache slot no sequence wrote."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def run(path: str, short_keys: int, monkeypatch) -> tuple[list, list, dict]:
     """Outputs of greedy decodes with ``short_keys`` (0: no short shapes), the shapes stepped, and
     each planned shape's split count."""
     monkeypatch.setattr(graphs_module, "SHORT_KEYS", short_keys)
+    from portattn.kernels.triton import launch
+
+    monkeypatch.setattr(launch, "SHORT_SPLIT_KEYS", 8)
     llm = LLM(
         path, device=ENGINE_DEVICE, dtype="float32", attention_backend="triton", page_size=7,
         num_pages=-(-1200 // 7), max_model_len=1100, max_num_seqs=4,
@@ -53,7 +57,7 @@ def test_short_shapes_equal_the_long_plan_and_give_way_past_the_bound(ckpt_root,
     short, shapes, splits = run(path, 24, monkeypatch)
     assert (4, 1, SHORT) in shapes and (4, 1) in shapes  # short while every sequence holds <= 24 keys
     assert shapes.index((4, 1)) > max(i for i, s in enumerate(shapes) if s == (4, 1, SHORT))
-    assert splits[(4, 1, SHORT)] == 1 and splits[(4, 1)] > 1  # the long plan splits 1100 keys, the short one not
+    assert splits[(4, 1, SHORT)] == 3 and splits[(4, 1)] == 2  # 24 keys in 8-key ranges; 1100 in 512-key ones
     long, shapes, splits = run(path, 0, monkeypatch)
     assert shapes and all(len(s) == 2 for s in shapes) and not any(len(s) == 3 for s in splits)
     for a, b in zip(short, long):

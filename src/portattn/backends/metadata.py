@@ -45,6 +45,13 @@ class PagedMetadata:
     def batch_size(self) -> int:
         return self.seq_lens_k.shape[0]
 
+    @property
+    def launch_key(self) -> tuple:
+        """What the plan's launches depend on besides the lengths on the device (backends that choose
+        split counts or tiles from the plan add them): two graph plans of one shape with equal keys
+        replay alike (``engine/graphs.py`` captures a short shape only where its key differs)."""
+        return ()
+
 
 @dataclass(frozen=True, eq=False)
 class VarlenMetadata:

@@ -35,7 +35,7 @@ try:
         norm_linear_rotary,
         rotary_kv_write,
     )
-    from ..kernels.triton.launch import attention_forward, choose_num_kv_splits, merge_states_forward
+    from ..kernels.triton.launch import attention_forward, choose_num_kv_splits, merge_states_forward, short_splits
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
@@ -64,6 +64,7 @@ def _attend(q, k, v, out, lse, metadata, seq_lens_k, params: AttentionParams, **
         lse=lse,
         k_scale=params.k_scale,
         v_scale=params.v_scale,
+        max_seqlen_k=metadata.max_seqlen_k,
         **layout,
     )
 
@@ -74,6 +75,14 @@ class TritonPagedMetadata(PagedMetadata):
     count (the op method then chooses from the same host ints and the query's heads, no sync)."""
 
     num_kv_splits: int | None = None
+
+    @property
+    def launch_key(self) -> tuple:
+        """The split count, and whether each split holds few enough keys for short-decode tiles
+        (``launch.short_splits``)."""
+        splits = self.num_kv_splits
+        short = splits is not None and short_splits(self.max_seqlen_q, self.max_seqlen_k, splits, 2)
+        return (splits, short)
 
 
 @dataclass(frozen=True, eq=False)

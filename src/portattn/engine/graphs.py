@@ -40,9 +40,10 @@ row's shared pages). Cascade shapes are captured the first time a step needs the
 
 A step whose every sequence holds at most ``SHORT_KEYS`` keys (its new tokens included) runs as the
 **short shape** ``(B, q, SHORT)`` where the backend plans such steps differently
-(``graph_metadata(max_seqlen_k=SHORT_KEYS)``): the Triton backend splits no sequence's keys over
-programs there, so the step has no split-merge launches (one a layer: 30 of SmolLM2's 204 kernels at
-batch 1). Short shapes are captured the first time a step needs them.
+(``graph_metadata(max_seqlen_k=SHORT_KEYS)``): the Triton backend cuts a short decode's keys into
+ranges of 64 (``launch.short_splits``), where a long plan keeps 512 or more keys a range, so a
+sequence of a few hundred keys is read by several programs at once instead of one tile after another.
+Short shapes are captured the first time a step needs them.
 
 A shape is captured at start (:meth:`DecodeGraphs.capture_all`), or with ``lazy`` the first time a
 step of that shape runs. Where torch has no graphs for the device (``device.graph_support``), or with
@@ -80,8 +81,8 @@ IDS, POSITIONS = range(2)
 ROWS, KEY_COUNTS, FEED, SHARED, DRAW = 0, 1, 2, 3, 4
 CASCADE = "cascade"  # the third element of a cascade shape's key: (batch size, 1, CASCADE)
 SHORT = "short"  # the third element of a short shape's key: (batch size, q, SHORT)
-# Steps whose sequences hold at most this many keys may run as short shapes: the Triton backend keeps
-# at least launch.MIN_KEYS_PER_SPLIT (512) keys in a range, so it plans them without splits.
+# Steps whose sequences hold at most this many keys may run as short shapes (the Triton backend's
+# launch.SHORT_DECODE_KEYS: its short decodes split into 64-key ranges).
 SHORT_KEYS = 512
 
 
@@ -397,15 +398,15 @@ class DecodeGraphs:
 
     def _short_plan_differs(self, shape: tuple[int, int]) -> bool:
         """Whether the backend plans steps of ``shape`` with at most ``short_keys`` keys a sequence
-        otherwise than the long plan (its split count); never for a cache kind with a plan of its own
-        (MLA's latent cache)."""
+        otherwise than the long plan (their ``launch_key``: the Triton backend's split count and
+        tiles); never for a cache kind with a plan of its own (MLA's latent cache)."""
         batch_size, q = shape
         if self.cache_plan is not None or self.short_keys < q:
             return False
         plan = self.backend.graph_metadata
         args = dict(num_heads=self.num_heads, uniform_q_len=q, kv_dtype=self.kv_pool.dtype)
         long, short = (plan(self.buffers, batch_size, **args, max_seqlen_k=n) for n in (None, self.short_keys))
-        return getattr(long, "num_kv_splits", None) != getattr(short, "num_kv_splits", None)
+        return long.launch_key != short.launch_key
 
     def _write(
         self,

@@ -31,6 +31,14 @@ SPLIT_TARGET_WORK = 2048
 # against 0.0522 at B=4 over 8k (benchmarks/results/round4_h200/NOTES.md). Query runs keep 2048.
 DECODE_SPLIT_TARGET_WORK = 1024
 MIN_KEYS_PER_SPLIT = 512
+# Short decodes: single-query steps over at most SHORT_DECODE_KEYS keys a sequence (the engine's short
+# shapes) split into ranges of SHORT_SPLIT_KEYS keys (at most 8) and stream them in 32-key tiles, 4 warps,
+# 2 stages (``choose_tiles(short_splits=True)``). A launch there is latency, not bytes: at SmolLM2's
+# shape (9 query / 3 KV heads of 64, bf16) on an H200 one sequence over 162 / 320 / 511 keys took
+# 4.3 / 5.1 / 5.2 us with its merge against 6.9 / 8.6 / 11.8 in one 64-key-tile program per KV head
+# (benchmarks/results/engine_h200/round8/NOTES.md). fp8 caches keep their own rule (measured at 4096 keys).
+SHORT_DECODE_KEYS = 512
+SHORT_SPLIT_KEYS = 64
 # Launch options that stay off until a GPU benchmark shows them faster (launches with the default tiles
 # take them; ``python -m benchmarks.engine --kernel-options pages_ahead merge_in_kernel`` turns them on
 # for a run): see TileConfig and docs/kernels.md.
@@ -75,7 +83,9 @@ def choose_num_kv_splits(
     4096 keys ran 1.09x faster at 2 splits than at 1 (a program keeps as many tiles in flight over
     one-byte keys as over two-byte ones, so it moves half the bytes; 3 and 4 splits were no faster).
     Decode batches and short extends split when few; so do the many queries of a cascade's
-    shared-prefix pass (one sequence, every request's queries); long prefills do not.
+    shared-prefix pass (one sequence, every request's queries); long prefills do not. Decodes over
+    at most ``SHORT_DECODE_KEYS`` keys of a 16-bit or float32 cache split down to
+    ``SHORT_SPLIT_KEYS`` keys a range instead (:func:`short_splits`).
     ``num_kv_splits`` given: that count (checked to be in ``[1, MAX_KV_SPLITS]``), for tests and
     benchmarks.
     """
@@ -89,8 +99,20 @@ def choose_num_kv_splits(
     by_work = -(-target // work)
     if max_seqlen_q == 1 and kv_itemsize == 1:
         by_work = max(by_work, 2)
-    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
+    if max_seqlen_q == 1 and kv_itemsize != 1 and max_seqlen_k <= SHORT_DECODE_KEYS:
+        by_length = -(-max_seqlen_k // SHORT_SPLIT_KEYS)
+    else:
+        by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
     return max(1, min(by_work, by_length, MAX_KV_SPLITS))
+
+
+def short_splits(max_seqlen_q: int, max_seqlen_k: int | None, num_kv_splits: int, kv_itemsize: int) -> bool:
+    """Whether a launch's key ranges are short decodes' (:data:`SHORT_SPLIT_KEYS` keys or fewer each,
+    one query a sequence, a cache of at least two bytes an element): it then takes
+    ``choose_tiles(short_splits=True)``. ``max_seqlen_k`` None (not known): no."""
+    if max_seqlen_q != 1 or max_seqlen_k is None or kv_itemsize == 1:
+        return False
+    return -(-max_seqlen_k // num_kv_splits) <= SHORT_SPLIT_KEYS
 
 
 def next_pow2(n: int) -> int:
@@ -154,6 +176,7 @@ def choose_tiles(
     shared_memory: int | None = None,
     kv_itemsize: int | None = None,
     ieee_dots: bool = False,
+    short_splits: bool = False,
 ) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -178,6 +201,10 @@ def choose_tiles(
     page ids ahead took 3% more (0.1895 against 0.1946 ms, medians of three alternations,
     benchmarks/results/round7_h200/NOTES.md).
 
+    Decodes whose key ranges hold at most :data:`SHORT_SPLIT_KEYS` keys (``short_splits``,
+    :func:`short_splits`) take 32-key tiles in 4 warps and 2 stages: one or two tiles a program, where a
+    deep pipeline only adds latency.
+
     IEEE float32 dots (``ieee_dots``) run on the FMA units, and Triton unrolls each into
     ``BLOCK_M * BLOCK_N * D / threads`` multiply-adds per thread: query runs take 64 x 32 tiles in 4
     warps (32 x 32 above 128 columns). A 128 x 128 tile in 8 warps took 74 s to compile for sm_90 at
@@ -200,6 +227,8 @@ def choose_tiles(
     fp8_decode = block_m <= 32 and not wide and kv_itemsize == 1
     if fp8_decode:  # decode-like over an fp8 cache
         block_n, num_warps, num_stages = 128, 4, 2
+    elif block_m <= 32 and not wide and short_splits:  # a tile or two of keys a program
+        block_n, num_warps, num_stages = 32, 4, 2
     elif block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
@@ -321,6 +350,7 @@ def attention_forward(
     tiles: TileConfig | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
     """Attention of ``q [T, Hq, D]`` over paged or contiguous K/V into ``out [T, Hq, Dv]``.
 
@@ -330,7 +360,8 @@ def attention_forward(
     ``out`` is of q's dtype or float32 (partial results that are merged later); ``lse [T, Hq]``
     float32, when given, receives each row's natural-log LSE. ``k`` and ``v`` are in ``q``'s dtype
     or both in an fp8 dtype, whose stored values times ``k_scale`` / ``v_scale`` are the keys and
-    values.
+    values. ``max_seqlen_k`` (the plan's longest key count, when known) picks the default tiles of
+    short decodes (:func:`short_splits`).
     """
     paged = page_table is not None
     expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
@@ -372,7 +403,7 @@ def attention_forward(
                 page_table=page_table, kv_start=kv_start, causal=causal, window_left=window_left,
                 window_right=window_right, chunk_size=chunk_size, sinks=sinks, logit_softcap=logit_softcap,
                 alibi_slopes=alibi_slopes, lse=lse, num_kv_splits=num_kv_splits, tiles=tiles,
-                k_scale=k_scale, v_scale=v_scale,
+                k_scale=k_scale, v_scale=v_scale, max_seqlen_k=max_seqlen_k,
             )  # fmt: skip
             return out.copy_(staged)
     if tiles is None:
@@ -386,6 +417,7 @@ def attention_forward(
             shared_memory=max_shared_memory(q.device),
             kv_itemsize=k.element_size(),
             ieee_dots=dot_precision(q.dtype) == "ieee",
+            short_splits=short_splits(max_seqlen_q, max_seqlen_k, num_kv_splits, k.element_size()),
         )
         if PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL:
             tiles = dataclasses.replace(
