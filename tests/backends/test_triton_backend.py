@@ -122,7 +122,9 @@ def test_split_count_is_a_function_of_the_problem_size():
     # Short decodes (at most 512 keys, a 16-bit cache): 64-key ranges, as many as the work allows.
     assert choose_num_kv_splits(300, 1, 32, 1) == 5
     assert choose_num_kv_splits(512, 1, 9, 1) == 8
-    assert choose_num_kv_splits(512, 64, 9, 1) == 2  # bounded by the work
+    assert choose_num_kv_splits(162, 8, 32, 1) == 3
+    assert choose_num_kv_splits(320, 8, 32, 1) == 1  # the work allows 4 ranges, not 5 short ones: none
+    assert choose_num_kv_splits(512, 64, 9, 1) == 1
     assert choose_num_kv_splits(513, 1, 32, 1) == 1  # past the short bound: 512 keys a range
     assert choose_num_kv_splits(300, 1, 32, 1, kv_itemsize=1) == 1  # fp8: its own rule
     assert choose_num_kv_splits(300, 1, 32, 4) == 1  # query runs: too short to split

@@ -36,7 +36,9 @@ MIN_KEYS_PER_SPLIT = 512
 # 2 stages (``choose_tiles(short_splits=True)``). A launch there is latency, not bytes: at SmolLM2's
 # shape (9 query / 3 KV heads of 64, bf16) on an H200 one sequence over 162 / 320 / 511 keys took
 # 4.3 / 5.1 / 5.2 us with its merge against 6.9 / 8.6 / 11.8 in one 64-key-tile program per KV head
-# (benchmarks/results/engine_h200/round8/NOTES.md). fp8 caches keep their own rule (measured at 4096 keys).
+# (benchmarks/results/engine_h200/round8/NOTES.md). Where the work allows fewer ranges than that (many
+# sequences) none are made: at Llama-3-8B's heads (32 / 8 of 128) 8 sequences over 5-320 keys took
+# 14-17 us in 4 longer ranges against 3.9-12 in one. fp8 caches keep their own rule (measured at 4096 keys).
 SHORT_DECODE_KEYS = 512
 SHORT_SPLIT_KEYS = 64
 # Launch options that stay off until a GPU benchmark shows them faster (launches with the default tiles
@@ -84,8 +86,8 @@ def choose_num_kv_splits(
     one-byte keys as over two-byte ones, so it moves half the bytes; 3 and 4 splits were no faster).
     Decode batches and short extends split when few; so do the many queries of a cascade's
     shared-prefix pass (one sequence, every request's queries); long prefills do not. Decodes over
-    at most ``SHORT_DECODE_KEYS`` keys of a 16-bit or float32 cache split down to
-    ``SHORT_SPLIT_KEYS`` keys a range instead (:func:`short_splits`).
+    at most ``SHORT_DECODE_KEYS`` keys of a 16-bit or float32 cache split into ranges of
+    ``SHORT_SPLIT_KEYS`` keys where the work allows that many, else not at all (:func:`short_splits`).
     ``num_kv_splits`` given: that count (checked to be in ``[1, MAX_KV_SPLITS]``), for tests and
     benchmarks.
     """
@@ -100,9 +102,9 @@ def choose_num_kv_splits(
     if max_seqlen_q == 1 and kv_itemsize == 1:
         by_work = max(by_work, 2)
     if max_seqlen_q == 1 and kv_itemsize != 1 and max_seqlen_k <= SHORT_DECODE_KEYS:
-        by_length = -(-max_seqlen_k // SHORT_SPLIT_KEYS)
-    else:
-        by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
+        ranges = -(-max_seqlen_k // SHORT_SPLIT_KEYS)
+        return ranges if ranges <= by_work else 1  # short ranges, or none: longer ones ran slower
+    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
     return max(1, min(by_work, by_length, MAX_KV_SPLITS))
 
 
