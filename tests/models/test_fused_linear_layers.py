@@ -90,3 +90,44 @@ def test_the_bound_is_checked_and_zero_turns_the_folding_off(monkeypatch):
     assert fused.fused_linear_ops(torch.zeros(17, 8, dtype=torch.float16)) is None
     monkeypatch.setattr(fused, "_linear_rows", [0])
     assert fused.fused_linear_ops(x[:1]) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # no biases on o_proj either way
+def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch):
+    """With the Triton backend, a decode whose attention splits its keys merges them inside the output
+    projection (``merge_linear``, one launch for the merge and o_proj): greedy tokens equal, logits within
+    the products' rounding, of the layers without it. Ranges of 8 keys here, so that short test sequences
+    split (``launch.SHORT_SPLIT_KEYS``)."""
+    from portattn.backends import triton as triton_backend
+    from portattn.kernels.triton import fused_launch, launch
+    from portattn.models.layers import attention
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    monkeypatch.setattr(launch, "SHORT_SPLIT_KEYS", 8)
+    calls = []
+
+    def counted(partial_out, partial_lse, weight):
+        calls.append(partial_out.shape[:3])
+        return fused_launch.merge_linear(partial_out, partial_lse, weight)
+
+    monkeypatch.setattr(triton_backend, "merge_linear", counted)
+    monkeypatch.setattr(triton_backend, "norm_linear_rotary", fused_launch.norm_linear_rotary)
+    llm = LLM(
+        checkpoint(family, ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
+        max_model_len=128, max_num_seqs=4, enforce_eager=True, attention_backend="triton",
+    )  # fmt: skip
+    layers = len(llm.engine.model.model.layers)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    calls.clear()
+    folded = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert len(calls) == layers * 7  # every decode step's layers; the prefill is not folded
+    assert all(rows == len(PROMPTS) and splits > 1 for rows, _, splits in calls)
+    monkeypatch.setattr(attention, "FOLD_OUT_PROJ", False)
+    calls.clear()
+    plain = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert not calls
+    for a, b in zip(folded, plain):
+        assert a.token_ids == b.token_ids
+        scale = float(b.logits.abs().max())
+        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale

@@ -380,6 +380,7 @@ class AttentionBackend:
         eps: float = 0.0,
         residual: torch.Tensor | None = None,
         mode: str = "dtype",
+        out_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """:meth:`forward_rotary` of the q/k/v projection of rows ``x [T, K]``, where the backend computes
         the projection, the rotation and the cache write in one launch: ``qkv = rmsnorm(x + residual)
@@ -387,7 +388,10 @@ class AttentionBackend:
         ``norm_weight`` in ``mode`` as ``RMSNorm`` computes it, none without ``norm_weight``), split
         into heads. Returns ``(out [T, Hq, Dv], x + residual)`` (``None`` in place of the sum without a
         residual), or ``None`` where the backend does not (the default: the caller projects, then
-        calls :meth:`forward_rotary` or :meth:`forward`)."""
+        calls :meth:`forward_rotary` or :meth:`forward`). With ``out_weight`` (the layer's output
+        projection ``[N, Hq * Dv]``, no bias, this rank's columns) the first element is
+        ``out.flatten(1) @ out_weight.T [T, N]``, where the backend applies it in its own launches;
+        ``None`` where it does not (the caller then asks without it), before anything is computed."""
         return None
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: PagedKVCache, slots: torch.Tensor) -> None:

@@ -32,10 +32,18 @@ try:
     from ..kernels.triton.fused_launch import (
         NORM_LINEAR_ROWS,
         NORM_LINEAR_SINGLE_K,
+        merge_linear,
+        merge_linear_fits,
         norm_linear_rotary,
         rotary_kv_write,
     )
-    from ..kernels.triton.launch import attention_forward, choose_num_kv_splits, merge_states_forward, short_splits
+    from ..kernels.triton.launch import (
+        attention_forward,
+        choose_num_kv_splits,
+        merge_states_forward,
+        next_pow2,
+        short_splits,
+    )
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
     raise ImportError(f"the triton backend needs the triton package ({exc})") from exc
@@ -67,6 +75,23 @@ def _attend(q, k, v, out, lse, metadata, seq_lens_k, params: AttentionParams, **
         max_seqlen_k=metadata.max_seqlen_k,
         **layout,
     )
+
+
+def _split_count(metadata: PagedMetadata, num_heads: int, kv_itemsize: int) -> int:
+    """The plan's split count; metadata planned without the head count, or by another backend, has
+    none: then chosen from the same host ints."""
+    num_kv_splits = getattr(metadata, "num_kv_splits", None)
+    if num_kv_splits is None:
+        num_kv_splits = choose_num_kv_splits(
+            metadata.max_seqlen_k, metadata.batch_size, num_heads, metadata.max_seqlen_q, kv_itemsize=kv_itemsize
+        )
+    return num_kv_splits
+
+
+def _partials(rows: int, num_heads: int, splits: int, value_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Buffers for a launch's unmerged splits (``attention_forward(unmerged=...)``)."""
+    out = torch.empty((rows, num_heads, splits, next_pow2(value_dim)), dtype=torch.float32, device=device)
+    return out, torch.empty((rows, num_heads, splits), dtype=torch.float32, device=device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,11 +244,14 @@ class TritonBackend(AttentionBackend):
         eps: float = 0.0,
         residual: torch.Tensor | None = None,
         mode: str = "dtype",
+        out_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The projection, rotation and cache write in one launch (``norm_linear_rotary``) for forwards
         of at most ``NORM_LINEAR_ROWS`` tokens over at most ``NORM_LINEAR_SINGLE_K`` features into a
         cache of their dtype, heads of a multiple of 16 (K and V alike); then attention. ``None``
-        otherwise."""
+        otherwise. With ``out_weight``: where the attention splits its keys (no cascade, no sinks, the
+        partials small enough for ``merge_linear_fits``), the merge and the output projection in one
+        launch (``merge_linear``) after it; ``None`` elsewhere."""
         rows, features = x.shape
         if (
             rows > NORM_LINEAR_ROWS
@@ -233,13 +261,30 @@ class TritonBackend(AttentionBackend):
             or spec.head_dim % 16
         ):
             return None
+        params = spec.params
+        if out_weight is not None:
+            splits = _split_count(metadata, spec.num_heads, kv_cache.k.element_size())
+            if (
+                splits < 2
+                or metadata.cascade is not None
+                or params.sinks is not None
+                or out_weight.dtype != x.dtype
+                or tuple(out_weight.shape[1:]) != (spec.num_heads * spec.v_head_dim,)
+                or not merge_linear_fits(spec.num_heads, splits, spec.v_head_dim)
+            ):
+                return None
         q, summed = norm_linear_rotary(
             x, weight, bias, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc,
             num_q_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, norm_weight=norm_weight, eps=eps,
             residual=residual, mode=mode,
         )  # fmt: skip
         out = q.new_empty((rows, spec.num_heads, spec.v_head_dim))
-        return self.attend(q, kv_cache.k, kv_cache.v, metadata, spec.params, out), summed
+        if out_weight is None:
+            return self.attend(q, kv_cache.k, kv_cache.v, metadata, params, out), summed
+        partials = _partials(rows, spec.num_heads, splits, spec.v_head_dim, x.device)
+        _attend(q, kv_cache.k, kv_cache.v, out, None, metadata, metadata.seq_lens_k, params,
+                page_table=metadata.page_table, num_kv_splits=splits, unmerged=partials)  # fmt: skip
+        return merge_linear(*partials, out_weight), summed
 
     def plan_varlen(
         self,
@@ -262,15 +307,7 @@ class TritonBackend(AttentionBackend):
         out: torch.Tensor,
         lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        num_kv_splits = getattr(metadata, "num_kv_splits", None)  # metadata planned by another backend has none
-        if num_kv_splits is None:
-            num_kv_splits = choose_num_kv_splits(
-                metadata.max_seqlen_k,
-                metadata.batch_size,
-                q.shape[1],
-                metadata.max_seqlen_q,
-                kv_itemsize=k_cache.element_size(),
-            )
+        num_kv_splits = _split_count(metadata, q.shape[1], k_cache.element_size())
         return _attend(
             q,
             k_cache,

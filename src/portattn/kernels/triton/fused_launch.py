@@ -14,7 +14,7 @@ import triton
 
 from ...device import compute_units
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
-from .fused_linear import norm_linear_kernel, norm_linear_rotary_kernel
+from .fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel
 from .gumbel_max import gumbel_max_kernel
@@ -217,6 +217,55 @@ def norm_linear_rotary(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return q, summed
+
+
+# merge_linear: the partials one program merges (heads x splits x value columns, padded to powers of two)
+# stay in registers up to this many elements; the weight rows a program takes.
+MERGE_LINEAR_ELEMENTS = 8192
+MERGE_LINEAR_BLOCK_N = 8
+
+
+def merge_linear_fits(num_heads: int, num_splits: int, value_dim: int) -> bool:
+    """Whether :func:`merge_linear` takes partials of this many heads, splits and value columns."""
+    return next_pow2(num_heads) * next_pow2(num_splits) * next_pow2(value_dim) <= MERGE_LINEAR_ELEMENTS
+
+
+def merge_linear(partial_out: torch.Tensor, partial_lse: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``merge(partials) @ weight.T [T, N]`` in ``weight``'s dtype: the split-KV partials of an attention
+    launch (``attention_forward(unmerged=...)``: ``partial_out [T, Hq, S, next_pow2(Dv)]`` and
+    ``partial_lse [T, Hq, S]`` float32) merged per head as the merge kernel merges them (no sinks) and
+    projected by ``weight [N, Hq * Dv]``, in one launch: the attention layer's output projection at
+    small batches, without the merge kernel before it."""
+    rows, num_heads, num_splits, block_dv = partial_out.shape
+    out_features, in_features = weight.shape
+    value_dim = in_features // num_heads
+    if (
+        in_features != num_heads * value_dim
+        or block_dv != next_pow2(value_dim)
+        or tuple(partial_lse.shape) != (rows, num_heads, num_splits)
+        or partial_out.dtype != torch.float32
+        or partial_lse.dtype != torch.float32
+        or not (partial_out.is_contiguous() and partial_lse.is_contiguous())
+    ):
+        raise ValueError(
+            f"expected contiguous float32 partials [T, Hq, S, next_pow2(Dv)] and [T, Hq, S] for a weight "
+            f"[N, Hq * Dv], got {tuple(partial_out.shape)} {partial_out.dtype}, {tuple(partial_lse.shape)} "
+            f"{partial_lse.dtype} and {tuple(weight.shape)}"
+        )
+    if not merge_linear_fits(num_heads, num_splits, value_dim) or weight.stride(-1) != 1:
+        raise ValueError(f"expected at most {MERGE_LINEAR_ELEMENTS} padded heads x splits x value columns and a "
+                         f"weight with contiguous rows, got {num_heads} x {num_splits} x {value_dim}, "
+                         f"strides {weight.stride()}")  # fmt: skip
+    out = torch.empty((rows, out_features), dtype=weight.dtype, device=weight.device)
+    if rows == 0:
+        return out
+    grid = (triton.cdiv(out_features, MERGE_LINEAR_BLOCK_N), rows)
+    merge_linear_kernel[grid](
+        partial_out, partial_lse, weight, out, out_features, num_heads, num_splits, weight.stride(0), out.stride(0),
+        HEADS_PAD=next_pow2(num_heads), SPLITS_PAD=next_pow2(num_splits), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
+        BLOCK_N=MERGE_LINEAR_BLOCK_N, num_warps=4, **pdl_options(weight.device),
+    )  # fmt: skip
+    return out
 
 
 def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:

@@ -280,3 +280,58 @@ def norm_linear_rotary_kernel(
             dst = VCache + slots[:, None] * stride_vs + (head - NUM_Q_HEADS - NUM_KV_HEADS) * stride_vh + offs[None, :]
     tl.store(dst, y1, mask=mask)
     tl.store(dst + HALF, y2, mask=mask)
+
+
+@triton.jit
+def merge_linear_kernel(
+    PartialOut,
+    PartialLse,
+    W,
+    Out,
+    N,
+    num_heads,
+    num_splits,
+    stride_w,
+    stride_o,
+    HEADS_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    VALUE_DIM: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """The output projection of split attention rows: ``Out[t, cols] = merge(t) @ W[cols]^T`` where
+    ``merge(t) [Hq * Dv]`` is ``merge.merge_splits_kernel``'s result for every head of row ``t``, rounded
+    to ``Out``'s dtype as that kernel stores it (no sinks). ``W [N, Hq * Dv]``, feature ``h * Dv + d``.
+    Each program merges every head of its row (the partials are a few kilobytes, read from L2) and
+    multiplies by its ``BLOCK_N`` weight rows, loaded before it waits for the attention. Grid:
+    ``(cdiv(N, BLOCK_N), T)``."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    token = tl.program_id(1).to(tl.int64)
+    hs = tl.arange(0, HEADS_PAD)
+    ss = tl.arange(0, SPLITS_PAD)
+    ds = tl.arange(0, BLOCK_DV)
+    col_ok = cols < N
+    h_ok = hs < num_heads
+    s_ok = ss < num_splits
+    d_ok = ds < VALUE_DIM
+    features = hs[None, :, None] * VALUE_DIM + ds[None, None, :]
+    w_mask = col_ok[:, None, None] & h_ok[None, :, None] & d_ok[None, None, :]
+    w = tl.load(W + cols.to(tl.int64)[:, None, None] * stride_w + features, mask=w_mask, other=0.0)
+    wait_for_previous(PDL)  # the weights are no earlier kernel's output: loaded before the wait
+    first = (token * num_heads + hs) * num_splits  # [HEADS_PAD] each head's first split
+    hs_ok = h_ok[:, None] & s_ok[None, :]
+    lse = tl.load(PartialLse + first[:, None] + ss[None, :], mask=hs_ok, other=float("-inf"))  # [H, S]
+    m = tl.max(lse, 1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    weight = tl.exp2(lse - m_safe[:, None])
+    denom = tl.sum(weight, 1)
+    partial = tl.load(
+        PartialOut + (first[:, None, None] + ss[None, :, None]) * BLOCK_DV + ds[None, None, :],
+        mask=hs_ok[:, :, None] & d_ok[None, None, :],
+        other=0.0,
+    )  # [H, S, DV]
+    merged = tl.sum(partial * weight[:, :, None], 1) / tl.where(denom == 0.0, 1.0, denom)[:, None]  # [H, DV]
+    merged = merged.to(Out.dtype.element_ty).to(tl.float32)
+    out = tl.sum(tl.sum(w.to(tl.float32) * merged[None, :, :], 2), 1)  # [BLOCK_N]
+    tl.store(Out + token * stride_o + cols, out.to(Out.dtype.element_ty), mask=col_ok)

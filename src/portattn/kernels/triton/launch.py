@@ -353,6 +353,7 @@ def attention_forward(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     max_seqlen_k: int | None = None,
+    unmerged: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of ``q [T, Hq, D]`` over paged or contiguous K/V into ``out [T, Hq, Dv]``.
 
@@ -363,7 +364,9 @@ def attention_forward(
     float32, when given, receives each row's natural-log LSE. ``k`` and ``v`` are in ``q``'s dtype
     or both in an fp8 dtype, whose stored values times ``k_scale`` / ``v_scale`` are the keys and
     values. ``max_seqlen_k`` (the plan's longest key count, when known) picks the default tiles of
-    short decodes (:func:`short_splits`).
+    short decodes (:func:`short_splits`). ``unmerged`` (with ``num_kv_splits > 1``): float32 buffers
+    ``[T, Hq, S, next_pow2(Dv)]`` and ``[T, Hq, S]`` that receive the splits' outputs and base-2 LSEs,
+    left unmerged and ``out`` unwritten (``fused_launch.merge_linear`` merges them into a projection).
     """
     paged = page_table is not None
     expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
@@ -405,9 +408,9 @@ def attention_forward(
                 page_table=page_table, kv_start=kv_start, causal=causal, window_left=window_left,
                 window_right=window_right, chunk_size=chunk_size, sinks=sinks, logit_softcap=logit_softcap,
                 alibi_slopes=alibi_slopes, lse=lse, num_kv_splits=num_kv_splits, tiles=tiles,
-                k_scale=k_scale, v_scale=v_scale, max_seqlen_k=max_seqlen_k,
+                k_scale=k_scale, v_scale=v_scale, max_seqlen_k=max_seqlen_k, unmerged=unmerged,
             )  # fmt: skip
-            return out.copy_(staged)
+            return out if unmerged is not None and num_kv_splits > 1 else out.copy_(staged)
     if tiles is None:
         tiles = choose_tiles(
             max_seqlen_q,
@@ -440,7 +443,13 @@ def attention_forward(
         stride_vp, stride_vs, stride_vh = 0, v.stride(0), v.stride(1)
         page_size, stride_pt, table, starts = 1, 0, kv_start, kv_start
 
-    if num_kv_splits > 1:
+    if num_kv_splits > 1 and unmerged is not None:
+        partial_out, partial_lse = unmerged
+        shapes = ((num_tokens, num_q_heads, num_kv_splits, partial_dv), (num_tokens, num_q_heads, num_kv_splits))
+        for name, t, shape in zip(("partial outputs", "partial LSEs"), unmerged, shapes):
+            expect(tuple(t.shape) == shape and t.dtype == torch.float32 and t.is_contiguous(),
+                   f"contiguous float32 {name} of shape {list(shape)}", (t.dtype, tuple(t.shape)))  # fmt: skip
+    elif num_kv_splits > 1:
         partial_out = torch.empty(
             (num_tokens, num_q_heads, num_kv_splits, partial_dv), dtype=torch.float32, device=q.device
         )
@@ -462,7 +471,7 @@ def attention_forward(
     def launch(t: TileConfig) -> None:
         grid = (num_tokens // t.block_q + batch, num_kv_heads, num_kv_splits)
         counters = None
-        if num_kv_splits > 1 and t.merge_in_kernel:
+        if num_kv_splits > 1 and t.merge_in_kernel and unmerged is None:
             counters = merge_counters(q.device, grid[0] * grid[1])
         merged[:] = [counters is not None]
         attention_fwd_kernel[grid](
@@ -486,7 +495,7 @@ def attention_forward(
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
-    if num_kv_splits > 1 and not merged[0]:
+    if num_kv_splits > 1 and not merged[0] and unmerged is None:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
             num_q_heads, num_kv_splits, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),

@@ -34,6 +34,12 @@ from .linear import (
 )
 from .norm import RMSNorm
 
+# Where the backend can (AttentionBackend.forward_projected), small forwards whose attention splits its
+# keys merge the splits inside the output projection (one launch for two). On an H200 SmolLM2's batch-1
+# decode graph over 162 keys took ... (benchmarks/results/engine_h200/round8/NOTES.md);
+# ``python -m benchmarks.engine --kernel-options unfused_out_proj`` turns it off for a run.
+FOLD_OUT_PROJ = True
+
 
 class PagedAttention(nn.Module):
     """One layer's attention over its paged cache, through the forward's backend (which writes the new
@@ -62,14 +68,18 @@ class PagedAttention(nn.Module):
         out = ctx.backend.forward_rotary(q, k, v, cos, sin, spec, ctx.metadata, ctx.kv_cache(spec.layer_id))
         return None if out is None else out.flatten(1)  # [T, Hq * Dv]
 
-    def forward_projected(self, x, linear: nn.Module, norm: nn.Module, residual, cos, sin, ctx: ForwardContext):
+    def forward_projected(
+        self, x, linear: nn.Module, norm: nn.Module, residual, cos, sin, ctx: ForwardContext, out_weight=None
+    ):
         """``(out [T, Hq * Dv], x + residual)`` of q/k/v projected from ``norm(x + residual)`` by
         ``linear``, rotated by ``cos, sin``, written and attended, where the backend does all of it in
-        one launch before attending (``AttentionBackend.forward_projected``); ``None`` where it does not."""
+        one launch before attending (``AttentionBackend.forward_projected``); ``None`` where it does not.
+        With ``out_weight`` (the output projection's): ``out`` is projected by it ``[T, N]``, or ``None``
+        where the backend does not do that too."""
         spec = self.spec
         done = ctx.backend.forward_projected(
             x, linear.weight, linear.bias, cos, sin, spec, ctx.metadata, ctx.kv_cache(spec.layer_id),
-            norm_weight=norm.weight, eps=norm.eps, residual=residual, mode=norm.mode,
+            norm_weight=norm.weight, eps=norm.eps, residual=residual, mode=norm.mode, out_weight=out_weight,
         )  # fmt: skip
         if done is None:
             return None
@@ -178,6 +188,11 @@ class SelfAttention(nn.Module):
         if norm is None:
             return self.attend(positions, self.qkv_proj(x), ctx, rotary, table)
         if not hasattr(self, "q_norm") and norm_folds(self.qkv_proj, x, norm, residual) is not None:
+            o_proj = self.o_proj
+            if FOLD_OUT_PROJ and o_proj.bias is None and o_proj.tp.size == 1:
+                done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx, o_proj.weight)
+                if done is not None:  # and the split merge with the output projection in one launch
+                    return done
             done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx)
             if done is not None:  # the projection, rotation and cache write in one launch
                 out, summed = done
