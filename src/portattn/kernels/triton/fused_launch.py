@@ -219,15 +219,21 @@ def norm_linear_rotary(
     return q, summed
 
 
-# merge_linear: the partials one program merges (heads x splits x value columns, padded to powers of two)
-# stay in registers up to this many elements; the weight rows a program takes.
+# merge_linear: the partials one program merges (heads x splits x value columns, padded to powers of two,
+# splits to at least MERGE_LINEAR_SPLITS: one compiled kernel for every short decode's split count) stay in
+# registers up to this many elements; the weight rows a program takes.
 MERGE_LINEAR_ELEMENTS = 8192
+MERGE_LINEAR_SPLITS = 8
 MERGE_LINEAR_BLOCK_N = 8
+
+
+def _splits_pad(num_splits: int) -> int:
+    return max(MERGE_LINEAR_SPLITS, next_pow2(num_splits))
 
 
 def merge_linear_fits(num_heads: int, num_splits: int, value_dim: int) -> bool:
     """Whether :func:`merge_linear` takes partials of this many heads, splits and value columns."""
-    return next_pow2(num_heads) * next_pow2(num_splits) * next_pow2(value_dim) <= MERGE_LINEAR_ELEMENTS
+    return next_pow2(num_heads) * _splits_pad(num_splits) * next_pow2(value_dim) <= MERGE_LINEAR_ELEMENTS
 
 
 def merge_linear(partial_out: torch.Tensor, partial_lse: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -262,7 +268,7 @@ def merge_linear(partial_out: torch.Tensor, partial_lse: torch.Tensor, weight: t
     grid = (triton.cdiv(out_features, MERGE_LINEAR_BLOCK_N), rows)
     merge_linear_kernel[grid](
         partial_out, partial_lse, weight, out, out_features, num_heads, num_splits, weight.stride(0), out.stride(0),
-        HEADS_PAD=next_pow2(num_heads), SPLITS_PAD=next_pow2(num_splits), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
+        HEADS_PAD=next_pow2(num_heads), SPLITS_PAD=_splits_pad(num_splits), VALUE_DIM=value_dim, BLOCK_DV=block_dv,
         BLOCK_N=MERGE_LINEAR_BLOCK_N, num_warps=4, **pdl_options(weight.device),
     )  # fmt: skip
     return out

@@ -37,8 +37,8 @@ MIN_KEYS_PER_SPLIT = 512
 # shape (9 query / 3 KV heads of 64, bf16) on an H200 one sequence over 162 / 320 / 511 keys took
 # 4.3 / 5.1 / 5.2 us with its merge against 6.9 / 8.6 / 11.8 in one 64-key-tile program per KV head
 # (benchmarks/results/engine_h200/round8/NOTES.md). Where the work allows fewer ranges than that (many
-# sequences) none are made: at Llama-3-8B's heads (32 / 8 of 128) 8 sequences over 5-320 keys took
-# 14-17 us in 4 longer ranges against 3.9-12 in one. fp8 caches keep their own rule (measured at 4096 keys).
+# sequences) none are made: at Llama-3-8B's heads (32 / 8 of 128) 8 sequences over 5-511 keys took
+# 14-18 us in 4 longer ranges against 6.7-16.7 in one. fp8 caches keep their own rule (measured at 4096 keys).
 SHORT_DECODE_KEYS = 512
 SHORT_SPLIT_KEYS = 64
 # Launch options that stay off until a GPU benchmark shows them faster (launches with the default tiles

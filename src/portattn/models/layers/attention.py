@@ -36,7 +36,8 @@ from .norm import RMSNorm
 
 # Where the backend can (AttentionBackend.forward_projected), small forwards whose attention splits its
 # keys merge the splits inside the output projection (one launch for two). On an H200 SmolLM2's batch-1
-# decode graph over 162 keys took ... (benchmarks/results/engine_h200/round8/NOTES.md);
+# decode graph over 162 keys took 793 us against 929, over 5 keys 713 against 748
+# (benchmarks/results/engine_h200/round8/NOTES.md);
 # ``python -m benchmarks.engine --kernel-options unfused_out_proj`` turns it off for a run.
 FOLD_OUT_PROJ = True
 
