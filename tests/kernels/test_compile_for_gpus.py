@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(
         print("no compiler:", exc); sys.exit(3)
     from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
     from portattn.kernels.triton.nucleus import nucleus_kernel
-    from portattn.kernels.triton.fused_linear import norm_linear_kernel, norm_linear_rotary_kernel
+    from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel
 
@@ -61,6 +61,13 @@ CHILD = textwrap.dedent(
          {**FLAGS, "GATED": True, "BLOCK_K": 256, "SINGLE": False}, 4),
         ("norm_linear, one step, PDL", norm_linear_kernel, LINEAR,
          {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True, "PDL": True}, 4),
+        ("linear, 2048 features in one step, PDL", norm_linear_kernel, LINEAR,
+         {**FLAGS, "HAS_NORM": False, "HAS_RESIDUAL": False, "GATED": False, "BLOCK_K": 2048, "SINGLE": True,
+          "PDL": True}, 8),
+        ("merge_linear, PDL", merge_linear_kernel,
+         {"PartialOut": "*fp32", "PartialLse": "*fp32", "W": "*bf16", "Out": "*bf16", "N": "i32", "num_heads": "i32",
+          "num_splits": "i32", "stride_w": "i32", "stride_o": "i32"},
+         {"HEADS_PAD": 16, "SPLITS_PAD": 8, "VALUE_DIM": 64, "BLOCK_DV": 64, "BLOCK_N": 8, "PDL": True}, 4),
         ("norm_linear_rotary, one step, PDL", norm_linear_rotary_kernel,
          {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Cos", "Sin", "QOut", "KCache",
                                         "VCache", "ResidualOut")},
@@ -117,6 +124,8 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "norm_linear, one step",
         "norm_linear, gated, steps",
         "norm_linear, one step, PDL",
+        "linear, 2048 features in one step, PDL",
+        "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",
         "rotary_kv_write, PDL",
         "merge_splits, PDL",

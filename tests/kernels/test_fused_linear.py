@@ -225,3 +225,18 @@ def test_linear_tiles():
         tiles = linear_tiles(out_features, in_features, cpu)
         assert tiles.block_n in (16, 32, 64) and tiles.block_k == 128
         assert tiles.block_n == 16 or -(-out_features // tiles.block_n) >= 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_a_plain_linear_over_1536_features_in_one_step(dtype, rows):
+    """``models.layers.linear.small_linear``'s launch (the MLP's down projection, ``SMALL_DOWN_PROJ``):
+    no norm, every feature of a 1536-wide row in one step of 2048 (masked), 8 warps, against float64."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1536, generator=g).to(DEVICE, dtype)
+    weight = (torch.randn(40, 1536, generator=g) / 1536**0.5).to(DEVICE, dtype)
+    bias = torch.randn(40, generator=g).to(DEVICE, dtype)
+    got, summed = norm_linear(x, weight, bias, tiles=LinearTiles(16, 2048, 8, 1))
+    assert summed is None and got.shape == (rows, 40)
+    ref = x.double() @ weight.double().T + bias.double()
+    assert float((got.double() - ref).abs().max()) <= 4 * ULP[dtype] * float(ref.abs().max())

@@ -131,3 +131,40 @@ def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch)
         assert a.token_ids == b.token_ids
         scale = float(b.logits.abs().max())
         assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale
+
+
+def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
+    """``linear.SMALL_DOWN_PROJ`` (off by default): the MLP's down projection of small forwards runs in
+    the fused linear kernel, one launch a layer more of it and none of the vendor's matmul: greedy
+    tokens equal, logits within the products' rounding, of the matmul's."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import linear
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    rows = []
+
+    def counted(x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return launch(x, *args, **kwargs)
+
+    launch = fused_launch.norm_linear
+    monkeypatch.setattr(fused_launch, "norm_linear", counted)
+    llm = LLM(
+        checkpoint("llama", ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
+        max_model_len=128, max_num_seqs=4, enforce_eager=True, attention_backend="torch",
+    )  # fmt: skip
+    layers = len(llm.engine.model.model.layers)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    rows.clear()
+    plain = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert len(rows) == 2 * layers * 7  # q/k/v and gate/up
+    monkeypatch.setattr(linear, "SMALL_DOWN_PROJ", True)
+    rows.clear()
+    small = llm.generate(PROMPTS, params, use_tqdm=False)
+    # and down (the prompts' pages are cached now: their last tokens' prefill is small enough too)
+    assert rows.count(len(PROMPTS)) == 3 * layers * 7
+    for a, b in zip(small, plain):
+        assert a.token_ids == b.token_ids
+        scale = float(b.logits.abs().max())
+        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale

@@ -297,6 +297,34 @@ class QKVLinear(MergedLinear):
         self.num_heads, self.num_kv_heads = heads, kv_heads
 
 
+# The MLP's down projection of forwards of at most fused_linear_rows() tokens through the fused linear
+# kernel (one step over up to SMALL_LINEAR_K features, the weights loaded before the launch waits for
+# the gate/up kernel): off until a GPU run shows it faster than the vendor's matmul
+# (``python -m benchmarks.engine --kernel-options triton_down`` turns it on for a run).
+SMALL_DOWN_PROJ = False
+SMALL_LINEAR_K = 2048
+
+
+def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """``linear(x)`` in one launch of the fused linear kernel (no norm) where it takes it: a plain or
+    single-rank row-parallel linear of the rows' dtype over at most ``SMALL_LINEAR_K`` features, rows
+    as :func:`~.fused.fused_linear_ops` allows; else ``None`` (the caller runs ``linear(x)``)."""
+    ops = fused_linear_ops(x)
+    weight = linear.weight
+    if (
+        ops is None
+        or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
+        or (getattr(linear, "tp", None) is not None and linear.tp.size != 1)
+        or x.shape[1] > SMALL_LINEAR_K
+        or weight.dtype != x.dtype
+        or x.stride(-1) != 1
+        or weight.stride(-1) != 1
+    ):
+        return None
+    tiles = ops.LinearTiles(16, max(16, 1 << (x.shape[1] - 1).bit_length()), 8, 1)
+    return ops.norm_linear(x, weight, linear.bias, tiles=tiles)[0]
+
+
 def norm_folds(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None):
     """The fused launchers when ``linear(norm(x + residual))`` runs as one kernel (see
     :func:`norm_then_linear`), else ``None``."""

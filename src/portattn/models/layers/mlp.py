@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ...distributed.group import TPGroup
+from . import linear
 from .activation import activation, gated
-from .linear import MergedLinear, RowParallelLinear, norm_then_linear
+from .linear import MergedLinear, RowParallelLinear, norm_then_linear, small_linear
 
 
 class GatedMLP(nn.Module):
@@ -42,4 +43,5 @@ class GatedMLP(nn.Module):
         if norm is None:
             return self.down_proj(gated(self.act, self.gate_up_proj(x)))
         h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
-        return self.down_proj(h), summed
+        out = small_linear(self.down_proj, h) if linear.SMALL_DOWN_PROJ else None
+        return (self.down_proj(h) if out is None else out), summed
