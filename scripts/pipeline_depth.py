@@ -26,6 +26,7 @@ in the kernel's page-table arithmetic); the compile runs on any machine.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -133,6 +134,9 @@ def compile_variants(seen: dict, block_ns, warps, stages) -> None:
     kv_dtype = {v: k for k, v in TRITON_TYPES.items()}[sig[cache].lstrip("*")]
     f16 = f16_dots_for(torch.bfloat16, getattr(torch, kv_dtype))
     constexprs = dict(seen["constexprs"], F16_DOTS=f16 and (not mla or seen["constexprs"]["BLOCK_H"] <= 32))
+    for param in inspect.signature(kernel.fn).parameters.values():  # constexprs the launch left at their default
+        if param.name not in constexprs and param.name not in seen["sig"] and param.default is not param.empty:
+            constexprs[param.name] = param.default
     names = kernel.arg_names
     # What the JIT specialises: integers equal to 1 become constants; 16-byte aligned pointers and
     # integers that are multiples of 16 are marked so.
