@@ -127,6 +127,7 @@ def test_split_count_is_a_function_of_the_problem_size():
     assert choose_num_kv_splits(512, 64, 9, 1) == 1
     assert choose_num_kv_splits(513, 1, 32, 1) == 1  # past the short bound: 512 keys a range
     assert choose_num_kv_splits(300, 1, 32, 1, kv_itemsize=1) == 1  # fp8: its own rule
+    assert choose_num_kv_splits(0, 2, 32, 1) == 1  # sequences without keys yet: one (empty) range
     assert choose_num_kv_splits(300, 1, 32, 4) == 1  # query runs: too short to split
     assert choose_num_kv_splits(65536, 1, 32, 512) == 1  # long query runs use query blocks instead
     assert choose_num_kv_splits(8192, 1, 32, 64) == 8  # a cascade's shared pass: 64 queries over a long prefix

@@ -104,7 +104,8 @@ class TritonPagedMetadata(PagedMetadata):
     @property
     def launch_key(self) -> tuple:
         """The split count, and whether each split holds few enough keys for short-decode tiles
-        (``launch.short_splits``)."""
+        (``launch.short_splits``, judged as for a 16-bit cache: an fp8 cache's launches keep their
+        tiles, so its key may differ where its launches do not, which costs a graph, never a result)."""
         splits = self.num_kv_splits
         short = splits is not None and short_splits(self.max_seqlen_q, self.max_seqlen_k, splits, 2)
         return (splits, short)

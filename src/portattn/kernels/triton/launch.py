@@ -103,7 +103,7 @@ def choose_num_kv_splits(
         by_work = max(by_work, 2)
     if max_seqlen_q == 1 and kv_itemsize != 1 and max_seqlen_k <= SHORT_DECODE_KEYS:
         ranges = -(-max_seqlen_k // SHORT_SPLIT_KEYS)
-        return ranges if ranges <= by_work else 1  # short ranges, or none: longer ones ran slower
+        return max(1, ranges) if ranges <= by_work else 1  # short ranges, or none: longer ones ran slower
     by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
     return max(1, min(by_work, by_length, MAX_KV_SPLITS))
 
