@@ -24,6 +24,21 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not ava
 PROMPTS = random_prompts([5, 30, 2])  # 37 tokens prefilled together (not folded), then decodes of 3
 
 
+def make_llm(path: str, backend: str) -> LLM:
+    return LLM(
+        path, dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40, max_model_len=128, max_num_seqs=4,
+        enforce_eager=True, attention_backend=backend,
+    )  # fmt: skip
+
+
+def assert_same_greedy(outs, ref) -> None:
+    """Greedy tokens equal, logits within the products' rounding (2% of the largest)."""
+    for a, b in zip(outs, ref):
+        assert a.token_ids == b.token_ids
+        scale = float(b.logits.abs().max())
+        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale
+
+
 @pytest.mark.parametrize(
     "backend", ["triton", "torch"]
 )  # the projection, rotation and cache write in one launch, or not
@@ -50,10 +65,7 @@ def test_folded_norms_equal_the_layers(family, backend, ckpt_root, monkeypatch):
         from portattn.backends import triton as triton_backend
 
         monkeypatch.setattr(triton_backend, "norm_linear_rotary", fused_launch.norm_linear_rotary)
-    llm = LLM(
-        checkpoint(family, ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
-        max_model_len=128, max_num_seqs=4, enforce_eager=True, attention_backend=backend,
-    )  # fmt: skip
+    llm = make_llm(checkpoint(family, ckpt_root), backend)
     layers = len(llm.engine.model.model.layers)
     assert all(layer.norm_fusion == (True, True) for layer in llm.engine.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
@@ -69,10 +81,7 @@ def test_folded_norms_equal_the_layers(family, backend, ckpt_root, monkeypatch):
     monkeypatch.setattr(fused, "_linear_rows", [0])
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
     assert len(rows["norm_linear"]) + len(rows["norm_linear_rotary"]) == 2 * layers * 7  # none without the folding
-    for a, b in zip(folded, plain):
-        assert a.token_ids == b.token_ids
-        scale = float(b.logits.abs().max())
-        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale
+    assert_same_greedy(folded, plain)
 
 
 def test_families_with_their_own_blocks_keep_their_norms(ckpt_root):
@@ -113,10 +122,7 @@ def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch)
 
     monkeypatch.setattr(triton_backend, "merge_linear", counted)
     monkeypatch.setattr(triton_backend, "norm_linear_rotary", fused_launch.norm_linear_rotary)
-    llm = LLM(
-        checkpoint(family, ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
-        max_model_len=128, max_num_seqs=4, enforce_eager=True, attention_backend="triton",
-    )  # fmt: skip
+    llm = make_llm(checkpoint(family, ckpt_root), "triton")
     layers = len(llm.engine.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
     calls.clear()
@@ -127,10 +133,7 @@ def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch)
     calls.clear()
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
     assert not calls
-    for a, b in zip(folded, plain):
-        assert a.token_ids == b.token_ids
-        scale = float(b.logits.abs().max())
-        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale
+    assert_same_greedy(folded, plain)
 
 
 def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
@@ -150,10 +153,7 @@ def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
 
     launch = fused_launch.norm_linear
     monkeypatch.setattr(fused_launch, "norm_linear", counted)
-    llm = LLM(
-        checkpoint("llama", ckpt_root), dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40,
-        max_model_len=128, max_num_seqs=4, enforce_eager=True, attention_backend="torch",
-    )  # fmt: skip
+    llm = make_llm(checkpoint("llama", ckpt_root), "torch")
     layers = len(llm.engine.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
     rows.clear()
@@ -164,7 +164,4 @@ def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
     small = llm.generate(PROMPTS, params, use_tqdm=False)
     # and down (the prompts' pages are cached now: their last tokens' prefill is small enough too)
     assert rows.count(len(PROMPTS)) == 3 * layers * 7
-    for a, b in zip(small, plain):
-        assert a.token_ids == b.token_ids
-        scale = float(b.logits.abs().max())
-        assert float((a.logits.float() - b.logits.float()).abs().max()) <= 2e-2 * scale
+    assert_same_greedy(small, plain)
