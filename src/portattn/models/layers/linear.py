@@ -321,7 +321,7 @@ def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
         or weight.stride(-1) != 1
     ):
         return None
-    tiles = ops.LinearTiles(16, max(16, 1 << (x.shape[1] - 1).bit_length()), 8, 1)
+    tiles = ops.LinearTiles(16, max(16, ops.next_pow2(x.shape[1])), 8, 1)
     return ops.norm_linear(x, weight, linear.bias, tiles=tiles)[0]
 
 
