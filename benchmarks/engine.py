@@ -49,7 +49,7 @@ from portattn.device import synchronize
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
-    "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "triton_down": None,
+    "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -68,10 +68,10 @@ def apply_kernel_options(options: list[str]) -> None:
                 from portattn.backends.triton import TritonBackend
 
                 TritonBackend.forward_projected = AttentionBackend.forward_projected
-            elif option == "triton_down":
+            elif option == "cublas_down":
                 from portattn.models.layers import linear
 
-                linear.SMALL_DOWN_PROJ = True
+                linear.SMALL_DOWN_PROJ = False
             elif option == "unfused_out_proj":
                 from portattn.models.layers import attention
 

@@ -204,8 +204,8 @@ def sync() -> None:
 
 
 def speed(llm, prompt: list, prompts: list, output_len: int) -> tuple[dict, dict, list]:
-    """Batch-1 decode (256 tokens, best of 3) and offline throughput of ``prompts`` (after an untimed
-    warm-up of its prefill batches); with the offline run's token ids."""
+    """Batch-1 decode (256 tokens, best of 3) and offline throughput of ``prompts`` (after the same job
+    once, untimed); with the offline run's token ids."""
     from portattn.engine.sampling_params import SamplingParams
 
     decode = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
@@ -220,10 +220,12 @@ def speed(llm, prompt: list, prompts: list, output_len: int) -> tuple[dict, dict
     best = min(times)
     batch1 = {"tok_per_s": 256 / best, "step_ms": best / 256 * 1e3}
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    # Warm-up: the kernels of the job's prefill batches compile outside the timed run. The prompts
-    # lose their first token, so that no page of theirs is one the timed run finds in the prefix cache.
-    warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    llm.generate([p[1:] for p in prompts[:256] if len(p) > 1], warm, use_tqdm=False)
+    # Warm-up: the whole job once, untimed, so that the kernels of its prefill, mixed and decode batches
+    # compile outside the timed run (with a prefill-only warm-up the first timed job of a process on a
+    # cold Triton cache ran at 48-49k total tok/s against 69-73k for the next ones:
+    # benchmarks/results/engine_h200/round9/NOTES.md). The prompts lose their first token, so that no
+    # page of theirs is one the timed run finds in the prefix cache.
+    llm.generate([p[1:] for p in prompts if len(p) > 1], params, use_tqdm=False)
     sync()
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)

@@ -16,6 +16,11 @@
 * ``short``: batch-1 and batch-8 decodes at SmolLM2-135M's shape (Hq 9 / Hkv 3 / D 64, page 16) over
   5-511 keys, the default tiles (no splits: the engine's short shapes) against ``SHORT_VARIANTS``
   (tiles, splits, page ids ahead, splits merged in the kernel): what a short step's attention costs.
+* ``prefill``: causal prefill B=1 L=8192 (Hq 32 / Hkv 8 / D 128, bf16): the paged kernel at page 16
+  (default and ``PREFILL_TILES``) and at ``PREFILL_PAGES``, the kernel over contiguous K/V, a
+  descriptor (TMA) kernel on contiguous K/V (``TMA_TILES``, with and without a warp-specialized loop)
+  and the same kernel with pointer loads (``POINTER_TILES``),
+  SDPA cuDNN and FlashAttention: how much of the gap to cuDNN is the page gather.
 * ``fp8ab``: the fp8 decode's default tiles against ``FP8_AB_CANDIDATE`` (page ids a tile ahead),
   e4m3 and e5m2, timed alternately over ``--rounds`` rounds beside the bf16 cache (is a gain steady?).
 
@@ -34,6 +39,8 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from portattn.backends.base import AttentionParams
 from portattn.backends.triton import TritonBackend
@@ -350,6 +357,224 @@ def short(out: Path, ceil) -> dict:
     return rows
 
 
+# -- prefill: where the paged kernel's time goes, against a descriptor (TMA) kernel on contiguous K/V --
+
+
+@triton.jit
+def _tma_prefill_kernel(
+    q_desc, k_desc, v_desc, o_desc, qk_scale, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """Causal attention of one sequence, ``BLOCK_M`` queries of one head a program, K/V tiles through
+    tensor descriptors (TMA on Hopper): the probe's reference for what contiguous loads give."""
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    col = head * HEAD_DIM
+    kv_col = (head // GROUP) * HEAD_DIM
+    m0 = block * BLOCK_M
+    q = q_desc.load([m0, col])
+    scale = qk_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    for phase in tl.static_range(2):  # keys every row sees, then the diagonal block
+        lo = 0 if phase == 0 else m0
+        hi = m0 if phase == 0 else m0 + BLOCK_M
+        for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            k = k_desc.load([start, kv_col])
+            s = tl.dot(q, tl.trans(k))
+            if phase == 1:
+                cols = start + tl.arange(0, BLOCK_N)
+                s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s * scale - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = v_desc.load([start, kv_col])
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+    o_desc.store([m0, col], (acc / l_i[:, None]).to(o_desc.dtype))
+
+
+@triton.jit
+def _pointer_prefill_kernel(
+    Q, K, V, O, qk_scale, stride_q, stride_k, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """``_tma_prefill_kernel`` with pointer loads (asynchronous copies) in place of the descriptors:
+    what the load path alone is worth."""
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    m0 = block * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + rows[:, None].to(tl.int64) * stride_q + head * HEAD_DIM + offs_d[None, :])
+    scale = qk_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for phase in tl.static_range(2):
+        lo = 0 if phase == 0 else m0
+        hi = m0 if phase == 0 else m0 + BLOCK_M
+        for start in tl.range(lo, hi, BLOCK_N):
+            keys = (start + offs_n).to(tl.int64) * stride_k + kv_head * HEAD_DIM
+            k = tl.load(K + keys[:, None] + offs_d[None, :])
+            s = tl.dot(q, tl.trans(k))
+            if phase == 1:
+                s = tl.where((start + offs_n)[None, :] <= rows[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s * scale - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + keys[:, None] + offs_d[None, :])
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+    o = (acc / l_i[:, None]).to(O.dtype.element_ty)
+    tl.store(O + rows[:, None].to(tl.int64) * stride_q + head * HEAD_DIM + offs_d[None, :], o)
+
+
+def pointer_prefill(q, k, v, out, scale, block_m=128, block_n=128, num_warps=8, num_stages=2):
+    L, hq, d = q.shape
+    grid = (triton.cdiv(L, block_m), hq)
+    _pointer_prefill_kernel[grid](
+        q, k, v, out, scale, q.stride(0), k.stride(0), GROUP=hq // k.shape[1], BLOCK_M=block_m,
+        BLOCK_N=block_n, HEAD_DIM=d, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def tma_prefill(q, k, v, out, scale, block_m=128, block_n=128, num_warps=8, num_stages=2, ws=False):
+    """``q`` / ``out`` ``[L, Hq, D]``, ``k`` / ``v`` ``[L, Hkv, D]`` of one causal sequence."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    L, hq, d = q.shape
+    hkv = k.shape[1]
+    descs = [
+        TensorDescriptor.from_tensor(t.view(L, -1), [block_m if t.shape[1] == hq else block_n, d])
+        for t in (q, k, v, out)
+    ]
+    grid = (triton.cdiv(L, block_m), hq)
+    _tma_prefill_kernel[grid](
+        *descs, scale, GROUP=hq // hkv, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, WARP_SPECIALIZE=ws,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+# (block_m, block_n, warps, stages) of the paged kernel at P=16; (page size) with the default tiles
+PREFILL_TILES = [(128, 128, 8, 3)]  # 128 x 64 (8 or 4 warps) and 64 x 64: 0.8x the default
+PREFILL_PAGES = (64, 128)
+# the descriptor kernel: (block_m, block_n, warps, stages, warp-specialized loop)
+TMA_TILES = [(128, 128, 8, 3, False), (128, 128, 8, 2, True)]  # 128 x 64 tiles and 2 stages: slower
+POINTER_TILES = [(128, 128, 8, 3)]  # the same kernel with pointer loads
+
+
+def prefill(out: Path, ceil, length: int = 8192) -> dict:
+    """Causal prefill of one sequence (Hq 32 / Hkv 8 / D 128, bf16): the paged kernel at P=16 (default
+    and other tiles), at larger pages, over contiguous K/V (the varlen path), the descriptor kernel
+    above, and SDPA's cuDNN and FlashAttention in the same process; TFLOP/s against the matmul ceiling."""
+    rows: dict = {}
+    flops = 4 * 32 * 128 * length * length / 2  # causal: half of the two dots
+
+    def record(key, fn, flops=flops):
+        label = f"prefill {key:<44}"
+        try:
+            r = _timed(fn, 2)
+        except Exception as exc:
+            rows[key] = peers.error_line(exc)
+            print(f"{label} {rows[key]}", flush=True)
+            return
+        r["tflop_s"] = flops / r["ms"] / 1e9
+        r["frac_matmul"] = r["tflop_s"] / ceil.matmul_tflop_s
+        rows[key] = r
+        print(f"{label} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['tflop_s']:.0f} TFLOP/s", flush=True)
+        (out / "prefill.json").write_text(json.dumps(rows, indent=1))
+
+    case = PagedCase(f"prefill B=1 L={length}", 1, length, length, peers=())
+    sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+    o = torch.empty(length, 32, 128, device=DEV, dtype=torch.bfloat16)
+    default = choose_tiles(length, 4, 128, 128, interpret=False)
+    record(f"paged P=16 default m{default.block_m} n{default.block_n} w{default.num_warps} s{default.num_stages}",
+           _paged_call(case, sets, o))  # fmt: skip
+    for m, n, w, st in PREFILL_TILES:
+        t = TileConfig(m // 4, m, n, w, st)
+        record(f"paged P=16 m{m} n{n} w{w} s{st}", _paged_call(case, sets, o, tiles=t))
+    for st in (2, 3):  # page ids a tile ahead: the pipeliner's stages then all hold K/V tiles
+        t = TileConfig(default.block_q, default.block_m, default.block_n, default.num_warps, st, pages_ahead=True)
+        record(f"paged P=16 ahead s{st}", _paged_call(case, sets, o, tiles=t))
+    for p in PREFILL_PAGES:
+        pc = PagedCase(f"prefill P={p}", 1, length, length, page_size=p, peers=())
+        psets = [_inputs(pc, torch.bfloat16, DEV, seed) for seed in range(2)]
+        record(f"paged P={p} default", _paged_call(pc, psets, o))
+        del psets
+    # contiguous K/V [L, Hkv, D] (the same keys), through the kernel's varlen path and the descriptor kernel
+    flat = [{n: s[n][s["page_table"][0].long()].flatten(0, 1)[:length].contiguous() for n in ("k_cache", "v_cache")}
+            for s in sets]  # fmt: skip
+    cu = torch.tensor([0, length], device=DEV, dtype=torch.int32)
+    lens = torch.tensor([length], device=DEV, dtype=torch.int32)
+    start = torch.zeros(1, device=DEV, dtype=torch.int32)
+    scale = 128**-0.5
+
+    def contiguous(i, tiles=None):
+        return attention_forward(sets[i]["q"], flat[i]["k_cache"], flat[i]["v_cache"], o, cu, lens,
+                                 max_seqlen_q=length, scale=scale, kv_start=start, tiles=tiles)  # fmt: skip
+
+    record("contiguous default", contiguous)
+    s3 = TileConfig(default.block_q, default.block_m, default.block_n, default.num_warps, 3)
+    record("contiguous s3", lambda i: contiguous(i, s3))
+    ref = contiguous(0).clone()
+    for m, n, w, st, ws in TMA_TILES:
+        key = f"descriptors m{m} n{n} w{w} s{st}{' warp-specialized' if ws else ''}"
+
+        def fn(i, m=m, n=n, w=w, st=st, ws=ws):
+            return tma_prefill(sets[i]["q"], flat[i]["k_cache"], flat[i]["v_cache"], o, scale, m, n, w, st, ws)
+
+        try:
+            err = (fn(0).float() - ref.float()).abs().max().item()
+        except Exception as exc:
+            rows[key] = peers.error_line(exc)
+            print(f"prefill {key:<44} {rows[key]}", flush=True)
+            continue
+        record(key, fn)
+        if isinstance(rows.get(key), dict):
+            rows[key]["max_error_vs_contiguous"] = err
+            print(f"prefill {key:<44} max |difference| from the kernel's {err:.2e}", flush=True)
+    for m, n, w, st in POINTER_TILES:
+        key = f"pointers m{m} n{n} w{w} s{st}"
+
+        def fn(i, m=m, n=n, w=w, st=st):
+            return pointer_prefill(sets[i]["q"], flat[i]["k_cache"], flat[i]["v_cache"], o, scale, m, n, w, st)
+
+        err = (fn(0).float() - ref.float()).abs().max().item()
+        record(key, fn)
+        if isinstance(rows.get(key), dict):
+            rows[key]["max_error_vs_contiguous"] = err
+    q4 = [s["q"].view(1, length, 32, 128).transpose(1, 2).contiguous() for s in sets]
+    k4 = [f["k_cache"].transpose(0, 1)[None].contiguous() for f in flat]
+    v4 = [f["v_cache"].transpose(0, 1)[None].contiguous() for f in flat]
+    for name in ("cudnn", "flash"):
+        peer = peers.sdpa_peer(name, q4, k4, v4, mode="prefill", scale=scale)
+        if isinstance(peer, str):
+            rows[f"sdpa {name}"] = peer
+            print(f"prefill sdpa {name}: {peer}", flush=True)
+        else:
+            record(f"sdpa {name}", peer)
+    record("paged P=16 default again", _paged_call(case, sets, o))
+    # the benchmark's extend: 8 sequences of 512 new tokens over 8192 cached ones
+    ext = PagedCase("extend B=8 512 over 8192", 8, 512, 8192 + 512, peers=())
+    esets = [_inputs(ext, torch.bfloat16, DEV, seed) for seed in range(2)]
+    eo = torch.empty(8 * 512, 32, 128, device=DEV, dtype=torch.bfloat16)
+    eflops = 4 * 32 * 128 * 8 * 512 * (8192 + 256.5)
+    record("extend default", _paged_call(ext, esets, eo), eflops)
+    for st in (2, 3):
+        t = TileConfig(default.block_q, default.block_m, default.block_n, default.num_warps, st, pages_ahead=True)
+        record(f"extend ahead s{st}", _paged_call(ext, esets, eo, tiles=t), eflops)
+    return rows
+
+
 def fp32(out: Path) -> dict:
     rows = {}
     case = make_paged_case([1, 9, 64], [300, 40, 700], page_size=16, head_dim=128, dtype=torch.float32, device=DEV)
@@ -410,7 +635,7 @@ def main() -> int:
     ceil = None
     for section in args.sections:
         t0 = time.time()
-        if section in ("fp8", "fp8ab", "long", "splits", "short") and ceil is None:
+        if section in ("fp8", "fp8ab", "long", "splits", "short", "prefill") and ceil is None:
             ceil = measure_ceilings(DEV)
             print(
                 f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
@@ -428,6 +653,8 @@ def main() -> int:
             splits(out, ceil)
         elif section == "short":
             short(out, ceil)
+        elif section == "prefill":
+            prefill(out, ceil)
         elif section == "fp32":
             fp32(out)
         if (out / f"{section}.json").exists():

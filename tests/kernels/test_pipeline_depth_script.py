@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+# The script captures the launch under Triton's interpreter first, which Triton 3.6's interpreter cannot
+# run through the kernel's page-table arithmetic (scripts/pipeline_depth.py's doc).
+@pytest.mark.skipif(_version(triton.__version__) < (3, 9), reason="the launch capture needs Triton 3.9's interpreter")
 def test_the_pipeline_depth_script_compiles_a_decode_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     command = [sys.executable, str(ROOT / "scripts" / "pipeline_depth.py"), "--kv", "bf16", "--block-n", "64",

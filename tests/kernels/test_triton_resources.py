@@ -127,13 +127,13 @@ def test_tiles_fit_shared_memory_up_front(head_dim, max_seqlen_q):
             assert tiles == unbounded  # tiles that fit are the tuned defaults
 
 
-def test_fp32_prefill_tiles_at_head_dim_128_step_down_once_in_stages():
+def test_fp32_prefill_tiles_at_head_dim_128_step_down_in_stages():
     # 128 x 128 tiles in 2 stages need 262144 bytes in float32 (the H200 refused them): one stage fits.
     bf16 = launch.choose_tiles(512, 4, 128, 128, interpret=False, itemsize=2, shared_memory=H200_SHARED)
     fp32 = launch.choose_tiles(512, 4, 128, 128, interpret=False, itemsize=4, shared_memory=H200_SHARED)
-    assert (bf16.block_m, bf16.block_n, bf16.num_stages) == (128, 128, 2)
+    assert (bf16.block_m, bf16.block_n, bf16.num_stages, bf16.pages_ahead) == (128, 128, 3, True)
     assert launch.shared_memory_bytes(bf16.__class__(32, 128, 128, 8, 2), 128, 128, 4) == 262144
-    assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 128, 1)
+    assert (fp32.block_m, fp32.block_n, fp32.num_stages, fp32.pages_ahead) == (128, 128, 1, False)
 
 
 @pytest.mark.parametrize("head_dim", [40, 64, 80, 128, 200, 256])

@@ -75,12 +75,13 @@ def test_folded_norms_equal_the_layers(family, backend, ckpt_root, monkeypatch):
     folded = llm.generate(PROMPTS, params, use_tqdm=False)
     both = rows["norm_linear"] + rows["norm_linear_rotary"]
     assert both and all(n == len(PROMPTS) for n in both)  # the decodes of three, never the prefill
-    assert len(both) == 2 * layers * 7  # two projections a layer, seven decode steps
+    # q/k/v, gate/up and down (linear.SMALL_DOWN_PROJ) a layer, seven decode steps
+    assert len(both) == 3 * layers * 7
     with_rotary = backend == "triton" and family != "qwen3"  # q/k norms come between projection and rotation
     assert len(rows["norm_linear_rotary"]) == (layers * 7 if with_rotary else 0)
     monkeypatch.setattr(fused, "_linear_rows", [0])
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert len(rows["norm_linear"]) + len(rows["norm_linear_rotary"]) == 2 * layers * 7  # none without the folding
+    assert len(rows["norm_linear"]) + len(rows["norm_linear_rotary"]) == 3 * layers * 7  # none without the folding
     assert_same_greedy(folded, plain)
 
 
@@ -137,7 +138,7 @@ def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch)
 
 
 def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
-    """``linear.SMALL_DOWN_PROJ`` (off by default): the MLP's down projection of small forwards runs in
+    """``linear.SMALL_DOWN_PROJ`` (on by default): the MLP's down projection of small forwards runs in
     the fused linear kernel, one launch a layer more of it and none of the vendor's matmul: greedy
     tokens equal, logits within the products' rounding, of the matmul's."""
     from portattn.kernels.triton import fused_launch
@@ -156,6 +157,7 @@ def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
     llm = make_llm(checkpoint("llama", ckpt_root), "torch")
     layers = len(llm.engine.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    monkeypatch.setattr(linear, "SMALL_DOWN_PROJ", False)
     rows.clear()
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
     assert len(rows) == 2 * layers * 7  # q/k/v and gate/up

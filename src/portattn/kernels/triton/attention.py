@@ -500,60 +500,63 @@ def attention_fwd_kernel(
     K = K + kv_head * stride_kh
     V = V + kv_head * stride_vh
     # Three phases: masked tiles before the fully visible ones, the fully visible ones, masked after.
+    # Without a left window or chunks every row sees key 0: no tile lies before the visible ones, and
+    # the first phase is not compiled (a third loop's registers and pipeline buffers).
     for phase in tl.static_range(3):
-        if phase == 0:
-            begin = split_begin
-            end = tl.minimum(full_begin, split_end)
-        elif phase == 1:
-            begin = tl.maximum(full_begin, split_begin)
-            end = tl.minimum(full_end, split_end)
-        else:
-            begin = tl.maximum(full_end, split_begin)
-            end = split_end
-        acc, acc2, acc3, l_i, m_i = _attend_tiles(
-            acc,
-            acc2,
-            acc3,
-            l_i,
-            m_i,
-            q,
-            q2,
-            q3,
-            K,
-            V,
-            PageTableRow,
-            kv_start,
-            num_keys,
-            tile_base,
-            begin,
-            end,
-            row_lo,
-            row_hi,
-            row_pos,
-            row_slope,
-            qk_scale,
-            softcap,
-            stride_kp,
-            stride_ks,
-            stride_vp,
-            stride_vs,
-            BLOCK_N=BLOCK_N,
-            HEAD_DIM=HEAD_DIM,
-            BLOCK_D=BLOCK_D,
-            BLOCK_D2=BLOCK_D2,
-            BLOCK_D3=BLOCK_D3,
-            VALUE_DIM=VALUE_DIM,
-            BLOCK_DV=BLOCK_DV,
-            BLOCK_DV2=BLOCK_DV2,
-            BLOCK_DV3=BLOCK_DV3,
-            PAGE_SIZE=PAGE_SIZE,
-            PAGED=PAGED,
-            MASKED=phase != 1,
-            HAS_SOFTCAP=HAS_SOFTCAP,
-            HAS_ALIBI=HAS_ALIBI,
-            DOT_PRECISION=DOT_PRECISION,
-            PAGES_AHEAD=PAGES_AHEAD and PAGED,
-        )
+        if phase != 0 or HAS_WINDOW_LEFT or HAS_CHUNK:
+            if phase == 0:
+                begin = split_begin
+                end = tl.minimum(full_begin, split_end)
+            elif phase == 1:
+                begin = tl.maximum(full_begin, split_begin)
+                end = tl.minimum(full_end, split_end)
+            else:
+                begin = tl.maximum(full_end, split_begin)
+                end = split_end
+            acc, acc2, acc3, l_i, m_i = _attend_tiles(
+                acc,
+                acc2,
+                acc3,
+                l_i,
+                m_i,
+                q,
+                q2,
+                q3,
+                K,
+                V,
+                PageTableRow,
+                kv_start,
+                num_keys,
+                tile_base,
+                begin,
+                end,
+                row_lo,
+                row_hi,
+                row_pos,
+                row_slope,
+                qk_scale,
+                softcap,
+                stride_kp,
+                stride_ks,
+                stride_vp,
+                stride_vs,
+                BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM,
+                BLOCK_D=BLOCK_D,
+                BLOCK_D2=BLOCK_D2,
+                BLOCK_D3=BLOCK_D3,
+                VALUE_DIM=VALUE_DIM,
+                BLOCK_DV=BLOCK_DV,
+                BLOCK_DV2=BLOCK_DV2,
+                BLOCK_DV3=BLOCK_DV3,
+                PAGE_SIZE=PAGE_SIZE,
+                PAGED=PAGED,
+                MASKED=phase != 1,
+                HAS_SOFTCAP=HAS_SOFTCAP,
+                HAS_ALIBI=HAS_ALIBI,
+                DOT_PRECISION=DOT_PRECISION,
+                PAGES_AHEAD=PAGES_AHEAD and PAGED,
+            )
 
     if not SPLIT:
         if HAS_SINKS:

@@ -203,6 +203,13 @@ def choose_tiles(
     page ids ahead took 3% more (0.1895 against 0.1946 ms, medians of three alternations,
     benchmarks/results/round7_h200/NOTES.md).
 
+    Long query runs at head dim 128 (128 x 128 tiles) take 3 stages with the page ids a tile ahead: the
+    pipeliner then keeps two K/V tiles in flight (one at 2 stages, and one at 3 with the page ids loaded in
+    the same iteration). On an H200 (Hq 32 / Hkv 8, bf16, page 16) a causal prefill of 8192 tokens took
+    1.391 ms so, against 1.676 at 3 stages without the page ids ahead and 1.565 at 2 stages with them;
+    with the kernel of round 8 the default (2 stages) took 1.580 and the extend of 8 x 512 tokens over
+    8192 1.716, now 1.428 (benchmarks/results/round9_h200/NOTES.md).
+
     Decodes whose key ranges hold at most :data:`SHORT_SPLIT_KEYS` keys (``short_splits``,
     :func:`short_splits`) take 32-key tiles in 4 warps and 2 stages: one or two tiles a program, where a
     deep pipeline only adds latency.
@@ -237,13 +244,19 @@ def choose_tiles(
         block_n, num_warps, num_stages = 64, 4, 3
     if ieee_dots and block_m > 32:  # FMA dots: compile time grows with the tile (see above)
         block_m, block_n, num_warps, num_stages = min(block_m, 32 if wide else 64), 32, 4, 2
-    tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=fp8_decode)
+    long_run = (block_m, block_n) == (128, 128)  # prefills and long extends at head dim 128
+    if long_run:
+        num_stages = 3
+    pages_ahead = fp8_decode or long_run
+    tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=pages_ahead)
     kv_bytes = kv_itemsize or itemsize
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
         smaller = smaller_tiles(tiles, group)
         if smaller is None:
             break  # the smallest tiles: the launch reports what the device lacks
         tiles = smaller
+    if long_run and tiles.num_stages < 3:  # page ids ahead at 2 stages: slower than in their tile's iteration
+        tiles = dataclasses.replace(tiles, pages_ahead=False)
     return tiles
 
 

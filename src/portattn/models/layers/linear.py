@@ -299,9 +299,10 @@ class QKVLinear(MergedLinear):
 
 # The MLP's down projection of forwards of at most fused_linear_rows() tokens through the fused linear
 # kernel (one step over up to SMALL_LINEAR_K features, the weights loaded before the launch waits for
-# the gate/up kernel): off until a GPU run shows it faster than the vendor's matmul
-# (``python -m benchmarks.engine --kernel-options triton_down`` turns it on for a run).
-SMALL_DOWN_PROJ = False
+# the gate/up kernel). On an H200 SmolLM2-135M's batch-1 decode graph took 660 us against 710 with
+# cuBLAS (over 162 keys 707 against 746; benchmarks/results/engine_h200/round9/NOTES.md);
+# ``python -m benchmarks.real_model --kernel-options cublas_down`` turns it off for a run.
+SMALL_DOWN_PROJ = True
 SMALL_LINEAR_K = 2048
 
 
