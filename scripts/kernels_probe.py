@@ -16,6 +16,8 @@
 * ``short``: batch-1 and batch-8 decodes at SmolLM2-135M's shape (Hq 9 / Hkv 3 / D 64, page 16) over
   5-511 keys, the default tiles (no splits: the engine's short shapes) against ``SHORT_VARIANTS``
   (tiles, splits, page ids ahead, splits merged in the kernel): what a short step's attention costs.
+* ``batched``: decodes of 16-128 sequences over 512-2048 keys at Llama-3-8B's heads (the engine's
+  decode batches): the default split count and tiles against 2 and 4 splits and ``BATCHED_TILES``.
 * ``prefill``: causal prefill B=1 L=8192 (Hq 32 / Hkv 8 / D 128, bf16): the paged kernel at page 16
   (default and ``PREFILL_TILES``) and at ``PREFILL_PAGES``, the kernel over contiguous K/V, a
   descriptor (TMA) kernel on contiguous K/V (``TMA_TILES``, with and without a warp-specialized loop)
@@ -357,6 +359,42 @@ def short(out: Path, ceil) -> dict:
     return rows
 
 
+# The engine's decode batches at Llama-3-8B's heads (32 / 8 of 128, page 16): (batch, keys) points, and
+# at each the default against other split counts and tiles (block_n, warps, stages) at one split.
+BATCHED_POINTS = [(b, L) for b in (16, 32, 64, 128) for L in (512, 1024, 2048)]
+BATCHED_SPLITS = (2, 4)
+BATCHED_TILES = [(32, 4, 4), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 8, 3)]
+
+
+def batched(out: Path, ceil) -> dict:
+    """Decode steps of 16-128 sequences over 512-2048 keys (the engine's batch-64 step over 1024 keys
+    read its keys at about 75% of copy where B=64 over 4096 reaches 95%): the split rule's and the
+    default tiles' choice against 2 and 4 splits and ``BATCHED_TILES``."""
+    rows = {}
+    for b, L in BATCHED_POINTS:
+        case = PagedCase(f"decode B={b} L={L}", b, 1, L, peers=())
+        sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+        o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
+        nbytes = b * L * 8 * 128 * 2 * 2
+
+        def record(key, fn, b=b, L=L, nbytes=nbytes):
+            _record(rows, out / "batched.json", "batched", f"B={b} L={L} {key}", fn, nbytes, ceil)
+
+        default = choose_tiles(1, 4, 128, 128, interpret=False)
+        splits = choose_num_kv_splits(L, b, 32, 1)
+        record(
+            f"default n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
+            _paged_call(case, sets, o),
+        )
+        for sp in BATCHED_SPLITS:
+            if sp != splits:
+                record(f"S{sp}", _paged_call(case, sets, o, splits=sp))
+        for n, w, st in BATCHED_TILES:
+            t = TileConfig(default.block_q, default.block_m, n, w, st)
+            record(f"n{n} w{w} s{st} S1", _paged_call(case, sets, o, tiles=t, splits=1))
+    return rows
+
+
 # -- prefill: where the paged kernel's time goes, against a descriptor (TMA) kernel on contiguous K/V --
 
 
@@ -635,7 +673,7 @@ def main() -> int:
     ceil = None
     for section in args.sections:
         t0 = time.time()
-        if section in ("fp8", "fp8ab", "long", "splits", "short", "prefill") and ceil is None:
+        if section in ("fp8", "fp8ab", "long", "splits", "short", "prefill", "batched") and ceil is None:
             ceil = measure_ceilings(DEV)
             print(
                 f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
@@ -655,6 +693,8 @@ def main() -> int:
             short(out, ceil)
         elif section == "prefill":
             prefill(out, ceil)
+        elif section == "batched":
+            batched(out, ceil)
         elif section == "fp32":
             fp32(out)
         if (out / f"{section}.json").exists():
