@@ -80,19 +80,26 @@ def _timed(fn, n, graph=True) -> dict:
     return {"ms": t.median_ms, "p10": t.p10_ms, "p90": t.p90_ms, "spread": t.spread}
 
 
-def _record(rows: dict, path: Path, section: str, key: str, fn, nbytes: int, ceil) -> None:
-    """Time ``fn`` as graph replays into ``rows[key]`` (with its fraction of copy for ``nbytes`` moved;
-    the error line if it fails), print it and rewrite ``path``."""
-    label = f"{section} {key:<40}"
+def _record(rows: dict, path: Path, section: str, key: str, fn, nbytes: int, ceil, flops: float = 0.0) -> None:
+    """Time ``fn`` as graph replays into ``rows[key]`` (with its fraction of copy for ``nbytes`` moved,
+    or with ``flops`` its TFLOP/s and fraction of the matmul rate; the error line if it fails), print it
+    and rewrite ``path``."""
+    label = f"{section} {key:<44}"
     try:
         r = _timed(fn, 2)
     except Exception as exc:
         rows[key] = peers.error_line(exc)
         print(f"{label} {rows[key]}", flush=True)
         return
-    r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+    if flops:
+        r["tflop_s"] = flops / r["ms"] / 1e9
+        r["frac_matmul"] = r["tflop_s"] / ceil.matmul_tflop_s
+        rate = f"{r['tflop_s']:.0f} TFLOP/s"
+    else:
+        r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+        rate = f"{r['frac_copy']:.0%} of copy"
     rows[key] = r
-    print(f"{label} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
+    print(f"{label} {r['ms']:.4f} ms spread {r['spread']:.1%} {rate}", flush=True)
     path.write_text(json.dumps(rows, indent=1))
 
 
@@ -518,18 +525,7 @@ def prefill(out: Path, ceil, length: int = 8192) -> dict:
     flops = 4 * 32 * 128 * length * length / 2  # causal: half of the two dots
 
     def record(key, fn, flops=flops):
-        label = f"prefill {key:<44}"
-        try:
-            r = _timed(fn, 2)
-        except Exception as exc:
-            rows[key] = peers.error_line(exc)
-            print(f"{label} {rows[key]}", flush=True)
-            return
-        r["tflop_s"] = flops / r["ms"] / 1e9
-        r["frac_matmul"] = r["tflop_s"] / ceil.matmul_tflop_s
-        rows[key] = r
-        print(f"{label} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['tflop_s']:.0f} TFLOP/s", flush=True)
-        (out / "prefill.json").write_text(json.dumps(rows, indent=1))
+        _record(rows, out / "prefill.json", "prefill", key, fn, 0, ceil, flops=flops)
 
     case = PagedCase(f"prefill B=1 L={length}", 1, length, length, peers=())
     sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
