@@ -41,8 +41,8 @@ try:
         attention_forward,
         choose_num_kv_splits,
         merge_states_forward,
-        next_pow2,
         short_splits,
+        split_partials,
     )
     from ..kernels.triton.mla_decode_launch import mla_decode_forward
 except ImportError as exc:  # the registry reports this with the install hint
@@ -86,12 +86,6 @@ def _split_count(metadata: PagedMetadata, num_heads: int, kv_itemsize: int) -> i
             metadata.max_seqlen_k, metadata.batch_size, num_heads, metadata.max_seqlen_q, kv_itemsize=kv_itemsize
         )
     return num_kv_splits
-
-
-def _partials(rows: int, num_heads: int, splits: int, value_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Buffers for a launch's unmerged splits (``attention_forward(unmerged=...)``)."""
-    out = torch.empty((rows, num_heads, splits, next_pow2(value_dim)), dtype=torch.float32, device=device)
-    return out, torch.empty((rows, num_heads, splits), dtype=torch.float32, device=device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -282,7 +276,7 @@ class TritonBackend(AttentionBackend):
         out = q.new_empty((rows, spec.num_heads, spec.v_head_dim))
         if out_weight is None:
             return self.attend(q, kv_cache.k, kv_cache.v, metadata, params, out), summed
-        partials = _partials(rows, spec.num_heads, splits, spec.v_head_dim, x.device)
+        partials = split_partials(rows, spec.num_heads, splits, spec.v_head_dim, x.device)
         _attend(q, kv_cache.k, kv_cache.v, out, None, metadata, metadata.seq_lens_k, params,
                 page_table=metadata.page_table, num_kv_splits=splits, unmerged=partials)  # fmt: skip
         return merge_linear(*partials, out_weight), summed

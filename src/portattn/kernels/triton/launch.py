@@ -117,6 +117,15 @@ def short_splits(max_seqlen_q: int, max_seqlen_k: int | None, num_kv_splits: int
     return -(-max_seqlen_k // num_kv_splits) <= SHORT_SPLIT_KEYS
 
 
+def split_partials(
+    rows: int, num_heads: int, num_splits: int, value_dim: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Buffers for a split launch's partial outputs ``[T, Hq, S, next_pow2(Dv)]`` and base-2 LSEs
+    ``[T, Hq, S]`` (float32), as :func:`attention_forward` fills them (``unmerged=`` takes them)."""
+    out = torch.empty((rows, num_heads, num_splits, next_pow2(value_dim)), dtype=torch.float32, device=device)
+    return out, torch.empty((rows, num_heads, num_splits), dtype=torch.float32, device=device)
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n, for launchers (``triton.next_power_of_2`` costs microseconds on the host)."""
     return 1 << max(n - 1, 0).bit_length()
@@ -463,10 +472,7 @@ def attention_forward(
             expect(tuple(t.shape) == shape and t.dtype == torch.float32 and t.is_contiguous(),
                    f"contiguous float32 {name} of shape {list(shape)}", (t.dtype, tuple(t.shape)))  # fmt: skip
     elif num_kv_splits > 1:
-        partial_out = torch.empty(
-            (num_tokens, num_q_heads, num_kv_splits, partial_dv), dtype=torch.float32, device=q.device
-        )
-        partial_lse = torch.empty((num_tokens, num_q_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+        partial_out, partial_lse = split_partials(num_tokens, num_q_heads, num_kv_splits, value_dim, q.device)
     else:
         partial_out = partial_lse = out  # unused
     lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
