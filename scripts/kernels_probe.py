@@ -370,7 +370,16 @@ def short(out: Path, ceil) -> dict:
 # at each the default against other split counts and tiles (block_n, warps, stages) at one split.
 BATCHED_POINTS = [(b, L) for b in (16, 32, 64, 128) for L in (512, 1024, 2048)]
 BATCHED_SPLITS = (2, 4)
-BATCHED_TILES = [(32, 4, 4), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 8, 3)]
+BATCHED_TILES = [
+    (32, 4, 4, False),
+    (64, 4, 3, False),
+    (64, 4, 4, False),
+    (128, 4, 2, False),
+    (128, 8, 3, False),
+    (64, 8, 5, True),
+    (64, 4, 4, True),
+    (128, 4, 3, True),
+]  # last: page ids a tile ahead
 
 
 def batched(out: Path, ceil) -> dict:
@@ -396,9 +405,11 @@ def batched(out: Path, ceil) -> dict:
         for sp in BATCHED_SPLITS:
             if sp != splits:
                 record(f"S{sp}", _paged_call(case, sets, o, splits=sp))
-        for n, w, st in BATCHED_TILES:
-            t = TileConfig(default.block_q, default.block_m, n, w, st)
-            record(f"n{n} w{w} s{st} S1", _paged_call(case, sets, o, tiles=t, splits=1))
+        for n, w, st, ahead in BATCHED_TILES:
+            t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead)
+            record(f"n{n} w{w} s{st}{' ahead' if ahead else ''} S1", _paged_call(case, sets, o, tiles=t, splits=1))
+            if ahead:
+                record(f"n{n} w{w} s{st} ahead S2", _paged_call(case, sets, o, tiles=t, splits=2))
     return rows
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...device import is_triton_interpreter, max_shared_memory
+from ...device import compute_units, is_triton_interpreter, max_shared_memory
 from ...errors import expect, fail
 from ...kv_quant import FP8_DTYPES
 from .attention import attention_fwd_kernel
@@ -41,6 +41,8 @@ MIN_KEYS_PER_SPLIT = 512
 # 14-18 us in 4 longer ranges against 6.7-16.7 in one. fp8 caches keep their own rule (measured at 4096 keys).
 SHORT_DECODE_KEYS = 512
 SHORT_SPLIT_KEYS = 64
+# Unsplit decodes with at least this many programs per SM take shallow 64-key tiles (choose_tiles).
+DECODE_MANY_WAVES = 3
 # Launch options that stay off until a GPU benchmark shows them faster (launches with the default tiles
 # take them; ``python -m benchmarks.engine --kernel-options pages_ahead merge_in_kernel`` turns them on
 # for a run): see TileConfig and docs/kernels.md.
@@ -188,6 +190,7 @@ def choose_tiles(
     kv_itemsize: int | None = None,
     ieee_dots: bool = False,
     short_splits: bool = False,
+    decode_waves: float | None = None,
 ) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -219,6 +222,15 @@ def choose_tiles(
     with the kernel of round 8 the default (2 stages) took 1.580 and the extend of 8 x 512 tokens over
     8192 1.716, now 1.428 (benchmarks/results/round9_h200/NOTES.md).
 
+    Decodes that are not split (``decode_waves``: their programs, sequences x KV heads, per SM) at head
+    dim 128 over a 16-bit cache choose by how many programs each SM holds: at least
+    :data:`DECODE_MANY_WAVES` a SM, 64-key tiles in 4 warps and 3 stages; more than one, 128-key tiles in
+    4 warps and 2 stages; at most one, 128-key tiles in 4 warps and 3 stages with the page ids a tile
+    ahead. On an H200 (Hq 32 / Hkv 8, page 16) B=64 over 1024 keys took 0.0701 ms so against 0.0773 with
+    the 5-stage default (90% against 82% of copy), B=128 over 512 0.0748 against 0.0876, B=32 over 1024
+    0.0392 against 0.0404 and B=16 over 512 0.0156 against 0.0214 (``scripts/kernels_probe.py batched``,
+    benchmarks/results/round10_h200/NOTES.md).
+
     Decodes whose key ranges hold at most :data:`SHORT_SPLIT_KEYS` keys (``short_splits``,
     :func:`short_splits`) take 32-key tiles in 4 warps and 2 stages: one or two tiles a program, where a
     deep pipeline only adds latency.
@@ -232,6 +244,7 @@ def choose_tiles(
     if interpret:
         block_m = max(16, group_pad, min(32, next_pow2(max(max_seqlen_q, 1) * group_pad)))
         return TileConfig(block_m // group_pad, block_m, 16)
+    pages_ahead = False
     columns = [column_tiles(head_dim), column_tiles(value_dim)]
     wide = max(sum(c) for c in columns) > 128
     narrow = max(c[0] for c in columns) <= 64
@@ -247,6 +260,9 @@ def choose_tiles(
         block_n, num_warps, num_stages = 128, 4, 2
     elif block_m <= 32 and not wide and short_splits:  # a tile or two of keys a program
         block_n, num_warps, num_stages = 32, 4, 2
+    elif block_m <= 32 and not wide and not narrow and decode_waves is not None and kv_itemsize == 2:
+        block_n, num_warps, num_stages = batched_decode_tiles(decode_waves)
+        pages_ahead = decode_waves <= 1
     elif block_m <= 32 and not wide:  # decode-like: stream the keys through a deep pipeline
         block_n, num_warps, num_stages = 64, 8, 5
     elif block_m < cap and not wide:  # short query runs at head dim 128 (speculative decoding, small extends)
@@ -256,7 +272,7 @@ def choose_tiles(
     long_run = (block_m, block_n) == (128, 128)  # prefills and long extends at head dim 128
     if long_run:
         num_stages = 3
-    pages_ahead = fp8_decode or long_run
+    pages_ahead = pages_ahead or fp8_decode or long_run
     tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=pages_ahead)
     kv_bytes = kv_itemsize or itemsize
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
@@ -267,6 +283,13 @@ def choose_tiles(
     if long_run and tiles.num_stages < 3:  # page ids ahead at 2 stages: slower than in their tile's iteration
         tiles = dataclasses.replace(tiles, pages_ahead=False)
     return tiles
+
+
+def batched_decode_tiles(waves: float) -> tuple[int, int, int]:
+    """Key tile, warps and stages of an unsplit decode with ``waves`` programs per SM (see :func:`choose_tiles`)."""
+    if waves >= DECODE_MANY_WAVES:
+        return 64, 4, 3
+    return (128, 4, 2) if waves > 1 else (128, 4, 3)
 
 
 @functools.cache
@@ -445,6 +468,9 @@ def attention_forward(
             kv_itemsize=k.element_size(),
             ieee_dots=dot_precision(q.dtype) == "ieee",
             short_splits=short_splits(max_seqlen_q, max_seqlen_k, num_kv_splits, k.element_size()),
+            decode_waves=batch * num_kv_heads / compute_units(q.device)
+            if max_seqlen_q == 1 and num_kv_splits == 1
+            else None,
         )
         if PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL:
             tiles = dataclasses.replace(
