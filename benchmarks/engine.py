@@ -498,19 +498,34 @@ def part_throughput(args, results: dict) -> dict:
     graphs = llm.engine.runner.graphs
     replays0 = graphs.replays if graphs is not None else 0
     steps = [0]
-    step = llm.engine.step
+    engine = llm.engine
+    step, run_step = engine.step, engine.run_step
+    kinds = {}  # synchronous steps by kind: [steps, seconds, query tokens, sequences]
+    last = []  # the running step's (query tokens, sequences), as run_step saw its schedule
 
     def counted():
         steps[0] += 1
-        return step()
+        last.clear()
+        start = time.perf_counter()
+        finished = step()
+        if last:  # a synchronous step: its wall time holds its forward, sampling and outputs
+            tokens, seqs = last
+            row = kinds.setdefault("decode" if tokens == seqs else "prefill", [0, 0.0, 0, 0])
+            for i, value in enumerate((1, time.perf_counter() - start, tokens, seqs)):
+                row[i] += value
+        return finished
 
-    llm.engine.step = counted
+    def seen(scheduled):
+        last[:] = [sum(n for _, n in scheduled), len(scheduled)]
+        return run_step(scheduled)
+
+    engine.step, engine.run_step = counted, seen
     sync()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     sync()
     seconds = time.perf_counter() - t0
-    del llm.engine.step
+    del engine.step, engine.run_step
     assert all(len(o.token_ids) == args.output_len for o in outs)
     out = {
         "requests": args.requests,
@@ -525,6 +540,9 @@ def part_throughput(args, results: dict) -> dict:
         "preemptions": llm.engine.scheduler.num_preemptions,
         "async_scheduling": args.async_scheduling,
     }
+    for kind, (n, secs, tokens, seqs) in kinds.items():  # "prefill": steps with any prompt chunk in them
+        out[f"{kind}_steps"] = {"steps": n, "seconds": secs, "ms_per_step": secs / n * 1e3,
+                                "tokens_per_step": tokens / n, "sequences_per_step": seqs / n}  # fmt: skip
     print(f"[throughput] {json.dumps(out)}", flush=True)
     return out
 
@@ -810,6 +828,12 @@ def notes(results: dict) -> str:
                   f"tokens/s ({tp['total_tokens_per_s']:.0f} tokens/s with the prompts); {tp['replayed_steps']} of "
                   f"{tp['steps']} steps replayed graphs; {tp['preemptions']} preemptions"
                   f"{'; async scheduling' if tp.get('async_scheduling') else ''}."]  # fmt: skip
+        for kind in ("prefill", "decode"):
+            k = tp.get(f"{kind}_steps")
+            if k:
+                lines.append(f"{kind} steps{' (any prompt chunk)' if kind == 'prefill' else ''}: {k['steps']} in "
+                             f"{k['seconds']:.1f} s, {k['ms_per_step']:.1f} ms a step, {k['tokens_per_step']:.0f} "
+                             f"tokens of {k['sequences_per_step']:.0f} sequences a step.")  # fmt: skip
         for name, part in (("transformers eager", hf), ("transformers static cache + compile", hfc)):
             if not part:
                 continue

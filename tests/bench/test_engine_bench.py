@@ -64,7 +64,9 @@ def test_notes_targets_and_plot(tmp_path):
         "decode": {"model": "llama3-8b", "layers": 32, "rows": rows},
         "throughput": {"requests": 512, "prompt_len": 1024, "output_len": 256, "seconds": 50.0,
                        "output_tokens_per_s": 2600.0, "total_tokens_per_s": 13000.0, "steps": 300,
-                       "replayed_steps": 250, "preemptions": 0},
+                       "replayed_steps": 250, "preemptions": 0,
+                       "prefill_steps": {"steps": 40, "seconds": 20.0, "ms_per_step": 500.0, "tokens_per_step": 16400.0,
+                                         "sequences_per_step": 80.0}},
         "hf": {"requests": 128, "batch": 64, "output_tokens_per_s": 400.0},
         "hf-compile": {"requests": 128, "batch": 64, "error": "RuntimeError: no"},
         # What main() writes: the part's rows and its part_seconds (a float beside the runs).
@@ -82,6 +84,9 @@ def test_notes_targets_and_plot(tmp_path):
     )
     assert "batch-64 decode step 1.50x the streaming limit at the copy bandwidth (target <= 1.3x): not met" in text
     assert "offline throughput 13,000 total tokens/s (target >= 30,000): not met" in text
+    assert (
+        "prefill steps (any prompt chunk): 40 in 20.0 s, 500.0 ms a step, 16400 tokens of 80 sequences a step." in text
+    )
     assert "transformers static cache + compile: did not run (RuntimeError: no)" in text
     assert "| bfloat16 | 1.5 | 20.0 | 11 | 2.5 | 24.0 |" in text
     assert "bfloat16 cold start to the first token 24.0 s (target <= 25 s): met" in text
