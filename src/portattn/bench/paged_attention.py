@@ -4,7 +4,8 @@ Every case is a uniform batch (B sequences, n new tokens over L keys each) in pa
 random in one pool; the Triton backend is planned once and its per-layer method is timed, as an
 engine calls it. Peers run on the same numbers gathered into contiguous ``[B, H, L, D]`` tensors.
 An fp8 case (``kv_cache``) stores the same keys and values in fp8 (bytes counted at one per
-element) and is compared with the same call on the model-dtype cache (peer ``portattn_bf16``).
+element) and is compared with the same call on the model-dtype cache, planned for that cache (peer
+``portattn_bf16``: its own split count and tiles).
 """
 
 from __future__ import annotations
@@ -181,10 +182,14 @@ def run_case(
     timing = timer(ours, idx, device)
     result |= {"portattn_ms": timing.median_ms, "portattn_spread": timing.spread}
     result["timing"] = "graph" if graph else "burst"
-    if case.kv_cache:  # the same call on the model-dtype cache: what fp8 buys
+    if case.kv_cache:  # the same call on the model-dtype cache, planned for it: what fp8 buys
         model_params = AttentionParams(scale=scale, window_left=case.window_left)
+        model_metadata = triton_backend.plan_paged(
+            cu_q, seq_lens_k, sets[0]["page_table"], case.page_size, num_heads=case.num_q_heads,
+            kv_dtype=sets[0]["k_cache_model"].dtype,
+        )  # fmt: skip
         same_in_bf16 = lambda i: triton_backend.paged_attention(
-            sets[i]["q"], sets[i]["k_cache_model"], sets[i]["v_cache_model"], metadata, model_params, out
+            sets[i]["q"], sets[i]["k_cache_model"], sets[i]["v_cache_model"], model_metadata, model_params, out
         )
         result["peers"]["portattn_bf16"] = timer(same_in_bf16, idx, device).median_ms
 
