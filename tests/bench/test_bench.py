@@ -156,7 +156,7 @@ def test_the_guard_fails_a_case_more_than_ten_percent_slower():
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the guard times CUDA graphs")
 def test_no_guarded_case_is_slower_than_the_committed_baseline():
-    """GPU suite: the guarded cases against benchmarks/results/round4_h200/baseline.json (same device model)."""
+    """GPU suite: the guarded cases against benchmarks/results/round10_h200/baseline.json (same device model)."""
     from pathlib import Path
 
     from portattn.bench import guard

@@ -25,7 +25,7 @@ GUARDED = (
     "prefill B=1 L=8192 causal",
 )
 TOLERANCE = 0.10
-BASELINE = Path("benchmarks/results/round4_h200/baseline.json")  # from the repository root
+BASELINE = Path("benchmarks/results/round10_h200/baseline.json")  # from the repository root
 
 
 def baseline_times(payload: dict) -> dict[str, float]:
