@@ -543,8 +543,62 @@ def part_throughput(args, results: dict) -> dict:
     for kind, (n, secs, tokens, seqs) in kinds.items():  # "prefill": steps with any prompt chunk in them
         out[f"{kind}_steps"] = {"steps": n, "seconds": secs, "ms_per_step": secs / n * 1e3,
                                 "tokens_per_step": tokens / n, "sequences_per_step": seqs / n}  # fmt: skip
+    if args.profile_steps and engine.run_ahead is None:
+        out["profile"] = profile_steps(llm, args, prompts[: args.max_num_seqs])
     print(f"[throughput] {json.dumps(out)}", flush=True)
     return out
+
+
+def profile_steps(llm, args, prompts: list, prefill_index: int = 7, top: int = 14) -> dict:
+    """Device kernels of one step with a prompt chunk (the ``prefill_index``-th; earlier requests'
+    decodes ride along) and of one decode-only step of the full batch, by torch.profiler, in a short
+    untimed job of ``prompts`` (a synchronous engine): per step its kernels' total microseconds, and the
+    ``top`` kernel names by time with their counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from portattn.engine.sampling_params import SamplingParams
+
+    engine = llm.engine
+    run_step = engine.run_step
+    seen = {"prefill": 0, "decode": 0}
+    result = {}
+
+    def profiled(scheduled):
+        tokens, seqs = sum(n for _, n in scheduled), len(scheduled)
+        kind = "decode" if tokens == seqs else "prefill"
+        wanted = seen[kind] == prefill_index if kind == "prefill" else seqs == len(prompts)
+        seen[kind] += 1
+        if kind in result or not wanted:
+            return run_step(scheduled)
+        sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            finished = run_step(scheduled)
+            sync()
+        times, counts = Counter(), Counter()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                times[e.name] += e.time_range.elapsed_us()
+                counts[e.name] += 1
+        result[kind] = {
+            "tokens": tokens,
+            "sequences": seqs,
+            "kernel_us": sum(times.values()),
+            "kernels": sum(counts.values()),
+            "top": [[name[:80], us, counts[name]] for name, us in times.most_common(top)],
+        }
+        row = result[kind]
+        names = ", ".join(f"{n[:48]} {us / 1e3:.1f} ms x{c}" for n, us, c in row["top"][:8])
+        print(f"[profile] {kind} step of {tokens} tokens, {seqs} sequences: {row['kernel_us'] / 1e3:.1f} ms of "
+              f"{row['kernels']} kernels; {names}", flush=True)  # fmt: skip
+        return finished
+
+    engine.run_step = profiled
+    try:  # decodes long enough that the whole batch decodes together once every prompt is in
+        tokens = 2 * (len(prompts) * args.prompt_len // args.chunked_prefill + 2)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True), use_tqdm=False)
+    finally:
+        del engine.run_step
+    return result
 
 
 def part_hf(args, results: dict, *, compiled: bool) -> dict:
@@ -954,6 +1008,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--async-scheduling", action="store_true", help="the throughput part's engine launches decode steps ahead"
     )
+    parser.add_argument(
+        "--profile-steps", action="store_true",
+        help="the throughput part then profiles one prompt-chunk step and one full decode step (synchronous)",
+    )  # fmt: skip
     parser.add_argument("--hf-requests", type=int, default=128, help="requests timed through transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--cold-runs", nargs="+", default=["bfloat16", "bfloat16-lazy", "float32"],
