@@ -18,6 +18,8 @@
   (tiles, splits, page ids ahead, splits merged in the kernel): what a short step's attention costs.
 * ``batched``: decodes of 16-128 sequences over 512-2048 keys at Llama-3-8B's heads (the engine's
   decode batches): the default split count and tiles against 2 and 4 splits and ``BATCHED_TILES``.
+* ``few``: decodes of 1-16 sequences over 1024 and 4096 keys: the default against 1-8 splits in each of
+  ``FEW_TILES`` (where the split rule and the tiles of a program per SM or fewer should sit).
 * ``prefill``: causal prefill B=1 L=8192 (Hq 32 / Hkv 8 / D 128, bf16): the paged kernel at page 16
   (default and ``PREFILL_TILES``) and at ``PREFILL_PAGES``, the kernel over contiguous K/V, a
   descriptor (TMA) kernel on contiguous K/V (``TMA_TILES``, with and without a warp-specialized loop)
@@ -413,6 +415,36 @@ def batched(out: Path, ceil) -> dict:
     return rows
 
 
+FEW_POINTS = [(b, L) for b in (1, 2, 4, 8, 16) for L in (1024, 4096)]
+FEW_SPLITS = (1, 2, 4, 8)
+FEW_TILES = [(64, 8, 5, False), (128, 4, 3, True), (128, 4, 2, False), (64, 4, 3, False)]
+
+
+def few(out: Path, ceil) -> dict:
+    """Decodes of 1-16 sequences over 1024 and 4096 keys (the op benchmark's B=1 / B=8 over 1024 keys
+    trail SDPA-flash): the default split count and tiles against 1-8 splits in each of ``FEW_TILES``
+    (a program per SM or fewer, where unsplit decodes of 16 sequences ran faster with 128-key tiles and
+    page ids ahead than split in two)."""
+    rows = {}
+    for b, L in FEW_POINTS:
+        case = PagedCase(f"decode B={b} L={L}", b, 1, L, peers=())
+        sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+        o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
+        nbytes = b * L * 8 * 128 * 2 * 2
+        splits = choose_num_kv_splits(L, b, 32, 1)
+        _record(rows, out / "few.json", "few", f"B={b} L={L} default S{splits}", _paged_call(case, sets, o),
+                nbytes, ceil)  # fmt: skip
+        default = choose_tiles(1, 4, 128, 128, interpret=False)
+        for n, w, st, ahead in FEW_TILES:
+            t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead)
+            for sp in FEW_SPLITS:
+                key = f"B={b} L={L} n{n} w{w} s{st}{' ahead' if ahead else ''} S{sp}"
+                _record(
+                    rows, out / "few.json", "few", key, _paged_call(case, sets, o, tiles=t, splits=sp), nbytes, ceil
+                )
+    return rows
+
+
 # -- prefill: where the paged kernel's time goes, against a descriptor (TMA) kernel on contiguous K/V --
 
 
@@ -680,7 +712,7 @@ def main() -> int:
     ceil = None
     for section in args.sections:
         t0 = time.time()
-        if section in ("fp8", "fp8ab", "long", "splits", "short", "prefill", "batched") and ceil is None:
+        if section in ("fp8", "fp8ab", "long", "splits", "short", "prefill", "batched", "few") and ceil is None:
             ceil = measure_ceilings(DEV)
             print(
                 f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
@@ -702,6 +734,8 @@ def main() -> int:
             prefill(out, ceil)
         elif section == "batched":
             batched(out, ceil)
+        elif section == "few":
+            few(out, ceil)
         elif section == "fp32":
             fp32(out)
         if (out / f"{section}.json").exists():
