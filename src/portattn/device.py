@@ -49,6 +49,24 @@ def compute_units(device: torch.device | str) -> int:
 
 
 @functools.cache
+def _device_model(device_type: str, index: int) -> str | None:
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(index)
+    if device_type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu.get_device_name(index)
+    return None
+
+
+def device_model(device: torch.device | str) -> str | None:
+    """The accelerator's model name (``torch.cuda.get_device_name``: "NVIDIA H200"); ``None`` on the CPU
+    and under the Triton interpreter. Used only to choose kernel tiles measured on that model."""
+    device = torch.device(device)
+    if is_triton_interpreter() or device.type == "cpu":
+        return None
+    return _device_model(device.type, device.index or 0)
+
+
+@functools.cache
 def _shared_memory(device_type: str, index: int) -> int | None:
     if device_type == "cuda" and torch.cuda.is_available():
         value = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)

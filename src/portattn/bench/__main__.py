@@ -27,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph", action="store_true", help="time calls as CUDA-graph replays")
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON and PNG files")
     parser.add_argument("--tag", default="bench", help="file name stem")
+    parser.add_argument(
+        "--write-tiles", nargs="?", const="", default=None, metavar="FILE",
+        help="with --sweep: set this device model's entries of the tile table (default: the package's "
+        "kernels/triton/tile_table.json) from the sweep",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.write_tiles is not None and not args.sweep:
+        parser.error("--write-tiles takes its tiles from the sweep: add --sweep")
     device = default_device()
     if not is_gpu(device):
         print(f"the benchmark needs a GPU (found {device}); the kernels' CPU path is the Triton interpreter")
@@ -65,7 +72,31 @@ def main(argv: list[str] | None = None) -> int:
             for key, ms in r.get("sweep", {}).items():
                 print(f"sweep {r['case']:<38} {key:<36} {ms if isinstance(ms, str) else f'{ms:.3f} ms'}")
     print(report.format_table(rows, ceilings))
+    if args.write_tiles is not None:
+        write_tiles(Path(args.write_tiles) if args.write_tiles else None, info["name"], results)
     return 0
+
+
+def write_tiles(path: Path | None, device_name: str, results: list[dict]) -> None:
+    """Set ``device_name``'s entries of the tile table at ``path`` (None: the package's) from the swept
+    cases of ``results``, and print what changed."""
+    from ..kernels.triton import launch, tile_table
+
+    path = path or tile_table.TABLE
+    old = tile_table.load(path)
+    timings = [
+        (t["key"], t["rule"], t["rule_ms"], [(entry, ms) for entry, ms in t["candidates"]])
+        for t in (r.get("sweep_table") for r in results)
+        if t and isinstance(t.get("rule_ms"), float)
+    ]
+    new = tile_table.updated(old, device_name, timings)
+    tile_table.write(path, new)
+    launch.choose_tiles.cache_clear()  # later launches of this process take the new entries
+    before, after = old.get(device_name, {}), new.get(device_name, {})
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            print(f"tile table {device_name} [{key}]: {before.get(key, 'rules')} -> {after.get(key, 'rules')}")
+    print(f"tile table {path}: {len(after)} entries for {device_name}")
 
 
 if __name__ == "__main__":

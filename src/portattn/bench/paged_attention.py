@@ -209,13 +209,16 @@ def run_case(
         result["peers"]["torch_backend"] = measure(ref, idx, device, warmup=1, runs=3).median_ms
 
     if sweep:
-        result["sweep"] = _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device)
+        result["sweep"], result["sweep_table"] = _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device)
     return result
 
 
-def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> dict:
-    """Median ms of other tile shapes and split counts (same kernel, launched directly)."""
-    from ..kernels.triton.launch import MAX_KV_SPLITS, choose_tiles
+def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> tuple[dict, dict]:
+    """Median ms of other tile shapes and split counts (same kernel, launched directly), and what the
+    tile table needs of them (``tile_table.updated``): the case's problem class, the rules' tiles and
+    their time, and each tile shape's time at the plan's split count."""
+    from ..kernels.triton import tile_table
+    from ..kernels.triton.launch import MAX_KV_SPLITS, choose_tiles, default_tiles, tile_class
 
     group = case.num_q_heads // case.num_kv_heads
     default = choose_tiles(case.q_len, group, case.head_dim, case.head_dim, interpret=False)
@@ -229,12 +232,18 @@ def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> dict:
         split_list = sorted(
             {max(splits // 4, 1), max(splits // 2, 1), splits} | {min(splits * m, MAX_KV_SPLITS) for m in (2, 4, 8)}
         )
-    trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list]
+    s0 = sets[0]
+    launch_args = (s0["q"], s0["k_cache"], s0["v_cache"], case.batch, case.q_len, case.k_len, splits)
+    rules = default_tiles(*launch_args, swept=False)
+    table = {"key": tile_class(*launch_args), "rule": tile_table.entry_of(rules), "candidates": []}
+    trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list] + [(rules, splits)]
     if case.mode == "decode":  # deeper pipelines with more splits
         trials += [((None, 64, 4, 4), s) for s in split_list if s != splits]
     for tile, num_kv_splits in trials:
         if tile is None:
             tiles = default
+        elif isinstance(tile, TileConfig):
+            tiles = tile
         else:
             block_m = tile[0] or default.block_m
             tiles = TileConfig(block_m // (default.block_m // default.block_q), block_m, tile[1], tile[2], tile[3])
@@ -245,8 +254,15 @@ def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> dict:
             window_left=case.window_left, num_kv_splits=num_kv_splits, tiles=tiles,
             **({"k_scale": K_SCALE, "v_scale": V_SCALE} if case.kv_cache else {}),
         )  # fmt: skip
+        if tile is rules:
+            key = f"rules {key}{' ahead' if tiles.pages_ahead else ''}"
         try:
             variants[key] = measure(fn, list(range(len(sets))), device, runs=20).median_ms
         except Exception as exc:  # a tile shape that does not compile here is reported
             variants[key] = peers.error_line(exc)
-    return variants
+            continue
+        if tile is rules:
+            table["rule_ms"] = variants[key]
+        elif num_kv_splits == splits:
+            table["candidates"].append([tile_table.entry_of(tiles), variants[key]])
+    return variants, table

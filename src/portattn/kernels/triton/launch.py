@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...device import compute_units, is_triton_interpreter, max_shared_memory
+from ...device import compute_units, device_model, is_triton_interpreter, max_shared_memory
 from ...errors import expect, fail
 from ...kv_quant import FP8_DTYPES
+from . import tile_table
 from .attention import attention_fwd_kernel
 from .merge import merge_splits_kernel, merge_states_kernel
 from .resources import fewer_stages_then, launch_fitting
@@ -191,6 +192,7 @@ def choose_tiles(
     ieee_dots: bool = False,
     short_splits: bool = False,
     decode_waves: float | None = None,
+    device_name: str | None = None,
 ) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -230,6 +232,10 @@ def choose_tiles(
     the 5-stage default (90% against 82% of copy), B=128 over 512 0.0748 against 0.0876, B=32 over 1024
     0.0392 against 0.0404 and B=16 over 512 0.0156 against 0.0214 (``scripts/kernels_probe.py batched``,
     benchmarks/results/round10_h200/NOTES.md).
+
+    ``device_name`` (``device.device_model``): a device model whose sweep found faster tiles for this
+    problem takes them from :mod:`.tile_table` (keyed by the tiles these rules chose), before the
+    shared-memory step-down.
 
     Decodes whose key ranges hold at most :data:`SHORT_SPLIT_KEYS` keys (``short_splits``,
     :func:`short_splits`) take 32-key tiles in 4 warps and 2 stages: one or two tiles a program, where a
@@ -275,12 +281,18 @@ def choose_tiles(
     pages_ahead = pages_ahead or fp8_decode or long_run
     tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=pages_ahead)
     kv_bytes = kv_itemsize or itemsize
+    swept = tile_table.entries(device_name)
+    entry = swept.get(tile_table.rule_key(tiles, group_pad, head_dim, value_dim, kv_bytes, itemsize)) if swept else None
+    if entry is not None:  # this device model's sweep found faster tiles for the problem
+        expect(entry["block_m"] >= group_pad, f"a tile table entry with block_m >= {group_pad}", entry)
+        tiles = TileConfig(entry["block_m"] // group_pad, **entry)
+    chosen = tiles
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
         smaller = smaller_tiles(tiles, group)
         if smaller is None:
             break  # the smallest tiles: the launch reports what the device lacks
         tiles = smaller
-    if long_run and tiles.num_stages < 3:  # page ids ahead at 2 stages: slower than in their tile's iteration
+    if long_run and tiles.num_stages < 3 and tiles != chosen:  # stepped down: page ids ahead at 2 stages were slower
         tiles = dataclasses.replace(tiles, pages_ahead=False)
     return tiles
 
@@ -373,6 +385,64 @@ def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
         fail(f"{name} with a contiguous last dim (stride 1)", f"strides {t.stride()}")
 
 
+def default_tiles(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    batch: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int | None,
+    num_kv_splits: int,
+    *,
+    paged: bool = True,
+    swept: bool = True,
+    fit: bool = True,
+) -> TileConfig:
+    """The tiles :func:`attention_forward` launches with when given none: :func:`choose_tiles` for the
+    problem on ``q``'s device, with its device model's :mod:`.tile_table` entries (``paged`` launches: the
+    sweep that fills the table times paged cases) and the launch switches :data:`PAGES_AHEAD` and
+    :data:`MERGE_SPLITS_IN_KERNEL` (``swept`` False: the rules alone), stepped down to the device's
+    shared memory (``fit`` False: not)."""
+    num_kv_heads, head_dim, value_dim = v.shape[-2], q.shape[-1], v.shape[-1]
+    tiles = choose_tiles(
+        max_seqlen_q,
+        q.shape[1] // num_kv_heads,
+        head_dim,
+        value_dim,
+        interpret=is_triton_interpreter(),
+        itemsize=q.element_size(),
+        shared_memory=max_shared_memory(q.device) if fit else None,
+        kv_itemsize=k.element_size(),
+        ieee_dots=dot_precision(q.dtype) == "ieee",
+        short_splits=short_splits(max_seqlen_q, max_seqlen_k, num_kv_splits, k.element_size()),
+        decode_waves=batch * num_kv_heads / compute_units(q.device)
+        if max_seqlen_q == 1 and num_kv_splits == 1
+        else None,
+        device_name=device_model(q.device) if swept and paged else None,
+    )
+    if swept and (PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL):
+        tiles = dataclasses.replace(
+            tiles, pages_ahead=tiles.pages_ahead or PAGES_AHEAD, merge_in_kernel=MERGE_SPLITS_IN_KERNEL
+        )
+    return tiles
+
+
+def tile_class(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    batch: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int | None,
+    num_kv_splits: int,
+) -> str:
+    """A launch's problem class in :mod:`.tile_table`: the key :func:`choose_tiles` looks its tiles up by
+    (the rules' tiles before any step-down, with the sizes they were chosen for)."""
+    rules = default_tiles(q, k, v, batch, max_seqlen_q, max_seqlen_k, num_kv_splits, swept=False, fit=False)
+    group_pad = next_pow2(q.shape[1] // v.shape[-2])
+    return tile_table.rule_key(rules, group_pad, q.shape[-1], v.shape[-1], k.element_size(), q.element_size())
+
+
 def attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -457,25 +527,7 @@ def attention_forward(
             )  # fmt: skip
             return out if unmerged is not None and num_kv_splits > 1 else out.copy_(staged)
     if tiles is None:
-        tiles = choose_tiles(
-            max_seqlen_q,
-            group,
-            head_dim,
-            value_dim,
-            interpret=is_triton_interpreter(),
-            itemsize=q.element_size(),
-            shared_memory=max_shared_memory(q.device),
-            kv_itemsize=k.element_size(),
-            ieee_dots=dot_precision(q.dtype) == "ieee",
-            short_splits=short_splits(max_seqlen_q, max_seqlen_k, num_kv_splits, k.element_size()),
-            decode_waves=batch * num_kv_heads / compute_units(q.device)
-            if max_seqlen_q == 1 and num_kv_splits == 1
-            else None,
-        )
-        if PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL:
-            tiles = dataclasses.replace(
-                tiles, pages_ahead=tiles.pages_ahead or PAGES_AHEAD, merge_in_kernel=MERGE_SPLITS_IN_KERNEL
-            )
+        tiles = default_tiles(q, k, v, batch, max_seqlen_q, max_seqlen_k, num_kv_splits, paged=paged)
     group_pad = next_pow2(group)
     expect(tiles.block_m == tiles.block_q * group_pad, f"block_m == block_q * {group_pad}", tiles)
     block_d, block_d2, block_d3 = column_tiles(head_dim)
