@@ -145,3 +145,27 @@ def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
     assert not llm.engine.requests
     text = bench.notes({"cascade": {"model": "tiny", "layers": 2, "rule": "r", "rows": [row]}})
     assert "| 4 | 32 | 5 |" in text
+
+
+def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
+    """The offline job's synchronous steps split into steps with a prompt chunk and decode-only steps
+    that account for every step and every computed token; the profile finds its two steps."""
+    import argparse
+
+    import functools
+
+    monkeypatch.setattr(bench, "llama3_8b_config", lambda layers: tiny_llama())
+    monkeypatch.setattr(bench, "profile_steps", functools.partial(bench.profile_steps, prefill_index=1))
+    args = argparse.Namespace(
+        layers=2, workdir=tmp_path, max_num_seqs=4, prompt_len=40, output_len=5, kv_gib=1, chunked_prefill=64,
+        async_scheduling=False, requests=6, profile_steps=True,
+    )  # fmt: skip
+    out = bench.part_throughput(args, {})
+    prefill, decode = out["prefill_steps"], out["decode_steps"]
+    assert prefill["steps"] + decode["steps"] == out["steps"]
+    computed = prefill["steps"] * prefill["tokens_per_step"] + decode["steps"] * decode["tokens_per_step"]
+    assert round(computed) == args.requests * (args.prompt_len + args.output_len - 1)  # the last id is not fed back
+    assert decode["tokens_per_step"] == decode["sequences_per_step"] and prefill["tokens_per_step"] <= 64
+    profiled = out["profile"]
+    assert profiled["prefill"]["tokens"] > profiled["prefill"]["sequences"]  # the second step with a prompt chunk
+    assert profiled["decode"]["tokens"] == profiled["decode"]["sequences"] == args.max_num_seqs  # the full batch
