@@ -151,7 +151,6 @@ def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
     """The offline job's synchronous steps split into steps with a prompt chunk and decode-only steps
     that account for every step and every computed token; the profile finds its two steps."""
     import argparse
-
     import functools
 
     monkeypatch.setattr(bench, "llama3_8b_config", lambda layers: tiny_llama())
