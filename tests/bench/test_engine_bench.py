@@ -147,6 +147,7 @@ def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
     assert "| 4 | 32 | 5 |" in text
 
 
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # the CPU's profile: no device kernels
 def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
     """The offline job's synchronous steps split into steps with a prompt chunk and decode-only steps
     that account for every step and every computed token; the profile finds its two steps."""
