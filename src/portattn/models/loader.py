@@ -29,7 +29,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import CONFIG_MAPPING, AutoConfig, AutoTokenizer, GenerationConfig
+from transformers import CONFIG_MAPPING, AutoConfig, GenerationConfig
 
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect, is_int
@@ -356,6 +356,11 @@ def load_tokenizer(path: str | Path):
     if not files:
         return None
     refuse_remote_code(path, "tokenizer_config.json")
+    # Imported here: transformers 5.17's AutoTokenizer brings its generation utilities (torch._dynamo,
+    # scikit-learn where installed), 6 s of a cold start on an H200 machine, which a checkpoint without
+    # a tokenizer never needs (benchmarks/results/engine_h200/round10/NOTES.md).
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # tokenizers' parse errors, JSONDecodeError, OSError ...
