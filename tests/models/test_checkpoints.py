@@ -30,6 +30,13 @@ def test_importing_portattn_testing_does_not_import_transformers():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
+def test_importing_the_engine_does_not_import_transformers_auto_tokenizer():
+    """AutoTokenizer comes where a tokenizer loads: in transformers 5.17 it imports the generation
+    utilities (torch._dynamo, scikit-learn where installed), seconds of a cold start."""
+    code = "import sys, portattn.engine.llm; sys.exit('transformers.models.auto.tokenization_auto' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_builds_the_architecture_it_names(family):
     config = tiny_config(family)
