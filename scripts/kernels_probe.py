@@ -384,24 +384,31 @@ BATCHED_TILES = [
 ]  # last: page ids a tile ahead
 
 
+def _decode_point(b: int, L: int) -> tuple:
+    """Inputs of a bf16 decode of ``b`` sequences over ``L`` keys at Llama-3-8B's heads: the case, two
+    input sets, the output, the K/V bytes, and the split count and tiles its launch takes by default."""
+    case = PagedCase(f"decode B={b} L={L}", b, 1, L, peers=())
+    sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+    o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
+    splits = choose_num_kv_splits(L, b, 32, 1)
+    default = launch.default_tiles(sets[0]["q"], sets[0]["k_cache"], sets[0]["v_cache"], b, 1, L, splits)
+    return case, sets, o, b * L * 8 * 128 * 2 * 2, splits, default
+
+
 def batched(out: Path, ceil) -> dict:
     """Decode steps of 16-128 sequences over 512-2048 keys (the engine's batch-64 step over 1024 keys
     read its keys at about 75% of copy where B=64 over 4096 reaches 95%): the split rule's and the
     default tiles' choice against 2 and 4 splits and ``BATCHED_TILES``."""
     rows = {}
     for b, L in BATCHED_POINTS:
-        case = PagedCase(f"decode B={b} L={L}", b, 1, L, peers=())
-        sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
-        o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
-        nbytes = b * L * 8 * 128 * 2 * 2
+        case, sets, o, nbytes, splits, default = _decode_point(b, L)
 
         def record(key, fn, b=b, L=L, nbytes=nbytes):
             _record(rows, out / "batched.json", "batched", f"B={b} L={L} {key}", fn, nbytes, ceil)
 
-        default = choose_tiles(1, 4, 128, 128, interpret=False)
-        splits = choose_num_kv_splits(L, b, 32, 1)
+        ahead = " ahead" if default.pages_ahead else ""
         record(
-            f"default n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
+            f"default n{default.block_n} w{default.num_warps} s{default.num_stages}{ahead} S{splits}",
             _paged_call(case, sets, o),
         )
         for sp in BATCHED_SPLITS:
@@ -427,14 +434,9 @@ def few(out: Path, ceil) -> dict:
     page ids ahead than split in two)."""
     rows = {}
     for b, L in FEW_POINTS:
-        case = PagedCase(f"decode B={b} L={L}", b, 1, L, peers=())
-        sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
-        o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
-        nbytes = b * L * 8 * 128 * 2 * 2
-        splits = choose_num_kv_splits(L, b, 32, 1)
-        _record(rows, out / "few.json", "few", f"B={b} L={L} default S{splits}", _paged_call(case, sets, o),
-                nbytes, ceil)  # fmt: skip
-        default = choose_tiles(1, 4, 128, 128, interpret=False)
+        case, sets, o, nbytes, splits, default = _decode_point(b, L)
+        label = f"default n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}"
+        _record(rows, out / "few.json", "few", f"B={b} L={L} {label}", _paged_call(case, sets, o), nbytes, ceil)
         for n, w, st, ahead in FEW_TILES:
             t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead)
             for sp in FEW_SPLITS:
