@@ -61,7 +61,7 @@ def test_the_sweep_key_is_the_launch_key(table, monkeypatch):
     k = v = torch.zeros(256, 16, 8, 128, dtype=torch.float16)
     args = (q, k, v, 64, 1, 1024, 1)
     rules = launch.default_tiles(*args)
-    table({"Test GPU": {launch.tile_class(*args): ENTRY}})
+    table({"Test GPU": {launch.tile_class(q, k, v, launch.default_tiles(*args, swept=False, fit=False)): ENTRY}})
     assert launch.default_tiles(*args) == TileConfig(4, 16, 32, 4, 2, pages_ahead=True)
     assert launch.default_tiles(*args, paged=False) == rules  # contiguous launches keep the rules
     assert launch.default_tiles(*args, swept=False) == rules

@@ -427,18 +427,10 @@ def default_tiles(
     return tiles
 
 
-def tile_class(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    batch: int,
-    max_seqlen_q: int,
-    max_seqlen_k: int | None,
-    num_kv_splits: int,
-) -> str:
-    """A launch's problem class in :mod:`.tile_table`: the key :func:`choose_tiles` looks its tiles up by
-    (the rules' tiles before any step-down, with the sizes they were chosen for)."""
-    rules = default_tiles(q, k, v, batch, max_seqlen_q, max_seqlen_k, num_kv_splits, swept=False, fit=False)
+def tile_class(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rules: TileConfig) -> str:
+    """A launch's problem class in :mod:`.tile_table`, the key :func:`choose_tiles` looks its tiles up by:
+    ``rules``, the launch's rules alone before any step-down (``default_tiles(..., swept=False,
+    fit=False)``), with the sizes of ``q`` / ``k`` / ``v``."""
     group_pad = next_pow2(q.shape[1] // v.shape[-2])
     return tile_table.rule_key(rules, group_pad, q.shape[-1], v.shape[-1], k.element_size(), q.element_size())
 
