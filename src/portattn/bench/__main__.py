@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..device import default_device, is_gpu
+from ..device import default_device, device_model, is_gpu
 from . import paged_attention, report, varlen_attention
 from .ceilings import measure_ceilings
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"sweep {r['case']:<38} {key:<36} {ms if isinstance(ms, str) else f'{ms:.3f} ms'}")
     print(report.format_table(rows, ceilings))
     if args.write_tiles is not None:
-        write_tiles(Path(args.write_tiles) if args.write_tiles else None, info["name"], results)
+        write_tiles(Path(args.write_tiles) if args.write_tiles else None, device_model(device), results)
     return 0
 
 

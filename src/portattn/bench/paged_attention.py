@@ -235,8 +235,8 @@ def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> tuple[dict,
     s0 = sets[0]
     launch_args = (s0["q"], s0["k_cache"], s0["v_cache"], case.batch, case.q_len, case.k_len, splits)
     rules = default_tiles(*launch_args, swept=False)
-    key = tile_class(*launch_args[:3], default_tiles(*launch_args, swept=False, fit=False))
-    table = {"key": key, "rule": tile_table.entry_of(rules), "candidates": []}
+    problem = tile_class(*launch_args[:3], default_tiles(*launch_args, swept=False, fit=False))
+    table = {"key": problem, "rule": tile_table.entry_of(rules), "candidates": []}
     trials = [(t, splits) for t in tile_list] + [(None, s) for s in split_list] + [(rules, splits)]
     if case.mode == "decode":  # deeper pipelines with more splits
         trials += [((None, 64, 4, 4), s) for s in split_list if s != splits]
