@@ -697,14 +697,32 @@ def plot(rows: dict, path: Path) -> None:
     plt.close(fig)
 
 
+# Each section: (whether it needs the ceilings, how it runs from the output folder, the ceilings and the arguments).
+SECTIONS = {
+    "headdims-unaligned": (False, lambda out, ceil, args: headdims_unaligned(out, args.dims)),
+    "fp8": (True, lambda out, ceil, args: fp8(out, ceil)),
+    "fp8ab": (True, lambda out, ceil, args: fp8_ab(out, ceil, args.rounds)),
+    "long": (True, lambda out, ceil, args: long(out, ceil)),
+    "splits": (True, lambda out, ceil, args: splits(out, ceil)),
+    "short": (True, lambda out, ceil, args: short(out, ceil)),
+    "prefill": (True, lambda out, ceil, args: prefill(out, ceil)),
+    "batched": (True, lambda out, ceil, args: batched(out, ceil)),
+    "few": (True, lambda out, ceil, args: few(out, ceil)),
+    "fp32": (False, lambda out, ceil, args: fp32(out)),
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("sections", nargs="*")
+    parser.add_argument("sections", nargs="*", help=f"any of {', '.join(SECTIONS)}")
     parser.add_argument("--replot", nargs="+", type=Path, default=None, help="plot these result JSONs again")
     parser.add_argument("--out", default="/tmp/probe")
     parser.add_argument("--dims", type=int, nargs="*", default=[40, 59, 72])
     parser.add_argument("--rounds", type=int, default=4, help="fp8ab: alternations")
     args = parser.parse_args()
+    unknown = [s for s in args.sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"expected sections among {', '.join(SECTIONS)}, got {', '.join(unknown)}")
     if args.replot:
         for path in args.replot:
             plot(json.loads(path.read_text()), path.with_suffix(".png"))
@@ -714,32 +732,14 @@ def main() -> int:
     ceil = None
     for section in args.sections:
         t0 = time.time()
-        if section in ("fp8", "fp8ab", "long", "splits", "short", "prefill", "batched", "few") and ceil is None:
+        needs_ceilings, run = SECTIONS[section]
+        if needs_ceilings and ceil is None:
             ceil = measure_ceilings(DEV)
             print(
                 f"ceilings: copy {ceil.copy_tb_s:.2f} TB/s, bf16 matmul {ceil.matmul_tflop_s:.0f} TFLOP/s", flush=True
             )
             (out / "ceilings.json").write_text(json.dumps(vars(ceil)))
-        if section == "headdims-unaligned":
-            headdims_unaligned(out, args.dims)
-        elif section == "fp8":
-            fp8(out, ceil)
-        elif section == "fp8ab":
-            fp8_ab(out, ceil, args.rounds)
-        elif section == "long":
-            long(out, ceil)
-        elif section == "splits":
-            splits(out, ceil)
-        elif section == "short":
-            short(out, ceil)
-        elif section == "prefill":
-            prefill(out, ceil)
-        elif section == "batched":
-            batched(out, ceil)
-        elif section == "few":
-            few(out, ceil)
-        elif section == "fp32":
-            fp32(out)
+        run(out, ceil, args)
         if (out / f"{section}.json").exists():
             plot(json.loads((out / f"{section}.json").read_text()), out / f"{section}.png")
         print(f"== {section}: {time.time() - t0:.0f} s", flush=True)
