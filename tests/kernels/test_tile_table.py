@@ -87,12 +87,18 @@ def test_a_sweep_updates_one_device():
         ("a", rules, 1.00, [(faster, 0.90), (slightly, 0.95)]),  # 11% faster: set
         ("b", rules, 1.00, [(slightly, 0.99)]),  # 1%: the rules stay (the entry is dropped)
         ("stale", rules, 1.00, [(rules, 0.90)]),  # the rules' own tiles won: dropped
-        ("c", rules, 1.00, [(slightly, 0.96)]),  # 4%: set
-        ("c", rules, 1.00, [(faster, 0.80)]),  # a second case of class c gains more: it wins
+        ("c", rules, 1.00, [(slightly, 0.96), (faster, 0.90)]),  # two cases of class c: summed,
+        ("c", rules, 1.00, [(slightly, 0.96), (faster, 1.04)]),  # slightly wins (1.92 against 1.94)
+        ("d", rules, 1.00, [(faster, 0.80)]),  # one case of class d gains 25%,
+        ("d", rules, 0.50, [(faster, 0.60)]),  # another loses 20%: 1.40 against 1.50 still gains 7%
+        ("e", rules, 1.00, [(faster, 0.80)]),  # class e's second case did not time this candidate:
+        ("e", rules, 1.00, [(slightly, 1.10)]),  # nothing timed in both beats the rules
+        ("f", rules, 1.00, [(faster, 0.80)]),  # one case gains 20%,
+        ("f", rules, 0.20, [(faster, 0.45)]),  # another takes twice as long: 1.25 against 1.20, dropped
     ]
     new = tile_table.updated(old, "Test GPU", timings)
     assert new["Other GPU"] == old["Other GPU"]
-    assert new["Test GPU"] == {"a": faster, "c": faster}
+    assert new["Test GPU"] == {"a": faster, "c": slightly, "d": faster}
     assert tile_table.updated(old, "Test GPU", [("stale", rules, 1.0, []), ("b", rules, 1.0, [])]) == {
         "Other GPU": old["Other GPU"]
     }
@@ -113,7 +119,10 @@ def test_write_tiles_from_bench_results(table, tmp_path, capsys):
     assert "tile table Test GPU [k1]: rules ->" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--write-tiles"])  # the table comes from a sweep
-    assert "add --sweep" in capsys.readouterr().err
+    assert "add --sweep --graph" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--sweep", "--write-tiles"])  # timed as graph replays
+    assert "add --sweep --graph" in capsys.readouterr().err
 
 
 def test_the_package_table_loads():

@@ -209,14 +209,16 @@ def run_case(
         result["peers"]["torch_backend"] = measure(ref, idx, device, warmup=1, runs=3).median_ms
 
     if sweep:
-        result["sweep"], result["sweep_table"] = _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device)
+        result["sweep"], result["sweep_table"] = _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device, timer)
     return result
 
 
-def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> tuple[dict, dict]:
-    """Median ms of other tile shapes and split counts (same kernel, launched directly), and what the
-    tile table needs of them (``tile_table.updated``): the case's problem class, the rules' tiles and
-    their time, and each tile shape's time at the plan's split count."""
+def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device, timer=measure) -> tuple[dict, dict]:
+    """Median ms of other tile shapes and split counts (same kernel, launched directly, timed by
+    ``timer`` as the case is), and what the tile table needs of them (``tile_table.updated``): the
+    case's problem class, the rules' tiles and their time, and each tile shape's time at the plan's
+    split count. The table is written from graph timings (``--graph``): in bursts a call of tens of
+    microseconds is timed at the host's launch pace, whatever its tiles."""
     from ..kernels.triton import tile_table
     from ..kernels.triton.launch import MAX_KV_SPLITS, choose_tiles, default_tiles, tile_class
 
@@ -258,7 +260,7 @@ def _sweep(case, sets, cu_q, seq_lens_k, metadata, scale, device) -> tuple[dict,
         if tile is rules:
             key = f"rules {key}{' ahead' if tiles.pages_ahead else ''}"
         try:
-            variants[key] = measure(fn, list(range(len(sets))), device, runs=20).median_ms
+            variants[key] = timer(fn, list(range(len(sets))), device, runs=20).median_ms
         except Exception as exc:  # a tile shape that does not compile here is reported
             variants[key] = peers.error_line(exc)
             continue

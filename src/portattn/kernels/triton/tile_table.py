@@ -6,7 +6,8 @@ found faster tiles for a problem has them here: ``tile_table.json`` maps a devic
 the tiles that device runs instead. A problem without an entry keeps the rules' tiles, so a device that
 was never swept runs as before. ``python -m portattn.bench --sweep --write-tiles`` writes the entries
 of the device it runs on (:func:`updated`): the fastest tiles at the launch's own split count where
-they beat the rules' by more than :data:`MIN_GAIN`, and drops the entries whose rules now win.
+they beat the rules' by more than :data:`MIN_GAIN` over every swept case of the class, and drops the
+entries whose rules now win.
 """
 
 from __future__ import annotations
@@ -66,17 +67,30 @@ def entries(device_name: str | None, path: Path | None = None) -> dict:
 def updated(table: dict, device_name: str, timings: list[tuple[str, dict, float, list[tuple[dict, float]]]]) -> dict:
     """``table`` with ``device_name``'s entries set from a sweep: for each ``(key, rule entry, rule ms,
     [(entry, ms), ...])`` (the candidates at the launch's own split count), the fastest candidate where
-    it beats the rules' tiles by more than :data:`MIN_GAIN`; the entry dropped where it does not. Two
-    timings of one key keep the larger gain."""
+    it beats the rules' tiles by more than :data:`MIN_GAIN`; the entry dropped where it does not. The
+    cases of one key are one problem class, which takes one entry: a candidate is judged by its time
+    summed over every case of the key (one it was not timed in does not count), against the rules'
+    summed likewise, so an entry that speeds up one case of a class cannot slow down another."""
     device = dict(table.get(device_name, {}))
-    best: dict[str, tuple[float, dict]] = {}
+    cases: dict[str, list[tuple[dict, float, list[tuple[dict, float]]]]] = {}
     for key, rule, rule_ms, candidates in timings:
-        winner, ms = min(candidates, key=lambda c: c[1], default=(rule, rule_ms))
-        gain = rule_ms / ms - 1 if ms > 0 and winner != rule else 0.0
-        if key not in best or gain > best[key][0]:
-            best[key] = (gain, winner)
-    for key, (gain, winner) in best.items():
-        if gain > MIN_GAIN:
+        cases.setdefault(key, []).append((rule, rule_ms, candidates))
+    for key, runs in cases.items():
+        rule_total = sum(rule_ms for _, rule_ms, _ in runs)
+        totals: dict[str, list] = {}  # candidate (as JSON) -> [entry, summed ms, cases timed]
+        for rule, _, candidates in runs:
+            seen = set()
+            for entry, ms in candidates:
+                name = json.dumps(entry, sort_keys=True)
+                if entry == rule or name in seen:  # the rules' own tiles, or a second timing in one case
+                    continue
+                seen.add(name)
+                total = totals.setdefault(name, [entry, 0.0, 0])
+                total[1] += ms
+                total[2] += 1
+        complete = [(ms, entry) for entry, ms, n in totals.values() if n == len(runs) and ms > 0]
+        best_ms, winner = min(complete, key=lambda c: c[0], default=(rule_total, None))
+        if winner is not None and rule_total / best_ms - 1 > MIN_GAIN:
             device[key] = winner
         else:
             device.pop(key, None)
