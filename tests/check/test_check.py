@@ -92,7 +92,8 @@ def test_a_failure_names_its_case_and_its_rerun_command(extra_backends, capsys):
     case, repro = lines[failed[0] + 1], lines[failed[0] + 2]
     assert case.startswith("    case: page_size 7, dtype fp32, q_lens [1, 1, 7, 2, 5, 19], k_lens [1, 6, 7, 8, 23, 19]")
     assert "head_dim 64" in case and "window_left=5" in case and "seed " in case
-    rerun_argv = f"check --register {register} --device {default_device().type} --backend window_blind --dtype fp32 --page-size 7"
+    device = default_device().type
+    rerun_argv = f"check --register {register} --device {device} --backend window_blind --dtype fp32 --page-size 7"
     assert repro == f"    repro: portattn {rerun_argv} --case 'window_left 5'"  # the worse of the two page sizes
 
     # The printed command reruns exactly that case, and fails again.
