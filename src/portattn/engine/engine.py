@@ -200,10 +200,12 @@ class Engine:
     def warm_up(self) -> None:
         """Capture the decode graphs and compile the kernels the model uses (GPU), with a progress bar.
 
-        Every decode shape (batch size, uniform_q_len) is planned and captured (its kernels compiled
-        first; with ``lazy_graph_capture`` a shape is captured when a step first needs it); then a few
-        throw-away prompts (long, short, one token) are prefilled and decoded, so that the first
-        requests find their prefill kernels compiled. Logs how long each part took.
+        On a CUDA device with Triton, the kernels of what follows are first compiled in parallel by a
+        rehearsal in which none runs (:meth:`_compile_ahead`). Every decode shape (batch size,
+        uniform_q_len) is planned and captured (its kernels compiled first; with
+        ``lazy_graph_capture`` a shape is captured when a step first needs it); then a few throw-away
+        prompts (long, short, one token) are prefilled and decoded, so that the first requests find
+        their prefill kernels compiled. Logs how long each part took.
         """
         graphs = self.runner.graphs
         prompts = [n for n in WARM_UP_PROMPTS if n < self.max_model_len - 2] if is_gpu(self.config.device) else []
@@ -213,16 +215,13 @@ class Engine:
         steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
         if self.speculator is not None:  # the other ranks warm up without it: every rank runs the same steps
             self.speculator.paused = True
+        rehearsed = self._compile_ahead(graphs, prompts)
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
             captured = time.perf_counter() - start
             for i, length in enumerate(prompts):
-                seq = Sequence(-1 - i, [0] * length, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
-                self.scheduler.add(seq)
-                while self.scheduler.has_unfinished():
-                    self.step()
-                self.pages.clear_cache()  # the next prompt must not hit this one's pages
+                self._warm_up_prompt(i, length, max_tokens=2)
                 bar.update(1)
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
@@ -234,14 +233,41 @@ class Engine:
         else:
             done = "planned"
         logger.info(
-            "warm-up: %.1f s (decode shapes: %d %s in %.1f s; %d warm-up prompts in %.1f s)",
+            "warm-up: %.1f s (%sdecode shapes: %d %s in %.1f s; %d warm-up prompts in %.1f s)",
             time.perf_counter() - start,
+            "" if rehearsed is None else f"kernels compiled ahead in {rehearsed:.1f} s; ",
             shapes,
             done,
-            captured,
+            captured - (rehearsed or 0.0),
             len(prompts),
             time.perf_counter() - start - captured,
         )
+
+    def _warm_up_prompt(self, index: int, length: int, max_tokens: int) -> None:
+        """Prefill a throw-away prompt of ``length`` tokens and decode it to ``max_tokens`` tokens."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        self.scheduler.add(Sequence(-1 - index, [0] * length, params))
+        while self.scheduler.has_unfinished():
+            self.step()
+        self.pages.clear_cache()  # the next prompt must not hit this one's pages
+
+    def _compile_ahead(self, graphs, prompts: list[int]) -> float | None:
+        """Compile the warm-up's Triton kernels in parallel (``kernels/triton/compile_ahead.py``): a
+        rehearsal of the decode shapes recorded at start and of the warm-up prompts' prefills in which
+        no Triton kernel runs (their values are thrown away: the prompts' pages are dropped, the
+        graphs' inputs rewritten before each capture). Returns its seconds, None where it does not
+        apply (no Triton, or not on a CUDA device)."""
+        from ..kernels.triton.compile_ahead import compile_ahead
+
+        start = time.perf_counter()
+        with compile_ahead(self.config.device) as rehearsing:
+            if not rehearsing:
+                return None
+            if graphs is not None and graphs.capture:
+                graphs.rehearse(graphs.start_shapes())
+            for i, length in enumerate(prompts):
+                self._warm_up_prompt(i, length, max_tokens=1)  # the prefill alone: a decode would record a graph
+        return time.perf_counter() - start
 
     def add_request(
         self,

@@ -334,6 +334,26 @@ class DecodeGraphs:
                 progress(shape)
         devices.synchronize(self.device)
 
+    def start_shapes(self) -> list[tuple]:
+        """The shapes a start-up records, largest first (every shape; with ``lazy``, the batch-1
+        decode that the warm-up's prompts record), each followed by its short shape where that is
+        planned apart (recorded when a step first needs it)."""
+        shapes = sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1]))
+        if self.lazy:
+            shapes = [s for s in shapes if s == (1, 1)]
+        return [v for s in shapes for v in ((s, (*s, SHORT)) if self._short_plan_differs(s) else (s,))]
+
+    @torch.inference_mode()
+    def rehearse(self, shapes: list[tuple]) -> None:
+        """The forward of each of ``shapes`` once, eagerly, with every row a padding row, as
+        :meth:`capture_all`'s first run of a shape: under ``kernels.triton.compile_ahead`` the kernels
+        that recording them launches are compiled (in parallel) and none runs."""
+        for shape in shapes:
+            self.contexts[shape] = self._context(shape)
+            self._write([], *shape[:2])
+            self._forward(shape)
+        devices.synchronize(self.device)
+
     @property
     def num_captured(self) -> int:
         """Graphs recorded so far (decode shapes and draws)."""

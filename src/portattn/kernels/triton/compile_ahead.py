@@ -1,0 +1,108 @@
+"""Compiling the Triton kernels of a start-up in parallel, before their first launch.
+
+A fresh process on an empty Triton cache compiles each kernel variant the first time it launches,
+one after another on the launching thread: Triton's passes, LLVM, ``ptxas``, then a C compiler for
+the variant's launcher. An engine's warm-up launches a few dozen variants, and on an H200 machine the
+compiles took most of its start (``benchmarks/results/engine_h200/round11/NOTES.md``).
+
+:func:`compile_ahead` rehearses a piece of work with every Triton launch turned into a compile
+handed to a thread pool (``triton.AsyncCompileMode``: the compiler's passes release the GIL, and
+``ptxas`` and the launcher's C compiler are subprocesses), and nothing launched: inside it the
+kernels' outputs stay unwritten, so what runs there must only need their shapes (a forward whose
+values are thrown away; torch's own kernels still run, on whatever the buffers hold). On leaving,
+it waits for the compiles and loads each kernel with its launcher, also in the pool. The real work
+that follows finds every variant compiled, as long as it launches them with the same
+specializations (the same shapes and the same buffers' alignment), which a rehearsal of the same
+steps does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+logger = logging.getLogger("portattn")
+
+# Compiles at once: each is one thread waiting on the compiler or on a subprocess.
+MAX_WORKERS = 16
+
+
+def available() -> bool:
+    """Whether this Triton compiles in a thread pool (``triton.AsyncCompileMode``, Triton 3.4 on) and
+    the environment does not turn it off (``PORTATTN_COMPILE_AHEAD=0``)."""
+    if os.environ.get("PORTATTN_COMPILE_AHEAD", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        import triton
+    except ImportError:
+        return False
+    return hasattr(triton, "AsyncCompileMode")
+
+
+def _load(kernel) -> None:
+    """Load a compiled kernel on the current device and build its launcher (what its first launch
+    would do). Errors are left to that launch, which raises them where they belong."""
+    with contextlib.suppress(Exception):  # the real launch reports it
+        kernel._init_handles()
+
+
+@contextlib.contextmanager
+def compile_ahead(device: torch.device, workers: int | None = None) -> Iterator[bool]:
+    """Inside: each Triton launch is compiled in a pool of ``workers`` threads and not run (yields
+    True); on leaving, the compiles are waited for and their kernels loaded on ``device``. Yields
+    False and changes nothing where :func:`available` says no. A compile that fails is left to the
+    real launch, which compiles again and raises."""
+    if not available() or device.type != "cuda":
+        yield False
+        return
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    workers = workers or min(MAX_WORKERS, os.cpu_count() or 1)
+    rehearsed = []
+    real_run = JITFunction.run
+
+    def rehearse(self, *args, grid, warmup, **kwargs):
+        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
+        if kernel is not None:
+            rehearsed.append(kernel)
+        return kernel
+
+    def on_device():
+        torch.cuda.set_device(device)
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="portattn-compile", initializer=on_device) as pool:
+        try:
+            mode = triton.AsyncCompileMode(pool, ignore_errors=True)
+        except TypeError:  # a Triton whose mode has no ignore_errors
+            mode = triton.AsyncCompileMode(pool)
+        mode.__enter__()
+        JITFunction.run = rehearse
+        try:
+            yield True
+        finally:
+            JITFunction.run = real_run
+            try:
+                mode.__exit__(None, None, None)  # waits for every compile
+            except Exception as exc:  # a failed compile: the real launch compiles it again
+                logger.debug("compile ahead: %s", exc)
+        kernels = {}
+        for kernel in rehearsed:
+            if hasattr(kernel, "result"):  # a FutureKernel
+                kernel = _result(kernel)
+            if kernel is not None:
+                kernels[id(kernel)] = kernel
+        list(pool.map(_load, kernels.values()))
+
+
+def _result(future):
+    """A FutureKernel's compiled kernel, None where its compile failed."""
+    try:
+        return future.result()
+    except Exception:
+        return None

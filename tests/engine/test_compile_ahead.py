@@ -1,0 +1,119 @@
+"""The warm-up's rehearsal that compiles Triton kernels in parallel (``kernels/triton/compile_ahead.py``,
+``Engine._compile_ahead``).
+
+On every device: the rehearsal's steps leave the engine as it was (no page of a throw-away prompt kept
+in the prefix cache, the same tokens and logits after it), and the shapes it rehearses are those a
+start-up records. On a CUDA GPU, in fresh processes on an empty Triton cache: the rehearsal compiles
+the warm-up's kernels, so the warm-up after it compiles none, and an engine built with it generates
+what one built without it does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from portattn.engine.graphs import SHORT
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
+
+PROMPTS = random_prompts([3, 17, 40], seed=5)
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, return_logits=True)
+
+
+def llm_with_static_graphs(path: str, lazy: bool = False) -> LLM:
+    llm = LLM(path, device=ENGINE_DEVICE, dtype="float32", page_size=7, num_pages=80, max_model_len=128, max_num_seqs=4)
+    llm.engine.runner.enable_graphs((1, 2, 4), capture=False, lazy=lazy).capture_all()
+    return llm
+
+
+def test_the_rehearsal_leaves_the_engine_as_it_was(ckpt_root):
+    path = checkpoint("llama", ckpt_root)
+    plain, rehearsed = llm_with_static_graphs(path), llm_with_static_graphs(path)
+    engine = rehearsed.engine
+    free = engine.allocator.num_free
+    engine.runner.graphs.rehearse(engine.runner.graphs.start_shapes())
+    for i, length in enumerate((30, 16, 1)):
+        engine._warm_up_prompt(i, length, max_tokens=1)
+    assert engine.allocator.num_free == free and not engine.pages.cache  # no rehearsed page is kept
+    assert not engine.scheduler.has_unfinished()
+    want = plain.generate(PROMPTS, PARAMS, use_tqdm=False)
+    got = rehearsed.generate(PROMPTS, PARAMS, use_tqdm=False)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        torch.testing.assert_close(g.outputs[0].logits, w.outputs[0].logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_rehearsed_shapes_are_those_a_start_up_records(lazy, ckpt_root):
+    graphs = llm_with_static_graphs(checkpoint("llama", ckpt_root), lazy=lazy).engine.runner.graphs
+    shapes = graphs.start_shapes()
+    base = [s for s in shapes if s[2:] != (SHORT,)]
+    assert base == ([(1, 1)] if lazy else [(4, 1), (2, 1), (1, 1)])  # largest first, as capture_all
+    for s in shapes:
+        if s[2:] == (SHORT,):  # a short shape follows its own, where it is planned apart
+            assert shapes[shapes.index(s) - 1] == s[:2] and graphs.short_plans.get(s[:2])
+
+
+# A fresh process on an empty Triton cache: builds an engine, counting the Triton compiles (JIT cache
+# misses) inside the rehearsal and after it, then generates; prints one JSON line.
+CHILD = r"""
+import contextlib, json, sys
+from triton import knobs
+misses = [0]
+def missed(*args, **kwargs):
+    misses[0] += 1
+    return False
+knobs.runtime.jit_cache_hook = missed
+from portattn.kernels.triton import compile_ahead as module
+counts = {"rehearsal": None, "after": None}
+real = module.compile_ahead
+@contextlib.contextmanager
+def counted(*args, **kwargs):
+    with real(*args, **kwargs) as on:
+        before = misses[0]
+        yield on
+    counts["rehearsal"] = misses[0] - before if on else None
+    counts["end"] = misses[0]
+module.compile_ahead = counted
+from portattn.engine.llm import LLM
+from portattn.engine.sampling_params import SamplingParams
+llm = LLM(sys.argv[1], device="cuda", dtype="bfloat16", max_num_seqs=4, max_model_len=256, num_pages=64)
+counts["after"] = misses[0] - counts.pop("end", misses[0])
+params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+outs = llm.generate(json.loads(sys.argv[2]), params, use_tqdm=False)
+counts["tokens"] = [o.outputs[0].token_ids for o in outs]
+print(json.dumps(counts))
+"""
+
+
+def cold_build(path: str, cache: Path, ahead: bool) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PORTATTN_COMPILE_AHEAD="1" if ahead else "0")
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2] / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, path, json.dumps(PROMPTS)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(ENGINE_DEVICE != "cuda", reason="compiles Triton kernels for a CUDA GPU")
+def test_the_warm_up_compiles_nothing_after_the_rehearsal(ckpt_root, tmp_path):
+    import triton
+
+    if not hasattr(triton, "AsyncCompileMode") or not hasattr(triton.knobs.runtime, "jit_cache_hook"):
+        pytest.skip(f"triton {triton.__version__} has no AsyncCompileMode or jit_cache_hook")
+    path = checkpoint("llama", ckpt_root)
+    ahead = cold_build(path, tmp_path / "ahead", ahead=True)
+    plain = cold_build(path, tmp_path / "plain", ahead=False)
+    assert ahead["rehearsal"] > 0 and ahead["after"] == 0, ahead  # every kernel of the warm-up compiled ahead
+    assert plain["rehearsal"] is None and plain["after"] > 0, plain
+    assert ahead["tokens"] == plain["tokens"]
