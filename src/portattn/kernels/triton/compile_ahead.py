@@ -44,10 +44,10 @@ def available() -> bool:
     return hasattr(triton, "AsyncCompileMode")
 
 
-def _load(kernel) -> None:
-    """Load a compiled kernel on the current device and build its launcher (what its first launch
+def _load(kernel, index: int) -> None:
+    """Load a compiled kernel on device ``index`` and build its launcher (what its first launch
     would do). Errors are left to that launch, which raises them where they belong."""
-    with contextlib.suppress(Exception):  # the real launch reports it
+    with contextlib.suppress(Exception), torch.cuda.device(index):  # the real launch reports it
         kernel._init_handles()
 
 
@@ -67,16 +67,19 @@ def compile_ahead(device: torch.device, workers: int | None = None) -> Iterator[
     rehearsed = []
     real_run = JITFunction.run
 
+    index = device.index if device.index is not None else torch.cuda.current_device()
+
     def rehearse(self, *args, grid, warmup, **kwargs):
-        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
+        try:
+            kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
+        except Exception as exc:  # not compiled ahead: its real launch compiles it (and raises what it raises)
+            logger.debug("compile ahead: %s: %s", self, exc)
+            return None
         if kernel is not None:
             rehearsed.append(kernel)
         return kernel
 
-    def on_device():
-        torch.cuda.set_device(device)
-
-    with ThreadPoolExecutor(workers, thread_name_prefix="portattn-compile", initializer=on_device) as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="portattn-compile") as pool:
         try:
             mode = triton.AsyncCompileMode(pool, ignore_errors=True)
         except TypeError:  # a Triton whose mode has no ignore_errors
@@ -97,7 +100,7 @@ def compile_ahead(device: torch.device, workers: int | None = None) -> Iterator[
                 kernel = _result(kernel)
             if kernel is not None:
                 kernels[id(kernel)] = kernel
-        list(pool.map(_load, kernels.values()))
+        list(pool.map(_load, kernels.values(), [index] * len(kernels)))
 
 
 def _result(future):
