@@ -13,7 +13,8 @@ values are thrown away; torch's own kernels still run, on whatever the buffers h
 it waits for the compiles and loads each kernel with its launcher, also in the pool. The real work
 that follows finds every variant compiled, as long as it launches them with the same
 specializations (the same shapes and the same buffers' alignment), which a rehearsal of the same
-steps does.
+steps does. While it is active no other thread of the process may launch Triton kernels (the launch
+path is switched for the whole process).
 """
 
 from __future__ import annotations
