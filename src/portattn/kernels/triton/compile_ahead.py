@@ -2,12 +2,12 @@
 
 A fresh process on an empty Triton cache compiles each kernel variant the first time it launches,
 one after another on the launching thread: Triton's passes, LLVM, ``ptxas``, then a C compiler for
-the variant's launcher. An engine's warm-up launches a few dozen variants, and on an H200 machine the
-compiles took most of its start (``benchmarks/results/engine_h200/round11/NOTES.md``).
+the variant's launcher. An engine's warm-up launches over a dozen variants, and on an H200 machine
+their compiles took about half of its warm-up (``benchmarks/results/engine_h200/round11/NOTES.md``).
 
 :func:`compile_ahead` rehearses a piece of work with every Triton launch turned into a compile
-handed to a thread pool (``triton.AsyncCompileMode``: the compiler's passes release the GIL, and
-``ptxas`` and the launcher's C compiler are subprocesses), and nothing launched: inside it the
+handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` and the launcher's C compiler run as
+subprocesses, so the threads wait side by side), and nothing launched: inside it the
 kernels' outputs stay unwritten, so what runs there must only need their shapes (a forward whose
 values are thrown away; torch's own kernels still run, on whatever the buffers hold). On leaving,
 it waits for the compiles and loads each kernel with its launcher, also in the pool. The real work
