@@ -3,7 +3,8 @@
 A fresh process on an empty Triton cache compiles each kernel variant the first time it launches,
 one after another on the launching thread: Triton's passes, LLVM, ``ptxas``, then a C compiler for
 the variant's launcher. An engine's warm-up launches over a dozen variants, and on an H200 machine
-their compiles took about half of its warm-up (``benchmarks/results/engine_h200/round11/NOTES.md``).
+they took most of a 14.8 s warm-up, of which 0.7 s remained once they were compiled ahead
+(``benchmarks/results/engine_h200/round11/NOTES.md``).
 
 :func:`compile_ahead` rehearses a piece of work with every Triton launch turned into a compile
 handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` and the launcher's C compiler run as
