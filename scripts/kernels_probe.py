@@ -27,6 +27,9 @@
   SDPA cuDNN and FlashAttention: how much of the gap to cuDNN is the page gather.
 * ``fp8ab``: the fp8 decode's default tiles against ``FP8_AB_CANDIDATE`` (page ids a tile ahead),
   e4m3 and e5m2, timed alternately over ``--rounds`` rounds beside the bf16 cache (is a gain steady?).
+* ``rotary``: the rotary K/V write (``fused_launch.rotary_kv_write``) at Llama-3-8B's heads over
+  ``ROTARY_TOKENS`` tokens: the default program (one token, one head) against ``ROTARY_PROGRAMS``
+  (blocks of tokens and heads), as a fraction of copy over the bytes it reads and writes.
 
 Every section prints its rows and writes ``DIR/<section>.json`` and its plot ``DIR/<section>.png`` (the
 timed rows' milliseconds); ceilings (copy, bf16 matmul) come from the same process.
@@ -54,6 +57,7 @@ from portattn.bench.paged_attention import PagedCase, _inputs
 from portattn.bench.timing import measure, measure_graph
 from portattn.device import synchronize
 from portattn.kernels.triton import launch, mla_decode_launch
+from portattn.kernels.triton.fused_launch import RotaryTiles, rotary_kv_write
 from portattn.kernels.triton.launch import TileConfig, attention_forward, choose_num_kv_splits, choose_tiles
 from portattn.kernels.triton.mla_decode_launch import MLATileConfig
 from portattn.kv_quant import quantize_kv
@@ -447,6 +451,35 @@ def few(out: Path, ceil) -> dict:
     return rows
 
 
+# The rotary write's token counts: a decode batch, a short prompt chunk, the engine's 16,384-token chunk.
+ROTARY_TOKENS = (256, 2048, 16384)
+# (tokens, heads, warps) a program; the first is the default.
+ROTARY_PROGRAMS = [(1, 1, 1), (1, 4, 1), (1, 8, 2), (1, 8, 4), (2, 8, 4), (4, 8, 4), (4, 4, 4), (8, 1, 4), (16, 1, 4)]
+
+
+def rotary(out: Path, ceil) -> dict:
+    """The rotary K/V write at Llama-3-8B's heads (Hq 32 / Hkv 8 / D 128, bf16, page 16) over
+    ``ROTARY_TOKENS`` tokens, q/k/v views of one projection as the layer passes them: the default
+    program against ``ROTARY_PROGRAMS``. A prompt-chunk step of 16,384 tokens spent 0.95 ms a layer in
+    it on an H200, about 10x its bytes' time (benchmarks/results/engine_h200/round11)."""
+    rows = {}
+    hq, hkv, d, page = 32, 8, 128, 16
+    for t in ROTARY_TOKENS:
+        qkv = torch.randn(t, hq + 2 * hkv, d, device=DEV, dtype=torch.bfloat16)
+        q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+        cos, sin = (torch.randn(t, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        pages = -(-t // page) + 1
+        caches = [torch.zeros(pages, page, hkv, d, device=DEV, dtype=torch.bfloat16) for _ in "kv"]
+        slots = torch.randperm(pages * page, device=DEV)[:t]
+        nbytes = 2 * qkv.numel() * 2 + 2 * cos.numel() * 2  # q, k, v read and written; cos and sin read
+        args = (q, k, v, cos, sin, *caches, slots)
+        for bt, bh, w in ROTARY_PROGRAMS:
+            tiles = RotaryTiles(bt, bh, w)
+            fn = lambda i, args=args, tiles=tiles: rotary_kv_write(*args, tiles=tiles)
+            _record(rows, out / "rotary.json", "rotary", f"T={t} t{bt} h{bh} w{w}", fn, nbytes, ceil)
+    return rows
+
+
 # -- prefill: where the paged kernel's time goes, against a descriptor (TMA) kernel on contiguous K/V --
 
 
@@ -708,6 +741,7 @@ SECTIONS = {
     "prefill": (True, lambda out, ceil, args: prefill(out, ceil)),
     "batched": (True, lambda out, ceil, args: batched(out, ceil)),
     "few": (True, lambda out, ceil, args: few(out, ceil)),
+    "rotary": (True, lambda out, ceil, args: rotary(out, ceil)),
     "fp32": (False, lambda out, ceil, args: fp32(out)),
 }
 

@@ -34,6 +34,11 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
+    ROTARY = {**{name: "*bf16" for name in ("Q", "K", "V", "Cos", "Sin", "QOut", "KCache", "VCache")},
+              "Slots": "*i64", "T": "i32",
+              **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+                                          "stride_cos", "stride_sin", "stride_ot", "stride_oh", "stride_ks",
+                                          "stride_kch", "stride_vs", "stride_vch")}}
     NUCLEUS = {"Scores": "*fp32", "Temperature": "*fp32", "TopP": "*fp32", "TopK": "*i64", "Floor": "*fp32",
                "RowWords": "*i64", "Greedy": "*i1", "Out": "*i64", **COMMON}
     KERNELS = [
@@ -76,13 +81,12 @@ CHILD = textwrap.dedent(
                                       "stride_qt", "stride_ks", "stride_kh", "stride_vs", "stride_vh")}},
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "NUM_Q_HEADS": 9, "NUM_KV_HEADS": 3,
           "HEAD_DIM": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 1024, "SINGLE": True, "PDL": True}, 4),
-        ("rotary_kv_write, PDL", rotary_kv_write_kernel,
-         {**{name: "*bf16" for name in ("Q", "K", "V", "Cos", "Sin", "QOut", "KCache", "VCache")}, "Slots": "*i64",
-          **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
-                                      "stride_cos", "stride_sin", "stride_ot", "stride_oh", "stride_ks", "stride_kch",
-                                      "stride_vs", "stride_vch")}},
+        ("rotary_kv_write, PDL", rotary_kv_write_kernel, ROTARY,
          {"NUM_Q_HEADS": 9, "NUM_KV_HEADS": 3, "HALF": 32, "BLOCK": 32, "VALUE_DIM": 64, "BLOCK_V": 64,
-          "PDL": True}, 1),
+          "BLOCK_T": 1, "BLOCK_H": 1, "PDL": True}, 1),
+        ("rotary_kv_write, blocks of tokens and heads", rotary_kv_write_kernel, ROTARY,
+         {"NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8, "HALF": 64, "BLOCK": 64, "VALUE_DIM": 128, "BLOCK_V": 128,
+          "BLOCK_T": 4, "BLOCK_H": 8, "PDL": False}, 4),
         ("merge_splits, PDL", merge_splits_kernel,
          {"PartialOut": "*fp32", "PartialLse": "*fp32", "Sinks": "*bf16", "Out": "*bf16", "Lse": "*fp32",
           "num_heads": "i32", "num_splits": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32",
@@ -128,6 +132,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",
         "rotary_kv_write, PDL",
+        "rotary_kv_write, blocks of tokens and heads",
         "merge_splits, PDL",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)

@@ -13,7 +13,13 @@ from portattn.models.layers.activation import ACTIVATIONS
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 
 if "triton" in BACKENDS:
-    from portattn.kernels.triton.fused_launch import ACTIVATION_CODES, add_rmsnorm, gated_activation, rotary_kv_write
+    from portattn.kernels.triton.fused_launch import (
+        ACTIVATION_CODES,
+        RotaryTiles,
+        add_rmsnorm,
+        gated_activation,
+        rotary_kv_write,
+    )
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
 ULP = {torch.float32: 2e-6, torch.float16: 2**-10, torch.bfloat16: 2**-7}
@@ -77,10 +83,23 @@ def test_layers_take_their_torch_code_on_the_cpu():
     assert fused_ops(torch.zeros(1)) is None  # the interpreter is for tests, not the model path
 
 
+# (tokens, heads, warps) a program: the default; blocks past the 5 tokens and past the 2 KV heads; 8 tokens.
+ROTARY_BLOCKS = [(1, 1, 1), (2, 4, 4), (8, 1, 2)]
+
+
+def test_rotary_tiles_are_powers_of_two():
+    with pytest.raises(ValueError, match=r"RotaryTiles.block_h a power of two, got 3"):
+        RotaryTiles(block_h=3)
+    with pytest.raises(ValueError, match=r"RotaryTiles.block_t a power of two, got 0"):
+        RotaryTiles(block_t=0)
+
+
+@pytest.mark.parametrize("blocks", ROTARY_BLOCKS, ids=lambda b: "t{}h{}w{}".format(*b))
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim):
-    """Exactly the layer's rotation (each product rounded, then the sum) and the backend's cache write."""
+def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim, blocks):
+    """Exactly the layer's rotation (each product rounded, then the sum) and the backend's cache write,
+    at every program shape (blocks of tokens and of heads, with masked tails)."""
     from transformers import LlamaConfig
 
     g = torch.Generator().manual_seed(head_dim)
@@ -93,7 +112,7 @@ def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim):
     cos, sin = rotary.table(positions, dtype)
     slots = torch.tensor([17, 0, 5, 9, 12], device=DEVICE)
     caches = [torch.full((num_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype, device=DEVICE) for _ in "kv"]
-    got_q = rotary_kv_write(q, k, v, cos, sin, *caches, slots)
+    got_q = rotary_kv_write(q, k, v, cos, sin, *caches, slots, tiles=RotaryTiles(*blocks))
 
     want_q, want_k = RotaryEmbedding.apply(q, k, cos, sin)
     want = [torch.full_like(c, float("nan")) for c in caches]

@@ -290,6 +290,27 @@ def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:
     return out.view(*gate_up.shape[:-1], inter)
 
 
+@dataclasses.dataclass(frozen=True)
+class RotaryTiles:
+    """:func:`rotary_kv_write`'s programs: tokens and heads (of one kind) a program, and its warps."""
+
+    block_t: int = 1
+    block_h: int = 1
+    num_warps: int = 1
+
+    def __post_init__(self):
+        for name in ("block_t", "block_h", "num_warps"):
+            n = getattr(self, name)
+            if not isinstance(n, int) or n < 1 or n & (n - 1):
+                raise ValueError(f"expected RotaryTiles.{name} a power of two, got {n!r}")
+
+
+# One token and one head a program. A prompt chunk of 16,384 tokens at Llama-3-8B's heads took 0.95 ms a
+# layer so on an H200, about 10x its bytes' time at copy (benchmarks/results/engine_h200/round11); larger
+# blocks are timed by `scripts/kernels_probe.py rotary` before a rule picks them.
+ROTARY_TILES = RotaryTiles()
+
+
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -299,13 +320,16 @@ def rotary_kv_write(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
+    *,
+    tiles: RotaryTiles | None = None,
 ) -> torch.Tensor:
     """Rotated queries ``[T, Hq, D]`` (a new tensor); rotated keys and the values go to cache ``slots``.
 
     ``q [T, Hq, D]``, ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]`` (heads and tokens may be strided, the
     last dim contiguous); ``cos, sin [T, D]`` (any leading strides; rows of the rotate-half
     embedding, in q's dtype); ``k_cache [N, P, Hkv, D]`` and ``v_cache [N, P, Hkv, Dv]`` contiguous;
-    ``slots [T]`` int64 (``page * P + offset``).
+    ``slots [T]`` int64 (``page * P + offset``). ``tiles``: tokens and heads a program and its warps
+    (default :data:`ROTARY_TILES`: one of each, one warp).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, value_dim = v.shape[1], v.shape[2]
@@ -318,15 +342,17 @@ def rotary_kv_write(
             raise ValueError(f"expected {name} with a contiguous last dim, got strides {t.stride()}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("expected contiguous k_cache and v_cache (a slot is page * P + offset), got strided ones")
-    grid = (num_tokens, num_q_heads + 2 * num_kv_heads)
+    tiles = tiles or ROTARY_TILES
+    heads = triton.cdiv(num_q_heads, tiles.block_h) + 2 * triton.cdiv(num_kv_heads, tiles.block_h)
+    grid = (triton.cdiv(num_tokens, tiles.block_t), heads)
     rotary_kv_write_kernel[grid](
-        q, k, v, cos, sin, slots, out, k_cache, v_cache,
+        q, k, v, cos, sin, slots, out, k_cache, v_cache, num_tokens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
         BLOCK=next_pow2(head_dim // 2), VALUE_DIM=value_dim, BLOCK_V=next_pow2(value_dim),
-        num_warps=1, **pdl_options(q.device),
+        BLOCK_T=tiles.block_t, BLOCK_H=tiles.block_h, num_warps=tiles.num_warps, **pdl_options(q.device),
     )  # fmt: skip
     return out
 

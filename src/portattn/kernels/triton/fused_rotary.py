@@ -1,9 +1,12 @@
 """Rotary embedding of q and k (rotate-half, the whole head) with the K/V cache write, in one launch.
 
-Program ``(t, h)``: ``h < Hq`` rotates query head ``h`` of token ``t`` into ``QOut``; the next ``Hkv``
-programs rotate the key heads and store them in the token's cache slot; the last ``Hkv`` copy the
-value heads there. The rotation rounds as transformers' ``q * cos + rotate_half(q) * sin`` does in
-the model dtype: each product, then the sum. Grid: ``(T, Hq + 2 * Hkv)``.
+Program ``(i, g)`` takes ``BLOCK_T`` tokens from ``i * BLOCK_T`` and a block of ``BLOCK_H`` heads of one
+kind: the first ``cdiv(Hq, BLOCK_H)`` blocks rotate query heads into ``QOut``, the next
+``cdiv(Hkv, BLOCK_H)`` rotate key heads and store them in each token's cache slot, the last as many
+copy value heads there (heads past a kind's count are masked). The rotation rounds as transformers'
+``q * cos + rotate_half(q) * sin`` does in the model dtype: each product, then the sum. Grid:
+``(cdiv(T, BLOCK_T), cdiv(Hq, BLOCK_H) + 2 * cdiv(Hkv, BLOCK_H))``; one token and one head a program
+by default.
 """
 
 import triton
@@ -38,6 +41,7 @@ def rotary_kv_write_kernel(
     QOut,
     KCache,
     VCache,
+    T,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -58,35 +62,48 @@ def rotary_kv_write_kernel(
     BLOCK: tl.constexpr,
     VALUE_DIM: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    BLOCK_T: tl.constexpr = 1,
+    BLOCK_H: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     wait_for_previous(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    ts = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = ts < T
+    ts64 = ts.to(tl.int64)
+    g = tl.program_id(1)
+    Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_H - 1) // BLOCK_H
+    KV_BLOCKS: tl.constexpr = (NUM_KV_HEADS + BLOCK_H - 1) // BLOCK_H
+    hs = tl.arange(0, BLOCK_H)
     DTYPE: tl.constexpr = Q.dtype.element_ty
-    if h >= NUM_Q_HEADS + NUM_KV_HEADS:  # a value head: copied to the cache
-        head = h - NUM_Q_HEADS - NUM_KV_HEADS
-        slot = tl.load(Slots + t).to(tl.int64)
+    if g >= Q_BLOCKS + KV_BLOCKS:  # value heads: copied to the cache
+        heads = (g - Q_BLOCKS - KV_BLOCKS) * BLOCK_H + hs
+        slots = tl.load(Slots + ts64, mask=t_ok, other=0).to(tl.int64)
         offs_v = tl.arange(0, BLOCK_V)
-        v = tl.load(V + t * stride_vt + head * stride_vh + offs_v, mask=offs_v < VALUE_DIM)
-        tl.store(VCache + slot * stride_vs + head * stride_vch + offs_v, v, mask=offs_v < VALUE_DIM)
+        mask_v = t_ok[:, None, None] & (heads < NUM_KV_HEADS)[None, :, None] & (offs_v < VALUE_DIM)[None, None, :]
+        src_v = V + ts64[:, None, None] * stride_vt + heads[None, :, None] * stride_vh + offs_v[None, None, :]
+        dst_v = VCache + slots[:, None, None] * stride_vs + heads[None, :, None] * stride_vch + offs_v[None, None, :]
+        tl.store(dst_v, tl.load(src_v, mask=mask_v), mask=mask_v)
         return
     offs = tl.arange(0, BLOCK)
-    mask = offs < HALF
-    cos1 = tl.load(Cos + t * stride_cos + offs, mask=mask, other=0.0).to(tl.float32)
-    cos2 = tl.load(Cos + t * stride_cos + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    sin1 = tl.load(Sin + t * stride_sin + offs, mask=mask, other=0.0).to(tl.float32)
-    sin2 = tl.load(Sin + t * stride_sin + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    if h < NUM_Q_HEADS:
-        src = Q + t * stride_qt + h * stride_qh
-        dst = QOut + t * stride_ot + h * stride_oh
+    rows = t_ok[:, None] & (offs < HALF)[None, :]
+    cos1 = tl.load(Cos + ts64[:, None] * stride_cos + offs[None, :], mask=rows, other=0.0).to(tl.float32)
+    cos2 = tl.load(Cos + ts64[:, None] * stride_cos + HALF + offs[None, :], mask=rows, other=0.0).to(tl.float32)
+    sin1 = tl.load(Sin + ts64[:, None] * stride_sin + offs[None, :], mask=rows, other=0.0).to(tl.float32)
+    sin2 = tl.load(Sin + ts64[:, None] * stride_sin + HALF + offs[None, :], mask=rows, other=0.0).to(tl.float32)
+    if g < Q_BLOCKS:
+        heads = g * BLOCK_H + hs
+        h_ok = heads < NUM_Q_HEADS
+        src = Q + ts64[:, None, None] * stride_qt + heads[None, :, None] * stride_qh
+        dst = QOut + ts64[:, None, None] * stride_ot + heads[None, :, None] * stride_oh
     else:
-        head = h - NUM_Q_HEADS
-        slot = tl.load(Slots + t).to(tl.int64)
-        src = K + t * stride_kt + head * stride_kh
-        dst = KCache + slot * stride_ks + head * stride_kch
-    x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    o1, o2 = rotate_halves(x1, x2, cos1, cos2, sin1, sin2, DTYPE)
-    tl.store(dst + offs, o1.to(dst.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF + offs, o2.to(dst.dtype.element_ty), mask=mask)
+        heads = (g - Q_BLOCKS) * BLOCK_H + hs
+        h_ok = heads < NUM_KV_HEADS
+        slots = tl.load(Slots + ts64, mask=t_ok, other=0).to(tl.int64)
+        src = K + ts64[:, None, None] * stride_kt + heads[None, :, None] * stride_kh
+        dst = KCache + slots[:, None, None] * stride_ks + heads[None, :, None] * stride_kch
+    mask = t_ok[:, None, None] & h_ok[None, :, None] & (offs < HALF)[None, None, :]
+    x1 = tl.load(src + offs[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + offs[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    o1, o2 = rotate_halves(x1, x2, cos1[:, None, :], cos2[:, None, :], sin1[:, None, :], sin2[:, None, :], DTYPE)
+    tl.store(dst + offs[None, None, :], o1.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + offs[None, None, :], o2.to(dst.dtype.element_ty), mask=mask)
