@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device import is_gpu
+
 
 class ReqToTokenPool:
     """``req_to_token [max_reqs, max_context]`` int32 and its free rows.
@@ -35,10 +37,20 @@ class ReqToTokenPool:
         self._free.append(row)
 
     def write_pages(self, row: int, first_page: int, pages: list[int]) -> None:
-        """Point logical pages ``first_page ..`` of ``row`` at the physical ``pages`` (page-aligned)."""
+        """Point logical pages ``first_page ..`` of ``row`` at the physical ``pages`` (page-aligned).
+
+        On a GPU the page ids go through pinned memory by an asynchronous copy: the write is
+        queued behind the device's work without waiting for it (a plain copy from pageable memory
+        synchronizes the stream, which stalled the host until a step launched ahead had finished).
+        """
         if not pages:
             return
-        page_ids = torch.tensor(pages, dtype=torch.int32).to(self.req_to_token.device)
+        page_ids = torch.tensor(pages, dtype=torch.int32)
+        device = self.req_to_token.device
+        if is_gpu(device):
+            page_ids = page_ids.pin_memory().to(device, non_blocking=True)
+        else:
+            page_ids = page_ids.to(device)
         slots = (page_ids[:, None] * self.page_size + self._offsets[None, :]).flatten()  # [n * P]
         start = first_page * self.page_size
         self.req_to_token[row, start : start + slots.shape[0]] = slots
