@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..device import is_gpu
@@ -20,7 +21,7 @@ class ReqToTokenPool:
         self.page_size = page_size
         self.req_to_token = torch.zeros((max_reqs, max_context), dtype=torch.int32, device=device)
         self._free = list(range(max_reqs - 1, -1, -1))
-        self._offsets = torch.arange(page_size, dtype=torch.int32, device=device)
+        self._offsets = np.arange(page_size, dtype=np.int32)[None, :]  # a page's slots from its first
 
     @property
     def max_context(self) -> int:
@@ -39,18 +40,17 @@ class ReqToTokenPool:
     def write_pages(self, row: int, first_page: int, pages: list[int]) -> None:
         """Point logical pages ``first_page ..`` of ``row`` at the physical ``pages`` (page-aligned).
 
-        On a GPU the page ids go through pinned memory by an asynchronous copy: the write is
-        queued behind the device's work without waiting for it (a plain copy from pageable memory
-        synchronizes the stream, which stalled the host until a step launched ahead had finished).
+        The slots are computed on the host and written by one copy; on a GPU from pinned memory,
+        asynchronously: the write is queued behind the device's work without waiting for it (a copy
+        from pageable memory synchronizes the stream, which stalled the host until a step launched
+        ahead by async scheduling had finished).
         """
         if not pages:
             return
-        page_ids = torch.tensor(pages, dtype=torch.int32)
-        device = self.req_to_token.device
-        if is_gpu(device):
-            page_ids = page_ids.pin_memory().to(device, non_blocking=True)
-        else:
-            page_ids = page_ids.to(device)
-        slots = (page_ids[:, None] * self.page_size + self._offsets[None, :]).flatten()  # [n * P]
+        slots = torch.from_numpy((np.asarray(pages, dtype=np.int32)[:, None] * self.page_size + self._offsets).ravel())
         start = first_page * self.page_size
-        self.req_to_token[row, start : start + slots.shape[0]] = slots
+        dst = self.req_to_token[row, start : start + slots.shape[0]]
+        if is_gpu(dst.device):
+            dst.copy_(slots.pin_memory(), non_blocking=True)
+        else:
+            dst.copy_(slots)
