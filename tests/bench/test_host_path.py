@@ -49,8 +49,11 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
     gpu["sampled"] = dict(breakdown["sampled"], host_us=60.0)
     result = {"model": "/x/SmolLM2.gguf", "dtype": "bfloat16", "breakdown": gpu,
               "batch1": {"tok_per_s": 700.0, "step_ms": 1.43, "weights_floor_ms": 0.063, "copy_tb_s": 4.2,
-                         "x_floor": 22.7}}  # fmt: skip
-    result["async"] = {"batch1": {"tok_per_s": 900.0, "step_ms": 1.11}, "offline": {"total_tok_per_s": 50_000.0},
+                         "x_floor": 22.7, "ttft_ms": 17.5, "decode_step_ms": 1.367,
+                         "decode_tok_per_s": 731.5}}  # fmt: skip
+    result["async"] = {"batch1": {"tok_per_s": 900.0, "step_ms": 1.11, "decode_step_ms": 1.05,
+                                  "decode_tok_per_s": 952.4},
+                       "offline": {"total_tok_per_s": 50_000.0},
                        "same_tokens": True, "steps_ahead": 300,
                        "timeline": {"tokens": 256, "wall_us": 260_000.0, "kernels": 52_000, "busy_us": 200_000.0,
                                     "busy_per_token_us": 781.25, "idle_us": 55_000.0,
@@ -66,9 +69,11 @@ def test_the_real_model_breakdown_and_its_notes(llm, tmp_path):
     assert "waiting for ids p50 300 / p10 1 us; the host's own part 450 us a call." in text
     assert real_model.percentiles([3.0, 1.0, 2.0]) == {"p10": 1.0, "p50": 2.0, "p90": 3.0, "p99": 3.0, "max": 3.0,
                                                        "sum": 6.0}  # fmt: skip
-    assert "Async scheduling: batch 1 900 tokens/s (1.110 ms a step), offline 50,000 total tokens/s; " in text
+    assert "Batch 1: 700 tokens/s over a 256-token generate (1.430 ms a token, the prompt's step included" in text
+    assert "decode steps alone 1.367 ms (732 tokens/s) after a first token in 17.5 ms." in text
+    assert "Async scheduling: batch 1 900 tokens/s (1.110 ms a token; decode steps alone 1.050 ms, 952" in text
+    assert "offline 50,000 total tokens/s; " in text
     assert "offline tokens equal the synchronous run's; 300 steps launched ahead" in text
-    assert "Batch 1: 700 tokens/s (1.430 ms a step" in text
     assert "Device: the decode graph 100 us (361 kernels), of which the LM head and argmax about 10 us" in text
     assert "| greedy |" in text and "| 50 |" in text
     assert "The decode graph over 161 keys (shape (1, 1, 'short')): 120 us." in text
