@@ -1,4 +1,5 @@
-"""The request pool's page writes: token slots of whole pages, and on a GPU no wait for the device."""
+"""The request pool's page writes: token slots of whole pages, and on a GPU no wait for the device (a
+write alone, and the scheduling of a step ahead under async scheduling)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,31 @@ def test_write_pages_does_not_synchronize_with_the_device():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert pool.req_to_token[0, 32:64].tolist() == list(range(112, 128)) + list(range(16, 32))
+
+
+@pytest.mark.skipif(ENGINE_DEVICE != "cuda", reason="CUDA sync debug mode (PORTATTN_TEST_ENGINE_DEVICE=cuda)")
+def test_a_step_ahead_is_prepared_without_waiting_for_the_device(ckpt_root, monkeypatch):
+    """Under async scheduling the step after a launched one is scheduled (its pages reserved and
+    written) while the launched one runs: nothing there may wait for the device. Prompts cross pages
+    of 16 on the way."""
+    from portattn.engine.llm import LLM
+    from portattn.engine.run_ahead import RunAhead
+    from portattn.engine.sampling_params import SamplingParams
+    from tiny_models import checkpoint, random_prompts
+
+    llm = LLM(checkpoint("llama", ckpt_root), device="cuda", dtype="bfloat16", page_size=16, num_pages=64,
+              max_model_len=256, max_num_seqs=4, async_scheduling=True)  # fmt: skip
+    real, calls = RunAhead._ahead, []
+
+    def ahead(self, launched):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            calls.append(real(self, launched))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return calls[-1]
+
+    monkeypatch.setattr(RunAhead, "_ahead", ahead)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm.generate(random_prompts([5, 14, 30], seed=3), params, use_tqdm=False)
+    assert sum(c is not None for c in calls) > 20  # the steps ran ahead, across page boundaries
