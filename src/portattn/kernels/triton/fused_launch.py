@@ -306,7 +306,7 @@ class RotaryTiles:
 
 
 # One token and one head a program. A prompt chunk of 16,384 tokens at Llama-3-8B's heads took 0.95 ms a
-# layer so on an H200, about 10x its bytes' time at copy (benchmarks/results/engine_h200/round11); larger
+# layer in it on an H200, about 10x its bytes' time at copy (benchmarks/results/engine_h200/round11); larger
 # blocks are timed by `scripts/kernels_probe.py rotary` before a rule picks them.
 ROTARY_TILES = RotaryTiles()
 

@@ -30,7 +30,7 @@ def rotate_halves(x1, x2, cos1, cos2, sin1, sin2, DTYPE: tl.constexpr):
     return o1, o2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compiled variant for every token count
 def rotary_kv_write_kernel(
     Q,
     K,
