@@ -325,7 +325,8 @@ class DecodeGraphs:
         row (valid for the warm-up run). ``progress((batch_size, uniform_q_len))`` is called after each.
         """
         for shape in sorted(self.shapes, key=lambda s: (-s[0] * s[1], -s[1])):
-            self.contexts[shape] = self._context(shape)
+            if shape not in self.contexts:  # (one a rehearsal planned is kept)
+                self.contexts[shape] = self._context(shape)
             self.short_plans[shape] = self._short_plan_differs(shape)  # its short shape is captured when needed
             if self.capture and not self.lazy:
                 self._write([], *shape)
@@ -349,7 +350,8 @@ class DecodeGraphs:
         :meth:`capture_all`'s first run of a shape: under ``kernels.triton.compile_ahead`` the kernels
         that recording them launches are compiled (in parallel) and none runs."""
         for shape in shapes:
-            self.contexts[shape] = self._context(shape)
+            if shape not in self.contexts:
+                self.contexts[shape] = self._context(shape)
             self._write([], *shape[:2])
             self._forward(shape)
         devices.synchronize(self.device)

@@ -357,8 +357,9 @@ def load_tokenizer(path: str | Path):
         return None
     refuse_remote_code(path, "tokenizer_config.json")
     # Imported here: transformers 5.17's AutoTokenizer brings its generation utilities (torch._dynamo,
-    # scikit-learn where installed), 6 s of a cold start on an H200 machine, which a checkpoint without
-    # a tokenizer never needs (benchmarks/results/engine_h200/round10/NOTES.md).
+    # scikit-learn where installed), which kept `import portattn.engine.llm` at 8 s after torch on an H200
+    # machine (now 2 s). Its model configurations import the same modules when a checkpoint's config
+    # loads (benchmarks/results/engine_h200/round11/NOTES.md).
     from transformers import AutoTokenizer
 
     try:

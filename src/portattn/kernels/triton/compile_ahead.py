@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ...device import is_triton_interpreter
+
 logger = logging.getLogger("portattn")
 
 # Compiles at once: each is one thread waiting on the compiler or on a subprocess.
@@ -37,7 +39,7 @@ MAX_WORKERS = 16
 def available() -> bool:
     """Whether this Triton compiles in a thread pool (``triton.AsyncCompileMode``, Triton 3.4 on) and
     the environment does not turn it off (``PORTATTN_COMPILE_AHEAD=0``)."""
-    if os.environ.get("PORTATTN_COMPILE_AHEAD", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get("PORTATTN_COMPILE_AHEAD", "1") == "0" or is_triton_interpreter():
         return False
     try:
         import triton
