@@ -51,6 +51,30 @@ def test_the_rehearsal_leaves_the_engine_as_it_was(ckpt_root):
         torch.testing.assert_close(g.outputs[0].logits, w.outputs[0].logits, rtol=0, atol=1e-5)
 
 
+def test_the_rehearsal_records_no_graph(ckpt_root, monkeypatch):
+    """A graph recorded inside the rehearsal would hold none of the Triton kernels (they are compiled,
+    not launched) and, with graphs captured when first used, be replayed for good: the warm-up's
+    one-token prompt is a batch-1 decode step, which must run eagerly there. Here the rehearsal is
+    entered on any device (compile_ahead replaced by a context that says it is on) with graphs that
+    record (capture forced on, recording made to fail)."""
+    import contextlib
+
+    from portattn.kernels.triton import compile_ahead as module
+
+    monkeypatch.setattr(module, "compile_ahead", contextlib.contextmanager(lambda device: (yield True)))
+    llm = llm_with_static_graphs(checkpoint("llama", ckpt_root), lazy=True)
+    engine, graphs = llm.engine, llm.engine.runner.graphs
+    graphs.capture = True
+
+    def record(*args):
+        raise AssertionError("a graph was recorded during the rehearsal")
+
+    monkeypatch.setattr(graphs, "_record", record)
+    assert engine._compile_ahead(graphs, [30, 16, 1]) is not None
+    assert not graphs.graphs and not graphs.rehearsing
+    assert graphs.replays > 0  # the one-token prompt's step went through the graphs' static buffers
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_the_rehearsed_shapes_are_those_a_start_up_records(lazy, ckpt_root):
     graphs = llm_with_static_graphs(checkpoint("llama", ckpt_root), lazy=lazy).engine.runner.graphs

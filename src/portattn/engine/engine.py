@@ -263,10 +263,17 @@ class Engine:
         with compile_ahead(self.config.device) as rehearsing:
             if not rehearsing:
                 return None
-            if graphs is not None and graphs.capture:
-                graphs.rehearse(graphs.start_shapes())
-            for i, length in enumerate(prompts):
-                self._warm_up_prompt(i, length, max_tokens=1)  # the prefill alone: a decode would record a graph
+            if graphs is not None:  # a graph recorded now would hold none of the Triton kernels
+                graphs.rehearsing = True
+            try:
+                if graphs is not None and graphs.capture:
+                    graphs.rehearse(graphs.start_shapes())
+                for i, length in enumerate(prompts):
+                    # The prefill alone (a one-token prompt's step is the decode graph's shape, run eagerly).
+                    self._warm_up_prompt(i, length, max_tokens=1)
+            finally:
+                if graphs is not None:
+                    graphs.rehearsing = False
         return time.perf_counter() - start
 
     def add_request(

@@ -150,6 +150,9 @@ class DecodeGraphs:
         self.num_heads = num_heads
         self.device = kv_pool.device
         self.capture, self.lazy = capture, lazy
+        # Set by the engine while a compile-ahead rehearsal runs (no Triton kernel launches then): steps
+        # run their forward eagerly and no graph is recorded, since one would hold none of those kernels.
+        self.rehearsing = False
         self.feed = feed  # decode steps may take their input ids from the previous step's (see FEED)
         self.multimodal = isinstance(model, MultimodalModel)
         page_size = kv_pool.page_size
@@ -308,8 +311,8 @@ class DecodeGraphs:
 
     def _replay(self, key, graphs: dict, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``fn()``'s result: by replay of the graph of ``key`` (recorded now if it is not yet), or
-        eagerly without capture."""
-        if not self.capture:
+        eagerly without capture (and during a rehearsal: :attr:`rehearsing`)."""
+        if not self.capture or self.rehearsing:
             return fn()
         if key not in graphs:
             self._record(key, graphs, fn)
