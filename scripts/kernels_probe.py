@@ -30,6 +30,8 @@
 * ``rotary``: the rotary K/V write (``fused_launch.rotary_kv_write``) at Llama-3-8B's heads over
   ``ROTARY_TOKENS`` tokens: the default program (one token, one head) against ``ROTARY_PROGRAMS``
   (blocks of tokens and heads), as a fraction of copy over the bytes it reads and writes.
+* ``small-linears``: ``norm_linear`` / ``norm_linear_rotary`` at SmolLM2-135M's projections and LM head,
+  1 and 8 rows: the default tiles against ``SMALL_LINEAR_TILES``; the LM head also as torch runs it.
 
 Every section prints its rows and writes ``DIR/<section>.json`` and its plot ``DIR/<section>.png`` (the
 timed rows' milliseconds); ceilings (copy, bf16 matmul) come from the same process.
@@ -480,6 +482,78 @@ def rotary(out: Path, ceil) -> dict:
     return rows
 
 
+# SmolLM2-135M's batch-1 projections (hidden 576, intermediate 1536, 9 / 3 heads of 64, vocabulary
+# 49,152): (name, out features, in features, gated, rotary), and the tiles timed against each default.
+SMALL_LINEARS = [("gate_up", 1536, 576, True, False), ("down", 576, 1536, False, False),
+                 ("qkv", 960, 576, False, True), ("lm_head", 49152, 576, False, False)]  # fmt: skip
+SMALL_LINEAR_TILES = {
+    "gate_up": [(16, 64, 4, 4), (16, 128, 4, 3), (16, 128, 2, 3), (16, 256, 2, 3), (16, 256, 8, 3), (32, 128, 4, 3),
+                (32, 256, 4, 3), (16, 1024, 4, 1), (16, 1024, 8, 1)],
+    "down": [(16, 64, 4, 4), (16, 128, 2, 4), (16, 128, 8, 4), (16, 256, 4, 3), (16, 256, 8, 3), (16, 512, 4, 2),
+             (16, 512, 8, 2), (16, 2048, 4, 1), (16, 2048, 8, 1), (32, 256, 4, 3)],
+    "qkv": [(16, 1024, 2, 1), (16, 1024, 8, 1), (16, 256, 4, 3), (16, 128, 4, 4), (32, 1024, 4, 1), (32, 1024, 8, 1),
+            (64, 1024, 8, 1)],
+    "lm_head": [(16, 1024, 4, 1), (32, 1024, 4, 1), (32, 1024, 8, 1), (64, 1024, 8, 1), (64, 256, 4, 3)],
+}  # fmt: skip
+
+
+def small_linears(out: Path, ceil) -> dict:
+    """``norm_linear`` (``norm_linear_rotary`` for q/k/v) at SmolLM2-135M's shapes, 1 and 8 rows in
+    bf16: the default tiles (``linear_tiles``) against ``SMALL_LINEAR_TILES`` (block_n, block_k, warps,
+    stages), as a fraction of copy over the weight's bytes; the LM head also as the engine runs it
+    (``torch.mm`` into float32, then the argmax). A batch-1 decode graph of the model spends most of
+    its 0.66 ms in these launches (benchmarks/results/engine_h200/round10)."""
+    from portattn.kernels.triton.fused_launch import LinearTiles, linear_tiles, norm_linear, norm_linear_rotary
+
+    rows = {}
+    hidden, heads, kv_heads, head_dim = 576, 9, 3, 64
+    for name, n_out, k_in, gated, rotary_ in SMALL_LINEARS:
+        w = torch.randn(n_out * (2 if gated else 1), k_in, device=DEV, dtype=torch.bfloat16) / k_in**0.5
+        nbytes = w.numel() * 2
+        for m in (1, 8):
+            x = torch.randn(m, k_in, device=DEV, dtype=torch.bfloat16)
+            res = torch.randn(m, k_in, device=DEV, dtype=torch.bfloat16)
+            nw = torch.ones(k_in, device=DEV, dtype=torch.bfloat16)
+            norm = dict(norm_weight=nw, eps=1e-5, residual=res) if k_in == hidden else {}
+            if rotary_:
+                cos, sin = (torch.randn(m, head_dim, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+                kc, vc = (torch.zeros(4, 16, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16) for _ in "kv")
+                slots = torch.arange(m, device=DEV)
+
+                def call(tiles, x=x, w=w, norm=norm, cos=cos, sin=sin, kc=kc, vc=vc, slots=slots):
+                    return lambda i: norm_linear_rotary(x, w, None, cos, sin, kc, vc, slots, num_q_heads=heads,
+                                                        num_kv_heads=kv_heads, tiles=tiles, **norm)  # fmt: skip
+            else:
+
+                def call(tiles, x=x, w=w, norm=norm, gated=gated):
+                    return lambda i: norm_linear(x, w, act="silu" if gated else None, tiles=tiles, **norm)
+
+            d = linear_tiles(n_out, k_in, DEV, gated=gated, rows=m)
+            label = f"{name} M={m}"
+            path = out / "small_linears.json"
+
+            def record(key, fn, label=label, path=path, nbytes=nbytes):
+                _record(rows, path, "small_linears", f"{label} {key}", fn, nbytes, ceil)
+
+            record(f"default n{d.block_n} k{d.block_k} w{d.num_warps} s{d.num_stages}", call(None))
+            for bn, bk, nw_, st in SMALL_LINEAR_TILES[name]:
+                record(f"n{bn} k{bk} w{nw_} s{st}", call(LinearTiles(bn, bk, nw_, st)))
+            if name == "lm_head":
+                from portattn.models.layers.embedding import linear_float32
+
+                logits = torch.empty(m, n_out, device=DEV)
+                ids = torch.empty(m, dtype=torch.int64, device=DEV)
+
+                def engine_head(i, x=x, w=w, logits=logits, ids=ids):
+                    logits.copy_(linear_float32(x, w))
+                    torch.argmax(logits, dim=-1, out=ids)
+
+                record("torch.mm float32 + copy + argmax", engine_head)
+                record("torch.mm float32", lambda i, x=x, w=w: linear_float32(x, w))
+                record("argmax", lambda i, logits=logits, ids=ids: torch.argmax(logits, dim=-1, out=ids))
+    return rows
+
+
 # -- prefill: where the paged kernel's time goes, against a descriptor (TMA) kernel on contiguous K/V --
 
 
@@ -742,6 +816,7 @@ SECTIONS = {
     "batched": (True, lambda out, ceil, args: batched(out, ceil)),
     "few": (True, lambda out, ceil, args: few(out, ceil)),
     "rotary": (True, lambda out, ceil, args: rotary(out, ceil)),
+    "small-linears": (True, lambda out, ceil, args: small_linears(out, ceil)),
     "fp32": (False, lambda out, ceil, args: fp32(out)),
 }
 

@@ -305,10 +305,20 @@ class RotaryTiles:
                 raise ValueError(f"expected RotaryTiles.{name} a power of two, got {n!r}")
 
 
-# One token and one head a program. A prompt chunk of 16,384 tokens at Llama-3-8B's heads took 0.95 ms a
-# layer in it on an H200, about 10x its bytes' time at copy (benchmarks/results/engine_h200/round11); larger
-# blocks are timed by `scripts/kernels_probe.py rotary` before a rule picks them.
-ROTARY_TILES = RotaryTiles()
+# Tokens a program from this many tokens on (below: ROTARY_SMALL_BLOCK_T), one head and four warps. On an
+# H200 at Llama-3-8B's heads (`scripts/kernels_probe.py rotary`, benchmarks/results/round12_h200): 16 tokens
+# 0.112 ms at 16,384 tokens (86% of copy; one token and one head a program with one warp: 0.949 ms, 10%),
+# 0.0129 ms at 2,048 (8 tokens 0.0155); 8 tokens 0.0023 ms at 256 (one and one: 0.0155).
+ROTARY_LARGE_TOKENS = 2048
+ROTARY_SMALL_BLOCK_T = 8
+ROTARY_LARGE_BLOCK_T = 16
+
+
+def rotary_tiles(num_tokens: int) -> RotaryTiles:
+    """:func:`rotary_kv_write`'s programs for ``num_tokens`` tokens: 8 tokens of one head with four warps,
+    16 from ``ROTARY_LARGE_TOKENS`` tokens on (two compiled variants for every count)."""
+    block_t = ROTARY_LARGE_BLOCK_T if num_tokens >= ROTARY_LARGE_TOKENS else ROTARY_SMALL_BLOCK_T
+    return RotaryTiles(block_t, 1, 4)
 
 
 def rotary_kv_write(
@@ -329,7 +339,7 @@ def rotary_kv_write(
     last dim contiguous); ``cos, sin [T, D]`` (any leading strides; rows of the rotate-half
     embedding, in q's dtype); ``k_cache [N, P, Hkv, D]`` and ``v_cache [N, P, Hkv, Dv]`` contiguous;
     ``slots [T]`` int64 (``page * P + offset``). ``tiles``: tokens and heads a program and its warps
-    (default :data:`ROTARY_TILES`: one of each, one warp).
+    (default :func:`rotary_tiles`).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, value_dim = v.shape[1], v.shape[2]
@@ -342,7 +352,7 @@ def rotary_kv_write(
             raise ValueError(f"expected {name} with a contiguous last dim, got strides {t.stride()}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("expected contiguous k_cache and v_cache (a slot is page * P + offset), got strided ones")
-    tiles = tiles or ROTARY_TILES
+    tiles = tiles or rotary_tiles(num_tokens)
     heads = triton.cdiv(num_q_heads, tiles.block_h) + 2 * triton.cdiv(num_kv_heads, tiles.block_h)
     grid = (triton.cdiv(num_tokens, tiles.block_t), heads)
     rotary_kv_write_kernel[grid](
