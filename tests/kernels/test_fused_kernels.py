@@ -17,8 +17,10 @@ if "triton" in BACKENDS:
         ACTIVATION_CODES,
         RotaryTiles,
         add_rmsnorm,
+        argmax_rows,
         gated_activation,
         rotary_kv_write,
+        rotary_table,
     )
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
@@ -83,8 +85,58 @@ def test_layers_take_their_torch_code_on_the_cpu():
     assert fused_ops(torch.zeros(1)) is None  # the interpreter is for tests, not the model path
 
 
-# (tokens, heads, warps) a program: the default; blocks past the 5 tokens and past the 2 KV heads; 8 tokens.
-ROTARY_BLOCKS = [(1, 1, 1), (2, 4, 4), (8, 1, 2)]
+# (tokens, heads, warps) a program: None the default (rotary_tiles: 8 tokens of one head); one of each;
+# blocks past the 5 tokens and past the 2 KV heads; 16 tokens (the default from 2,048 tokens on).
+ROTARY_BLOCKS = [None, (1, 1, 1), (2, 4, 4), (16, 1, 4)]
+
+
+@pytest.mark.parametrize("scaling", [1.0, 0.875])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rotary_table_equals_the_layers_torch_code(dtype, head_dim, scaling):
+    """``rotary_table``'s rows against ``RotaryEmbedding.cos_sin`` (the torch code it replaces in a
+    forward on GPUs): 21 tokens (a partial last block of 16) at positions up to 131,071, within one
+    rounding of the dtype (cos and sin of another library's float32); halves equal, as the layer's."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, rope_theta=5e5)
+    rotary = RotaryEmbedding(config, head_dim).to(DEVICE)
+    rotary.scaling = scaling
+    positions = torch.tensor([0, 1, 2, 15, 16, 17, 300, 4095, 4096, 131071, *range(40, 51)], device=DEVICE)
+    cos, sin = rotary_table(positions, rotary.inv_freq, scaling, dtype)
+    want_cos, want_sin = rotary.cos_sin(positions[:, None].float() * rotary.inv_freq[None, :], dtype)
+    for got, want in ((cos, want_cos[:, 0]), (sin, want_sin[:, 0])):
+        assert got.shape == (21, head_dim) and got.dtype == dtype
+        close(got, want, dtype)
+        assert torch.equal(got[:, : head_dim // 2], got[:, head_dim // 2 :])
+    with pytest.raises(ValueError, match="expected integer positions"):
+        rotary_table(positions.float(), rotary.inv_freq, scaling, dtype)
+    with pytest.raises(ValueError, match="contiguous float32 inv_freq"):
+        rotary_table(positions, rotary.inv_freq.double(), scaling, dtype)
+
+
+@pytest.mark.parametrize("chunk", [64, 4096])
+def test_argmax_rows_equals_torch_argmax(chunk):
+    """``argmax_rows`` (the decode graph's greedy ids) against ``torch.argmax``: 1000 scores a row (a
+    partial last chunk), ties within a chunk and across chunks (the first index wins), a NaN after a
+    +inf (the NaN wins, as in torch), a row of -inf (index 0), and the scores' copy."""
+    g = torch.Generator().manual_seed(chunk)
+    scores = torch.randn(6, 1000, generator=g)
+    scores[1, [70, 900]] = 50.0  # a tie across chunks (of 64)
+    scores[2, [5, 9]] = 50.0  # a tie within one
+    scores[3, 10], scores[3, 600], scores[3, 700] = float("inf"), float("nan"), float("nan")
+    scores[4] = float("-inf")
+    scores[5, 999] = 50.0  # the last score, in the partial chunk
+    scores = scores.to(DEVICE)
+    out = torch.full((6,), -1, dtype=torch.int64, device=DEVICE)
+    copy = torch.zeros_like(scores)
+    argmax_rows(scores, out, copy_into=copy, chunk=chunk)
+    assert out.tolist() == torch.argmax(scores, dim=-1).tolist() == [out[0].item(), 70, 5, 600, 0, 999]
+    assert torch.equal(copy.nan_to_num(), scores.nan_to_num()) and torch.equal(copy.isnan(), scores.isnan())
+    with pytest.raises(ValueError, match="expected float32 scores"):
+        argmax_rows(scores.half(), out)
+    with pytest.raises(ValueError, match="contiguous int64 out"):
+        argmax_rows(scores, out.int())
 
 
 def test_rotary_tiles_are_powers_of_two():
@@ -94,7 +146,7 @@ def test_rotary_tiles_are_powers_of_two():
         RotaryTiles(block_t=0)
 
 
-@pytest.mark.parametrize("blocks", ROTARY_BLOCKS, ids=lambda b: "t{}h{}w{}".format(*b))
+@pytest.mark.parametrize("blocks", ROTARY_BLOCKS, ids=lambda b: "default" if b is None else "t{}h{}w{}".format(*b))
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim, blocks):
@@ -112,7 +164,7 @@ def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim, blocks)
     cos, sin = rotary.table(positions, dtype)
     slots = torch.tensor([17, 0, 5, 9, 12], device=DEVICE)
     caches = [torch.full((num_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype, device=DEVICE) for _ in "kv"]
-    got_q = rotary_kv_write(q, k, v, cos, sin, *caches, slots, tiles=RotaryTiles(*blocks))
+    got_q = rotary_kv_write(q, k, v, cos, sin, *caches, slots, tiles=blocks and RotaryTiles(*blocks))
 
     want_q, want_k = RotaryEmbedding.apply(q, k, cos, sin)
     want = [torch.full_like(c, float("nan")) for c in caches]

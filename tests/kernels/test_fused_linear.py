@@ -231,12 +231,16 @@ def test_linear_tiles():
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_a_plain_linear_over_1536_features_in_one_step(dtype, rows):
     """``models.layers.linear.small_linear``'s launch (the MLP's down projection, ``SMALL_DOWN_PROJ``):
-    no norm, every feature of a 1536-wide row in one step of 2048 (masked), 8 warps, against float64."""
+    no norm, every feature of a 1536-wide row in one step of 2048 (masked), 4 warps up to
+    ``SMALL_LINEAR_FEW_ROWS`` rows and 8 past them, against float64."""
+    from portattn.models.layers.linear import SMALL_LINEAR_FEW_ROWS
+
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 1536, generator=g).to(DEVICE, dtype)
     weight = (torch.randn(40, 1536, generator=g) / 1536**0.5).to(DEVICE, dtype)
     bias = torch.randn(40, generator=g).to(DEVICE, dtype)
-    got, summed = norm_linear(x, weight, bias, tiles=LinearTiles(16, 2048, 8, 1))
+    warps = 4 if rows <= SMALL_LINEAR_FEW_ROWS else 8
+    got, summed = norm_linear(x, weight, bias, tiles=LinearTiles(16, 2048, warps, 1))
     assert summed is None and got.shape == (rows, 40)
     ref = x.double() @ weight.double().T + bias.double()
     assert float((got.double() - ref).abs().max()) <= 4 * ULP[dtype] * float(ref.abs().max())

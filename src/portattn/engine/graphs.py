@@ -68,7 +68,7 @@ from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
 from .graph_sampling import DRAW_ROWS, Filters, draw_rows, write_draw_rows
 from .req_pool import ReqToTokenPool
-from .sampler import draw
+from .sampler import argmax_into, draw
 from .sequence import Sequence
 
 logger = logging.getLogger("portattn")
@@ -287,8 +287,7 @@ class DecodeGraphs:
             if self.logits is None:  # a plain tensor, made outside any capture (the first run is eager)
                 with torch.inference_mode(False):
                     self.logits = torch.empty((self.max_batch_size, logits.shape[-1]), device=self.device)
-            self.logits[:batch_size].copy_(logits)
-            torch.argmax(self.logits[:batch_size], dim=-1, out=self.tokens[:batch_size])
+            argmax_into(logits, self.tokens[:batch_size], copy_into=self.logits[:batch_size])
         return hidden
 
     def _draw(self, batch_size: int, filters: Filters) -> torch.Tensor:

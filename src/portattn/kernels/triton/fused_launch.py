@@ -12,11 +12,12 @@ import dataclasses
 import torch
 import triton
 
-from ...device import compute_units
+from ...device import compute_units, is_triton_interpreter
+from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
 from .fused_norm import add_rmsnorm_kernel
-from .fused_rotary import rotary_kv_write_kernel
+from .fused_rotary import rotary_kv_write_kernel, rotary_table_kernel
 from .gumbel_max import gumbel_max_kernel
 from .launch import next_pow2, pdl_options
 from .nucleus import nucleus_kernel
@@ -364,6 +365,69 @@ def rotary_kv_write(
         BLOCK=next_pow2(head_dim // 2), VALUE_DIM=value_dim, BLOCK_V=next_pow2(value_dim),
         BLOCK_T=tiles.block_t, BLOCK_H=tiles.block_h, num_warps=tiles.num_warps, **pdl_options(q.device),
     )  # fmt: skip
+    return out
+
+
+# Tokens a program of rotary_table.
+ROTARY_TABLE_BLOCK_T = 16
+
+
+def rotary_table(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin [T, D]`` in ``dtype`` (``D = 2 * len(inv_freq)``) of the rotate-half embedding at
+    integer ``positions [T]``, in one launch: ``RotaryEmbedding.cos_sin`` of ``positions * inv_freq``
+    (``inv_freq`` float32 on the positions' device)."""
+    if positions.dim() != 1 or positions.dtype.is_floating_point:
+        raise ValueError(f"expected integer positions [T], got {positions.dtype} {tuple(positions.shape)}")
+    if inv_freq.dtype != torch.float32 or inv_freq.dim() != 1 or not inv_freq.is_contiguous():
+        raise ValueError(
+            f"expected a contiguous float32 inv_freq [D / 2], got {inv_freq.dtype} {tuple(inv_freq.shape)}"
+        )
+    num_tokens, half = positions.shape[0], inv_freq.shape[0]
+    cos = torch.empty((num_tokens, 2 * half), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if num_tokens:
+        rotary_table_kernel[(triton.cdiv(num_tokens, ROTARY_TABLE_BLOCK_T),)](
+            positions, inv_freq, cos, sin, num_tokens, float(scaling), positions.stride(0), cos.stride(0),
+            sin.stride(0), HALF=half, BLOCK_T=ROTARY_TABLE_BLOCK_T, BLOCK=next_pow2(half),
+            LIBDEVICE=not is_triton_interpreter(), num_warps=4,
+            **pdl_options(positions.device),
+        )  # fmt: skip
+    return cos, sin
+
+
+def argmax_rows(
+    scores: torch.Tensor, out: torch.Tensor, *, copy_into: torch.Tensor | None = None, chunk: int = 4096
+) -> torch.Tensor:
+    """``out [N]`` int64 := ``torch.argmax(scores, dim=-1)`` for ``scores [N, V]`` float32 (rows with a
+    contiguous last dim), in two launches (``kernels/triton/argmax.py``); ``copy_into`` (``[N, V]``
+    float32, same layout): also receives the scores."""
+    rows, vocab = scores.shape
+    if scores.dtype != torch.float32 or scores.stride(-1) != 1:
+        raise ValueError(f"expected float32 scores [N, V] with a contiguous last dim, got {scores.dtype} "
+                         f"strides {scores.stride()}")  # fmt: skip
+    if out.shape != (rows,) or out.dtype != torch.int64 or (rows > 1 and out.stride(0) != 1):
+        raise ValueError(f"expected a contiguous int64 out [{rows}], got {out.dtype} {tuple(out.shape)}")
+    if copy_into is not None and (
+        copy_into.shape != scores.shape or copy_into.dtype != torch.float32 or copy_into.stride(-1) != 1
+    ):
+        raise ValueError(f"expected copy_into float32 {tuple(scores.shape)}, got {copy_into.dtype} "
+                         f"{tuple(copy_into.shape)}")  # fmt: skip
+    chunk = min(chunk, next_pow2(vocab))
+    num_chunks = -(-vocab // chunk)
+    best = torch.empty((rows, num_chunks), dtype=torch.float32, device=scores.device)
+    best_token = torch.empty((rows, num_chunks), dtype=torch.int32, device=scores.device)
+    if rows:
+        options = pdl_options(scores.device)
+        argmax_chunks_kernel[(rows, num_chunks)](
+            scores, scores if copy_into is None else copy_into, best, best_token, vocab, scores.stride(0),
+            0 if copy_into is None else copy_into.stride(0), num_chunks,
+            CHUNK=chunk, COPY=copy_into is not None, num_warps=8, **options,
+        )  # fmt: skip
+        argmax_merge_kernel[(rows,)](
+            best, best_token, out, num_chunks, BLOCK_C=next_pow2(num_chunks), num_warps=1, **options
+        )
     return out
 
 

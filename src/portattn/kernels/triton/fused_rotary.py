@@ -5,12 +5,16 @@ kind: the first ``cdiv(Hq, BLOCK_H)`` blocks rotate query heads into ``QOut``, t
 ``cdiv(Hkv, BLOCK_H)`` rotate key heads and store them in each token's cache slot, the last as many
 copy value heads there (heads past a kind's count are masked). The rotation rounds as transformers'
 ``q * cos + rotate_half(q) * sin`` does in the model dtype: each product, then the sum. Grid:
-``(cdiv(T, BLOCK_T), cdiv(Hq, BLOCK_H) + 2 * cdiv(Hkv, BLOCK_H))``; one token and one head a program
-by default.
+``(cdiv(T, BLOCK_T), cdiv(Hq, BLOCK_H) + 2 * cdiv(Hkv, BLOCK_H))`` (``fused_launch.rotary_tiles`` picks
+the blocks).
+
+:func:`rotary_table_kernel` makes the ``cos, sin`` rows that it and the fused q/k/v projection read, from
+the tokens' positions, in one launch where torch's code takes nine.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from .pdl import wait_for_previous
 
@@ -107,3 +111,37 @@ def rotary_kv_write_kernel(
     o1, o2 = rotate_halves(x1, x2, cos1[:, None, :], cos2[:, None, :], sin1[:, None, :], sin2[:, None, :], DTYPE)
     tl.store(dst + offs[None, None, :], o1.to(dst.dtype.element_ty), mask=mask)
     tl.store(dst + HALF + offs[None, None, :], o2.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["T"])
+def rotary_table_kernel(
+    Positions, InvFreq, Cos, Sin, T, scaling, stride_pos, stride_cos, stride_sin,
+    HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Rows ``cos, sin [T, 2 * HALF]`` of the rotate-half embedding at ``Positions [T]`` (integers):
+    ``cos(p * inv_freq) * scaling`` in float32, rounded once to the outputs' dtype, each row's halves
+    equal; as ``RotaryEmbedding.cos_sin`` computes it in torch (its float32 product, the scaling's
+    product). ``LIBDEVICE``: ``cos`` and ``sin`` from the device library, accurate over the whole range
+    as torch's (``tl.cos`` may compile to a hardware approximation that loses digits at large
+    arguments); off under the interpreter, which has no device library. Program ``i`` takes ``BLOCK_T``
+    tokens from ``i * BLOCK_T``."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs = tl.arange(0, BLOCK)
+    row_ok = rows < T
+    col_ok = offs < HALF
+    rows64 = rows.to(tl.int64)
+    inv_freq = tl.load(InvFreq + offs, mask=col_ok, other=0.0)
+    wait_for_previous(PDL)
+    pos = tl.load(Positions + rows64 * stride_pos, mask=row_ok, other=0).to(tl.float32)
+    freqs = pos[:, None] * inv_freq[None, :]  # [BLOCK_T, BLOCK]
+    if LIBDEVICE:
+        cos, sin = libdevice.cos(freqs), libdevice.sin(freqs)
+    else:
+        cos, sin = tl.cos(freqs), tl.sin(freqs)
+    cos = (cos * scaling).to(Cos.dtype.element_ty)
+    sin = (sin * scaling).to(Sin.dtype.element_ty)
+    mask = row_ok[:, None] & col_ok[None, :]
+    for half in tl.static_range(2):
+        tl.store(Cos + rows64[:, None] * stride_cos + half * HALF + offs[None, :], cos, mask=mask)
+        tl.store(Sin + rows64[:, None] * stride_sin + half * HALF + offs[None, :], sin, mask=mask)

@@ -304,6 +304,10 @@ class QKVLinear(MergedLinear):
 # ``python -m benchmarks.real_model --kernel-options cublas_down`` turns it off for a run.
 SMALL_DOWN_PROJ = True
 SMALL_LINEAR_K = 2048
+# Warps of that launch: 4 up to SMALL_LINEAR_FEW_ROWS rows, else 8. At SmolLM2's 576 x 1536 on an H200
+# (``scripts/kernels_probe.py small-linears``, benchmarks/results/round12_h200): 3.6 us against 4.2 with
+# 8 warps at one row, 4.1 against 4.5 at 8.
+SMALL_LINEAR_FEW_ROWS = 8
 
 
 def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
@@ -322,7 +326,8 @@ def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
         or weight.stride(-1) != 1
     ):
         return None
-    tiles = ops.LinearTiles(16, max(16, ops.next_pow2(x.shape[1])), 8, 1)
+    warps = 4 if x.shape[0] <= SMALL_LINEAR_FEW_ROWS else 8
+    tiles = ops.LinearTiles(16, max(16, ops.next_pow2(x.shape[1])), warps, 1)
     return ops.norm_linear(x, weight, linear.bias, tiles=tiles)[0]
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ...errors import expect
+from .fused import fused_ops
 
 # Rope types whose frequencies depend on the sequence length at run time are not supported.
 _DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -72,7 +73,12 @@ class RotaryEmbedding(nn.Module):
         return (emb.cos() * self.scaling).to(dtype)[:, None, :], (emb.sin() * self.scaling).to(dtype)[:, None, :]
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin [T, 1, D]`` of the tokens at ``positions [T]``: once per forward, shared by every layer."""
+        """``cos, sin [T, 1, D]`` of the tokens at ``positions [T]``: once per forward, shared by every
+        layer (on GPUs one fused launch, ``fused_launch.rotary_table``, where torch's code takes nine)."""
+        ops = fused_ops(positions)
+        if ops is not None and positions.dim() == 1 and self.inv_freq.device == positions.device:
+            cos, sin = ops.rotary_table(positions, self.inv_freq, self.scaling, dtype)
+            return cos[:, None, :], sin[:, None, :]
         return self.cos_sin(positions[:, None].float() * self.inv_freq[None, :], dtype)
 
     @staticmethod
