@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .pdl import wait_for_previous
 
-_NO_INDEX = 2**31 - 1
+_NO_INDEX = tl.constexpr(2**31 - 1)  # above every token id
 
 
 @triton.jit
