@@ -56,6 +56,29 @@ def test_tokens_equal_synchronous_scheduling(ckpt_root):
         assert llm.engine.run_ahead.steps_ahead > 5  # decodes overlapped once no request waits
 
 
+def test_a_full_batch_runs_ahead_while_requests_wait(ckpt_root):
+    """With ``max_num_seqs`` sequences running the scheduler admits nobody, so the steps of the first
+    wave run ahead although requests wait; once a place frees up, the waiting request is admitted at
+    the step synchronous scheduling admits it (the sequence that stops at its length is left out of the
+    step ahead, so the step after it is scheduled as usual)."""
+    path = checkpoint("llama", ckpt_root)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 16, 9, 14, 10, 11)]
+    want = run(static(path, ahead=False, max_num_seqs=2), PROMPTS, params)
+    llm = static(path, ahead=True, max_num_seqs=2)
+    engine = llm.engine
+    waiting = []  # whether requests waited at each launch ahead
+    launch = engine.run_ahead._launch
+
+    def counted(scheduled, feed):
+        if feed is not None:
+            waiting.append(bool(engine.scheduler.waiting))
+        return launch(scheduled, feed)
+
+    engine.run_ahead._launch = counted
+    assert run(llm, PROMPTS, params) == want
+    assert sum(waiting) > 10 and not all(waiting)
+
+
 def test_stops_found_one_step_late_drop_the_step_ahead(ckpt_root):
     path = checkpoint("qwen3", ckpt_root)
     plain = static(path, ahead=False)

@@ -13,13 +13,15 @@ within a synchronous step before its tokens are appended. Its pages are committe
 only up to tokens the host knows.
 
 A step is launched ahead only where the engine would schedule exactly that step: every running
-sequence decodes and samples in the graph, none waits for admission, the pool has the slot of each
-next token. A sequence that certainly stops with the token in flight (``max_tokens`` or
+sequence decodes and samples in the graph, none waits for admission unless the step ahead is full
+(``max_num_seqs`` sequences: the scheduler would admit none), the pool has the slot of each next
+token. A sequence that certainly stops with the token in flight (``max_tokens`` or
 ``max_model_len`` reached) is left out of the step ahead; one that stops on a sampled stop token or
 string has run one step too many, whose token is dropped and whose slot goes back with its pages
-(the device writes it before any later step can reuse the page: one stream orders them). Otherwise
-the in-flight step's tokens are read and the next call schedules as usual. Outputs therefore come
-one step later than they are computed; the tokens are those of synchronous scheduling.
+(the device writes it before any later step can reuse the page: one stream orders them), and a
+sequence waiting for its place is then admitted one step later than synchronous scheduling would.
+Otherwise the in-flight step's tokens are read and the next call schedules as usual. Outputs
+therefore come one step later than they are computed; the tokens are those of synchronous scheduling.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ class RunAhead:
         engine = self.engine
         scheduler = engine.scheduler
         live = [seq for seq in launched.seqs if seq.status is Status.RUNNING]
-        if scheduler.waiting or len(scheduler.running) != len(live) or set(scheduler.running) != set(live):
-            return None  # admissions, or sequences outside the launched step (a prefill to go on)
+        if len(scheduler.running) != len(live) or set(scheduler.running) != set(live):
+            return None  # sequences outside the launched step (a prefill to go on)
         rows = {seq: row for row, seq in enumerate(launched.seqs)}
         going = []
         for seq in live:
@@ -117,6 +119,8 @@ class RunAhead:
         budget = scheduler.token_budget
         if not going or (budget is not None and len(going) > budget):
             return None
+        if scheduler.waiting and len(going) < scheduler.max_num_seqs:
+            return None  # the scheduler would admit a waiting sequence into the next step
         scheduled = [(seq, 1) for seq in going]
         runner = engine.runner
         if runner.cascade_tokens(scheduled) or not runner.replays(scheduled):
