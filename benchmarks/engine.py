@@ -12,7 +12,9 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
   alone, against the streaming limit ``(weights read per step + KV read) /
   bandwidth`` at the measured copy bandwidth and at the specified 4.8 TB/s;
 * ``launches``: kernels per layer of one eager decode step and of one replay (torch.profiler);
-* ``throughput``: offline generation of 512 requests of 1024 prompt + 256 output tokens;
+* ``throughput``: offline generation of 512 requests of 1024 prompt + 256 output tokens (``--model PATH``:
+  of that checkpoint or GGUF file instead of the Llama-3-8B shape, e.g. SmolLM2-135M's 512 x (512 + 128)
+  with ``--prompt-len 512 --output-len 128``);
 * ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
@@ -479,7 +481,10 @@ def part_launches(args, results: dict) -> dict:
 def part_throughput(args, results: dict) -> dict:
     from portattn.engine.sampling_params import SamplingParams
 
-    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    if args.model:
+        path, model = args.model, Path(args.model).name
+    else:
+        path, model = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir), "llama3-8b"
     llm = make_llm(
         path,
         max_num_seqs=args.max_num_seqs,
@@ -528,6 +533,7 @@ def part_throughput(args, results: dict) -> dict:
     del engine.step, engine.run_step
     assert all(len(o.token_ids) == args.output_len for o in outs)
     out = {
+        "model": model,
         "requests": args.requests,
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
@@ -890,8 +896,9 @@ def notes(results: dict) -> str:
         lines += ["", "Most frequent (eager): " + ", ".join(f"{n} x{c}" for n, c in launches["eager_top"][:12]), ""]
     tp, hf, hfc = results.get("throughput"), results.get("hf"), results.get("hf-compile")
     if tp:
-        lines += ["## Offline throughput", "", f"portattn: {tp['requests']} requests of {tp['prompt_len']} + "
-                  f"{tp['output_len']} tokens in {tp['seconds']:.1f} s: {tp['output_tokens_per_s']:.0f} output "
+        lines += ["## Offline throughput", "", f"portattn, {tp.get('model', 'llama3-8b')}: {tp['requests']} "
+                  f"requests of {tp['prompt_len']} + {tp['output_len']} tokens in {tp['seconds']:.1f} s: "
+                  f"{tp['output_tokens_per_s']:.0f} output "
                   f"tokens/s ({tp['total_tokens_per_s']:.0f} tokens/s with the prompts); {tp['replayed_steps']} of "
                   f"{tp['steps']} steps replayed graphs; {tp['preemptions']} preemptions"
                   f"{'; async scheduling' if tp.get('async_scheduling') else ''}."]  # fmt: skip
@@ -960,7 +967,7 @@ def targets(results: dict) -> list[str]:
             out.append(f"- batch-{batch} decode step {r['graphs_vs_limit']:.2f}x the streaming limit at the copy "
                        f"bandwidth{spec} (target <= {bound}x): {_met(r['graphs_vs_limit'] <= bound)}")  # fmt: skip
     tp = results.get("throughput")
-    if tp and "total_tokens_per_s" in tp:
+    if tp and "total_tokens_per_s" in tp and tp.get("model", "llama3-8b") == "llama3-8b":
         total = tp["total_tokens_per_s"]
         out.append(f"- offline throughput {total:,.0f} total tokens/s (target >= 30,000): {_met(total >= 30000)}")
     cold = coldstart_runs(results.get("coldstart"))
@@ -996,6 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", default=["copy", "decode", "launches"], choices=PARTS)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     parser.add_argument("--workdir", type=Path, default=None, help="where checkpoints are written (reused)")
+    parser.add_argument("--model", default=None, help="the throughput part's checkpoint or GGUF file (default: "
+                        "the Llama-3-8B shape, random weights)")  # fmt: skip
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--context", type=int, default=1024)

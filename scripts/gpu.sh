@@ -11,7 +11,9 @@
 #   "test server"     tests/server, tests/bench and tests/examples on the GPU machine
 #   "test tp"         tests/distributed over NCCL (needs two GPUs)
 #   "bench ops"       python -m portattn.bench (the op benchmarks against their peers)
-#   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...)
+#   "bench engine"    python -m benchmarks.engine (decode steps, throughput, cold start, ...); SmolLM2's offline
+#                     512 x (512 + 128) beside the 8B shape's: -- --parts throughput --model FILE.gguf
+#                     --prompt-len 512 --output-len 128
 #   "bench real_model"  python -m benchmarks.real_model (SmolLM2: answers, batch-1 step and its breakdown, offline)
 #   "bench host_path"   python -m benchmarks.host_path --device cuda (the host's part of a decode step, model stubbed)
 #   "bench spec_decode"  python -m benchmarks.spec_decode (SmolLM2 with and without n-gram speculation, MODEL=path)

@@ -147,6 +147,22 @@ def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
     assert "| 4 | 32 | 5 |" in text
 
 
+def test_throughput_part_runs_the_model_it_is_given(tmp_path, cpu):
+    """``--model PATH``: the offline job on that checkpoint (SmolLM2's GGUF file on a GPU), named in
+    the results and kept out of the Llama-3-8B target's line."""
+    import argparse
+
+    path = write_random_checkpoint(tiny_llama(), tmp_path / "given", device="cpu")
+    args = argparse.Namespace(
+        layers=2, workdir=tmp_path / "unused", max_num_seqs=2, prompt_len=12, output_len=3, kv_gib=1,
+        chunked_prefill=64, async_scheduling=False, requests=3, profile_steps=False, model=str(path),
+    )  # fmt: skip
+    out = bench.part_throughput(args, {})
+    assert out["model"] == "given" and out["requests"] == 3 and out["steps"] > 0
+    assert not (tmp_path / "unused").exists()  # no Llama-3-8B-shaped checkpoint written
+    assert not any("offline throughput" in line for line in bench.targets({"throughput": out}))
+
+
 @pytest.mark.filterwarnings("ignore:CUDA is not available")  # the CPU's profile: no device kernels
 def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
     """The offline job's synchronous steps split into steps with a prompt chunk and decode-only steps
@@ -158,9 +174,10 @@ def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
     monkeypatch.setattr(bench, "profile_steps", functools.partial(bench.profile_steps, prefill_index=1))
     args = argparse.Namespace(
         layers=2, workdir=tmp_path, max_num_seqs=4, prompt_len=40, output_len=5, kv_gib=1, chunked_prefill=64,
-        async_scheduling=False, requests=6, profile_steps=True,
+        async_scheduling=False, requests=6, profile_steps=True, model=None,
     )  # fmt: skip
     out = bench.part_throughput(args, {})
+    assert out["model"] == "llama3-8b"  # the random Llama-3-8B-shaped checkpoint (here its tiny stand-in)
     prefill, decode = out["prefill_steps"], out["decode_steps"]
     assert prefill["steps"] + decode["steps"] == out["steps"]
     computed = prefill["steps"] * prefill["tokens_per_step"] + decode["steps"] * decode["tokens_per_step"]
