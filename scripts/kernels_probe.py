@@ -499,11 +499,14 @@ SMALL_LINEAR_TILES = {
 
 def small_linears(out: Path, ceil) -> dict:
     """``norm_linear`` (``norm_linear_rotary`` for q/k/v) at SmolLM2-135M's shapes, 1 and 8 rows in
-    bf16: the default tiles (``linear_tiles``) against ``SMALL_LINEAR_TILES`` (block_n, block_k, warps,
-    stages), as a fraction of copy over the weight's bytes; the LM head also as the engine runs it
+    bf16: the default tiles (``linear_tiles``; for the down projection also the engine's own launch,
+    ``small_linear``) against ``SMALL_LINEAR_TILES`` (block_n, block_k, warps, stages), as a fraction of
+    copy over the weight's bytes; the LM head also as the engine runs it
     (``torch.mm`` into float32, then the argmax). A batch-1 decode graph of the model spends most of
     its 0.66 ms in these launches (benchmarks/results/engine_h200/round10)."""
     from portattn.kernels.triton.fused_launch import LinearTiles, linear_tiles, norm_linear, norm_linear_rotary
+    from portattn.kernels.triton.launch import next_pow2
+    from portattn.models.layers.linear import SMALL_LINEAR_FEW_ROWS
 
     rows = {}
     hidden, heads, kv_heads, head_dim = 576, 9, 3, 64
@@ -528,13 +531,16 @@ def small_linears(out: Path, ceil) -> dict:
                 def call(tiles, x=x, w=w, norm=norm, gated=gated):
                     return lambda i: norm_linear(x, w, act="silu" if gated else None, tiles=tiles, **norm)
 
-            d = linear_tiles(n_out, k_in, DEV, gated=gated, rows=m)
             label = f"{name} M={m}"
             path = out / "small_linears.json"
 
             def record(key, fn, label=label, path=path, nbytes=nbytes):
                 _record(rows, path, "small_linears", f"{label} {key}", fn, nbytes, ceil)
 
+            if name == "down":  # the engine's launch of it (models/layers/linear.py: small_linear)
+                d = LinearTiles(16, next_pow2(k_in), 4 if m <= SMALL_LINEAR_FEW_ROWS else 8, 1)
+                record(f"engine n{d.block_n} k{d.block_k} w{d.num_warps} s{d.num_stages}", call(d))
+            d = linear_tiles(n_out, k_in, DEV, gated=gated, rows=m)
             record(f"default n{d.block_n} k{d.block_k} w{d.num_warps} s{d.num_stages}", call(None))
             for bn, bk, nw_, st in SMALL_LINEAR_TILES[name]:
                 record(f"n{bn} k{bk} w{nw_} s{st}", call(LinearTiles(bn, bk, nw_, st)))
