@@ -1,8 +1,10 @@
 """Launchers of the fused kernels (RMSNorm with the residual add, gated activation, rotary with the
-cache write, a small-batch linear with the norm before it and the activation after it, sampling).
+cache write and the rotary table, a small-batch linear with the norm before it and the activation after
+it, sampling and the greedy argmax).
 
-The model layers call these on GPUs (``models/layers/norm.py``, ``activation.py``, ``linear.py``), the
-Triton backend the rotary write; the layers' torch code is the reference and the path everywhere else.
+The model layers call these on GPUs (``models/layers/norm.py``, ``activation.py``, ``linear.py``,
+``rotary.py``), the Triton backend the rotary write, the engine's sampler the draws and the argmax; the
+torch code of each is the reference and the path everywhere else.
 """
 
 from __future__ import annotations
