@@ -1,6 +1,7 @@
-"""The sampler's and the fused linears' Triton kernels compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any
-machine: the CPU's interpreter runs Python, not the compiler, so a construct the compiler refuses
-(types a loop carries, branches on runtime values) would otherwise surface only on a GPU.
+"""The sampler's, the fused linears' and the rotary and argmax Triton kernels compile for a Hopper GPU
+(sm_90, to a cubin through ptxas) on any machine: the CPU's interpreter runs Python, not the compiler,
+so a construct the compiler refuses (types a loop carries, branches on runtime values, a global that
+is not a constexpr) would otherwise surface only on a GPU.
 
 The compile runs in a child process without ``TRITON_INTERPRET`` (under the interpreter,
 ``@triton.jit`` makes functions the compiler cannot take)."""
@@ -31,6 +32,8 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.nucleus import nucleus_kernel
     from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
+    from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
+    from portattn.kernels.triton.fused_rotary import rotary_table_kernel
     from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
@@ -92,6 +95,17 @@ CHILD = textwrap.dedent(
           "num_heads": "i32", "num_splits": "i32", "stride_ot": "i32", "stride_oh": "i32", "stride_lt": "i32",
           "stride_lh": "i32"},
          {"SPLITS_PAD": 4, "BLOCK_DV": 128, "VALUE_DIM": 128, "HAS_SINKS": False, "HAS_LSE": False, "PDL": True}, 4),
+        ("rotary_table, libdevice, PDL", rotary_table_kernel,
+         {"Positions": "*i64", "InvFreq": "*fp32", "Cos": "*bf16", "Sin": "*bf16", "T": "i32", "scaling": "fp32",
+          "stride_pos": "i32", "stride_cos": "i32", "stride_sin": "i32"},
+         {"HALF": 32, "BLOCK_T": 16, "BLOCK": 32, "LIBDEVICE": True, "PDL": True}, 4),
+        ("argmax chunks with the copy, PDL", argmax_chunks_kernel,
+         {"Scores": "*fp32", "Copy": "*fp32", "BestScore": "*fp32", "BestToken": "*i32", "V": "i32",
+          "stride_s": "i32", "stride_c": "i32", "num_chunks": "i32"},
+         {"CHUNK": 4096, "COPY": True, "PDL": True}, 8),
+        ("argmax merge, PDL", argmax_merge_kernel,
+         {"BestScore": "*fp32", "BestToken": "*i32", "Out": "*i64", "num_chunks": "i32"},
+         {"BLOCK_C": 16, "PDL": True}, 1),
     ]
     for name, fn, signature, constexprs, warps in KERNELS:
         signature = {**signature, **{key: "constexpr" for key in constexprs}}
@@ -134,6 +148,9 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "rotary_kv_write, PDL",
         "rotary_kv_write, blocks of tokens and heads",
         "merge_splits, PDL",
+        "rotary_table, libdevice, PDL",
+        "argmax chunks with the copy, PDL",
+        "argmax merge, PDL",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)
     assert [line.endswith(" pdl") for line in lines] == [name.endswith("PDL") for name in names]
