@@ -397,3 +397,47 @@ def test_plans_split_decodes_over_an_fp8_cache_by_its_dtype():
         # a cascade's own pass: the same decodes over what follows a 16-key shared prefix
         own = plan_cascade(backend, table, cu, lens + 16, page, 16, num_heads=32, kv_dtype=kv_dtype).own
         assert (planned.num_kv_splits, graph.num_kv_splits, own.num_kv_splits) == (want, want, want), kv_dtype
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"window_left": 40, "sinks": True}, {"attention_chunk_size": 64}],
+    ids=["causal", "window_sinks", "chunk"],
+)
+def test_a_mixed_batch_launches_its_decodes_apart(kwargs):
+    """The engine's mixed step (decodes first, then prompt chunks and extends) is planned in two parts,
+    each launched with its own tiles and split count: outputs and LSEs against the reference, the NaN
+    buffers written in every row of both parts."""
+    q_lens, k_lens = [1, 1, 1, 1, 9, 3, 1], [300, 7, 8, 150, 9, 40, 16]  # a decode after the prompts stays there
+    case = make_paged_case(q_lens, k_lens, page_size=7, dtype=torch.float16, device=DEVICE, seed=11)
+    kwargs = dict(kwargs)
+    if kwargs.pop("sinks", False):
+        kwargs["sinks"] = torch.linspace(-1.0, 3.0, case.q.shape[1], device=DEVICE)
+    backend = TritonBackend()
+    metadata = backend.plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 7, num_heads=4,
+                                  host_lens=(q_lens, k_lens))  # fmt: skip
+    (rows_a, decodes), (rows_b, rest) = metadata.parts
+    assert (rows_a, rows_b) == (slice(0, 4), slice(4, None))
+    assert decodes.max_seqlen_q == 1 and decodes.k_lens == (300, 7, 8, 150) and decodes.max_seqlen_k == 300
+    assert rest.cu_seqlens_q.tolist() == [0, 9, 12, 13] and rest.k_lens == (9, 40, 16)
+    assert decodes.num_kv_splits == choose_num_kv_splits(300, 4, 4, 1) > 1  # split as a decode batch
+    params = AttentionParams(scale=case.q.shape[-1] ** -0.5, **kwargs)
+    out = torch.full_like(case.q, float("nan"))
+    lse = torch.full(case.q.shape[:2], float("nan"), device=DEVICE)
+    backend.paged_attention(case.q, case.k_cache, case.v_cache, metadata, params, out, lse=lse)
+    ref, tol = reference(case, **kwargs)
+    _, ref_lse = paged_attention_ref(**case.inputs(), return_lse=True, **kwargs)
+    assert max_error(out, ref) <= tol
+    assert lse_error(lse, ref_lse) <= lse_tolerance(ref_lse, torch.float16)
+
+
+def test_only_mixed_batches_are_planned_in_parts():
+    backend = TritonBackend()
+    for q_lens, k_lens in (([1, 1], [5, 9]), ([4, 1], [4, 9]), ([3, 2], [3, 9])):
+        case = make_paged_case(q_lens, k_lens, page_size=4, device=DEVICE)
+        lens = (q_lens, k_lens)
+        assert backend.plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 4, host_lens=lens).parts is None
+    case = make_paged_case([1, 3], [9, 3], page_size=4, device=DEVICE)
+    forced = backend.plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 4, num_kv_splits=2,
+                                num_heads=4, host_lens=([1, 3], [9, 3]))  # fmt: skip
+    assert forced.parts is None  # a forced split count is one launch's

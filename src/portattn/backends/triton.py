@@ -91,9 +91,15 @@ def _split_count(metadata: PagedMetadata, num_heads: int, kv_itemsize: int) -> i
 @dataclass(frozen=True, eq=False)
 class TritonPagedMetadata(PagedMetadata):
     """``num_kv_splits``: key ranges per (query block, KV head); ``None`` when planned without the head
-    count (the op method then chooses from the same host ints and the query's heads, no sync)."""
+    count (the op method then chooses from the same host ints and the query's heads, no sync).
+
+    ``parts``: a mixed batch (the engine's: decodes first, then prompt chunks) is launched in two parts,
+    ``(query rows, plan)`` each: the decodes with decode tiles and their own split count, the rest
+    with prefill tiles. In one launch every decode would take a program of prefill tiles (a 128-row
+    block for its one token) over all of its keys. ``None``: one launch."""
 
     num_kv_splits: int | None = None
+    parts: tuple[tuple[slice, TritonPagedMetadata], ...] | None = None
 
     @property
     def launch_key(self) -> tuple:
@@ -103,6 +109,43 @@ class TritonPagedMetadata(PagedMetadata):
         splits = self.num_kv_splits
         short = splits is not None and short_splits(self.max_seqlen_q, self.max_seqlen_k, splits, 2)
         return (splits, short)
+
+
+def _planned_splits(metadata: PagedMetadata, num_heads, kv_dtype, num_kv_splits=None) -> int:
+    return choose_num_kv_splits(
+        metadata.max_seqlen_k,
+        metadata.batch_size,
+        num_heads,
+        metadata.max_seqlen_q,
+        num_kv_splits=num_kv_splits,
+        kv_itemsize=None if kv_dtype is None else kv_dtype.itemsize,
+    )
+
+
+def _mixed_parts(metadata: TritonPagedMetadata, num_heads, kv_dtype) -> tuple | None:
+    """``TritonPagedMetadata.parts`` of a batch whose leading sequences decode (one query each) and
+    whose others run more queries; ``None`` for any other batch (or without host lengths)."""
+    q_lens, k_lens = metadata.q_lens, metadata.k_lens
+    if q_lens is None or metadata.max_seqlen_q <= 1 or q_lens[0] != 1:
+        return None
+    d = next(i for i, n in enumerate(q_lens) if n != 1)  # decodes: rows and sequences 0 .. d - 1
+    parts = []
+    # the decodes' rows are their sequences' (one query each)
+    for cu, seqs in ((metadata.cu_seqlens_q[: d + 1], slice(0, d)), (metadata.cu_seqlens_q[d:] - d, slice(d, None))):
+        part = TritonPagedMetadata(
+            cu_seqlens_q=cu,
+            seq_lens_k=metadata.seq_lens_k[seqs],
+            page_table=metadata.page_table[seqs],
+            page_size=metadata.page_size,
+            max_seqlen_q=max(q_lens[seqs]),
+            max_seqlen_k=max(k_lens[seqs]),
+            q_lens=q_lens[seqs],
+            k_lens=k_lens[seqs],
+        )
+        if num_heads is not None:
+            part = dataclasses.replace(part, num_kv_splits=_planned_splits(part, num_heads, kv_dtype))
+        parts.append((seqs, part))
+    return tuple(parts)
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,16 +216,10 @@ class TritonBackend(AttentionBackend):
         """
         fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
         metadata = TritonPagedMetadata(**fields)
+        parts = None if num_kv_splits is not None else _mixed_parts(metadata, num_heads, kv_dtype)
         if num_kv_splits is not None or num_heads is not None:
-            num_kv_splits = choose_num_kv_splits(
-                metadata.max_seqlen_k,
-                metadata.batch_size,
-                num_heads,
-                metadata.max_seqlen_q,
-                num_kv_splits=num_kv_splits,
-                kv_itemsize=None if kv_dtype is None else kv_dtype.itemsize,
-            )
-        return dataclasses.replace(metadata, num_kv_splits=num_kv_splits)
+            num_kv_splits = _planned_splits(metadata, num_heads, kv_dtype, num_kv_splits)
+        return dataclasses.replace(metadata, num_kv_splits=num_kv_splits, parts=parts)
 
     def graph_metadata(
         self,
@@ -302,6 +339,12 @@ class TritonBackend(AttentionBackend):
         out: torch.Tensor,
         lse: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        parts = getattr(metadata, "parts", None)
+        if parts is not None:
+            for rows, part in parts:
+                part_lse = None if lse is None else lse[rows]
+                self.paged_attention(q[rows], k_cache, v_cache, part, params, out[rows], part_lse)
+            return out
         num_kv_splits = _split_count(metadata, q.shape[1], k_cache.element_size())
         return _attend(
             q,
