@@ -21,7 +21,7 @@
 * ``few``: decodes of 1-16 sequences over 1024 and 4096 keys: the default against 1-8 splits in each of
   ``FEW_TILES`` (where the split rule and the tiles of a program per SM or fewer should sit).
 * ``prefill``: causal prefill B=1 L=8192 (Hq 32 / Hkv 8 / D 128, bf16): the paged kernel at page 16
-  (default and ``PREFILL_TILES``) and at ``PREFILL_PAGES``, the kernel over contiguous K/V, a
+  (default, ``PREFILL_TILES``, whole pages a tile) and at ``PREFILL_PAGES``, the kernel over contiguous K/V, a
   descriptor (TMA) kernel on contiguous K/V (``TMA_TILES``, with and without a warp-specialized loop)
   and the same kernel with pointer loads (``POINTER_TILES``),
   SDPA cuDNN and FlashAttention: how much of the gap to cuDNN is the page gather.
@@ -41,6 +41,7 @@ timed rows' milliseconds); ceilings (copy, bf16 matmul) come from the same proce
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -700,10 +701,22 @@ def prefill(out: Path, ceil, length: int = 8192) -> dict:
     for st in (2, 3):  # page ids a tile ahead: the pipeliner's stages then all hold K/V tiles
         t = TileConfig(default.block_q, default.block_m, default.block_n, default.num_warps, st, pages_ahead=True)
         record(f"paged P=16 ahead s{st}", _paged_call(case, sets, o, tiles=t))
+    # whole pages a tile (TileConfig.whole_pages): one page id a page, its outputs against the default's
+    _paged_call(case, sets, o)(0)
+    want = o.clone()
+    for st in (2, 3):
+        t = dataclasses.replace(default, num_stages=st, whole_pages=True)
+        fn = _paged_call(case, sets, o, tiles=t)
+        fn(0)
+        error = max_error(o, want)
+        record(f"paged P=16 whole pages{' ahead' if t.pages_ahead else ''} s{st}", fn)
+        print(f"prefill whole pages s{st}: max |difference| from the default launch {error:.2e}", flush=True)
     for p in PREFILL_PAGES:
         pc = PagedCase(f"prefill P={p}", 1, length, length, page_size=p, peers=())
         psets = [_inputs(pc, torch.bfloat16, DEV, seed) for seed in range(2)]
         record(f"paged P={p} default", _paged_call(pc, psets, o))
+        whole = dataclasses.replace(default, whole_pages=True)
+        record(f"paged P={p} whole pages", _paged_call(pc, psets, o, tiles=whole))
         del psets
     # contiguous K/V [L, Hkv, D] (the same keys), through the kernel's varlen path and the descriptor kernel
     flat = [{n: s[n][s["page_table"][0].long()].flatten(0, 1)[:length].contiguous() for n in ("k_cache", "v_cache")}
@@ -767,6 +780,8 @@ def prefill(out: Path, ceil, length: int = 8192) -> dict:
     for st in (2, 3):
         t = TileConfig(default.block_q, default.block_m, default.block_n, default.num_warps, st, pages_ahead=True)
         record(f"extend ahead s{st}", _paged_call(ext, esets, eo, tiles=t), eflops)
+    whole = dataclasses.replace(default, whole_pages=True)
+    record("extend whole pages", _paged_call(ext, esets, eo, tiles=whole), eflops)
     return rows
 
 

@@ -1,7 +1,7 @@
-"""The sampler's, the fused linears' and the rotary and argmax Triton kernels compile for a Hopper GPU
-(sm_90, to a cubin through ptxas) on any machine: the CPU's interpreter runs Python, not the compiler,
-so a construct the compiler refuses (types a loop carries, branches on runtime values, a global that
-is not a constexpr) would otherwise surface only on a GPU.
+"""The sampler's, the fused linears', the rotary and argmax Triton kernels and the attention kernel with
+whole pages a tile compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any machine: the CPU's
+interpreter runs Python, not the compiler, so a construct the compiler refuses (types a loop carries,
+branches on runtime values, a global that is not a constexpr) would otherwise surface only on a GPU.
 
 The compile runs in a child process without ``TRITON_INTERPRET`` (under the interpreter,
 ``@triton.jit`` makes functions the compiler cannot take)."""
@@ -35,6 +35,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
     from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel
+    from portattn.kernels.triton.attention import attention_fwd_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
     ROTARY = {**{name: "*bf16" for name in ("Q", "K", "V", "Cos", "Sin", "QOut", "KCache", "VCache")},
@@ -107,6 +108,23 @@ CHILD = textwrap.dedent(
          {"BestScore": "*fp32", "BestToken": "*i32", "Out": "*i64", "num_chunks": "i32"},
          {"BLOCK_C": 16, "PDL": True}, 1),
     ]
+    ATTENTION = {**{name: "*bf16" for name in ("Q", "K", "V", "Out", "Sinks", "AlibiSlopes")},
+                 **{name: "*fp32" for name in ("Lse", "PartialOut", "PartialLse")},
+                 **{name: "*i32" for name in ("PageTable", "CuSeqlensQ", "SeqLensK", "KvStart", "MergeCounters")},
+                 "num_seqs": "i32", **{name: "fp32" for name in ("q_scale", "qk_scale", "v_scale", "softcap")},
+                 **{name: "i32" for name in ("window_left", "window_right", "chunk_size", "stride_qt", "stride_qh",
+                                             "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs",
+                                             "stride_vh", "stride_ot", "stride_oh", "stride_lt", "stride_lh",
+                                             "stride_pt", "stride_wt", "stride_wh", "stride_ws")}}
+    FLAGS = {name: False for name in ("CAUSAL", "HAS_WINDOW_LEFT", "HAS_WINDOW_RIGHT", "HAS_CHUNK", "HAS_SINKS",
+                                      "HAS_SOFTCAP", "HAS_ALIBI", "HAS_LSE", "SPLIT", "F16_DOTS", "MERGE_IN_KERNEL")}
+    KERNELS += [
+        ("attention, whole pages a tile, PDL", attention_fwd_kernel, ATTENTION,
+         {**FLAGS, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 4, "BLOCK_M": 16, "BLOCK_N": 32, "HEAD_DIM": 64,
+          "BLOCK_D": 64, "BLOCK_D2": 0, "BLOCK_D3": 0, "VALUE_DIM": 64, "BLOCK_DV": 64, "BLOCK_DV2": 0,
+          "BLOCK_DV3": 0, "PARTIAL_DV": 64, "PAGE_SIZE": 16, "PAGED": True, "CAUSAL": True, "DOT_PRECISION": None,
+          "ROW_ALIGN": 8, "PAGES_AHEAD": True, "PDL": True, "WHOLE_PAGES": True}, 4),
+    ]
     for name, fn, signature, constexprs, warps in KERNELS:
         signature = {**signature, **{key: "constexpr" for key in constexprs}}
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
@@ -151,6 +169,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "rotary_table, libdevice, PDL",
         "argmax chunks with the copy, PDL",
         "argmax merge, PDL",
+        "attention, whole pages a tile, PDL",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)
     assert [line.endswith(" pdl") for line in lines] == [name.endswith("PDL") for name in names]

@@ -146,6 +146,7 @@ class TileConfig:
     maxnreg: int | None = None  # a register cap per thread (more programs per SM); None: the compiler's
     pages_ahead: bool = False  # paged K/V: each key tile's page ids loaded one tile ahead (see the kernel)
     merge_in_kernel: bool = False  # split launches: the last split of a block merges (no merge kernel)
+    whole_pages: bool = False  # paged K/V in whole pages a tile: one page id a page (see the kernel)
 
     def launch_options(self) -> dict:
         """The compiler options of a launch with these tiles."""
@@ -580,7 +581,8 @@ def attention_forward(
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
             DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, PAGES_AHEAD=t.pages_ahead,
-            MERGE_IN_KERNEL=counters is not None, **t.launch_options(), **pdl_options(q.device),
+            MERGE_IN_KERNEL=counters is not None, WHOLE_PAGES=t.whole_pages, **t.launch_options(),
+            **pdl_options(q.device),
         )  # fmt: skip
 
     launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
