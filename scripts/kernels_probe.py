@@ -151,7 +151,10 @@ FP8_VARIANTS = [(128, 4, 3, 2, None, False), (128, 4, 3, 2, None, True), (128, 4
 BF16_AHEAD_VARIANTS = [(64, 8, 3, 1), (64, 8, 4, 1), (64, 8, 5, 1), (128, 4, 3, 1)]
 # Round 6's fastest fp8 row (0.1862 ms against the default's 0.1925 in one run): 2 splits.
 FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
-MLA_FP8_TILES = {16: [(16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2)], 128: [(64, 64, 8, 2)]}
+# The fifth field, MLATileConfig.separate_values: the latent rows loaded again for the value product.
+MLA_FP8_TILES = {16: [(16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2), (16, 32, 4, 3, True), (16, 32, 4, 2, True),
+                      (16, 64, 4, 2, True)],
+                 128: [(64, 64, 8, 2), (64, 32, 8, 3, True), (64, 32, 8, 2, True)]}  # fmt: skip
 
 
 def fp8(out: Path, ceil) -> dict:

@@ -8,6 +8,7 @@ here (rank 32, rope 16) to keep the CPU interpreter fast; the GPU run covers Dee
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -324,3 +325,33 @@ def test_triton_launcher_rejects_bad_inputs():
         mla_decode_forward(*args, out[:, :2], scale=0.1, num_kv_splits=1)
     with pytest.raises(ValueError, match="expected a uint8 workspace of at least"):
         mla_decode_forward(*args, out, scale=0.1, num_kv_splits=2, workspace=None)
+
+
+@pytest.mark.parametrize("cache", ["float16", "fp8_e4m3"])
+@pytest.mark.skipif("triton" not in SPLITTING_BACKENDS, reason="triton backend not available here")
+def test_triton_latent_rows_loaded_again_for_the_values(cache):
+    """``MLATileConfig.separate_values`` (the value product's latent rows loaded a second time) equals the
+    plain launch bit for bit, with splits and without, at a rank that leaves masked columns in the tile
+    (24 of 32), NaN in every unowned slot."""
+    from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
+    from portattn.kv_quant import quantize_kv
+
+    case = make_mla_case([1, 20, 45], page_size=8, num_heads=5, rank=24, dtype=torch.float16, seed=9)
+    kv, scale = case.kv_cache, 1.0
+    if cache == "fp8_e4m3":
+        kv, scale = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5), 0.5
+    plain = MLATileConfig(16, 16, num_warps=4, num_stages=2)
+    for splits in (1, 3):
+        plan = plan_mla_decode(case.page_table, case.seq_lens, 8, num_heads=5, kv_lora_rank=24, num_kv_splits=splits)
+        outs = []
+        for tiles in (plain, dataclasses.replace(plain, separate_values=True)):
+            out = torch.full_like(case.q_nope, float("nan"))
+            mla_decode_forward(
+                case.q_nope, case.q_rope, kv, case.page_table, case.seq_lens, out, scale=0.2,
+                num_kv_splits=splits, workspace=plan.workspace, tiles=tiles, kv_scale=scale,
+            )  # fmt: skip
+            outs.append(out)
+        assert not outs[1].isnan().any() and torch.equal(outs[1], outs[0])
+    ref_cache = kv.to(torch.float16) * scale
+    ref = mla_decode_ref(**{**case.inputs(), "kv_cache": ref_cache}, scale=0.2)
+    assert max_error(outs[1], ref) < 5e-3

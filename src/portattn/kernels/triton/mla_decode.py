@@ -19,6 +19,12 @@ An fp8 latent cache is converted as it is loaded: to the query's dtype, or with 
 (bfloat16 queries) to float16, the one-instruction conversion, the queries then scaled by
 ``q_scale`` and converted too. The cache's scale is folded into ``qk_scale_log2`` by the launcher
 and multiplies each split's output (``kv_scale``, 1.0 otherwise).
+
+``SEPARATE_VALUES`` (off by default, for the probes) loads the latent rows a second time for the value
+product. Used by both products, an fp8 tile is taken in two register layouts, and Triton 3.6 then
+loads it without its software pipeline (compiled for sm_90: 3 asynchronous copies in the loop against
+54 for a bfloat16 cache); loaded twice, each load feeds one product and both are pipelined (75
+asynchronous copies), at the price of a second read (from L2) and more shared memory.
 """
 
 import triton
@@ -77,6 +83,7 @@ def mla_decode_split_kernel(
     WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     F16_DOTS: tl.constexpr,
+    SEPARATE_VALUES: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16 and BLOCK_R >= 16 and BLOCK_RP >= 16, "tl.dot tiles are >= 16")
     head_block = tl.program_id(0)
@@ -130,7 +137,16 @@ def mla_decode_split_kernel(
             mask=n_ok[:, None] & rp_ok[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_RP]
+        c_kv_v = c_kv
+        if SEPARATE_VALUES:  # the same rows again, for the value product (their last read: evict first)
+            c_kv_v = tl.load(
+                rows[:, None] + offs_r[None, :] * stride_kv_d,
+                mask=n_ok[:, None] & r_ok[None, :],
+                other=0.0,
+                eviction_policy="evict_first",
+            )
         c_kv = c_kv.to(q_nope.dtype)  # an fp8 cache is dequantised here (no-op otherwise)
+        c_kv_v = c_kv_v.to(q_nope.dtype)
         k_pe = k_pe.to(q_nope.dtype)
 
         scores = tl.dot(q_nope, tl.trans(c_kv), input_precision=DOT_PRECISION)
@@ -142,7 +158,7 @@ def mla_decode_split_kernel(
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(c_kv.dtype), c_kv, acc=acc, input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_R]
+        acc = tl.dot(p.to(c_kv.dtype), c_kv_v, acc=acc, input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_R]
         m_i = m_new
 
     has_keys = l_i > 0.0
