@@ -77,15 +77,23 @@ def _attend(q, k, v, out, lse, metadata, seq_lens_k, params: AttentionParams, **
     )
 
 
+def _planned_splits(metadata: PagedMetadata, num_heads, kv_itemsize, num_kv_splits=None) -> int:
+    """``choose_num_kv_splits`` over the plan's host ints (``num_kv_splits`` forces a count)."""
+    return choose_num_kv_splits(
+        metadata.max_seqlen_k,
+        metadata.batch_size,
+        num_heads,
+        metadata.max_seqlen_q,
+        num_kv_splits=num_kv_splits,
+        kv_itemsize=kv_itemsize,
+    )
+
+
 def _split_count(metadata: PagedMetadata, num_heads: int, kv_itemsize: int) -> int:
     """The plan's split count; metadata planned without the head count, or by another backend, has
     none: then chosen from the same host ints."""
     num_kv_splits = getattr(metadata, "num_kv_splits", None)
-    if num_kv_splits is None:
-        num_kv_splits = choose_num_kv_splits(
-            metadata.max_seqlen_k, metadata.batch_size, num_heads, metadata.max_seqlen_q, kv_itemsize=kv_itemsize
-        )
-    return num_kv_splits
+    return _planned_splits(metadata, num_heads, kv_itemsize) if num_kv_splits is None else num_kv_splits
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,18 +119,7 @@ class TritonPagedMetadata(PagedMetadata):
         return (splits, short)
 
 
-def _planned_splits(metadata: PagedMetadata, num_heads, kv_dtype, num_kv_splits=None) -> int:
-    return choose_num_kv_splits(
-        metadata.max_seqlen_k,
-        metadata.batch_size,
-        num_heads,
-        metadata.max_seqlen_q,
-        num_kv_splits=num_kv_splits,
-        kv_itemsize=None if kv_dtype is None else kv_dtype.itemsize,
-    )
-
-
-def _mixed_parts(metadata: TritonPagedMetadata, num_heads, kv_dtype) -> tuple | None:
+def _mixed_parts(metadata: TritonPagedMetadata, num_heads, kv_itemsize) -> tuple | None:
     """``TritonPagedMetadata.parts`` of a batch whose leading sequences decode (one query each) and
     whose others run more queries; ``None`` for any other batch (or without host lengths)."""
     q_lens, k_lens = metadata.q_lens, metadata.k_lens
@@ -143,7 +140,7 @@ def _mixed_parts(metadata: TritonPagedMetadata, num_heads, kv_dtype) -> tuple | 
             k_lens=k_lens[seqs],
         )
         if num_heads is not None:
-            part = dataclasses.replace(part, num_kv_splits=_planned_splits(part, num_heads, kv_dtype))
+            part = dataclasses.replace(part, num_kv_splits=_planned_splits(part, num_heads, kv_itemsize))
         parts.append((seqs, part))
     return tuple(parts)
 
@@ -216,9 +213,10 @@ class TritonBackend(AttentionBackend):
         """
         fields = paged_fields(cu_seqlens_q, seq_lens_k, page_table, page_size, host_lens=host_lens)
         metadata = TritonPagedMetadata(**fields)
-        parts = None if num_kv_splits is not None else _mixed_parts(metadata, num_heads, kv_dtype)
+        kv_itemsize = None if kv_dtype is None else kv_dtype.itemsize
+        parts = None if num_kv_splits is not None else _mixed_parts(metadata, num_heads, kv_itemsize)
         if num_kv_splits is not None or num_heads is not None:
-            num_kv_splits = _planned_splits(metadata, num_heads, kv_dtype, num_kv_splits)
+            num_kv_splits = _planned_splits(metadata, num_heads, kv_itemsize, num_kv_splits)
         return dataclasses.replace(metadata, num_kv_splits=num_kv_splits, parts=parts)
 
     def graph_metadata(

@@ -137,17 +137,16 @@ def mla_decode_split_kernel(
             mask=n_ok[:, None] & rp_ok[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_RP]
-        c_kv_v = c_kv
-        if SEPARATE_VALUES:  # the same rows again, for the value product (their last read: evict first)
+        c_kv = c_kv.to(q_nope.dtype)  # an fp8 cache is dequantised here (no-op otherwise)
+        k_pe = k_pe.to(q_nope.dtype)
+        c_kv_v = c_kv  # the value product's rows
+        if SEPARATE_VALUES:  # the same rows again (their last read: evict first)
             c_kv_v = tl.load(
                 rows[:, None] + offs_r[None, :] * stride_kv_d,
                 mask=n_ok[:, None] & r_ok[None, :],
                 other=0.0,
                 eviction_policy="evict_first",
-            )
-        c_kv = c_kv.to(q_nope.dtype)  # an fp8 cache is dequantised here (no-op otherwise)
-        c_kv_v = c_kv_v.to(q_nope.dtype)
-        k_pe = k_pe.to(q_nope.dtype)
+            ).to(q_nope.dtype)
 
         scores = tl.dot(q_nope, tl.trans(c_kv), input_precision=DOT_PRECISION)
         scores = tl.dot(q_rope, tl.trans(k_pe), acc=scores, input_precision=DOT_PRECISION)
