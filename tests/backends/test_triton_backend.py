@@ -350,6 +350,9 @@ def test_decode_tiles_pack_query_heads():
     assert (tiles.block_q, tiles.block_m, tiles.block_n) == (4, 16, 64)  # 4 query heads x 4 tokens
     tiles = choose_tiles(4096, 4, 128, 128, interpret=False)
     assert (tiles.block_q, tiles.block_m, tiles.block_n) == (32, 128, 128)
+    assert tiles.whole_pages and tiles.pages_ahead  # long query runs: one page id a page (decodes: not)
+    assert not any(choose_tiles(1, 4, 128, 128, interpret=False, kv_itemsize=kv).whole_pages for kv in (1, 2))
+    assert not choose_tiles(6, 4, 128, 128, interpret=False).whole_pages  # short runs (24 rows): 64-key tiles
     tiles = choose_tiles(4096, 1, 80, 80, interpret=False)  # 64 + 16 columns: narrower tiles
     assert (tiles.block_q, tiles.block_m, tiles.block_n) == (64, 64, 64)
     tiles = choose_tiles(4096, 4, 256, 256, interpret=False)

@@ -51,6 +51,8 @@ def test_notes_targets_and_plot(tmp_path):
             "context": 1024,
             "limit_ms": 4.0,
             "limit_spec_ms": 3.5,
+            "async_step_ms": 4.2,
+            "async_vs_limit": 1.05,
             "graphs_step_ms": 4.4,
             "graphs_vs_limit": 1.1,
             "graphs_vs_spec": 1.26,
@@ -77,12 +79,16 @@ def test_notes_targets_and_plot(tmp_path):
                       "part_seconds": 80.5},
     }  # fmt: skip
     text = bench.notes(results)
-    assert "| 1 | 4.00 / 3.50 | 4.40 | 1.10 / 1.26 | 4.10 |" in text
+    assert "| 1 | 4.00 / 3.50 | 4.20 | 1.05 | 4.40 | 1.10 / 1.26 | 4.10 |" in text
     assert (
-        "batch-1 decode step 1.10x the streaming limit at the copy bandwidth, 1.26x at 4.8 TB/s (target <= 1.2x): met"
+        "batch-1 decode step with async scheduling 1.05x, synchronously 1.10x the streaming limit at the copy "
+        "bandwidth, 1.26x at 4.8 TB/s (target <= 1.2x): met" in text
+    )
+    assert "| 64 | 5.00 / - | - | - | 7.50 |" in text  # no async row: the synchronous step decides
+    assert (
+        "batch-64 decode step synchronously 1.50x the streaming limit at the copy bandwidth (target <= 1.3x): not met"
         in text
     )
-    assert "batch-64 decode step 1.50x the streaming limit at the copy bandwidth (target <= 1.3x): not met" in text
     assert "offline throughput 13,000 total tokens/s (target >= 30,000): not met" in text
     assert (
         "prefill steps (any prompt chunk): 40 in 20.0 s, 500.0 ms a step, 16400 tokens of 80 sequences a step." in text

@@ -2,7 +2,11 @@
 graphs for the device): every family, page sizes 1 and 16, batches between buckets, after preemption
 and with prefix caching. float32: equal greedy tokens and logits within 1e-4; bfloat16: logits within
 bf16 tolerance and equal greedy tokens up to a near tie of the eager logits (where the two may round
-differently: a graph plan fixes the split-KV count per bucket, an eager one per step).
+differently: a graph plan fixes the split-KV count per bucket, an eager one per step). Models that route
+each token to experts, in bfloat16: each greedy token among the other side's five most likely up to
+the first difference, since a rounding difference that flips one expert choice moves the logits beyond
+bf16's tolerance (qwen3_moe: 5.9e-2 with the same tokens, where the same buffers run eagerly on the CPU
+give equal logits and float32 on the GPU agrees within 1e-4).
 
 Run by ``scripts/gpu.sh "test engine"`` (``PORTATTN_TEST_ENGINE_DEVICE=cuda``), in three parts that each fit
 150 s on one H200 with 8 workers (the ids of the family cells carry their group, :data:`GROUPS`)::
@@ -41,12 +45,18 @@ def generate(llm: LLM, prompts, max_tokens) -> list:
     return llm.generate(prompts, params, use_tqdm=False)
 
 
-def compare(got: list, want: list, dtype: torch.dtype) -> None:
-    """Equal tokens (bf16: until a near tie of the eager logits), logits within the dtype's tolerance."""
+def compare(got: list, want: list, dtype: torch.dtype, routed: bool = False) -> None:
+    """Equal tokens (bf16: until a near tie of the eager logits), logits within the dtype's tolerance;
+    ``routed`` (experts chosen per token) in bf16: each token among the other's top 5 until they differ."""
     tol = TOL[dtype]
     for g, w in zip(got, want, strict=True):
         scale = float(w.logits.abs().max())
         for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)):
+            if routed and dtype != torch.float32:
+                assert a in w.logits[i].topk(5).indices and b in g.logits[i].topk(5).indices, f"token {i}: {a}, {b}"
+                if a != b:
+                    break
+                continue
             err = float((g.logits[i] - w.logits[i]).abs().max()) / scale
             assert err < tol, f"token {i}: logit error {err:.2e}"
             if a != b:
@@ -68,6 +78,7 @@ GROUPS = {
     "special": ("gemma2", "gemma3", "gpt_oss"),  # softcaps, per-layer rotary, sinks
 }
 PAGE_ONE = ("llama", "qwen3", "llama4", "deepseek_v3")  # full, window, chunk, latent attention
+ROUTED = (*GROUPS["moe"], "gpt_oss")  # experts chosen per token
 NOT_GROUPED = {"qwen2_5_vl": "its graphs run with image prompts in test_vision_language_model_graphs"}
 
 
@@ -87,7 +98,7 @@ def test_graphs_equal_eager(family, page_size, dtype, ckpt_root):
     graphs, eager = engines(
         path, dtype, page_size=page_size, num_pages=-(-1200 // page_size), max_model_len=256, max_num_seqs=8
     )
-    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
+    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype, family in ROUTED)
     runner = graphs.engine.runner.graphs
     assert runner.replays > 0 and runner.padded
 
@@ -109,7 +120,7 @@ def test_triton_graphs_equal_eager(family, page_size, dtype, ckpt_root):
         attention_backend="triton",
     )
     graphs, eager = engines(path, dtype, **kwargs)
-    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype)
+    compare(generate(graphs, PROMPTS, MAX_TOKENS), generate(eager, PROMPTS, MAX_TOKENS), dtype, family in ROUTED)
     assert graphs.engine.runner.graphs.padded
 
 
@@ -166,15 +177,17 @@ def test_graphs_sample_as_eager(family, ckpt_root):
 @pytest.mark.parametrize("lazy", [False, True], ids=["at_start", "lazy"])
 def test_async_scheduling_replays_as_synchronous(lazy, ckpt_root):
     """Decode steps launched before the previous step's ids are read (their input ids gathered inside
-    the graph): greedy and seeded tokens equal the synchronous engine's (float32), graphs captured at
-    start or lazily (a step that records its graph reads its ids from the host)."""
+    the graph), the default where graphs are captured: greedy and seeded tokens equal the synchronous
+    engine's (float32), graphs captured at start or lazily (a step that records its graph reads its ids
+    from the host). Eager steps run synchronously by default."""
     from .test_graph_sampling import MIXED
 
     path = checkpoint("qwen3", ckpt_root)
     kwargs = dict(device=ENGINE_DEVICE, dtype="float32", page_size=16, num_pages=80, max_model_len=256, max_num_seqs=8)
-    fast = LLM(path, async_scheduling=True, lazy_graph_capture=lazy, **kwargs)
-    plain = LLM(path, **kwargs)
-    assert fast.engine.run_ahead is not None
+    fast = LLM(path, lazy_graph_capture=lazy, **kwargs)
+    plain = LLM(path, async_scheduling=False, **kwargs)
+    assert fast.engine.run_ahead is not None and plain.engine.run_ahead is None
+    assert LLM(path, enforce_eager=True, **kwargs).engine.run_ahead is None
     params = [SamplingParams(max_tokens=n, ignore_eos=True, **k) for n, k in zip(MAX_TOKENS, [*MIXED, MIXED[5]])]
     got = [o.token_ids for o in fast.generate(PROMPTS, params, use_tqdm=False)]
     assert got == [o.token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)]

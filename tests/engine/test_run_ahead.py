@@ -141,12 +141,50 @@ def test_admissions_preemption_prefix_caching_and_aborts(ckpt_root):
     assert [seqs[0].output_token_ids, seqs[2].output_token_ids] == alone
 
 
-def test_async_scheduling_is_refused_where_it_cannot_run(ckpt_root):
+def test_settled_steps_go_on_synchronously(ckpt_root):
+    """``RunAhead.settle`` reads the step in flight and launches none: the engine then steps
+    synchronously from tokens the host knows, and the tokens equal synchronous scheduling's; the
+    sequences that stop with the settled tokens are returned."""
+    path = checkpoint("llama", ckpt_root)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (7, 12, 9, 14)]
+    want = run(static(path, ahead=False), PROMPTS[:4], params)
+    llm = static(path, ahead=True)
+    engine = llm.engine
+    seqs = [engine.add_request(p, sp) for p, sp in zip(PROMPTS[:4], params)]
+    while engine.run_ahead.launched is None or len(seqs[0].output_token_ids) < 6:
+        engine.step()  # until the step that samples the first request's last token is in flight
+    ahead = engine.run_ahead
+    in_flight = [len(seq.output_token_ids) for seq in seqs]
+    finished = ahead.settle()
+    assert finished == [seqs[0]] and seqs[0].finish_reason == "length"
+    assert [len(seq.output_token_ids) for seq in seqs] == [n + 1 for n in in_flight]
+    assert ahead.launched is None and ahead.settle() == []
+    assert_pools_consistent(engine)
+    engine.run_ahead = None
+    while engine.has_unfinished():
+        engine.step()
+        assert_pools_consistent(engine)
+    assert [seq.output_token_ids for seq in seqs] == want
+
+
+def test_async_scheduling_is_refused_where_it_cannot_run(ckpt_root, caplog):
     path = checkpoint("llama", ckpt_root)
     spec = {"method": "ngram", "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match=r"async_scheduling .* without speculative decoding, got speculative_config"):
         EngineConfig(model=path, async_scheduling=True, speculative_config=spec)
     with pytest.raises(ValueError, match="got tensor_parallel_size 2"):
         EngineConfig(model=path, async_scheduling=True, tensor_parallel_size=2)
-    llm = LLM(path, async_scheduling=True, page_size=4, num_pages=100, max_model_len=64)  # the CPU: no graphs
-    assert llm.engine.run_ahead is None
+    with pytest.raises(
+        ValueError, match=r"async_scheduling \(--async-scheduling\) to be None \(auto\) or a bool, got 1"
+    ):
+        EngineConfig(model=path, async_scheduling=1)
+    # By default (None) it runs where it can: with speculative decoding or several processes it is off.
+    assert EngineConfig(model=path).async_scheduling is None
+    assert EngineConfig(model=path, speculative_config=spec, tensor_parallel_size=2).async_scheduling is None
+    small = dict(page_size=4, num_pages=100, max_model_len=64)
+    with caplog.at_level("WARNING", logger="portattn"):
+        assert LLM(path, **small).engine.run_ahead is None  # the CPU: no captured graphs, off by default
+    assert "async_scheduling" not in caplog.text
+    with caplog.at_level("WARNING", logger="portattn"):
+        assert LLM(path, async_scheduling=True, **small).engine.run_ahead is None  # asked for: said so
+    assert "async_scheduling=True but it is off: it needs captured decode steps (torch has no graphs" in caplog.text

@@ -1,5 +1,5 @@
-"""The sampler's, the fused linears', the rotary and argmax Triton kernels and the attention kernel with
-whole pages a tile compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any machine: the CPU's
+"""The sampler's, the fused linears', the rotary and argmax Triton kernels, the attention kernel with
+whole pages a tile and the MLA decode over an fp8 cache with its latent rows loaded twice compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any machine: the CPU's
 interpreter runs Python, not the compiler, so a construct the compiler refuses (types a loop carries,
 branches on runtime values, a global that is not a constexpr) would otherwise surface only on a GPU.
 
@@ -125,6 +125,21 @@ CHILD = textwrap.dedent(
           "BLOCK_DV3": 0, "PARTIAL_DV": 64, "PAGE_SIZE": 16, "PAGED": True, "CAUSAL": True, "DOT_PRECISION": None,
           "ROW_ALIGN": 8, "PAGES_AHEAD": True, "PDL": True, "WHOLE_PAGES": True}, 4),
     ]
+    from portattn.kernels.triton.mla_decode import mla_decode_split_kernel
+
+    MLA = {"QNope": "*bf16", "QRope": "*bf16", "KV": "*fp8e4nv", "PageTable": "*i32", "SeqLensK": "*i32",
+           "Out": "*bf16", **{name: "*fp32" for name in ("Lse", "PartOut", "PartLse")},
+           **{name: "fp32" for name in ("q_scale", "qk_scale_log2", "kv_scale")},
+           **{name: "i32" for name in ("num_heads", "num_kv_splits", "stride_qn_b", "stride_qn_h", "stride_qn_d",
+                                       "stride_qr_b", "stride_qr_h", "stride_qr_d", "stride_kv_page",
+                                       "stride_kv_slot", "stride_kv_d", "stride_pt_b", "stride_pt_p", "stride_o_b",
+                                       "stride_o_h", "stride_o_d", "stride_lse_b", "stride_lse_h")}}
+    KERNELS += [  # the default tiles of 16 heads over an fp8 latent cache: the rows loaded again for the values
+        ("MLA decode over fp8, the latent rows loaded again", mla_decode_split_kernel, MLA,
+         {"KV_LORA_RANK": 512, "ROPE_DIM": 64, "PAGE_SIZE": 64, "BLOCK_H": 16, "BLOCK_N": 32, "BLOCK_R": 512,
+          "BLOCK_RP": 64, "WRITE_PARTIAL": True, "WRITE_LSE": False, "DOT_PRECISION": None, "F16_DOTS": True,
+          "SEPARATE_VALUES": True}, 4),
+    ]
     for name, fn, signature, constexprs, warps in KERNELS:
         signature = {**signature, **{key: "constexpr" for key in constexprs}}
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
@@ -170,6 +185,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "argmax chunks with the copy, PDL",
         "argmax merge, PDL",
         "attention, whole pages a tile, PDL",
+        "MLA decode over fp8, the latent rows loaded again",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)
     assert [line.endswith(" pdl") for line in lines] == [name.endswith("PDL") for name in names]

@@ -355,3 +355,35 @@ def test_triton_latent_rows_loaded_again_for_the_values(cache):
     ref_cache = kv.to(torch.float16) * scale
     ref = mla_decode_ref(**{**case.inputs(), "kv_cache": ref_cache}, scale=0.2)
     assert max_error(outs[1], ref) < 5e-3
+
+
+@pytest.mark.skipif("triton" not in SPLITTING_BACKENDS, reason="triton backend not available here")
+def test_triton_default_tiles_over_an_fp8_cache():
+    """The GPU's tiles over an fp8 latent cache: few heads load the latent rows again for the values,
+    64-head blocks take 64-key tiles in 2 stages; 16-bit caches keep theirs. Both fp8 tiles compute
+    the dequantized cache's attention (with splits and without)."""
+    from portattn.kernels.triton.mla_decode_launch import MLATileConfig, choose_tiles, mla_decode_forward
+    from portattn.kv_quant import quantize_kv
+
+    e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    few, many = MLATileConfig(16, 32, 4, 3, separate_values=True), MLATileConfig(64, 64, 8, 2)
+    assert choose_tiles(16, bf16, interpret=False, kv_dtype=e4m3) == few
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == many
+    assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)  # 16-bit: unchanged
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=bf16) == MLATileConfig(64, 32, 8, 3)
+    assert choose_tiles(16, torch.float32, interpret=False, kv_dtype=e4m3) == MLATileConfig(16, 32, 4, 3)
+
+    case = make_mla_case([1, 40, 97], page_size=16, num_heads=20, rank=64, dtype=torch.float16, seed=4)
+    kv = quantize_kv(case.kv_cache, e4m3, 0.5)
+    ref = mla_decode_ref(**{**case.inputs(), "kv_cache": kv.to(torch.float16) * 0.5}, scale=0.2)
+    for tiles in (few, many):
+        for splits in (1, 2):
+            plan = plan_mla_decode(
+                case.page_table, case.seq_lens, 16, num_heads=20, kv_lora_rank=64, num_kv_splits=splits
+            )
+            out = torch.full_like(case.q_nope, float("nan"))
+            mla_decode_forward(
+                case.q_nope, case.q_rope, kv, case.page_table, case.seq_lens, out, scale=0.2,
+                num_kv_splits=splits, workspace=plan.workspace, tiles=tiles, kv_scale=0.5,
+            )  # fmt: skip
+            assert max_error(out, ref) < 5e-3, (tiles, splits)

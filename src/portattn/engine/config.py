@@ -140,12 +140,14 @@ class EngineConfig:
             "lazily, start-up is shorter and the first step of each size pays its capture)"
         ),
     )
-    async_scheduling: bool = field(
-        default=False,
+    async_scheduling: bool | None = field(
+        default=None,
         metadata=doc(
             "launch the next decode step before reading this one's tokens, where every running sequence decodes "
             "and samples in its captured graph (the host's work then overlaps the device's; outputs arrive one "
-            "step later). One process, no speculative decoding"
+            "step later; the tokens are those of synchronous steps). Default: on where it can run (an accelerator "
+            "with captured decode graphs, one process, no speculative decoding), as vLLM's; True elsewhere is an "
+            "error, False: never"
         ),
     )
     enable_cascade_attn: bool = field(
@@ -229,9 +231,12 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         flags = ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture")
-        for name in (*flags, "async_scheduling", "enable_cascade_attn"):
+        for name in (*flags, "enable_cascade_attn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected {option(name)} to be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.async_scheduling, (bool, type(None))):
+            got = self.async_scheduling
+            raise ValueError(f"expected {option('async_scheduling')} to be None (auto) or a bool, got {got!r}")
         utilization = self.gpu_memory_utilization
         if not (isinstance(utilization, (int, float)) and not isinstance(utilization, bool) and 0 < utilization <= 1):
             raise ValueError(f"expected {option('gpu_memory_utilization')} in (0, 1], got {utilization!r}")

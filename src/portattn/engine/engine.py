@@ -151,24 +151,25 @@ class Engine:
         self.memory_use = use
         logger.info("%s", self.describe_load(num_pages))
         reason = self._eager_reason()
+        # async_scheduling: decode steps launched before the previous one's tokens are read (run_ahead.py);
+        # by default wherever it can run (EngineConfig refuses True with speculation or several processes)
+        run_ahead = config.async_scheduling
+        if run_ahead is None:
+            run_ahead = reason is None and speculative is None and config.tensor_parallel_size == 1
         if reason is None:
             self.runner.enable_graphs(
                 batch_size_buckets(config.max_num_seqs),
                 capture=True,
                 lazy=config.lazy_graph_capture,
-                feed=config.async_scheduling,
+                feed=run_ahead,
             )
         logger.info("engine: %s", describe(self.runner.graphs, config.device, reason))
-        # async_scheduling: decode steps launched before the previous one's tokens are read (run_ahead.py)
         self.run_ahead = None
-        if config.async_scheduling:
-            if self.runner.graphs is not None:
-                self.run_ahead = RunAhead(self)
-                logger.info(
-                    "engine: async scheduling: decode steps launched before the previous step's tokens are read"
-                )
-            else:
-                logger.info("engine: async scheduling off: it needs captured decode steps (%s)", reason)
+        if run_ahead and self.runner.graphs is not None:
+            self.run_ahead = RunAhead(self)
+            logger.info("engine: async scheduling: decode steps launched before the previous step's tokens are read")
+        elif run_ahead:
+            logger.warning("engine: async_scheduling=True but it is off: it needs captured decode steps (%s)", reason)
         self.speculator = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
         if speculative is not None and tp.rank == 0:
             self.speculator = build_speculator(speculative, self, draft, capture_graphs=reason is None)

@@ -90,6 +90,22 @@ class RunAhead:
             engine.runner.graphs.collect(following.handle)
         return finished
 
+    def settle(self) -> list[Sequence]:
+        """Read the launched step's tokens, if a step is in flight, and launch none after it: the engine's
+        next step is then scheduled from tokens the host knows (as a synchronous step is). Returns the
+        sequences that finished with them."""
+        launched, self.launched = self.launched, None
+        if launched is None:
+            return []
+        engine = self.engine
+        try:
+            return self._take(launched.seqs, engine.runner.graphs.collect(launched.handle))
+        except BaseException:
+            for seq in launched.seqs:
+                if seq.status is Status.RUNNING and seq.request_id in engine.requests:
+                    engine.abort(seq.request_id)
+            raise
+
     # -- what may run ahead ----------------------------------------------------------------------
 
     def _launchable(self, scheduled: list[tuple[Sequence, int]]) -> bool:

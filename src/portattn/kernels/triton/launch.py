@@ -223,7 +223,11 @@ def choose_tiles(
     the same iteration). On an H200 (Hq 32 / Hkv 8, bf16, page 16) a causal prefill of 8192 tokens took
     1.391 ms so, against 1.676 at 3 stages without the page ids ahead and 1.565 at 2 stages with them;
     with the kernel of round 8 the default (2 stages) took 1.580 and the extend of 8 x 512 tokens over
-    8192 1.716, now 1.428 (benchmarks/results/round9_h200/NOTES.md).
+    8192 1.716, now 1.428 (benchmarks/results/round9_h200/NOTES.md). They load whole pages a tile
+    (``whole_pages``: one page id a page where the page size divides the key tile; the kernel falls back
+    to a page id a row elsewhere): the prefill then took 1.183 ms against 1.387, the extend 1.242
+    against 1.437, and pages of 64 and 128 keys 1.196 and 1.163 against 1.359 and 1.350, as fast as
+    contiguous K/V (1.180; benchmarks/results/round14_h200/NOTES.md).
 
     Decodes that are not split (``decode_waves``: their programs, sequences x KV heads, per SM) at head
     dim 128 over a 16-bit cache choose by how many programs each SM holds: at least
@@ -280,13 +284,15 @@ def choose_tiles(
     if long_run:
         num_stages = 3
     pages_ahead = pages_ahead or fp8_decode or long_run
-    tiles = TileConfig(block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=pages_ahead)
+    tiles = TileConfig(
+        block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=pages_ahead, whole_pages=long_run
+    )
     kv_bytes = kv_itemsize or itemsize
     swept = tile_table.entries(device_name)
     entry = swept.get(tile_table.rule_key(tiles, group_pad, head_dim, value_dim, kv_bytes, itemsize)) if swept else None
     if entry is not None:  # this device model's sweep found faster tiles for the problem
         expect(entry["block_m"] >= group_pad, f"a tile table entry with block_m >= {group_pad}", entry)
-        tiles = TileConfig(entry["block_m"] // group_pad, **entry)
+        tiles = TileConfig(entry["block_m"] // group_pad, **entry, whole_pages=long_run)
     chosen = tiles
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
         smaller = smaller_tiles(tiles, group)

@@ -41,8 +41,10 @@ class MLATileConfig:
                 raise ValueError(f"expected {name} to be a power of two >= 16, got {value}")
 
 
-def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLATileConfig:
-    """Tiles from the problem.
+def choose_tiles(
+    num_heads: int, dtype: torch.dtype, *, interpret: bool, kv_dtype: torch.dtype | None = None
+) -> MLATileConfig:
+    """Tiles from the problem (``dtype``: the queries'; ``kv_dtype``: the cache's, default the same).
 
     Few heads (memory-bound): one program holds all of them and streams key blocks through a
     three-stage pipeline. Many heads (compute-bound): 64-head blocks, so that each latent row feeds
@@ -50,11 +52,20 @@ def choose_tiles(num_heads: int, dtype: torch.dtype, *, interpret: bool) -> MLAT
     fastest, in a sweep on an H200, of the tiles that need at most 164 KB of shared memory
     (benchmarks/results/MLA_NOTES.md). Under the CPU interpreter tiles stay small (its cost grows with
     tile size, and small tiles exercise the multi-block and masked paths on short sequences).
+
+    Over an fp8 cache, few heads load the latent rows again for the value product
+    (``separate_values``: both loads then go through the software pipeline), and 64-head blocks take
+    64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
+    over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
+    0.559 (benchmarks/results/round14_h200/NOTES.md).
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
+    fp8 = kv_dtype in FP8_DTYPES and dtype != torch.float32
     if num_heads <= 16 or dtype == torch.float32:
-        return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
+        return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)
+    if fp8 and num_heads > 32:
+        return MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2)
     if num_heads <= 32:
         return MLATileConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
     # (64, 64, 8, 2) ran 1.1x faster again on an H200 but needs 221 KB of shared memory per program,
@@ -135,7 +146,7 @@ def mla_decode_forward(
     if batch == 0:
         return out
     if tiles is None:
-        tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter())
+        tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype)
 
     split = num_kv_splits > 1
     if split and partials is None:
