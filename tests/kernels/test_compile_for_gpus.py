@@ -1,7 +1,8 @@
-"""The sampler's, the fused linears', the rotary and argmax Triton kernels, the attention kernel with
-whole pages a tile and the MLA decode over an fp8 cache with its latent rows loaded twice compile for a Hopper GPU (sm_90, to a cubin through ptxas) on any machine: the CPU's
-interpreter runs Python, not the compiler, so a construct the compiler refuses (types a loop carries,
-branches on runtime values, a global that is not a constexpr) would otherwise surface only on a GPU.
+"""The sampler's, the fused linears', the rotary and argmax Triton kernels, the attention kernel with whole pages
+a tile and the MLA decode over an fp8 cache with its latent rows loaded twice compile for a Hopper GPU (sm_90,
+to a cubin through ptxas) on any machine: the CPU's interpreter runs Python, not the compiler, so a construct
+the compiler refuses (types a loop carries, branches on runtime values, a global that is not a constexpr)
+would otherwise surface only on a GPU.
 
 The compile runs in a child process without ``TRITON_INTERPRET`` (under the interpreter,
 ``@triton.jit`` makes functions the compiler cannot take)."""
