@@ -146,8 +146,9 @@ class EngineConfig:
             "launch the next decode step before reading this one's tokens, where every running sequence decodes "
             "and samples in its captured graph (the host's work then overlaps the device's; outputs arrive one "
             "step later; the tokens are those of synchronous steps). Default: on where it can run (an accelerator "
-            "with captured decode graphs, one process, no speculative decoding), as vLLM's; True elsewhere is an "
-            "error, False: never"
+            "with captured decode graphs, one process, no speculative decoding), as vLLM's; True with speculative "
+            "decoding or several processes is an error, True without captured graphs is off with a warning; "
+            "False: never"
         ),
     )
     enable_cascade_attn: bool = field(
