@@ -20,6 +20,8 @@
   decode batches): the default split count and tiles against 2 and 4 splits and ``BATCHED_TILES``.
 * ``few``: decodes of 1-16 sequences over 1024 and 4096 keys: the default against 1-8 splits in each of
   ``FEW_TILES`` (where the split rule and the tiles of a program per SM or fewer should sit).
+* ``one``: decodes of 1 and 4 sequences over 1024 and 4096 keys, caches rotated past the L2: split
+  counts 3-32 x tiles, merged by the merge kernel or by the last split (the engine's batch-1 step).
 * ``prefill``: causal prefill B=1 L=8192 (Hq 32 / Hkv 8 / D 128, bf16): the paged kernel at page 16
   (default, ``PREFILL_TILES``, whole pages a tile) and at ``PREFILL_PAGES``, the kernel over contiguous K/V, a
   descriptor (TMA) kernel on contiguous K/V (``TMA_TILES``, with and without a warp-specialized loop)
@@ -32,6 +34,10 @@
   (blocks of tokens and heads), as a fraction of copy over the bytes it reads and writes.
 * ``small-linears``: ``norm_linear`` / ``norm_linear_rotary`` at SmolLM2-135M's projections and LM head,
   1 and 8 rows: the default tiles against ``SMALL_LINEAR_TILES``; the LM head also as torch runs it.
+* ``wide-linears``: ``norm_linear`` at Llama-3-8B's projections, one row, against cuBLAS: a tile sweep
+  of the plain product, then the fused launches (norm, rotary write, gated activation) with the fastest.
+* ``row-linears``: ``row_linear`` (one row on the vector units) at the same projections against cuBLAS,
+  plain and with the norm (and the gated activation) folded in, over ``ROW_LINEAR_TILES``.
 
 Every section prints its rows and writes ``DIR/<section>.json`` and its plot ``DIR/<section>.png`` (the
 timed rows' milliseconds); ceilings (copy, bf16 matmul) come from the same process.
@@ -460,6 +466,46 @@ def few(out: Path, ceil) -> dict:
     return rows
 
 
+# one: (batch, keys) points, split counts and (block_n, warps, stages) tiles, each with and without the
+# last split merging in the kernel; ONE_SETS input sets a graph rotates through (more bytes than the L2).
+ONE_POINTS = [(1, 1024), (1, 4096), (4, 1024), (4, 4096)]
+ONE_SPLITS = (3, 4, 8, 16, 32)
+ONE_TILES = [(64, 4, 2), (64, 4, 3), (64, 8, 5), (32, 4, 2), (128, 4, 2)]
+ONE_SETS = 24
+
+
+def one(out: Path, ceil) -> dict:
+    """Decodes of 1 and 4 sequences over 1024 and 4096 keys at Llama-3-8B's heads, as the engine's
+    batch-1 step runs them (32 layers of keys: no layer finds its keys in the L2, so each graph
+    rotates through ``ONE_SETS`` caches): the default plan of 1536 keys' graph (3 splits) against
+    ``ONE_SPLITS`` x ``ONE_TILES``, the splits merged by the merge kernel or by the last split."""
+    rows, path = {}, out / "one.json"
+    for b, L in ONE_POINTS:
+        case = PagedCase(f"decode B={b} L={L}", b, 1, L, peers=())
+        sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(ONE_SETS)]
+        o = torch.empty(b, 32, 128, device=DEV, dtype=torch.bfloat16)
+        nbytes = b * L * 8 * 128 * 2 * 2
+        default = launch.default_tiles(sets[0]["q"], sets[0]["k_cache"], sets[0]["v_cache"], b, 1, L, 3)
+        for sp in ONE_SPLITS:
+            variants = [(default.block_n, default.num_warps, default.num_stages, False, True)]
+            variants += [(*t, merge, False) for t in ONE_TILES for merge in (False, True)]
+            for n, w, st, merge, is_default in variants:
+                t = TileConfig(default.block_q, default.block_m, n, w, st, merge_in_kernel=merge)
+                key = f"B={b} L={L} S{sp} {'default ' if is_default else ''}n{n} w{w} s{st}{' merged' if merge else ''}"
+                try:
+                    r = _timed(_paged_call(case, sets, o, tiles=t, splits=sp), ONE_SETS)
+                except Exception as exc:
+                    rows[key] = peers.error_line(exc)
+                    print(f"one {key:<44} {rows[key]}", flush=True)
+                    continue
+                r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+                rows[key] = r
+                print(f"one {key:<44} {r['ms'] * 1000:.1f} us spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy",
+                      flush=True)  # fmt: skip
+                path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 # The rotary write's token counts: a decode batch, a short prompt chunk, the engine's 16,384-token chunk.
 ROTARY_TOKENS = (256, 2048, 16384)
 # (tokens, heads, warps) a program; the first is the default.
@@ -564,6 +610,227 @@ def small_linears(out: Path, ceil) -> dict:
                 record("torch.mm float32 + copy + argmax", engine_head)
                 record("torch.mm float32", lambda i, x=x, w=w: linear_float32(x, w))
                 record("argmax", lambda i, logits=logits, ids=ids: torch.argmax(logits, dim=-1, out=ids))
+    return rows
+
+
+# -- wide linears: the decode step's projections at Llama-3-8B's width (batch 1) ---------------------
+
+# (name, output features, input features, what precedes / follows it in the layer)
+WIDE_LINEARS = [("qkv", 6144, 4096, "norm rotary"), ("o", 4096, 4096, ""), ("gate_up", 14336, 4096, "norm gated"),
+                ("down", 4096, 14336, "")]  # fmt: skip
+# norm_linear's tiles swept over the plain projections: (block_n, block_k, warps, stages)
+WIDE_LINEAR_TILES = (
+    [(16, k, w, s) for k in (256, 512, 1024) for w in (4, 8) for s in (2, 3, 4)]
+    + [(32, k, w, s) for k in (128, 256, 512) for w in (4, 8) for s in (3, 4)]
+    + [(64, k, w, 3) for k in (128, 256) for w in (4, 8)]
+)
+# The plain sweep's fastest tiles (summed over the shapes) that the fused launches are timed with.
+WIDE_LINEAR_SHORTLIST = 5
+# _gemv_kernel's (block_n, block_k, warps, stages): one row, products summed on the CUDA cores.
+GEMV_TILES = [(n, k, w, s) for n in (8, 16, 32) for k in (256, 512) for w in (4,) for s in (1, 3)]
+WIDE_LINEAR_BYTES = 160e6  # weight copies a graph rotates through: more than the L2 holds
+
+
+@triton.jit
+def _gemv_kernel(X, W, Out, N, K, stride_w, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``Out[n] = X . W[n]`` for one row: a ``[BLOCK_N, BLOCK_K]`` float32 partial a step, summed at the end."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = tl.load(W + cols.to(tl.int64)[:, None] * stride_w + (k0 + ks)[None, :])
+        x = tl.load(X + k0 + ks)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    tl.store(Out + cols, tl.sum(acc, 1).to(Out.dtype.element_ty))
+
+
+def _wide_record(rows: dict, path: Path, ceil, label: str, fn, nbytes: int, copies: int) -> float | None:
+    """Time ``fn`` over ``copies`` weights into ``rows[label]`` with its fraction of copy; its ms or None."""
+    try:
+        r = _timed(fn, copies)
+    except Exception as exc:
+        rows[label] = peers.error_line(exc)
+        print(f"wide {label:<48} {rows[label]}", flush=True)
+        return None
+    r["frac_copy"] = nbytes / r["ms"] / 1e9 / ceil.copy_tb_s
+    rows[label] = r
+    print(f"wide {label:<48} {r['ms']:.4f} ms spread {r['spread']:.1%} {r['frac_copy']:.0%} of copy", flush=True)
+    path.write_text(json.dumps(rows, indent=1))
+    return r["ms"]
+
+
+def wide_linears(out: Path, ceil) -> dict:
+    """``norm_linear`` at Llama-3-8B's projections (q/k/v 6144 x 4096, o 4096 x 4096, gate/up 2 x 14336
+    x 4096, down 4096 x 14336), one bf16 row, against cuBLAS (``F.linear``), as a fraction of copy over
+    the weight's bytes; each graph rotates through copies of the weight that together exceed the L2
+    (the model's 32 layers never find a weight there). First the plain product over
+    ``WIDE_LINEAR_TILES`` and ``_gemv_kernel`` over ``GEMV_TILES``; then, with the sweep's fastest
+    tiles, the fused launches against the unfused layer (q/k/v: ``add_rmsnorm``, the product and
+    ``rotary_kv_write`` against ``norm_linear_rotary``; gate/up: ``add_rmsnorm``, the product and
+    ``gated_activation`` against ``norm_linear`` with the norm and the activation)."""
+    import torch.nn.functional as F
+
+    from portattn.kernels.triton.fused_launch import (
+        LinearTiles,
+        add_rmsnorm,
+        gated_activation,
+        linear_tiles,
+        norm_linear,
+        norm_linear_rotary,
+    )
+
+    rows, path = {}, out / "wide_linears.json"
+    heads, kv_heads, head_dim = (int(os.environ.get(f"WIDE_{k}", d)) for k, d in (("HEADS", 32), ("KV_HEADS", 8),
+                                                                                   ("HEAD_DIM", 128)))  # fmt: skip
+    m = 1
+    plain_ms: dict = {}
+    shapes = {}
+    for name, n_out, k_in, fused in WIDE_LINEARS:
+        n_w = n_out * (2 if "gated" in fused else 1)
+        nbytes = n_w * k_in * 2
+        copies = max(2, int(-(-WIDE_LINEAR_BYTES // nbytes)))
+        ws = [torch.randn(n_w, k_in, device=DEV, dtype=torch.bfloat16) / k_in**0.5 for _ in range(copies)]
+        x = torch.randn(m, k_in, device=DEV, dtype=torch.bfloat16)
+        shapes[name] = (ws, x, nbytes, copies, fused, k_in)
+        ref = F.linear(x, ws[0]).float()
+
+        def record(key, fn, name=name, nbytes=nbytes, copies=copies):
+            return _wide_record(rows, path, ceil, f"{name} {key}", fn, nbytes, copies)
+
+        record("cublas", lambda i, x=x, ws=ws: F.linear(x, ws[i]))
+        d = linear_tiles(n_w, k_in, DEV)
+        record(f"default n{d.block_n} k{d.block_k} w{d.num_warps} s{d.num_stages}",
+               lambda i, x=x, ws=ws: norm_linear(x, ws[i]))  # fmt: skip
+        for t in WIDE_LINEAR_TILES:
+            tiles, key = LinearTiles(*t), "n{} k{} w{} s{}".format(*t)
+            ms = record(key, lambda i, x=x, ws=ws, tiles=tiles: norm_linear(x, ws[i], tiles=tiles))
+            if ms is not None:
+                plain_ms.setdefault(t, {})[name] = ms
+                got = norm_linear(x, ws[0], tiles=tiles)[0].float()
+                rows[f"{name} {key}"]["max_error"] = (got - ref).abs().max().item()
+        o = torch.empty(n_w, device=DEV, dtype=torch.bfloat16)
+        for t in GEMV_TILES:
+            key = "gemv n{} k{} w{} s{}".format(*t)
+
+            def gemv(i, x=x, ws=ws, o=o, t=t, n_w=n_w, k_in=k_in):
+                _gemv_kernel[(n_w // t[0],)](x, ws[i], o, n_w, k_in, ws[i].stride(0), BLOCK_N=t[0], BLOCK_K=t[1],
+                                             num_warps=t[2], num_stages=t[3])  # fmt: skip
+
+            if record(key, gemv) is not None:
+                gemv(0)
+                rows[f"{name} {key}"]["max_error"] = (o.float() - ref[0]).abs().max().item()
+    complete = [t for t in plain_ms if len(plain_ms[t]) == len(WIDE_LINEARS)]
+    shortlist = sorted(complete, key=lambda t: sum(plain_ms[t].values()))[:WIDE_LINEAR_SHORTLIST]
+    rows["shortlist"] = [list(t) for t in shortlist]
+    print(f"wide shortlist {shortlist}", flush=True)
+    cos = torch.randn(m, head_dim, device=DEV, dtype=torch.bfloat16)
+    sin = torch.randn(m, head_dim, device=DEV, dtype=torch.bfloat16)
+    kc, vc = (torch.zeros(64, 16, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16) for _ in "kv")
+    slots = torch.arange(m, device=DEV) * 7
+    for name, (ws, x, nbytes, copies, fused, k_in) in shapes.items():
+        if not fused:
+            continue
+        res = torch.randn(m, k_in, device=DEV, dtype=torch.bfloat16)
+        nw = torch.rand(k_in, device=DEV, dtype=torch.bfloat16) + 0.5
+
+        def record(key, fn, name=name, nbytes=nbytes, copies=copies):
+            return _wide_record(rows, path, ceil, f"{name} {key}", fn, nbytes, copies)
+
+        if "rotary" in fused:
+
+            def unfused(i, x=x, ws=ws, res=res, nw=nw):
+                h, _ = add_rmsnorm(x, nw, 1e-5, res)
+                q, k, v = F.linear(h, ws[i]).view(m, -1, head_dim).split([heads, kv_heads, kv_heads], dim=1)
+                rotary_kv_write(q, k, v, cos, sin, kc, vc, slots)
+
+            record("unfused: add_rmsnorm + cublas + rotary_kv_write", unfused)
+            for t in shortlist:
+                tiles = LinearTiles(*t)
+                record("norm_linear_rotary n{} k{} w{} s{}".format(*t), lambda i, x=x, ws=ws, res=res, nw=nw,
+                       tiles=tiles: norm_linear_rotary(x, ws[i], None, cos, sin, kc, vc, slots, num_q_heads=heads,
+                       num_kv_heads=kv_heads, norm_weight=nw, eps=1e-5, residual=res, tiles=tiles))  # fmt: skip
+        else:
+
+            def unfused(i, x=x, ws=ws, res=res, nw=nw):
+                h, _ = add_rmsnorm(x, nw, 1e-5, res)
+                gated_activation("silu", F.linear(h, ws[i]))
+
+            record("unfused: add_rmsnorm + cublas + gated_activation", unfused)
+            for t in shortlist:
+                tiles = LinearTiles(*t)
+                record("norm_linear gated n{} k{} w{} s{}".format(*t), lambda i, x=x, ws=ws, res=res, nw=nw,
+                       tiles=tiles: norm_linear(x, ws[i], norm_weight=nw, eps=1e-5, residual=res, act="silu",
+                       tiles=tiles))  # fmt: skip
+    return rows
+
+
+# row_linear's (block_n, block_k, warps) over WIDE_LINEARS; the first is the default (ROW_LINEAR_TILES).
+# Other models' one-row projections (name, output features, input features, fused), timed with the
+# default tiles only: Qwen2.5-7B (3584 features, 28 / 4 heads of 128, 18,944 intermediate), Llama-3.2-3B
+# (3072, 24 / 8 of 128, 8192), Llama-3.2-1B (2048, 32 / 8 of 64, 8192), Qwen2.5-1.5B (1536, 12 / 2 of
+# 128, 8960).
+ROW_LINEAR_WIDTHS = [
+    ("7B qkv", 4608, 3584, "norm"), ("7B o", 3584, 3584, ""), ("7B gate_up", 18944, 3584, "norm gated"),
+    ("7B down", 3584, 18944, ""), ("3B qkv", 5120, 3072, "norm"), ("3B o", 3072, 3072, ""),
+    ("3B gate_up", 8192, 3072, "norm gated"), ("3B down", 3072, 8192, ""), ("1B qkv", 3072, 2048, "norm"),
+    ("1B o", 2048, 2048, ""), ("1B gate_up", 8192, 2048, "norm gated"), ("1B down", 2048, 8192, ""),
+    ("1.5B qkv", 2048, 1536, "norm"), ("1.5B o", 1536, 1536, ""), ("1.5B gate_up", 8960, 1536, "norm gated"),
+    ("1.5B down", 1536, 8960, ""),
+]  # fmt: skip
+ROW_LINEAR_TILES = [(8, 1024, 4), (8, 512, 4), (4, 1024, 4), (4, 512, 4), (16, 256, 4), (8, 256, 4), (8, 512, 8),
+                    (16, 512, 8), (4, 512, 2), (16, 1024, 8)]  # fmt: skip
+
+
+def row_linears(out: Path, ceil) -> dict:
+    """``row_linear`` (one row on the vector units) at Llama-3-8B's projections, bf16, against what the
+    engine runs there today: the plain product against cuBLAS; q/k/v with its norm (``add_rmsnorm``
+    then cuBLAS); gate/up with its norm and SiLU (``add_rmsnorm``, cuBLAS, ``gated_activation``) over
+    ``ROW_LINEAR_TILES``; other models' widths (``ROW_LINEAR_WIDTHS``) with the default tiles; each graph
+    rotates through weight copies that exceed the L2."""
+    import torch.nn.functional as F
+
+    from portattn.kernels.triton.fused_launch import LinearTiles, add_rmsnorm, gated_activation, row_linear
+
+    rows, path = {}, out / "row_linears.json"
+    shapes = [(*shape, ROW_LINEAR_TILES) for shape in WIDE_LINEARS]
+    shapes += [(*shape, ROW_LINEAR_TILES[:1]) for shape in ROW_LINEAR_WIDTHS]
+    for name, n_out, k_in, fused, tile_list in shapes:
+        gated = "gated" in fused
+        n_w = n_out * (2 if gated else 1)
+        nbytes = n_w * k_in * 2
+        copies = max(2, int(-(-WIDE_LINEAR_BYTES // nbytes)))
+        ws = [torch.randn(n_w, k_in, device=DEV, dtype=torch.bfloat16) / k_in**0.5 for _ in range(copies)]
+        x = torch.randn(1, k_in, device=DEV, dtype=torch.bfloat16)
+        res = torch.randn(1, k_in, device=DEV, dtype=torch.bfloat16)
+        nw = torch.rand(k_in, device=DEV, dtype=torch.bfloat16) + 0.5
+
+        def record(key, fn, name=name, nbytes=nbytes, copies=copies):
+            return _wide_record(rows, path, ceil, f"{name} {key}", fn, nbytes, copies)
+
+        ref = F.linear(x, ws[0]).float()
+        record("cublas", lambda i, x=x, ws=ws: F.linear(x, ws[i]))
+        for t in tile_list:
+            tiles, key = LinearTiles(*t, 1), "row n{} k{} w{}".format(*t)
+            if record(key, lambda i, x=x, ws=ws, tiles=tiles: row_linear(x, ws[i], tiles=tiles)) is not None:
+                got = row_linear(x, ws[0], tiles=tiles)[0].float()
+                rows[f"{name} {key}"]["max_error"] = (got - ref).abs().max().item()
+        if not fused:
+            continue
+        act = "silu" if gated else None
+
+        def unfused(i, x=x, ws=ws, res=res, nw=nw, act=act):
+            h, _ = add_rmsnorm(x, nw, 1e-5, res)
+            y = F.linear(h, ws[i])
+            return gated_activation(act, y) if act else y
+
+        record(f"unfused: add_rmsnorm + cublas{' + gated_activation' if act else ''}", unfused)
+        for t in tile_list:
+            tiles, key = LinearTiles(*t, 1), "row norm{} n{} k{} w{}".format(" silu" if act else "", *t)
+            fn = lambda i, x=x, ws=ws, res=res, nw=nw, act=act, tiles=tiles: row_linear(
+                x, ws[i], norm_weight=nw, eps=1e-5, residual=res, act=act, tiles=tiles)  # fmt: skip
+            if record(key, fn) is not None:
+                got = fn(0)[0].float()
+                rows[f"{name} {key}"]["max_error"] = (got - unfused(0).float()).abs().max().item()
     return rows
 
 
@@ -842,8 +1109,11 @@ SECTIONS = {
     "prefill": (True, lambda out, ceil, args: prefill(out, ceil)),
     "batched": (True, lambda out, ceil, args: batched(out, ceil)),
     "few": (True, lambda out, ceil, args: few(out, ceil)),
+    "one": (True, lambda out, ceil, args: one(out, ceil)),
     "rotary": (True, lambda out, ceil, args: rotary(out, ceil)),
     "small-linears": (True, lambda out, ceil, args: small_linears(out, ceil)),
+    "wide-linears": (True, lambda out, ceil, args: wide_linears(out, ceil)),
+    "row-linears": (True, lambda out, ceil, args: row_linears(out, ceil)),
     "fp32": (False, lambda out, ceil, args: fp32(out)),
 }
 

@@ -110,7 +110,10 @@ def test_long_decode_is_split_and_correct():
 def test_split_count_is_a_function_of_the_problem_size():
     assert choose_num_kv_splits(65536, 1, 32, 1) == 32  # one long sequence: spread over key ranges
     assert choose_num_kv_splits(65536, 4, 32, 1) == 8  # about 256 programs of 8 KV heads (H200: fastest)
-    assert choose_num_kv_splits(8192, 1, 32, 1) == 16  # bounded by 512 keys per split
+    assert choose_num_kv_splits(8192, 32, 32, 1) == 1  # bounded by 512 keys per split (the work asks for 1)
+    assert choose_num_kv_splits(8192, 4, 32, 1) == 8  # few sequences: 64 keys a range at least
+    assert choose_num_kv_splits(8192, 8, 32, 1) == 4
+    assert choose_num_kv_splits(1536, 8, 32, 1) == 3  # the work asks for 4 ranges: 512 keys a range
     assert choose_num_kv_splits(65536, 1, 32, 4) == 64  # query runs (verifications) aim at twice the work
     # Decodes over an fp8 cache: at least 2 splits where the keys allow (H200: 1.09x at B=64 over 4096).
     assert choose_num_kv_splits(4096, 64, 32, 1, kv_itemsize=1) == 2
@@ -118,14 +121,18 @@ def test_split_count_is_a_function_of_the_problem_size():
     assert choose_num_kv_splits(700, 64, 32, 1, kv_itemsize=1) == 1  # under 2 x 512 keys: no split
     assert choose_num_kv_splits(4096, 64, 32, 4, kv_itemsize=1) == 1  # query runs: the 16-bit rule
     assert choose_num_kv_splits(4096, 64, 32, 1) == 1  # enough (sequence, head) pairs already
-    assert choose_num_kv_splits(4096, 4, 32, 1) == 8  # bounded by 512 keys per split
+    assert choose_num_kv_splits(4096, 4, 32, 1) == 8  # few sequences (work for 8 ranges or more): by the work
+    assert choose_num_kv_splits(1536, 1, 32, 1, kv_itemsize=2) == 24  # 64 keys a range (the 8B's batch-1 graph)
+    assert choose_num_kv_splits(1536, 1, 32, 1, kv_itemsize=1) == 3  # fp8 caches keep 512 keys a range
+    assert choose_num_kv_splits(1536, 4, 32, 1, kv_itemsize=4) == 8
     # Short decodes (at most 512 keys, a 16-bit cache): 64-key ranges, as many as the work allows.
     assert choose_num_kv_splits(300, 1, 32, 1) == 5
     assert choose_num_kv_splits(512, 1, 9, 1) == 8
     assert choose_num_kv_splits(162, 8, 32, 1) == 3
     assert choose_num_kv_splits(320, 8, 32, 1) == 1  # the work allows 4 ranges, not 5 short ones: none
     assert choose_num_kv_splits(512, 64, 9, 1) == 1
-    assert choose_num_kv_splits(513, 1, 32, 1) == 1  # past the short bound: 512 keys a range
+    assert choose_num_kv_splits(513, 1, 32, 1) == 8  # past the short bound: by the work, 64 keys a range at least
+    assert choose_num_kv_splits(513, 8, 32, 1) == 1  # the work asks for 4: 512 keys a range
     assert choose_num_kv_splits(300, 1, 32, 1, kv_itemsize=1) == 1  # fp8: its own rule
     assert choose_num_kv_splits(0, 2, 32, 1) == 1  # sequences without keys yet: one (empty) range
     assert choose_num_kv_splits(300, 1, 32, 4) == 1  # query runs: too short to split

@@ -32,6 +32,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
     from portattn.kernels.triton.nucleus import nucleus_kernel
     from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
+    from portattn.kernels.triton.fused_linear import row_linear_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
@@ -74,6 +75,16 @@ CHILD = textwrap.dedent(
         ("linear, 2048 features in one step, PDL", norm_linear_kernel, LINEAR,
          {**FLAGS, "HAS_NORM": False, "HAS_RESIDUAL": False, "GATED": False, "BLOCK_K": 2048, "SINGLE": True,
           "PDL": True}, 8),
+        ("row_linear, norm and gated activation, PDL", row_linear_kernel,
+         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
+          "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
+         {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "GATED": True, "ACT": 0,
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "PDL": True}, 4),
+        ("row_linear, plain", row_linear_kernel,
+         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
+          "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
+         {"HAS_NORM": False, "HAS_RESIDUAL": False, "MODE": 0, "HAS_BIAS": False, "GATED": False, "ACT": 0,
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 16, "PDL": False}, 4),
         ("merge_linear, PDL", merge_linear_kernel,
          {"PartialOut": "*fp32", "PartialLse": "*fp32", "W": "*bf16", "Out": "*bf16", "N": "i32", "num_heads": "i32",
           "num_splits": "i32", "stride_w": "i32", "stride_o": "i32"},
@@ -177,6 +188,8 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "norm_linear, gated, steps",
         "norm_linear, one step, PDL",
         "linear, 2048 features in one step, PDL",
+        "row_linear, norm and gated activation, PDL",
+        "row_linear, plain",
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",
         "rotary_kv_write, PDL",

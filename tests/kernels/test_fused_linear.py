@@ -21,6 +21,7 @@ if "triton" in BACKENDS:
         norm_linear,
         norm_linear_rotary,
         rotary_kv_write,
+        row_linear,
     )
 
 STEPS = LinearTiles(16, 64, 4, 2) if "triton" in BACKENDS else None  # a loop over the features
@@ -126,6 +127,40 @@ def test_norm_linear_rejects_what_it_does_not_compute():
     with pytest.raises(ValueError, match="norm_weight with a residual"):
         run(x[:2], residual[:2], None, weight, None, None)
     assert run(x[:0], residual[:0], norm, weight, None, None)[0].shape == (0, 32)
+
+
+def run_row(x, residual, norm, weight, bias, act, tiles=None):
+    return row_linear(
+        x, weight, bias, norm_weight=None if norm is None else norm.weight, eps=1e-5, residual=residual,
+        mode="dtype" if norm is None else norm.mode, act=act, tiles=tiles,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("act", [None, "silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("mode", ["dtype", "unit_offset", "float32", None])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_linear_equals_the_layers(dtype, mode, act):
+    """One row on the vector units: 37 output columns (a partial last block of 8) over 200 features
+    (a partial last step of 64, and all at once with the default tiles), with and without a bias,
+    residual and norm; the sum of the residual as a separate add rounds it."""
+    for bias in (False, True):
+        norm, weight, b, x, residual = make(1, 200, 37, dtype, mode=mode, bias=bias, act=act, seed=3 + bias)
+        for res in (residual, None) if norm is not None else (None,):
+            for tiles in (None, LinearTiles(8, 64, 4, 1), LinearTiles(4, 128, 2, 1)):
+                y, summed = run_row(x, res, norm, weight, b, act, tiles)
+                want, want_summed = reference(x, res, norm, weight, b, act)
+                close(y, want, dtype, 1.01 if act is None else 3)
+                assert (summed is None) if res is None else torch.equal(summed, want_summed)
+
+
+def test_row_linear_rejects_what_it_does_not_compute():
+    norm, weight, _, x, residual = make(2, 64, 32, torch.float16)
+    with pytest.raises(ValueError, match="one row"):
+        run_row(x, residual, norm, weight, None, None)
+    with pytest.raises(ValueError, match="even number of rows"):
+        run_row(x[:1], residual[:1], norm, weight[:31], None, "silu")
+    with pytest.raises(ValueError, match="expected a residual like x"):
+        run_row(x[:1], residual, norm, weight, None, None)
 
 
 def close_rotated(got, want, unrotated, cos, sin, dtype) -> None:

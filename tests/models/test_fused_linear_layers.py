@@ -167,3 +167,40 @@ def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
     # and down (the prompts' pages are cached now: their last tokens' prefill is small enough too)
     assert rows.count(len(PROMPTS)) == 3 * layers * 7
     assert_same_greedy(small, plain)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # plain, q/k/v biases
+def test_one_row_projections_in_row_linear(family, ckpt_root, monkeypatch):
+    """Forwards of one row over at least ``linear.ROW_LINEAR_K`` features (set to 1 here: the tiny
+    models' rows are narrow; the norms' single-step folding turned off so that q/k/v and gate/up take
+    it) run all four projections of a layer through ``row_linear``, q/k/v and gate/up with their norms,
+    gate/up with its activation: greedy tokens and logits equal those of the vendor's matmul. Batch-1
+    decodes only: the 5-token prefill keeps the matmul."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import linear
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    monkeypatch.setattr(fused_launch, "NORM_LINEAR_SINGLE_K", 0)
+    calls = []
+
+    def counted(x, weight, bias=None, **kwargs):
+        calls.append((x.shape[0], weight.shape[1], kwargs.get("norm_weight") is not None, kwargs.get("act")))
+        return launch(x, weight, bias, **kwargs)
+
+    launch = fused_launch.row_linear
+    monkeypatch.setattr(fused_launch, "row_linear", counted)
+    llm = make_llm(checkpoint(family, ckpt_root), "triton")
+    layers = len(llm.engine.model.model.layers)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    monkeypatch.setattr(linear, "ROW_LINEAR_K", 1 << 30)
+    calls.clear()
+    plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    assert not calls
+    monkeypatch.setattr(linear, "ROW_LINEAR_K", 1)
+    rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    assert len(calls) == 4 * layers * 7 and all(n == 1 for n, *_ in calls)  # seven batch-1 decode steps
+    hidden = llm.engine.model.config.hidden_size
+    normed = [(k, act) for _, k, has_norm, act in calls if has_norm]
+    assert normed == [(hidden, None), (hidden, "silu")] * layers * 7  # q/k/v, then gate/up with SiLU
+    assert_same_greedy(rows, plain)

@@ -17,7 +17,7 @@ import triton
 from ...device import compute_units, is_triton_interpreter
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
-from .fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
+from .fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel, row_linear_kernel
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel, rotary_table_kernel
 from .gumbel_max import gumbel_max_kernel
@@ -101,6 +101,13 @@ def linear_tiles(out_features: int, in_features: int, device: torch.device, *, g
     return LinearTiles(block_n, 128)
 
 
+# row_linear's tiles: 8 weight rows (of each half when gated) and 1024 features a step in 4 warps
+# (num_stages unused: its loop keeps the loads in registers). On an H200 at Llama-3-8B's projections
+# (benchmarks/results/engine_h200/round15/row_linears.json) 1024 features a step streamed at 82-101% of
+# copy where 512 reached 64-91% and 8 warps or 256 features less; 4 rows a program ran within 4% of 8.
+ROW_LINEAR_TILES = LinearTiles(8, 1024, 4, 1)
+
+
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, norm_weight) -> None:
     """What :func:`norm_linear` and :func:`norm_linear_rotary` take: at most ``NORM_LINEAR_ROWS`` rows of
     float16 or bfloat16 and a weight of their dtype, contiguous rows, a residual like ``x`` with a norm."""
@@ -157,6 +164,43 @@ def norm_linear(
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SINGLE=tiles.block_k >= in_features,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
+    )  # fmt: skip
+    return out, summed
+
+
+def row_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    mode: str = "dtype",
+    act: str | None = None,
+    tiles: LinearTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`norm_linear` of one row ``x [1, K]`` on the vector units (``fused_linear.row_linear_kernel``):
+    the same arguments, values and returns; for rows of a few thousand features and more, where a
+    matrix-unit tile of 16 rows streams the weight slower than many small programs do."""
+    rows, in_features = x.shape
+    out_features = weight.shape[0] // (2 if act else 1)
+    _check_rows(x, weight, residual, norm_weight)
+    if rows != 1:
+        raise ValueError(f"expected one row for row_linear, got {rows}")
+    if act is not None and weight.shape[0] % 2:
+        raise ValueError(f"expected a [gate; up] weight of an even number of rows, got {weight.shape[0]}")
+    out = torch.empty((1, out_features), dtype=x.dtype, device=x.device)
+    summed = None if residual is None else torch.empty_like(x)
+    tiles = tiles or ROW_LINEAR_TILES
+    row_linear_kernel[(triton.cdiv(out_features, tiles.block_n),)](
+        x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
+        x if bias is None else bias, out, x if summed is None else summed,
+        out_features, in_features, eps, weight.stride(0),
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
+        HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ROW=next_pow2(in_features) if norm_weight is not None else 16,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed

@@ -194,6 +194,84 @@ def norm_linear_kernel(
 
 
 @triton.jit
+def row_linear_kernel(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    Bias,
+    Out,
+    ResidualOut,
+    N,
+    K,
+    eps,
+    stride_w,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """:func:`norm_linear_kernel`'s product for one row ``x [1, K]`` on the vector units: each step
+    multiplies a ``[BLOCK_N, BLOCK_K]`` weight tile by the row's features elementwise into a float32
+    partial, summed at the end (no matrix-unit tile of 16 rows, no shared memory: every program is
+    a few registers, many fit an SM and keep the memory busy). The norm takes the whole row in one
+    load first (``ROW``: ``K`` rounded up to a power of two), then each step reads its features
+    again (from the cache). The first weight tile is loaded before the kernel waits for the one
+    before it. Values as :func:`norm_linear_kernel`'s; grid ``(cdiv(N, BLOCK_N),)``."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    cols64 = cols.to(tl.int64)
+    row = tl.zeros([1], dtype=tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    w_mask = col_ok[:, None] & k_ok[None, :]
+    w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+    if GATED:
+        w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+    wait_for_previous(PDL)  # the weights are no earlier kernel's output: the first tile loaded before the wait
+    if HAS_NORM:
+        features = tl.arange(0, ROW)
+        whole = (features < K)[None, :]
+        h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        if k0 > 0:
+            w_mask = col_ok[:, None] & k_ok[None, :]
+            w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+            if GATED:
+                w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+        a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
+        if HAS_NORM:
+            a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
+        a = a.to(tl.float32)
+        acc += w.to(tl.float32) * a
+        if GATED:
+            acc_up += w_up.to(tl.float32) * a
+    dtype = X.dtype.element_ty
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = y.to(dtype)
+    if GATED:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_BIAS:
+            up += tl.load(Bias + N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        gate = y.to(tl.float32)
+        y = (activate(gate, ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(Out + cols, y, mask=col_ok)
+
+
+@triton.jit
 def _rotated(y1, y2, Cos, Sin, rows64, offs, mask, stride_cos, stride_sin, HALF: tl.constexpr):
     """``q * cos + rotate_half(q) * sin`` of the halves ``y1, y2`` at head features ``offs`` and
     ``HALF + offs``, rounded as :mod:`.fused_rotary` rounds it."""

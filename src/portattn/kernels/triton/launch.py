@@ -32,6 +32,13 @@ SPLIT_TARGET_WORK = 2048
 # against 0.0522 at B=4 over 8k (benchmarks/results/round4_h200/NOTES.md). Query runs keep 2048.
 DECODE_SPLIT_TARGET_WORK = 1024
 MIN_KEYS_PER_SPLIT = 512
+# Single-query decodes of few sequences not over an fp8 cache (the split rule's work asks for at least
+# FEW_DECODE_SPLITS ranges) keep at least SHORT_SPLIT_KEYS keys a range instead of MIN_KEYS_PER_SPLIT:
+# on an H200 at Llama-3-8B's heads, timed as graph replays over caches rotated past the L2
+# (benchmarks/results/engine_h200/round15/NOTES.md), one sequence over 1024 keys took 7.6-8.2 us in 16
+# or 32 ranges against 12.1 in the 3 that 1536 keys' graph planned (4096 keys: 13.4 against 31.7 in
+# 3), four sequences over 1024 / 4096 keys 14.5 / 27.5 in 8 ranges against 15.8 / 38.2 in 3.
+FEW_DECODE_SPLITS = 8
 # Short decodes: single-query steps over at most SHORT_DECODE_KEYS keys a sequence (the engine's short
 # shapes) split into ranges of SHORT_SPLIT_KEYS keys (at most 8) and stream them in 32-key tiles, 4 warps,
 # 2 stages (``choose_tiles(short_splits=True)``). A launch there is latency, not bytes: at SmolLM2's
@@ -83,7 +90,9 @@ def choose_num_kv_splits(
 
     Work items are (sequence, query head, run of 8 queries); splits are added until there are
     about ``SPLIT_TARGET_WORK`` of them (``DECODE_SPLIT_TARGET_WORK`` for single-query decodes),
-    keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split. Decodes over a one-byte (fp8) cache
+    keeping at least ``MIN_KEYS_PER_SPLIT`` keys per split (``SHORT_SPLIT_KEYS`` for single-query
+    decodes, not over an fp8 cache, of so few sequences that the work asks for ``FEW_DECODE_SPLITS``
+    or more splits). Decodes over a one-byte (fp8) cache
     (``kv_itemsize`` 1) take at least 2 splits where the keys allow: on an H200, 64 sequences over
     4096 keys ran 1.09x faster at 2 splits than at 1 (a program keeps as many tiles in flight over
     one-byte keys as over two-byte ones, so it moves half the bytes; 3 and 4 splits were no faster).
@@ -107,7 +116,8 @@ def choose_num_kv_splits(
     if max_seqlen_q == 1 and kv_itemsize != 1 and max_seqlen_k <= SHORT_DECODE_KEYS:
         ranges = -(-max_seqlen_k // SHORT_SPLIT_KEYS)
         return max(1, ranges) if ranges <= by_work else 1  # short ranges, or none: longer ones ran slower
-    by_length = max_seqlen_k // MIN_KEYS_PER_SPLIT
+    few = max_seqlen_q == 1 and kv_itemsize != 1 and by_work >= FEW_DECODE_SPLITS
+    by_length = max_seqlen_k // (SHORT_SPLIT_KEYS if few else MIN_KEYS_PER_SPLIT)
     return max(1, min(by_work, by_length, MAX_KV_SPLITS))
 
 

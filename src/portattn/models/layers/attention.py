@@ -30,6 +30,7 @@ from .linear import (
     new_parameter,
     norm_folds,
     norm_then_linear,
+    project,
     shard_of,
 )
 from .norm import RMSNorm
@@ -213,6 +214,6 @@ class SelfAttention(nn.Module):
         if fused_ops(q) is not None:  # fused kernels on here: ask the backend to fuse rotary with its write
             out = self.attn.forward_rotary(q, k, v, cos, sin, ctx)
             if out is not None:
-                return self.o_proj(out)
+                return project(self.o_proj, out)
         q, k = rotary.apply(q, k, cos, sin)
-        return self.o_proj(self.attn(q, k, v, ctx))
+        return project(self.o_proj, self.attn(q, k, v, ctx))

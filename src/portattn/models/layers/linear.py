@@ -310,10 +310,53 @@ SMALL_LINEAR_K = 2048
 SMALL_LINEAR_FEW_ROWS = 8
 
 
+# One-row forwards (a batch-1 decode step) of projections over at least ROW_LINEAR_K features run
+# through fused_launch.row_linear (many small programs on the vector units) instead of the vendor's
+# matmul, with the norm before them and the gated activation after them folded in. On an H200, each
+# launch timed alone as graph replays over weights rotated past the L2
+# (benchmarks/results/engine_h200/round15/NOTES.md), at Llama-3-8B's shapes: q/k/v with its norm
+# 14.9 us against 18.6 (add_rmsnorm, then cuBLAS), o 9.1 against 12.7, gate/up with its norm and SiLU
+# 59.8 against 64.1 (three launches), down 27.8 against 30.7; at Qwen2.5-7B's, Llama-3.2-3B's and
+# -1B's (3584, 3072 and 2048 features) every projection but the 7B's q/k/v (12.8 against 12.4) ran
+# faster, at 1536 features the gate/up did not (20.9 against 19.3). Narrower rows keep the launches
+# above or the vendor's matmul.
+ROW_LINEAR_K = 2048
+
+
+def _row_ops(linear: Linear, x: torch.Tensor):
+    """The fused launchers when ``linear(x)`` takes :func:`~..fused_launch.row_linear`: one row of at
+    least ``ROW_LINEAR_K`` features on a GPU, a plain (or column-parallel) or single-rank row-parallel
+    linear of the row's dtype; else ``None``."""
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] < ROW_LINEAR_K:
+        return None
+    ops = fused_linear_ops(x)
+    weight = linear.weight
+    if (
+        ops is None
+        or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
+        or (type(linear).forward is RowParallelLinear.forward and linear.tp.size != 1)
+        or weight.dtype != x.dtype
+        or x.stride(-1) != 1
+        or weight.stride(-1) != 1
+    ):
+        return None
+    return ops
+
+
+def project(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)``, through :func:`~..fused_launch.row_linear` where it takes it (see ``ROW_LINEAR_K``)."""
+    ops = _row_ops(linear, x)
+    return linear(x) if ops is None else ops.row_linear(x, linear.weight, linear.bias)[0]
+
+
 def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
     """``linear(x)`` in one launch of the fused linear kernel (no norm) where it takes it: a plain or
     single-rank row-parallel linear of the rows' dtype over at most ``SMALL_LINEAR_K`` features, rows
-    as :func:`~.fused.fused_linear_ops` allows; else ``None`` (the caller runs ``linear(x)``)."""
+    as :func:`~.fused.fused_linear_ops` allows, or one row of at least ``ROW_LINEAR_K`` features
+    (:func:`project`); else ``None`` (the caller runs ``linear(x)``)."""
+    ops = _row_ops(linear, x)
+    if ops is not None:
+        return ops.row_linear(x, linear.weight, linear.bias)[0]
     ops = fused_linear_ops(x)
     weight = linear.weight
     if (
@@ -331,21 +374,23 @@ def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
     return ops.norm_linear(x, weight, linear.bias, tiles=tiles)[0]
 
 
+def _norm_fits(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None) -> bool:
+    """Whether the fused launches can take ``norm``'s RMSNorm of ``x + residual`` before ``linear``."""
+    return (
+        type(linear).forward is Linear.forward
+        and linear.weight.dtype == x.dtype
+        and norm.weight.dtype in (x.dtype, torch.float32)
+        and x.stride(-1) == linear.weight.stride(-1) == 1
+        and (residual is None or residual.stride(-1) == 1)
+        and (norm.mode != "dtype" or norm.weight.dtype == x.dtype)
+    )
+
+
 def norm_folds(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None):
     """The fused launchers when ``linear(norm(x + residual))`` runs as one kernel (see
     :func:`norm_then_linear`), else ``None``."""
     ops = fused_linear_ops(x)
-    weight = linear.weight
-    if (
-        ops is not None
-        and type(linear).forward is Linear.forward
-        and x.shape[1] <= ops.NORM_LINEAR_SINGLE_K
-        and weight.dtype == x.dtype
-        and norm.weight.dtype in (x.dtype, torch.float32)
-        and x.stride(-1) == weight.stride(-1) == 1
-        and (residual is None or residual.stride(-1) == 1)
-        and (norm.mode != "dtype" or norm.weight.dtype == x.dtype)
-    ):
+    if ops is not None and x.shape[1] <= ops.NORM_LINEAR_SINGLE_K and _norm_fits(linear, x, norm, residual):
         return ops
     return None
 
@@ -356,11 +401,19 @@ def norm_then_linear(
     """``(linear(norm(x + residual)), x + residual)`` (``residual`` None: ``x`` is the stream), with
     ``act``: ``gated(act, linear(...))``. One kernel at small batches on GPUs
     (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype over at most
-    ``NORM_LINEAR_SINGLE_K`` features (small models: wider rows stream their weights faster through
-    the vendor's matmul); the norm, the matmul and the activation one after the other elsewhere."""
+    ``NORM_LINEAR_SINGLE_K`` features (small models: wider rows of a few tokens stream their weights
+    faster through the vendor's matmul), or of one row of at least ``ROW_LINEAR_K`` features
+    (:func:`project`); the norm, the matmul and the activation one after the other elsewhere."""
     ops = norm_folds(linear, x, norm, residual)
     if ops is not None:
         y, summed = ops.norm_linear(
+            x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
+            mode=norm.mode, act=None if act is None else act.name,
+        )  # fmt: skip
+        return y, (x if residual is None else summed)
+    ops = _row_ops(linear, x)
+    if ops is not None and _norm_fits(linear, x, norm, residual):
+        y, summed = ops.row_linear(
             x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
             mode=norm.mode, act=None if act is None else act.name,
         )  # fmt: skip
