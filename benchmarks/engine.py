@@ -48,11 +48,14 @@ from portattn.device import synchronize
 
 # -> (launch.py's switch, the value the option sets); "unfused_linear": norms and activations in their
 # own kernels at every batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch;
-# "no_short_shapes": every captured step planned for the longest context (engine/graphs.py)
+# "no_short_shapes": every captured step planned for the longest context (engine/graphs.py);
+# "no_row_linear": one-row projections through the vendor's matmul (fused_launch.ROW_LINEAR_K);
+# "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
+    "no_row_linear": None, "row_rotary": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -79,6 +82,13 @@ def apply_kernel_options(options: list[str]) -> None:
                 from portattn.models.layers import attention
 
                 attention.FOLD_OUT_PROJ = False
+            elif option in ("no_row_linear", "row_rotary"):
+                from portattn.kernels.triton import fused_launch
+
+                if option == "no_row_linear":
+                    fused_launch.ROW_LINEAR_K = 1 << 62
+                else:
+                    fused_launch.ROW_LINEAR_ROTARY = True
             elif option == "no_short_shapes":
                 from portattn.engine import graphs
 

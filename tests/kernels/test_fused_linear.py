@@ -22,6 +22,7 @@ if "triton" in BACKENDS:
         norm_linear_rotary,
         rotary_kv_write,
         row_linear,
+        row_linear_rotary,
     )
 
 STEPS = LinearTiles(16, 64, 4, 2) if "triton" in BACKENDS else None  # a loop over the features
@@ -227,6 +228,45 @@ def test_norm_linear_rotary_equals_the_two_launches(dtype, rows, head_dim, heads
         close(got_caches[1].flatten(0, 1)[slots], want_caches[1].flatten(0, 1)[slots], dtype, 2)
         written = want_caches[0].flatten(0, 1)[slots]
         assert not written.isnan().any() and want_caches[0].isnan().sum() == want_caches[0].numel() - written.numel()
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (3, 1)], ids=str)
+@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_linear_rotary_equals_the_two_launches(dtype, head_dim, heads):
+    """One row on the vector units (projection, rotation, cache write) gives the values of
+    ``row_linear`` then ``rotary_kv_write``, with and without a bias, at 8 columns a program (the
+    default) and 16 (on a GPU a sum may round a step apart: the programs hold other columns, and
+    their partials are summed in another order); cache slots other than the new token's stay as they
+    were (NaN)."""
+    num_q, num_kv = heads
+    for bias, tile in ((False, None), (True, LinearTiles(16, 32, 4, 1)), (True, LinearTiles(8, 64, 2, 1))):
+        norm, weight, b, x, residual, cos, sin, caches, slots = rotary_case(
+            1, heads, head_dim, dtype, bias=bias, mode="unit_offset" if bias else "dtype", seed=head_dim + bias
+        )  # fmt: skip
+        want_caches = [c.clone() for c in caches]
+        qkv, want_summed = row_linear(x, weight, b, norm_weight=norm.weight, eps=1e-5, residual=residual,
+                                      mode=norm.mode, tiles=tile)  # fmt: skip
+        q, k, v = qkv.split([num_q * head_dim, num_kv * head_dim, num_kv * head_dim], dim=-1)
+        want_q = rotary_kv_write(
+            q.view(1, num_q, head_dim), k.view(1, num_kv, head_dim), v.view(1, num_kv, head_dim), cos, sin,
+            *want_caches, slots,
+        )  # fmt: skip
+        got_caches = [c.clone() for c in caches]
+        got_q, summed = row_linear_rotary(
+            x, weight, b, cos, sin, *got_caches, slots, num_q_heads=num_q, num_kv_heads=num_kv,
+            norm_weight=norm.weight, eps=1e-5, residual=residual, mode=norm.mode, tiles=tile,
+        )  # fmt: skip
+        close_rotated(got_q, want_q, q.view(1, num_q, head_dim), cos, sin, dtype)  # sums may round a step apart
+        assert torch.equal(summed, want_summed)
+        for got, want in zip(got_caches, want_caches):
+            assert torch.equal(got.isnan(), want.isnan())  # the same slot written, the rest untouched
+        got_k, want_k = (c.flatten(0, 1)[slots] for c in (got_caches[0], want_caches[0]))
+        close_rotated(got_k, want_k, k.view(1, num_kv, head_dim), cos, sin, dtype)
+        close(got_caches[1].flatten(0, 1)[slots], want_caches[1].flatten(0, 1)[slots], dtype, 2)
+    with pytest.raises(ValueError, match="one row"):
+        row_linear_rotary(x.expand(2, -1), weight, None, cos.expand(2, -1), sin.expand(2, -1), *caches, slots,
+                          num_q_heads=num_q, num_kv_heads=num_kv)  # fmt: skip
 
 
 def test_norm_linear_rotary_rejects_what_it_does_not_compute():

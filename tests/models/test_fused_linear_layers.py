@@ -169,38 +169,69 @@ def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
     assert_same_greedy(small, plain)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])  # q/k/v with rotation and cache write, or not
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # plain, q/k/v biases
-def test_one_row_projections_in_row_linear(family, ckpt_root, monkeypatch):
-    """Forwards of one row over at least ``linear.ROW_LINEAR_K`` features (set to 1 here: the tiny
-    models' rows are narrow; the norms' single-step folding turned off so that q/k/v and gate/up take
-    it) run all four projections of a layer through ``row_linear``, q/k/v and gate/up with their norms,
-    gate/up with its activation: greedy tokens and logits equal those of the vendor's matmul. Batch-1
-    decodes only: the 5-token prefill keeps the matmul."""
+def test_one_row_projections_in_row_linear(family, backend, ckpt_root, monkeypatch):
+    """Forwards of one row over at least ``fused_launch.ROW_LINEAR_K`` features (set to 1 here: the
+    tiny models' rows are narrow; the norms' single-step folding turned off so that q/k/v and gate/up
+    take it) run all four projections of a layer on the vector units, q/k/v and gate/up with their
+    norms, gate/up with its activation, and with the Triton backend and ``ROW_LINEAR_ROTARY`` q/k/v
+    with the rotation and the cache write (``row_linear_rotary``): greedy tokens and logits equal those
+    of the vendor's matmul. Batch-1 decodes only: the 5-token prefill keeps the matmul."""
+    from portattn.backends import triton as triton_backend
     from portattn.kernels.triton import fused_launch
-    from portattn.models.layers import linear
 
     if ENGINE_DEVICE == "cpu":
         monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
     monkeypatch.setattr(fused_launch, "NORM_LINEAR_SINGLE_K", 0)
+    monkeypatch.setattr(triton_backend, "NORM_LINEAR_SINGLE_K", 0)
     calls = []
 
-    def counted(x, weight, bias=None, **kwargs):
-        calls.append((x.shape[0], weight.shape[1], kwargs.get("norm_weight") is not None, kwargs.get("act")))
-        return launch(x, weight, bias, **kwargs)
+    def counting(name, module):
+        launch = getattr(module, name)
 
-    launch = fused_launch.row_linear
-    monkeypatch.setattr(fused_launch, "row_linear", counted)
-    llm = make_llm(checkpoint(family, ckpt_root), "triton")
+        def counted(x, weight, *args, **kwargs):
+            calls.append((name, x.shape[0], weight.shape[1], kwargs.get("norm_weight") is not None, kwargs.get("act")))
+            return launch(x, weight, *args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    counting("row_linear", fused_launch)
+    counting("row_linear_rotary", triton_backend)  # the backend imported its launcher by name
+    llm = make_llm(checkpoint(family, ckpt_root), backend)
     layers = len(llm.engine.model.model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
-    monkeypatch.setattr(linear, "ROW_LINEAR_K", 1 << 30)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_ROTARY", True)  # off by default (measured slower)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
     calls.clear()
     plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
     assert not calls
-    monkeypatch.setattr(linear, "ROW_LINEAR_K", 1)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
     rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
-    assert len(calls) == 4 * layers * 7 and all(n == 1 for n, *_ in calls)  # seven batch-1 decode steps
+    assert len(calls) == 4 * layers * 7 and all(n == 1 for _, n, *_ in calls)  # seven batch-1 decode steps
     hidden = llm.engine.model.config.hidden_size
-    normed = [(k, act) for _, k, has_norm, act in calls if has_norm]
-    assert normed == [(hidden, None), (hidden, "silu")] * layers * 7  # q/k/v, then gate/up with SiLU
+    qkv = "row_linear_rotary" if backend == "triton" else "row_linear"
+    normed = [(name, k, act) for name, _, k, has_norm, act in calls if has_norm]
+    assert normed == [(qkv, hidden, None), ("row_linear", hidden, "silu")] * layers * 7  # q/k/v, gate/up with SiLU
     assert_same_greedy(rows, plain)
+
+
+def test_one_row_q_k_v_keeps_the_rotary_launch_by_default(ckpt_root, monkeypatch):
+    """``fused_launch.ROW_LINEAR_ROTARY`` off (the default): a one-row q/k/v projection takes
+    ``row_linear`` and the rotary write its own launch, with the Triton backend too."""
+    from portattn.backends import triton as triton_backend
+    from portattn.kernels.triton import fused_launch
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    monkeypatch.setattr(fused_launch, "NORM_LINEAR_SINGLE_K", 0)
+    monkeypatch.setattr(triton_backend, "NORM_LINEAR_SINGLE_K", 0)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
+    names = []
+    for name, module in (("row_linear", fused_launch), ("row_linear_rotary", triton_backend)):
+        launch = getattr(module, name)
+        counted = lambda *a, name=name, launch=launch, **k: names.append(name) or launch(*a, **k)
+        monkeypatch.setattr(module, name, counted)
+    llm = make_llm(checkpoint("llama", ckpt_root), "triton")
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert names and set(names) == {"row_linear"}

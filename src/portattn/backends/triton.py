@@ -29,6 +29,7 @@ from .metadata import (
 )
 
 try:
+    from ..kernels.triton import fused_launch
     from ..kernels.triton.fused_launch import (
         NORM_LINEAR_ROWS,
         NORM_LINEAR_SINGLE_K,
@@ -36,6 +37,7 @@ try:
         merge_linear_fits,
         norm_linear_rotary,
         rotary_kv_write,
+        row_linear_rotary,
     )
     from ..kernels.triton.launch import (
         attention_forward,
@@ -277,15 +279,17 @@ class TritonBackend(AttentionBackend):
         out_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The projection, rotation and cache write in one launch (``norm_linear_rotary``) for forwards
-        of at most ``NORM_LINEAR_ROWS`` tokens over at most ``NORM_LINEAR_SINGLE_K`` features into a
+        of at most ``NORM_LINEAR_ROWS`` tokens over at most ``NORM_LINEAR_SINGLE_K`` features, or
+        (``row_linear_rotary``, with ``ROW_LINEAR_ROTARY``) of one token over at least ``ROW_LINEAR_K``
+        features, into a
         cache of their dtype, heads of a multiple of 16 (K and V alike); then attention. ``None``
         otherwise. With ``out_weight``: where the attention splits its keys (no cascade, no sinks, the
         partials small enough for ``merge_linear_fits``), the merge and the output projection in one
         launch (``merge_linear``) after it; ``None`` elsewhere."""
         rows, features = x.shape
+        row = fused_launch.ROW_LINEAR_ROTARY and rows == 1 and features >= fused_launch.ROW_LINEAR_K
         if (
-            rows > NORM_LINEAR_ROWS
-            or features > NORM_LINEAR_SINGLE_K
+            (not row and (rows > NORM_LINEAR_ROWS or features > NORM_LINEAR_SINGLE_K))
             or kv_cache.k.dtype != x.dtype
             or spec.head_dim != spec.v_head_dim
             or spec.head_dim % 16
@@ -303,7 +307,7 @@ class TritonBackend(AttentionBackend):
                 or not merge_linear_fits(spec.num_heads, splits, spec.v_head_dim)
             ):
                 return None
-        q, summed = norm_linear_rotary(
+        q, summed = (row_linear_rotary if row else norm_linear_rotary)(
             x, weight, bias, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc,
             num_q_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, norm_weight=norm_weight, eps=eps,
             residual=residual, mode=mode,

@@ -17,7 +17,13 @@ import triton
 from ...device import compute_units, is_triton_interpreter
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
-from .fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel, row_linear_kernel
+from .fused_linear import (
+    merge_linear_kernel,
+    norm_linear_kernel,
+    norm_linear_rotary_kernel,
+    row_linear_kernel,
+    row_linear_rotary_kernel,
+)
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel, rotary_table_kernel
 from .gumbel_max import gumbel_max_kernel
@@ -106,6 +112,13 @@ def linear_tiles(out_features: int, in_features: int, device: torch.device, *, g
 # (benchmarks/results/engine_h200/round15/row_linears.json) 1024 features a step streamed at 82-101% of
 # copy where 512 reached 64-91% and 8 warps or 256 features less; 4 rows a program ran within 4% of 8.
 ROW_LINEAR_TILES = LinearTiles(8, 1024, 4, 1)
+# One-row forwards over at least this many features take row_linear (models/layers/linear.py).
+ROW_LINEAR_K = 2048
+# The Triton backend's forward_projected of such a row in one launch with the rotation and the cache
+# write (row_linear_rotary); off: on an H200 Llama-3-8B's batch-1 async step took 4.37-4.38 ms with it
+# against 4.32 with row_linear and the rotary write's own launch (one call,
+# benchmarks/results/engine_h200/round15/NOTES.md: a program's two runs of 4 weight rows stream slower).
+ROW_LINEAR_ROTARY = False
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, norm_weight) -> None:
@@ -206,6 +219,68 @@ def row_linear(
     return out, summed
 
 
+def _check_rotary(x, weight, cos, sin, k_cache, v_cache, num_q_heads: int, num_kv_heads: int, tiles: LinearTiles):
+    """What :func:`norm_linear_rotary` and :func:`row_linear_rotary` take besides the rows: a q/k/v
+    weight of whole heads of a multiple of ``tiles.block_n`` features, K/V caches of x's dtype, one
+    shape and contiguous, rows of cos and sin with a contiguous last dim. Returns the head dim and
+    ``cos, sin [M, D]``."""
+    rows = x.shape[0]
+    heads = num_q_heads + 2 * num_kv_heads
+    head_dim = weight.shape[0] // heads
+    if weight.shape[0] != heads * head_dim or head_dim % tiles.block_n:
+        raise ValueError(f"expected a q/k/v weight of {heads} heads of a multiple of {tiles.block_n} features, "
+                         f"got {tuple(weight.shape)}")  # fmt: skip
+    if k_cache.dtype != x.dtype or v_cache.dtype != x.dtype or k_cache.shape[-1] != head_dim:
+        raise ValueError(f"expected K/V caches of {x.dtype} and head dim {head_dim}, got {k_cache.dtype} "
+                         f"{tuple(k_cache.shape)} and {v_cache.dtype} {tuple(v_cache.shape)}")  # fmt: skip
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or v_cache.shape != k_cache.shape:
+        raise ValueError("expected contiguous K/V caches of one shape (a slot is page * P + offset)")
+    cos, sin = cos.reshape(rows, head_dim), sin.reshape(rows, head_dim)
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"expected cos and sin with a contiguous last dim, got strides {cos.stride()}, {sin.stride()}")
+    return head_dim, cos, sin
+
+
+def row_linear_rotary(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    mode: str = "dtype",
+    tiles: LinearTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`norm_linear_rotary` of one row ``x [1, K]`` on the vector units, as :func:`row_linear`:
+    the same arguments, values, stores and returns (``tiles.block_n`` dividing the head dim)."""
+    tiles = tiles or ROW_LINEAR_TILES
+    head_dim, cos, sin = _check_rotary(x, weight, cos, sin, k_cache, v_cache, num_q_heads, num_kv_heads, tiles)
+    _check_rows(x, weight, residual, norm_weight)
+    if x.shape[0] != 1:
+        raise ValueError(f"expected one row for row_linear_rotary, got {x.shape[0]}")
+    q = torch.empty((1, num_q_heads, head_dim), dtype=x.dtype, device=x.device)
+    summed = None if residual is None else torch.empty_like(x)
+    in_features = x.shape[1]
+    row_linear_rotary_kernel[(weight.shape[0] // tiles.block_n,)](
+        x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
+        x if bias is None else bias, cos, sin, slots, q, k_cache, v_cache, x if summed is None else summed,
+        in_features, eps, weight.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
+        HAS_BIAS=bias is not None, NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ROW=next_pow2(in_features) if norm_weight is not None else 16,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
+    )  # fmt: skip
+    return q, summed
+
+
 def norm_linear_rotary(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -231,20 +306,8 @@ def norm_linear_rotary(
     (``k_cache``, ``v_cache [N, P, Hkv, D]`` contiguous, in x's dtype). The same values as the two
     launches: each program takes ``block_n / 2`` features of each half of one head."""
     rows, in_features = x.shape
-    heads = num_q_heads + 2 * num_kv_heads
-    head_dim = weight.shape[0] // heads
     tiles = tiles or linear_tiles(weight.shape[0], in_features, x.device, rows=rows)
-    if weight.shape[0] != heads * head_dim or head_dim % tiles.block_n:
-        raise ValueError(f"expected a q/k/v weight of {heads} heads of a multiple of {tiles.block_n} features, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
-    if k_cache.dtype != x.dtype or v_cache.dtype != x.dtype or k_cache.shape[-1] != head_dim:
-        raise ValueError(f"expected K/V caches of {x.dtype} and head dim {head_dim}, got {k_cache.dtype} "
-                         f"{tuple(k_cache.shape)} and {v_cache.dtype} {tuple(v_cache.shape)}")  # fmt: skip
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or v_cache.shape != k_cache.shape:
-        raise ValueError("expected contiguous K/V caches of one shape (a slot is page * P + offset)")
-    cos, sin = cos.reshape(rows, head_dim), sin.reshape(rows, head_dim)
-    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
-        raise ValueError(f"expected cos and sin with a contiguous last dim, got strides {cos.stride()}, {sin.stride()}")
+    head_dim, cos, sin = _check_rotary(x, weight, cos, sin, k_cache, v_cache, num_q_heads, num_kv_heads, tiles)
     _check_rows(x, weight, residual, norm_weight)
     q = torch.empty((rows, num_q_heads, head_dim), dtype=x.dtype, device=x.device)
     summed = None if residual is None else torch.empty_like(x)

@@ -194,14 +194,14 @@ def norm_linear_kernel(
 
 
 @triton.jit
-def row_linear_kernel(
+def _row_product(
     X,
     Residual,
     NormWeight,
     W,
-    Bias,
-    Out,
     ResidualOut,
+    cols64,
+    col_ok,
     N,
     K,
     eps,
@@ -209,24 +209,18 @@ def row_linear_kernel(
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     MODE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
-    ACT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ROW: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):
-    """:func:`norm_linear_kernel`'s product for one row ``x [1, K]`` on the vector units: each step
-    multiplies a ``[BLOCK_N, BLOCK_K]`` weight tile by the row's features elementwise into a float32
-    partial, summed at the end (no matrix-unit tile of 16 rows, no shared memory: every program is
-    a few registers, many fit an SM and keep the memory busy). The norm takes the whole row in one
-    load first (``ROW``: ``K`` rounded up to a power of two), then each step reads its features
-    again (from the cache). The first weight tile is loaded before the kernel waits for the one
-    before it. Values as :func:`norm_linear_kernel`'s; grid ``(cdiv(N, BLOCK_N),)``."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    cols64 = cols.to(tl.int64)
+    """``(y, up)`` float32 ``[BLOCK_N]``: ``norm(x + residual)`` of the one row times the weight rows
+    ``cols64`` (and, with ``GATED``, rows ``cols64 + N``), on the vector units: each step multiplies a
+    ``[BLOCK_N, BLOCK_K]`` weight tile by the row's features elementwise into a float32 partial,
+    summed at the end. The norm takes the whole row in one load first (``ROW``: ``K`` rounded up to a
+    power of two), then each step reads its features again (from the cache). The first weight tile
+    is loaded before the kernel waits for the one before it."""
     row = tl.zeros([1], dtype=tl.int64)
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < K
@@ -257,13 +251,47 @@ def row_linear_kernel(
         acc += w.to(tl.float32) * a
         if GATED:
             acc_up += w_up.to(tl.float32) * a
+    return tl.sum(acc, axis=1), tl.sum(acc_up, axis=1)
+
+
+@triton.jit
+def row_linear_kernel(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    Bias,
+    Out,
+    ResidualOut,
+    N,
+    K,
+    eps,
+    stride_w,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """:func:`norm_linear_kernel` for one row ``x [1, K]`` on the vector units (:func:`_row_product`:
+    no matrix-unit tile of 16 rows, no shared memory: every program is a few registers, many fit an
+    SM and keep the memory busy). Values as :func:`norm_linear_kernel`'s; grid ``(cdiv(N, BLOCK_N),)``."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    y, up = _row_product(
+        X, Residual, NormWeight, W, ResidualOut, cols.to(tl.int64), col_ok, N, K, eps, stride_w, HAS_NORM,
+        HAS_RESIDUAL, MODE, GATED, BLOCK_N, BLOCK_K, ROW, PDL,
+    )  # fmt: skip
     dtype = X.dtype.element_ty
-    y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = y.to(dtype)
     if GATED:
-        up = tl.sum(acc_up, axis=1)
         if HAS_BIAS:
             up += tl.load(Bias + N + cols, mask=col_ok, other=0.0).to(tl.float32)
         gate = y.to(tl.float32)
@@ -325,12 +353,8 @@ def norm_linear_rotary_kernel(
     SINGLE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    HALF: tl.constexpr = HEAD_DIM // 2
     PAIRS: tl.constexpr = BLOCK_N // 2  # of each half of a head, a program's columns
-    head = tl.program_id(0) // (HALF // PAIRS)
-    first = (tl.program_id(0) % (HALF // PAIRS)) * PAIRS  # the program's first feature in each half
-    c = tl.arange(0, BLOCK_N)
-    cols = head * HEAD_DIM + (c // PAIRS) * HALF + first + c % PAIRS  # [first half's run | second half's]
+    head, first, cols = _head_columns(HEAD_DIM, BLOCK_N)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)
@@ -342,7 +366,56 @@ def norm_linear_rotary_kernel(
     )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(Bias + cols).to(tl.float32)[None, :]
-    y = acc.to(X.dtype.element_ty)
+    _store_heads(
+        acc.to(X.dtype.element_ty), head, first, rows64, row_ok, Cos, Sin, Slots, QOut, KCache, VCache, stride_cos,
+        stride_sin, stride_qt, stride_ks, stride_kh, stride_vs, stride_vh, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
+        BLOCK_M, PAIRS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _head_columns(HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(head, first, cols)`` of this program of a q/k/v projection with rotation: ``BLOCK_N / 2``
+    features of each half of one head, from feature ``first`` of each half; ``cols`` the weight rows,
+    the first half's run then the second's."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    PAIRS: tl.constexpr = BLOCK_N // 2
+    head = tl.program_id(0) // (HALF // PAIRS)
+    first = (tl.program_id(0) % (HALF // PAIRS)) * PAIRS
+    c = tl.arange(0, BLOCK_N)
+    return head, first, head * HEAD_DIM + (c // PAIRS) * HALF + first + c % PAIRS
+
+
+@triton.jit
+def _store_heads(
+    y,
+    head,
+    first,
+    rows64,
+    row_ok,
+    Cos,
+    Sin,
+    Slots,
+    QOut,
+    KCache,
+    VCache,
+    stride_cos,
+    stride_sin,
+    stride_qt,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PAIRS: tl.constexpr,
+):
+    """Rows ``y [BLOCK_M, 2 * PAIRS]`` of head ``head``'s features (:func:`_head_columns`), rounded to
+    the dtype: queries and keys rotated, queries stored to ``QOut``, keys and values to their caches
+    at the rows' ``Slots``."""
+    HALF: tl.constexpr = HEAD_DIM // 2
     y1, y2 = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, PAIRS]), (0, 2, 1)))  # the two halves' runs
     offs = first + tl.arange(0, PAIRS)
     mask = row_ok[:, None] & (offs < HALF)[None, :]
@@ -358,6 +431,56 @@ def norm_linear_rotary_kernel(
             dst = VCache + slots[:, None] * stride_vs + (head - NUM_Q_HEADS - NUM_KV_HEADS) * stride_vh + offs[None, :]
     tl.store(dst, y1, mask=mask)
     tl.store(dst + HALF, y2, mask=mask)
+
+
+@triton.jit
+def row_linear_rotary_kernel(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    Bias,
+    Cos,
+    Sin,
+    Slots,
+    QOut,
+    KCache,
+    VCache,
+    ResidualOut,
+    K,
+    eps,
+    stride_w,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """:func:`norm_linear_rotary_kernel` for one row on the vector units (:func:`_row_product`): the
+    same columns a program, values and stores. Grid ``((Hq + 2 Hkv) D / BLOCK_N,)``."""
+    head, first, cols = _head_columns(HEAD_DIM, BLOCK_N)
+    col_ok = cols < (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+    y, _ = _row_product(
+        X, Residual, NormWeight, W, ResidualOut, cols.to(tl.int64), col_ok, 0, K, eps, stride_w, HAS_NORM,
+        HAS_RESIDUAL, MODE, False, BLOCK_N, BLOCK_K, ROW, PDL,
+    )  # fmt: skip
+    if HAS_BIAS:
+        y += tl.load(Bias + cols).to(tl.float32)
+    row = tl.zeros([1], dtype=tl.int64)
+    _store_heads(
+        y.to(X.dtype.element_ty)[None, :], head, first, row, row == 0, Cos, Sin, Slots, QOut, KCache, VCache, 0, 0, 0,
+        stride_ks, stride_kh, stride_vs, stride_vh, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, 1, BLOCK_N // 2,
+    )  # fmt: skip
 
 
 @triton.jit

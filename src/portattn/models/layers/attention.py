@@ -31,6 +31,7 @@ from .linear import (
     norm_folds,
     norm_then_linear,
     project,
+    row_norm_folds,
     shard_of,
 )
 from .norm import RMSNorm
@@ -189,7 +190,8 @@ class SelfAttention(nn.Module):
         write run in that launch too (:meth:`PagedAttention.forward_projected`)."""
         if norm is None:
             return self.attend(positions, self.qkv_proj(x), ctx, rotary, table)
-        if not hasattr(self, "q_norm") and norm_folds(self.qkv_proj, x, norm, residual) is not None:
+        folds = norm_folds(self.qkv_proj, x, norm, residual) or row_norm_folds(self.qkv_proj, x, norm, residual)
+        if not hasattr(self, "q_norm") and folds is not None:
             o_proj = self.o_proj
             if FOLD_OUT_PROJ and o_proj.bias is None and o_proj.tp.size == 1:
                 done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx, o_proj.weight)
@@ -198,7 +200,7 @@ class SelfAttention(nn.Module):
             done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx)
             if done is not None:  # the projection, rotation and cache write in one launch
                 out, summed = done
-                return self.o_proj(out), summed
+                return project(self.o_proj, out), summed
         qkv, summed = norm_then_linear(self.qkv_proj, x, norm, residual)
         return self.attend(positions, qkv, ctx, rotary, table), summed
 

@@ -310,7 +310,8 @@ SMALL_LINEAR_K = 2048
 SMALL_LINEAR_FEW_ROWS = 8
 
 
-# One-row forwards (a batch-1 decode step) of projections over at least ROW_LINEAR_K features run
+# One-row forwards (a batch-1 decode step) of projections over at least fused_launch.ROW_LINEAR_K
+# (2048) features run
 # through fused_launch.row_linear (many small programs on the vector units) instead of the vendor's
 # matmul, with the norm before them and the gated activation after them folded in. On an H200, each
 # launch timed alone as graph replays over weights rotated past the L2
@@ -319,20 +320,21 @@ SMALL_LINEAR_FEW_ROWS = 8
 # 59.8 against 64.1 (three launches), down 27.8 against 30.7; at Qwen2.5-7B's, Llama-3.2-3B's and
 # -1B's (3584, 3072 and 2048 features) every projection but the 7B's q/k/v (12.8 against 12.4) ran
 # faster, at 1536 features the gate/up did not (20.9 against 19.3). Narrower rows keep the launches
-# above or the vendor's matmul.
-ROW_LINEAR_K = 2048
+# above or the vendor's matmul. With the Triton backend the q/k/v projection also rotates and writes
+# the cache (row_linear_rotary, AttentionBackend.forward_projected).
 
 
 def _row_ops(linear: Linear, x: torch.Tensor):
     """The fused launchers when ``linear(x)`` takes :func:`~..fused_launch.row_linear`: one row of at
     least ``ROW_LINEAR_K`` features on a GPU, a plain (or column-parallel) or single-rank row-parallel
     linear of the row's dtype; else ``None``."""
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] < ROW_LINEAR_K:
+    if x.dim() != 2 or x.shape[0] != 1:
         return None
     ops = fused_linear_ops(x)
     weight = linear.weight
     if (
         ops is None
+        or x.shape[1] < ops.ROW_LINEAR_K
         or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
         or (type(linear).forward is RowParallelLinear.forward and linear.tp.size != 1)
         or weight.dtype != x.dtype
@@ -386,6 +388,13 @@ def _norm_fits(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch
     )
 
 
+def row_norm_folds(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None):
+    """The fused launchers when ``linear(norm(x + residual))`` of one wide row runs as one
+    :func:`~..fused_launch.row_linear` launch (see ``ROW_LINEAR_K``), else ``None``."""
+    ops = _row_ops(linear, x)
+    return ops if ops is not None and _norm_fits(linear, x, norm, residual) else None
+
+
 def norm_folds(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None):
     """The fused launchers when ``linear(norm(x + residual))`` runs as one kernel (see
     :func:`norm_then_linear`), else ``None``."""
@@ -411,8 +420,8 @@ def norm_then_linear(
             mode=norm.mode, act=None if act is None else act.name,
         )  # fmt: skip
         return y, (x if residual is None else summed)
-    ops = _row_ops(linear, x)
-    if ops is not None and _norm_fits(linear, x, norm, residual):
+    ops = row_norm_folds(linear, x, norm, residual)
+    if ops is not None:
         y, summed = ops.row_linear(
             x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
             mode=norm.mode, act=None if act is None else act.name,
