@@ -414,15 +414,11 @@ def norm_then_linear(
     faster through the vendor's matmul), or of one row of at least ``ROW_LINEAR_K`` features
     (:func:`project`); the norm, the matmul and the activation one after the other elsewhere."""
     ops = norm_folds(linear, x, norm, residual)
-    if ops is not None:
-        y, summed = ops.norm_linear(
-            x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
-            mode=norm.mode, act=None if act is None else act.name,
-        )  # fmt: skip
-        return y, (x if residual is None else summed)
-    ops = row_norm_folds(linear, x, norm, residual)
-    if ops is not None:
-        y, summed = ops.row_linear(
+    launch = ops.norm_linear if ops is not None else None
+    if launch is None and (ops := row_norm_folds(linear, x, norm, residual)) is not None:
+        launch = ops.row_linear
+    if launch is not None:
+        y, summed = launch(
             x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
             mode=norm.mode, act=None if act is None else act.name,
         )  # fmt: skip
