@@ -50,12 +50,13 @@ from portattn.device import synchronize
 # own kernels at every batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch;
 # "no_short_shapes": every captured step planned for the longest context (engine/graphs.py);
 # "no_row_linear": one-row projections through the vendor's matmul (fused_launch.ROW_LINEAR_K);
-# "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY)
+# "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY);
+# "two_block_gate_up": the gated MLP's weight as [gate; up] instead of alternating rows (mlp.GATE_UP_INTERLEAVED)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
-    "no_row_linear": None, "row_rotary": None,
+    "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -89,6 +90,10 @@ def apply_kernel_options(options: list[str]) -> None:
                     fused_launch.ROW_LINEAR_K = 1 << 62
                 else:
                     fused_launch.ROW_LINEAR_ROTARY = True
+            elif option == "two_block_gate_up":
+                from portattn.models.layers import mlp
+
+                mlp.GATE_UP_INTERLEAVED = False
             elif option == "no_short_shapes":
                 from portattn.engine import graphs
 

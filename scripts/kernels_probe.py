@@ -38,6 +38,8 @@
   of the plain product, then the fused launches (norm, rotary write, gated activation) with the fastest.
 * ``row-linears``: ``row_linear`` (one row on the vector units) at the same projections against cuBLAS,
   plain and with the norm (and the gated activation) folded in, over ``ROW_LINEAR_TILES``.
+* ``gated-rows``: ``row_linear``'s gate/up launch with gate and up rows in two blocks against
+  alternating rows (one run a program), beside the plain product, over ``GATED_ROW_TILES``.
 
 Every section prints its rows and writes ``DIR/<section>.json`` and its plot ``DIR/<section>.png`` (the
 timed rows' milliseconds); ceilings (copy, bf16 matmul) come from the same process.
@@ -834,6 +836,70 @@ def row_linears(out: Path, ceil) -> dict:
     return rows
 
 
+# gated_rows' gate/up projections (name, intermediate, hidden) and row_linear tiles (block_n, block_k, warps)
+GATED_ROWS = [("8B", 14336, 4096), ("7B", 18944, 3584), ("3B", 8192, 3072), ("1B", 8192, 2048), ("1.5B", 8960, 1536)]
+GATED_ROW_TILES = [(8, 1024, 4), (4, 1024, 4), (16, 1024, 4), (8, 2048, 4), (4, 2048, 4), (4, 512, 4)]
+
+
+def gated_rows(out: Path, ceil) -> dict:
+    """``row_linear``'s gate/up launch (norm, SiLU) with the weight's gate and up rows in two blocks (a
+    program reads two runs ``I`` rows apart) against alternating rows (``interleaved``: one run of
+    ``2 * block_n`` rows), beside the plain product over the same bytes; 8B's shape over
+    ``GATED_ROW_TILES``, the others with the first two."""
+    import torch.nn.functional as F
+
+    from portattn.kernels.triton.fused_launch import LinearTiles, gated_activation, norm_linear, row_linear
+
+    rows, path = {}, out / "gated_rows.json"
+    for name, inter, hidden in GATED_ROWS:
+        nbytes = 2 * inter * hidden * 2
+        copies = max(2, int(-(-WIDE_LINEAR_BYTES // nbytes)))
+        ws = [torch.randn(2 * inter, hidden, device=DEV, dtype=torch.bfloat16) / hidden**0.5 for _ in range(copies)]
+        wi = [w.view(2, inter, hidden).transpose(0, 1).reshape(2 * inter, hidden) for w in ws]
+        x = torch.randn(1, hidden, device=DEV, dtype=torch.bfloat16)
+        res = torch.randn(1, hidden, device=DEV, dtype=torch.bfloat16)
+        nw = torch.rand(hidden, device=DEV, dtype=torch.bfloat16) + 0.5
+
+        def record(key, fn, name=name, nbytes=nbytes, copies=copies):
+            return _wide_record(rows, path, ceil, f"{name} {key}", fn, nbytes, copies)
+
+        for t in GATED_ROW_TILES if name == "8B" else GATED_ROW_TILES[:2]:
+            tiles, tag = LinearTiles(*t, 1), "n{} k{} w{}".format(*t)
+            record(f"plain {tag}", lambda i, ws=ws, x=x, tiles=tiles: row_linear(x, ws[i], tiles=tiles))
+            for layout, weights in (("two blocks", ws), ("interleaved", wi)):
+                il = layout == "interleaved"
+                fn = lambda i, w=weights, x=x, res=res, nw=nw, tiles=tiles, il=il: row_linear(
+                    x, w[i], norm_weight=nw, eps=1e-5, residual=res, act="silu", tiles=tiles, interleaved=il
+                )  # fmt: skip
+                if record(f"norm silu {layout} {tag}", fn) is not None:
+                    ref = row_linear(x, ws[0], norm_weight=nw, eps=1e-5, residual=res, act="silu", tiles=tiles)[0]
+                    rows[f"{name} norm silu {layout} {tag}"]["max_error"] = (fn(0)[0] - ref).abs().max().item()
+            fn = lambda i, wi=wi, x=x, tiles=tiles: row_linear(x, wi[i], act="silu", tiles=tiles, interleaved=True)
+            record(f"silu interleaved {tag}", fn)
+    # Where the layout reaches other launches: the 8B's at 8 and 64 rows (cuBLAS, then gated_activation),
+    # SmolLM2's (1536 x 576) at 1 and 8 rows (norm_linear with its norm and SiLU, default tiles).
+    for name, inter, hidden, counts in (("8B", 14336, 4096, (8, 64)), ("SmolLM2", 1536, 576, (1, 8))):
+        nbytes = 2 * inter * hidden * 2
+        copies = max(2, int(-(-WIDE_LINEAR_BYTES // nbytes)))
+        ws = [torch.randn(2 * inter, hidden, device=DEV, dtype=torch.bfloat16) / hidden**0.5 for _ in range(copies)]
+        wi = [w.view(2, inter, hidden).transpose(0, 1).reshape(2 * inter, hidden) for w in ws]
+        nw = torch.rand(hidden, device=DEV, dtype=torch.bfloat16) + 0.5
+        for count in counts:
+            x = torch.randn(count, hidden, device=DEV, dtype=torch.bfloat16)
+            res = torch.randn(count, hidden, device=DEV, dtype=torch.bfloat16)
+            for layout, weights in (("two blocks", ws), ("interleaved", wi)):
+                il = layout == "interleaved"
+                if name == "8B":
+                    fn = lambda i, w=weights, x=x, il=il: gated_activation("silu", F.linear(x, w[i]), il)
+                    label = f"{name} {count} rows cublas + gated_activation {layout}"
+                else:
+                    fn = lambda i, w=weights, x=x, res=res, nw=nw, il=il: norm_linear(
+                        x, w[i], norm_weight=nw, eps=1e-5, residual=res, act="silu", interleaved=il)[0]  # fmt: skip
+                    label = f"{name} {count} rows norm_linear norm silu {layout}"
+                _wide_record(rows, path, ceil, label, fn, nbytes, copies)
+    return rows
+
+
 # -- prefill: where the paged kernel's time goes, against a descriptor (TMA) kernel on contiguous K/V --
 
 
@@ -1114,6 +1180,7 @@ SECTIONS = {
     "small-linears": (True, lambda out, ceil, args: small_linears(out, ceil)),
     "wide-linears": (True, lambda out, ceil, args: wide_linears(out, ceil)),
     "row-linears": (True, lambda out, ceil, args: row_linears(out, ceil)),
+    "gated-rows": (True, lambda out, ceil, args: gated_rows(out, ceil)),
     "fp32": (False, lambda out, ceil, args: fp32(out)),
 }
 

@@ -66,15 +66,17 @@ def test_add_rmsnorm_takes_strided_rows():
     close(out, norm.norm(x), torch.float32)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("name", sorted(ACTIVATION_CODES))
 @pytest.mark.parametrize("inter", [48, 1500])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gated_activation_equals_the_torch_code(dtype, inter, name):
+def test_gated_activation_equals_the_torch_code(dtype, inter, name, interleaved):
+    """Gate half first, or gate and up features alternating (``interleaved``)."""
     g = torch.Generator().manual_seed(inter)
     gate_up = (3 * torch.randn(2, 3, 2 * inter, generator=g)).to(DEVICE, dtype)
-    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = (gate_up[..., 0::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)
     want = ACTIVATIONS[name](gate) * up
-    got = gated_activation(name, gate_up)
+    got = gated_activation(name, gate_up, interleaved)
     assert got.shape == (2, 3, inter)
     close(got, want, dtype)
 

@@ -68,10 +68,10 @@ def make(rows, in_features, out_features, dtype, *, mode="dtype", bias=False, ac
     return norm, weight, b, x, residual
 
 
-def run(x, residual, norm, weight, bias, act, tiles=None):
+def run(x, residual, norm, weight, bias, act, tiles=None, interleaved=False):
     return norm_linear(
         x, weight, bias, norm_weight=None if norm is None else norm.weight, eps=1e-5, residual=residual,
-        mode="dtype" if norm is None else norm.mode, act=act, tiles=tiles,
+        mode="dtype" if norm is None else norm.mode, act=act, tiles=tiles, interleaved=interleaved,
     )  # fmt: skip
 
 
@@ -130,10 +130,10 @@ def test_norm_linear_rejects_what_it_does_not_compute():
     assert run(x[:0], residual[:0], norm, weight, None, None)[0].shape == (0, 32)
 
 
-def run_row(x, residual, norm, weight, bias, act, tiles=None):
+def run_row(x, residual, norm, weight, bias, act, tiles=None, interleaved=False):
     return row_linear(
         x, weight, bias, norm_weight=None if norm is None else norm.weight, eps=1e-5, residual=residual,
-        mode="dtype" if norm is None else norm.mode, act=act, tiles=tiles,
+        mode="dtype" if norm is None else norm.mode, act=act, tiles=tiles, interleaved=interleaved,
     )  # fmt: skip
 
 
@@ -152,6 +152,27 @@ def test_row_linear_equals_the_layers(dtype, mode, act):
                 want, want_summed = reference(x, res, norm, weight, b, act)
                 close(y, want, dtype, 1.01 if act is None else 3)
                 assert (summed is None) if res is None else torch.equal(summed, want_summed)
+
+
+def interleave(t: torch.Tensor) -> torch.Tensor:
+    """``[gate; up]`` rows (or bias features) -> ``g0, u0, g1, u1, ...``."""
+    return t.unflatten(0, (2, -1)).transpose(0, 1).flatten(0, 1)
+
+
+@pytest.mark.parametrize("launch", ["norm_linear", "row_linear"])
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+def test_interleaved_gate_and_up_rows_give_the_same_values(launch, act):
+    """A weight (and bias) whose gate and up rows alternate gives the values of the ``[gate; up]``
+    weight: the same products in the same order, only other rows read (37 features: a partial last
+    block; 200 inputs: a partial last step of 64)."""
+    rows = 3 if launch == "norm_linear" else 1
+    fn = run if launch == "norm_linear" else run_row
+    norm, weight, bias, x, residual = make(rows, 200, 37, torch.float16, bias=True, act=act, seed=11)
+    for tiles in (None, LinearTiles(16 if launch == "norm_linear" else 8, 64, 4, 1)):
+        want, want_summed = fn(x, residual, norm, weight, bias, act, tiles)
+        got, summed = fn(x, residual, norm, interleave(weight), interleave(bias), act, tiles, interleaved=True)
+        assert torch.equal(got, want) and torch.equal(summed, want_summed)
+        close(got, reference(x, residual, norm, weight, bias, act)[0], torch.float16, 3)
 
 
 def test_row_linear_rejects_what_it_does_not_compute():

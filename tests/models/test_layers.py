@@ -40,6 +40,34 @@ def test_missing_shard_and_wrong_shape_are_named():
     assert torch.allclose(mlp(x), F.linear(F.silu(x @ gate.t()) * (x @ up.t()), down), atol=1e-6)
 
 
+def test_the_gated_mlp_keeps_gate_and_up_rows_alternating():
+    """Gate row ``j`` at row ``2j``, up row ``j`` at ``2j + 1`` (weight and bias); ``split`` gives the
+    two outputs back; the MLP computes ``down(act(gate(x)) * up(x))``."""
+    mlp = GatedMLP(8, 6, "gelu_pytorch_tanh", bias=True)
+    gate, up, down = torch.randn(6, 8), torch.randn(6, 8), torch.randn(8, 6)
+    bg, bu, bd = torch.randn(6), torch.randn(6), torch.randn(8)
+    state = {"gate.weight": gate, "up.weight": up, "down.weight": down, "gate.bias": bg, "up.bias": bu, "down.bias": bd}
+    shards = {"gate": 0, "up": 1}
+
+    def mapping(key):
+        part, param = key.split(".")
+        return (f"down_proj.{param}", None) if part == "down" else (f"gate_up_proj.{param}", shards[part])
+
+    load_state(mlp, state, mapping, what="the MLP")
+    assert mlp.gate_up_proj.interleaved
+    assert torch.equal(mlp.gate_up_proj.weight[0::2], gate) and torch.equal(mlp.gate_up_proj.weight[1::2], up)
+    assert torch.equal(mlp.gate_up_proj.bias[0::2], bg) and torch.equal(mlp.gate_up_proj.bias[1::2], bu)
+    x = torch.randn(5, 8, dtype=torch.float64)
+    mlp.double()
+    g, u = mlp.gate_up_proj.split(mlp.gate_up_proj(x))
+    assert torch.allclose(g, F.linear(x, gate.double(), bg.double()))
+    assert torch.allclose(u, F.linear(x, up.double(), bu.double()))
+    want = F.linear(F.gelu(g, approximate="tanh") * u, down.double(), bd.double())
+    assert torch.allclose(mlp(x), want)
+    with pytest.raises(ValueError, match=r"interleaved shards of one size, got \[2, 3\]"):
+        MergedLinear(4, [2, 3], interleaved=True)
+
+
 def test_merged_linear_refuses_an_unknown_shard():
     layer = MergedLinear(4, [2, 3])
     with pytest.raises(ValueError, match=r"expected a shard in \[0, 1\], got 2"):

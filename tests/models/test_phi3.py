@@ -18,7 +18,9 @@ def test_fused_tensors_load_row_for_row(ckpt_root):
     layer = LLM(path, num_pages=8, max_model_len=128).engine.model.model.layers[1]
     state = load_file(f"{path}/model.safetensors")
     assert torch.equal(layer.self_attn.qkv_proj.weight, state["model.layers.1.self_attn.qkv_proj.weight"])
-    assert torch.equal(layer.mlp.gate_up_proj.weight, state["model.layers.1.mlp.gate_up_proj.weight"])
+    gate_up = layer.mlp.gate_up_proj  # gate and up rows alternate here, [gate; up] in the checkpoint
+    rows = torch.cat([part.t() for part in gate_up.split(gate_up.weight.t())])
+    assert torch.equal(rows, state["model.layers.1.mlp.gate_up_proj.weight"])
     assert layer.self_attn.spec.window_left == tiny_config("phi3").sliding_window - 1
 
 

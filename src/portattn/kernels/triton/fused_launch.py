@@ -112,6 +112,10 @@ def linear_tiles(out_features: int, in_features: int, device: torch.device, *, g
 # (benchmarks/results/engine_h200/round15/row_linears.json) 1024 features a step streamed at 82-101% of
 # copy where 512 reached 64-91% and 8 warps or 256 features less; 4 rows a program ran within 4% of 8.
 ROW_LINEAR_TILES = LinearTiles(8, 1024, 4, 1)
+# ... and of a gated launch over alternating gate and up rows: 4 features, one run of 8 rows, a program
+# (round16/gated_rows*.json: 8B's gate/up with its norm and SiLU 55.4-55.9 us, 99-100% of copy, against 58.9-59.4 with
+# 8 features of [gate; up] halves, the plain product over the same rows 55.0).
+ROW_LINEAR_GATED_TILES = LinearTiles(4, 1024, 4, 1)
 # One-row forwards over at least this many features take row_linear (models/layers/linear.py).
 ROW_LINEAR_K = 2048
 # The Triton backend's forward_projected of such a row in one launch with the rotation and the cache
@@ -150,13 +154,15 @@ def norm_linear(
     mode: str = "dtype",
     act: str | None = None,
     tiles: LinearTiles | None = None,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(y, summed)`` for rows ``x [M, K]``, ``M <= NORM_LINEAR_ROWS``, in float16 or bfloat16:
     ``y = rmsnorm(x + residual) @ weight.T + bias`` (:func:`add_rmsnorm`'s norm of ``norm_weight`` in
     ``mode``; without a ``norm_weight``, and then without a residual, ``x @ weight.T + bias``),
     ``summed = x + residual`` (None without a residual).
     With ``act`` (a gated activation's name) ``weight`` is ``[gate; up]`` (``[2I, K]``) and ``y`` is
-    ``act(gate) * up [M, I]``, as :func:`gated_activation` of the unfused product."""
+    ``act(gate) * up [M, I]``, as :func:`gated_activation` of the unfused product; ``interleaved``:
+    the weight's (and bias's) gate and up rows alternate instead, ``g0, u0, g1, u1, ...``."""
     rows, in_features = x.shape
     out_features = weight.shape[0] // (2 if act else 1)
     _check_rows(x, weight, residual, norm_weight)
@@ -177,6 +183,7 @@ def norm_linear(
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SINGLE=tiles.block_k >= in_features,
+        INTERLEAVED=interleaved and act is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
@@ -193,10 +200,12 @@ def row_linear(
     mode: str = "dtype",
     act: str | None = None,
     tiles: LinearTiles | None = None,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`norm_linear` of one row ``x [1, K]`` on the vector units (``fused_linear.row_linear_kernel``):
     the same arguments, values and returns; for rows of a few thousand features and more, where a
-    matrix-unit tile of 16 rows streams the weight slower than many small programs do."""
+    matrix-unit tile of 16 rows streams the weight slower than many small programs do. ``interleaved``
+    (with ``act``): the weight's (and bias's) gate and up rows alternate, ``g0, u0, g1, u1, ...``."""
     rows, in_features = x.shape
     out_features = weight.shape[0] // (2 if act else 1)
     _check_rows(x, weight, residual, norm_weight)
@@ -206,7 +215,7 @@ def row_linear(
         raise ValueError(f"expected a [gate; up] weight of an even number of rows, got {weight.shape[0]}")
     out = torch.empty((1, out_features), dtype=x.dtype, device=x.device)
     summed = None if residual is None else torch.empty_like(x)
-    tiles = tiles or ROW_LINEAR_TILES
+    tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
     row_linear_kernel[(triton.cdiv(out_features, tiles.block_n),)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
         x if bias is None else bias, out, x if summed is None else summed,
@@ -214,7 +223,8 @@ def row_linear(
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ROW=next_pow2(in_features) if norm_weight is not None else 16,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
+        INTERLEAVED=interleaved and act is not None, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
 
@@ -384,8 +394,9 @@ def merge_linear(partial_out: torch.Tensor, partial_lse: torch.Tensor, weight: t
     return out
 
 
-def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:
-    """``act(gate) * up`` of ``gate_up [..., 2I]`` (gate half first) -> ``[..., I]``."""
+def gated_activation(name: str, gate_up: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """``act(gate) * up`` of ``gate_up [..., 2I]`` (gate half first; ``interleaved``: gate and up
+    features alternate, ``g0, u0, g1, u1, ...``) -> ``[..., I]``."""
     width = gate_up.shape[-1]
     inter = width // 2
     rows_in = gate_up.reshape(-1, width)
@@ -395,7 +406,8 @@ def gated_activation(name: str, gate_up: torch.Tensor) -> torch.Tensor:
         grid = (rows_in.shape[0], -(-inter // block))
         gated_activation_kernel[grid](
             rows_in, out, inter, rows_in.stride(0), out.stride(0),
-            ACT=ACTIVATION_CODES[name], BLOCK=block, num_warps=4, **pdl_options(gate_up.device),
+            ACT=ACTIVATION_CODES[name], BLOCK=block, INTERLEAVED=interleaved, num_warps=4,
+            **pdl_options(gate_up.device),
         )  # fmt: skip
     return out.view(*gate_up.shape[:-1], inter)
 

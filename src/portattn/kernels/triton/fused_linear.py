@@ -65,6 +65,15 @@ def _normed(x, inv_rms, NormWeight, ks, k_ok, MODE: tl.constexpr):
 
 
 @triton.jit
+def _gate_up_rows(cols64, N, INTERLEAVED: tl.constexpr):
+    """The weight rows of output features ``cols64``: ``(gate, up)`` rows ``(c, N + c)`` of a
+    ``[gate; up]`` weight, or ``(2c, 2c + 1)`` where gate and up rows alternate (``INTERLEAVED``)."""
+    if INTERLEAVED:
+        return 2 * cols64, 2 * cols64 + 1
+    return cols64, cols64 + N
+
+
+@triton.jit
 def _project(
     X,
     Residual,
@@ -73,9 +82,9 @@ def _project(
     ResidualOut,
     rows64,
     row_ok,
-    cols64,
+    w_rows64,
+    w_up_rows64,
     col_ok,
-    N,
     K,
     eps,
     stride_x,
@@ -93,16 +102,16 @@ def _project(
     PDL: tl.constexpr,
 ):
     """``(acc, acc_up)`` float32 ``[BLOCK_M, BLOCK_N]``: ``norm(x + residual)`` of rows ``rows64`` times
-    the weight rows ``cols64`` (and, with ``GATED``, rows ``cols64 + N``: the up half)."""
+    the weight rows ``w_rows64`` (and, with ``GATED``, rows ``w_up_rows64``: the up half)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if SINGLE:  # every load at once: the weight block arrives while the norm is computed
         ks = tl.arange(0, BLOCK_K)
         k_ok = ks < K
         w_mask = col_ok[:, None] & k_ok[None, :]
-        w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+        w = tl.load(W + w_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
         if GATED:
-            w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+            w_up = tl.load(W + w_up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
         wait_for_previous(PDL)  # the weights are no earlier kernel's output: loaded before the wait
         mask = row_ok[:, None] & k_ok[None, :]
         a = _rows(X, Residual, ResidualOut, rows64, ks, mask, stride_x, stride_r, stride_ro, HAS_RESIDUAL, True)
@@ -131,10 +140,10 @@ def _project(
             if HAS_NORM:
                 a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
             w_mask = col_ok[:, None] & k_ok[None, :]
-            w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+            w = tl.load(W + w_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
             if GATED:
-                w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+                w_up = tl.load(W + w_up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
                 acc_up = tl.dot(a, tl.trans(w_up), acc_up)
     return acc, acc_up
 
@@ -167,6 +176,7 @@ def norm_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SINGLE: tl.constexpr,
+    INTERLEAVED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -175,15 +185,16 @@ def norm_linear_kernel(
     col_ok = cols < N
     rows64 = rows.to(tl.int64)
     dtype = X.dtype.element_ty
+    w_rows64, w_up_rows64 = _gate_up_rows(cols.to(tl.int64), N, GATED and INTERLEAVED)
     acc, acc_up = _project(
-        X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, cols.to(tl.int64), col_ok, N, K, eps,
+        X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, w_rows64, w_up_rows64, col_ok, K, eps,
         stride_x, stride_r, stride_ro, stride_w, HAS_NORM, HAS_RESIDUAL, MODE, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
         SINGLE, PDL,
     )  # fmt: skip
     if HAS_BIAS:
-        acc += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(Bias + w_rows64, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if GATED:
-            acc_up += tl.load(Bias + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            acc_up += tl.load(Bias + w_up_rows64, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(dtype)
     if GATED:
         gate = y.to(tl.float32)
@@ -200,9 +211,9 @@ def _row_product(
     NormWeight,
     W,
     ResidualOut,
-    cols64,
+    rows64,
+    up_rows64,
     col_ok,
-    N,
     K,
     eps,
     stride_w,
@@ -216,7 +227,7 @@ def _row_product(
     PDL: tl.constexpr,
 ):
     """``(y, up)`` float32 ``[BLOCK_N]``: ``norm(x + residual)`` of the one row times the weight rows
-    ``cols64`` (and, with ``GATED``, rows ``cols64 + N``), on the vector units: each step multiplies a
+    ``rows64`` (and, with ``GATED``, rows ``up_rows64``), on the vector units: each step multiplies a
     ``[BLOCK_N, BLOCK_K]`` weight tile by the row's features elementwise into a float32 partial,
     summed at the end. The norm takes the whole row in one load first (``ROW``: ``K`` rounded up to a
     power of two), then each step reads its features again (from the cache). The first weight tile
@@ -225,9 +236,9 @@ def _row_product(
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < K
     w_mask = col_ok[:, None] & k_ok[None, :]
-    w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+    w = tl.load(W + rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
     if GATED:
-        w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+        w_up = tl.load(W + up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
     wait_for_previous(PDL)  # the weights are no earlier kernel's output: the first tile loaded before the wait
     if HAS_NORM:
         features = tl.arange(0, ROW)
@@ -241,9 +252,9 @@ def _row_product(
         k_ok = ks < K
         if k0 > 0:
             w_mask = col_ok[:, None] & k_ok[None, :]
-            w = tl.load(W + cols64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+            w = tl.load(W + rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
             if GATED:
-                w_up = tl.load(W + (cols64 + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+                w_up = tl.load(W + up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
         a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
         if HAS_NORM:
             a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
@@ -276,24 +287,28 @@ def row_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ROW: tl.constexpr,
+    INTERLEAVED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """:func:`norm_linear_kernel` for one row ``x [1, K]`` on the vector units (:func:`_row_product`:
     no matrix-unit tile of 16 rows, no shared memory: every program is a few registers, many fit an
-    SM and keep the memory busy). Values as :func:`norm_linear_kernel`'s; grid ``(cdiv(N, BLOCK_N),)``."""
+    SM and keep the memory busy). Values as :func:`norm_linear_kernel`'s; grid ``(cdiv(N, BLOCK_N),)``.
+    ``INTERLEAVED`` (with ``GATED``): gate and up rows alternate (``g0, u0, g1, u1, ...``), so that a
+    program streams one run of ``2 * BLOCK_N`` rows."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, GATED and INTERLEAVED)
     y, up = _row_product(
-        X, Residual, NormWeight, W, ResidualOut, cols.to(tl.int64), col_ok, N, K, eps, stride_w, HAS_NORM,
+        X, Residual, NormWeight, W, ResidualOut, rows64, up_rows64, col_ok, K, eps, stride_w, HAS_NORM,
         HAS_RESIDUAL, MODE, GATED, BLOCK_N, BLOCK_K, ROW, PDL,
     )  # fmt: skip
     dtype = X.dtype.element_ty
     if HAS_BIAS:
-        y += tl.load(Bias + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y += tl.load(Bias + rows64, mask=col_ok, other=0.0).to(tl.float32)
     y = y.to(dtype)
     if GATED:
         if HAS_BIAS:
-            up += tl.load(Bias + N + cols, mask=col_ok, other=0.0).to(tl.float32)
+            up += tl.load(Bias + up_rows64, mask=col_ok, other=0.0).to(tl.float32)
         gate = y.to(tl.float32)
         y = (activate(gate, ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
     tl.store(Out + cols, y, mask=col_ok)
@@ -360,7 +375,7 @@ def norm_linear_rotary_kernel(
     rows64 = rows.to(tl.int64)
     col_ok = cols < (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
     acc, _ = _project(
-        X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, cols.to(tl.int64), col_ok, 0, K, eps,
+        X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, cols.to(tl.int64), cols.to(tl.int64), col_ok, K, eps,
         stride_x, stride_r, stride_ro, stride_w, HAS_NORM, HAS_RESIDUAL, MODE, False, BLOCK_M, BLOCK_N, BLOCK_K,
         SINGLE, PDL,
     )  # fmt: skip
@@ -471,7 +486,7 @@ def row_linear_rotary_kernel(
     head, first, cols = _head_columns(HEAD_DIM, BLOCK_N)
     col_ok = cols < (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
     y, _ = _row_product(
-        X, Residual, NormWeight, W, ResidualOut, cols.to(tl.int64), col_ok, 0, K, eps, stride_w, HAS_NORM,
+        X, Residual, NormWeight, W, ResidualOut, cols.to(tl.int64), cols.to(tl.int64), col_ok, K, eps, stride_w, HAS_NORM,
         HAS_RESIDUAL, MODE, False, BLOCK_N, BLOCK_K, ROW, PDL,
     )  # fmt: skip
     if HAS_BIAS:

@@ -35,13 +35,16 @@ def activation(name: str) -> Activation:
     return Activation(name)
 
 
-def gated(act: Callable[[torch.Tensor], torch.Tensor], gate_up: torch.Tensor) -> torch.Tensor:
-    """``gate_up [..., 2I]`` (gate half first) -> ``act(gate) * up [..., I]`` (one fused kernel on GPUs
-    for an :class:`Activation`; the torch code below is the reference)."""
+def gated(
+    act: Callable[[torch.Tensor], torch.Tensor], gate_up: torch.Tensor, interleaved: bool = False
+) -> torch.Tensor:
+    """``gate_up [..., 2I]`` (gate half first; ``interleaved``: gate and up features alternate,
+    ``g0, u0, g1, u1, ...``) -> ``act(gate) * up [..., I]`` (one fused kernel on GPUs for an
+    :class:`Activation`; the torch code below is the reference)."""
     ops = fused_ops(gate_up)
     if ops is not None and isinstance(act, Activation) and gate_up.stride(-1) == 1:
-        return ops.gated_activation(act.name, gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
+        return ops.gated_activation(act.name, gate_up, interleaved)
+    gate, up = gate_up.unflatten(-1, (-1, 2)).unbind(-1) if interleaved else gate_up.chunk(2, dim=-1)
     return act(gate) * up
 
 

@@ -208,7 +208,13 @@ class MergedLinear(Linear):
     ``output_sizes[i]`` (full sizes) rows belong to shard ``shard_ids[i]`` (default ``0, 1, ...``);
     the checkpoint keeps one tensor per shard, loaded with ``weight_loader(param, tensor, shard_id)``.
     :meth:`split` cuts an output ``[..., sum(local sizes)]`` back into the shards' parts.
+
+    ``interleaved`` (shards of one size): the shards' rows alternate, row ``j`` of shard ``i`` at row
+    ``j * len(shards) + i`` of ``W`` and ``b`` (the gated MLP's ``g0, u0, g1, u1, ...``: the output
+    features of one program of a one-row launch are one run of weight rows).
     """
+
+    interleaved = False
 
     def __init__(
         self,
@@ -219,12 +225,16 @@ class MergedLinear(Linear):
         shard_ids: Sequence[object] | None = None,
         tp: TPGroup | None = None,
         dtype: torch.dtype | None = None,
+        interleaved: bool = False,
     ):
         tp = tp_or_single(tp)
         what = "each merged projection's output features"
         local = [tp.split(size, f"{what} {list(output_sizes)}") for size in output_sizes]
         sources = [tp.rank * n for n in local]
+        if interleaved and len(set(output_sizes)) != 1:
+            raise ValueError(f"expected interleaved shards of one size, got {list(output_sizes)}")
         self._init_shards(in_features, local, sources, output_sizes, bias, shard_ids, tp, dtype)
+        self.interleaved = interleaved
 
     def _init_shards(self, in_features, local_sizes, sources, full_sizes, bias, shard_ids, tp, dtype) -> None:
         """Shard ``i``: ``local_sizes[i]`` rows here, read from row ``sources[i]`` of its checkpoint
@@ -261,10 +271,16 @@ class MergedLinear(Linear):
         if shard_id not in self.rows:
             raise ValueError(f"expected a shard in {list(self.rows)}, got {shard_id!r}")
         start, end, source, full = self.rows[shard_id]
-        copy_checked(param.data[start:end], shard_of(loaded, [full, *param.shape[1:]], 0, source, end - start))
+        if self.interleaved:
+            rows = param.data.unflatten(0, (-1, len(self.rows)))[:, list(self.rows).index(shard_id)]
+        else:
+            rows = param.data[start:end]
+        copy_checked(rows, shard_of(loaded, [full, *param.shape[1:]], 0, source, end - start))
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``y [..., sum(output_sizes)]`` -> one view per shard, in order."""
+        if self.interleaved:
+            return y.unflatten(-1, (-1, len(self.output_sizes))).unbind(-1)
         return y.split(self.output_sizes, dim=-1)
 
 
@@ -412,7 +428,9 @@ def norm_then_linear(
     (:func:`~.fused.fused_linear_ops`) for an RMSNorm and a plain linear of the rows' dtype over at most
     ``NORM_LINEAR_SINGLE_K`` features (small models: wider rows of a few tokens stream their weights
     faster through the vendor's matmul), or of one row of at least ``ROW_LINEAR_K`` features
-    (:func:`project`); the norm, the matmul and the activation one after the other elsewhere."""
+    (:func:`project`); the norm, the matmul and the activation one after the other elsewhere. The
+    gate and up rows of a :class:`MergedLinear` with ``interleaved`` alternate."""
+    interleaved = act is not None and getattr(linear, "interleaved", False)
     ops = norm_folds(linear, x, norm, residual)
     launch = ops.norm_linear if ops is not None else None
     if launch is None and (ops := row_norm_folds(linear, x, norm, residual)) is not None:
@@ -420,9 +438,9 @@ def norm_then_linear(
     if launch is not None:
         y, summed = launch(
             x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
-            mode=norm.mode, act=None if act is None else act.name,
+            mode=norm.mode, act=None if act is None else act.name, interleaved=interleaved,
         )  # fmt: skip
         return y, (x if residual is None else summed)
     h, summed = (norm(x), x) if residual is None else norm(x, residual)
     y = linear(h)
-    return (y if act is None else gated(act, y)), summed
+    return (y if act is None else gated(act, y, interleaved)), summed

@@ -15,9 +15,15 @@ from . import linear
 from .activation import activation, gated
 from .linear import MergedLinear, RowParallelLinear, norm_then_linear, small_linear
 
+# The gate/up weight's layout: rows alternating (a one-row launch's program streams one run of rows;
+# an 8B's gate/up at one row 56 against 59 us on an H200), or False: [gate; up].
+GATE_UP_INTERLEAVED = True
+
 
 class GatedMLP(nn.Module):
-    """``gate_up_proj`` holds the checkpoint's ``gate_proj`` (shard 0) and ``up_proj`` (shard 1)."""
+    """``gate_up_proj`` holds the checkpoint's ``gate_proj`` (shard 0) and ``up_proj`` (shard 1), their
+    rows alternating (``interleaved``, :data:`GATE_UP_INTERLEAVED`): a one-row launch's program streams
+    one run of rows for its gate and up features."""
 
     def __init__(
         self,
@@ -31,7 +37,8 @@ class GatedMLP(nn.Module):
     ):
         super().__init__()
         self.act = activation(act)
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], bias, tp=tp)
+        size = [intermediate_size, intermediate_size]
+        self.gate_up_proj = MergedLinear(hidden_size, size, bias, tp=tp, interleaved=GATE_UP_INTERLEAVED)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp=tp, reduce=reduce)
 
     def forward(
@@ -41,7 +48,7 @@ class GatedMLP(nn.Module):
         ``norm(x + residual)`` and the return ``(out, x + residual)``: the norm and the activation run
         inside the gate/up projection where they can (:func:`~.linear.norm_then_linear`)."""
         if norm is None:
-            return self.down_proj(gated(self.act, self.gate_up_proj(x)))
+            return self.down_proj(gated(self.act, self.gate_up_proj(x), self.gate_up_proj.interleaved))
         h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
         out = small_linear(self.down_proj, h) if linear.SMALL_DOWN_PROJ else None
         return (self.down_proj(h) if out is None else out), summed
