@@ -51,12 +51,13 @@ from portattn.device import synchronize
 # "no_short_shapes": every captured step planned for the longest context (engine/graphs.py);
 # "no_row_linear": one-row projections through the vendor's matmul (fused_launch.ROW_LINEAR_K);
 # "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY);
-# "two_block_gate_up": the gated MLP's weight as [gate; up] instead of alternating rows (mlp.GATE_UP_INTERLEAVED)
+# "two_block_gate_up": the gated MLP's weight as [gate; up] instead of alternating rows (mlp.GATE_UP_INTERLEAVED);
+# "dense_experts": every expert on every token at small batches, not the routed experts alone (moe.ROUTED_EXPERTS)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
-    "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None,
+    "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -90,6 +91,10 @@ def apply_kernel_options(options: list[str]) -> None:
                     fused_launch.ROW_LINEAR_K = 1 << 62
                 else:
                     fused_launch.ROW_LINEAR_ROTARY = True
+            elif option == "dense_experts":
+                from portattn.models.layers import moe
+
+                moe.ROUTED_EXPERTS = False
             elif option == "two_block_gate_up":
                 from portattn.models.layers import mlp
 
@@ -184,6 +189,25 @@ def weight_bytes(model) -> int:
     if lm_head.data_ptr() != embed.data_ptr():
         total -= embed.numel() * embed.element_size()
     return total
+
+
+def routed_weight_bytes(model, batch: int) -> float | None:
+    """:func:`weight_bytes` with each mixture-of-experts layer's experts counted as many as a decode batch of
+    ``batch`` tokens routes to: ``E (1 - (1 - k/E)^B)`` expected under uniform routing (``k`` at batch 1,
+    nearly all ``E`` once ``B k`` is several times ``E``). None for a model without experts."""
+    from portattn.models.layers.moe import FusedMoE
+
+    total, found = float(weight_bytes(model)), False
+    for module in model.modules():
+        experts = getattr(module, "experts", None)
+        if not isinstance(experts, FusedMoE) or not hasattr(module, "top_k"):
+            continue
+        found = True
+        count, k = experts.num_experts, module.top_k
+        params = [experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias]
+        per_expert = sum(p[0].numel() * p.element_size() for p in params if p is not None)
+        total -= (count - count * (1 - (1 - k / count) ** batch)) * per_expert
+    return total if found else None
 
 
 def kv_bytes_per_token(engine) -> float:
@@ -331,6 +355,9 @@ def decode_point(llm, batch: int, context: int, steps: int, copy_tb_s: float) ->
     kv = batch * mean_context * kv_bytes_per_token(engine)
     row |= {"weight_bytes": weights, "kv_bytes": kv, "limit_ms": (weights + kv) / (copy_tb_s * 1e12) * 1e3}
     row["limit_spec_ms"] = (weights + kv) / (SPEC_TB_S * 1e12) * 1e3
+    routed = routed_weight_bytes(engine.model, batch)
+    if routed is not None:  # experts: the bytes of those the batch routes to
+        row |= {"routed_weight_bytes": routed, "routed_limit_ms": (routed + kv) / (copy_tb_s * 1e12) * 1e3}
     if "graphs_step_ms" in row:
         row["graphs_vs_spec"] = row["graphs_step_ms"] / row["limit_spec_ms"]
     for seq in seqs:
@@ -339,6 +366,8 @@ def decode_point(llm, batch: int, context: int, steps: int, copy_tb_s: float) ->
     for mode in ("async", "graphs", "eager"):
         if f"{mode}_step_ms" in row:
             row[f"{mode}_vs_limit"] = row[f"{mode}_step_ms"] / row["limit_ms"]
+            if "routed_limit_ms" in row:
+                row[f"{mode}_vs_routed_limit"] = row[f"{mode}_step_ms"] / row["routed_limit_ms"]
     print(f"[decode] {json.dumps(row)}", flush=True)
     return row
 
@@ -928,6 +957,14 @@ def notes(results: dict) -> str:
                      "writing the step's inputs and copying them; host: step - replay; sampled: the same "
                      "batch at temperature 0.8, top-k 50, top-p 0.95, with the draw graph (timed alone) after the "
                      "replay; top-p alone: temperature 0.6, top-p 0.9 (the nucleus draw, no sort).")  # fmt: skip
+        routed = [r for r in part["rows"] if "routed_limit_ms" in r]
+        if routed:
+            points = "; ".join(
+                f"batch {r['batch']}: {r['routed_limit_ms']:.2f} ms, async step {fmt(r.get('async_vs_routed_limit'))}x"
+                for r in routed
+            )
+            lines.append(f"\nThe limit above counts every expert; over the experts a batch routes to (expected "
+                         f"under uniform routing): {points}.")  # fmt: skip
         if "tokens_agreeing" in part:
             lines.append(f"\nGreedy tokens of graphs and eager agree for {part['tokens_agreeing']} of 16 per prompt.")
         lines.append("")

@@ -44,6 +44,25 @@ def test_random_checkpoint_loads_and_is_reused(tmp_path, cpu):
     assert not llm.engine.requests  # every request aborted
 
 
+def test_routed_weight_bytes_count_the_experts_a_batch_routes_to():
+    from torch import nn
+
+    from portattn.models.layers import FusedMoE
+
+    model, moe = nn.Module(), nn.Module()
+    model.model = nn.Module()
+    model.model.embed_tokens, model.lm_head = nn.Embedding(10, 16), nn.Linear(16, 10, bias=False)
+    moe.top_k, moe.experts = 2, FusedMoE(8, 16, 24)
+    model.model.layers = nn.ModuleList([moe])
+    every = bench.weight_bytes(model)
+    per_expert = (2 * 24 * 16 + 16 * 24) * 4
+    assert bench.routed_weight_bytes(model, 1) == pytest.approx(every - 6 * per_expert)  # its 2 of 8 experts
+    assert bench.routed_weight_bytes(model, 3) == pytest.approx(every - 8 * 0.75**3 * per_expert)
+    assert bench.routed_weight_bytes(model, 1000) == pytest.approx(every)
+    moe.experts = nn.Linear(2, 2)
+    assert bench.routed_weight_bytes(model, 1) is None  # no experts
+
+
 def test_notes_targets_and_plot(tmp_path):
     rows = [
         {

@@ -32,7 +32,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.gumbel_max import gumbel_max_kernel
     from portattn.kernels.triton.nucleus import nucleus_kernel
     from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
-    from portattn.kernels.triton.fused_linear import row_linear_kernel, row_linear_rotary_kernel
+    from portattn.kernels.triton.fused_linear import row_linear_kernel, row_linear_rotary_kernel, expert_rows_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
@@ -64,7 +64,7 @@ CHILD = textwrap.dedent(
               "M": "i32", "N": "i32", "K": "i32", "eps": "fp32",
               **{name: "i32" for name in ("stride_x", "stride_r", "stride_ro", "stride_w", "stride_o")}}
     FLAGS = {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "ACT": 0, "BLOCK_M": 16,
-             "BLOCK_N": 16, "PDL": False}
+             "BLOCK_N": 16, "INTERLEAVED": False, "PDL": False}
     KERNELS += [
         ("norm_linear, one step", norm_linear_kernel, LINEAR,
          {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True}, 4),
@@ -79,12 +79,12 @@ CHILD = textwrap.dedent(
          {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
           "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "GATED": True, "ACT": 0,
-          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "PDL": True}, 4),
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": False, "PDL": True}, 4),
         ("row_linear, plain", row_linear_kernel,
          {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
           "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
          {"HAS_NORM": False, "HAS_RESIDUAL": False, "MODE": 0, "HAS_BIAS": False, "GATED": False, "ACT": 0,
-          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 16, "PDL": False}, 4),
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 16, "INTERLEAVED": False, "PDL": False}, 4),
         ("row_linear_rotary, PDL", row_linear_rotary_kernel,
          {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Cos", "Sin", "QOut", "KCache",
                                         "VCache", "ResidualOut")},
@@ -92,6 +92,15 @@ CHILD = textwrap.dedent(
           **{name: "i32" for name in ("stride_w", "stride_ks", "stride_kh", "stride_vs", "stride_vh")}},
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8,
           "HEAD_DIM": 128, "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "PDL": True}, 4),
+        ("row_linear, alternating gate and up rows, PDL", row_linear_kernel,
+         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
+          "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
+         {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "GATED": True, "ACT": 0,
+          "BLOCK_N": 4, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": True, "PDL": True}, 4),
+        ("expert_rows, gated, PDL", expert_rows_kernel,
+         {"X": "*bf16", "Ids": "*i64", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32", "stride_x": "i32",
+          "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
+         {"GATED": True, "ACT": 0, "INTERLEAVED": False, "BLOCK_N": 8, "BLOCK_K": 1024, "PDL": True}, 4),
         ("merge_linear, PDL", merge_linear_kernel,
          {"PartialOut": "*fp32", "PartialLse": "*fp32", "W": "*bf16", "Out": "*bf16", "N": "i32", "num_heads": "i32",
           "num_splits": "i32", "stride_w": "i32", "stride_o": "i32"},
@@ -198,6 +207,8 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "row_linear, norm and gated activation, PDL",
         "row_linear, plain",
         "row_linear_rotary, PDL",
+        "row_linear, alternating gate and up rows, PDL",
+        "expert_rows, gated, PDL",
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",
         "rotary_kv_write, PDL",

@@ -17,6 +17,7 @@ if "triton" in BACKENDS:
     from portattn.kernels.triton.fused_launch import (
         NORM_LINEAR_ROWS,
         LinearTiles,
+        expert_rows,
         linear_tiles,
         norm_linear,
         norm_linear_rotary,
@@ -173,6 +174,42 @@ def test_interleaved_gate_and_up_rows_give_the_same_values(launch, act):
         got, summed = fn(x, residual, norm, interleave(weight), interleave(bias), act, tiles, interleaved=True)
         assert torch.equal(got, want) and torch.equal(summed, want_summed)
         close(got, reference(x, residual, norm, weight, bias, act)[0], torch.float16, 3)
+
+
+EXPERT_LAYOUTS = [(None, False), ("silu", False), ("silu", True), ("gelu_pytorch_tanh", True)]
+
+
+@pytest.mark.parametrize("act, interleaved", EXPERT_LAYOUTS)
+def test_expert_rows_equal_each_pairs_expert(act, interleaved):
+    """Five routed pairs over four experts (expert 3 twice): each row through its own expert's rows,
+    as the layers compute one expert (37 features: a partial last block; 200: a partial last step)."""
+    g = torch.Generator().manual_seed(5)
+    width = 37 * (2 if act else 1)
+    weight = (torch.randn(4, width, 200, generator=g) / 200**0.5).to(DEVICE, torch.float16)
+    x = torch.randn(5, 200, generator=g).to(DEVICE, torch.float16)
+    ids = torch.tensor([3, 0, 3, 1, 2], device=DEVICE)
+    for tiles in (None, LinearTiles(8, 64, 4, 1)):
+        got = expert_rows(x, ids, interleave_experts(weight) if interleaved else weight, act=act,
+                          interleaved=interleaved, tiles=tiles)  # fmt: skip
+        assert got.shape == (5, 37)
+        for p, e in enumerate(ids.tolist()):
+            want, _ = reference(x[p : p + 1], None, None, weight[e], None, act)
+            close(got[p : p + 1], want, torch.float16, 1.01 if act is None else 3)
+
+
+def interleave_experts(weight: torch.Tensor) -> torch.Tensor:
+    return torch.stack([interleave(w) for w in weight])
+
+
+def test_expert_rows_rejects_what_it_does_not_compute():
+    weight = torch.zeros(4, 32, 64, dtype=torch.float16, device=DEVICE)
+    x = torch.zeros(3, 64, dtype=torch.float16, device=DEVICE)
+    ids = torch.zeros(3, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match=r"expected expert weights \[E, N, 64\] of torch.float16"):
+        expert_rows(x, ids, weight[:, :, :32])
+    with pytest.raises(ValueError, match=r"one expert id per row, \[3\], got \(2,\)"):
+        expert_rows(x, ids[:2], weight)
+    assert expert_rows(x[:0], ids[:0], weight).shape == (0, 32)
 
 
 def test_row_linear_rejects_what_it_does_not_compute():

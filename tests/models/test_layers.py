@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import BACKENDS, DEVICE
 from portattn.models.layers import FusedMoE, GatedMLP, MergedLinear, QKVLinear, RMSNorm, WeightShapeError
 from portattn.models.layers.moe import DENSE_MAX_TOKENS
 from portattn.models.loader import load_state
@@ -102,6 +103,30 @@ def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_to
     ref = _moe_reference(moe, x, weights, ids)
     for path in (moe.forward_dense, moe.forward_grouped, moe.forward):
         assert torch.allclose(path(x, weights, ids).double(), ref, atol=1e-5), path.__name__
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+@pytest.mark.parametrize("weight_on_input", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, 2])
+def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens):
+    """The routed path (each (token, expert) pair through its expert's rows, on GPUs where the step has
+    fewer pairs than experts) against the dense path and the float64 reference, float16 through the
+    Triton interpreter here; an expert picked by both tokens; 40 experts' rows over a partial block."""
+    from portattn.kernels.triton import fused_launch
+
+    g = torch.Generator().manual_seed(7 + num_tokens)
+    moe = FusedMoE(6, 72, 20, weight_on_input=weight_on_input).to(DEVICE, torch.float16)
+    moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 6)
+    moe.down_proj.data.copy_(torch.randn(moe.down_proj.shape, generator=g) / 3)
+    x = torch.randn(num_tokens, 72, generator=g).to(DEVICE, torch.float16)
+    ids = torch.tensor([[4, 1], [1, 3]][:num_tokens], device=DEVICE)
+    weights = torch.rand(num_tokens, 2, generator=g).to(DEVICE)
+    got = moe.forward_routed(x, weights, ids, fused_launch)
+    dense = moe.forward_dense(x, weights, ids)
+    assert got.dtype == torch.float16 and got.shape == (num_tokens, 72)
+    assert torch.allclose(got.float(), dense.float(), atol=2e-3, rtol=1e-2)
+    ref = _moe_reference(moe.double(), x.double(), weights, ids)
+    assert torch.allclose(got.double(), ref, atol=1e-2, rtol=1e-2)
 
 
 def test_moe_decode_path_and_layers_do_not_sync():

@@ -18,6 +18,7 @@ from ...device import compute_units, is_triton_interpreter
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_linear import (
+    expert_rows_kernel,
     merge_linear_kernel,
     norm_linear_kernel,
     norm_linear_rotary_kernel,
@@ -227,6 +228,44 @@ def row_linear(
         **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
+
+
+def expert_rows(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    act: str | None = None,
+    interleaved: bool = False,
+    tiles: LinearTiles | None = None,
+) -> torch.Tensor:
+    """Routed experts' projections, one (token, expert) pair a row: ``x [P, K]`` (a pair's input),
+    ``ids [P]`` (its expert), ``weight [E, N, K]`` -> ``[P, N]``, ``x[p] @ weight[ids[p]].T``; with
+    ``act`` (a gated activation's name) ``weight [E, 2I, K]`` holds each expert's gate and up rows (two
+    halves, or alternating with ``interleaved``) and the result is ``act(gate) * up [P, I]``. Reads the
+    routed experts' rows only (each pair its own), on the vector units as :func:`row_linear`: for
+    decode steps of fewer pairs than experts."""
+    pairs, in_features = x.shape
+    if weight.dim() != 3 or weight.shape[2] != in_features or weight.dtype != x.dtype:
+        raise ValueError(f"expected expert weights [E, N, {in_features}] of {x.dtype}, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if ids.shape != (pairs,):
+        raise ValueError(f"expected one expert id per row, [{pairs}], got {tuple(ids.shape)}")
+    if x.stride(-1) != 1 or weight.stride(-1) != 1 or weight.stride(1) != in_features:
+        raise ValueError("expected rows and expert weights with contiguous features")
+    out_features = weight.shape[1] // (2 if act else 1)
+    out = torch.empty((pairs, out_features), dtype=x.dtype, device=x.device)
+    if pairs == 0:
+        return out
+    tiles = tiles or ROW_LINEAR_TILES
+    expert_rows_kernel[(triton.cdiv(out_features, tiles.block_n), pairs)](
+        x, ids, weight, out, out_features, in_features, x.stride(0), weight.stride(0), weight.stride(1),
+        out.stride(0), GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
+        INTERLEAVED=interleaved and act is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_options(x.device),
+    )  # fmt: skip
+    return out
 
 
 def _check_rotary(x, weight, cos, sin, k_cache, v_cache, num_q_heads: int, num_kv_heads: int, tiles: LinearTiles):

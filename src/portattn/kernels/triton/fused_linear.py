@@ -69,8 +69,12 @@ def _gate_up_rows(cols64, N, INTERLEAVED: tl.constexpr):
     """The weight rows of output features ``cols64``: ``(gate, up)`` rows ``(c, N + c)`` of a
     ``[gate; up]`` weight, or ``(2c, 2c + 1)`` where gate and up rows alternate (``INTERLEAVED``)."""
     if INTERLEAVED:
-        return 2 * cols64, 2 * cols64 + 1
-    return cols64, cols64 + N
+        rows64 = 2 * cols64
+        up_rows64 = rows64 + 1
+    else:
+        rows64 = cols64
+        up_rows64 = cols64 + N
+    return rows64, up_rows64
 
 
 @triton.jit
@@ -185,7 +189,7 @@ def norm_linear_kernel(
     col_ok = cols < N
     rows64 = rows.to(tl.int64)
     dtype = X.dtype.element_ty
-    w_rows64, w_up_rows64 = _gate_up_rows(cols.to(tl.int64), N, GATED and INTERLEAVED)
+    w_rows64, w_up_rows64 = _gate_up_rows(cols.to(tl.int64), N, INTERLEAVED)
     acc, acc_up = _project(
         X, Residual, NormWeight, W, ResidualOut, rows64, row_ok, w_rows64, w_up_rows64, col_ok, K, eps,
         stride_x, stride_r, stride_ro, stride_w, HAS_NORM, HAS_RESIDUAL, MODE, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -297,7 +301,7 @@ def row_linear_kernel(
     program streams one run of ``2 * BLOCK_N`` rows."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, GATED and INTERLEAVED)
+    rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, INTERLEAVED)
     y, up = _row_product(
         X, Residual, NormWeight, W, ResidualOut, rows64, up_rows64, col_ok, K, eps, stride_w, HAS_NORM,
         HAS_RESIDUAL, MODE, GATED, BLOCK_N, BLOCK_K, ROW, PDL,
@@ -312,6 +316,48 @@ def row_linear_kernel(
         gate = y.to(tl.float32)
         y = (activate(gate, ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
     tl.store(Out + cols, y, mask=col_ok)
+
+
+@triton.jit
+def expert_rows_kernel(
+    X,
+    Ids,
+    W,
+    Out,
+    N,
+    K,
+    stride_x,
+    stride_e,
+    stride_w,
+    stride_o,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """One routed (token, expert) pair a row of ``X [P, K]``: ``Out[p, cols] = X[p] @ W[Ids[p], cols]^T``
+    on the vector units (:func:`_row_product`), with ``GATED`` ``act(gate) * up`` of the expert's gate
+    and up rows (:func:`_gate_up_rows`) rounded as :func:`row_linear_kernel` rounds them. Only the
+    routed experts' rows are read. The expert ids are an earlier kernel's output: the kernel waits
+    before its first load. Grid ``(cdiv(N, BLOCK_N), P)``."""
+    wait_for_previous(PDL)
+    pair = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    expert = tl.load(Ids + pair).to(tl.int64)
+    rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, INTERLEAVED)
+    x = X + pair * stride_x
+    y, up = _row_product(
+        x, x, x, W + expert * stride_e, x, rows64, up_rows64, col_ok, K, 0.0, stride_w, False, False, 0, GATED,
+        BLOCK_N, BLOCK_K, 16, False,
+    )  # fmt: skip
+    dtype = X.dtype.element_ty
+    y = y.to(dtype)
+    if GATED:
+        y = (activate(y.to(tl.float32), ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(Out + pair * stride_o + cols, y, mask=col_ok)
 
 
 @triton.jit

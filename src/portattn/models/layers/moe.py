@@ -6,8 +6,11 @@ family's own: sigmoid top-k for Llama 4, grouped top-k for DeepSeek V3, ...) giv
 expert ids and weights; the weights scale either the expert's output (the usual form) or its input
 (``weight_on_input``, Llama 4).
 
-Two ways to compute the same sum, chosen from the token count (a Python int, no sync):
+Three ways to compute the same sum, chosen from the token count (a Python int, no sync):
 
+* **routed** (on GPUs, fewer (token, expert) pairs than experts, plain gated experts of the rows'
+  16-bit dtype): each pair runs through its expert's rows alone (``fused_launch.expert_rows``, two
+  launches, no sync): a batch-1 decode step reads its ``k`` experts instead of all of them.
 * **dense** (``T <= dense_max_tokens``, by default ``DENSE_MAX_TOKENS``; an engine that captures
   steps raises it to its largest captured step through ``CausalLM.prepare_static``): every expert
   runs on every token with a combine weight that is zero where the token did not pick it: three
@@ -53,10 +56,13 @@ from torch import nn
 from ...distributed.group import TPGroup, tp_or_single
 from ...errors import expect
 from .activation import activation, gated
+from .fused import fused_ops
 from .linear import Linear, as_tensor, copy_checked, new_parameter, shard_of
 from .quant import GROUP_SIZE, MXFP4Pairs
 
 DENSE_MAX_TOKENS = 16
+# Steps of fewer routed pairs than experts through the routed experts alone on GPUs (False: the dense path).
+ROUTED_EXPERTS = True
 CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
 _PER_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
@@ -99,6 +105,7 @@ class FusedMoE(nn.Module):
         intermediate_size = tp.split(intermediate_size, "the experts' intermediate size")
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
         self.gate_up_act = gate_up_act if gate_up_act is not None else functools.partial(gated, activation(act))
+        self.act_name = activation(act).name if gate_up_act is None else None  # the routed path's activation
         self.dense_max_tokens = DENSE_MAX_TOKENS
         self.weight_on_input = weight_on_input
         self.checkpoint_layout = checkpoint_layout
@@ -187,9 +194,44 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_weights [T, k]`` (any float dtype), ``topk_ids [T, k]`` -> ``[T, H]`` in x's dtype
         (under tensor parallelism: this rank's partial sum, to be all-reduced by the caller)."""
+        ops = self._routed_ops(x, topk_ids)
+        if ops is not None:
+            return self.forward_routed(x, topk_weights, topk_ids, ops)
         if x.shape[0] <= self.dense_max_tokens:
             return self.forward_dense(x, topk_weights, topk_ids)
         return self.forward_grouped(x, topk_weights, topk_ids)
+
+    def _routed_ops(self, x: torch.Tensor, topk_ids: torch.Tensor):
+        """The fused launchers when the step takes :meth:`forward_routed`: fewer routed pairs than
+        experts (reading an expert a pair reads less than every expert once), plain gated experts
+        (the named activation, no biases) of x's dtype, float16 or bfloat16, on a GPU; else ``None``."""
+        if (
+            not ROUTED_EXPERTS
+            or topk_ids.numel() >= self.num_experts
+            or self.act_name is None
+            or self.gate_up_proj_bias is not None
+            or self.down_proj_bias is not None
+            or x.dtype not in (torch.float16, torch.bfloat16)
+            or self.gate_up_proj.dtype != x.dtype
+        ):
+            return None
+        return fused_ops(x)
+
+    def forward_routed(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, ops) -> torch.Tensor:
+        """Each (token, expert) pair through its expert's rows alone (``ops.expert_rows``: the gate/up
+        with the activation, then the down projection), weighted and summed as :meth:`forward_dense`
+        rounds it (no sync)."""
+        tokens, top_k = topk_ids.shape
+        if self.weight_on_input:
+            inputs = (x[:, None, :] * topk_weights[:, :, None]).to(x.dtype).flatten(0, 1)  # [T * k, H]
+        else:
+            inputs = x[:, None, :].expand(-1, top_k, -1).flatten(0, 1)
+        ids = topk_ids.flatten()
+        h = ops.expert_rows(inputs, ids, self.gate_up_proj, act=self.act_name, interleaved=self.gate_up_interleaved)
+        out = ops.expert_rows(h, ids, self.down_proj).view(tokens, top_k, -1)  # [T, k, H]
+        if not self.weight_on_input:
+            out = (out * topk_weights[:, :, None]).to(x.dtype)
+        return out.sum(dim=1)
 
     def forward_dense(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """Every expert on every token, weighted by a combine matrix that is zero where not routed (no sync)."""
