@@ -200,10 +200,14 @@ def routed_weight_bytes(model, batch: int) -> float | None:
     total, found = float(weight_bytes(model)), False
     for module in model.modules():
         experts = getattr(module, "experts", None)
-        if not isinstance(experts, FusedMoE) or not hasattr(module, "top_k"):
+        if not isinstance(experts, FusedMoE):
             continue
+        # the layer's own top_k (Llama 4, Qwen) or its router's (DeepSeek V3's gate)
+        k = getattr(module, "top_k", None) or next((c.top_k for c in module.children() if hasattr(c, "top_k")), None)
+        if k is None:
+            raise ValueError(f"expected a top_k on {type(module).__name__} or its router")
         found = True
-        count, k = experts.num_experts, module.top_k
+        count = experts.num_experts
         params = [experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias]
         per_expert = sum(p[0].numel() * p.element_size() for p in params if p is not None)
         total -= (count - count * (1 - (1 - k / count) ** batch)) * per_expert
@@ -501,11 +505,16 @@ def part_decode(args, results: dict) -> dict:
 
 @torch.inference_mode()
 def part_launches(args, results: dict) -> dict:
-    path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    if args.launches_model == "llama3_8b":
+        path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
+    else:  # the family part's checkpoint and layers
+        config = (llama4_config if args.launches_model == "llama4" else deepseek_v3_config)(args.family_layers)
+        path = checkpoint(f"{args.launches_model}_{args.family_layers}l", config, args.workdir)
+        args = argparse.Namespace(**{**vars(args), "layers": args.family_layers})
     llm = decode_llm(args, path)
     engine, runner = llm.engine, llm.engine.runner
     with synchronous(engine):  # the next step planned here, none launched ahead
-        return launches(args, engine, runner)
+        return {"model": args.launches_model} | launches(args, engine, runner)
 
 
 def launches(args, engine, runner) -> dict:
@@ -1116,6 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cascade-shared", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--cascade-own", type=int, default=256)
     parser.add_argument("--family-layers", type=int, default=4)
+    parser.add_argument("--launches-model", default="llama3_8b", choices=["llama3_8b", "llama4", "deepseek"],
+                        help="the launches part's model (llama4 / deepseek: the family part's shapes)")  # fmt: skip
     parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument(
         "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),

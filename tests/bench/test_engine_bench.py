@@ -59,6 +59,10 @@ def test_routed_weight_bytes_count_the_experts_a_batch_routes_to():
     assert bench.routed_weight_bytes(model, 1) == pytest.approx(every - 6 * per_expert)  # its 2 of 8 experts
     assert bench.routed_weight_bytes(model, 3) == pytest.approx(every - 8 * 0.75**3 * per_expert)
     assert bench.routed_weight_bytes(model, 1000) == pytest.approx(every)
+    del moe.top_k
+    moe.gate = nn.Module()
+    moe.gate.top_k = 4  # the router's (DeepSeek V3's)
+    assert bench.routed_weight_bytes(model, 1) == pytest.approx(every - 4 * per_expert)
     moe.experts = nn.Linear(2, 2)
     assert bench.routed_weight_bytes(model, 1) is None  # no experts
 

@@ -125,8 +125,8 @@ def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens):
     dense = moe.forward_dense(x, weights, ids)
     assert got.dtype == torch.float16 and got.shape == (num_tokens, 72)
     assert torch.allclose(got.float(), dense.float(), atol=2e-3, rtol=1e-2)
-    ref = _moe_reference(moe.double(), x.double(), weights, ids)
-    assert torch.allclose(got.double(), ref, atol=1e-2, rtol=1e-2)
+    ref = _moe_reference(moe.double().cpu(), x.double().cpu(), weights.cpu(), ids.cpu())
+    assert torch.allclose(got.double().cpu(), ref, atol=1e-2, rtol=1e-2)
 
 
 def test_moe_decode_path_and_layers_do_not_sync():
