@@ -106,12 +106,13 @@ def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_to
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+@pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("weight_on_input", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 2])
-def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens):
+def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k):
     """The routed path (each (token, expert) pair through its expert's rows, on GPUs where the step has
     fewer pairs than experts) against the dense path and the float64 reference, float16 through the
-    Triton interpreter here; an expert picked by both tokens; 40 experts' rows over a partial block."""
+    Triton interpreter here; one or two experts a token (two: an expert picked by both tokens)."""
     from portattn.kernels.triton import fused_launch
 
     g = torch.Generator().manual_seed(7 + num_tokens)
@@ -119,8 +120,8 @@ def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens):
     moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 6)
     moe.down_proj.data.copy_(torch.randn(moe.down_proj.shape, generator=g) / 3)
     x = torch.randn(num_tokens, 72, generator=g).to(DEVICE, torch.float16)
-    ids = torch.tensor([[4, 1], [1, 3]][:num_tokens], device=DEVICE)
-    weights = torch.rand(num_tokens, 2, generator=g).to(DEVICE)
+    ids = torch.tensor([[4, 1], [1, 3]][:num_tokens], device=DEVICE)[:, :top_k]
+    weights = torch.rand(num_tokens, top_k, generator=g).to(DEVICE)
     got = moe.forward_routed(x, weights, ids, fused_launch)
     dense = moe.forward_dense(x, weights, ids)
     assert got.dtype == torch.float16 and got.shape == (num_tokens, 72)

@@ -231,7 +231,7 @@ class FusedMoE(nn.Module):
         out = ops.expert_rows(h, ids, self.down_proj).view(tokens, top_k, -1)  # [T, k, H]
         if not self.weight_on_input:
             out = (out * topk_weights[:, :, None]).to(x.dtype)
-        return out.sum(dim=1)
+        return out[:, 0] if top_k == 1 else out.sum(dim=1)  # one expert a token: no sum to launch
 
     def forward_dense(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """Every expert on every token, weighted by a combine matrix that is zero where not routed (no sync)."""
