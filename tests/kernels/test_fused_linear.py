@@ -207,8 +207,10 @@ def test_expert_rows_rejects_what_it_does_not_compute():
     ids = torch.zeros(3, dtype=torch.long, device=DEVICE)
     with pytest.raises(ValueError, match=r"expected expert weights \[E, N, 64\] of torch.float16"):
         expert_rows(x, ids, weight[:, :, :32])
-    with pytest.raises(ValueError, match=r"one expert id per row, \[3\], got \(2,\)"):
+    with pytest.raises(ValueError, match=r"one expert id per row, \[3\] contiguous, got \(2,\)"):
         expert_rows(x, ids[:2], weight)
+    with pytest.raises(ValueError, match=r"\[3\] contiguous, got \(3,\) strides \(2,\)"):
+        expert_rows(x, torch.zeros(6, dtype=torch.long, device=DEVICE)[::2], weight)
     assert expert_rows(x[:0], ids[:0], weight).shape == (0, 32)
 
 

@@ -249,8 +249,9 @@ def expert_rows(
     if weight.dim() != 3 or weight.shape[2] != in_features or weight.dtype != x.dtype:
         raise ValueError(f"expected expert weights [E, N, {in_features}] of {x.dtype}, got {weight.dtype} "
                          f"{tuple(weight.shape)}")  # fmt: skip
-    if ids.shape != (pairs,):
-        raise ValueError(f"expected one expert id per row, [{pairs}], got {tuple(ids.shape)}")
+    if ids.shape != (pairs,) or (pairs and ids.stride(0) != 1):
+        raise ValueError(f"expected one expert id per row, [{pairs}] contiguous, got {tuple(ids.shape)} "
+                         f"strides {ids.stride()}")  # fmt: skip
     if x.stride(-1) != 1 or weight.stride(-1) != 1 or weight.stride(1) != in_features:
         raise ValueError("expected rows and expert weights with contiguous features")
     out_features = weight.shape[1] // (2 if act else 1)

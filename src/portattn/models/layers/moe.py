@@ -226,7 +226,7 @@ class FusedMoE(nn.Module):
             inputs = (x[:, None, :] * topk_weights[:, :, None]).to(x.dtype).flatten(0, 1)  # [T * k, H]
         else:
             inputs = x[:, None, :].expand(-1, top_k, -1).flatten(0, 1)
-        ids = topk_ids.flatten()
+        ids = topk_ids.flatten().contiguous()  # a [T, 1] slice flattens to a strided view
         h = ops.expert_rows(inputs, ids, self.gate_up_proj, act=self.act_name, interleaved=self.gate_up_interleaved)
         out = ops.expert_rows(h, ids, self.down_proj).view(tokens, top_k, -1)  # [T, k, H]
         if not self.weight_on_input:
