@@ -33,6 +33,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.nucleus import nucleus_kernel
     from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.fused_linear import row_linear_kernel, row_linear_rotary_kernel, expert_rows_kernel
+    from portattn.kernels.triton.fused_linear import expert_tokens_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
@@ -101,6 +102,11 @@ CHILD = textwrap.dedent(
          {"X": "*bf16", "Ids": "*i64", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32", "stride_x": "i32",
           "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
          {"GATED": True, "ACT": 0, "INTERLEAVED": False, "BLOCK_N": 8, "BLOCK_K": 1024, "PDL": True}, 4),
+        ("expert_tokens, gated, scaled input, PDL", expert_tokens_kernel,
+         {"X": "*bf16", "Ids": "*i64", "Scale": "*fp32", "W": "*bf16", "Out": "*bf16", "T": "i32", "N": "i32",
+          "K": "i32", "stride_xt": "i32", "stride_xs": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
+         {"TOP_K": 8, "SLOTS": 8, "GATED": True, "ACT": 0, "INTERLEAVED": True, "SCALE_INPUT": True,
+          "SCALE_OUTPUT": False, "DOT_PRECISION": None, "BLOCK_T": 32, "BLOCK_N": 64, "BLOCK_K": 64, "PDL": True}, 4),
         ("merge_linear, PDL", merge_linear_kernel,
          {"PartialOut": "*fp32", "PartialLse": "*fp32", "W": "*bf16", "Out": "*bf16", "N": "i32", "num_heads": "i32",
           "num_splits": "i32", "stride_w": "i32", "stride_o": "i32"},
@@ -209,6 +215,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "row_linear_rotary, PDL",
         "row_linear, alternating gate and up rows, PDL",
         "expert_rows, gated, PDL",
+        "expert_tokens, gated, scaled input, PDL",
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",
         "rotary_kv_write, PDL",

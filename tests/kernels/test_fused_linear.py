@@ -18,6 +18,7 @@ if "triton" in BACKENDS:
         NORM_LINEAR_ROWS,
         LinearTiles,
         expert_rows,
+        expert_tokens,
         linear_tiles,
         norm_linear,
         norm_linear_rotary,
@@ -379,3 +380,66 @@ def test_a_plain_linear_over_1536_features_in_one_step(dtype, rows):
     assert summed is None and got.shape == (rows, 40)
     ref = x.double() @ weight.double().T + bias.double()
     assert float((got.double() - ref).abs().max()) <= 4 * ULP[dtype] * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("act, interleaved", EXPERT_LAYOUTS)
+@pytest.mark.parametrize("rows", ["token", "pair"])
+@pytest.mark.parametrize("scaled", [None, "input", "output"])
+def test_expert_tokens_equal_each_pairs_expert(act, interleaved, rows, scaled, monkeypatch):
+    """Twenty tokens, 3 experts each of 6 (expert 5 chosen by none; 3 slots padded to 4), in blocks of
+    16 tokens (a second, partial block): every pair's output row through its own expert, the routing
+    weight applied to its input or its output as the torch code rounds it (37 features: a partial
+    last column block; 200: a partial last step)."""
+    import portattn.kernels.triton.fused_launch as launch
+
+    monkeypatch.setattr(launch, "EXPERT_TOKENS_BLOCK", 16)
+    g = torch.Generator().manual_seed(7)
+    tokens, top_k, experts, dtype = 20, 3, 6, torch.float16
+    width = 37 * (2 if act else 1)
+    weight = (torch.randn(experts, width, 200, generator=g) / 200**0.5).to(DEVICE, dtype)
+    ids = torch.stack([torch.randperm(experts - 1, generator=g)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    scale = torch.rand(tokens, top_k, generator=g).to(DEVICE) if scaled else None
+    x = torch.randn(tokens * (top_k if rows == "pair" else 1), 200, generator=g).to(DEVICE, dtype)
+    for tiles in (None, LinearTiles(16, 64, 4, 2)):
+        w = interleave_experts(weight) if interleaved else weight
+        got = expert_tokens(x, ids, w, act=act, interleaved=interleaved, scale=scale, scale_input=scaled == "input",
+                            tiles=tiles)  # fmt: skip
+        assert got.shape == (tokens * top_k, 37)
+        for t in range(tokens):
+            for slot, e in enumerate(ids[t].tolist()):
+                pair = t * top_k + slot
+                row = x[pair if rows == "pair" else t][None]
+                if scaled == "input":
+                    row = (row * scale[t, slot]).to(dtype)
+                want, _ = reference(row, None, None, weight[e], None, act)
+                if scaled == "output":
+                    want = (want * scale[t, slot]).to(dtype)
+                close(got[pair][None], want, dtype, 1.01 if act is None and scaled != "output" else 3)
+
+
+def test_expert_tokens_float32_is_exact_to_float32_rounding():
+    """float32 rows take IEEE dots (not TF32): within 1e-5 of the float64 product."""
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(4, 48, 96, generator=g).to(DEVICE)
+    ids = torch.tensor([[2, 0], [1, 2], [0, 3]], device=DEVICE)
+    x = torch.randn(3, 96, generator=g).to(DEVICE)
+    got = expert_tokens(x, ids, weight)
+    want = torch.stack([x[t].double() @ weight[e].double().T for t in range(3) for e in ids[t].tolist()])
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_expert_tokens_rejects_what_it_does_not_compute():
+    weight = torch.zeros(4, 32, 64, dtype=torch.float16, device=DEVICE)
+    x = torch.zeros(3, 64, dtype=torch.float16, device=DEVICE)
+    ids = torch.zeros(3, 2, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match=r"expected rows \[3, 64\] \(a token's\) or \[6, 64\] \(a pair's\)"):
+        expert_tokens(x[:2], ids, weight)
+    with pytest.raises(ValueError, match=r"expected expert weights \[E, N, 64\] of torch.float16"):
+        expert_tokens(x, ids, weight.float())
+    with pytest.raises(ValueError, match="expected contiguous top-k ids"):
+        expert_tokens(x, torch.zeros(3, 4, dtype=torch.long, device=DEVICE)[:, ::2], weight)
+    with pytest.raises(ValueError, match=r"expected contiguous routing weights \(3, 2\), got \(3, 1\)"):
+        expert_tokens(x, ids, weight, scale=torch.ones(3, 1, device=DEVICE))
+    with pytest.raises(ValueError, match="scale_input needs the routing weights"):
+        expert_tokens(x, ids, weight, scale_input=True)
+    assert expert_tokens(x[:0], ids[:0], weight).shape == (0, 32)

@@ -108,21 +108,28 @@ def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_to
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("weight_on_input", [False, True])
-@pytest.mark.parametrize("num_tokens", [1, 2])
-def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k):
-    """The routed path (each (token, expert) pair through its expert's rows, on GPUs where the step has
-    fewer pairs than experts) against the dense path and the float64 reference, float16 through the
-    Triton interpreter here; one or two experts a token (two: an expert picked by both tokens)."""
+@pytest.mark.parametrize("num_tokens", [1, 2, 6])
+def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k, monkeypatch):
+    """The routed path against the dense path and the float64 reference, float16 through the Triton
+    interpreter here; one or two experts a token. Up to 2 tokens (fewer pairs than the 6 experts):
+    each pair through its expert's rows (two tokens: an expert picked by both); 6 tokens: each expert
+    on the tokens that chose it (expert 5 by none with one expert a token)."""
     from portattn.kernels.triton import fused_launch
+
+    launched = []
+    for name in ("expert_rows", "expert_tokens"):
+        fn = getattr(fused_launch, name)
+        monkeypatch.setattr(fused_launch, name, lambda *a, _f=fn, _n=name, **kw: launched.append(_n) or _f(*a, **kw))
 
     g = torch.Generator().manual_seed(7 + num_tokens)
     moe = FusedMoE(6, 72, 20, weight_on_input=weight_on_input).to(DEVICE, torch.float16)
     moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 6)
     moe.down_proj.data.copy_(torch.randn(moe.down_proj.shape, generator=g) / 3)
     x = torch.randn(num_tokens, 72, generator=g).to(DEVICE, torch.float16)
-    ids = torch.tensor([[4, 1], [1, 3]][:num_tokens], device=DEVICE)[:, :top_k]
+    ids = torch.tensor([[4, 1], [1, 3], [0, 4], [2, 5], [1, 0], [3, 2]][:num_tokens], device=DEVICE)[:, :top_k]
     weights = torch.rand(num_tokens, top_k, generator=g).to(DEVICE)
     got = moe.forward_routed(x, weights, ids, fused_launch)
+    assert launched == 2 * ["expert_rows" if num_tokens * top_k < 6 else "expert_tokens"]
     dense = moe.forward_dense(x, weights, ids)
     assert got.dtype == torch.float16 and got.shape == (num_tokens, 72)
     assert torch.allclose(got.float(), dense.float(), atol=2e-3, rtol=1e-2)

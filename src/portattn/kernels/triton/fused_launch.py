@@ -19,6 +19,7 @@ from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_linear import (
     expert_rows_kernel,
+    expert_tokens_kernel,
     merge_linear_kernel,
     norm_linear_kernel,
     norm_linear_rotary_kernel,
@@ -28,7 +29,7 @@ from .fused_linear import (
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel, rotary_table_kernel
 from .gumbel_max import gumbel_max_kernel
-from .launch import next_pow2, pdl_options
+from .launch import dot_precision, next_pow2, pdl_options
 from .nucleus import nucleus_kernel
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
@@ -263,6 +264,66 @@ def expert_rows(
         x, ids, weight, out, out_features, in_features, x.stride(0), weight.stride(0), weight.stride(1),
         out.stride(0), GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         INTERLEAVED=interleaved and act is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_options(x.device),
+    )  # fmt: skip
+    return out
+
+
+# expert_tokens: 64 features of each expert and 64 features a step in 4 warps over 3 stages, up to 64 tokens a
+# block (at least 16: the tensor cores' rows).
+EXPERT_TOKENS_TILES = LinearTiles(64, 64, 4, 3)
+EXPERT_TOKENS_BLOCK = 64
+
+
+def expert_tokens(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    act: str | None = None,
+    interleaved: bool = False,
+    scale: torch.Tensor | None = None,
+    scale_input: bool = False,
+    tiles: LinearTiles | None = None,
+) -> torch.Tensor:
+    """Routed experts' projections, one expert a program over the tokens that chose it: ``topk_ids
+    [T, k]`` (a token's experts distinct, as top-k gives them), ``weight [E, N, K]``, ``x`` either
+    ``[T, K]`` (each token's row, the same for its k experts) or ``[T * k, K]`` (a row a (token,
+    expert) pair, pair ``t * k + s``) -> ``[T * k, N]`` by pair, ``x[pair] @ weight[topk_ids[t, s]].T``.
+    With ``act`` (a gated activation's name) ``weight [E, 2I, K]`` holds each expert's gate and up rows
+    (two halves, or alternating with ``interleaved``) and the result is ``act(gate) * up [T * k, I]``.
+    ``scale [T, k]`` (the routing weights) multiplies each pair's row first (``scale_input``) or its
+    result, rounded to x's dtype. Each chosen expert's weight is read once per 64 tokens, an expert no
+    token chose not at all: for steps of as many pairs as experts or more, where :func:`expert_rows`
+    would read an expert once for each of its pairs."""
+    tokens, top_k = topk_ids.shape
+    rows, in_features = x.shape
+    if rows not in (tokens, tokens * top_k):
+        raise ValueError(f"expected rows [{tokens}, {in_features}] (a token's) or [{tokens * top_k}, {in_features}] "
+                         f"(a pair's) for top-k ids {tuple(topk_ids.shape)}, got {tuple(x.shape)}")  # fmt: skip
+    if weight.dim() != 3 or weight.shape[2] != in_features or weight.dtype != x.dtype:
+        raise ValueError(f"expected expert weights [E, N, {in_features}] of {x.dtype}, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if not topk_ids.is_contiguous() or x.stride(-1) != 1 or weight.stride(-1) != 1 or weight.stride(1) != in_features:
+        raise ValueError("expected contiguous top-k ids, and rows and expert weights with contiguous features")
+    if scale is not None and (scale.shape != topk_ids.shape or not scale.is_contiguous()):
+        raise ValueError(f"expected contiguous routing weights {tuple(topk_ids.shape)}, got {tuple(scale.shape)}")
+    if scale_input and scale is None:
+        raise ValueError("scale_input needs the routing weights (scale)")
+    out_features = weight.shape[1] // (2 if act else 1)
+    out = torch.empty((tokens * top_k, out_features), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    tiles = tiles or EXPERT_TOKENS_TILES
+    per_pair = rows == tokens * top_k and top_k > 1
+    expert_tokens_kernel[(triton.cdiv(out_features, tiles.block_n), weight.shape[0])](
+        x, topk_ids, x if scale is None else scale, weight, out, tokens, out_features, in_features,
+        x.stride(0) * (top_k if per_pair else 1), x.stride(0) if per_pair else 0, weight.stride(0),
+        weight.stride(1), out.stride(0), TOP_K=top_k, SLOTS=next_pow2(top_k), GATED=act is not None,
+        ACT=ACTIVATION_CODES[act] if act else 0, INTERLEAVED=interleaved and act is not None,
+        SCALE_INPUT=scale is not None and scale_input, SCALE_OUTPUT=scale is not None and not scale_input,
+        DOT_PRECISION=dot_precision(x.dtype), BLOCK_T=max(16, min(EXPERT_TOKENS_BLOCK, next_pow2(tokens))),
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **pdl_options(x.device),
     )  # fmt: skip

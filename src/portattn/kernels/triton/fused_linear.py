@@ -361,6 +361,86 @@ def expert_rows_kernel(
 
 
 @triton.jit
+def expert_tokens_kernel(
+    X,
+    Ids,
+    Scale,
+    W,
+    Out,
+    T,
+    N,
+    K,
+    stride_xt,
+    stride_xs,
+    stride_e,
+    stride_w,
+    stride_o,
+    TOP_K: tl.constexpr,
+    SLOTS: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SCALE_INPUT: tl.constexpr,
+    SCALE_OUTPUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """One expert a program over the tokens routed to it, on the tensor cores: ``Out[t * TOP_K + s,
+    cols] = X[t, s] @ W[e, cols]^T`` for every token ``t`` whose slot ``s`` of ``Ids [T, TOP_K]`` is
+    this program's expert ``e`` (a token's experts distinct, as top-k gives them). ``X[t, s]`` is row
+    ``t * stride_xt + s * stride_xs``: a token's row for each of its experts (``stride_xs`` 0) or a row a
+    pair. ``SCALE_INPUT`` multiplies the row by the pair's ``Scale`` first, ``SCALE_OUTPUT`` the result,
+    each rounded to the dtype as the torch code rounds them; with ``GATED`` the result is ``act(gate)
+    * up`` as :func:`row_linear_kernel` rounds it. Each expert's weight block is read once per
+    ``BLOCK_T`` tokens, and not at all by an expert no token chose. Grid ``(cdiv(N, BLOCK_N), E)``."""
+    wait_for_previous(PDL)
+    expert = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, INTERLEAVED)
+    w_base = W + expert.to(tl.int64) * stride_e
+    slots = tl.arange(0, SLOTS)
+    dtype = X.dtype.element_ty
+    for t0 in range(0, T, BLOCK_T):
+        tokens = t0 + tl.arange(0, BLOCK_T)
+        t_ok = tokens < T
+        ids = tl.load(Ids + tokens[:, None] * TOP_K + slots[None, :], mask=t_ok[:, None] & (slots < TOP_K)[None, :],
+                      other=-1)  # fmt: skip
+        hit = ids == expert  # [BLOCK_T, SLOTS]
+        routed = tl.max(hit.to(tl.int32), axis=1) > 0
+        if tl.max(routed.to(tl.int32), axis=0) > 0:
+            slot = tl.sum(tl.where(hit, slots[None, :], 0), axis=1)
+            pairs = tokens.to(tl.int64) * TOP_K + slot
+            x_rows = tokens.to(tl.int64) * stride_xt + slot * stride_xs
+            if SCALE_INPUT or SCALE_OUTPUT:
+                scale = tl.load(Scale + pairs, mask=routed, other=0.0).to(tl.float32)
+            acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < K
+                x = tl.load(X + x_rows[:, None] + ks[None, :], mask=routed[:, None] & k_ok[None, :], other=0.0)
+                if SCALE_INPUT:
+                    x = (x.to(tl.float32) * scale[:, None]).to(dtype)
+                w_mask = col_ok[:, None] & k_ok[None, :]
+                w = tl.load(w_base + rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+                acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+                if GATED:
+                    w_up = tl.load(w_base + up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
+                    acc_up = tl.dot(x, tl.trans(w_up), acc_up, input_precision=DOT_PRECISION)
+            y = acc.to(dtype)
+            if GATED:
+                up = acc_up.to(dtype).to(tl.float32)
+                y = (activate(y.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
+            if SCALE_OUTPUT:
+                y = (y.to(tl.float32) * scale[:, None]).to(dtype)
+            tl.store(Out + pairs[:, None] * stride_o + cols[None, :], y, mask=routed[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def _rotated(y1, y2, Cos, Sin, rows64, offs, mask, stride_cos, stride_sin, HALF: tl.constexpr):
     """``q * cos + rotate_half(q) * sin`` of the halves ``y1, y2`` at head features ``offs`` and
     ``HALF + offs``, rounded as :mod:`.fused_rotary` rounds it."""

@@ -8,9 +8,12 @@ expert ids and weights; the weights scale either the expert's output (the usual 
 
 Three ways to compute the same sum, chosen from the token count (a Python int, no sync):
 
-* **routed** (on GPUs, fewer (token, expert) pairs than experts, plain gated experts of the rows'
-  16-bit dtype): each pair runs through its expert's rows alone (``fused_launch.expert_rows``, two
-  launches, no sync): a batch-1 decode step reads its ``k`` experts instead of all of them.
+* **routed** (on GPUs, plain gated experts of the rows' 16-bit dtype, up to ``EXPERT_TOKENS_BLOCK``
+  tokens): with fewer (token, expert) pairs than experts each pair runs through its expert's rows
+  alone (``fused_launch.expert_rows``: a batch-1 decode step reads its ``k`` experts instead of all
+  of them); with more, each expert runs on the tokens that chose it (``fused_launch.expert_tokens``:
+  an expert read once, one no token chose not at all, the routing weights applied inside). Two
+  launches, no sync.
 * **dense** (``T <= dense_max_tokens``, by default ``DENSE_MAX_TOKENS``; an engine that captures
   steps raises it to its largest captured step through ``CausalLM.prepare_static``): every expert
   runs on every token with a combine weight that is zero where the token did not pick it: three
@@ -202,12 +205,14 @@ class FusedMoE(nn.Module):
         return self.forward_grouped(x, topk_weights, topk_ids)
 
     def _routed_ops(self, x: torch.Tensor, topk_ids: torch.Tensor):
-        """The fused launchers when the step takes :meth:`forward_routed`: fewer routed pairs than
-        experts (reading an expert a pair reads less than every expert once), plain gated experts
-        (the named activation, no biases) of x's dtype, float16 or bfloat16, on a GPU; else ``None``."""
+        """The fused launchers when the step takes :meth:`forward_routed`: plain gated experts (the
+        named activation, no biases) of x's dtype, float16 or bfloat16, on a GPU, and fewer routed
+        pairs than experts or at most one token block of ``expert_tokens``; else ``None``."""
+        ops = fused_ops(x)
         if (
-            not ROUTED_EXPERTS
-            or topk_ids.numel() >= self.num_experts
+            ops is None
+            or not ROUTED_EXPERTS
+            or (topk_ids.numel() >= self.num_experts and x.shape[0] > ops.EXPERT_TOKENS_BLOCK)
             or self.act_name is None
             or self.gate_up_proj_bias is not None
             or self.down_proj_bias is not None
@@ -215,13 +220,22 @@ class FusedMoE(nn.Module):
             or self.gate_up_proj.dtype != x.dtype
         ):
             return None
-        return fused_ops(x)
+        return ops
 
     def forward_routed(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, ops) -> torch.Tensor:
         """Each (token, expert) pair through its expert's rows alone (``ops.expert_rows``: the gate/up
-        with the activation, then the down projection), weighted and summed as :meth:`forward_dense`
-        rounds it (no sync)."""
+        with the activation, then the down projection) where the step has fewer pairs than experts,
+        else each expert on the tokens that chose it (``ops.expert_tokens``); weighted and summed as
+        :meth:`forward_dense` rounds it (no sync)."""
         tokens, top_k = topk_ids.shape
+        if topk_ids.numel() >= self.num_experts:
+            ids, weights = topk_ids.contiguous(), topk_weights.contiguous()
+            scale_input = weights if self.weight_on_input else None
+            h = ops.expert_tokens(x, ids, self.gate_up_proj, act=self.act_name, interleaved=self.gate_up_interleaved,
+                                  scale=scale_input, scale_input=self.weight_on_input)  # fmt: skip
+            out = ops.expert_tokens(h, ids, self.down_proj, scale=None if self.weight_on_input else weights)
+            out = out.view(tokens, top_k, -1)
+            return out[:, 0] if top_k == 1 else out.sum(dim=1)
         if self.weight_on_input:
             inputs = (x[:, None, :] * topk_weights[:, :, None]).to(x.dtype).flatten(0, 1)  # [T * k, H]
         else:
