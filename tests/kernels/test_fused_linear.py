@@ -409,11 +409,11 @@ def test_expert_tokens_equal_each_pairs_expert(act, interleaved, rows, scaled, m
             for slot, e in enumerate(ids[t].tolist()):
                 pair = t * top_k + slot
                 row = x[pair if rows == "pair" else t][None]
-                if scaled == "input":
-                    row = (row * scale[t, slot]).to(dtype)
+                if scaled == "input":  # the float32 weight unrounded, as the layer's [T, k] weights multiply
+                    row = (row.float() * scale[t, slot]).to(dtype)
                 want, _ = reference(row, None, None, weight[e], None, act)
                 if scaled == "output":
-                    want = (want * scale[t, slot]).to(dtype)
+                    want = (want.float() * scale[t, slot]).to(dtype)
                 close(got[pair][None], want, dtype, 1.01 if act is None and scaled != "output" else 3)
 
 

@@ -235,3 +235,42 @@ def test_one_row_q_k_v_keeps_the_rotary_launch_by_default(ckpt_root, monkeypatch
     llm = make_llm(checkpoint("llama", ckpt_root), "triton")
     llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert names and set(names) == {"row_linear"}
+
+
+def test_llama4_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
+    """Llama 4's own attention (q/k norms between its projection and the rotation) and its mixture's
+    shared expert (called without its norm) take ``row_linear`` at one row as well: q/k/v and o, the
+    shared expert's gate/up with its activation and its down, every layer at every batch-1 decode
+    step; greedy tokens and logits equal those of the vendor's matmul."""
+    from portattn.kernels.triton import fused_launch
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    monkeypatch.setattr(fused_launch, "NORM_LINEAR_SINGLE_K", 0)
+    calls = []
+    launch = fused_launch.row_linear
+
+    def counted(x, weight, *args, **kwargs):
+        calls.append((weight.shape[0], kwargs.get("norm_weight") is not None, kwargs.get("act")))
+        return launch(x, weight, *args, **kwargs)
+
+    monkeypatch.setattr(fused_launch, "row_linear", counted)
+    llm = make_llm(checkpoint("llama4", ckpt_root), "torch")
+    model = llm.engine.model
+    layers = model.model.layers
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
+    plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    assert not calls
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
+    rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    shared = [layer.mlp.shared_expert for layer in layers if hasattr(layer.mlp, "shared_expert")]
+    assert shared, "expected mixture layers in the tiny Llama 4"
+    gated_alone = [(m.gate_up_proj.weight.shape[0], False, m.act.name) for m in shared]
+    per_step = [c for c in calls if not c[1] and c[2] is not None]  # gate/up with its activation, no norm
+    assert per_step == gated_alone * 7  # seven batch-1 decode steps
+    attention = [layer.self_attn for layer in layers]
+    qkv_o = {m.qkv_proj.weight.shape[0] for m in attention} | {m.o_proj.weight.shape[0] for m in attention}
+    assert qkv_o <= {rows_ for rows_, has_norm, act in calls if not has_norm and act is None}
+    assert len(calls) == 4 * len(layers) * 7
+    assert_same_greedy(rows, plain)

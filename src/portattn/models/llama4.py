@@ -37,6 +37,7 @@ from .layers import (
     run_decoder,
 )
 from .layers.attention import local_heads
+from .layers.linear import project
 
 
 class Llama4Attention(nn.Module):
@@ -66,7 +67,7 @@ class Llama4Attention(nn.Module):
         self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext, rotary: InterleavedRotaryEmbedding, table
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q, k, v = self.qkv_proj.split(project(self.qkv_proj, x))
         q = q.view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
         if self.use_rope:
@@ -77,7 +78,7 @@ class Llama4Attention(nn.Module):
             attn_scale, floor_scale = self.temperature
             scales = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
             q = (q * scales[:, None, None]).to(q.dtype)
-        return self.o_proj(self.attn(q, k, v, ctx))
+        return project(self.o_proj, self.attn(q, k, v, ctx))
 
 
 class Llama4MoE(nn.Module):

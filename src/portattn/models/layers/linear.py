@@ -367,6 +367,17 @@ def project(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x) if ops is None else ops.row_linear(x, linear.weight, linear.bias)[0]
 
 
+def project_gated(linear: Linear, x: torch.Tensor, act) -> torch.Tensor:
+    """``gated(act, linear(x))`` of a gate/up projection (rows alternating where ``linear.interleaved``),
+    in one :func:`~..fused_launch.row_linear` launch with the activation where it takes it (see
+    ``ROW_LINEAR_K``; an MLP called without its norm: a mixture's shared expert)."""
+    interleaved = getattr(linear, "interleaved", False)
+    ops = _row_ops(linear, x)
+    if ops is not None and isinstance(act, Activation) and act.name in ops.ACTIVATION_CODES:
+        return ops.row_linear(x, linear.weight, linear.bias, act=act.name, interleaved=interleaved)[0]
+    return gated(act, linear(x), interleaved)
+
+
 def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
     """``linear(x)`` in one launch of the fused linear kernel (no norm) where it takes it: a plain or
     single-rank row-parallel linear of the rows' dtype over at most ``SMALL_LINEAR_K`` features, rows

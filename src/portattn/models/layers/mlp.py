@@ -12,8 +12,8 @@ from torch import nn
 
 from ...distributed.group import TPGroup
 from . import linear
-from .activation import activation, gated
-from .linear import MergedLinear, RowParallelLinear, norm_then_linear, small_linear
+from .activation import activation
+from .linear import MergedLinear, RowParallelLinear, norm_then_linear, project, project_gated, small_linear
 
 # The gate/up weight's layout: rows alternating (a one-row launch's program streams one run of rows;
 # an 8B's gate/up at one row 56 against 59 us on an H200), or False: [gate; up].
@@ -48,7 +48,7 @@ class GatedMLP(nn.Module):
         ``norm(x + residual)`` and the return ``(out, x + residual)``: the norm and the activation run
         inside the gate/up projection where they can (:func:`~.linear.norm_then_linear`)."""
         if norm is None:
-            return self.down_proj(gated(self.act, self.gate_up_proj(x), self.gate_up_proj.interleaved))
+            return project(self.down_proj, project_gated(self.gate_up_proj, x, self.act))
         h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
         out = small_linear(self.down_proj, h) if linear.SMALL_DOWN_PROJ else None
         return (self.down_proj(h) if out is None else out), summed
