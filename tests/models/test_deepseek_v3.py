@@ -47,7 +47,7 @@ def checkpoint(variant: str, root: str) -> str:
     return save_tiny_checkpoint("deepseek_v3", f"{root}/deepseek_v3_{variant}", **DEEPSEEK_V3_VARIANTS[variant])
 
 
-def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
+def make_llm(path: str, page_size: int, prefix: bool, chunked: bool, **kwargs) -> LLM:
     return LLM(
         path,
         page_size=page_size,
@@ -56,6 +56,7 @@ def make_llm(path: str, page_size: int, prefix: bool, chunked: bool) -> LLM:
         enable_prefix_caching=prefix,
         chunked_prefill_size=16 if chunked else None,
         device=ENGINE_DEVICE,
+        **kwargs,
     )
 
 
@@ -96,7 +97,8 @@ def test_without_q_lora_rotate_half_default_rope(ckpt_root):
 
 def test_decode_absorbed_and_planned_once_per_forward(ckpt_root, monkeypatch):
     path = checkpoint("yarn", ckpt_root)
-    llm = make_llm(path, page_size=5, prefix=False, chunked=True)
+    # eager: a captured decode graph replays the plan it recorded (tests/engine/test_graphs*.py)
+    llm = make_llm(path, page_size=5, prefix=False, chunked=True, enforce_eager=True)
     backend = llm.engine.backend
     calls = dict.fromkeys(["steps", "plan", "plan_decode", "plan_varlen", "mla_decode", "varlen"], 0)
 
