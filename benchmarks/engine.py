@@ -58,6 +58,7 @@ KERNEL_OPTIONS = {
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
     "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
+    "interleaved_experts": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -91,10 +92,13 @@ def apply_kernel_options(options: list[str]) -> None:
                     fused_launch.ROW_LINEAR_K = 1 << 62
                 else:
                     fused_launch.ROW_LINEAR_ROTARY = True
-            elif option == "dense_experts":
+            elif option in ("dense_experts", "interleaved_experts"):
                 from portattn.models.layers import moe
 
-                moe.ROUTED_EXPERTS = False
+                if option == "dense_experts":
+                    moe.ROUTED_EXPERTS = False
+                else:
+                    moe.EXPERTS_INTERLEAVED = True
             elif option == "two_block_gate_up":
                 from portattn.models.layers import mlp
 

@@ -43,11 +43,9 @@ def make_llm(path: str, page_size: int, prefix: bool, chunked: bool, max_model_l
     )
 
 
-def assert_matches_transformers(
-    path: str, page_size: int, prefix: bool, chunked: bool, max_model_len: int = 256
-) -> None:
+def assert_matches_transformers(path: str, page_size: int, prefix: bool, chunked: bool, max_model_len: int = 256):
     """Both waves of prompts: tokens equal, logits within ``TOL``; afterwards every page is back in
-    the pool or held by the prefix cache alone."""
+    the pool or held by the prefix cache alone. Returns the engine."""
     llm = make_llm(path, page_size, prefix, chunked, max_model_len)
     err = worst_error_against_transformers(llm, path, PROMPTS, MAX_NEW, prompt_logits=True)
     err = max(err, worst_error_against_transformers(llm, path, SHARED, MAX_NEW, prompt_logits=False))
@@ -60,3 +58,4 @@ def assert_matches_transformers(
     allocator = llm.engine.allocator
     assert allocator.num_used == len(llm.engine.pages.cache)
     assert all(allocator.ref_count(page) == 1 for page in llm.engine.pages.cache.values())
+    return llm

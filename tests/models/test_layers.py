@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from conftest import BACKENDS, DEVICE
 from portattn.models.layers import FusedMoE, GatedMLP, MergedLinear, QKVLinear, RMSNorm, WeightShapeError
+from portattn.models.layers import moe as moe_module
 from portattn.models.layers.moe import DENSE_MAX_TOKENS
 from portattn.models.loader import load_state
 from portattn.testing import no_host_sync
@@ -85,16 +86,20 @@ def _moe_reference(moe: FusedMoE, x, weights, ids):
         for w, e in zip(weights[t].double(), ids[t].tolist()):
             xin = x[t].double() * (w if moe.weight_on_input else 1.0)
             gate_up = moe.gate_up_proj[e].double() @ xin
-            y = moe.down_proj[e].double() @ (F.silu(gate_up[:inter]) * gate_up[inter:])
+            gate, up = (gate_up[0::2], gate_up[1::2]) if moe.gate_up_interleaved else (gate_up[:inter], gate_up[inter:])
+            y = moe.down_proj[e].double() @ (F.silu(gate) * up)
             out[t] += y if moe.weight_on_input else w * y
     return out
 
 
+@pytest.mark.parametrize("interleaved", [False, True])  # moe.EXPERTS_INTERLEAVED
 @pytest.mark.parametrize("weight_on_input", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, DENSE_MAX_TOKENS, DENSE_MAX_TOKENS + 5])
-def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_tokens):
+def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_tokens, interleaved, monkeypatch):
+    monkeypatch.setattr(moe_module, "EXPERTS_INTERLEAVED", interleaved)
     g = torch.Generator().manual_seed(num_tokens)
     moe = FusedMoE(6, 8, 12, weight_on_input=weight_on_input)
+    assert moe.gate_up_interleaved == interleaved
     moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 3)
     moe.down_proj.data.copy_(torch.randn(moe.down_proj.shape, generator=g) / 3)
     x = torch.randn(num_tokens, 8, generator=g)
@@ -109,7 +114,8 @@ def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_to
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("weight_on_input", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 2, 6])
-def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k, monkeypatch):
+@pytest.mark.parametrize("interleaved", [False, True])  # moe.EXPERTS_INTERLEAVED
+def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k, interleaved, monkeypatch):
     """The routed path against the dense path and the float64 reference, float16 through the Triton
     interpreter here; one or two experts a token. Up to 2 tokens (fewer pairs than the 6 experts):
     each pair through its expert's rows (two tokens: an expert picked by both); 6 tokens: each expert
@@ -121,6 +127,7 @@ def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_
         fn = getattr(fused_launch, name)
         monkeypatch.setattr(fused_launch, name, lambda *a, _f=fn, _n=name, **kw: launched.append(_n) or _f(*a, **kw))
 
+    monkeypatch.setattr(moe_module, "EXPERTS_INTERLEAVED", interleaved)
     g = torch.Generator().manual_seed(7 + num_tokens)
     moe = FusedMoE(6, 72, 20, weight_on_input=weight_on_input).to(DEVICE, torch.float16)
     moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 6)

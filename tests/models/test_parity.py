@@ -21,3 +21,22 @@ from .family_parity import assert_matches_transformers
 @pytest.mark.parametrize("family", PARITY_FAMILIES)
 def test_matches_transformers(family, page_size, prefix, chunked, ckpt_root):
     assert_matches_transformers(checkpoint(family, ckpt_root), page_size, prefix, chunked)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "llama4", "gpt_oss", "deepseek_v3"])
+def test_experts_with_alternating_gate_and_up_rows_match_transformers(family, ckpt_root, monkeypatch):
+    """``moe.EXPERTS_INTERLEAVED``: the loader writes each expert's gate and up rows alternating from
+    per-expert (Qwen3-MoE, Mixtral, DeepSeek V3) and stacked (Llama 4) checkpoints, gpt-oss's stay as
+    its checkpoint has them, and every path reads the layout: transformers' tokens and logits."""
+    from portattn.models.layers import moe
+
+    monkeypatch.setattr(moe, "EXPERTS_INTERLEAVED", True)
+    if family == "deepseek_v3":
+        from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
+
+        path = deepseek_checkpoint("yarn", ckpt_root)
+    else:
+        path = checkpoint(family, ckpt_root)
+    llm = assert_matches_transformers(path, 7, False, True)
+    layouts = {m.gate_up_interleaved for m in llm.engine.model.modules() if isinstance(m, moe.FusedMoE)}
+    assert layouts == {True}

@@ -259,7 +259,7 @@ def expert_rows(
     out = torch.empty((pairs, out_features), dtype=x.dtype, device=x.device)
     if pairs == 0:
         return out
-    tiles = tiles or ROW_LINEAR_TILES
+    tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
     expert_rows_kernel[(triton.cdiv(out_features, tiles.block_n), pairs)](
         x, ids, weight, out, out_features, in_features, x.stride(0), weight.stride(0), weight.stride(1),
         out.stride(0), GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,

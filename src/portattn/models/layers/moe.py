@@ -66,6 +66,10 @@ from .quant import GROUP_SIZE, MXFP4Pairs
 DENSE_MAX_TOKENS = 16
 # Steps of fewer routed pairs than experts through the routed experts alone on GPUs (False: the dense path).
 ROUTED_EXPERTS = True
+# The experts' gate and up rows alternating in gate_up_proj (g0, u0, g1, u1, ...) whatever the checkpoint's
+# layout, as the gated MLP keeps them (mlp.GATE_UP_INTERLEAVED): a one-row program of the routed path then
+# streams one run of rows. Off: [gate; up] halves unless the checkpoint interleaves them (gpt-oss).
+EXPERTS_INTERLEAVED = False
 CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
 _PER_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
@@ -103,12 +107,16 @@ class FusedMoE(nn.Module):
         if checkpoint_layout == "mxfp4" and not gate_up_interleaved:
             raise ValueError("expected MXFP4 experts with interleaved gate/up rows (gpt-oss's), got two halves")
         self.tp = tp = tp_or_single(tp)
-        self.gate_up_interleaved = gate_up_interleaved
+        # the checkpoint's layout, and the parameter's (alternating also where EXPERTS_INTERLEAVED asks)
+        self.checkpoint_interleaved = gate_up_interleaved
+        self.gate_up_interleaved = gate_up_interleaved or (EXPERTS_INTERLEAVED and gate_up_act is None)
         self.full_intermediate_size = intermediate_size
         intermediate_size = tp.split(intermediate_size, "the experts' intermediate size")
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        self.gate_up_act = gate_up_act if gate_up_act is not None else functools.partial(gated, activation(act))
         self.act_name = activation(act).name if gate_up_act is None else None  # the routed path's activation
+        if gate_up_act is None:
+            gate_up_act = functools.partial(gated, activation(act), interleaved=self.gate_up_interleaved)
+        self.gate_up_act = gate_up_act
         self.dense_max_tokens = DENSE_MAX_TOKENS
         self.weight_on_input = weight_on_input
         self.checkpoint_layout = checkpoint_layout
@@ -134,11 +142,18 @@ class FusedMoE(nn.Module):
         """``(rows of the parameter, part of loaded)`` for this rank's gate/up rows along ``dim``."""
         inter, full = self.intermediate_size, self.full_intermediate_size
         first = self.tp.rank * inter
-        if self.gate_up_interleaved:  # one run of 2 * inter rows
+        if self.checkpoint_interleaved:  # one run of 2 * inter rows
             return [(slice(None), shard_of(loaded, full_shape, dim, 2 * first, 2 * inter))]
         gate = shard_of(loaded, full_shape, dim, first, inter)  # the first I rows, then the last I
         up = shard_of(loaded, full_shape, dim, full + first, inter)
-        return [(slice(0, inter), gate), (slice(inter, 2 * inter), up)]
+        return [(self._part_rows("gate"), gate), (self._part_rows("up"), up)]
+
+    def _part_rows(self, part: str) -> slice:
+        """The parameter's rows of this rank's gate or up half: alternating, or two halves."""
+        if self.gate_up_interleaved:
+            return slice(0, None, 2) if part == "gate" else slice(1, None, 2)
+        inter = self.intermediate_size
+        return slice(0, inter) if part == "gate" else slice(inter, 2 * inter)
 
     def bias_loader(self, param: nn.Parameter, loaded) -> None:
         if param is self.down_proj_bias:  # [E, H]: added once, by rank 0
@@ -170,7 +185,7 @@ class FusedMoE(nn.Module):
         if part == "down":  # [H, I]
             copy_checked(param.data[expert], shard_of(loaded, [hidden, full], 1, first, inter))
             return
-        rows = slice(0, inter) if part == "gate" else slice(inter, 2 * inter)  # gate or up: [I, H]
+        rows = self._part_rows(part)  # gate or up: [I, H]
         copy_checked(param.data[expert, rows], shard_of(loaded, [full, hidden], 0, first, inter))
 
     def _load_mxfp4(self, param: nn.Parameter, part: str, loaded) -> None:
