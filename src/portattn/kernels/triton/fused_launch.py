@@ -231,6 +231,14 @@ def row_linear(
     return out, summed
 
 
+def _check_experts(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Stacked expert weights ``[E, N, K]`` of the rows' dtype, for rows ``x [*, K]``."""
+    in_features = x.shape[-1]
+    if weight.dim() != 3 or weight.shape[2] != in_features or weight.dtype != x.dtype:
+        raise ValueError(f"expected expert weights [E, N, {in_features}] of {x.dtype}, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+
+
 def expert_rows(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -247,9 +255,7 @@ def expert_rows(
     routed experts' rows only (each pair its own), on the vector units as :func:`row_linear`: for
     decode steps of fewer pairs than experts."""
     pairs, in_features = x.shape
-    if weight.dim() != 3 or weight.shape[2] != in_features or weight.dtype != x.dtype:
-        raise ValueError(f"expected expert weights [E, N, {in_features}] of {x.dtype}, got {weight.dtype} "
-                         f"{tuple(weight.shape)}")  # fmt: skip
+    _check_experts(x, weight)
     if ids.shape != (pairs,) or (pairs and ids.stride(0) != 1):
         raise ValueError(f"expected one expert id per row, [{pairs}] contiguous, got {tuple(ids.shape)} "
                          f"strides {ids.stride()}")  # fmt: skip
@@ -302,9 +308,7 @@ def expert_tokens(
     if rows not in (tokens, tokens * top_k):
         raise ValueError(f"expected rows [{tokens}, {in_features}] (a token's) or [{tokens * top_k}, {in_features}] "
                          f"(a pair's) for top-k ids {tuple(topk_ids.shape)}, got {tuple(x.shape)}")  # fmt: skip
-    if weight.dim() != 3 or weight.shape[2] != in_features or weight.dtype != x.dtype:
-        raise ValueError(f"expected expert weights [E, N, {in_features}] of {x.dtype}, got {weight.dtype} "
-                         f"{tuple(weight.shape)}")  # fmt: skip
+    _check_experts(x, weight)
     if not topk_ids.is_contiguous() or x.stride(-1) != 1 or weight.stride(-1) != 1 or weight.stride(1) != in_features:
         raise ValueError("expected contiguous top-k ids, and rows and expert weights with contiguous features")
     if scale is not None and (scale.shape != topk_ids.shape or not scale.is_contiguous()):
