@@ -274,3 +274,35 @@ def test_llama4_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
     assert qkv_o <= {rows_ for rows_, has_norm, act in calls if not has_norm and act is None}
     assert len(calls) == 4 * len(layers) * 7
     assert_same_greedy(rows, plain)
+
+
+def test_latent_attention_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
+    """DeepSeek V3's latent attention takes ``row_linear`` at one row for its q (LoRA halves), latent
+    and output projections, and its shared experts with their activation; greedy tokens and logits
+    equal those of the vendor's matmul."""
+    from portattn.kernels.triton import fused_launch
+
+    from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    monkeypatch.setattr(fused_launch, "NORM_LINEAR_SINGLE_K", 0)
+    weights = []
+    launch = fused_launch.row_linear
+    monkeypatch.setattr(fused_launch, "row_linear", lambda x, w, *a, **k: weights.append(w) or launch(x, w, *a, **k))
+    llm = make_llm(deepseek_checkpoint("yarn", ckpt_root), "torch")
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
+    plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    assert not weights
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
+    rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    seen = {id(w) for w in weights}
+    for layer in llm.engine.model.model.layers:
+        attn = layer.self_attn
+        for name in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"):
+            assert id(getattr(attn, name).weight) in seen, name
+        shared = getattr(layer.mlp, "shared_experts", None)
+        if shared is not None:
+            assert id(shared.gate_up_proj.weight) in seen and id(shared.down_proj.weight) in seen
+    assert_same_greedy(rows, plain)

@@ -189,7 +189,7 @@ class SelfAttention(nn.Module):
         (:func:`~.linear.norm_then_linear`), and where the backend can, the rotation and the cache
         write run in that launch too (:meth:`PagedAttention.forward_projected`)."""
         if norm is None:
-            return self.attend(positions, self.qkv_proj(x), ctx, rotary, table)
+            return self.attend(positions, project(self.qkv_proj, x), ctx, rotary, table)
         folds = norm_folds(self.qkv_proj, x, norm, residual) or row_norm_folds(self.qkv_proj, x, norm, residual)
         if not hasattr(self, "q_norm") and folds is not None:
             o_proj = self.o_proj

@@ -34,7 +34,7 @@ from ...distributed.group import TPGroup, tp_or_single
 from ...kv_quant import dequantize_kv
 from ...runtime.context import ForwardContext
 from ...runtime.plan import LatentAttentionPlan
-from .linear import ColumnParallelLinear, Linear, RowParallelLinear
+from .linear import ColumnParallelLinear, Linear, RowParallelLinear, project
 from .norm import RMSNorm
 
 _LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
@@ -77,12 +77,12 @@ class MultiheadLatentAttention(nn.Module):
         plan: LatentAttentionPlan = ctx.cache_plan
         num_tokens = x.shape[0]
         if self.q_lora_rank is None:
-            q = self.q_proj(x)
+            q = project(self.q_proj, x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q = project(self.q_b_proj, self.q_a_layernorm(project(self.q_a_proj, x)))
         q = q.view(num_tokens, self.num_heads, self.nope_dim + self.rope_dim)  # [T, H, Dn + Dr]
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)  # [T, R], [T, Dr]
+        c_kv, k_pe = project(self.kv_a_proj_with_mqa, x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         c_kv = self.kv_a_layernorm(c_kv)
         q_pe = rotary.apply(q_pe, *table)  # [T, H, Dr]
         k_pe = rotary.apply(k_pe[:, None, :], *table)[:, 0]  # [T, 1, Dr] -> [T, Dr]
@@ -97,7 +97,7 @@ class MultiheadLatentAttention(nn.Module):
             d, e = plan.decode_rows, plan.expand_rows
             out[d] = self._absorbed(q_nope[d], q_pe[d], cache, ctx, plan.decode)
             out[e] = self._expanded(q_nope[e], q_pe[e], cache, ctx, plan)
-        return self.o_proj(out.flatten(1))  # [T, H * Dv] -> [T, hidden]
+        return project(self.o_proj, out.flatten(1))  # [T, H * Dv] -> [T, hidden]
 
     def _kv_b_halves(self) -> tuple[torch.Tensor, torch.Tensor]:
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)  # [H, Dn+Dv, R]
