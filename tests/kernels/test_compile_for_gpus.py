@@ -37,7 +37,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
-    from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel
+    from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel, rotary_pairs_kernel
     from portattn.kernels.triton.attention import attention_fwd_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
@@ -102,6 +102,11 @@ CHILD = textwrap.dedent(
          {"X": "*bf16", "Ids": "*i64", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32", "stride_x": "i32",
           "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
          {"GATED": True, "ACT": 0, "INTERLEAVED": False, "BLOCK_N": 8, "BLOCK_K": 1024, "PDL": True}, 4),
+        ("rotary_pairs with the q/k norm, PDL", rotary_pairs_kernel,
+         {"Q": "*bf16", "K": "*bf16", "Freqs": "*fp32", "QOut": "*bf16", "KOut": "*bf16", "eps": "fp32",
+          **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_f", "stride_qot",
+                                      "stride_qoh", "stride_kot", "stride_koh")}},
+         {"NUM_Q_HEADS": 40, "HALF": 64, "BLOCK": 64, "NORM": True, "PDL": True}, 1),
         ("expert_tokens, gated, scaled input, PDL", expert_tokens_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*fp32", "W": "*bf16", "Out": "*bf16", "T": "i32", "N": "i32",
           "K": "i32", "stride_xt": "i32", "stride_xs": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
@@ -215,6 +220,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "row_linear_rotary, PDL",
         "row_linear, alternating gate and up rows, PDL",
         "expert_rows, gated, PDL",
+        "rotary_pairs with the q/k norm, PDL",
         "expert_tokens, gated, scaled input, PDL",
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",

@@ -20,6 +20,7 @@ if "triton" in BACKENDS:
         argmax_rows,
         gated_activation,
         rotary_kv_write,
+        rotary_pairs,
         rotary_table,
     )
 
@@ -180,3 +181,39 @@ def test_rotary_kv_write_equals_rotary_then_cache_write(dtype, head_dim, blocks)
     for got, expected in zip(caches, want):
         assert torch.equal(got.isnan(), expected.isnan())  # no other slot written
         torch.testing.assert_close(got.nan_to_num(), expected.nan_to_num(), **ulp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("head_dim", [128, 40])  # 20 pairs: a masked block
+def test_rotary_pairs_equal_llama4s_torch_code(dtype, norm, head_dim):
+    """Llama 4's pair rotation (and q/k norm) of strided q and k views (a merged q/k/v row split) in one
+    launch: the torch code's values, within one rounding step (a sum of squares in another order)."""
+    from portattn.models.layers.norm import l2_norm
+    from portattn.models.layers.rotary import InterleavedRotaryEmbedding
+
+    g = torch.Generator().manual_seed(head_dim + norm)
+    tokens, q_heads, kv_heads = 5, 6, 2
+    qkv = (3 * torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, generator=g)).to(DEVICE, dtype)
+    q = qkv[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
+    k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    positions = torch.tensor([0, 1, 7, 300, 8191], device=DEVICE)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
+    freqs = positions[:, None].float() * inv_freq[None, :]
+    table = torch.polar(torch.ones_like(freqs), freqs) * 0.5
+    want_q, want_k = InterleavedRotaryEmbedding.apply(q, k, table)
+    if norm:
+        want_q, want_k = l2_norm(want_q, 1e-5), l2_norm(want_k, 1e-5)
+    got_q, got_k = rotary_pairs(q, k, table, 1e-5 if norm else None)
+    assert got_q.is_contiguous() and got_k.is_contiguous()
+    close(got_q, want_q, dtype)
+    close(got_k, want_k, dtype)
+
+
+def test_rotary_pairs_rejects_what_it_does_not_compute():
+    q = torch.zeros(3, 4, 8, device=DEVICE, dtype=torch.float16)
+    table = torch.polar(torch.ones(3, 4, device=DEVICE), torch.zeros(3, 4, device=DEVICE))
+    with pytest.raises(ValueError, match=r"expected q \[T, Hq, D\] and k \[T, Hkv, D\] of one dtype"):
+        rotary_pairs(q, q.float(), table)
+    with pytest.raises(ValueError, match=r"expected a complex64 table \[3, 4\], got torch.complex64 \(3, 2\)"):
+        rotary_pairs(q, q, table[:, :2])

@@ -306,3 +306,29 @@ def test_latent_attention_one_row_projections_in_row_linear(ckpt_root, monkeypat
         if shared is not None:
             assert id(shared.gate_up_proj.weight) in seen and id(shared.down_proj.weight) in seen
     assert_same_greedy(rows, plain)
+
+
+def test_llama4_rotary_pairs_in_one_launch(ckpt_root, monkeypatch):
+    """Llama 4's rope layers rotate q and k and norm them in one launch (``fused_launch.rotary_pairs``)
+    on GPUs: once a rope layer per forward, greedy tokens and logits those of the torch code."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models import llama4
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(llama4, "fused_ops", lambda x: fused_launch)
+    calls = []
+    launch = fused_launch.rotary_pairs
+    monkeypatch.setattr(fused_launch, "rotary_pairs", lambda *a, **k: calls.append(a[3]) or launch(*a, **k))
+    llm = make_llm(checkpoint("llama4", ckpt_root), "torch")
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
+    monkeypatch.setattr(llama4, "FUSED_ROTARY_PAIRS", False)
+    plain = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert not calls
+    monkeypatch.setattr(llama4, "FUSED_ROTARY_PAIRS", True)
+    fused_pairs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    layers = llm.engine.model.model.layers
+    rope = [layer.self_attn for layer in layers if layer.self_attn.use_rope]
+    assert rope and len(rope) < len(layers)  # the tiny model has NoPE layers too
+    assert calls and len(calls) % len(rope) == 0
+    assert set(calls) == {a.qk_norm_eps for a in rope}
+    assert_same_greedy(fused_pairs, plain)

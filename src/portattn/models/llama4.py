@@ -37,7 +37,12 @@ from .layers import (
     run_decoder,
 )
 from .layers.attention import local_heads
+from .layers.fused import fused_ops
 from .layers.linear import project
+
+# On GPUs, 16-bit rope layers rotate q and k and norm them in one launch (fused_launch.rotary_pairs) where the
+# torch code takes about twenty small kernels (False: the torch code).
+FUSED_ROTARY_PAIRS = True
 
 
 class Llama4Attention(nn.Module):
@@ -70,10 +75,13 @@ class Llama4Attention(nn.Module):
         q, k, v = self.qkv_proj.split(project(self.qkv_proj, x))
         q = q.view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
-        if self.use_rope:
+        ops = fused_ops(q) if FUSED_ROTARY_PAIRS and q.dtype in (torch.float16, torch.bfloat16) else None
+        if self.use_rope and ops is not None:  # the rotation and the q/k norm (on rope layers) in one launch
+            q, k = ops.rotary_pairs(q, k, table, self.qk_norm_eps)
+        elif self.use_rope:
             q, k = rotary.apply(q, k, table)
-        if self.qk_norm_eps is not None:
-            q, k = l2_norm(q, self.qk_norm_eps), l2_norm(k, self.qk_norm_eps)
+            if self.qk_norm_eps is not None:
+                q, k = l2_norm(q, self.qk_norm_eps), l2_norm(k, self.qk_norm_eps)
         if self.temperature is not None:
             attn_scale, floor_scale = self.temperature
             scales = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]

@@ -145,3 +145,57 @@ def rotary_table_kernel(
     for half in tl.static_range(2):
         tl.store(Cos + rows64[:, None] * stride_cos + half * HALF + offs[None, :], cos, mask=mask)
         tl.store(Sin + rows64[:, None] * stride_sin + half * HALF + offs[None, :], sin, mask=mask)
+
+
+@triton.jit
+def rotary_pairs_kernel(
+    Q,
+    K,
+    Freqs,
+    QOut,
+    KOut,
+    eps,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_f,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    NUM_Q_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Llama 4's rotation of consecutive pairs ``(x[2i], x[2i + 1])`` by ``Freqs[t, i] = (cos, sin)``
+    (a complex table as float32 pairs) of one head of one token, in float32 and rounded to the dtype as
+    transformers' complex product rounds it; with ``NORM`` then the head's RMS norm without a weight
+    (``l2_norm``: float32, ``eps``), rounded again. Program ``(t, h)``: query head ``h`` below
+    ``NUM_Q_HEADS``, key head ``h - NUM_Q_HEADS`` above."""
+    wait_for_previous(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    if h < NUM_Q_HEADS:
+        src = Q + t * stride_qt + h * stride_qh
+        dst = QOut + t * stride_qot + h * stride_qoh
+    else:
+        src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
+        dst = KOut + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
+    i = tl.arange(0, BLOCK)
+    ok = i < HALF
+    dtype = QOut.dtype.element_ty
+    x0 = tl.load(src + 2 * i, mask=ok, other=0.0).to(tl.float32)
+    x1 = tl.load(src + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
+    cos = tl.load(Freqs + t * stride_f + 2 * i, mask=ok, other=0.0)
+    sin = tl.load(Freqs + t * stride_f + 2 * i + 1, mask=ok, other=0.0)
+    r0 = _rounded(x0 * cos - x1 * sin, dtype)
+    r1 = _rounded(x0 * sin + x1 * cos, dtype)
+    if NORM:
+        inv_rms = 1.0 / tl.sqrt(tl.sum(r0 * r0 + r1 * r1, axis=0) / (2 * HALF) + eps)
+        r0 = r0 * inv_rms
+        r1 = r1 * inv_rms
+    tl.store(dst + 2 * i, r0.to(dtype), mask=ok)
+    tl.store(dst + 2 * i + 1, r1.to(dtype), mask=ok)
