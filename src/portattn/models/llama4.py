@@ -41,8 +41,8 @@ from .layers.fused import fused_ops
 from .layers.linear import project
 
 # On GPUs, 16-bit rope layers rotate q and k and norm them in one launch (fused_launch.rotary_pairs) where the
-# torch code takes about twenty small kernels (False: the torch code).
-FUSED_ROTARY_PAIRS = True
+# torch code takes about twenty small kernels. Off until timed and run on a GPU (False: the torch code).
+FUSED_ROTARY_PAIRS = False
 
 
 class Llama4Attention(nn.Module):
