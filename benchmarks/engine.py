@@ -58,7 +58,7 @@ KERNEL_OPTIONS = {
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
     "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
-    "interleaved_experts": None, "fused_pairs_rotary": None,
+    "interleaved_experts": None, "fused_pairs_rotary": None, "fused_router": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -103,6 +103,10 @@ def apply_kernel_options(options: list[str]) -> None:
                 from portattn.models.layers import mlp
 
                 mlp.GATE_UP_INTERLEAVED = False
+            elif option == "fused_router":
+                from portattn.models import deepseek_v3
+
+                deepseek_v3.FUSED_ROUTER = True
             elif option == "fused_pairs_rotary":
                 from portattn.models import llama4
 

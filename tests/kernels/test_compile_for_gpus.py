@@ -34,6 +34,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.fused_linear import row_linear_kernel, row_linear_rotary_kernel, expert_rows_kernel
     from portattn.kernels.triton.fused_linear import expert_tokens_kernel
+    from portattn.kernels.triton.grouped_topk import grouped_topk_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
@@ -107,6 +108,11 @@ CHILD = textwrap.dedent(
           **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_f", "stride_qot",
                                       "stride_qoh", "stride_kot", "stride_koh")}},
          {"NUM_Q_HEADS": 40, "HALF": 64, "BLOCK": 64, "NORM": True, "PDL": True}, 1),
+        ("grouped_topk, DeepSeek V3's 256 experts, PDL", grouped_topk_kernel,
+         {"Logits": "*fp32", "Bias": "*fp32", "Weights": "*fp32", "Ids": "*i64", "stride_l": "i32",
+          "scaling": "fp32"},
+         {"NUM_EXPERTS": 256, "NUM_GROUPS": 8, "GROUPS": 8, "PER_GROUP": 32, "TOPK_GROUP": 4, "TOP_K": 8,
+          "SLOTS": 8, "NORMALIZE": True, "PDL": True}, 4),
         ("expert_tokens, gated, scaled input, PDL", expert_tokens_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*fp32", "W": "*bf16", "Out": "*bf16", "T": "i32", "N": "i32",
           "K": "i32", "stride_xt": "i32", "stride_xs": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
@@ -221,6 +227,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "row_linear, alternating gate and up rows, PDL",
         "expert_rows, gated, PDL",
         "rotary_pairs with the q/k norm, PDL",
+        "grouped_topk, DeepSeek V3's 256 experts, PDL",
         "expert_tokens, gated, scaled input, PDL",
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",

@@ -19,6 +19,7 @@ if "triton" in BACKENDS:
         add_rmsnorm,
         argmax_rows,
         gated_activation,
+        grouped_topk,
         rotary_kv_write,
         rotary_pairs,
         rotary_table,
@@ -217,3 +218,46 @@ def test_rotary_pairs_rejects_what_it_does_not_compute():
         rotary_pairs(q, q.float(), table)
     with pytest.raises(ValueError, match=r"expected a complex64 table \[3, 4\], got torch.complex64 \(3, 2\)"):
         rotary_pairs(q, q, table[:, :2])
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("shape", [(32, 8, 4, 8), (40, 8, 3, 6), (20, 5, 2, 3)])  # E, groups, kept groups, top_k
+def test_grouped_topk_equals_deepseeks_router(shape, normalize):
+    """DeepSeek V3's grouped top-k routing in one launch against the router's torch code: the same
+    experts (as sets: the torch code's order is unspecified) with the same weights (float32, summed in
+    another order); 5 experts a group and 5 groups (each padded to 8)."""
+    from types import SimpleNamespace
+
+    from portattn.models.deepseek_v3 import DeepseekV3Router
+
+    experts, groups, kept, top_k = shape
+    g = torch.Generator().manual_seed(experts + top_k)
+    config = SimpleNamespace(n_routed_experts=experts, num_experts_per_tok=top_k, n_group=groups, topk_group=kept,
+                             norm_topk_prob=normalize, routed_scaling_factor=2.5, hidden_size=16)  # fmt: skip
+    router = DeepseekV3Router(config)
+    router.weight.data.copy_(torch.randn(experts, 16, generator=g))
+    router.e_score_correction_bias.data.copy_(0.1 * torch.randn(experts, generator=g))
+    router = router.to(DEVICE)
+    x = torch.randn(9, 16, generator=g).to(DEVICE)
+    want_w, want_ids = router(x)
+    logits = torch.nn.functional.linear(x.float(), router.weight.float())
+    got_w, got_ids = grouped_topk(logits, router.e_score_correction_bias, top_k=top_k, num_groups=groups,
+                                  topk_group=kept, normalize=normalize, scaling=2.5)  # fmt: skip
+    assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32 and got_ids.shape == (9, top_k)
+    order_got, order_want = got_ids.sort(dim=1), want_ids.sort(dim=1)
+    assert torch.equal(order_got.values, order_want.values)
+    torch.testing.assert_close(got_w.gather(1, order_got.indices), want_w.gather(1, order_want.indices),
+                               rtol=2e-6, atol=1e-7)  # fmt: skip
+    chosen = logits.sigmoid() + router.e_score_correction_bias
+    assert torch.all(chosen.gather(1, got_ids).diff(dim=1) <= 0)  # largest choice first
+
+
+def test_grouped_topk_rejects_what_it_does_not_compute():
+    logits, bias = torch.zeros(2, 16, device=DEVICE), torch.zeros(16, device=DEVICE)
+    options = {"top_k": 4, "num_groups": 4, "topk_group": 2, "normalize": True, "scaling": 1.0}
+    with pytest.raises(ValueError, match=r"expected float32 logits \[T, E\] and bias \[E\]"):
+        grouped_topk(logits.half(), bias, **options)
+    with pytest.raises(ValueError, match="num_groups groups of 2 or more"):
+        grouped_topk(logits, bias, **(options | {"num_groups": 3}))
+    with pytest.raises(ValueError, match=r"expected top_k in \[1, 8\] \(the kept groups' experts\), got 9"):
+        grouped_topk(logits, bias, **(options | {"top_k": 9}))

@@ -15,6 +15,7 @@ import portattn.mla
 import portattn.runtime.kv_cache
 import portattn.runtime.plan
 from backends.test_backend_api import make_batch
+from conftest import BACKENDS
 from portattn.backends.base import Request
 from portattn.backends.registry import select_backend
 from portattn.engine.llm import LLM
@@ -24,7 +25,7 @@ from portattn.models.deepseek_v3 import DeepseekV3ForCausalLM
 from portattn.runtime.kv_cache import KVCacheSpec, MLAKVPool, make_kv_pool, mla_cache_spec
 from portattn.runtime.plan import plan_latent_attention
 from portattn.testing import DEEPSEEK_V3_VARIANTS, save_tiny_checkpoint, tiny_config
-from tiny_models import ENGINE_DEVICE, hf_reference, random_prompts, worst_error_against_transformers
+from tiny_models import ENGINE_DEVICE, hf_reference, random_prompts, rel_err, worst_error_against_transformers
 
 MAX_NEW = 12
 # Lengths 1, short, past one 16-token page, and past one 64-token page.
@@ -266,3 +267,29 @@ def test_checkpoint_names_skip_multi_token_prediction_and_stack_experts():
         "model.layers.2.mlp.shared_experts.gate_up_proj.weight",
         1,
     )
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+def test_fused_router_routes_as_the_torch_code(ckpt_root, monkeypatch):
+    """``deepseek_v3.FUSED_ROUTER``: the grouped top-k in one launch (``fused_launch.grouped_topk``;
+    through Triton's interpreter on the CPU) gives the greedy tokens and logits of the router's torch code,
+    once a mixture layer per forward."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models import deepseek_v3
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(deepseek_v3, "fused_ops", lambda x: fused_launch)
+    calls = []
+    launch = fused_launch.grouped_topk
+    monkeypatch.setattr(fused_launch, "grouped_topk", lambda *a, **k: calls.append(a[0].shape[0]) or launch(*a, **k))
+    llm = make_llm(checkpoint("yarn", ckpt_root), page_size=16, prefix=False, chunked=False)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
+    plain = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    assert not calls
+    monkeypatch.setattr(deepseek_v3, "FUSED_ROUTER", True)
+    fused = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    moe_layers = CONFIG.num_hidden_layers - CONFIG.first_k_dense_replace
+    assert calls and len(calls) % moe_layers == 0
+    for a, b in zip(fused, plain):
+        assert a.token_ids == b.token_ids
+        assert rel_err(a.logits, b.logits) < TOL

@@ -28,6 +28,7 @@ from .fused_linear import (
 )
 from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import rotary_kv_write_kernel, rotary_pairs_kernel, rotary_table_kernel
+from .grouped_topk import grouped_topk_kernel
 from .gumbel_max import gumbel_max_kernel
 from .launch import dot_precision, next_pow2, pdl_options
 from .nucleus import nucleus_kernel
@@ -653,6 +654,42 @@ def rotary_pairs(
             num_warps=1, **pdl_options(q.device),
         )  # fmt: skip
     return q_out, k_out
+
+
+def grouped_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    top_k: int,
+    num_groups: int,
+    topk_group: int,
+    normalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek V3's grouped top-k routing (``DeepseekV3Router``) of float32 router logits ``[T, E]`` and
+    the choice bias ``[E]``, in one launch: ``(weights [T, top_k] float32, ids [T, top_k] int64)``, the
+    experts largest choice first (the lowest index among equal choices)."""
+    tokens, experts = logits.shape
+    if logits.dtype != torch.float32 or bias.dtype != torch.float32 or bias.shape != (experts,):
+        raise ValueError(f"expected float32 logits [T, E] and bias [E], got {logits.dtype} {tuple(logits.shape)} "
+                         f"and {bias.dtype} {tuple(bias.shape)}")  # fmt: skip
+    per = experts // max(num_groups, 1)
+    if num_groups < 1 or per * num_groups != experts or per < 2 or not 1 <= topk_group <= num_groups:
+        raise ValueError(f"expected {experts} experts in num_groups groups of 2 or more and topk_group in "
+                         f"[1, num_groups], got num_groups={num_groups}, topk_group={topk_group}")  # fmt: skip
+    if not 1 <= top_k <= topk_group * per:
+        raise ValueError(f"expected top_k in [1, {topk_group * per}] (the kept groups' experts), got {top_k}")
+    if logits.stride(-1) != 1 or not bias.is_contiguous():
+        raise ValueError("expected logits with a contiguous last dim and a contiguous bias")
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=logits.device)
+    if tokens:
+        grouped_topk_kernel[(tokens,)](
+            logits, bias, weights, ids, logits.stride(0), float(scaling), NUM_EXPERTS=experts, NUM_GROUPS=num_groups,
+            GROUPS=next_pow2(num_groups), PER_GROUP=next_pow2(per), TOPK_GROUP=topk_group, TOP_K=top_k,
+            SLOTS=next_pow2(top_k), NORMALIZE=normalize, num_warps=4, **pdl_options(logits.device),
+        )  # fmt: skip
+    return weights, ids
 
 
 def argmax_rows(
