@@ -31,8 +31,9 @@ per projection, dequantized at load time by :mod:`.quant`; gpt-oss).
 Options for families whose experts differ from the plain gated MLP (gpt-oss): ``bias`` adds
 ``gate_up_proj_bias [E, 2I]`` and ``down_proj_bias [E, H]``; ``gate_up_act`` replaces
 ``act(gate) * up`` by any function of the whole ``gate_up [..., 2I] -> [..., I]``, and
-``gate_up_interleaved`` says that gate and up rows alternate (``g0, u0, g1, u1, ...``) instead of
-coming in two halves.
+``gate_up_interleaved`` says that the checkpoint's gate and up rows alternate (``g0, u0, g1, u1, ...``)
+instead of coming in two halves. The parameter keeps the checkpoint's layout, or alternating rows for
+plain gated experts with ``EXPERTS_INTERLEAVED`` (the loader then writes each half's rows strided).
 
 Tensor parallelism is tensor-parallel *inside* every expert (not expert-parallel): rank ``r`` holds
 its ``I / size`` share of every expert's intermediate dim (gate/up column-parallel, down
