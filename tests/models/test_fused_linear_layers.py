@@ -237,11 +237,11 @@ def test_one_row_q_k_v_keeps_the_rotary_launch_by_default(ckpt_root, monkeypatch
     assert names and set(names) == {"row_linear"}
 
 
-def test_llama4_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
-    """Llama 4's own attention (q/k norms between its projection and the rotation) and its mixture's
-    shared expert (called without its norm) take ``row_linear`` at one row as well: q/k/v and o, the
-    shared expert's gate/up with its activation and its down, every layer at every batch-1 decode
-    step; greedy tokens and logits equal those of the vendor's matmul."""
+def _row_linear_runs(path: str, monkeypatch):
+    """The engine's greedy generate of one prompt with one-row projections kept on the vendor's matmul,
+    then through ``row_linear`` (``ROW_LINEAR_K`` 1: the tiny models' rows are narrow; the norms'
+    single-step folding off). Returns ``(llm, plain, rows, calls)``, ``calls`` the second run's
+    ``row_linear`` launches as ``(weight, has_norm, act)``."""
     from portattn.kernels.triton import fused_launch
 
     if ENGINE_DEVICE == "cpu":
@@ -251,27 +251,34 @@ def test_llama4_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
     launch = fused_launch.row_linear
 
     def counted(x, weight, *args, **kwargs):
-        calls.append((weight.shape[0], kwargs.get("norm_weight") is not None, kwargs.get("act")))
+        calls.append((weight, kwargs.get("norm_weight") is not None, kwargs.get("act")))
         return launch(x, weight, *args, **kwargs)
 
     monkeypatch.setattr(fused_launch, "row_linear", counted)
-    llm = make_llm(checkpoint("llama4", ckpt_root), "torch")
-    model = llm.engine.model
-    layers = model.model.layers
+    llm = make_llm(path, "torch")
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
     monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
     plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
     assert not calls
     monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
-    rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    return llm, plain, llm.generate(PROMPTS[:1], params, use_tqdm=False), calls
+
+
+def test_llama4_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
+    """Llama 4's own attention (q/k norms between its projection and the rotation) and its mixture's
+    shared expert (called without its norm) take ``row_linear`` at one row as well: q/k/v and o, the
+    shared expert's gate/up with its activation and its down, every layer at every batch-1 decode
+    step; greedy tokens and logits equal those of the vendor's matmul."""
+    llm, plain, rows, calls = _row_linear_runs(checkpoint("llama4", ckpt_root), monkeypatch)
+    layers = llm.engine.model.model.layers
     shared = [layer.mlp.shared_expert for layer in layers if hasattr(layer.mlp, "shared_expert")]
     assert shared, "expected mixture layers in the tiny Llama 4"
-    gated_alone = [(m.gate_up_proj.weight.shape[0], False, m.act.name) for m in shared]
-    per_step = [c for c in calls if not c[1] and c[2] is not None]  # gate/up with its activation, no norm
+    gated_alone = [(id(m.gate_up_proj.weight), False, m.act.name) for m in shared]
+    per_step = [(id(w), norm, act) for w, norm, act in calls if not norm and act is not None]  # no norm
     assert per_step == gated_alone * 7  # seven batch-1 decode steps
-    attention = [layer.self_attn for layer in layers]
-    qkv_o = {m.qkv_proj.weight.shape[0] for m in attention} | {m.o_proj.weight.shape[0] for m in attention}
-    assert qkv_o <= {rows_ for rows_, has_norm, act in calls if not has_norm and act is None}
+    plain_rows = {id(w) for w, norm, act in calls if not norm and act is None}
+    for attn in (layer.self_attn for layer in layers):
+        assert id(attn.qkv_proj.weight) in plain_rows and id(attn.o_proj.weight) in plain_rows
     assert len(calls) == 4 * len(layers) * 7
     assert_same_greedy(rows, plain)
 
@@ -280,24 +287,10 @@ def test_latent_attention_one_row_projections_in_row_linear(ckpt_root, monkeypat
     """DeepSeek V3's latent attention takes ``row_linear`` at one row for its q (LoRA halves), latent
     and output projections, and its shared experts with their activation; greedy tokens and logits
     equal those of the vendor's matmul."""
-    from portattn.kernels.triton import fused_launch
-
     from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
 
-    if ENGINE_DEVICE == "cpu":
-        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
-    monkeypatch.setattr(fused_launch, "NORM_LINEAR_SINGLE_K", 0)
-    weights = []
-    launch = fused_launch.row_linear
-    monkeypatch.setattr(fused_launch, "row_linear", lambda x, w, *a, **k: weights.append(w) or launch(x, w, *a, **k))
-    llm = make_llm(deepseek_checkpoint("yarn", ckpt_root), "torch")
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
-    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
-    plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
-    assert not weights
-    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
-    rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
-    seen = {id(w) for w in weights}
+    llm, plain, rows, calls = _row_linear_runs(deepseek_checkpoint("yarn", ckpt_root), monkeypatch)
+    seen = {id(w) for w, _, _ in calls}
     for layer in llm.engine.model.model.layers:
         attn = layer.self_attn
         for name in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"):
