@@ -52,13 +52,17 @@ from portattn.device import synchronize
 # "no_row_linear": one-row projections through the vendor's matmul (fused_launch.ROW_LINEAR_K);
 # "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY);
 # "two_block_gate_up": the gated MLP's weight as [gate; up] instead of alternating rows (mlp.GATE_UP_INTERLEAVED);
-# "dense_experts": every expert on every token at small batches, not the routed experts alone (moe.ROUTED_EXPERTS)
+# "dense_experts": every expert on every token at small batches, not the routed experts alone (moe.ROUTED_EXPERTS);
+# "interleaved_experts": routed experts' gate/up rows alternating (moe.EXPERTS_INTERLEAVED); "fused_pairs_rotary":
+# Llama 4's pair rotation and q/k norm in one launch (llama4.FUSED_ROTARY_PAIRS); "fused_router": DeepSeek V3's
+# grouped top-k in one launch (deepseek_v3.FUSED_ROUTER); "combine_experts": a token's routed experts weighed and
+# summed in the down projection's launch (moe.COMBINE_IN_KERNEL)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
     "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
-    "interleaved_experts": None, "fused_pairs_rotary": None, "fused_router": None,
+    "interleaved_experts": None, "fused_pairs_rotary": None, "fused_router": None, "combine_experts": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -92,11 +96,13 @@ def apply_kernel_options(options: list[str]) -> None:
                     fused_launch.ROW_LINEAR_K = 1 << 62
                 else:
                     fused_launch.ROW_LINEAR_ROTARY = True
-            elif option in ("dense_experts", "interleaved_experts"):
+            elif option in ("dense_experts", "interleaved_experts", "combine_experts"):
                 from portattn.models.layers import moe
 
                 if option == "dense_experts":
                     moe.ROUTED_EXPERTS = False
+                elif option == "combine_experts":
+                    moe.COMBINE_IN_KERNEL = True
                 else:
                     moe.EXPERTS_INTERLEAVED = True
             elif option == "two_block_gate_up":

@@ -198,6 +198,28 @@ def test_expert_rows_equal_each_pairs_expert(act, interleaved):
             close(got[p : p + 1], want, torch.float16, 1.01 if act is None else 3)
 
 
+@pytest.mark.parametrize("top_k, scaled", [(1, True), (3, False), (3, True)])
+def test_expert_rows_combine_each_tokens_experts(top_k, scaled):
+    """``top_k`` > 1 or a routing weight: each token's pairs weighed and summed in the launch give the
+    values of the pairs' rows weighed and summed by torch (each product rounded to float16 as there;
+    the float32 sum of up to 3 values may round a step apart); two tokens, expert 3 in both."""
+    g = torch.Generator().manual_seed(8 + top_k)
+    weight = (torch.randn(4, 37, 200, generator=g) / 200**0.5).to(DEVICE, torch.float16)
+    ids = torch.tensor([[3, 0, 2], [1, 3, 0]], device=DEVICE)[:, :top_k].contiguous()
+    x = torch.randn(ids.numel(), 200, generator=g).to(DEVICE, torch.float16)
+    scale = torch.rand(ids.shape, generator=g).to(DEVICE) if scaled else None
+    pairs = expert_rows(x, ids.flatten(), weight).view(*ids.shape, 37)
+    want = ((pairs * scale[..., None]).to(torch.float16) if scaled else pairs).sum(1)
+    for tiles in (None, LinearTiles(8, 64, 4, 1)):
+        got = expert_rows(x, ids.flatten(), weight, top_k=top_k, scale=scale, tiles=tiles)
+        assert got.shape == (2, 37) and got.dtype == torch.float16
+        close(got, want, torch.float16, 1.01)
+    with pytest.raises(ValueError, match=r"a multiple of top_k 4, got 2"):
+        expert_rows(x[:2], ids.flatten()[:2], weight, top_k=4)
+    with pytest.raises(ValueError, match=r"routing weights \(2, 1\), got \(1, 2\)"):
+        expert_rows(x[:2], ids.flatten()[:2], weight, scale=torch.ones(1, 2, device=DEVICE))
+
+
 def interleave_experts(weight: torch.Tensor) -> torch.Tensor:
     return torch.stack([interleave(w) for w in weight])
 

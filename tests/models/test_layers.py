@@ -114,12 +114,14 @@ def test_moe_dense_and_grouped_paths_equal_the_reference(weight_on_input, num_to
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("weight_on_input", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 2, 6])
-@pytest.mark.parametrize("interleaved", [False, True])  # moe.EXPERTS_INTERLEAVED
-def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k, interleaved, monkeypatch):
+@pytest.mark.parametrize("interleaved, combine", [(False, False), (True, False), (False, True)])
+def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_k, interleaved, combine, monkeypatch):
     """The routed path against the dense path and the float64 reference, float16 through the Triton
     interpreter here; one or two experts a token. Up to 2 tokens (fewer pairs than the 6 experts):
-    each pair through its expert's rows (two tokens: an expert picked by both); 6 tokens: each expert
-    on the tokens that chose it (expert 5 by none with one expert a token)."""
+    each pair through its expert's rows (two tokens: an expert picked by both), with ``combine``
+    (moe.COMBINE_IN_KERNEL) weighed and summed in the down projection's launch, equal to the torch
+    combination; 6 tokens: each expert on the tokens that chose it (expert 5 by none with one expert
+    a token)."""
     from portattn.kernels.triton import fused_launch
 
     launched = []
@@ -128,6 +130,7 @@ def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_
         monkeypatch.setattr(fused_launch, name, lambda *a, _f=fn, _n=name, **kw: launched.append(_n) or _f(*a, **kw))
 
     monkeypatch.setattr(moe_module, "EXPERTS_INTERLEAVED", interleaved)
+    monkeypatch.setattr(moe_module, "COMBINE_IN_KERNEL", combine)
     g = torch.Generator().manual_seed(7 + num_tokens)
     moe = FusedMoE(6, 72, 20, weight_on_input=weight_on_input).to(DEVICE, torch.float16)
     moe.gate_up_proj.data.copy_(torch.randn(moe.gate_up_proj.shape, generator=g) / 6)
@@ -137,6 +140,10 @@ def test_moe_routed_path_equals_the_dense_path(weight_on_input, num_tokens, top_
     weights = torch.rand(num_tokens, top_k, generator=g).to(DEVICE)
     got = moe.forward_routed(x, weights, ids, fused_launch)
     assert launched == 2 * ["expert_rows" if num_tokens * top_k < 6 else "expert_tokens"]
+    if combine and launched[0] == "expert_rows":
+        monkeypatch.setattr(moe_module, "COMBINE_IN_KERNEL", False)
+        unfused = moe.forward_routed(x, weights, ids, fused_launch)
+        assert torch.allclose(got.float(), unfused.float(), atol=1e-3, rtol=1e-3) and not torch.equal(got, 0 * got)
     dense = moe.forward_dense(x, weights, ids)
     assert got.dtype == torch.float16 and got.shape == (num_tokens, 72)
     assert torch.allclose(got.float(), dense.float(), atol=2e-3, rtol=1e-2)

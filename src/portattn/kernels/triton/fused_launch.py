@@ -248,13 +248,20 @@ def expert_rows(
     act: str | None = None,
     interleaved: bool = False,
     tiles: LinearTiles | None = None,
+    top_k: int = 1,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed experts' projections, one (token, expert) pair a row: ``x [P, K]`` (a pair's input),
     ``ids [P]`` (its expert), ``weight [E, N, K]`` -> ``[P, N]``, ``x[p] @ weight[ids[p]].T``; with
     ``act`` (a gated activation's name) ``weight [E, 2I, K]`` holds each expert's gate and up rows (two
     halves, or alternating with ``interleaved``) and the result is ``act(gate) * up [P, I]``. Reads the
     routed experts' rows only (each pair its own), on the vector units as :func:`row_linear`: for
-    decode steps of fewer pairs than experts."""
+    decode steps of fewer pairs than experts.
+
+    Combined by token: with ``top_k`` > 1 the pairs are ``T`` tokens' ``top_k`` experts (pair ``t *
+    top_k + s``) and the result is ``[T, N]``, each token's pairs summed; ``scale [T, top_k]`` (the
+    routing weights) multiplies each pair's result first. Each product is rounded to x's dtype as
+    ``(out.view(T, top_k, N) * scale[..., None]).to(x.dtype).sum(1)`` rounds it."""
     pairs, in_features = x.shape
     _check_experts(x, weight)
     if ids.shape != (pairs,) or (pairs and ids.stride(0) != 1):
@@ -262,15 +269,20 @@ def expert_rows(
                          f"strides {ids.stride()}")  # fmt: skip
     if x.stride(-1) != 1 or weight.stride(-1) != 1 or weight.stride(1) != in_features:
         raise ValueError("expected rows and expert weights with contiguous features")
+    if top_k < 1 or pairs % top_k:
+        raise ValueError(f"expected rows of whole tokens, a multiple of top_k {top_k}, got {pairs}")
+    tokens = pairs // top_k
+    if scale is not None and (scale.shape != (tokens, top_k) or not scale.is_contiguous()):
+        raise ValueError(f"expected contiguous routing weights ({tokens}, {top_k}), got {tuple(scale.shape)}")
     out_features = weight.shape[1] // (2 if act else 1)
-    out = torch.empty((pairs, out_features), dtype=x.dtype, device=x.device)
+    out = torch.empty((tokens, out_features), dtype=x.dtype, device=x.device)
     if pairs == 0:
         return out
     tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
-    expert_rows_kernel[(triton.cdiv(out_features, tiles.block_n), pairs)](
-        x, ids, weight, out, out_features, in_features, x.stride(0), weight.stride(0), weight.stride(1),
-        out.stride(0), GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
-        INTERLEAVED=interleaved and act is not None,
+    expert_rows_kernel[(triton.cdiv(out_features, tiles.block_n), tokens)](
+        x, ids, x if scale is None else scale, weight, out, out_features, in_features, x.stride(0),
+        weight.stride(0), weight.stride(1), out.stride(0), GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
+        INTERLEAVED=interleaved and act is not None, TOP_K=top_k, HAS_SCALE=scale is not None,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **pdl_options(x.device),
     )  # fmt: skip

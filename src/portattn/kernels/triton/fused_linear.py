@@ -322,6 +322,7 @@ def row_linear_kernel(
 def expert_rows_kernel(
     X,
     Ids,
+    Scale,
     W,
     Out,
     N,
@@ -333,31 +334,42 @@ def expert_rows_kernel(
     GATED: tl.constexpr,
     ACT: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    TOP_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """One routed (token, expert) pair a row of ``X [P, K]``: ``Out[p, cols] = X[p] @ W[Ids[p], cols]^T``
-    on the vector units (:func:`_row_product`), with ``GATED`` ``act(gate) * up`` of the expert's gate
-    and up rows (:func:`_gate_up_rows`) rounded as :func:`row_linear_kernel` rounds them. Only the
-    routed experts' rows are read. The expert ids are an earlier kernel's output: the kernel waits
-    before its first load. Grid ``(cdiv(N, BLOCK_N), P)``."""
+    """Routed (token, expert) pairs, a row of ``X [P, K]`` each: ``X[p] @ W[Ids[p], cols]^T`` on the
+    vector units (:func:`_row_product`), with ``GATED`` ``act(gate) * up`` of the expert's gate and up
+    rows (:func:`_gate_up_rows`) rounded as :func:`row_linear_kernel` rounds them. Only the routed
+    experts' rows are read. A program takes ``TOP_K`` consecutive pairs (one token's) and stores their
+    sum, each pair's result rounded to the dtype and, with ``HAS_SCALE``, multiplied by its ``Scale``
+    (the routing weight) and rounded again, as the torch code combines a token's experts; ``TOP_K`` 1
+    without a scale stores each pair's result. The expert ids are an earlier kernel's output: the
+    kernel waits before its first load. Grid ``(cdiv(N, BLOCK_N), P // TOP_K)``."""
     wait_for_previous(PDL)
-    pair = tl.program_id(1).to(tl.int64)
+    token = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    expert = tl.load(Ids + pair).to(tl.int64)
     rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, INTERLEAVED)
-    x = X + pair * stride_x
-    y, up = _row_product(
-        x, x, x, W + expert * stride_e, x, rows64, up_rows64, col_ok, K, 0.0, stride_w, False, False, 0, GATED,
-        BLOCK_N, BLOCK_K, 16, False,
-    )  # fmt: skip
     dtype = X.dtype.element_ty
-    y = y.to(dtype)
-    if GATED:
-        y = (activate(y.to(tl.float32), ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
-    tl.store(Out + pair * stride_o + cols, y, mask=col_ok)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for slot in range(TOP_K):
+        pair = token * TOP_K + slot
+        expert = tl.load(Ids + pair).to(tl.int64)
+        x = X + pair * stride_x
+        y, up = _row_product(
+            x, x, x, W + expert * stride_e, x, rows64, up_rows64, col_ok, K, 0.0, stride_w, False, False, 0, GATED,
+            BLOCK_N, BLOCK_K, 16, False,
+        )  # fmt: skip
+        y = y.to(dtype)
+        if GATED:
+            y = (activate(y.to(tl.float32), ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
+        if HAS_SCALE:
+            y = (y.to(tl.float32) * tl.load(Scale + pair).to(tl.float32)).to(dtype)
+        total += y.to(tl.float32)
+    tl.store(Out + token * stride_o + cols, total.to(dtype), mask=col_ok)
 
 
 @triton.jit

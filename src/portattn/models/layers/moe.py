@@ -71,6 +71,9 @@ ROUTED_EXPERTS = True
 # layout, as the gated MLP keeps them (mlp.GATE_UP_INTERLEAVED): a one-row program of the routed path then
 # streams one run of rows. Off: [gate; up] halves unless the checkpoint interleaves them (gpt-oss).
 EXPERTS_INTERLEAVED = False
+# Steps through expert_rows combine each token's experts in the down projection's launch (the routing weight and
+# the sum over its top_k pairs); off: the launch stores each pair's row and torch weighs and sums them.
+COMBINE_IN_KERNEL = False
 CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
 _PER_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
@@ -258,6 +261,9 @@ class FusedMoE(nn.Module):
             inputs = x[:, None, :].expand(-1, top_k, -1).flatten(0, 1)
         ids = topk_ids.flatten().contiguous()  # a [T, 1] slice flattens to a strided view
         h = ops.expert_rows(inputs, ids, self.gate_up_proj, act=self.act_name, interleaved=self.gate_up_interleaved)
+        if COMBINE_IN_KERNEL:
+            scale = None if self.weight_on_input else topk_weights.contiguous()
+            return ops.expert_rows(h, ids, self.down_proj, top_k=top_k, scale=scale)
         out = ops.expert_rows(h, ids, self.down_proj).view(tokens, top_k, -1)  # [T, k, H]
         if not self.weight_on_input:
             out = (out * topk_weights[:, :, None]).to(x.dtype)
