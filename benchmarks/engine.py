@@ -56,13 +56,15 @@ from portattn.device import synchronize
 # "interleaved_experts": routed experts' gate/up rows alternating (moe.EXPERTS_INTERLEAVED); "fused_pairs_rotary":
 # Llama 4's pair rotation and q/k norm in one launch (llama4.FUSED_ROTARY_PAIRS); "fused_router": DeepSeek V3's
 # grouped top-k in one launch (deepseek_v3.FUSED_ROUTER); "combine_experts": a token's routed experts weighed and
-# summed in the down projection's launch (moe.COMBINE_IN_KERNEL)
+# summed in the down projection's launch (moe.COMBINE_IN_KERNEL); "fused_latent_rotary": MLA's rope and latent
+# cache write in one launch (latent_attention.FUSED_ROTARY_WRITE)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
     "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
     "interleaved_experts": None, "fused_pairs_rotary": None, "fused_router": None, "combine_experts": None,
+    "fused_latent_rotary": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -109,6 +111,10 @@ def apply_kernel_options(options: list[str]) -> None:
                 from portattn.models.layers import mlp
 
                 mlp.GATE_UP_INTERLEAVED = False
+            elif option == "fused_latent_rotary":
+                from portattn.models.layers import latent_attention
+
+                latent_attention.FUSED_ROTARY_WRITE = True
             elif option == "fused_router":
                 from portattn.models import deepseek_v3
 

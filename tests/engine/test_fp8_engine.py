@@ -112,7 +112,7 @@ def rounded_through(monkeypatch, kv_dtype: torch.dtype, scale: float) -> None:
     # Fused launches that store a cache of the queries' dtype themselves (the Triton backend's rotary
     # write) would store the values unrounded: the engine takes write_kv instead, as over an fp8 cache.
     for cls in filter(None, map(registry.backend_class, registry.registered_backends())):
-        for name in ("forward_rotary", "forward_projected"):
+        for name in ("forward_rotary", "forward_projected", "write_latent_rotary"):
             monkeypatch.setattr(cls, name, getattr(AttentionBackend, name))
 
 

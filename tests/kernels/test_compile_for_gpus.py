@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
-    from portattn.kernels.triton.fused_rotary import rotary_kv_write_kernel, rotary_pairs_kernel
+    from portattn.kernels.triton.fused_rotary import latent_rotary_write_kernel, rotary_kv_write_kernel, rotary_pairs_kernel
     from portattn.kernels.triton.attention import attention_fwd_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
@@ -109,6 +109,12 @@ CHILD = textwrap.dedent(
           "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
          {"GATED": False, "ACT": 0, "INTERLEAVED": False, "TOP_K": 8, "HAS_SCALE": True, "BLOCK_N": 8,
           "BLOCK_K": 1024, "PDL": True}, 4),
+        ("latent_rotary_write, DeepSeek V3's interleaved rope, PDL", latent_rotary_write_kernel,
+         {"QPe": "*bf16", "CKv": "*bf16", "KPe": "*bf16", "Cos": "*bf16", "Sin": "*bf16", "Slots": "*i64",
+          "QOut": "*bf16", "Latent": "*bf16",
+          **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_ct", "stride_kt", "stride_cos", "stride_sin",
+                                      "stride_ot", "stride_oh", "stride_row")}},
+         {"NUM_HEADS": 128, "RANK": 512, "BLOCK_R": 512, "HALF": 32, "BLOCK": 32, "INTERLEAVE": True, "PDL": True}, 1),
         ("rotary_pairs with the q/k norm, PDL", rotary_pairs_kernel,
          {"Q": "*bf16", "K": "*bf16", "Freqs": "*fp32", "QOut": "*bf16", "KOut": "*bf16", "eps": "fp32",
           **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_f", "stride_qot",
@@ -233,6 +239,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "row_linear, alternating gate and up rows, PDL",
         "expert_rows, gated, PDL",
         "expert_rows, a token's 8 experts combined, PDL",
+        "latent_rotary_write, DeepSeek V3's interleaved rope, PDL",
         "rotary_pairs with the q/k norm, PDL",
         "grouped_topk, DeepSeek V3's 256 experts, PDL",
         "expert_tokens, gated, scaled input, PDL",

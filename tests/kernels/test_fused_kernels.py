@@ -20,6 +20,7 @@ if "triton" in BACKENDS:
         argmax_rows,
         gated_activation,
         grouped_topk,
+        latent_rotary_write,
         rotary_kv_write,
         rotary_pairs,
         rotary_table,
@@ -218,6 +219,54 @@ def test_rotary_pairs_rejects_what_it_does_not_compute():
         rotary_pairs(q, q.float(), table)
     with pytest.raises(ValueError, match=r"expected a complex64 table \[3, 4\], got torch.complex64 \(3, 2\)"):
         rotary_pairs(q, q, table[:, :2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("rope_dim", [64, 12])  # 6 pairs: a masked block
+def test_latent_rotary_write_equals_the_rope_then_the_backends_write(dtype, interleave, rope_dim):
+    """MLA's rope of q_pe and k_pe (strided views of the projections, as the layer splits them) and the
+    latent rows' write in one launch: the values of ``PartialRotaryEmbedding.apply`` then
+    ``write_latent``, bit for bit in 16 bits (float32 on a GPU: within a step, a product and a sum
+    may fuse); a rank of 40 (a masked block); the other slots of a NaN-poisoned cache stay NaN."""
+    from types import SimpleNamespace
+
+    from portattn.backends.base import AttentionBackend
+    from portattn.backends.cache import LatentKVCache
+    from portattn.models.layers.rotary import PartialRotaryEmbedding
+
+    g = torch.Generator().manual_seed(rope_dim + interleave)
+    tokens, heads, nope, rank = 5, 3, 16, 40
+    q = (3 * torch.randn(tokens, heads, nope + rope_dim, generator=g)).to(DEVICE, dtype)
+    kv = (3 * torch.randn(tokens, rank + rope_dim, generator=g)).to(DEVICE, dtype)
+    q_pe, (c_kv, k_pe) = q[..., nope:], kv.split([rank, rope_dim], dim=-1)
+    config = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    rope = PartialRotaryEmbedding(config, rope_dim, interleave=interleave).to(DEVICE)
+    cos, sin = rope.table(torch.tensor([0, 1, 7, 300, 4095], device=DEVICE), dtype)
+    slots = torch.tensor([9, 0, 4, 13, 6], device=DEVICE)
+    cache = torch.full((4, 4, rank + rope_dim), float("nan"), dtype=dtype, device=DEVICE)
+    want_cache = cache.clone()
+    AttentionBackend().write_latent(c_kv, rope.apply(k_pe[:, None], cos, sin)[:, 0], LatentKVCache(want_cache), slots)
+    got = latent_rotary_write(q_pe, c_kv.contiguous(), k_pe, cos, sin, cache, slots, interleave=interleave)
+    want = rope.apply(q_pe, cos, sin)
+    assert got.is_contiguous() and torch.equal(cache.isnan(), want_cache.isnan())
+    if dtype == torch.float32 and DEVICE.type != "cpu":
+        close(got, want, dtype)
+        close(cache.nan_to_num(), want_cache.nan_to_num(), dtype)
+    else:
+        assert torch.equal(got, want) and torch.equal(cache.nan_to_num(), want_cache.nan_to_num())
+
+
+def test_latent_rotary_write_rejects_what_it_does_not_compute():
+    q_pe, c_kv, k_pe = (torch.zeros(*s, device=DEVICE, dtype=torch.float16) for s in ((2, 3, 8), (2, 16), (2, 8)))
+    table, cache, slots = torch.zeros(2, 4, device=DEVICE, dtype=torch.float16), torch.zeros(2, 4, 24, device=DEVICE,
+                                                                                              dtype=torch.float16), torch.zeros(2, dtype=torch.long, device=DEVICE)  # fmt: skip
+    with pytest.raises(ValueError, match="of one dtype"):
+        latent_rotary_write(q_pe, c_kv, k_pe, table, table, cache.float(), slots, interleave=True)
+    with pytest.raises(ValueError, match=r"expected cos and sin \[2, 8\], got \(2, 4\)"):
+        latent_rotary_write(q_pe, c_kv, k_pe, table, table, cache, slots, interleave=False)
+    with pytest.raises(ValueError, match=r"contiguous latent cache \[N, P, 24\], got \(2, 4, 12\)"):
+        latent_rotary_write(q_pe, c_kv, k_pe, table, table, cache[..., :12], slots, interleave=True)
 
 
 @pytest.mark.parametrize("normalize", [True, False])

@@ -293,3 +293,28 @@ def test_fused_router_routes_as_the_torch_code(ckpt_root, monkeypatch):
     for a, b in zip(fused, plain):
         assert a.token_ids == b.token_ids
         assert rel_err(a.logits, b.logits) < TOL
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+@pytest.mark.parametrize("variant", ["yarn", "plain"])  # interleaved pairs; rotate-half without q LoRA
+def test_fused_rotary_write_equals_the_rope_then_the_write(variant, ckpt_root, monkeypatch):
+    """``latent_attention.FUSED_ROTARY_WRITE``: the Triton backend rotates q_pe and k_pe and writes the
+    latent rows in one launch (``write_latent_rotary``; through Triton's interpreter on the CPU), with
+    the greedy tokens and logits of the rope's torch code and ``write_latent``, once a layer per forward
+    (prefill, chunked prefill and decode)."""
+    from portattn.backends.triton import TritonBackend
+    from portattn.models.layers import latent_attention
+
+    calls = []
+    fused = TritonBackend.write_latent_rotary
+    monkeypatch.setattr(TritonBackend, "write_latent_rotary", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    llm = make_llm(checkpoint(variant, ckpt_root), page_size=7, prefix=False, chunked=True, attention_backend="triton")
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
+    plain = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    assert not calls
+    monkeypatch.setattr(latent_attention, "FUSED_ROTARY_WRITE", True)
+    outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    assert calls and len(calls) % CONFIG.num_hidden_layers == 0
+    for a, b in zip(outs, plain):
+        assert a.token_ids == b.token_ids
+        assert rel_err(a.logits, b.logits) < 1e-5

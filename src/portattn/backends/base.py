@@ -414,6 +414,26 @@ class AttentionBackend:
         rows[slots, :rank] = quantize_kv(c_kv, rows.dtype, kv_cache.scale)
         rows[slots, rank:] = quantize_kv(k_pe, rows.dtype, kv_cache.scale)
 
+    def write_latent_rotary(
+        self,
+        q_pe: torch.Tensor,
+        c_kv: torch.Tensor,
+        k_pe: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: LatentKVCache,
+        slots: torch.Tensor,
+        *,
+        interleave: bool,
+    ) -> torch.Tensor | None:
+        """Multi-head latent attention's rope with :meth:`write_latent`, where the backend fuses them:
+        ``q_pe [T, H, Dr]`` rotated (returned) and ``k_pe [T, Dr]`` rotated before ``[c_kv | k_pe]`` is
+        stored, by ``cos, sin`` of ``PartialRotaryEmbedding.table`` (pairs with ``interleave``, else
+        rotate-half); ``None`` where it does not (the default: the caller rotates, then calls
+        :meth:`write_latent`). A backend that returns a result rotates exactly as
+        ``PartialRotaryEmbedding.apply`` rounds in q's dtype and writes what :meth:`write_latent` would."""
+        return None
+
     # -- captured uniform decode (graphs) ------------------------------------------------------
     # A backend with ``supports_graphs`` plans uniform steps (``B`` sequences of ``uniform_q_len`` new
     # tokens each: decodes, or speculative verification) into static buffers: ``init_graph_buffers``

@@ -17,7 +17,7 @@ import torch
 from ..device import is_gpu, is_triton_interpreter, triton_fp8_dtypes
 from ..kv_quant import FP8_DTYPES
 from .base import AttentionBackend, AttentionParams, AttentionSpec, Capabilities
-from .cache import PagedKVCache
+from .cache import LatentKVCache, PagedKVCache
 from .metadata import (
     GraphBuffers,
     MLADecodeMetadata,
@@ -33,6 +33,7 @@ try:
     from ..kernels.triton.fused_launch import (
         NORM_LINEAR_ROWS,
         NORM_LINEAR_SINGLE_K,
+        latent_rotary_write,
         merge_linear,
         merge_linear_fits,
         norm_linear_rotary,
@@ -260,6 +261,25 @@ class TritonBackend(AttentionBackend):
         q = rotary_kv_write(q, k, v, cos, sin, kv_cache.k, kv_cache.v, metadata.out_cache_loc)  # [T, Hq, D]
         out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
         return self.attend(q, kv_cache.k, kv_cache.v, metadata, spec.params, out)
+
+    def write_latent_rotary(
+        self,
+        q_pe: torch.Tensor,
+        c_kv: torch.Tensor,
+        k_pe: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: LatentKVCache,
+        slots: torch.Tensor,
+        *,
+        interleave: bool,
+    ) -> torch.Tensor | None:
+        """One launch (``fused_launch.latent_rotary_write``) rotates q_pe and k_pe and stores the latent
+        rows. ``None`` for a cache of another dtype than q's (fp8: :meth:`write_latent` saturates and
+        scales) or tables of another dtype."""
+        if not (kv_cache.latent.dtype == q_pe.dtype == c_kv.dtype == k_pe.dtype == cos.dtype == sin.dtype):
+            return None
+        return latent_rotary_write(q_pe, c_kv, k_pe, cos, sin, kv_cache.latent, slots, interleave=interleave)
 
     def forward_projected(
         self,

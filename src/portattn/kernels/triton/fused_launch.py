@@ -27,7 +27,7 @@ from .fused_linear import (
     row_linear_rotary_kernel,
 )
 from .fused_norm import add_rmsnorm_kernel
-from .fused_rotary import rotary_kv_write_kernel, rotary_pairs_kernel, rotary_table_kernel
+from .fused_rotary import latent_rotary_write_kernel, rotary_kv_write_kernel, rotary_pairs_kernel, rotary_table_kernel
 from .grouped_topk import grouped_topk_kernel
 from .gumbel_max import gumbel_max_kernel
 from .launch import dot_precision, next_pow2, pdl_options
@@ -666,6 +666,49 @@ def rotary_pairs(
             num_warps=1, **pdl_options(q.device),
         )  # fmt: skip
     return q_out, k_out
+
+
+def latent_rotary_write(
+    q_pe: torch.Tensor,
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    latent: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    interleave: bool,
+) -> torch.Tensor:
+    """Multi-head latent attention's rope and cache write in one launch (about twenty in the torch
+    code): rotated ``q_pe [T, H, Dr]`` (a new contiguous tensor), and ``[c_kv | rotated k_pe]`` (``c_kv
+    [T, R]``, ``k_pe [T, Dr]``) stored in rows ``slots [T]`` of ``latent [N, P, R + Dr]`` (contiguous,
+    of q's dtype). ``interleave``: pairs rotated by ``cos, sin [T, Dr / 2]`` and written back as
+    ``[evens | odds]``; else rotate-half by ``cos, sin [T, Dr]`` (``PartialRotaryEmbedding.table``).
+    The values of ``PartialRotaryEmbedding.apply`` and ``AttentionBackend.write_latent``."""
+    tokens, heads, rope_dim = q_pe.shape
+    rank = c_kv.shape[-1]
+    half = rope_dim // 2
+    table = half if interleave else rope_dim
+    if (c_kv.shape != (tokens, rank) or k_pe.shape != (tokens, rope_dim) or rope_dim % 2
+            or len({q_pe.dtype, c_kv.dtype, k_pe.dtype, cos.dtype, sin.dtype, latent.dtype}) != 1):  # fmt: skip
+        raise ValueError(f"expected q_pe [T, H, Dr], c_kv [T, R], k_pe [T, Dr] (Dr even), tables and a latent cache "
+                         f"of one dtype, got {tuple(q_pe.shape)} {q_pe.dtype}, {tuple(c_kv.shape)} {c_kv.dtype}, "
+                         f"{tuple(k_pe.shape)} {k_pe.dtype}, tables {cos.dtype}, cache {latent.dtype}")  # fmt: skip
+    if cos.shape != (tokens, table) or sin.shape != (tokens, table):
+        raise ValueError(f"expected cos and sin [{tokens}, {table}], got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if latent.shape[-1] != rank + rope_dim or not latent.is_contiguous():
+        raise ValueError(f"expected a contiguous latent cache [N, P, {rank + rope_dim}], got {tuple(latent.shape)}")
+    if any(t.stride(-1) != 1 for t in (q_pe, c_kv, k_pe, cos, sin)):
+        raise ValueError("expected q_pe, c_kv, k_pe, cos and sin with a contiguous last dim")
+    out = torch.empty((tokens, heads, rope_dim), dtype=q_pe.dtype, device=q_pe.device)
+    if tokens:
+        latent_rotary_write_kernel[(tokens, heads + 1)](
+            q_pe, c_kv, k_pe, cos, sin, slots, out, latent, q_pe.stride(0), q_pe.stride(1), c_kv.stride(0),
+            k_pe.stride(0), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1), latent.shape[-1],
+            NUM_HEADS=heads, RANK=rank, BLOCK_R=next_pow2(rank), HALF=half, BLOCK=next_pow2(half),
+            INTERLEAVE=interleave, num_warps=1, **pdl_options(q_pe.device),
+        )  # fmt: skip
+    return out
 
 
 def grouped_topk(

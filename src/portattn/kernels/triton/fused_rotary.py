@@ -199,3 +199,72 @@ def rotary_pairs_kernel(
         r1 = r1 * inv_rms
     tl.store(dst + 2 * i, r0.to(dtype), mask=ok)
     tl.store(dst + 2 * i + 1, r1.to(dtype), mask=ok)
+
+
+@triton.jit
+def latent_rotary_write_kernel(
+    QPe,
+    CKv,
+    KPe,
+    Cos,
+    Sin,
+    Slots,
+    QOut,
+    Latent,
+    stride_qt,
+    stride_qh,
+    stride_ct,
+    stride_kt,
+    stride_cos,
+    stride_sin,
+    stride_ot,
+    stride_oh,
+    stride_row,
+    NUM_HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Multi-head latent attention's decoupled rope with its latent cache write, one token a program
+    row: program ``(t, h)`` rotates query head ``h`` of ``QPe [T, H, Dr]`` into ``QOut``; program ``(t,
+    H)`` rotates the token's shared key ``KPe [T, Dr]`` and stores ``[CKv[t] | rotated key]`` in cache
+    row ``Slots[t]`` of ``Latent [N * P, R + Dr]``. ``INTERLEAVE``: pairs ``(x[2i], x[2i + 1])`` by
+    ``Cos, Sin [T, Dr / 2]``, written back as ``[rotated evens | rotated odds]``; else rotate-half by
+    ``Cos, Sin [T, Dr]``. Rounded as ``PartialRotaryEmbedding.apply`` rounds in the dtype
+    (:func:`rotate_halves`)."""
+    wait_for_previous(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    ok = i < HALF
+    dtype = QOut.dtype.element_ty
+    if h < NUM_HEADS:
+        src = QPe + t * stride_qt + h * stride_qh
+    else:
+        src = KPe + t * stride_kt
+    if INTERLEAVE:
+        x1 = tl.load(src + 2 * i, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
+        cos1 = tl.load(Cos + t * stride_cos + i, mask=ok, other=0.0).to(tl.float32)
+        sin1 = tl.load(Sin + t * stride_sin + i, mask=ok, other=0.0).to(tl.float32)
+        cos2, sin2 = cos1, sin1
+    else:
+        x1 = tl.load(src + i, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + i, mask=ok, other=0.0).to(tl.float32)
+        cos1 = tl.load(Cos + t * stride_cos + i, mask=ok, other=0.0).to(tl.float32)
+        cos2 = tl.load(Cos + t * stride_cos + HALF + i, mask=ok, other=0.0).to(tl.float32)
+        sin1 = tl.load(Sin + t * stride_sin + i, mask=ok, other=0.0).to(tl.float32)
+        sin2 = tl.load(Sin + t * stride_sin + HALF + i, mask=ok, other=0.0).to(tl.float32)
+    o1, o2 = rotate_halves(x1, x2, cos1, cos2, sin1, sin2, dtype)
+    if h < NUM_HEADS:
+        dst = QOut + t * stride_ot + h * stride_oh
+    else:
+        row = Latent + tl.load(Slots + t).to(tl.int64) * stride_row
+        r = tl.arange(0, BLOCK_R)
+        tl.store(row + r, tl.load(CKv + t * stride_ct + r, mask=r < RANK, other=0.0), mask=r < RANK)
+        dst = row + RANK
+    tl.store(dst + i, o1.to(dtype), mask=ok)
+    tl.store(dst + HALF + i, o2.to(dtype), mask=ok)

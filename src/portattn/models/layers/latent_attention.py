@@ -36,7 +36,11 @@ from ...runtime.context import ForwardContext
 from ...runtime.plan import LatentAttentionPlan
 from .linear import ColumnParallelLinear, Linear, RowParallelLinear, project
 from .norm import RMSNorm
+from .rotary import PartialRotaryEmbedding
 
+# The rope of q_pe and k_pe and the latent cache write in one launch where the backend has it
+# (write_latent_rotary: the Triton backend over a cache of the model's dtype); off until timed on a GPU.
+FUSED_ROTARY_WRITE = False
 _LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
 
 
@@ -84,10 +88,18 @@ class MultiheadLatentAttention(nn.Module):
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
         c_kv, k_pe = project(self.kv_a_proj_with_mqa, x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         c_kv = self.kv_a_layernorm(c_kv)
-        q_pe = rotary.apply(q_pe, *table)  # [T, H, Dr]
-        k_pe = rotary.apply(k_pe[:, None, :], *table)[:, 0]  # [T, 1, Dr] -> [T, Dr]
         cache: LatentKVCache = ctx.kv_cache(self.spec.layer_id)  # latent [num_pages, P, R + Dr], its scale
-        ctx.backend.write_latent(c_kv, k_pe, cache, ctx.metadata.out_cache_loc)
+        slots = ctx.metadata.out_cache_loc
+        rotated = None
+        if FUSED_ROTARY_WRITE and isinstance(rotary, PartialRotaryEmbedding):  # the backend's one launch, if any
+            rotated = ctx.backend.write_latent_rotary(q_pe, c_kv, k_pe, *table, cache, slots,
+                                                      interleave=rotary.interleave)  # fmt: skip
+        if rotated is None:
+            q_pe = rotary.apply(q_pe, *table)  # [T, H, Dr]
+            k_pe = rotary.apply(k_pe[:, None, :], *table)[:, 0]  # [T, 1, Dr] -> [T, Dr]
+            ctx.backend.write_latent(c_kv, k_pe, cache, slots)
+        else:
+            q_pe = rotated
         if plan.varlen is None:
             out = self._absorbed(q_nope, q_pe, cache, ctx, plan.decode)
         elif plan.decode is None:
