@@ -34,6 +34,13 @@ logger = logging.getLogger("portattn")
 
 # Compiles at once: each is one thread waiting on the compiler or on a subprocess.
 MAX_WORKERS = 16
+_rehearsing = [False]
+
+
+def rehearsing() -> bool:
+    """Whether a :func:`compile_ahead` rehearsal is under way: launchers whose outputs decide what the
+    host does next (expert ids that a prefill counts) give them defined values then."""
+    return _rehearsing[0]
 
 
 def available() -> bool:
@@ -90,10 +97,12 @@ def compile_ahead(device: torch.device, workers: int | None = None) -> Iterator[
             mode = triton.AsyncCompileMode(pool)
         mode.__enter__()
         JITFunction.run = rehearse
+        _rehearsing[0] = True
         try:
             yield True
         finally:
             JITFunction.run = real_run
+            _rehearsing[0] = False
             try:
                 mode.__exit__(None, None, None)  # waits for every compile
             except Exception as exc:  # a failed compile: the real launch compiles it again

@@ -15,6 +15,7 @@ import torch
 import triton
 
 from ...device import compute_units, is_triton_interpreter
+from . import compile_ahead
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_linear import (
@@ -737,7 +738,9 @@ def grouped_topk(
     if logits.stride(-1) != 1 or not bias.is_contiguous():
         raise ValueError("expected logits with a contiguous last dim and a contiguous bias")
     weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=logits.device)
+    # In a compile-ahead rehearsal nothing launches and a prefill's expert counts read the ids: zeros then.
+    ids = (torch.zeros if compile_ahead.rehearsing() else torch.empty)((tokens, top_k), dtype=torch.int64,
+                                                                         device=logits.device)  # fmt: skip
     if tokens:
         grouped_topk_kernel[(tokens,)](
             logits, bias, weights, ids, logits.stride(0), float(scaling), NUM_EXPERTS=experts, NUM_GROUPS=num_groups,
