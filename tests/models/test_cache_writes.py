@@ -170,10 +170,16 @@ class MLAConfig(SimpleNamespace):
     q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim = 24, 32, 16, 8, 16
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["write_latent", "write_latent_rotary"])
 @pytest.mark.parametrize("backend_name", PAGED_BACKENDS)
-def test_the_backends_write_latent_is_the_only_latent_write(backend_name, monkeypatch):
+def test_the_backends_write_latent_is_the_only_latent_write(backend_name, fused, monkeypatch):
     """A batch of a decode (absorbed) and prompt chunks (expanded): one latent write per layer forward,
-    the backend's."""
+    the backend's (with ``FUSED_ROTARY_WRITE``: its rope and write in one, where it has one, else
+    ``write_latent``)."""
+    from portattn.models.layers import latent_attention
+    from portattn.models.layers.rotary import PartialRotaryEmbedding
+
+    monkeypatch.setattr(latent_attention, "FUSED_ROTARY_WRITE", fused)
     config, dtype = MLAConfig(), torch.float32
     layer = MultiheadLatentAttention(config, 0, scale=0.2)
     random_parameters(layer, 2)
@@ -190,20 +196,28 @@ def test_the_backends_write_latent_is_the_only_latent_write(backend_name, monkey
     ctx = ForwardContext(backend, metadata, pool, plan)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(sum(Q_LENS), config.hidden_size, generator=g).to(DEVICE, dtype)
-    angles = torch.rand(sum(Q_LENS), 1, config.qk_rope_head_dim, generator=g).to(DEVICE, dtype)
-    table = (angles.cos(), angles.sin())  # [T, 1, Dr]
-    positions = torch.zeros(sum(Q_LENS), dtype=torch.int64, device=DEVICE)  # read through the table only
-    rotary = SimpleNamespace(apply=lambda t, cos, sin: t * cos + t.flip(-1) * sin)  # any rotation will do here
+    positions = torch.arange(sum(Q_LENS), device=DEVICE)
+    rope_config = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    rotary = PartialRotaryEmbedding(rope_config, config.qk_rope_head_dim, interleave=True).to(DEVICE)
+    table = rotary.table(positions, dtype)
 
     before = pool.latent[0].clone()
-    shadow, calls, write = before.clone(), [], type(backend).write_latent
+    shadow, calls = before.clone(), []
+    write, write_rotary = type(backend).write_latent, type(backend).write_latent_rotary
 
     def diverted(c_kv, k_pe, kv_cache, slots):
         calls.append(slots)
         write(backend, c_kv, k_pe, LatentKVCache(shadow, kv_cache.scale), slots)
 
+    def diverted_rotary(q_pe, c_kv, k_pe, cos, sin, kv_cache, slots, **kwargs):
+        out = write_rotary(backend, q_pe, c_kv, k_pe, cos, sin, LatentKVCache(shadow, kv_cache.scale), slots, **kwargs)
+        if out is not None:
+            calls.append(slots)
+        return out
+
     with monkeypatch.context() as patch:
         patch.setattr(backend, "write_latent", diverted)
+        patch.setattr(backend, "write_latent_rotary", diverted_rotary)
         layer(positions, x, ctx, rotary, table)
     assert len(calls) == 1 and torch.equal(calls[0], metadata.out_cache_loc)
     assert same_bits(pool.latent[0], before)  # nobody else wrote
