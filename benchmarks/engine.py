@@ -53,18 +53,19 @@ from portattn.device import synchronize
 # "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY);
 # "two_block_gate_up": the gated MLP's weight as [gate; up] instead of alternating rows (mlp.GATE_UP_INTERLEAVED);
 # "dense_experts": every expert on every token at small batches, not the routed experts alone (moe.ROUTED_EXPERTS);
-# "interleaved_experts": routed experts' gate/up rows alternating (moe.EXPERTS_INTERLEAVED); "fused_pairs_rotary":
-# Llama 4's pair rotation and q/k norm in one launch (llama4.FUSED_ROTARY_PAIRS); "fused_router": DeepSeek V3's
-# grouped top-k in one launch (deepseek_v3.FUSED_ROUTER); "combine_experts": a token's routed experts weighed and
-# summed in the down projection's launch (moe.COMBINE_IN_KERNEL); "fused_latent_rotary": MLA's rope and latent
-# cache write in one launch (latent_attention.FUSED_ROTARY_WRITE)
+# "two_block_experts": routed experts' gate/up as [gate; up] halves, not alternating rows (moe.EXPERTS_INTERLEAVED);
+# "unfused_pairs_rotary": Llama 4's pair rotation and q/k norm through the torch code (llama4.FUSED_ROTARY_PAIRS);
+# "unfused_router": DeepSeek V3's grouped top-k through the torch code (deepseek_v3.FUSED_ROUTER); "uncombined_experts":
+# a token's routed experts weighed and summed by torch after the down projection (moe.COMBINE_IN_KERNEL);
+# "unfused_latent_rotary": MLA's rope through the torch code, then write_latent (latent_attention.FUSED_ROTARY_WRITE);
+# "absorbed_value_rows": a one-token MLA step's value product through expert_rows (latent_attention.ABSORBED_VALUE_ROWS)
 KERNEL_OPTIONS = {
     "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
     "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
     "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
     "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
-    "interleaved_experts": None, "fused_pairs_rotary": None, "fused_router": None, "combine_experts": None,
-    "fused_latent_rotary": None,
+    "two_block_experts": None, "unfused_pairs_rotary": None, "unfused_router": None, "uncombined_experts": None,
+    "unfused_latent_rotary": None, "absorbed_value_rows": None,
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -98,31 +99,34 @@ def apply_kernel_options(options: list[str]) -> None:
                     fused_launch.ROW_LINEAR_K = 1 << 62
                 else:
                     fused_launch.ROW_LINEAR_ROTARY = True
-            elif option in ("dense_experts", "interleaved_experts", "combine_experts"):
+            elif option in ("dense_experts", "two_block_experts", "uncombined_experts"):
                 from portattn.models.layers import moe
 
                 if option == "dense_experts":
                     moe.ROUTED_EXPERTS = False
-                elif option == "combine_experts":
-                    moe.COMBINE_IN_KERNEL = True
+                elif option == "uncombined_experts":
+                    moe.COMBINE_IN_KERNEL = False
                 else:
-                    moe.EXPERTS_INTERLEAVED = True
+                    moe.EXPERTS_INTERLEAVED = False
             elif option == "two_block_gate_up":
                 from portattn.models.layers import mlp
 
                 mlp.GATE_UP_INTERLEAVED = False
-            elif option == "fused_latent_rotary":
+            elif option in ("unfused_latent_rotary", "absorbed_value_rows"):
                 from portattn.models.layers import latent_attention
 
-                latent_attention.FUSED_ROTARY_WRITE = True
-            elif option == "fused_router":
+                if option == "unfused_latent_rotary":
+                    latent_attention.FUSED_ROTARY_WRITE = False
+                else:
+                    latent_attention.ABSORBED_VALUE_ROWS = True
+            elif option == "unfused_router":
                 from portattn.models import deepseek_v3
 
-                deepseek_v3.FUSED_ROUTER = True
-            elif option == "fused_pairs_rotary":
+                deepseek_v3.FUSED_ROUTER = False
+            elif option == "unfused_pairs_rotary":
                 from portattn.models import llama4
 
-                llama4.FUSED_ROTARY_PAIRS = True
+                llama4.FUSED_ROTARY_PAIRS = False
             elif option == "no_short_shapes":
                 from portattn.engine import graphs
 

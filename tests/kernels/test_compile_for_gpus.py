@@ -38,7 +38,8 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
-    from portattn.kernels.triton.fused_rotary import latent_rotary_write_kernel, rotary_kv_write_kernel, rotary_pairs_kernel
+    from portattn.kernels.triton.fused_rotary import latent_rotary_write_kernel, rotary_kv_write_kernel
+    from portattn.kernels.triton.fused_rotary import rotary_pairs_kernel
     from portattn.kernels.triton.attention import attention_fwd_kernel
 
     COMMON = {"vocab": "i32", "stride_row": "i32", "num_rows": "i32"}
@@ -101,14 +102,19 @@ CHILD = textwrap.dedent(
           "BLOCK_N": 4, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": True, "PDL": True}, 4),
         ("expert_rows, gated, PDL", expert_rows_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*bf16", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
-          "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
-         {"GATED": True, "ACT": 0, "INTERLEAVED": False, "TOP_K": 1, "HAS_SCALE": False, "BLOCK_N": 8,
+          "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
+         {"GATED": True, "ACT": 0, "INTERLEAVED": False, "TOP_K": 1, "HAS_SCALE": False, "HAS_IDS": True, "BLOCK_N": 8,
           "BLOCK_K": 1024, "PDL": True}, 4),
         ("expert_rows, a token's 8 experts combined, PDL", expert_rows_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*fp32", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
-          "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
-         {"GATED": False, "ACT": 0, "INTERLEAVED": False, "TOP_K": 8, "HAS_SCALE": True, "BLOCK_N": 8,
+          "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
+         {"GATED": False, "ACT": 0, "INTERLEAVED": False, "TOP_K": 8, "HAS_SCALE": True, "HAS_IDS": True, "BLOCK_N": 8,
           "BLOCK_K": 1024, "PDL": True}, 4),
+        ("expert_rows, a head's weight a row (MLA's value product), PDL", expert_rows_kernel,
+         {"X": "*bf16", "Ids": "*bf16", "Scale": "*bf16", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
+          "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
+         {"GATED": False, "ACT": 0, "INTERLEAVED": False, "TOP_K": 1, "HAS_SCALE": False, "HAS_IDS": False,
+          "BLOCK_N": 8, "BLOCK_K": 1024, "PDL": True}, 4),
         ("latent_rotary_write, DeepSeek V3's interleaved rope, PDL", latent_rotary_write_kernel,
          {"QPe": "*bf16", "CKv": "*bf16", "KPe": "*bf16", "Cos": "*bf16", "Sin": "*bf16", "Slots": "*i64",
           "QOut": "*bf16", "Latent": "*bf16",
@@ -239,6 +245,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "row_linear, alternating gate and up rows, PDL",
         "expert_rows, gated, PDL",
         "expert_rows, a token's 8 experts combined, PDL",
+        "expert_rows, a head's weight a row (MLA's value product), PDL",
         "latent_rotary_write, DeepSeek V3's interleaved rope, PDL",
         "rotary_pairs with the q/k norm, PDL",
         "grouped_topk, DeepSeek V3's 256 experts, PDL",

@@ -277,8 +277,9 @@ def test_latent_rotary_write_equals_the_rope_then_the_backends_write(dtype, inte
 
 def test_latent_rotary_write_rejects_what_it_does_not_compute():
     q_pe, c_kv, k_pe = (torch.zeros(*s, device=DEVICE, dtype=torch.float16) for s in ((2, 3, 8), (2, 16), (2, 8)))
-    table, cache, slots = torch.zeros(2, 4, device=DEVICE, dtype=torch.float16), torch.zeros(2, 4, 24, device=DEVICE,
-                                                                                              dtype=torch.float16), torch.zeros(2, dtype=torch.long, device=DEVICE)  # fmt: skip
+    table = torch.zeros(2, 4, device=DEVICE, dtype=torch.float16)
+    cache = torch.zeros(2, 4, 24, device=DEVICE, dtype=torch.float16)
+    slots = torch.zeros(2, dtype=torch.long, device=DEVICE)
     with pytest.raises(ValueError, match="of one dtype"):
         latent_rotary_write(q_pe, c_kv, k_pe, table, table, cache.float(), slots, interleave=True)
     with pytest.raises(ValueError, match=r"expected cos and sin \[2, 8\], got \(2, 4\)"):

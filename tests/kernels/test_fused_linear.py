@@ -220,6 +220,22 @@ def test_expert_rows_combine_each_tokens_experts(top_k, scaled):
         expert_rows(x[:2], ids.flatten()[:2], weight, scale=torch.ones(1, 2, device=DEVICE))
 
 
+def test_expert_rows_without_ids_take_a_head_a_row():
+    """``ids`` None: row ``p`` through expert ``p % E`` (two tokens' 3 heads; the weight a strided slice
+    of a larger one, as MLA's value half of ``kv_b_proj``)."""
+    g = torch.Generator().manual_seed(12)
+    whole = (torch.randn(3, 16 + 37, 200, generator=g) / 200**0.5).to(DEVICE, torch.float16)
+    weight = whole[:, 16:]  # [3, 37, 200], heads 53 * 200 apart
+    x = torch.randn(6, 200, generator=g).to(DEVICE, torch.float16)
+    got = expert_rows(x, None, weight)
+    assert got.shape == (6, 37)
+    for p in range(6):
+        want, _ = reference(x[p : p + 1], None, None, weight[p % 3], None, None)
+        close(got[p : p + 1], want, torch.float16, 1.01)
+    with pytest.raises(ValueError, match=r"whole tokens' heads, a multiple of 3, got 4"):
+        expert_rows(x[:4], None, weight)
+
+
 def interleave_experts(weight: torch.Tensor) -> torch.Tensor:
     return torch.stack([interleave(w) for w in weight])
 

@@ -282,6 +282,7 @@ def test_fused_router_routes_as_the_torch_code(ckpt_root, monkeypatch):
     calls = []
     launch = fused_launch.grouped_topk
     monkeypatch.setattr(fused_launch, "grouped_topk", lambda *a, **k: calls.append(a[0].shape[0]) or launch(*a, **k))
+    monkeypatch.setattr(deepseek_v3, "FUSED_ROUTER", False)
     llm = make_llm(checkpoint("yarn", ckpt_root), page_size=16, prefix=False, chunked=False)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
     plain = llm.generate(PROMPTS[:3], params, use_tqdm=False)
@@ -308,6 +309,7 @@ def test_fused_rotary_write_equals_the_rope_then_the_write(variant, ckpt_root, m
     calls = []
     fused = TritonBackend.write_latent_rotary
     monkeypatch.setattr(TritonBackend, "write_latent_rotary", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    monkeypatch.setattr(latent_attention, "FUSED_ROTARY_WRITE", False)
     llm = make_llm(checkpoint(variant, ckpt_root), page_size=7, prefix=False, chunked=True, attention_backend="triton")
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
     plain = llm.generate(PROMPTS[:3], params, use_tqdm=False)
@@ -318,3 +320,29 @@ def test_fused_rotary_write_equals_the_rope_then_the_write(variant, ckpt_root, m
     for a, b in zip(outs, plain):
         assert a.token_ids == b.token_ids
         assert rel_err(a.logits, b.logits) < 1e-5
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+def test_absorbed_value_rows_equal_the_batched_matmul(ckpt_root, monkeypatch):
+    """``latent_attention.ABSORBED_VALUE_ROWS``: a one-token absorbed step's value product through
+    ``expert_rows`` (each head's rows of kv_b_proj's value half; through Triton's interpreter on the
+    CPU) gives the greedy tokens and logits of the batched matmul, once a layer per one-token step."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import latent_attention
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(latent_attention, "fused_ops", lambda x: fused_launch)
+    calls = []
+    launch = fused_launch.expert_rows
+    monkeypatch.setattr(fused_launch, "expert_rows", lambda *a, **k: calls.append(a[1]) or launch(*a, **k))
+    llm = make_llm(checkpoint("yarn", ckpt_root), page_size=16, prefix=False, chunked=False)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
+    plain = [llm.generate([p], params, use_tqdm=False)[0] for p in PROMPTS[:2]]  # one sequence: one-token steps
+    assert all(ids is not None for ids in calls)  # only the routed experts' launches so far
+    monkeypatch.setattr(latent_attention, "ABSORBED_VALUE_ROWS", True)
+    rows = [llm.generate([p], params, use_tqdm=False)[0] for p in PROMPTS[:2]]
+    heads = [ids for ids in calls if ids is None]
+    assert heads and len(heads) % CONFIG.num_hidden_layers == 0
+    for a, b in zip(rows, plain):
+        assert a.token_ids == b.token_ids
+        assert rel_err(a.logits, b.logits) < TOL

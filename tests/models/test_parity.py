@@ -24,13 +24,14 @@ def test_matches_transformers(family, page_size, prefix, chunked, ckpt_root):
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "llama4", "gpt_oss", "deepseek_v3"])
-def test_experts_with_alternating_gate_and_up_rows_match_transformers(family, ckpt_root, monkeypatch):
-    """``moe.EXPERTS_INTERLEAVED``: the loader writes each expert's gate and up rows alternating from
-    per-expert (Qwen3-MoE, Mixtral, DeepSeek V3) and stacked (Llama 4) checkpoints, gpt-oss's stay as
-    its checkpoint has them, and every path reads the layout: transformers' tokens and logits."""
+def test_experts_with_gate_and_up_halves_match_transformers(family, ckpt_root, monkeypatch):
+    """``moe.EXPERTS_INTERLEAVED`` off: the loader keeps each expert's gate and up rows in two halves
+    from per-expert (Qwen3-MoE, Mixtral, DeepSeek V3) and stacked (Llama 4) checkpoints, gpt-oss's
+    alternate as its checkpoint has them, and every path reads the layout: transformers' tokens and
+    logits (the default, alternating rows, is what the other parity tests load)."""
     from portattn.models.layers import moe
 
-    monkeypatch.setattr(moe, "EXPERTS_INTERLEAVED", True)
+    monkeypatch.setattr(moe, "EXPERTS_INTERLEAVED", False)
     if family == "deepseek_v3":
         from .test_deepseek_v3 import checkpoint as deepseek_checkpoint
 
@@ -39,4 +40,4 @@ def test_experts_with_alternating_gate_and_up_rows_match_transformers(family, ck
         path = checkpoint(family, ckpt_root)
     llm = assert_matches_transformers(path, 7, False, True)
     layouts = {m.gate_up_interleaved for m in llm.engine.model.modules() if isinstance(m, moe.FusedMoE)}
-    assert layouts == {True}
+    assert layouts == {family == "gpt_oss"}

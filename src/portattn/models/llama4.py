@@ -41,8 +41,9 @@ from .layers.fused import fused_ops
 from .layers.linear import project
 
 # On GPUs, 16-bit rope layers rotate q and k and norm them in one launch (fused_launch.rotary_pairs) where the
-# torch code takes about twenty small kernels. Off until timed and run on a GPU (False: the torch code).
-FUSED_ROTARY_PAIRS = False
+# torch code takes about twenty small kernels (False: the torch code; on an H200 the Llama 4-shaped batch-1 step was
+# 1.48 ms without it and the experts' alternating rows, 1.39 with both: benchmarks/results/engine_h200/round18).
+FUSED_ROTARY_PAIRS = True
 
 
 class Llama4Attention(nn.Module):

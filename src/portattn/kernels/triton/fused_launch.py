@@ -243,7 +243,7 @@ def _check_experts(x: torch.Tensor, weight: torch.Tensor) -> None:
 
 def expert_rows(
     x: torch.Tensor,
-    ids: torch.Tensor,
+    ids: torch.Tensor | None,
     weight: torch.Tensor,
     *,
     act: str | None = None,
@@ -257,7 +257,8 @@ def expert_rows(
     ``act`` (a gated activation's name) ``weight [E, 2I, K]`` holds each expert's gate and up rows (two
     halves, or alternating with ``interleaved``) and the result is ``act(gate) * up [P, I]``. Reads the
     routed experts' rows only (each pair its own), on the vector units as :func:`row_linear`: for
-    decode steps of fewer pairs than experts.
+    decode steps of fewer pairs than experts. ``ids`` None: row ``p`` takes expert ``p % E`` (rows of
+    tokens' E heads, each head its own weight slice: MLA's absorbed value product at one token).
 
     Combined by token: with ``top_k`` > 1 the pairs are ``T`` tokens' ``top_k`` experts (pair ``t *
     top_k + s``) and the result is ``[T, N]``, each token's pairs summed; ``scale [T, top_k]`` (the
@@ -265,7 +266,9 @@ def expert_rows(
     ``(out.view(T, top_k, N) * scale[..., None]).to(x.dtype).sum(1)`` rounds it."""
     pairs, in_features = x.shape
     _check_experts(x, weight)
-    if ids.shape != (pairs,) or (pairs and ids.stride(0) != 1):
+    if ids is None and pairs % weight.shape[0]:
+        raise ValueError(f"expected rows of whole tokens' heads, a multiple of {weight.shape[0]}, got {pairs}")
+    if ids is not None and (ids.shape != (pairs,) or (pairs and ids.stride(0) != 1)):
         raise ValueError(f"expected one expert id per row, [{pairs}] contiguous, got {tuple(ids.shape)} "
                          f"strides {ids.stride()}")  # fmt: skip
     if x.stride(-1) != 1 or weight.stride(-1) != 1 or weight.stride(1) != in_features:
@@ -281,9 +284,10 @@ def expert_rows(
         return out
     tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
     expert_rows_kernel[(triton.cdiv(out_features, tiles.block_n), tokens)](
-        x, ids, x if scale is None else scale, weight, out, out_features, in_features, x.stride(0),
-        weight.stride(0), weight.stride(1), out.stride(0), GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
-        INTERLEAVED=interleaved and act is not None, TOP_K=top_k, HAS_SCALE=scale is not None,
+        x, x if ids is None else ids, x if scale is None else scale, weight, out, out_features, in_features,
+        x.stride(0), weight.stride(0), weight.stride(1), out.stride(0), weight.shape[0], GATED=act is not None,
+        ACT=ACTIVATION_CODES[act] if act else 0, INTERLEAVED=interleaved and act is not None, TOP_K=top_k,
+        HAS_SCALE=scale is not None, HAS_IDS=ids is not None,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **pdl_options(x.device),
     )  # fmt: skip

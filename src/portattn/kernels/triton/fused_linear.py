@@ -331,11 +331,13 @@ def expert_rows_kernel(
     stride_e,
     stride_w,
     stride_o,
+    num_experts,
     GATED: tl.constexpr,
     ACT: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     TOP_K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    HAS_IDS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -347,7 +349,8 @@ def expert_rows_kernel(
     sum, each pair's result rounded to the dtype and, with ``HAS_SCALE``, multiplied by its ``Scale``
     (the routing weight) and rounded again, as the torch code combines a token's experts; ``TOP_K`` 1
     without a scale stores each pair's result. The expert ids are an earlier kernel's output: the
-    kernel waits before its first load. Grid ``(cdiv(N, BLOCK_N), P // TOP_K)``."""
+    kernel waits before its first load. Without ``HAS_IDS`` row ``p`` takes expert ``p % num_experts``
+    (a token's heads, each its own weight). Grid ``(cdiv(N, BLOCK_N), P // TOP_K)``."""
     wait_for_previous(PDL)
     token = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -357,7 +360,10 @@ def expert_rows_kernel(
     total = tl.zeros([BLOCK_N], dtype=tl.float32)
     for slot in range(TOP_K):
         pair = token * TOP_K + slot
-        expert = tl.load(Ids + pair).to(tl.int64)
+        if HAS_IDS:
+            expert = tl.load(Ids + pair).to(tl.int64)
+        else:
+            expert = pair % num_experts
         x = X + pair * stride_x
         y, up = _row_product(
             x, x, x, W + expert * stride_e, x, rows64, up_rows64, col_ok, K, 0.0, stride_w, False, False, 0, GATED,

@@ -34,13 +34,19 @@ from ...distributed.group import TPGroup, tp_or_single
 from ...kv_quant import dequantize_kv
 from ...runtime.context import ForwardContext
 from ...runtime.plan import LatentAttentionPlan
+from .fused import fused_ops
 from .linear import ColumnParallelLinear, Linear, RowParallelLinear, project
 from .norm import RMSNorm
 from .rotary import PartialRotaryEmbedding
 
 # The rope of q_pe and k_pe and the latent cache write in one launch where the backend has it
-# (write_latent_rotary: the Triton backend over a cache of the model's dtype); off until timed on a GPU.
-FUSED_ROTARY_WRITE = False
+# (write_latent_rotary: the Triton backend over a cache of the model's dtype). False: the rope's torch code, then
+# write_latent.
+FUSED_ROTARY_WRITE = True
+# On GPUs a one-token absorbed step leaves the latent space through fused_launch.expert_rows (each head's rows of
+# kv_b_proj's value half streamed on the vector units) instead of a batched matmul of one row a head. Off until
+# timed on a GPU.
+ABSORBED_VALUE_ROWS = False
 _LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
 
 
@@ -122,6 +128,9 @@ class MultiheadLatentAttention(nn.Module):
         ctx.backend.mla_decode(
             q_latent, q_pe.contiguous(), cache.latent, metadata, self.scale, out, kv_scale=cache.scale
         )
+        ops = fused_ops(out) if ABSORBED_VALUE_ROWS and out.shape[0] == 1 else None
+        if ops is not None:  # head h's row through w_v[h]: rows p -> head p % H
+            return ops.expert_rows(out.view(-1, out.shape[-1]), None, w_v).view(out.shape[0], self.num_heads, -1)
         return torch.einsum("bhr,hvr->bhv", out, w_v)  # [B, H, Dv]
 
     def _expanded(self, q_nope, q_pe, cache: LatentKVCache, ctx: ForwardContext, plan: LatentAttentionPlan):

@@ -70,10 +70,10 @@ ROUTED_EXPERTS = True
 # The experts' gate and up rows alternating in gate_up_proj (g0, u0, g1, u1, ...) whatever the checkpoint's
 # layout, as the gated MLP keeps them (mlp.GATE_UP_INTERLEAVED): a one-row program of the routed path then
 # streams one run of rows. Off: [gate; up] halves unless the checkpoint interleaves them (gpt-oss).
-EXPERTS_INTERLEAVED = False
+EXPERTS_INTERLEAVED = True
 # Steps through expert_rows combine each token's experts in the down projection's launch (the routing weight and
 # the sum over its top_k pairs); off: the launch stores each pair's row and torch weighs and sums them.
-COMBINE_IN_KERNEL = False
+COMBINE_IN_KERNEL = True
 CHECKPOINT_LAYOUTS = ("stacked_in_out", "per_expert", "mxfp4")
 _PER_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
