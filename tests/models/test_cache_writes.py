@@ -180,6 +180,10 @@ def test_the_backends_write_latent_is_the_only_latent_write(backend_name, fused,
     from portattn.models.layers.rotary import PartialRotaryEmbedding
 
     monkeypatch.setattr(latent_attention, "FUSED_ROTARY_WRITE", fused)
+    if fused and "triton" in BACKENDS:  # the layer asks where the fused kernels are on (on the CPU: the interpreter)
+        from portattn.kernels.triton import fused_launch
+
+        monkeypatch.setattr(latent_attention, "fused_ops", lambda x: fused_launch)
     config, dtype = MLAConfig(), torch.float32
     layer = MultiheadLatentAttention(config, 0, scale=0.2)
     random_parameters(layer, 2)

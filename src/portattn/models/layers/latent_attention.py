@@ -97,7 +97,8 @@ class MultiheadLatentAttention(nn.Module):
         cache: LatentKVCache = ctx.kv_cache(self.spec.layer_id)  # latent [num_pages, P, R + Dr], its scale
         slots = ctx.metadata.out_cache_loc
         rotated = None
-        if FUSED_ROTARY_WRITE and isinstance(rotary, PartialRotaryEmbedding):  # the backend's one launch, if any
+        fused = FUSED_ROTARY_WRITE and fused_ops(q_pe) is not None  # fused kernels on here, as for forward_rotary
+        if fused and isinstance(rotary, PartialRotaryEmbedding):  # the backend's one launch, if it has one
             rotated = ctx.backend.write_latent_rotary(q_pe, c_kv, k_pe, *table, cache, slots,
                                                       interleave=rotary.interleave)  # fmt: skip
         if rotated is None:

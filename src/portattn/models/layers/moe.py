@@ -245,7 +245,8 @@ class FusedMoE(nn.Module):
         """Each (token, expert) pair through its expert's rows alone (``ops.expert_rows``: the gate/up
         with the activation, then the down projection) where the step has fewer pairs than experts,
         else each expert on the tokens that chose it (``ops.expert_tokens``); weighted and summed as
-        :meth:`forward_dense` rounds it (no sync)."""
+        :meth:`forward_dense` rounds it (no sync), by ``expert_rows``'s down projection itself with
+        ``COMBINE_IN_KERNEL``."""
         tokens, top_k = topk_ids.shape
         if topk_ids.numel() >= self.num_experts:
             ids, weights = topk_ids.contiguous(), topk_weights.contiguous()
