@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import json
 import os
 import statistics
@@ -46,93 +47,55 @@ import torch
 
 from portattn.device import synchronize
 
-# -> (launch.py's switch, the value the option sets); "unfused_linear": norms and activations in their
-# own kernels at every batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch;
-# "no_short_shapes": every captured step planned for the longest context (engine/graphs.py);
-# "no_row_linear": one-row projections through the vendor's matmul (fused_launch.ROW_LINEAR_K);
-# "row_rotary": one-row q/k/v projections with the rotation and cache write (fused_launch.ROW_LINEAR_ROTARY);
-# "two_block_gate_up": the gated MLP's weight as [gate; up] instead of alternating rows (mlp.GATE_UP_INTERLEAVED);
-# "dense_experts": every expert on every token at small batches, not the routed experts alone (moe.ROUTED_EXPERTS);
-# "two_block_experts": routed experts' gate/up as [gate; up] halves, not alternating rows (moe.EXPERTS_INTERLEAVED);
-# "unfused_pairs_rotary": Llama 4's pair rotation and q/k norm through the torch code (llama4.FUSED_ROTARY_PAIRS);
-# "unfused_router": DeepSeek V3's grouped top-k through the torch code (deepseek_v3.FUSED_ROUTER); "uncombined_experts":
-# a token's routed experts weighed and summed by torch after the down projection (moe.COMBINE_IN_KERNEL);
-# "unfused_latent_rotary": MLA's rope through the torch code, then write_latent (latent_attention.FUSED_ROTARY_WRITE);
-# "absorbed_value_rows": a one-token MLA step's value product through expert_rows (latent_attention.ABSORBED_VALUE_ROWS)
+# Each option: (module, its switch, the value the option sets). "pages_ahead", "merge_in_kernel", "no_pdl",
+# "no_short_splits": launch.py's switches; "unfused_linear": norms and activations in their own kernels at every
+# batch; "unfused_rotary": the q/k/v projection, then the rotary + cache write launch; "cublas_down": the down
+# projection through the vendor's matmul at small batches; "unfused_out_proj": the output projection after a split
+# attention's merge, not in it; "no_short_shapes": every captured step planned for the longest context
+# (engine/graphs.py); "no_row_linear": one-row projections through the vendor's matmul; "row_rotary": one-row q/k/v
+# projections with the rotation and cache write; "two_block_gate_up": the gated MLP's weight as [gate; up] instead of
+# alternating rows; "dense_experts": every expert on every token at small batches, not the routed experts alone;
+# "two_block_experts": routed experts' gate/up as [gate; up] halves; "uncombined_experts": a token's routed experts
+# weighed and summed by torch after the down projection; "unfused_pairs_rotary": Llama 4's pair rotation and q/k norm
+# through the torch code; "unfused_router": DeepSeek V3's grouped top-k through the torch code;
+# "unfused_latent_rotary": MLA's rope through the torch code, then write_latent; "absorbed_value_rows": a one-token
+# MLA step's value product through expert_rows.
+_LAUNCH, _FUSED_LAUNCH = "portattn.kernels.triton.launch", "portattn.kernels.triton.fused_launch"
+_MOE, _LATENT = "portattn.models.layers.moe", "portattn.models.layers.latent_attention"
 KERNEL_OPTIONS = {
-    "pages_ahead": ("PAGES_AHEAD", True), "merge_in_kernel": ("MERGE_SPLITS_IN_KERNEL", True),
-    "no_pdl": ("PDL", False), "unfused_linear": None, "unfused_rotary": None, "no_short_shapes": None,
-    "no_short_splits": ("SHORT_DECODE_KEYS", 0), "unfused_out_proj": None, "cublas_down": None,
-    "no_row_linear": None, "row_rotary": None, "two_block_gate_up": None, "dense_experts": None,
-    "two_block_experts": None, "unfused_pairs_rotary": None, "unfused_router": None, "uncombined_experts": None,
-    "unfused_latent_rotary": None, "absorbed_value_rows": None,
+    "pages_ahead": (_LAUNCH, "PAGES_AHEAD", True), "merge_in_kernel": (_LAUNCH, "MERGE_SPLITS_IN_KERNEL", True),
+    "no_pdl": (_LAUNCH, "PDL", False), "no_short_splits": (_LAUNCH, "SHORT_DECODE_KEYS", 0),
+    "unfused_linear": None, "unfused_rotary": None,
+    "cublas_down": ("portattn.models.layers.linear", "SMALL_DOWN_PROJ", False),
+    "unfused_out_proj": ("portattn.models.layers.attention", "FOLD_OUT_PROJ", False),
+    "no_short_shapes": ("portattn.engine.graphs", "SHORT_KEYS", 0),
+    "no_row_linear": (_FUSED_LAUNCH, "ROW_LINEAR_K", 1 << 62), "row_rotary": (_FUSED_LAUNCH, "ROW_LINEAR_ROTARY", True),
+    "two_block_gate_up": ("portattn.models.layers.mlp", "GATE_UP_INTERLEAVED", False),
+    "dense_experts": (_MOE, "ROUTED_EXPERTS", False), "two_block_experts": (_MOE, "EXPERTS_INTERLEAVED", False),
+    "uncombined_experts": (_MOE, "COMBINE_IN_KERNEL", False),
+    "unfused_pairs_rotary": ("portattn.models.llama4", "FUSED_ROTARY_PAIRS", False),
+    "unfused_router": ("portattn.models.deepseek_v3", "FUSED_ROUTER", False),
+    "unfused_latent_rotary": (_LATENT, "FUSED_ROTARY_WRITE", False),
+    "absorbed_value_rows": (_LATENT, "ABSORBED_VALUE_ROWS", True),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
 
 def apply_kernel_options(options: list[str]) -> None:
     """Switch launch options away from their defaults for this process (``--kernel-options``)."""
-    if options:
-        from portattn.kernels.triton import launch
-        from portattn.models.layers.fused import set_fused_linear_rows
+    for option in options:
+        if option == "unfused_linear":
+            from portattn.models.layers.fused import set_fused_linear_rows
 
-        for option in options:
-            if option == "unfused_linear":
-                set_fused_linear_rows(0)
-            elif option == "unfused_rotary":  # the base class's answer: "not in one launch here"
-                from portattn.backends.base import AttentionBackend
-                from portattn.backends.triton import TritonBackend
+            set_fused_linear_rows(0)
+        elif option == "unfused_rotary":  # the base class's answer: "not in one launch here"
+            from portattn.backends.base import AttentionBackend
+            from portattn.backends.triton import TritonBackend
 
-                TritonBackend.forward_projected = AttentionBackend.forward_projected
-            elif option == "cublas_down":
-                from portattn.models.layers import linear
-
-                linear.SMALL_DOWN_PROJ = False
-            elif option == "unfused_out_proj":
-                from portattn.models.layers import attention
-
-                attention.FOLD_OUT_PROJ = False
-            elif option in ("no_row_linear", "row_rotary"):
-                from portattn.kernels.triton import fused_launch
-
-                if option == "no_row_linear":
-                    fused_launch.ROW_LINEAR_K = 1 << 62
-                else:
-                    fused_launch.ROW_LINEAR_ROTARY = True
-            elif option in ("dense_experts", "two_block_experts", "uncombined_experts"):
-                from portattn.models.layers import moe
-
-                if option == "dense_experts":
-                    moe.ROUTED_EXPERTS = False
-                elif option == "uncombined_experts":
-                    moe.COMBINE_IN_KERNEL = False
-                else:
-                    moe.EXPERTS_INTERLEAVED = False
-            elif option == "two_block_gate_up":
-                from portattn.models.layers import mlp
-
-                mlp.GATE_UP_INTERLEAVED = False
-            elif option in ("unfused_latent_rotary", "absorbed_value_rows"):
-                from portattn.models.layers import latent_attention
-
-                if option == "unfused_latent_rotary":
-                    latent_attention.FUSED_ROTARY_WRITE = False
-                else:
-                    latent_attention.ABSORBED_VALUE_ROWS = True
-            elif option == "unfused_router":
-                from portattn.models import deepseek_v3
-
-                deepseek_v3.FUSED_ROUTER = False
-            elif option == "unfused_pairs_rotary":
-                from portattn.models import llama4
-
-                llama4.FUSED_ROTARY_PAIRS = False
-            elif option == "no_short_shapes":
-                from portattn.engine import graphs
-
-                graphs.SHORT_KEYS = 0
-            else:
-                setattr(launch, *KERNEL_OPTIONS[option])
+            TritonBackend.forward_projected = AttentionBackend.forward_projected
+        else:
+            module, switch, value = KERNEL_OPTIONS[option]
+            setattr(importlib.import_module(module), switch, value)
 
 
 DEVICE = "cuda"  # tests run the measuring helpers on "cpu"

@@ -44,6 +44,21 @@ def test_random_checkpoint_loads_and_is_reused(tmp_path, cpu):
     assert not llm.engine.requests  # every request aborted
 
 
+@pytest.mark.parametrize("option", sorted(o for o, where in bench.KERNEL_OPTIONS.items() if where))
+def test_each_kernel_option_sets_an_existing_switch_away_from_its_default(option, monkeypatch):
+    """``--kernel-options``: every option names a switch its module has, and sets another value than the
+    module's default (an option that reaches nothing, or sets the default, would time the default twice)."""
+    import importlib
+
+    module_name, switch, value = bench.KERNEL_OPTIONS[option]
+    module = importlib.import_module(module_name)
+    default = getattr(module, switch)
+    assert default != value
+    monkeypatch.setattr(module, switch, default)  # restored after the test
+    bench.apply_kernel_options([option])
+    assert getattr(module, switch) == value
+
+
 def test_routed_weight_bytes_count_the_experts_a_batch_routes_to():
     from torch import nn
 
