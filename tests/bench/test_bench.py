@@ -127,6 +127,7 @@ def test_a_tiny_fp8_case_runs_end_to_end(monkeypatch):
     """The fp8 case times the fp8 cache and, as its peer, the same call on the model-dtype cache."""
     from portattn.bench import paged_attention
     from portattn.bench.paged_attention import PagedCase, run_case
+    from portattn.runtime import kv_cache
 
     monkeypatch.setattr(paged_attention, "measure", functools.partial(measure, warmup=1, runs=5))  # interpreted
 
@@ -135,6 +136,8 @@ def test_a_tiny_fp8_case_runs_end_to_end(monkeypatch):
     )
     result = run_case(case, DEVICE, dtype=torch.float16)
     assert result["portattn_ms"] > 0 and result["peers"]["portattn_bf16"] > 0
+    other = "portattn_fp8_v_rows" if kv_cache.FP8_V_KEYS_CONTIGUOUS else "portattn_fp8_v_keys"
+    assert result["peers"][other] > 0  # the V layout the engine's pool does not use
     # K/V at one byte per element; queries, outputs (two bytes) and the page table as before
     assert result["bytes"] == 1 * (2 * 40 * 2 * 128) + 2 * (2 * 4 * 128) + 2 * 10 * 4
 

@@ -153,6 +153,32 @@ def test_fp8_engine_equals_the_rounded_cache_and_agrees_with_float32(family, kv,
     assert mean_err <= max_error[kv]
 
 
+@pytest.mark.parametrize("kv", list(FP8))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fp8_v_cache_with_its_keys_contiguous_gives_the_usual_layouts_logits(family, kv, ckpt_root, monkeypatch):
+    """``runtime.kv_cache.FP8_V_KEYS_CONTIGUOUS``: the pool stores each page's V keys contiguous; the
+    write goes through its strides and the attention reads the same values: the same logits at every
+    decode position and over whole prompts, bit for bit on the CPU (on a GPU the Triton backend's decode
+    tiles differ by layout, another summation order: within ``SUMMATION``)."""
+    from portattn.runtime import kv_cache
+
+    path = path_of(family, ckpt_root)
+    seqs, _ = reference(path)
+    logits = {}
+    for on in (False, True):
+        monkeypatch.setattr(kv_cache, "FP8_V_KEYS_CONTIGUOUS", on)
+        for decode_steps in (True, False):
+            llm = make_llm(path, kv, decode_steps=decode_steps)
+            assert (llm.engine.kv_pool.v[0].stride(1) == 1) == on
+            logits[on, decode_steps] = prompt_logits(llm, seqs)
+    for decode_steps in (True, False):
+        got, want = logits[True, decode_steps], logits[False, decode_steps]
+        if ENGINE_DEVICE == "cpu":
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+        else:
+            assert rel_err(got, want) < SUMMATION
+
+
 @pytest.mark.parametrize("family", ["qwen3", "deepseek"])
 def test_fp8_prefill_over_whole_prompts(family, ckpt_root, monkeypatch):
     """Whole prompts in one forward: the cache is written and read back in the same step (DeepSeek:

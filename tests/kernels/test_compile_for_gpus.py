@@ -177,16 +177,24 @@ CHILD = textwrap.dedent(
                  "num_seqs": "i32", **{name: "fp32" for name in ("q_scale", "qk_scale", "v_scale", "softcap")},
                  **{name: "i32" for name in ("window_left", "window_right", "chunk_size", "stride_qt", "stride_qh",
                                              "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs",
-                                             "stride_vh", "stride_ot", "stride_oh", "stride_lt", "stride_lh",
-                                             "stride_pt", "stride_wt", "stride_wh", "stride_ws")}}
+                                             "stride_vh", "stride_vd", "stride_ot", "stride_oh", "stride_lt",
+                                             "stride_lh", "stride_pt", "stride_wt", "stride_wh", "stride_ws")}}
     FLAGS = {name: False for name in ("CAUSAL", "HAS_WINDOW_LEFT", "HAS_WINDOW_RIGHT", "HAS_CHUNK", "HAS_SINKS",
-                                      "HAS_SOFTCAP", "HAS_ALIBI", "HAS_LSE", "SPLIT", "F16_DOTS", "MERGE_IN_KERNEL")}
+                                      "HAS_SOFTCAP", "HAS_ALIBI", "HAS_LSE", "SPLIT", "F16_DOTS", "MERGE_IN_KERNEL",
+                                      "V_KEYS")}
     KERNELS += [
         ("attention, whole pages a tile, PDL", attention_fwd_kernel, ATTENTION,
          {**FLAGS, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 4, "BLOCK_M": 16, "BLOCK_N": 32, "HEAD_DIM": 64,
           "BLOCK_D": 64, "BLOCK_D2": 0, "BLOCK_D3": 0, "VALUE_DIM": 64, "BLOCK_DV": 64, "BLOCK_DV2": 0,
           "BLOCK_DV3": 0, "PARTIAL_DV": 64, "PAGE_SIZE": 16, "PAGED": True, "CAUSAL": True, "DOT_PRECISION": None,
           "ROW_ALIGN": 8, "PAGES_AHEAD": True, "PDL": True, "WHOLE_PAGES": True}, 4),
+        ("attention, fp8 decode over keys-contiguous V, whole pages, 128 registers, PDL", attention_fwd_kernel,
+         {**ATTENTION, "K": "*fp8e4nv", "V": "*fp8e4nv"},
+         {**FLAGS, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 4, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128,
+          "BLOCK_D": 128, "BLOCK_D2": 0, "BLOCK_D3": 0, "VALUE_DIM": 128, "BLOCK_DV": 128, "BLOCK_DV2": 0,
+          "BLOCK_DV3": 0, "PARTIAL_DV": 128, "PAGE_SIZE": 16, "PAGED": True, "CAUSAL": True, "DOT_PRECISION": None,
+          "ROW_ALIGN": 16, "SPLIT": True, "F16_DOTS": True, "PAGES_AHEAD": True, "PDL": True, "WHOLE_PAGES": True,
+          "V_KEYS": True}, {"num_warps": 4, "num_stages": 2, "maxnreg": 128}),
     ]
     from portattn.kernels.triton.mla_decode import mla_decode_split_kernel
 
@@ -207,7 +215,8 @@ CHILD = textwrap.dedent(
         signature = {**signature, **{key: "constexpr" for key in constexprs}}
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
         try:
-            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            options = warps if isinstance(warps, dict) else {"num_warps": warps}
+            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
         except (FileNotFoundError, RuntimeError) as exc:
             if "ptxas" in str(exc):
                 print("no ptxas:", exc); sys.exit(3)
@@ -259,6 +268,7 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "argmax chunks with the copy, PDL",
         "argmax merge, PDL",
         "attention, whole pages a tile, PDL",
+        "attention, fp8 decode over keys-contiguous V, whole pages, 128 registers, PDL",
         "MLA decode over fp8, the latent rows loaded again",
     ]
     assert all(int(line.split(" cubin ")[1].split()[0]) > 0 for line in lines)

@@ -338,7 +338,8 @@ def test_absorbed_value_rows_equal_the_batched_matmul(ckpt_root, monkeypatch):
     calls = []
     launch = fused_launch.expert_rows
     monkeypatch.setattr(fused_launch, "expert_rows", lambda *a, **k: calls.append(a[1]) or launch(*a, **k))
-    llm = make_llm(checkpoint("yarn", ckpt_root), page_size=16, prefix=False, chunked=False)
+    # eager: a GPU engine's captured steps would keep the switch's value at construction
+    llm = make_llm(checkpoint("yarn", ckpt_root), page_size=16, prefix=False, chunked=False, enforce_eager=True)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
     plain = [llm.generate([p], params, use_tqdm=False)[0] for p in PROMPTS[:2]]  # one sequence: one-token steps
     assert all(ids is not None for ids in calls)  # only the routed experts' launches so far

@@ -103,6 +103,29 @@ def test_paged_fp8_against_the_dequantised_reference(backend, dtype, feature, pa
     check_fp8_paged(case, backend, dtype, **_feature_kwargs(feature, dtype))
 
 
+@pytest.mark.parametrize(("page_size", "kv"), [(3, "e4m3"), (16, "e5m2")])
+@pytest.mark.parametrize("feature", ["causal", "sinks_softcap"])
+@pytest.mark.parametrize(("backend", "dtype"), params("paged_attention", torch.float16))
+def test_paged_fp8_over_a_v_cache_with_its_keys_contiguous(backend, dtype, feature, page_size, kv):
+    """The layout the engine's pool gives fp8 V caches (``[N, Hkv, Dv, P]`` in memory, the same logical
+    tensor): every backend reads it as the usual one."""
+    from portattn.runtime.kv_cache import keys_contiguous_empty
+
+    if not registry.backend_class(backend).capabilities.supports("kv_dtype", FP8[kv]):
+        pytest.skip(f"{backend} declares no fp8 caches")
+    q_lens, k_lens = mixed_batch(page_size)
+    case = fp8_case(q_lens, k_lens, kv_dtype=FP8[kv], q_dtype=dtype, page_size=page_size, seed=page_size + 1)
+    v = case.v_cache
+    v_keys = keys_contiguous_empty(v.shape[0], page_size, v.shape[2], v.shape[3], v.dtype, v.device).copy_(v)
+    assert v_keys.stride(1) == 1
+    out = check_fp8_paged(dataclasses.replace(case, v_cache=v_keys), backend, dtype, **_feature_kwargs(feature, dtype))
+    usual = portattn.paged_attention(
+        **case.inputs(), k_scale=K_SCALE, v_scale=V_SCALE, backend=backend, **_feature_kwargs(feature, dtype)
+    )
+    if backend != "triton" or is_triton_interpreter():  # a GPU's decode tiles differ by layout (summation order)
+        assert torch.equal(out, usual)
+
+
 @pytest.mark.parametrize(("head_dim", "value_dim"), [(64, 64), (80, 80), (96, 32), (128, 128), (40, 40), (72, 72)])
 @pytest.mark.parametrize(("backend", "dtype"), params("paged_attention", torch.float32))
 def test_paged_fp8_head_dims_and_gqa(backend, dtype, head_dim, value_dim):

@@ -17,7 +17,8 @@ from portattn.backends.registry import select_backend
 from portattn.backends.torch_ref import TorchBackend
 from portattn.kv_quant import dequantize_kv, quantize_kv, resolve_kv_cache_dtype
 from portattn.models.loader import kv_cache_scales
-from portattn.runtime.kv_cache import KVCacheSpec, make_kv_pool, mla_cache_spec
+from portattn.runtime import kv_cache as kv_cache_module
+from portattn.runtime.kv_cache import KVCacheSpec, keys_contiguous_empty, make_kv_pool, mla_cache_spec
 from portattn.testing import cu_seqlens, max_error, paged_attention_ref, tolerance
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -52,10 +53,13 @@ def poisoned_pool(num_pages, page_size, heads, dim, dtype):
     return torch.full((num_pages, page_size, heads, dim), float("nan"), device=DEVICE).to(dtype)
 
 
+@pytest.mark.parametrize("v_keys", [False, True], ids=["v_usual", "v_keys_contiguous"])
 @pytest.mark.parametrize("kv_dtype", FP8)
 @pytest.mark.parametrize("page_size", [1, 3, 16])
 @pytest.mark.parametrize("backend", [b for b in ("torch", "triton") if b in BACKENDS])
-def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, page_size, kv_dtype):
+def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, page_size, kv_dtype, v_keys):
+    """``v_keys``: the V cache stored with each page's keys contiguous (the pool's fp8 layout), written
+    through its strides."""
     q_lens, k_lens = [1, 5, 9], [13, 5, 20]
     num_pages = -(-64 // page_size)
     batch = make_batch(page_size, q_lens, k_lens, num_pages)
@@ -74,6 +78,9 @@ def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, pag
         rows[old & owned] = quantize_kv(
             torch.randn(int((old & owned).sum()), 2, 16, generator=g).to(DEVICE), kv_dtype, scale
         )
+    if v_keys:
+        v_cache = keys_contiguous_empty(num_pages, page_size, 2, 16, kv_dtype, DEVICE).copy_(v_cache)
+    v_strides = v_cache.stride()
     before_k, before_v = k_cache.clone(), v_cache.clone()
     n = sum(q_lens)
     q = torch.randn(n, 4, 16, generator=g).to(DEVICE, torch.float16)
@@ -88,13 +95,14 @@ def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, pag
     loc = batch.out_cache_loc
     limit = torch.finfo(kv_dtype).max
     for cache, before, new, scale in ((k_cache, before_k, k, k_scale), (v_cache, before_v, v, v_scale)):
-        slots, old_slots = cache.view(-1, 2, 16), before.view(-1, 2, 16)
+        slots, old_slots = cache.contiguous().view(-1, 2, 16), before.contiguous().view(-1, 2, 16)
         stored = slots[loc]
         assert torch.equal(stored.view(torch.uint8), quantize_kv(new, kv_dtype, scale).view(torch.uint8))
         assert torch.isfinite(stored.float()).all() and float(stored.float().abs().max()) == limit
         untouched = torch.ones(slots.shape[0], dtype=torch.bool, device=DEVICE)
         untouched[loc] = False
         assert torch.equal(slots[untouched].view(torch.uint8), old_slots[untouched].view(torch.uint8))
+    assert v_cache.stride() == v_strides and (v_cache.stride(1) == 1) == v_keys
     # Read back: the dequantised cache is what the attention saw.
     dequantised = [dequantize_kv(c, s, torch.float64) for c, s in ((k_cache, k_scale), (v_cache, v_scale))]
     args = (q, *dequantised, metadata.page_table, batch.cu_seqlens_q, batch.seq_lens_k)
@@ -149,6 +157,21 @@ def test_pools_in_the_cache_dtype_and_their_scales():
     assert latent.kv_cache(1).latent.dtype == torch.float8_e4m3fn and latent.kv_cache(1).latent.shape == (4, 5, 40)
     latent.set_kv_scales([(1.0, 1.0), (0.25, 1.0)])
     assert latent.kv_cache(1).scale == 0.25 and latent.kv_cache(0).scale == 1.0  # the K scale
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_fp8_v_caches_keep_their_keys_contiguous_where_the_pool_is_told(on, monkeypatch):
+    """``FP8_V_KEYS_CONTIGUOUS``: an fp8 pool's V caches of pages of more than one key are stored
+    ``[N, Hkv, Dv, P]`` (the same logical shape); K, 16-bit caches and pages of one key as usual."""
+    monkeypatch.setattr(kv_cache_module, "FP8_V_KEYS_CONTIGUOUS", on)
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=16, v_head_dim=8)
+    pool = make_kv_pool(spec, 4, 5, torch.float8_e4m3fn, "cpu")
+    for layer in range(2):
+        k, v = pool.kv_cache(layer).k, pool.kv_cache(layer).v
+        assert k.shape == (4, 5, 2, 16) and v.shape == (4, 5, 2, 8) and k.is_contiguous()
+        assert v.stride() == ((2 * 8 * 5, 1, 8 * 5, 5) if on else (5 * 2 * 8, 2 * 8, 8, 1))
+    for dtype, page_size in ((torch.bfloat16, 5), (torch.float8_e4m3fn, 1)):
+        assert make_kv_pool(spec, 4, page_size, dtype, "cpu").kv_cache(0).v.is_contiguous()
 
 
 def test_kv_cache_dtype_names():

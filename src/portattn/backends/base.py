@@ -398,10 +398,16 @@ class AttentionBackend:
         """Store new tokens' K/V: slot ``slots[t]`` (``page * P + offset``, int64 ``[T]``) of
         ``kv_cache.k`` / ``kv_cache.v`` gets ``k[t] [Hkv, D]`` / ``v[t] [Hkv, Dv]``; an fp8 cache
         stores ``saturate(k / k_scale)`` and ``saturate(v / v_scale)``
-        (:func:`portattn.kv_quant.quantize_kv`), others the values cast to their dtype."""
+        (:func:`portattn.kv_quant.quantize_kv`), others the values cast to their dtype. A V cache with its
+        keys contiguous in each page (``runtime.kv_cache.keys_contiguous_empty``) is written through its strides."""
         k_cache, v_cache = kv_cache.k, kv_cache.v
         k_cache.view(-1, *k_cache.shape[2:])[slots] = quantize_kv(k, k_cache.dtype, kv_cache.k_scale)  # [N * P, Hkv, D]
-        v_cache.view(-1, *v_cache.shape[2:])[slots] = quantize_kv(v, v_cache.dtype, kv_cache.v_scale)
+        v = quantize_kv(v, v_cache.dtype, kv_cache.v_scale)
+        if v_cache.is_contiguous():
+            v_cache.view(-1, *v_cache.shape[2:])[slots] = v  # [N * P, Hkv, Dv]
+        else:
+            page_size = v_cache.shape[1]
+            v_cache[slots // page_size, slots % page_size] = v
 
     def write_latent(
         self, c_kv: torch.Tensor, k_pe: torch.Tensor, kv_cache: LatentKVCache, slots: torch.Tensor

@@ -17,7 +17,9 @@ import torch
 
 @dataclass(frozen=True, eq=False)
 class PagedKVCache:
-    """One layer's K and V caches, contiguous, in the model's dtype or fp8 (the two share one dtype).
+    """One layer's K and V caches, in the model's dtype or fp8 (the two share one dtype): contiguous, except
+    an fp8 ``v`` that the pool stores with each page's keys contiguous (``[N, Hkv, Dv, P]`` in memory, the
+    same logical tensor; ``runtime.kv_cache.FP8_V_KEYS_CONTIGUOUS``).
 
     A slot is ``page * P + offset``. An fp8 cache stores ``saturate(k / k_scale)`` and
     ``saturate(v / v_scale)`` (:func:`portattn.kv_quant.quantize_kv`); the keys and values it stands for

@@ -5,7 +5,9 @@ random in one pool; the Triton backend is planned once and its per-layer method 
 engine calls it. Peers run on the same numbers gathered into contiguous ``[B, H, L, D]`` tensors.
 An fp8 case (``kv_cache``) stores the same keys and values in fp8 (bytes counted at one per
 element) and is compared with the same call on the model-dtype cache, planned for that cache (peer
-``portattn_bf16``: its own split count and tiles).
+``portattn_bf16``: its own split count and tiles). Its V cache is stored as the engine's pool stores
+it (``runtime.kv_cache.FP8_V_KEYS_CONTIGUOUS``: each page's keys contiguous, or rows of a key); the
+other layout is timed beside it (peer ``portattn_fp8_v_keys`` or ``portattn_fp8_v_rows``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..backends.base import AttentionParams
 from ..backends.torch_ref import TorchBackend
 from ..kernels.triton.launch import TileConfig, attention_forward
 from ..kv_quant import KV_CACHE_DTYPES, quantize_kv
+from ..runtime import kv_cache as kv_pool
 from . import peers
 from .timing import measure, measure_steady, num_input_sets
 from .work import count_work
@@ -113,9 +116,13 @@ def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int
     inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "page_table": page_table}
     if case.kv_cache is not None:  # the case times the fp8 cache; its peer the model-dtype one
         kv_dtype = KV_CACHE_DTYPES[case.kv_cache]
+        v_rows = quantize_kv(v_cache, kv_dtype, V_SCALE)
+        v_keys = kv_pool.keys_contiguous_empty(*shape, kv_dtype, device).copy_(v_rows)
+        pool_layout = kv_pool.FP8_V_KEYS_CONTIGUOUS and p > 1
         inputs |= {
             "k_cache": quantize_kv(k_cache, kv_dtype, K_SCALE),
-            "v_cache": quantize_kv(v_cache, kv_dtype, V_SCALE),
+            "v_cache": v_keys if pool_layout else v_rows,
+            "v_cache_other": v_rows if pool_layout else v_keys,
         }
         inputs |= {"k_cache_model": k_cache, "v_cache_model": v_cache}
     elif case.peers:
@@ -192,6 +199,11 @@ def run_case(
             sets[i]["q"], sets[i]["k_cache_model"], sets[i]["v_cache_model"], model_metadata, model_params, out
         )
         result["peers"]["portattn_bf16"] = timer(same_in_bf16, idx, device).median_ms
+        other_layout = lambda i: triton_backend.paged_attention(
+            sets[i]["q"], sets[i]["k_cache"], sets[i]["v_cache_other"], metadata, params, out
+        )
+        other = "portattn_fp8_v_rows" if sets[0]["v_cache_other"].is_contiguous() else "portattn_fp8_v_keys"
+        result["peers"][other] = timer(other_layout, idx, device).median_ms
 
     qs, ks, vs = ([s.get(key) for s in sets] for key in ("q4", "k4", "v4"))
     for name in case.peers:

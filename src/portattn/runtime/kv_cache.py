@@ -6,7 +6,9 @@ the kind: its memory, its per-forward plan beyond the backend's paged metadata (
 the forward context's ``cache_plan``) and its plan of captured uniform steps
 (:meth:`KVPool.graph_plan`); the engine calls these without naming the kind.
 
-* ``"mha"``: per-layer K and V caches ``k [num_pages, P, Hkv, D]``, ``v [num_pages, P, Hkv, Dv]``;
+* ``"mha"``: per-layer K and V caches ``k [num_pages, P, Hkv, D]``, ``v [num_pages, P, Hkv, Dv]``; an fp8
+  V cache (with :data:`FP8_V_KEYS_CONTIGUOUS`) stores each page's keys contiguous, ``[num_pages, Hkv, Dv, P]``
+  in memory, the same logical tensor (:func:`keys_contiguous_empty`);
 * ``"mla"``: per-layer latent caches ``[num_pages, P, kv_lora_rank + rope_dim]``, one row
   ``[c_kv | k_pe]`` per token shared by every query head (the layout :func:`portattn.mla_decode`
   reads). Pages, ``req_to_token`` and prefix caching are the engine's own: only what a slot holds
@@ -88,6 +90,20 @@ def mla_cache_spec(num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCache
     return KVCacheSpec(num_layers, 1, kv_lora_rank + rope_dim, 0, kind="mla", kv_lora_rank=kv_lora_rank)
 
 
+# fp8 V caches of pages of more than one key are allocated with the keys contiguous within each page
+# (keys_contiguous_empty): the Triton kernel's second product then reads four keys a 32-bit register
+# from shared memory instead of one byte at a time (kernels/triton/attention.py, V_KEYS). On an H200 an
+# e4m3 decode of 64 sequences over 4096 keys took 0.141 ms so against 0.173 (benchmarks/results/round19_h200).
+FP8_V_KEYS_CONTIGUOUS = True
+
+
+def keys_contiguous_empty(num_pages: int, page_size: int, num_heads: int, dim: int, dtype, device) -> torch.Tensor:
+    """An uninitialised cache of logical shape ``[num_pages, P, H, dim]`` stored ``[num_pages, H, dim, P]``
+    (strides ``(H*dim*P, 1, dim*P, P)``): a page's keys contiguous for each head and column."""
+    stored = torch.empty((num_pages, num_heads, dim, page_size), dtype=dtype, device=device)
+    return stored.permute(0, 3, 1, 2)
+
+
 class KVPool:
     """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is the layer's view, with its scales,
     which the backend writes and attends over.
@@ -144,7 +160,8 @@ class KVPool:
 
 
 class MHAKVPool(KVPool):
-    """Per-layer ``k [num_pages, P, Hkv, D]`` and ``v [num_pages, P, Hkv, Dv]``."""
+    """Per-layer ``k [num_pages, P, Hkv, D]`` and ``v [num_pages, P, Hkv, Dv]`` (an fp8 ``v`` with its keys
+    contiguous in each page where :data:`FP8_V_KEYS_CONTIGUOUS` and P > 1)."""
 
     cascades = True
 
@@ -152,7 +169,12 @@ class MHAKVPool(KVPool):
         super().__init__(spec, num_pages, page_size, dtype, device)
         shape = (num_pages, page_size, spec.num_kv_heads)
         self.k = [torch.empty((*shape, spec.head_dim), dtype=dtype, device=device) for _ in range(spec.num_layers)]
-        self.v = [torch.empty((*shape, spec.v_head_dim), dtype=dtype, device=device) for _ in range(spec.num_layers)]
+        if FP8_V_KEYS_CONTIGUOUS and is_quantized(dtype) and page_size > 1:
+            self.v = [keys_contiguous_empty(*shape, spec.v_head_dim, dtype, device) for _ in range(spec.num_layers)]
+        else:
+            self.v = [
+                torch.empty((*shape, spec.v_head_dim), dtype=dtype, device=device) for _ in range(spec.num_layers)
+            ]
 
     @staticmethod
     def bytes_per_page(spec: KVCacheSpec, page_size: int, dtype: torch.dtype) -> int:

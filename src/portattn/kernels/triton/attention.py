@@ -40,6 +40,11 @@ and the row offsets within a page are the same every tile. Compiled for sm_90 (T
 prefill's unmasked key loop (128 x 128 tiles, 8 warps) takes 533 instructions a warp and tile instead
 of 752 (the kernel over contiguous K/V: 560), and on an H200 it ran 1.18 ms against 1.39. For decode
 tiles the addressing changes how Triton stages V (not used there).
+``V_KEYS`` (paged V whose keys are contiguous within a page: stored ``[pages, Hkv, Dv, P]``, the logical
+``[pages, P, Hkv, Dv]`` with strides ``(Hkv*Dv*P, 1, Dv*P, P)``; ``runtime/kv_cache.py`` allocates fp8 V
+caches so): V's columns are ``stride_vd`` apart, and its strides arrive undivided by ``ROW_ALIGN``.
+For one-byte V the second product's operand then holds four consecutive keys a 32-bit register, read
+from shared memory with ``ldmatrix`` instead of a byte at a time (``scripts/fp8_v_layout_probe.py``).
 ``MERGE_IN_KERNEL`` (split launches; off by default, for the probes): the last split program of each
 (query block, KV head) to finish merges the block's splits itself (``MergeCounters``: one int32 ticket
 counter per such pair, zero between launches), so no merge kernel follows.
@@ -152,6 +157,7 @@ def _attend_tiles(
     stride_ks,
     stride_vp,
     stride_vs,
+    stride_vd,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -169,18 +175,24 @@ def _attend_tiles(
     DOT_PRECISION: tl.constexpr,
     PAGES_AHEAD: tl.constexpr,
     WHOLE_PAGES: tl.constexpr,
+    V_KEYS: tl.constexpr,
 ):
     """Online softmax over key tiles ``tile_begin .. tile_end - 1`` (tile i starts at tile_base + i * BLOCK_N).
 
     Columns ``[0, BLOCK_D)`` of q/K are in ``q``, the next ``BLOCK_D2`` in ``q2`` and the next
     ``BLOCK_D3`` in ``q3`` (a zero width: no such tile); likewise ``acc``, ``acc2``, ``acc3`` for
     the value columns. ``row_pos`` / ``row_slope`` (slope * log2(e)) are read only with ALiBi.
+    V's columns are ``stride_vd`` apart with ``V_KEYS`` (a page's keys contiguous), else adjacent.
     """
     # Loads are written out here rather than through _load_columns: under the CPU interpreter
     # every call in this loop costs as much as the arithmetic.
     offs_tile = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if V_KEYS:  # V's element (key j, column c) at j * stride_vs + c * stride_vd
+        v_cols = offs_dv.to(tl.int64) * stride_vd
+    else:
+        v_cols = offs_dv
     if BLOCK_D2 > 0:
         offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
     if BLOCK_D3 > 0:
@@ -194,7 +206,7 @@ def _attend_tiles(
         offs_pages = tl.arange(0, PAGES)
         offs_in_page = tl.arange(0, PAGE_SIZE)
         k_in_page = (offs_in_page * stride_ks).to(tl.int64)[None, :, None] + offs_d[None, None, :]
-        v_in_page = (offs_in_page * stride_vs).to(tl.int64)[None, :, None] + offs_dv[None, None, :]
+        v_in_page = (offs_in_page * stride_vs).to(tl.int64)[None, :, None] + v_cols[None, None, :]
         if PAGES_AHEAD:  # the first tile's page ids; each iteration loads the next tile's
             ahead = (tile_base + tile_begin * BLOCK_N) // PAGE_SIZE + offs_pages
             next_pages = tl.load(PageTableRow + ahead, mask=ahead * PAGE_SIZE < num_keys, other=0)
@@ -242,7 +254,7 @@ def _attend_tiles(
             k_ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
             k = tl.load(k_rows[:, None] + offs_d[None, :], mask=k_ok, other=0.0)
             v_ok = row_ok[:, None] & (offs_dv < VALUE_DIM)[None, :]
-            v = tl.load(v_rows[:, None] + offs_dv[None, :], mask=v_ok, other=0.0)
+            v = tl.load(v_rows[:, None] + v_cols[None, :], mask=v_ok, other=0.0)
         k = k.to(q.dtype)  # fp8 caches are dequantised here (no-op otherwise)
         v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
@@ -283,11 +295,13 @@ def _attend_tiles(
         acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV2 > 0:
             v2_ok = row_ok[:, None] & (offs_dv2 < VALUE_DIM)[None, :]
-            v2 = tl.load(v_rows[:, None] + offs_dv2[None, :], mask=v2_ok, other=0.0).to(q.dtype)
+            v2_cols = offs_dv2.to(tl.int64) * stride_vd if V_KEYS else offs_dv2
+            v2 = tl.load(v_rows[:, None] + v2_cols[None, :], mask=v2_ok, other=0.0).to(q.dtype)
             acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
         if BLOCK_DV3 > 0:
             v3_ok = row_ok[:, None] & (offs_dv3 < VALUE_DIM)[None, :]
-            v3 = tl.load(v_rows[:, None] + offs_dv3[None, :], mask=v3_ok, other=0.0).to(q.dtype)
+            v3_cols = offs_dv3.to(tl.int64) * stride_vd if V_KEYS else offs_dv3
+            v3 = tl.load(v_rows[:, None] + v3_cols[None, :], mask=v3_ok, other=0.0).to(q.dtype)
             acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, acc2, acc3, l_i, m_i
@@ -378,6 +392,7 @@ def attention_fwd_kernel(
     stride_vp,
     stride_vs,
     stride_vh,
+    stride_vd,
     stride_ot,
     stride_oh,
     stride_lt,
@@ -418,6 +433,7 @@ def attention_fwd_kernel(
     MERGE_IN_KERNEL: tl.constexpr,
     PDL: tl.constexpr = False,
     WHOLE_PAGES: tl.constexpr = False,
+    V_KEYS: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_M == BLOCK_Q * GROUP_PAD)
     wait_for_previous(PDL)
@@ -430,9 +446,10 @@ def attention_fwd_kernel(
         stride_kp = stride_kp * ROW_ALIGN
         stride_ks = stride_ks * ROW_ALIGN
         stride_kh = stride_kh * ROW_ALIGN
-        stride_vp = stride_vp * ROW_ALIGN
-        stride_vs = stride_vs * ROW_ALIGN
-        stride_vh = stride_vh * ROW_ALIGN
+        if not V_KEYS:  # V's strides arrive undivided with its keys contiguous
+            stride_vp = stride_vp * ROW_ALIGN
+            stride_vs = stride_vs * ROW_ALIGN
+            stride_vh = stride_vh * ROW_ALIGN
         stride_ot = stride_ot * ROW_ALIGN
         stride_oh = stride_oh * ROW_ALIGN
     block_idx = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks first
@@ -581,6 +598,7 @@ def attention_fwd_kernel(
                 stride_ks,
                 stride_vp,
                 stride_vs,
+                stride_vd,
                 BLOCK_N=BLOCK_N,
                 HEAD_DIM=HEAD_DIM,
                 BLOCK_D=BLOCK_D,
@@ -603,6 +621,7 @@ def attention_fwd_kernel(
                 and BLOCK_N % PAGE_SIZE == 0
                 and HEAD_DIM == BLOCK_D
                 and VALUE_DIM == BLOCK_DV,
+                V_KEYS=V_KEYS,
             )
 
     if not SPLIT:

@@ -62,6 +62,8 @@ MERGE_SPLITS_IN_KERNEL = False
 # (benchmarks/results/engine_h200/round7/NOTES.md); ``--kernel-options no_pdl`` turns it off for a run.
 PDL = True
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
+# Registers a thread of an fp8 decode over keys-contiguous V (choose_tiles): more programs a SM.
+FP8_KEYS_MAXNREG = 128
 
 
 def pdl_options(device: torch.device) -> dict:
@@ -204,6 +206,7 @@ def choose_tiles(
     short_splits: bool = False,
     decode_waves: float | None = None,
     device_name: str | None = None,
+    v_keys: bool = False,
 ) -> TileConfig:
     """Tiles from the problem: few query rows per sequence (decode) get small row blocks.
 
@@ -226,7 +229,12 @@ def choose_tiles(
     twice as long to keep as many bytes in flight as a 16-bit one
     (benchmarks/results/round3_h200/NOTES.md: 0.264 -> 0.216 ms at B=64 over 4096 keys), and the
     page ids ahead took 3% more (0.1895 against 0.1946 ms, medians of three alternations,
-    benchmarks/results/round7_h200/NOTES.md).
+    benchmarks/results/round7_h200/NOTES.md). Over a V cache whose keys are contiguous within each page
+    (``v_keys``, :func:`keys_contiguous_v`; the engine's fp8 pools) the tiles hold 64 keys in 3 stages, load
+    whole pages (``whole_pages``) and cap a thread's registers at :data:`FP8_KEYS_MAXNREG`: on an H200 (B=64
+    over 4096 keys, Hq 32 / Hkv 8 / D 128, page 16, two splits) 0.141 ms against 0.163 with the 128-key
+    tiles above, 0.158 without the cap, 0.173 over V in rows of a key and 0.247 over a bfloat16 cache
+    (benchmarks/results/round19_h200/NOTES.md).
 
     Long query runs at head dim 128 (128 x 128 tiles) take 3 stages with the page ids a tile ahead: the
     pipeliner then keeps two K/V tiles in flight (one at 2 stages, and one at 3 with the page ids loaded in
@@ -277,7 +285,9 @@ def choose_tiles(
         cap, block_n, num_warps, num_stages = 128, 128, 8, 2
     block_m = max(16, group_pad, min(cap, next_pow2(max(max_seqlen_q, 1) * group_pad)))
     fp8_decode = block_m <= 32 and not wide and kv_itemsize == 1
-    if fp8_decode:  # decode-like over an fp8 cache
+    if fp8_decode and v_keys:  # decode-like over an fp8 cache whose V keys are contiguous
+        block_n, num_warps, num_stages = 64, 4, 3
+    elif fp8_decode:  # decode-like over an fp8 cache
         block_n, num_warps, num_stages = 128, 4, 2
     elif block_m <= 32 and not wide and short_splits:  # a tile or two of keys a program
         block_n, num_warps, num_stages = 32, 4, 2
@@ -294,15 +304,17 @@ def choose_tiles(
     if long_run:
         num_stages = 3
     pages_ahead = pages_ahead or fp8_decode or long_run
+    whole_pages = long_run or (fp8_decode and v_keys)
     tiles = TileConfig(
-        block_m // group_pad, block_m, block_n, num_warps, num_stages, pages_ahead=pages_ahead, whole_pages=long_run
-    )
+        block_m // group_pad, block_m, block_n, num_warps, num_stages,
+        maxnreg=FP8_KEYS_MAXNREG if fp8_decode and v_keys else None, pages_ahead=pages_ahead, whole_pages=whole_pages,
+    )  # fmt: skip
     kv_bytes = kv_itemsize or itemsize
     swept = tile_table.entries(device_name)
     entry = swept.get(tile_table.rule_key(tiles, group_pad, head_dim, value_dim, kv_bytes, itemsize)) if swept else None
     if entry is not None:  # this device model's sweep found faster tiles for the problem
         expect(entry["block_m"] >= group_pad, f"a tile table entry with block_m >= {group_pad}", entry)
-        tiles = TileConfig(entry["block_m"] // group_pad, **entry, whole_pages=long_run)
+        tiles = TileConfig(entry["block_m"] // group_pad, **entry, whole_pages=whole_pages)
     chosen = tiles
     while shared_memory is not None and shared_memory_bytes(tiles, head_dim, value_dim, kv_bytes) > shared_memory:
         smaller = smaller_tiles(tiles, group)
@@ -356,10 +368,12 @@ def row_alignment(*tensors: torch.Tensor) -> int:
 
 def realign_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor):
     """``(q, k, v, out)`` with contiguous copies of those whose rows do not start at multiples of 8 elements
-    (``out``: a new buffer, copied back by the caller). Such rows are loaded one element at a time,
+    (``out``: a new buffer, copied back by the caller; ``v`` kept where its keys are contiguous,
+    :func:`keys_contiguous_v`: its rows are not loaded as vectors). Such rows are loaded one element at a time,
     and that path gave wrong values (head dim 40) and an illegal access (72) with Triton 3.6 on an
     H200 where a masked column tile feeds the warpgroup MMAs of a long query run (round3 notes)."""
-    q, k, v = (t if row_alignment(t) >= 8 else t.contiguous() for t in (q, k, v))
+    q, k = (t if row_alignment(t) >= 8 else t.contiguous() for t in (q, k))
+    v = v if keys_contiguous_v(v) or row_alignment(v) >= 8 else v.contiguous()
     if row_alignment(out) < 8:
         out = torch.empty(out.shape, dtype=out.dtype, device=out.device)
     return q, k, v, out
@@ -370,6 +384,13 @@ def f16_dots_for(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     cache and bfloat16 queries. Every fp8 value is a float16, and fp8 -> float16 is one instruction
     per two values on NVIDIA GPUs from sm_89, while fp8 -> bfloat16 goes through float16 and float32."""
     return kv_dtype in FP8_DTYPES and q_dtype == torch.bfloat16
+
+
+def keys_contiguous_v(v: torch.Tensor) -> bool:
+    """Whether a paged ``v [N, P, Hkv, Dv]`` has its columns strided (a page's keys contiguous, stored
+    ``[N, Hkv, Dv, P]``): the kernel then reads it with ``V_KEYS``. Pages of one key (P = 1) and V with
+    a contiguous last dim read as usual."""
+    return v.dim() == 4 and v.shape[3] > 1 and v.stride(3) != 1
 
 
 def dot_precision(dtype: torch.dtype) -> str | None:
@@ -421,6 +442,7 @@ def default_tiles(
     :data:`MERGE_SPLITS_IN_KERNEL` (``swept`` False: the rules alone), stepped down to the device's
     shared memory (``fit`` False: not)."""
     num_kv_heads, head_dim, value_dim = v.shape[-2], q.shape[-1], v.shape[-1]
+    v_keys = paged and keys_contiguous_v(v)
     tiles = choose_tiles(
         max_seqlen_q,
         q.shape[1] // num_kv_heads,
@@ -436,6 +458,7 @@ def default_tiles(
         if max_seqlen_q == 1 and num_kv_splits == 1
         else None,
         device_name=device_model(q.device) if swept and paged else None,
+        v_keys=v_keys,
     )
     if swept and (PAGES_AHEAD or MERGE_SPLITS_IN_KERNEL):
         tiles = dataclasses.replace(
@@ -513,7 +536,9 @@ def attention_forward(
     for name in ("cu_seqlens_q", "seq_lens_k", "page_table" if paged else "kv_start"):
         if tensors[name].dtype != torch.int32:
             fail(f"{name} of dtype int32", tensors[name].dtype)
-    for name in ("q", "k", "v", "out"):
+    # A paged V may have its keys contiguous in a page (keys_contiguous_v), read through its column stride.
+    v_keys = paged and keys_contiguous_v(v)
+    for name in ("q", "k", "out") if v_keys else ("q", "k", "v", "out"):
         _check_inner_contiguous(name, tensors[name])
     expect(1 <= num_kv_splits <= MAX_KV_SPLITS, f"num_kv_splits in [1, {MAX_KV_SPLITS}]", num_kv_splits)
 
@@ -524,7 +549,8 @@ def attention_forward(
     batch = seq_lens_k.shape[0]
     if num_tokens == 0 or batch == 0:
         return out
-    if head_dim % 8 == 0 and value_dim % 8 == 0 and row_alignment(q, k, v, out) < 8:
+    rows = (q, k, out) if v_keys else (q, k, v, out)  # whose rows the kernel loads as vectors
+    if head_dim % 8 == 0 and value_dim % 8 == 0 and row_alignment(*rows) < 8:
         q, k, v, staged = realign_rows(q, k, v, out)
         if staged is not out:
             attention_forward(
@@ -565,9 +591,13 @@ def attention_forward(
     lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
     f16_dots = f16_dots_for(q.dtype, k.dtype)
     q_scale, qk_scale = (scale, k_scale) if f16_dots else (1.0, scale * k_scale)
-    align = row_alignment(q, k, v, out)
-    strides = (q.stride(0), q.stride(1), stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
-    strides = tuple(s // align for s in (*strides, out.stride(0), out.stride(1)))
+    align = row_alignment(*((q, k, out) if v_keys else (q, k, v, out)))
+    v_strides = (stride_vp, stride_vs, stride_vh)  # undivided where V's keys are contiguous (the kernel's V_KEYS)
+    v_strides = v_strides if v_keys else tuple(s // align for s in v_strides)
+    strides = (
+        *(s // align for s in (q.stride(0), q.stride(1), stride_kp, stride_ks, stride_kh)),
+        *v_strides, v.stride(-1), *(s // align for s in (out.stride(0), out.stride(1))),
+    )  # fmt: skip
 
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
         return smaller_tiles(t, group)
@@ -597,11 +627,13 @@ def attention_forward(
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
             DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, PAGES_AHEAD=t.pages_ahead,
-            MERGE_IN_KERNEL=counters is not None, WHOLE_PAGES=t.whole_pages, **t.launch_options(),
+            MERGE_IN_KERNEL=counters is not None, WHOLE_PAGES=t.whole_pages, V_KEYS=v_keys, **t.launch_options(),
             **pdl_options(q.device),
         )  # fmt: skip
 
-    launch_fitting(launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size))
+    launch_fitting(
+        launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size, v_keys)
+    )
     if num_kv_splits > 1 and not merged[0] and unmerged is None:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
