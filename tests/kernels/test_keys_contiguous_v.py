@@ -16,7 +16,7 @@ import torch
 
 from conftest import BACKENDS, DEVICE
 from portattn.kv_quant import dequantize_kv, quantize_kv
-from portattn.runtime.kv_cache import keys_contiguous_empty
+from portattn.runtime import kv_cache
 from portattn.testing import make_paged_case, max_error, paged_attention_ref
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
@@ -27,9 +27,9 @@ if "triton" in BACKENDS:
 
 
 def keys_contiguous(cache: torch.Tensor) -> torch.Tensor:
-    """``cache [N, P, H, D]`` copied into the keys-contiguous layout (the same logical tensor)."""
-    num_pages, page_size, heads, dim = cache.shape
-    out = keys_contiguous_empty(num_pages, page_size, heads, dim, cache.dtype, cache.device).copy_(cache)
+    """``cache [N, P, H, D]`` copied into the keys-contiguous layout (the same logical tensor), checked."""
+    _, page_size, heads, dim = cache.shape
+    out = kv_cache.keys_contiguous(cache)
     assert out.stride() == (heads * dim * page_size, 1, dim * page_size, page_size) and torch.equal(
         out.to(torch.float32).nan_to_num(7.0), cache.to(torch.float32).nan_to_num(7.0)
     )

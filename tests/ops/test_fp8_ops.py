@@ -109,14 +109,13 @@ def test_paged_fp8_against_the_dequantised_reference(backend, dtype, feature, pa
 def test_paged_fp8_over_a_v_cache_with_its_keys_contiguous(backend, dtype, feature, page_size, kv):
     """The layout the engine's pool gives fp8 V caches (``[N, Hkv, Dv, P]`` in memory, the same logical
     tensor): every backend reads it as the usual one."""
-    from portattn.runtime.kv_cache import keys_contiguous_empty
+    from portattn.runtime.kv_cache import keys_contiguous
 
     if not registry.backend_class(backend).capabilities.supports("kv_dtype", FP8[kv]):
         pytest.skip(f"{backend} declares no fp8 caches")
     q_lens, k_lens = mixed_batch(page_size)
     case = fp8_case(q_lens, k_lens, kv_dtype=FP8[kv], q_dtype=dtype, page_size=page_size, seed=page_size + 1)
-    v = case.v_cache
-    v_keys = keys_contiguous_empty(v.shape[0], page_size, v.shape[2], v.shape[3], v.dtype, v.device).copy_(v)
+    v_keys = keys_contiguous(case.v_cache)
     assert v_keys.stride(1) == 1
     out = check_fp8_paged(dataclasses.replace(case, v_cache=v_keys), backend, dtype, **_feature_kwargs(feature, dtype))
     usual = portattn.paged_attention(

@@ -18,7 +18,7 @@ from portattn.backends.torch_ref import TorchBackend
 from portattn.kv_quant import dequantize_kv, quantize_kv, resolve_kv_cache_dtype
 from portattn.models.loader import kv_cache_scales
 from portattn.runtime import kv_cache as kv_cache_module
-from portattn.runtime.kv_cache import KVCacheSpec, keys_contiguous_empty, make_kv_pool, mla_cache_spec
+from portattn.runtime.kv_cache import KVCacheSpec, keys_contiguous, make_kv_pool, mla_cache_spec
 from portattn.testing import cu_seqlens, max_error, paged_attention_ref, tolerance
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -79,7 +79,7 @@ def test_forward_writes_saturated_scaled_values_to_their_slots_only(backend, pag
             torch.randn(int((old & owned).sum()), 2, 16, generator=g).to(DEVICE), kv_dtype, scale
         )
     if v_keys:
-        v_cache = keys_contiguous_empty(num_pages, page_size, 2, 16, kv_dtype, DEVICE).copy_(v_cache)
+        v_cache = keys_contiguous(v_cache)
     v_strides = v_cache.stride()
     before_k, before_v = k_cache.clone(), v_cache.clone()
     n = sum(q_lens)

@@ -117,7 +117,7 @@ def _inputs(case: PagedCase, dtype: torch.dtype, device: torch.device, seed: int
     if case.kv_cache is not None:  # the case times the fp8 cache; its peer the model-dtype one
         kv_dtype = KV_CACHE_DTYPES[case.kv_cache]
         v_rows = quantize_kv(v_cache, kv_dtype, V_SCALE)
-        v_keys = kv_pool.keys_contiguous_empty(*shape, kv_dtype, device).copy_(v_rows)
+        v_keys = kv_pool.keys_contiguous(v_rows)
         pool_layout = kv_pool.FP8_V_KEYS_CONTIGUOUS and p > 1
         inputs |= {
             "k_cache": quantize_kv(k_cache, kv_dtype, K_SCALE),

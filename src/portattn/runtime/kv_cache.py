@@ -104,6 +104,12 @@ def keys_contiguous_empty(num_pages: int, page_size: int, num_heads: int, dim: i
     return stored.permute(0, 3, 1, 2)
 
 
+def keys_contiguous(cache: torch.Tensor) -> torch.Tensor:
+    """A copy of ``cache [num_pages, P, H, dim]`` stored with each page's keys contiguous
+    (:func:`keys_contiguous_empty`): the same values, the same logical shape."""
+    return keys_contiguous_empty(*cache.shape, cache.dtype, cache.device).copy_(cache)
+
+
 class KVPool:
     """Pages of KV cache for every layer. ``kv_cache(layer_id)`` is the layer's view, with its scales,
     which the backend writes and attends over.
