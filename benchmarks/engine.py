@@ -14,7 +14,8 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
 * ``launches``: kernels per layer of one eager decode step and of one replay (torch.profiler);
 * ``throughput``: offline generation of 512 requests of 1024 prompt + 256 output tokens (``--model PATH``:
   of that checkpoint or GGUF file instead of the Llama-3-8B shape, e.g. SmolLM2-135M's 512 x (512 + 128)
-  with ``--prompt-len 512 --output-len 128``);
+  with ``--prompt-len 512 --output-len 128``), with the time from ``generate()`` to its first step (the
+  requests checked and queued) and the prompt-chunk steps' share;
 * ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
@@ -76,6 +77,7 @@ KERNEL_OPTIONS = {
     "unfused_pairs_rotary": ("portattn.models.llama4", "FUSED_ROTARY_PAIRS", False),
     "unfused_router": ("portattn.models.deepseek_v3", "FUSED_ROUTER", False),
     "unfused_latent_rotary": (_LATENT, "FUSED_ROTARY_WRITE", False),
+    "unfolded_latent_norm": (_LATENT, "FOLD_LATENT_NORM", False),
     "absorbed_value_rows": (_LATENT, "ABSORBED_VALUE_ROWS", True),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
@@ -577,11 +579,13 @@ def part_throughput(args, results: dict) -> dict:
     step, run_step = engine.step, engine.run_step
     kinds = {}  # synchronous steps by kind: [steps, seconds, query tokens, sequences]
     last = []  # the running step's (query tokens, sequences), as run_step saw its schedule
+    first_step = []  # when each step began (the first: after the requests were checked and queued)
 
     def counted():
         steps[0] += 1
         last.clear()
         start = time.perf_counter()
+        first_step.append(start)
         finished = step()
         if last:  # a synchronous step: its wall time holds its forward, sampling and outputs
             tokens, seqs = last
@@ -615,6 +619,7 @@ def part_throughput(args, results: dict) -> dict:
         "replayed_steps": (graphs.replays - replays0) if graphs is not None else 0,
         "preemptions": llm.engine.scheduler.num_preemptions,
         "async_scheduling": engine.run_ahead is not None,
+        "queue_seconds": first_step[0] - t0,  # from generate() to the first step: checking and queueing
     }
     for kind, (n, secs, tokens, seqs) in kinds.items():  # "prefill": steps with any prompt chunk in them
         out[f"{kind}_steps"] = {"steps": n, "seconds": secs, "ms_per_step": secs / n * 1e3,
@@ -984,6 +989,8 @@ def notes(results: dict) -> str:
                   f"tokens/s ({tp['total_tokens_per_s']:.0f} tokens/s with the prompts); {tp['replayed_steps']} of "
                   f"{tp['steps']} steps replayed graphs; {tp['preemptions']} preemptions"
                   f"{'; async scheduling' if tp.get('async_scheduling') else ''}."]  # fmt: skip
+        if "queue_seconds" in tp:
+            lines.append(f"checking and queueing the requests before the first step: {tp['queue_seconds']:.3f} s.")
         for kind in ("prefill", "decode"):
             k = tp.get(f"{kind}_steps")
             if k:

@@ -17,7 +17,14 @@ def expect(cond: bool, what: str, got: object) -> None:
 
 def is_int(value: object) -> bool:
     """An integer (``int``, NumPy's) that is not a ``bool``: ``True`` is not a count, a size or a token id."""
+    if type(value) is int:  # the common case, without the abstract base class's check (token ids: one per token)
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def all_ints(values) -> bool:
+    """Every item of the sequence ``values`` a plain ``int`` (not a ``bool``, nor NumPy's): one pass in C."""
+    return set(map(type, values)) <= {int}
 
 
 def is_real(value: object) -> bool:

@@ -227,6 +227,8 @@ def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
     computed = prefill["steps"] * prefill["tokens_per_step"] + decode["steps"] * decode["tokens_per_step"]
     assert round(computed) == args.requests * (args.prompt_len + args.output_len - 1)  # the last id is not fed back
     assert decode["tokens_per_step"] == decode["sequences_per_step"] and prefill["tokens_per_step"] <= 64
+    # the requests checked and queued before the first step: part of the job's time, less than all of it
+    assert 0 < out["queue_seconds"] < out["seconds"] - prefill["seconds"] - decode["seconds"] + 1e-3
     profiled = out["profile"]
     assert profiled["prefill"]["tokens"] > profiled["prefill"]["sequences"]  # the second step with a prompt chunk
     assert profiled["decode"]["tokens"] == profiled["decode"]["sequences"] == args.max_num_seqs  # the full batch

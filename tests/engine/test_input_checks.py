@@ -3,6 +3,7 @@ sampling parameters, token ids, devices, pool sizes, context lengths and image i
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,11 +41,23 @@ def llm(ckpt_root) -> LLM:
     return LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=16, max_model_len=64)
 
 
-@pytest.mark.parametrize("bad", [True, False])
+@pytest.mark.parametrize("bad", [True, False, 6.0, 256, -1, "6"])
 def test_token_ids_are_ints_in_the_vocabulary(llm, bad):
-    with pytest.raises(ValueError, match=r"expected token ids in \[0, 256\)"):
+    with pytest.raises(ValueError, match=r"expected token ids in \[0, 256\) \(ints\), got .* at index 1"):
         llm.generate([[5, bad, 7]], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"expected token ids in \[0, 256\)"):
+        llm.engine.add_request([5, bad, 7], SamplingParams())
     assert not llm.engine.has_unfinished()
+
+
+def test_numpy_token_ids_in_a_list_are_ints(llm):
+    # one new token over a 3-token prompt: no full page of 4 computed, none left in the prefix cache
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    plain = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    mixed = llm.generate([[5, np.int64(6), np.int32(7)]], params, use_tqdm=False)[0]
+    assert mixed.prompt_token_ids == [5, 6, 7] and all(type(t) is int for t in mixed.prompt_token_ids)
+    assert mixed.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert not llm.engine.has_unfinished() and llm.engine.allocator.num_free == 16
 
 
 def test_generate_checks_every_argument_before_queueing(llm):

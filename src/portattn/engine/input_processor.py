@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import is_int
+from ..errors import all_ints, is_int
 from ..models import loader
 from ..models.base import MultimodalModel
 from ..runtime.multimodal import MultimodalData
@@ -111,7 +111,7 @@ class InputProcessor:
             token_ids = self.tokenize(prompt)
         elif isinstance(prompt, (list, tuple)):
             # NumPy ints become ints; anything else is refused, naming it, by the engine's prompt check.
-            token_ids = [int(t) if is_int(t) else t for t in prompt]
+            token_ids = list(prompt) if all_ints(prompt) else [int(t) if is_int(t) else t for t in prompt]
         elif hasattr(prompt, "ndim") and hasattr(prompt, "tolist"):
             token_ids = _array_ids(prompt)
         else:

@@ -1,0 +1,132 @@
+"""Where an engine step's time goes on a GPU, kernel by kernel and step by step (Llama-3-8B shape, random weights).
+
+``PYTHONPATH=src python scripts/engine_timeline.py MODE --out FILE.json [--workdir DIR]`` from the repository
+root, with MODE one of
+
+* ``replay``: one decode-graph replay of ``--batch`` sequences over ``--context`` keys under torch.profiler:
+  every kernel's start and end, their sum against the profiled span (idle time between kernels) and against
+  the replay's event-timed wall time, beside the async step time of the same batch. ``--kernel-options``
+  switches launch options as the engine benchmark does (e.g. ``no_pdl``);
+* ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
+  warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
+  ``generate()`` to the first step, and the host's time between steps.
+
+The checkpoint is written to ``--workdir`` (default /tmp/ck) once and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import engine as bench
+
+
+def cuda_kernels(prof) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of the device events a torch.profiler run recorded, in start order."""
+    return sorted(
+        (e.time_range.start, e.time_range.end, e.name[:80])
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+
+
+def replay(args, path: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = bench.make_llm(path, max_num_seqs=256, max_model_len=args.context + 512, kv_cache_memory=48 << 30)
+    engine = llm.engine
+    out = {"mode": "replay", "batch": args.batch, "context": args.context, "kernel_options": args.kernel_options}
+    bench.start_decoding(engine, args.batch, args.context, max_tokens=64)
+    out["async_step_ms"] = bench.step_ms(engine, 10)
+    with bench.synchronous(engine):
+        for _ in range(2):
+            engine.step()
+        graphs = engine.runner.graphs
+        graph = graphs.graphs[graphs.write_step(engine.scheduler.schedule())]
+        out["replay_ms"] = bench.event_time_ms(graph.replay)
+        graph.replay()
+        bench.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            bench.sync()
+    kernels = cuda_kernels(prof)
+    out["kernels"] = kernels
+    out["span_ms"] = (kernels[-1][1] - kernels[0][0]) / 1e3
+    out["kernel_sum_ms"] = sum(end - start for start, end, _ in kernels) / 1e3
+    out["idle_between_kernels_us"] = sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(kernels))
+    print(f"batch {args.batch} {args.kernel_options}: replay {out['replay_ms']:.3f} ms (async step "
+          f"{out['async_step_ms']:.3f}); profiled span {out['span_ms']:.3f} ms, kernel sum {out['kernel_sum_ms']:.3f} "
+          f"ms, idle between kernels {out['idle_between_kernels_us']:.0f} us, {len(kernels)} kernels")  # fmt: skip
+    return out
+
+
+def job(args, path: str) -> dict:
+    from portattn.engine.sampling_params import SamplingParams
+
+    llm = bench.make_llm(path, max_num_seqs=256, max_model_len=1024 + 256 + 16, kv_cache_memory=48 << 30,
+                         chunked_prefill_size=16384)  # fmt: skip
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
+    llm.generate(bench.random_prompts(256, 1024, engine.vocab_size, seed=2), params, use_tqdm=False)  # warm-up
+    step, steps = engine.step, []
+
+    def timed():
+        start = time.perf_counter()
+        finished = step()
+        steps.append((start, time.perf_counter(), len(engine.scheduler.running)))
+        return finished
+
+    engine.step = timed
+    bench.sync()
+    t0 = time.perf_counter()
+    try:
+        llm.generate(bench.random_prompts(256, 1024, engine.vocab_size, seed=1), params, use_tqdm=False)
+        bench.sync()
+    finally:
+        del engine.step
+    seconds = time.perf_counter() - t0
+    walls = [(end - start) * 1e3 for start, end, _ in steps]
+    out = {
+        "mode": "job",
+        "seconds": seconds,
+        "queue_seconds": steps[0][0] - t0,
+        "between_steps_seconds": sum(b[0] - a[1] for a, b in itertools.pairwise(steps)),
+        "after_last_step_seconds": t0 + seconds - steps[-1][1],
+        "steps": [(start - t0, end - t0, running) for start, end, running in steps],
+        "median_step_ms": statistics.median(walls),
+    }
+    print(
+        f"job {seconds:.3f} s, {len(steps)} steps: {out['queue_seconds']:.3f} s before the first step, "
+        f"{out['between_steps_seconds']:.3f} s between steps, median step {out['median_step_ms']:.1f} ms"
+    )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["replay", "job"])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/ck"))
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--context", type=int, default=1152)
+    parser.add_argument("--kernel-options", nargs="*", default=[], choices=sorted(bench.KERNEL_OPTIONS))
+    args = parser.parse_args()
+    bench.apply_kernel_options(args.kernel_options)
+    path = bench.checkpoint("llama3_8b_32l", bench.llama3_8b_config(32), args.workdir)
+    with torch.inference_mode():
+        out = replay(args, path) if args.mode == "replay" else job(args, path)
+    args.out.write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
