@@ -6,8 +6,9 @@
   told forced to 1 (the launches before ``launch.row_alignment``); prints each case's max error, or
   dies on an illegal access (run it in its own process);
 * ``fp8``: decode B=64 L=4096 P=16 (Hq 32 / Hkv 8 / D 128, bf16 queries): the bf16 cache, fp8 e4m3
-  and e5m2 with the default tiles, e4m3 over ``FP8_VARIANTS`` (tiles and split counts); MLA decode
-  (rank 512 + 64, page 64) over bf16 and fp8 latent caches at H 16 and 128 (``MLA_FP8_TILES``);
+  and e5m2 with the default tiles, e4m3 over ``FP8_VARIANTS`` (tiles and split counts); then ``mla-fp8``;
+* ``mla-fp8``: MLA decode B=64 L=4096 (rank 512 + 64, page 64) over bf16 and fp8 latent caches at H 16
+  and 128, the default tiles and ``MLA_FP8_TILES``;
 * ``long``: decode B=1 L=65536 P=16 with the default tiles and over ``LONG_VARIANTS``, each timed as
   CUDA-graph replays (``timing.measure_graph``: median and spread);
 * ``splits``: decode at B=1 and 4 over 8k-128k keys at 8-64 splits, and an fp8 cache at B=8 and 64
@@ -18,6 +19,8 @@
   (tiles, splits, page ids ahead, splits merged in the kernel): what a short step's attention costs.
 * ``batched``: decodes of 16-128 sequences over 512-2048 keys at Llama-3-8B's heads (the engine's
   decode batches): the default split count and tiles against 2 and 4 splits and ``BATCHED_TILES``.
+* ``job``: the offline job's attention: decodes of 128 and 256 sequences over 1152 keys and a prompt
+  chunk of 16 x 1024 causal tokens, the default tiles against ``JOB_DECODE_TILES`` / ``JOB_PREFILL_TILES``.
 * ``few``: decodes of 1-16 sequences over 1024 and 4096 keys: the default against 1-8 splits in each of
   ``FEW_TILES`` (where the split rule and the tiles of a program per SM or fewer should sit).
 * ``one``: decodes of 1 and 4 sequences over 1024 and 4096 keys, caches rotated past the L2: split
@@ -160,9 +163,13 @@ BF16_AHEAD_VARIANTS = [(64, 8, 3, 1), (64, 8, 4, 1), (64, 8, 5, 1), (128, 4, 3, 
 # Round 6's fastest fp8 row (0.1862 ms against the default's 0.1925 in one run): 2 splits.
 FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
 # The fifth field, MLATileConfig.separate_values: the latent rows loaded again for the value product.
-MLA_FP8_TILES = {16: [(16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2), (16, 32, 4, 3, True), (16, 32, 4, 2, True),
-                      (16, 64, 4, 2, True)],
-                 128: [(64, 64, 8, 2), (64, 32, 8, 3, True), (64, 32, 8, 2, True)]}  # fmt: skip
+# Fields of MLATileConfig: heads per program, keys a step, warps, stages, the latent rows loaded again for
+# the value product, an fp8 tile converted once to 16 bits for both products.
+MLA_FP8_TILES = {16: [(16, 32, 4, 3, True), (16, 32, 4, 3, False, True), (16, 32, 4, 2, False, True),
+                      (16, 32, 8, 3, False, True), (16, 32, 8, 2, False, True), (16, 64, 8, 2, False, True),
+                      (16, 64, 4, 2, False, True), (16, 16, 4, 4, False, True)],
+                 128: [(64, 64, 8, 2), (64, 32, 8, 3, False, True), (64, 64, 8, 2, False, True),
+                       (64, 32, 8, 2, False, True)]}  # fmt: skip
 
 
 def fp8(out: Path, ceil) -> dict:
@@ -207,9 +214,25 @@ def fp8(out: Path, ceil) -> dict:
             record(key, _paged_call(case, sets, o, tiles=t, splits=sp), 2 * kv_bytes)
         except Exception as exc:
             rows[key] = peers.error_line(exc)
-    saved = launch.f16_dots_for
+    (out / "fp8.json").write_text(json.dumps(rows, indent=1))
+    return rows | mla_fp8(out, ceil)
 
-    # MLA decode, DeepSeek-V3 latent (512 + 64), page 64, B=64 L=4096
+
+def mla_fp8(out: Path, ceil) -> dict:
+    """MLA decode, DeepSeek-V3 latent (512 + 64), page 64, B=64 L=4096: bf16 and fp8 latent caches at H 16
+    and 128, the default tiles and ``MLA_FP8_TILES``; e5m2 with the default tiles."""
+    rows = {}
+
+    def record(key, fn, nbytes, graph=True):
+        r = _timed(fn, 2, graph)
+        r["tb_s"] = nbytes / r["ms"] / 1e9
+        r["frac_copy"] = r["tb_s"] / ceil.copy_tb_s
+        rows[key] = r
+        print(f"mla {key:<52} {r['ms']:.4f} ms (spread {r['spread']:.1%}) {r['tb_s']:.2f} TB/s "
+              f"{r['frac_copy']:.0%} of copy", flush=True)  # fmt: skip
+        (out / "mla_fp8.json").write_text(json.dumps(rows, indent=1))
+
+    saved = launch.f16_dots_for
     from portattn.mla import plan_mla_decode
 
     for heads in (16, 128):
@@ -224,8 +247,10 @@ def fp8(out: Path, ceil) -> dict:
         meta = plan_mla_decode(perm, seq, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L)
         mo = torch.empty_like(qn)
         c8 = quantize_kv(cache, torch.float8_e4m3fn, 0.05)
-        variants = [("bf16", cache, 1.0, None), ("e4m3 default", c8, 0.05, None)]
+        c5 = quantize_kv(cache, torch.float8_e5m2, 0.05)
+        variants = [("bf16", cache, 1.0, None), ("e4m3 default", c8, 0.05, None), ("e5m2 default", c5, 0.05, None)]
         variants += [(f"e4m3 {t}", c8, 0.05, MLATileConfig(*t)) for t in MLA_FP8_TILES[heads]]
+        ref = mla_decode_ref(qn[:4], qr[:4], cache, perm[:4], seq[:4], scale=0.07)
         for label, kv, scale, tiles in variants:
             if label.endswith("bf16 dots"):
                 mla_decode_launch.attention_launch.f16_dots_for = lambda q_dtype, kv_dtype: False
@@ -234,14 +259,18 @@ def fp8(out: Path, ceil) -> dict:
             kwargs["tiles"] = tiles
             fn = lambda i, args=args, kwargs=kwargs: mla_decode_launch.mla_decode_forward(*args, **kwargs)
             nbytes = b * L * 576 * (2 if kv is cache else 1)
-            record(f"mla H={heads} {label}", fn, nbytes)
+            try:
+                record(f"H={heads} {label}", fn, nbytes)
+            except Exception as exc:
+                rows[f"H={heads} {label}"] = peers.error_line(exc)
+                print(f"mla H={heads} {label} {rows[f'H={heads} {label}']}", flush=True)
+            if isinstance(rows.get(f"H={heads} {label}"), dict):  # against the bf16 cache's float32 reference
+                small = (qn[:4], qr[:4], kv, perm[:4], seq[:4], mo[:4].clone())
+                got = mla_decode_launch.mla_decode_forward(*small, scale=0.07, num_kv_splits=1, kv_scale=scale,
+                                                           tiles=tiles)  # fmt: skip
+                rows[f"H={heads} {label}"]["rel_error"] = max_error(got, ref) / float(ref.abs().max())
             mla_decode_launch.attention_launch.f16_dots_for = saved
-        ref = mla_decode_ref(qn[:4], qr[:4], cache, perm[:4], seq[:4], scale=0.07)
-        got = mla_decode_launch.mla_decode_forward(
-            qn[:4], qr[:4], c8, perm[:4], seq[:4], mo[:4].clone(), scale=0.07, num_kv_splits=1, kv_scale=0.05
-        )
-        rows[f"mla H={heads} e4m3 rel error vs bf16 cache"] = max_error(got, ref) / float(ref.abs().max())
-    (out / "fp8.json").write_text(json.dumps(rows, indent=1))
+    (out / "mla_fp8.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -440,6 +469,48 @@ def batched(out: Path, ceil) -> dict:
             record(f"n{n} w{w} s{st}{' ahead' if ahead else ''} S1", _paged_call(case, sets, o, tiles=t, splits=1))
             if ahead:
                 record(f"n{n} w{w} s{st} ahead S2", _paged_call(case, sets, o, tiles=t, splits=2))
+    return rows
+
+
+# The offline job's steps (256 requests of 1024 + 256 tokens, Llama-3-8B's heads, page 16): its decodes of
+# 128-256 sequences over about 1152 keys, and a prompt chunk's 16 new sequences of 1024 tokens (causal).
+# Tiles: (block_n, warps, stages, page ids ahead, whole pages a tile); for the prefill (block_m, block_n,
+# warps, stages, whole pages).
+JOB_DECODES = [(256, 1152), (128, 1152)]
+JOB_DECODE_TILES = [(64, 4, 3, False, True), (64, 4, 4, False, True), (64, 4, 3, True, True), (128, 4, 2, False, True),
+                    (128, 4, 3, True, True), (32, 4, 4, False, True), (64, 4, 4, False, False),
+                    (128, 4, 2, False, False)]  # fmt: skip
+JOB_PREFILL_TILES = [(128, 64, 8, 3, True), (128, 64, 4, 3, True), (64, 64, 4, 3, True), (128, 128, 8, 2, True),
+                     (64, 128, 4, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 3, False)]  # fmt: skip
+
+
+def job(out: Path, ceil) -> dict:
+    """The offline job's attention shapes (``JOB_DECODES``, a 16 x 1024 causal prompt chunk): the default
+    tiles against ``JOB_DECODE_TILES`` / ``JOB_PREFILL_TILES``."""
+    rows = {}
+    for b, L in JOB_DECODES:
+        case, sets, o, nbytes, splits, default = _decode_point(b, L)
+
+        def record(key, fn, b=b, L=L, nbytes=nbytes):
+            _record(rows, out / "job.json", "job", f"decode B={b} L={L} {key}", fn, nbytes, ceil)
+
+        record(f"default {default} S{splits}", _paged_call(case, sets, o))
+        for n, w, st, ahead, whole in JOB_DECODE_TILES:
+            t = TileConfig(default.block_q, default.block_m, n, w, st, pages_ahead=ahead, whole_pages=whole)
+            key = f"n{n} w{w} s{st}{' ahead' if ahead else ''}{' whole' if whole else ''} S{splits}"
+            record(key, _paged_call(case, sets, o, tiles=t, splits=splits))
+    case = PagedCase("prefill B=16 L=1024", 16, 1024, 1024, peers=())
+    sets = [_inputs(case, torch.bfloat16, DEV, seed) for seed in range(2)]
+    o = torch.empty(16 * 1024, 32, 128, device=DEV, dtype=torch.bfloat16)
+    flops = 4 * 16 * 32 * 128 * (1024 * 1025 // 2)
+
+    def record(key, fn):
+        _record(rows, out / "job.json", "job", f"prefill B=16 L=1024 {key}", fn, 0, ceil, flops=flops)
+
+    record("default", _paged_call(case, sets, o))
+    for m, n, w, st, whole in JOB_PREFILL_TILES:
+        t = TileConfig(m // 4, m, n, w, st, pages_ahead=True, whole_pages=whole)
+        record(f"m{m} n{n} w{w} s{st}{' whole' if whole else ''}", _paged_call(case, sets, o, tiles=t, splits=1))
     return rows
 
 
@@ -1168,6 +1239,8 @@ def plot(rows: dict, path: Path) -> None:
 SECTIONS = {
     "headdims-unaligned": (False, lambda out, ceil, args: headdims_unaligned(out, args.dims)),
     "fp8": (True, lambda out, ceil, args: fp8(out, ceil)),
+    "mla-fp8": (True, lambda out, ceil, args: mla_fp8(out, ceil)),
+    "job": (True, lambda out, ceil, args: job(out, ceil)),
     "fp8ab": (True, lambda out, ceil, args: fp8_ab(out, ceil, args.rounds)),
     "long": (True, lambda out, ceil, args: long(out, ceil)),
     "splits": (True, lambda out, ceil, args: splits(out, ceil)),

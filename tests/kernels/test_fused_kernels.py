@@ -275,6 +275,34 @@ def test_latent_rotary_write_equals_the_rope_then_the_backends_write(dtype, inte
     torch.testing.assert_close(cache.nan_to_num(), want_cache.nan_to_num(), **ulp)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_latent_rotary_write_with_the_latent_norm_stores_the_normed_rows(dtype):
+    """``norm_weight``: the latent part of each stored row is ``RMSNorm``'s value of ``c_kv`` (within a
+    rounding step; ``add_rmsnorm``'s bit for bit under the interpreter, whose reductions run in the same
+    order), the rotated key and query as without the norm; other slots of a NaN-poisoned cache stay NaN."""
+    g = torch.Generator().manual_seed(3)
+    tokens, heads, rank, rope_dim = 4, 2, 40, 16
+    q_pe = (3 * torch.randn(tokens, heads, rope_dim, generator=g)).to(DEVICE, dtype)
+    kv = (3 * torch.randn(tokens, rank + rope_dim, generator=g)).to(DEVICE, dtype)
+    c_kv, k_pe = kv.split([rank, rope_dim], dim=-1)  # strided views, as the layer splits the projection
+    norm = RMSNorm(rank, 1e-6).to(DEVICE, dtype)
+    norm.weight.copy_((1 + torch.rand(rank, generator=g)).to(DEVICE, dtype))
+    cos, sin = (torch.rand(tokens, rope_dim // 2, generator=g).to(DEVICE, dtype) for _ in range(2))
+    slots = torch.tensor([5, 0, 14, 9], device=DEVICE)
+    plain, normed = (torch.full((4, 4, rank + rope_dim), float("nan"), dtype=dtype, device=DEVICE) for _ in range(2))
+    q_plain = latent_rotary_write(q_pe, c_kv, k_pe, cos, sin, plain, slots, interleave=True)
+    q_normed = latent_rotary_write(q_pe, c_kv, k_pe, cos, sin, normed, slots, interleave=True,
+                                   norm_weight=norm.weight, eps=norm.eps)  # fmt: skip
+    assert torch.equal(q_normed, q_plain) and torch.equal(normed.isnan(), plain.isnan())
+    rows, plain_rows = normed.view(-1, rank + rope_dim)[slots], plain.view(-1, rank + rope_dim)[slots]
+    assert torch.equal(rows[:, rank:], plain_rows[:, rank:])  # the rotated keys
+    close(rows[:, :rank], norm.norm(c_kv), dtype)
+    if DEVICE.type == "cpu":
+        assert torch.equal(rows[:, :rank], add_rmsnorm(c_kv.contiguous(), norm.weight, norm.eps)[0])
+    with pytest.raises(ValueError, match=rf"expected a contiguous norm weight \[{rank}\] of dtype"):
+        latent_rotary_write(q_pe, c_kv, k_pe, cos, sin, normed, slots, interleave=True, norm_weight=norm.weight[:8])
+
+
 def test_latent_rotary_write_rejects_what_it_does_not_compute():
     q_pe, c_kv, k_pe = (torch.zeros(*s, device=DEVICE, dtype=torch.float16) for s in ((2, 3, 8), (2, 16), (2, 8)))
     table = torch.zeros(2, 4, device=DEVICE, dtype=torch.float16)

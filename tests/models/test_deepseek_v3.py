@@ -301,8 +301,9 @@ def test_fused_router_routes_as_the_torch_code(ckpt_root, monkeypatch):
 def test_fused_rotary_write_equals_the_rope_then_the_write(variant, ckpt_root, monkeypatch):
     """``latent_attention.FUSED_ROTARY_WRITE``: the Triton backend rotates q_pe and k_pe and writes the
     latent rows in one launch (``write_latent_rotary``; through Triton's interpreter on the CPU), with
-    the greedy tokens and logits of the rope's torch code and ``write_latent``, once a layer per forward
-    (prefill, chunked prefill and decode)."""
+    kv_a_layernorm folded in (``FOLD_LATENT_NORM``: the norm module not called), with the greedy tokens
+    and logits of the rope's torch code and ``write_latent``, once a layer per forward (prefill, chunked
+    prefill and decode)."""
     from portattn.backends.triton import TritonBackend
     from portattn.kernels.triton import fused_launch
     from portattn.models.layers import latent_attention
@@ -315,11 +316,16 @@ def test_fused_rotary_write_equals_the_rope_then_the_write(variant, ckpt_root, m
     monkeypatch.setattr(latent_attention, "FUSED_ROTARY_WRITE", False)
     llm = make_llm(checkpoint(variant, ckpt_root), page_size=7, prefix=False, chunked=True, attention_backend="triton")
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, return_logits=True)
+    norms = []
+    for name, module in llm.engine.model.named_modules():
+        if name.endswith("kv_a_layernorm"):
+            module.register_forward_hook(lambda *args: norms.append(1))
     plain = llm.generate(PROMPTS[:3], params, use_tqdm=False)
-    assert not calls
+    assert not calls and norms
     monkeypatch.setattr(latent_attention, "FUSED_ROTARY_WRITE", True)
+    norms.clear()
     outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
-    assert calls and len(calls) % CONFIG.num_hidden_layers == 0
+    assert calls and len(calls) % CONFIG.num_hidden_layers == 0 and not norms
     for a, b in zip(outs, plain):
         assert a.token_ids == b.token_ids
         assert rel_err(a.logits, b.logits) < 1e-5

@@ -330,9 +330,10 @@ def test_triton_launcher_rejects_bad_inputs():
 @pytest.mark.parametrize("cache", ["float16", "fp8_e4m3"])
 @pytest.mark.skipif("triton" not in SPLITTING_BACKENDS, reason="triton backend not available here")
 def test_triton_latent_rows_loaded_again_for_the_values(cache):
-    """``MLATileConfig.separate_values`` (the value product's latent rows loaded a second time) equals the
-    plain launch bit for bit, with splits and without, at a rank that leaves masked columns in the tile
-    (24 of 32), NaN in every unowned slot."""
+    """``MLATileConfig.separate_values`` (the value product's latent rows loaded a second time) and
+    ``dequantize_once`` (a tile converted to 16 bits once for both products) equal the plain launch bit
+    for bit, with splits and without, at a rank that leaves masked columns in the tile (24 of 32), NaN in
+    every unowned slot."""
     from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
     from portattn.kv_quant import quantize_kv
 
@@ -344,14 +345,16 @@ def test_triton_latent_rows_loaded_again_for_the_values(cache):
     for splits in (1, 3):
         plan = plan_mla_decode(case.page_table, case.seq_lens, 8, num_heads=5, kv_lora_rank=24, num_kv_splits=splits)
         outs = []
-        for tiles in (plain, dataclasses.replace(plain, separate_values=True)):
+        variants = [dataclasses.replace(plain, separate_values=True), dataclasses.replace(plain, dequantize_once=True)]
+        for tiles in (plain, *variants):
             out = torch.full_like(case.q_nope, float("nan"))
             mla_decode_forward(
                 case.q_nope, case.q_rope, kv, case.page_table, case.seq_lens, out, scale=0.2,
                 num_kv_splits=splits, workspace=plan.workspace, tiles=tiles, kv_scale=scale,
             )  # fmt: skip
             outs.append(out)
-        assert not outs[1].isnan().any() and torch.equal(outs[1], outs[0])
+        for other in outs[1:]:
+            assert not other.isnan().any() and torch.equal(other, outs[0])
     ref_cache = kv.to(torch.float16) * scale
     ref = mla_decode_ref(**{**case.inputs(), "kv_cache": ref_cache}, scale=0.2)
     assert max_error(outs[1], ref) < 5e-3

@@ -431,13 +431,17 @@ class AttentionBackend:
         slots: torch.Tensor,
         *,
         interleave: bool,
+        norm: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor | None:
         """Multi-head latent attention's rope with :meth:`write_latent`, where the backend fuses them:
         ``q_pe [T, H, Dr]`` rotated (returned) and ``k_pe [T, Dr]`` rotated before ``[c_kv | k_pe]`` is
         stored, by ``cos, sin`` of ``PartialRotaryEmbedding.table`` (pairs with ``interleave``, else
         rotate-half); ``None`` where it does not (the default: the caller rotates, then calls
         :meth:`write_latent`). A backend that returns a result rotates exactly as
-        ``PartialRotaryEmbedding.apply`` rounds in q's dtype and writes what :meth:`write_latent` would."""
+        ``PartialRotaryEmbedding.apply`` rounds in q's dtype and writes what :meth:`write_latent` would.
+        ``norm``: ``(weight [R], eps)`` of an RMSNorm that ``c_kv`` goes through first (Llama's rounding:
+        ``RMSNorm`` without ``unit_offset`` or ``weight_in_float32``), or ``None``; a backend that cannot
+        fold it returns ``None`` and the caller normalizes."""
         return None
 
     # -- captured uniform decode (graphs) ------------------------------------------------------

@@ -273,13 +273,18 @@ class TritonBackend(AttentionBackend):
         slots: torch.Tensor,
         *,
         interleave: bool,
+        norm: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor | None:
         """One launch (``fused_launch.latent_rotary_write``) rotates q_pe and k_pe and stores the latent
-        rows. ``None`` for a cache of another dtype than q's (fp8: :meth:`write_latent` saturates and
-        scales) or tables of another dtype."""
+        rows, through ``norm`` where given. ``None`` for a cache of another dtype than q's (fp8:
+        :meth:`write_latent` saturates and scales), tables or a norm weight of another dtype."""
         if not (kv_cache.latent.dtype == q_pe.dtype == c_kv.dtype == k_pe.dtype == cos.dtype == sin.dtype):
             return None
-        return latent_rotary_write(q_pe, c_kv, k_pe, cos, sin, kv_cache.latent, slots, interleave=interleave)
+        weight, eps = norm if norm is not None else (None, 0.0)
+        if weight is not None and weight.dtype != q_pe.dtype:
+            return None
+        return latent_rotary_write(q_pe, c_kv, k_pe, cos, sin, kv_cache.latent, slots, interleave=interleave,
+                                   norm_weight=weight, eps=eps)  # fmt: skip
 
     def forward_projected(
         self,

@@ -683,13 +683,17 @@ def latent_rotary_write(
     slots: torch.Tensor,
     *,
     interleave: bool,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> torch.Tensor:
     """Multi-head latent attention's rope and cache write in one launch (about twenty in the torch
     code): rotated ``q_pe [T, H, Dr]`` (a new contiguous tensor), and ``[c_kv | rotated k_pe]`` (``c_kv
     [T, R]``, ``k_pe [T, Dr]``) stored in rows ``slots [T]`` of ``latent [N, P, R + Dr]`` (contiguous,
     of q's dtype). ``interleave``: pairs rotated by ``cos, sin [T, Dr / 2]`` and written back as
     ``[evens | odds]``; else rotate-half by ``cos, sin [T, Dr]`` (``PartialRotaryEmbedding.table``).
-    The values of ``PartialRotaryEmbedding.apply`` and ``AttentionBackend.write_latent``."""
+    The values of ``PartialRotaryEmbedding.apply`` and ``AttentionBackend.write_latent``. With
+    ``norm_weight [R]`` (of q's dtype), ``c_kv`` is stored through that RMSNorm (``eps``), as
+    ``RMSNorm`` (Llama's rounding) then the write would store it: one launch a layer fewer."""
     tokens, heads, rope_dim = q_pe.shape
     rank = c_kv.shape[-1]
     half = rope_dim // 2
@@ -705,13 +709,18 @@ def latent_rotary_write(
         raise ValueError(f"expected a contiguous latent cache [N, P, {rank + rope_dim}], got {tuple(latent.shape)}")
     if any(t.stride(-1) != 1 for t in (q_pe, c_kv, k_pe, cos, sin)):
         raise ValueError("expected q_pe, c_kv, k_pe, cos and sin with a contiguous last dim")
+    if norm_weight is not None and (norm_weight.shape != (rank,) or norm_weight.dtype != q_pe.dtype
+                                    or not norm_weight.is_contiguous()):  # fmt: skip
+        raise ValueError(f"expected a contiguous norm weight [{rank}] of dtype {q_pe.dtype}, got "
+                         f"{tuple(norm_weight.shape)} {norm_weight.dtype}")  # fmt: skip
     out = torch.empty((tokens, heads, rope_dim), dtype=q_pe.dtype, device=q_pe.device)
     if tokens:
         latent_rotary_write_kernel[(tokens, heads + 1)](
-            q_pe, c_kv, k_pe, cos, sin, slots, out, latent, q_pe.stride(0), q_pe.stride(1), c_kv.stride(0),
+            q_pe, c_kv, k_pe, cos, sin, slots, out, latent, c_kv if norm_weight is None else norm_weight, eps,
+            q_pe.stride(0), q_pe.stride(1), c_kv.stride(0),
             k_pe.stride(0), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1), latent.shape[-1],
             NUM_HEADS=heads, RANK=rank, BLOCK_R=next_pow2(rank), HALF=half, BLOCK=next_pow2(half),
-            INTERLEAVE=interleave, num_warps=1, **pdl_options(q_pe.device),
+            INTERLEAVE=interleave, NORM=norm_weight is not None, num_warps=1, **pdl_options(q_pe.device),
         )  # fmt: skip
     return out
 

@@ -211,6 +211,8 @@ def latent_rotary_write_kernel(
     Slots,
     QOut,
     Latent,
+    NormWeight,
+    eps,
     stride_qt,
     stride_qh,
     stride_ct,
@@ -226,6 +228,7 @@ def latent_rotary_write_kernel(
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
     INTERLEAVE: tl.constexpr,
+    NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Multi-head latent attention's decoupled rope with its latent cache write, one token a program
@@ -234,7 +237,9 @@ def latent_rotary_write_kernel(
     row ``Slots[t]`` of ``Latent [N * P, R + Dr]``. ``INTERLEAVE``: pairs ``(x[2i], x[2i + 1])`` by
     ``Cos, Sin [T, Dr / 2]``, written back as ``[rotated evens | rotated odds]``; else rotate-half by
     ``Cos, Sin [T, Dr]``. Rounded as ``PartialRotaryEmbedding.apply`` rounds in the dtype
-    (:func:`rotate_halves`)."""
+    (:func:`rotate_halves`). ``NORM``: ``CKv[t]`` goes through the RMSNorm of ``NormWeight [R]`` and
+    ``eps`` before it is stored, rounded as ``RMSNorm`` rounds (the normed row in the dtype, then times
+    the weight: ``add_rmsnorm_kernel``'s mode 0)."""
     wait_for_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -264,7 +269,12 @@ def latent_rotary_write_kernel(
     else:
         row = Latent + tl.load(Slots + t).to(tl.int64) * stride_row
         r = tl.arange(0, BLOCK_R)
-        tl.store(row + r, tl.load(CKv + t * stride_ct + r, mask=r < RANK, other=0.0), mask=r < RANK)
+        c = tl.load(CKv + t * stride_ct + r, mask=r < RANK, other=0.0)
+        if NORM:
+            f = c.to(tl.float32)
+            normed = (f * (1.0 / tl.sqrt(tl.sum(f * f, axis=0) / RANK + eps))).to(dtype)
+            c = (tl.load(NormWeight + r, mask=r < RANK, other=0.0).to(tl.float32) * normed.to(tl.float32)).to(dtype)
+        tl.store(row + r, c, mask=r < RANK)
         dst = row + RANK
     tl.store(dst + i, o1.to(dtype), mask=ok)
     tl.store(dst + HALF + i, o2.to(dtype), mask=ok)

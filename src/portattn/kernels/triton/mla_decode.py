@@ -25,6 +25,12 @@ product. Used by both products, an fp8 tile is taken in two register layouts, an
 loads it without its software pipeline (compiled for sm_90: 3 asynchronous copies in the loop against
 54 for a bfloat16 cache); loaded twice, each load feeds one product and both are pipelined (75
 asynchronous copies), at the price of a second read (from L2) and more shared memory.
+
+``DEQUANTIZE_ONCE`` (off, for the probes) converts an fp8 tile where it is loaded and keeps it in 16 bits
+for both products: compiled for sm_90 the byte-wise shared loads of the value product are gone (72
+conversions a thread and tile, each value converted once), but the 16-bit copy of the tile needs
+120 KB of shared memory at 32-key tiles in 3 stages, and on an H200 (16 heads, B=64 over 4096 keys) it
+ran 1.5-2.3x slower than the default (benchmarks/results/round20_h200/NOTES.md).
 """
 
 import triton
@@ -84,6 +90,7 @@ def mla_decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     F16_DOTS: tl.constexpr,
     SEPARATE_VALUES: tl.constexpr = False,
+    DEQUANTIZE_ONCE: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16 and BLOCK_R >= 16 and BLOCK_RP >= 16, "tl.dot tiles are >= 16")
     head_block = tl.program_id(0)
@@ -132,6 +139,8 @@ def mla_decode_split_kernel(
         c_kv = tl.load(
             rows[:, None] + offs_r[None, :] * stride_kv_d, mask=n_ok[:, None] & r_ok[None, :], other=0.0
         )  # [BLOCK_N, BLOCK_R]
+        if DEQUANTIZE_ONCE:  # converted where loaded, then kept in 16 bits for both products (see above)
+            c_kv = tl.where(n_ok[:, None], c_kv.to(q_nope.dtype), 0.0)
         k_pe = tl.load(
             rows[:, None] + (KV_LORA_RANK + offs_rp[None, :]) * stride_kv_d,
             mask=n_ok[:, None] & rp_ok[None, :],

@@ -33,6 +33,7 @@ class MLATileConfig:
     num_warps: int = 4
     num_stages: int = 2
     separate_values: bool = False  # the latent rows loaded again for the value product (see the kernel)
+    dequantize_once: bool = False  # an fp8 tile converted once to 16 bits for both products (see the kernel)
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -188,6 +189,7 @@ def mla_decode_forward(
             BLOCK_H=t.block_h, BLOCK_N=t.block_n, BLOCK_R=block_r, BLOCK_RP=block_rp,
             WRITE_PARTIAL=split, WRITE_LSE=lse is not None,
             DOT_PRECISION=dot_precision(dtype), F16_DOTS=f16, SEPARATE_VALUES=t.separate_values,
+            DEQUANTIZE_ONCE=t.dequantize_once,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 

@@ -43,6 +43,9 @@ from .rotary import PartialRotaryEmbedding
 # (write_latent_rotary: the Triton backend over a cache of the model's dtype). False: the rope's torch code, then
 # write_latent.
 FUSED_ROTARY_WRITE = True
+# kv_a_layernorm folded into that launch (its RMSNorm of the latent row computed before the row is stored): one
+# launch a layer fewer. False: the norm's own launch first.
+FOLD_LATENT_NORM = True
 # On GPUs a one-token absorbed step leaves the latent space through fused_launch.expert_rows (each head's rows of
 # kv_b_proj's value half streamed on the vector units) instead of a batched matmul of one row a head. Off until
 # timed on a GPU.
@@ -93,15 +96,19 @@ class MultiheadLatentAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.nope_dim + self.rope_dim)  # [T, H, Dn + Dr]
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
         c_kv, k_pe = project(self.kv_a_proj_with_mqa, x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        c_kv = self.kv_a_layernorm(c_kv)
         cache: LatentKVCache = ctx.kv_cache(self.spec.layer_id)  # latent [num_pages, P, R + Dr], its scale
         slots = ctx.metadata.out_cache_loc
-        rotated = None
+        rotated = normed = None
         fused = FUSED_ROTARY_WRITE and fused_ops(q_pe) is not None  # fused kernels on here, as for forward_rotary
         if fused and isinstance(rotary, PartialRotaryEmbedding):  # the backend's one launch, if it has one
-            rotated = ctx.backend.write_latent_rotary(q_pe, c_kv, k_pe, *table, cache, slots,
-                                                      interleave=rotary.interleave)  # fmt: skip
+            norm = self.kv_a_layernorm
+            fold = FOLD_LATENT_NORM and norm.mode == "dtype"
+            normed = None if fold else norm(c_kv)
+            rotated = ctx.backend.write_latent_rotary(q_pe, c_kv if fold else normed, k_pe, *table, cache, slots,
+                                                      interleave=rotary.interleave,
+                                                      norm=(norm.weight, norm.eps) if fold else None)  # fmt: skip
         if rotated is None:
+            c_kv = normed if normed is not None else self.kv_a_layernorm(c_kv)
             q_pe = rotary.apply(q_pe, *table)  # [T, H, Dr]
             k_pe = rotary.apply(k_pe[:, None, :], *table)[:, 0]  # [T, 1, Dr] -> [T, Dr]
             ctx.backend.write_latent(c_kv, k_pe, cache, slots)
