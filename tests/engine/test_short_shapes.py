@@ -29,6 +29,10 @@ def run(path: str, short_keys: int, monkeypatch) -> tuple[list, list, dict]:
     from portattn.kernels.triton import launch
 
     monkeypatch.setattr(launch, "SHORT_SPLIT_KEYS", 8)
+    # The long plan of a decode of four sequences of 4 heads in 8 key ranges (launch.FEW_DECODE_SPLITS: still
+    # few), not the default target's 64: under the interpreter every range of every KV head is a program run
+    # on its own, 512 a layer at each step of the long plan with 64.
+    monkeypatch.setattr(launch, "DECODE_SPLIT_TARGET_WORK", 128)
     llm = LLM(
         path, device=ENGINE_DEVICE, dtype="float32", attention_backend="triton", page_size=7,
         num_pages=-(-1200 // 7), max_model_len=1100, max_num_seqs=4,
@@ -47,8 +51,7 @@ def run(path: str, short_keys: int, monkeypatch) -> tuple[list, list, dict]:
         return run_model(shape, num_seqs)
 
     monkeypatch.setattr(graphs, "_run_model", counted)
-    # 13 tokens: the 14-token prompt's last two decodes attend more than 24 keys (under the interpreter every
-    # step of the long plan runs 64 split programs a KV head, the suite's longest test)
+    # 13 tokens: the 14-token prompt's last two decodes attend more than 24 keys
     params = SamplingParams(temperature=0, max_tokens=13, ignore_eos=True, return_logits=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     return outs, shapes, {shape: ctx.metadata.num_kv_splits for shape, ctx in graphs.contexts.items()}
@@ -59,8 +62,8 @@ def test_short_shapes_equal_the_long_plan_and_give_way_past_the_bound(ckpt_root,
     short, shapes, splits = run(path, 24, monkeypatch)
     assert (4, 1, SHORT) in shapes and (4, 1) in shapes  # short while every sequence holds <= 24 keys
     assert shapes.index((4, 1)) > max(i for i, s in enumerate(shapes) if s == (4, 1, SHORT))
-    # 24 keys in 8-key ranges; 1100 keys of four sequences (few: launch.FEW_DECODE_SPLITS) in 64 ranges of 17 or more
-    assert splits[(4, 1, SHORT)] == 3 and splits[(4, 1)] == 64
+    # 24 keys in 8-key ranges; 1100 keys of four sequences (few: launch.FEW_DECODE_SPLITS) in 8 ranges of 137 or more
+    assert splits[(4, 1, SHORT)] == 3 and splits[(4, 1)] == 8
     long, shapes, splits = run(path, 0, monkeypatch)
     assert shapes and all(len(s) == 2 for s in shapes) and not any(len(s) == 3 for s in splits)
     for a, b in zip(short, long):

@@ -22,6 +22,9 @@ from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 
 PROMPTS = random_prompts([5, 30, 2])  # 37 tokens prefilled together (not folded), then decodes of 3
+# Decode steps of a generate (max_tokens - 1): the third writes position 7 of the 5-token prompt, the first
+# slot of its second page. Few, as every step's kernels run through the interpreter on the CPU.
+DECODES = 3
 
 
 def make_llm(path: str, backend: str) -> LLM:
@@ -68,20 +71,20 @@ def test_folded_norms_equal_the_layers(family, backend, ckpt_root, monkeypatch):
     llm = make_llm(checkpoint(family, ckpt_root), backend)
     layers = len(llm.engine.model.model.layers)
     assert all(layer.norm_fusion == (True, True) for layer in llm.engine.model.model.layers)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
     for launches in rows.values():
         launches.clear()  # the engine's warm-up forwards (on GPUs)
 
     folded = llm.generate(PROMPTS, params, use_tqdm=False)
     both = rows["norm_linear"] + rows["norm_linear_rotary"]
     assert both and all(n == len(PROMPTS) for n in both)  # the decodes of three, never the prefill
-    # q/k/v, gate/up and down (linear.SMALL_DOWN_PROJ) a layer, seven decode steps
-    assert len(both) == 3 * layers * 7
+    # q/k/v, gate/up and down (linear.SMALL_DOWN_PROJ) a layer, every decode step
+    assert len(both) == 3 * layers * DECODES
     with_rotary = backend == "triton" and family != "qwen3"  # q/k norms come between projection and rotation
-    assert len(rows["norm_linear_rotary"]) == (layers * 7 if with_rotary else 0)
+    assert len(rows["norm_linear_rotary"]) == (layers * DECODES if with_rotary else 0)
     monkeypatch.setattr(fused, "_linear_rows", [0])
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert len(rows["norm_linear"]) + len(rows["norm_linear_rotary"]) == 3 * layers * 7  # none without the folding
+    assert len(rows["norm_linear"]) + len(rows["norm_linear_rotary"]) == 3 * layers * DECODES  # none unfolded
     assert_same_greedy(folded, plain)
 
 
@@ -106,15 +109,15 @@ def test_the_bound_is_checked_and_zero_turns_the_folding_off(monkeypatch):
 def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch):
     """With the Triton backend, a decode whose attention splits its keys merges them inside the output
     projection (``merge_linear``, one launch for the merge and o_proj): greedy tokens equal, logits within
-    the products' rounding, of the layers without it. Ranges of 8 keys here, so that short test sequences
-    split (``launch.SHORT_SPLIT_KEYS``)."""
+    the products' rounding, of the layers without it. Ranges of 16 keys here, so that short test sequences
+    split (``launch.SHORT_SPLIT_KEYS``): the 30-token prompt's decodes over 31-33 keys in 2 or 3."""
     from portattn.backends import triton as triton_backend
     from portattn.kernels.triton import fused_launch, launch
     from portattn.models.layers import attention
 
     if ENGINE_DEVICE == "cpu":
         monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
-    monkeypatch.setattr(launch, "SHORT_SPLIT_KEYS", 8)
+    monkeypatch.setattr(launch, "SHORT_SPLIT_KEYS", 16)
     calls = []
 
     def counted(partial_out, partial_lse, weight):
@@ -125,10 +128,10 @@ def test_the_output_projection_merges_the_splits(family, ckpt_root, monkeypatch)
     monkeypatch.setattr(triton_backend, "norm_linear_rotary", fused_launch.norm_linear_rotary)
     llm = make_llm(checkpoint(family, ckpt_root), "triton")
     layers = len(llm.engine.model.model.layers)
-    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
     calls.clear()
     folded = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert len(calls) == layers * 4  # every decode step's layers; the prefill is not folded
+    assert len(calls) == layers * DECODES  # every decode step's layers; the prefill is not folded
     assert all(rows == len(PROMPTS) and splits > 1 for rows, _, splits in calls)
     monkeypatch.setattr(attention, "FOLD_OUT_PROJ", False)
     calls.clear()
@@ -156,16 +159,16 @@ def test_the_down_projection_in_the_fused_linear_kernel(ckpt_root, monkeypatch):
     monkeypatch.setattr(fused_launch, "norm_linear", counted)
     llm = make_llm(checkpoint("llama", ckpt_root), "torch")
     layers = len(llm.engine.model.model.layers)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
     monkeypatch.setattr(linear, "SMALL_DOWN_PROJ", False)
     rows.clear()
     plain = llm.generate(PROMPTS, params, use_tqdm=False)
-    assert len(rows) == 2 * layers * 7  # q/k/v and gate/up
+    assert len(rows) == 2 * layers * DECODES  # q/k/v and gate/up
     monkeypatch.setattr(linear, "SMALL_DOWN_PROJ", True)
     rows.clear()
     small = llm.generate(PROMPTS, params, use_tqdm=False)
     # and down (the prompts' pages are cached now: their last tokens' prefill is small enough too)
-    assert rows.count(len(PROMPTS)) == 3 * layers * 7
+    assert rows.count(len(PROMPTS)) == 3 * layers * DECODES
     assert_same_greedy(small, plain)
 
 
@@ -200,7 +203,7 @@ def test_one_row_projections_in_row_linear(family, backend, ckpt_root, monkeypat
     counting("row_linear_rotary", triton_backend)  # the backend imported its launcher by name
     llm = make_llm(checkpoint(family, ckpt_root), backend)
     layers = len(llm.engine.model.model.layers)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
     monkeypatch.setattr(fused_launch, "ROW_LINEAR_ROTARY", True)  # off by default (measured slower)
     monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
     calls.clear()
@@ -208,11 +211,12 @@ def test_one_row_projections_in_row_linear(family, backend, ckpt_root, monkeypat
     assert not calls
     monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1)
     rows = llm.generate(PROMPTS[:1], params, use_tqdm=False)
-    assert len(calls) == 4 * layers * 7 and all(n == 1 for _, n, *_ in calls)  # seven batch-1 decode steps
+    assert len(calls) == 4 * layers * DECODES and all(n == 1 for _, n, *_ in calls)  # batch-1 decode steps
     hidden = llm.engine.model.config.hidden_size
     qkv = "row_linear_rotary" if backend == "triton" else "row_linear"
     normed = [(name, k, act) for name, _, k, has_norm, act in calls if has_norm]
-    assert normed == [(qkv, hidden, None), ("row_linear", hidden, "silu")] * layers * 7  # q/k/v, gate/up with SiLU
+    # q/k/v, gate/up with SiLU
+    assert normed == [(qkv, hidden, None), ("row_linear", hidden, "silu")] * layers * DECODES
     assert_same_greedy(rows, plain)
 
 
@@ -256,7 +260,7 @@ def _row_linear_runs(path: str, monkeypatch):
 
     monkeypatch.setattr(fused_launch, "row_linear", counted)
     llm = make_llm(path, "torch")
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, return_logits=True)
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
     monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 1 << 30)
     plain = llm.generate(PROMPTS[:1], params, use_tqdm=False)
     assert not calls
@@ -275,11 +279,11 @@ def test_llama4_one_row_projections_in_row_linear(ckpt_root, monkeypatch):
     assert shared, "expected mixture layers in the tiny Llama 4"
     gated_alone = [(id(m.gate_up_proj.weight), False, m.act.name) for m in shared]
     per_step = [(id(w), norm, act) for w, norm, act in calls if not norm and act is not None]  # no norm
-    assert per_step == gated_alone * 7  # seven batch-1 decode steps
+    assert per_step == gated_alone * DECODES  # every batch-1 decode step
     plain_rows = {id(w) for w, norm, act in calls if not norm and act is None}
     for attn in (layer.self_attn for layer in layers):
         assert id(attn.qkv_proj.weight) in plain_rows and id(attn.o_proj.weight) in plain_rows
-    assert len(calls) == 4 * len(layers) * 7
+    assert len(calls) == 4 * len(layers) * DECODES
     assert_same_greedy(rows, plain)
 
 
