@@ -6,7 +6,8 @@ root, with MODE one of
 * ``replay``: one decode-graph replay of ``--batch`` sequences over ``--context`` keys under torch.profiler:
   every kernel's start and end, their sum against the profiled span (idle time between kernels) and against
   the replay's event-timed wall time, beside the async step time of the same batch. ``--kernel-options``
-  switches launch options as the engine benchmark does (e.g. ``no_pdl``);
+  switches launch options as the engine benchmark does (e.g. ``no_pdl``); ``--model llama4`` / ``deepseek``
+  replays the engine benchmark's 4-layer mixture shapes instead of the 8B's;
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
   ``generate()`` to the first step, and the host's time between steps.
@@ -42,9 +43,11 @@ def cuda_kernels(prof) -> list[tuple[float, float, str]]:
 def replay(args, path: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    llm = bench.make_llm(path, max_num_seqs=256, max_model_len=args.context + 512, kv_cache_memory=48 << 30)
+    llm = bench.make_llm(path, max_num_seqs=max(args.batch, 16), max_model_len=args.context + 512,
+                         kv_cache_memory=48 << 30)  # fmt: skip
     engine = llm.engine
-    out = {"mode": "replay", "batch": args.batch, "context": args.context, "kernel_options": args.kernel_options}
+    out = {"mode": "replay", "model": args.model, "batch": args.batch, "context": args.context}
+    out["kernel_options"] = args.kernel_options
     bench.start_decoding(engine, args.batch, args.context, max_tokens=64)
     out["async_step_ms"] = bench.step_ms(engine, 10)
     with bench.synchronous(engine):
@@ -119,9 +122,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--context", type=int, default=1152)
     parser.add_argument("--kernel-options", nargs="*", default=[], choices=sorted(bench.KERNEL_OPTIONS))
+    parser.add_argument("--model", default="llama3_8b", choices=["llama3_8b", "llama4", "deepseek"],
+                        help="replay: the 8B shape (32 layers) or a family part's shape (4 layers)")  # fmt: skip
     args = parser.parse_args()
     bench.apply_kernel_options(args.kernel_options)
-    path = bench.checkpoint("llama3_8b_32l", bench.llama3_8b_config(32), args.workdir)
+    if args.model == "llama3_8b":
+        path = bench.checkpoint("llama3_8b_32l", bench.llama3_8b_config(32), args.workdir)
+    else:
+        config = (bench.llama4_config if args.model == "llama4" else bench.deepseek_v3_config)(4)
+        path = bench.checkpoint(f"{args.model}_4l", config, args.workdir)
     with torch.inference_mode():
         out = replay(args, path) if args.mode == "replay" else job(args, path)
     args.out.write_text(json.dumps(out))

@@ -274,6 +274,75 @@ def mla_fp8(out: Path, ceil) -> dict:
     return rows
 
 
+# mla_splits: batches, key counts, split counts and tiles (block_h, block_n, warps, stages) of the few-sequence decodes
+MLA_SPLIT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+MLA_SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+MLA_SPLIT_TILES = {128: [(32, 32, 8, 3), (16, 32, 4, 3)], 16: []}
+
+
+def mla_splits(out: Path, ceil) -> dict:
+    """MLA decode at DeepSeek-V3's latent (512 + 64, page 64, bf16) and 128 or 16 heads: ``MLA_SPLIT_BATCHES``
+    sequences over 1024 and 4096 keys at each of ``MLA_SPLIT_COUNTS`` key ranges (the merge included), the
+    default tiles, and ``MLA_SPLIT_TILES`` at 1 and 4 sequences; each graph rotates through 64 sequences' pages
+    (75-300 MB of latent rows, past the L2), as a model's layers do. Beside each row: the split count
+    :func:`~portattn.kernels.triton.mla_workspace.choose_num_kv_splits` picks for the engine's graphs of a
+    ``L + 512``-key capacity."""
+    from portattn.kernels.triton.mla_workspace import choose_num_kv_splits as mla_splits_for
+    from portattn.kernels.triton.mla_workspace import mla_workspace_size, partial_buffers
+
+    rows, path = {}, out / "mla_splits.json"
+    P, R, Dr = 64, 512, 64
+    for heads in (128, 16):
+        for L in (1024, 4096):
+            total = 64
+            pages = total * L // P
+            gen = torch.Generator(device=DEV).manual_seed(heads + L)
+            cache = torch.randn(pages, P, R + Dr, device=DEV, dtype=torch.bfloat16, generator=gen)
+            perm = torch.randperm(pages, device=DEV, generator=gen).view(total, L // P).to(torch.int32)
+            qn = torch.randn(total, heads, R, device=DEV, dtype=torch.bfloat16, generator=gen)
+            qr = torch.randn(total, heads, Dr, device=DEV, dtype=torch.bfloat16, generator=gen)
+            seq = torch.full((total,), L, device=DEV, dtype=torch.int32)
+            inputs = (qn, qr, cache, perm, seq)
+            for b in MLA_SPLIT_BATCHES:
+                sets = total // b
+                chosen = mla_splits_for(L + 512, b, heads)
+                mo = torch.empty(b, heads, R, device=DEV, dtype=torch.bfloat16)
+                tile_list = [None] + [MLATileConfig(*t) for t in MLA_SPLIT_TILES[heads] if b <= 4]
+                for tiles in tile_list:
+                    for splits in MLA_SPLIT_COUNTS:
+                        if splits * 32 > L:
+                            continue
+                        ws = torch.empty(mla_workspace_size(L, b, heads, P, num_kv_splits=splits, kv_lora_rank=R),
+                                         dtype=torch.uint8, device=DEV)  # fmt: skip
+                        parts = partial_buffers(ws, b, heads, splits, R) if splits > 1 else None
+
+                        def fn(i, b=b, sets=sets, splits=splits, parts=parts, tiles=tiles, mo=mo, inputs=inputs):
+                            qn, qr, cache, perm, seq = inputs
+                            j = (i % sets) * b
+                            return mla_decode_launch.mla_decode_forward(
+                                qn[j : j + b], qr[j : j + b], cache, perm[j : j + b], seq[j : j + b], mo, scale=0.07,
+                                num_kv_splits=splits, partials=parts, tiles=tiles,
+                            )  # fmt: skip
+
+                        label = "default" if tiles is None else "{}x{} w{} s{}".format(*dataclasses.astuple(tiles)[:4])
+                        key = f"H={heads} L={L} B={b} {label} splits={splits}"
+                        try:
+                            r = _timed(fn, sets)
+                        except Exception as exc:
+                            rows[key] = peers.error_line(exc)
+                            print(f"mla-splits {key} {rows[key]}", flush=True)
+                            continue
+                        r["tb_s"] = b * L * (R + Dr) * 2 / r["ms"] / 1e9
+                        r["frac_copy"] = r["tb_s"] / ceil.copy_tb_s
+                        r["engine_splits"] = chosen
+                        rows[key] = r
+                        print(f"mla-splits {key:<52} {r['ms']:.4f} ms spread {r['spread']:.1%} "
+                              f"{r['frac_copy']:.0%} of copy (engine's choice {chosen})", flush=True)  # fmt: skip
+            path.write_text(json.dumps(rows, indent=1))
+            del cache, inputs
+    return rows
+
+
 def fp8_ab(out: Path, ceil, rounds: int) -> dict:
     rows: dict = {}
     case = PagedCase("decode B=64 L=4096 P=16", 64, 1, 4096, peers=())
@@ -1240,6 +1309,7 @@ SECTIONS = {
     "headdims-unaligned": (False, lambda out, ceil, args: headdims_unaligned(out, args.dims)),
     "fp8": (True, lambda out, ceil, args: fp8(out, ceil)),
     "mla-fp8": (True, lambda out, ceil, args: mla_fp8(out, ceil)),
+    "mla-splits": (True, lambda out, ceil, args: mla_splits(out, ceil)),
     "job": (True, lambda out, ceil, args: job(out, ceil)),
     "fp8ab": (True, lambda out, ceil, args: fp8_ab(out, ceil, args.rounds)),
     "long": (True, lambda out, ceil, args: long(out, ceil)),

@@ -137,10 +137,15 @@ def test_choose_num_kv_splits_from_the_problem():
     assert choose_num_kv_splits(32768, 1, 16) == MAX_KV_SPLITS
     assert choose_num_kv_splits(4096, 64, 16) == 4
     assert choose_num_kv_splits(4096, 256, 16) == 1
-    assert choose_num_kv_splits(300, 1, 16) == 1
-    # Many heads need long splits: each split's partial output is 128 * 4 * rank bytes.
+    assert choose_num_kv_splits(100, 1, 16) == 1
+    assert choose_num_kv_splits(300, 1, 16) == 4  # splits of at least MIN_SPLIT_TOKENS (64) keys
+    # Many heads: two 64-head blocks a sequence, splits up to about 128 programs.
     assert choose_num_kv_splits(4096, 64, 128) == 1
-    assert choose_num_kv_splits(32768, 64, 128) == 2
+    assert choose_num_kv_splits(32768, 64, 128) == 1
+    assert choose_num_kv_splits(4096, 32, 128) == 2
+    assert choose_num_kv_splits(4096, 8, 128) == 8
+    assert choose_num_kv_splits(4096, 1, 128) == MAX_KV_SPLITS
+    assert choose_num_kv_splits(1536, 1, 128) == 24  # the length's bound: 64 keys a split
     for args in [(0, 0, 1), (1, 1, 1), (10**6, 1, 1), (10**6, 10**4, 128)]:
         assert 1 <= choose_num_kv_splits(*args) <= MAX_KV_SPLITS
 

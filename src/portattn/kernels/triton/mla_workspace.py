@@ -15,15 +15,19 @@ import torch
 
 from ...errors import check_int
 
-# Programs (head group x split x sequence) that keep any current GPU busy with a few in flight
-# per compute unit (132 SMs on an H200, 64 Xe cores on a Max 1550, 304 CUs on an MI300X).
-TARGET_PROGRAMS = 256
+# Programs (head block x split x sequence) one launch aims at. Blocks of 64 heads (8 warps, bound by their
+# tensor-core work) run best at about one per compute unit, blocks of 16-32 heads (4 warps) at about two: on an
+# H200 (132 SMs), DeepSeek-V3's 128 heads over 1024-4096 keys at 1-64 sequences ran fastest at 128 programs
+# (one sequence over 1024 keys: 94 us unsplit, 16 us in 32 splits; 64 sequences: 98 us unsplit, 119 in 2), and
+# 16 heads at 128-256 (benchmarks/results/round21_h200/NOTES.md).
+TARGET_PROGRAMS = 128
+TARGET_PROGRAMS_FEW_HEADS = 256  # heads < HEADS_PER_PROGRAM: one program holds them all, in a smaller block
 HEADS_PER_PROGRAM = 64  # query heads one program covers at most (for counting programs only)
 MAX_KV_SPLITS = 64
-# A split must be long enough that its partial output (4·kv_lora_rank bytes per head, written and
-# read back) stays small beside the latent rows it reads (~2·(kv_lora_rank + rope_dim) per token).
-MIN_SPLIT_TOKENS = 256
-MIN_SPLIT_TOKENS_PER_HEAD = 32
+# Keys of a split at least: two 32-key steps. A split's partial output (4·kv_lora_rank bytes a head, written and
+# read back by the merge) outweighs the latent rows it reads at so few keys, but the partials of a small batch
+# stay in the L2 and their traffic cost less than the parallelism gained (measured as above).
+MIN_SPLIT_TOKENS = 64
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -36,18 +40,19 @@ def choose_num_kv_splits(
     """Split count for a decode batch, from the problem alone.
 
     Without splits a batch offers ``batch_size · ceil(num_heads / 64)`` programs; splits are added
-    until there are about ``TARGET_PROGRAMS`` of them, but never so many that a split of the
-    longest sequence gets fewer than ``max(256, 32 · num_heads)`` tokens, and never more than
-    ``MAX_KV_SPLITS``. Always at least 1. ``num_kv_splits`` ``None`` or -1 chooses so; a positive
-    int is that count.
+    until there are about ``TARGET_PROGRAMS`` of them (``TARGET_PROGRAMS_FEW_HEADS`` under 64 heads),
+    but never so many that a split of the longest sequence gets fewer than ``MIN_SPLIT_TOKENS`` keys,
+    and never more than ``MAX_KV_SPLITS``. Always at least 1. ``num_kv_splits`` ``None`` or -1
+    chooses so; a positive int is that count.
     """
     if num_kv_splits is not None and num_kv_splits != -1:
         check_int("num_kv_splits", num_kv_splits, 1)
         return num_kv_splits
-    programs = max(1, batch_size) * _cdiv(max(1, num_heads), HEADS_PER_PROGRAM)
-    wanted = _cdiv(TARGET_PROGRAMS, programs)
-    min_tokens = max(MIN_SPLIT_TOKENS, MIN_SPLIT_TOKENS_PER_HEAD * num_heads)
-    return max(1, min(wanted, max_seqlen_k // min_tokens, MAX_KV_SPLITS))
+    heads = max(1, num_heads)
+    programs = max(1, batch_size) * _cdiv(heads, HEADS_PER_PROGRAM)
+    target = TARGET_PROGRAMS if heads >= HEADS_PER_PROGRAM else TARGET_PROGRAMS_FEW_HEADS
+    wanted = _cdiv(target, programs)
+    return max(1, min(wanted, max_seqlen_k // MIN_SPLIT_TOKENS, MAX_KV_SPLITS))
 
 
 def mla_workspace_size(
