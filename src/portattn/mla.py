@@ -21,7 +21,7 @@ from .backends.base import MLARequest
 from .backends.metadata import MLADecodeMetadata
 from .backends.registry import select_backend
 from .errors import expect, is_real
-from .kernels.triton.mla_workspace import choose_num_kv_splits, mla_workspace_size, partial_buffers
+from .kernels.triton.mla_workspace import MIN_SPLIT_TOKENS, choose_num_kv_splits, mla_workspace_size, partial_buffers
 from .kv_quant import FP8_DTYPES, check_scale
 from .validation import FLOAT_DTYPES, check_page_table, check_sizes, check_tensor
 
@@ -78,6 +78,7 @@ def plan_mla_decode(
         workspace=workspace,
         workspace_bytes=needed,
         partials=None if workspace is None else partial_buffers(workspace, batch, num_heads, splits, kv_lora_rank),
+        min_split_keys=MIN_SPLIT_TOKENS if num_kv_splits in (None, -1) else 1,
     )
 
 

@@ -210,7 +210,7 @@ CHILD = textwrap.dedent(
         ("MLA decode over fp8, the latent rows loaded again", mla_decode_split_kernel, MLA,
          {"KV_LORA_RANK": 512, "ROPE_DIM": 64, "PAGE_SIZE": 64, "BLOCK_H": 16, "BLOCK_N": 32, "BLOCK_R": 512,
           "BLOCK_RP": 64, "WRITE_PARTIAL": True, "WRITE_LSE": False, "DOT_PRECISION": None, "F16_DOTS": True,
-          "SEPARATE_VALUES": True, "DEQUANTIZE_ONCE": False}, 4),
+          "MIN_SPLIT": 64, "SEPARATE_VALUES": True, "DEQUANTIZE_ONCE": False}, 4),
     ]
     for name, fn, signature, constexprs, warps in KERNELS:
         signature = {**signature, **{key: "constexpr" for key in constexprs}}

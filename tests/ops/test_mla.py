@@ -137,8 +137,8 @@ def test_choose_num_kv_splits_from_the_problem():
     assert choose_num_kv_splits(32768, 1, 16) == MAX_KV_SPLITS
     assert choose_num_kv_splits(4096, 64, 16) == 4
     assert choose_num_kv_splits(4096, 256, 16) == 1
-    assert choose_num_kv_splits(100, 1, 16) == 1
-    assert choose_num_kv_splits(300, 1, 16) == 4  # splits of at least MIN_SPLIT_TOKENS (64) keys
+    assert choose_num_kv_splits(64, 1, 16) == 1
+    assert choose_num_kv_splits(300, 1, 16) == 5  # as many as 300 keys fill at MIN_SPLIT_TOKENS (64) a split
     # Many heads: two 64-head blocks a sequence, splits up to about 128 programs.
     assert choose_num_kv_splits(4096, 64, 128) == 1
     assert choose_num_kv_splits(32768, 64, 128) == 1
@@ -148,6 +148,33 @@ def test_choose_num_kv_splits_from_the_problem():
     assert choose_num_kv_splits(1536, 1, 128) == 24  # the length's bound: 64 keys a split
     for args in [(0, 0, 1), (1, 1, 1), (10**6, 1, 1), (10**6, 10**4, 128)]:
         assert 1 <= choose_num_kv_splits(*args) <= MAX_KV_SPLITS
+
+
+@pytest.mark.skipif("triton" not in SPLITTING_BACKENDS, reason="triton backend not available here")
+def test_chosen_splits_cut_a_sequence_alike_for_any_bound():
+    """A plan for the batch's longest sequence and one for a longer bound (a captured graph's) choose other
+    split counts, and cut each sequence alike (at least MIN_SPLIT_TOKENS keys a split): equal outputs, bit for
+    bit; forced counts cut at the tile only."""
+    from portattn.backends.triton import TritonBackend
+    from portattn.kernels.triton.mla_workspace import MIN_SPLIT_TOKENS
+
+    dtype = torch.float16
+    case = make_mla_case([40, 150, 300], page_size=16, num_heads=4, dtype=dtype, seed=21)
+    outs, splits = [], []
+    for bound in (300, 4096):
+        plan = plan_mla_decode(case.page_table, case.seq_lens, 16, num_heads=4, kv_lora_rank=RANK, max_seqlen_k=bound)
+        assert plan.min_split_keys == MIN_SPLIT_TOKENS
+        out = torch.full_like(case.q_nope, float("nan"))
+        TritonBackend().mla_decode(case.q_nope, case.q_rope, case.kv_cache, plan, 0.2, out)
+        outs.append(out)
+        splits.append(plan.num_kv_splits)
+    assert splits == [5, 64]
+    assert torch.equal(outs[0], outs[1])
+    forced = plan_mla_decode(case.page_table, case.seq_lens, 16, num_heads=4, kv_lora_rank=RANK, num_kv_splits=5)
+    assert forced.min_split_keys == 1
+    ref = mla_decode_ref(**case.inputs(), scale=0.2)
+    lowp = mla_decode_ref(**case.inputs(), scale=0.2, upcast=False)
+    assert max_error(outs[0], ref) <= tolerance(ref, lowp, dtype)
 
 
 def test_workspace_size_is_a_pure_function():

@@ -81,6 +81,9 @@ class MLADecodeMetadata:
     workspace: torch.Tensor | None  # uint8, at least workspace_bytes; None when num_kv_splits == 1
     workspace_bytes: int
     partials: tuple[torch.Tensor, torch.Tensor] | None = None  # partial_buffers views of the workspace
+    # Keys a split holds at least (the kernel's floor): mla_workspace.MIN_SPLIT_TOKENS where the split count was
+    # chosen from the problem, so that a captured graph and an eager step cut a sequence alike; 1 where forced.
+    min_split_keys: int = 1
 
     @property
     def batch_size(self) -> int:

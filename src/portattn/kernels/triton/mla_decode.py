@@ -8,8 +8,11 @@ adjacent in the grid so that, when a problem needs several, they run together an
 through the L2 cache.
 
 Split ``s`` of a sequence of ``L`` keys covers keys ``[s·len, min((s+1)·len, L))`` with
-``len = ceil(ceil(L / S) / SPLIT_ALIGN) · SPLIT_ALIGN``: short sequences leave trailing splits
-empty. A split writes its normalised output and base-2 log-sum-exp to the workspace (or, with a
+``len = max(ceil(ceil(L / S) / SPLIT_ALIGN), ceil(MIN_SPLIT / SPLIT_ALIGN)) · SPLIT_ALIGN``: short
+sequences leave trailing splits empty. With the floor ``MIN_SPLIT`` (the plan's
+``min_split_keys``: ``mla_workspace.MIN_SPLIT_TOKENS`` when the split count was chosen from the problem),
+a sequence is cut alike under any split count from ``ceil(L / MIN_SPLIT)`` up: an engine's captured
+graph, planned for its longest context, and an eager step, planned for the batch's, cut it the same. A split writes its normalised output and base-2 log-sum-exp to the workspace (or, with a
 single split, the output itself); ``mla_decode_merge_kernel`` combines a sequence's non-empty
 splits. With ``WRITE_LSE`` the natural-log LSE of each (sequence, head) is written too, by the
 split kernel when there is one split and by the merge otherwise. Launchers are in
@@ -38,9 +41,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _split_range(num_keys, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr):
+def _split_range(num_keys, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr, MIN_SPLIT: tl.constexpr):
     per_split = tl.cdiv(tl.cdiv(num_keys, num_kv_splits), SPLIT_ALIGN) * SPLIT_ALIGN
-    per_split = tl.maximum(per_split, SPLIT_ALIGN)  # an empty sequence still gets a step > 0
+    # at least MIN_SPLIT keys (and one step: an empty sequence still gets a step > 0)
+    per_split = tl.maximum(per_split, tl.cdiv(tl.maximum(MIN_SPLIT, 1), SPLIT_ALIGN) * SPLIT_ALIGN)
     start = split * per_split
     end = tl.minimum(start + per_split, num_keys)
     return start, end, per_split
@@ -89,6 +93,7 @@ def mla_decode_split_kernel(
     WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     F16_DOTS: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
     SEPARATE_VALUES: tl.constexpr = False,
     DEQUANTIZE_ONCE: tl.constexpr = False,
 ):
@@ -98,7 +103,7 @@ def mla_decode_split_kernel(
     seq = tl.program_id(2).to(tl.int64)
 
     num_keys = tl.load(SeqLensK + seq)
-    start, end, _ = _split_range(num_keys, split, num_kv_splits, BLOCK_N)
+    start, end, _ = _split_range(num_keys, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
 
     offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_R)
@@ -207,11 +212,12 @@ def mla_decode_merge_kernel(
     BLOCK_R: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
 ):
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     num_keys = tl.load(SeqLensK + seq)
-    _, _, per_split = _split_range(num_keys, 0, num_kv_splits, SPLIT_ALIGN)
+    _, _, per_split = _split_range(num_keys, 0, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT)
     num_active = tl.cdiv(num_keys, per_split)  # splits that saw keys; the others wrote nothing
 
     offs_r = tl.arange(0, BLOCK_R)

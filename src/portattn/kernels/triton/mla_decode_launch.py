@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ...device import is_triton_interpreter
-from ...errors import expect, fail
+from ...errors import check_int, expect, fail
 from ...kv_quant import FP8_DTYPES
 from . import launch as attention_launch
 from .launch import dot_precision, next_pow2
@@ -74,7 +74,7 @@ def choose_tiles(
     return MLATileConfig(block_h=64, block_n=32, num_warps=8, num_stages=3)
 
 
-def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits) -> None:
+def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits, min_split_keys=1) -> None:
     """Raise a ValueError naming the first problem (the slow path, taken only when a check failed)."""
     tensors = {"q_nope": q_nope, "q_rope": q_rope, "kv_cache": kv_cache, "out": out}
     tensors |= {"page_table": page_table, "seq_lens_k": seq_lens_k}
@@ -94,6 +94,7 @@ def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_k
     expect(seq_lens_k.shape == (batch,) and page_table.shape[0] == batch, f"{batch} sequences", seq_lens_k.shape)
     expect(math.isfinite(scale) and scale > 0, "a positive finite scale", scale)
     expect(num_kv_splits >= 1, "num_kv_splits >= 1", num_kv_splits)
+    check_int("min_split_keys", min_split_keys, 1)
     raise AssertionError("a launch check failed without an explanation")
 
 
@@ -112,6 +113,7 @@ def mla_decode_forward(
     lse: torch.Tensor | None = None,
     tiles: MLATileConfig | None = None,
     kv_scale: float = 1.0,
+    min_split_keys: int = 1,
 ) -> torch.Tensor:
     """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
 
@@ -121,7 +123,8 @@ def mla_decode_forward(
     plan) or else to views of ``workspace``, a uint8 buffer of at least
     ``mla_workspace_size(..., num_kv_splits=num_kv_splits)`` bytes. ``lse [B, H]`` float32, when
     given, receives the natural-log LSE of each row. ``kv_cache`` is in ``q_nope``'s dtype or fp8;
-    its stored rows times ``kv_scale`` are the latent rows.
+    its stored rows times ``kv_scale`` are the latent rows. ``min_split_keys``: keys a split holds at
+    least (rounded up to the key tile; see ``mla_decode.py``): the plan's ``min_split_keys``.
     """
     dtype, device = q_nope.dtype, q_nope.device
     batch, num_heads, rank = q_nope.shape
@@ -136,10 +139,11 @@ def mla_decode_forward(
         and page_table.device == device and seq_lens_k.device == device
         and q_rope.shape[:2] == q_nope.shape[:2] and kv_cache.shape[2] == rank + rope_dim
         and out.shape == q_nope.shape and seq_lens_k.shape[0] == batch and page_table.shape[0] == batch
-        and math.isfinite(scale) and scale > 0 and num_kv_splits >= 1
+        and math.isfinite(scale) and scale > 0 and num_kv_splits >= 1 and type(min_split_keys) is int
+        and min_split_keys >= 1
     )  # fmt: skip
     if not valid:
-        _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits)
+        _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits, min_split_keys)
     if lse is not None and not (
         lse.dtype == torch.float32 and lse.shape == (batch, num_heads) and lse.device == device
     ):
@@ -188,7 +192,8 @@ def mla_decode_forward(
             KV_LORA_RANK=rank, ROPE_DIM=rope_dim, PAGE_SIZE=kv_cache.shape[1],
             BLOCK_H=t.block_h, BLOCK_N=t.block_n, BLOCK_R=block_r, BLOCK_RP=block_rp,
             WRITE_PARTIAL=split, WRITE_LSE=lse is not None,
-            DOT_PRECISION=dot_precision(dtype), F16_DOTS=f16, SEPARATE_VALUES=t.separate_values,
+            DOT_PRECISION=dot_precision(dtype), F16_DOTS=f16, MIN_SPLIT=min_split_keys,
+            SEPARATE_VALUES=t.separate_values,
             DEQUANTIZE_ONCE=t.dequantize_once,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
@@ -206,6 +211,7 @@ def mla_decode_forward(
             num_heads, num_kv_splits,
             *out.stride(), *lse_buf.stride(),
             KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n, WRITE_LSE=lse is not None,
+            MIN_SPLIT=min_split_keys,
             num_warps=4,
         )  # fmt: skip
     return out

@@ -26,7 +26,9 @@ HEADS_PER_PROGRAM = 64  # query heads one program covers at most (for counting p
 MAX_KV_SPLITS = 64
 # Keys of a split at least: two 32-key steps. A split's partial output (4·kv_lora_rank bytes a head, written and
 # read back by the merge) outweighs the latent rows it reads at so few keys, but the partials of a small batch
-# stay in the L2 and their traffic cost less than the parallelism gained (measured as above).
+# stay in the L2 and their traffic cost less than the parallelism gained (measured as above). The kernel cuts
+# splits of at least this many keys under any split count (mla_decode.py), so that a sequence is cut alike
+# whether the count was chosen for its own length or for a longer one (a captured graph's).
 MIN_SPLIT_TOKENS = 64
 
 
@@ -41,8 +43,8 @@ def choose_num_kv_splits(
 
     Without splits a batch offers ``batch_size · ceil(num_heads / 64)`` programs; splits are added
     until there are about ``TARGET_PROGRAMS`` of them (``TARGET_PROGRAMS_FEW_HEADS`` under 64 heads),
-    but never so many that a split of the longest sequence gets fewer than ``MIN_SPLIT_TOKENS`` keys,
-    and never more than ``MAX_KV_SPLITS``. Always at least 1. ``num_kv_splits`` ``None`` or -1
+    but no more than the longest sequence fills with ``MIN_SPLIT_TOKENS`` keys a split (the kernel's
+    floor), and never more than ``MAX_KV_SPLITS``. Always at least 1. ``num_kv_splits`` ``None`` or -1
     chooses so; a positive int is that count.
     """
     if num_kv_splits is not None and num_kv_splits != -1:
@@ -52,7 +54,7 @@ def choose_num_kv_splits(
     programs = max(1, batch_size) * _cdiv(heads, HEADS_PER_PROGRAM)
     target = TARGET_PROGRAMS if heads >= HEADS_PER_PROGRAM else TARGET_PROGRAMS_FEW_HEADS
     wanted = _cdiv(target, programs)
-    return max(1, min(wanted, max_seqlen_k // MIN_SPLIT_TOKENS, MAX_KV_SPLITS))
+    return max(1, min(wanted, _cdiv(max_seqlen_k, MIN_SPLIT_TOKENS), MAX_KV_SPLITS))
 
 
 def mla_workspace_size(
