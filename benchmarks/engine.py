@@ -60,7 +60,8 @@ from portattn.device import synchronize
 # weighed and summed by torch after the down projection; "unfused_pairs_rotary": Llama 4's pair rotation and q/k norm
 # through the torch code; "unfused_router": DeepSeek V3's grouped top-k through the torch code;
 # "unfused_latent_rotary": MLA's rope through the torch code, then write_latent; "absorbed_value_rows": a one-token
-# MLA step's value product through expert_rows.
+# MLA step's value product through expert_rows; "unfused_llama4_router": Llama 4's router and attention temperature
+# through the torch code.
 _LAUNCH, _FUSED_LAUNCH = "portattn.kernels.triton.launch", "portattn.kernels.triton.fused_launch"
 _MOE, _LATENT = "portattn.models.layers.moe", "portattn.models.layers.latent_attention"
 KERNEL_OPTIONS = {
@@ -76,6 +77,7 @@ KERNEL_OPTIONS = {
     "uncombined_experts": (_MOE, "COMBINE_IN_KERNEL", False),
     "unfused_pairs_rotary": ("portattn.models.llama4", "FUSED_ROTARY_PAIRS", False),
     "unfused_router": ("portattn.models.deepseek_v3", "FUSED_ROUTER", False),
+    "unfused_llama4_router": ("portattn.models.llama4", "FUSED_ROUTER", False),
     "unfused_latent_rotary": (_LATENT, "FUSED_ROTARY_WRITE", False),
     "unfolded_latent_norm": (_LATENT, "FOLD_LATENT_NORM", False),
     "absorbed_value_rows": (_LATENT, "ABSORBED_VALUE_ROWS", True),

@@ -110,9 +110,10 @@ def rounded_through(monkeypatch, kv_dtype: torch.dtype, scale: float) -> None:
 
     monkeypatch.setattr(portattn.backends.base, "quantize_kv", write)  # the backend: the one writer
     # Fused launches that store a cache of the queries' dtype themselves (the Triton backend's rotary
-    # write) would store the values unrounded: the engine takes write_kv instead, as over an fp8 cache.
+    # write, its one-launch write_kv) would store the values unrounded: the engine takes the base class's
+    # write_kv instead, as over an fp8 cache.
     for cls in filter(None, map(registry.backend_class, registry.registered_backends())):
-        for name in ("forward_rotary", "forward_projected", "write_latent_rotary"):
+        for name in ("forward_rotary", "forward_projected", "write_latent_rotary", "write_kv"):
             monkeypatch.setattr(cls, name, getattr(AttentionBackend, name))
 
 

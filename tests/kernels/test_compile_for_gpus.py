@@ -35,6 +35,9 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.fused_linear import row_linear_kernel, row_linear_rotary_kernel, expert_rows_kernel
     from portattn.kernels.triton.fused_linear import expert_tokens_kernel
     from portattn.kernels.triton.grouped_topk import grouped_topk_kernel
+    from portattn.kernels.triton.router_topk import router_topk_kernel
+    from portattn.kernels.triton.kv_write import kv_write_kernel
+    from portattn.kernels.triton.attn_temperature import attn_temperature_kernel
     from portattn.kernels.triton.merge import merge_splits_kernel
     from portattn.kernels.triton.argmax import argmax_chunks_kernel, argmax_merge_kernel
     from portattn.kernels.triton.fused_rotary import rotary_table_kernel
@@ -104,17 +107,17 @@ CHILD = textwrap.dedent(
          {"X": "*bf16", "Ids": "*i64", "Scale": "*bf16", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
           "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
          {"GATED": True, "ACT": 0, "INTERLEAVED": False, "TOP_K": 1, "HAS_SCALE": False, "HAS_IDS": True, "BLOCK_N": 8,
-          "BLOCK_K": 1024, "PDL": True}, 4),
+          "BLOCK_K": 1024, "PDL": True, "SCALE_INPUT": False}, 4),
         ("expert_rows, a token's 8 experts combined, PDL", expert_rows_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*fp32", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
           "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
          {"GATED": False, "ACT": 0, "INTERLEAVED": False, "TOP_K": 8, "HAS_SCALE": True, "HAS_IDS": True, "BLOCK_N": 8,
-          "BLOCK_K": 1024, "PDL": True}, 4),
+          "BLOCK_K": 1024, "PDL": True, "SCALE_INPUT": False}, 4),
         ("expert_rows, a head's weight a row (MLA's value product), PDL", expert_rows_kernel,
          {"X": "*bf16", "Ids": "*bf16", "Scale": "*bf16", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
           "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
          {"GATED": False, "ACT": 0, "INTERLEAVED": False, "TOP_K": 1, "HAS_SCALE": False, "HAS_IDS": False,
-          "BLOCK_N": 8, "BLOCK_K": 1024, "PDL": True}, 4),
+          "BLOCK_N": 8, "BLOCK_K": 1024, "PDL": True, "SCALE_INPUT": False}, 4),
         ("latent_rotary_write with the latent norm, DeepSeek V3's interleaved rope, PDL", latent_rotary_write_kernel,
          {"QPe": "*bf16", "CKv": "*bf16", "KPe": "*bf16", "Cos": "*bf16", "Sin": "*bf16", "Slots": "*i64",
           "QOut": "*bf16", "Latent": "*bf16", "NormWeight": "*bf16", "eps": "fp32",
@@ -132,6 +135,25 @@ CHILD = textwrap.dedent(
           "scaling": "fp32"},
          {"NUM_EXPERTS": 256, "NUM_GROUPS": 8, "GROUPS": 8, "PER_GROUP": 32, "TOPK_GROUP": 4, "TOP_K": 8,
           "SLOTS": 8, "NORMALIZE": True, "PDL": True}, 4),
+        ("router_topk, Llama 4 Scout's 16 experts, PDL", router_topk_kernel,
+         {"X": "*bf16", "W": "*bf16", "Partials": "*fp32", "Counters": "*i32", "Scores": "*bf16", "Ids": "*i64",
+          "K": "i32", "stride_x": "i32", "stride_w": "i32"},
+         {"NUM_EXPERTS": 16, "BLOCK_E": 16, "BLOCK_K": 256, "SPLIT_K": 512, "NUM_SPLITS": 10, "BLOCK_S": 16,
+          "TOP_K": 1, "SLOTS": 1, "PDL": True}, 4),
+        ("kv_write, PDL", kv_write_kernel,
+         {"K": "*bf16", "V": "*bf16", "Slots": "*i64", "KCache": "*bf16", "VCache": "*bf16",
+          **{name: "i32" for name in ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_kc_slot",
+                                      "stride_kc_h", "stride_vc_slot", "stride_vc_h")}},
+         {"HEAD_DIM": 128, "VALUE_DIM": 128, "BLOCK_D": 128, "BLOCK_V": 128, "PDL": True}, 1),
+        ("attn_temperature, libdevice, PDL", attn_temperature_kernel,
+         {"Q": "*bf16", "Positions": "*i64", "Out": "*bf16", "attn_scale": "fp32", "floor_scale": "fp32",
+          "stride_q": "i32", "stride_o": "i32"},
+         {"WIDTH": 5120, "BLOCK": 1024, "LIBDEVICE": True, "PDL": True}, 4),
+        ("expert_rows, gated, scaled input (Llama 4), PDL", expert_rows_kernel,
+         {"X": "*bf16", "Ids": "*i64", "Scale": "*bf16", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
+          "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
+         {"GATED": True, "ACT": 0, "INTERLEAVED": True, "TOP_K": 1, "HAS_SCALE": True, "HAS_IDS": True, "BLOCK_N": 4,
+          "BLOCK_K": 1024, "PDL": True, "SCALE_INPUT": True}, 4),
         ("expert_tokens, gated, scaled input, PDL", expert_tokens_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*fp32", "W": "*bf16", "Out": "*bf16", "T": "i32", "N": "i32",
           "K": "i32", "stride_xt": "i32", "stride_xs": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32"},
@@ -259,6 +281,10 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "latent_rotary_write with the latent norm, DeepSeek V3's interleaved rope, PDL",
         "rotary_pairs with the q/k norm, PDL",
         "grouped_topk, DeepSeek V3's 256 experts, PDL",
+        "router_topk, Llama 4 Scout's 16 experts, PDL",
+        "kv_write, PDL",
+        "attn_temperature, libdevice, PDL",
+        "expert_rows, gated, scaled input (Llama 4), PDL",
         "expert_tokens, gated, scaled input, PDL",
         "merge_linear, PDL",
         "norm_linear_rotary, one step, PDL",

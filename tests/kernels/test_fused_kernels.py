@@ -18,12 +18,15 @@ if "triton" in BACKENDS:
         RotaryTiles,
         add_rmsnorm,
         argmax_rows,
+        attn_temperature,
         gated_activation,
         grouped_topk,
+        kv_write,
         latent_rotary_write,
         rotary_kv_write,
         rotary_pairs,
         rotary_table,
+        router_topk,
     )
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
@@ -210,6 +213,77 @@ def test_rotary_pairs_equal_llama4s_torch_code(dtype, norm, head_dim):
     assert got_q.is_contiguous() and got_k.is_contiguous()
     close(got_q, want_q, dtype)
     close(got_k, want_k, dtype)
+
+
+@pytest.mark.parametrize("dtype", [t for t in DTYPES if t != torch.float32], ids=str)
+@pytest.mark.parametrize(("experts", "top_k"), [(16, 1), (12, 2), (128, 1)])
+def test_router_topk_equals_llama4s_torch_code(dtype, experts, top_k):
+    """Llama 4's router in one launch: the top-k of the logits rounded to the dtype (1100 features: three
+    programs a token, the last one's range partial), the sigmoid of each rounded to the dtype; the same experts
+    and scores as the torch code's, and the per-token counters left zero for the next launch."""
+    from portattn.kernels.triton import fused_launch
+
+    g = torch.Generator().manual_seed(experts + top_k)
+    x = torch.randn(7, 1100, generator=g).to(DEVICE, dtype)
+    weight = (torch.randn(experts, 1100, generator=g) / 1100**0.5).to(DEVICE, dtype)
+    logits = (x.float() @ weight.float().T).to(dtype)  # F.linear's sums, rounded once
+    top = torch.topk(logits, top_k, dim=1).values
+    for _ in range(2):  # the second launch finds the counters as the first left them
+        scores, ids = router_topk(x, weight, top_k)
+        assert ids.dtype == torch.int64 and scores.dtype == dtype
+        # the largest logits, largest first; among equal ones (frequent in bfloat16) the lowest expert first,
+        # where torch.topk's order among ties is its implementation's (on an H200 it gave 5 before 0)
+        chosen = logits.gather(1, ids)
+        assert torch.equal(chosen, top)
+        ties = chosen[:, 1:] == chosen[:, :-1]
+        assert bool((ids[:, 1:] > ids[:, :-1])[ties].all())
+        assert torch.equal(scores, torch.sigmoid(top.float()).to(dtype))
+    assert not fused_launch._router_counters[x.device].any()
+    tied = weight.clone()
+    tied[2] = tied[5] = 1.0  # experts 2 and 5 tie, above the others for positive rows
+    scores, ids = router_topk(x.abs() + 1, tied, top_k)
+    assert ids.tolist() == [[2, 5][:top_k]] * 7  # the lower expert first
+    with pytest.raises(ValueError, match=r"expected top_k in \[1, 12\]"):
+        router_topk(x, weight[:12], 13)
+    with pytest.raises(ValueError, match=r"at most 64 tokens, got top_k 1 of 12, 65 tokens"):
+        router_topk(x[:1].expand(65, -1), weight[:12], 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kv_write_equals_the_base_write(dtype):
+    """One launch stores strided k and v views (a merged q/k/v row split) into their slots of pages of 7,
+    bit for bit what ``AttentionBackend.write_kv`` stores, and nothing else (NaN elsewhere stays)."""
+    from portattn.backends.base import AttentionBackend
+    from portattn.backends.cache import PagedKVCache
+
+    g = torch.Generator().manual_seed(3)
+    tokens, heads, head_dim, value_dim = 5, 2, 40, 24
+    qkv = torch.randn(tokens, 4 * head_dim + heads * (head_dim + value_dim), generator=g).to(DEVICE, dtype)
+    k = qkv[:, 4 * head_dim : (4 + heads) * head_dim].view(tokens, heads, head_dim)
+    v = qkv[:, (4 + heads) * head_dim :].view(tokens, heads, value_dim)
+    slots = torch.tensor([0, 6, 7, 20, 13], device=DEVICE)
+    caches = [torch.full((3, 7, heads, d), float("nan"), device=DEVICE, dtype=dtype) for d in (head_dim, value_dim)]
+    want = [c.clone() for c in caches]
+    AttentionBackend.write_kv(None, k, v, PagedKVCache(*want), slots)
+    kv_write(k, v, *caches, slots)
+    for got, ref in zip(caches, want):
+        assert torch.equal(got.nan_to_num(7.0), ref.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_attn_temperature_equals_llama4s_torch_code(dtype):
+    """Llama 4's NoPE-layer query scale in one launch, over positions that cross several floor steps: the
+    torch code's values within one rounding step (log1p and the product by another library)."""
+    g = torch.Generator().manual_seed(4)
+    q = (3 * torch.randn(6, 5, 40, generator=g)).to(DEVICE, dtype)
+    positions = torch.tensor([0, 1, 8190, 8191, 40000, 500000], device=DEVICE)
+    scales = torch.log1p(torch.floor((positions.float() + 1.0) / 8192.0)) * 0.1 + 1.0
+    want = (q * scales[:, None, None]).to(dtype)
+    got = attn_temperature(q, positions, 0.1, 8192.0)
+    assert got.shape == q.shape and got.is_contiguous()
+    close(got, want, dtype)
+    with pytest.raises(ValueError, match=r"expected integer positions \[6\]"):
+        attn_temperature(q, positions.float(), 0.1, 8192.0)
 
 
 def test_rotary_pairs_rejects_what_it_does_not_compute():

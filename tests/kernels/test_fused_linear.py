@@ -220,6 +220,26 @@ def test_expert_rows_combine_each_tokens_experts(top_k, scaled):
         expert_rows(x[:2], ids.flatten()[:2], weight, scale=torch.ones(1, 2, device=DEVICE))
 
 
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_expert_rows_scale_their_inputs_as_llama4s_torch_code(act):
+    """``scale_input``: each pair's input row times its routing weight (bf16-like float16 weights, and float32
+    ones), rounded to float16 before the product, as ``(x * w).to(x.dtype)`` then the plain launch: equal bit
+    for bit; the expert ids as before (expert 3 twice)."""
+    g = torch.Generator().manual_seed(31)
+    width = 37 * (2 if act else 1)
+    weight = (torch.randn(4, width, 200, generator=g) / 200**0.5).to(DEVICE, torch.float16)
+    x = (3 * torch.randn(5, 200, generator=g)).to(DEVICE, torch.float16)
+    ids = torch.tensor([3, 0, 3, 1, 2], device=DEVICE)
+    for scale in (torch.rand(5, 1, generator=g).to(DEVICE, torch.float16), torch.rand(5, 1, generator=g).to(DEVICE)):
+        want = expert_rows((x * scale).to(torch.float16), ids, weight, act=act)
+        got = expert_rows(x, ids, weight, act=act, scale=scale, scale_input=True)
+        assert torch.equal(got, want)
+    with pytest.raises(
+        ValueError, match=r"routing weights \[5, 1\] and top_k 1 to scale the inputs, got top_k 1 and no"
+    ):
+        expert_rows(x, ids, weight, scale_input=True)
+
+
 def test_expert_rows_without_ids_take_a_head_a_row():
     """``ids`` None: row ``p`` through expert ``p % E`` (two tokens' 3 heads; the weight a strided slice
     of a larger one, as MLA's value half of ``kv_b_proj``)."""

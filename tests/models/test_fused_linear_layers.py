@@ -330,3 +330,43 @@ def test_llama4_rotary_pairs_in_one_launch(ckpt_root, monkeypatch):
     assert calls and len(calls) % len(rope) == 0
     assert set(calls) == {a.qk_norm_eps for a in rope}
     assert_same_greedy(fused_pairs, plain)
+
+
+def test_llama4_router_and_temperature_in_one_launch_each(ckpt_root, monkeypatch):
+    """Llama 4's router (the logits, the top-k, the sigmoid) and its NoPE layers' attention temperature run
+    in one launch each on GPUs (``llama4.FUSED_ROUTER``), and its routed experts take their scaled inputs in
+    the gate/up launch: once a mixture (a NoPE) layer per decode step, greedy tokens and logits those of the
+    torch code."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models import llama4
+    from portattn.models.layers import moe
+
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(llama4, "fused_ops", lambda x: fused_launch)
+        monkeypatch.setattr(moe, "fused_ops", lambda x: fused_launch)
+    calls = {"router_topk": [], "attn_temperature": [], "expert_rows": []}
+    for name, seen in calls.items():
+        launch = getattr(fused_launch, name)
+        monkeypatch.setattr(
+            fused_launch, name, lambda *a, launch=launch, seen=seen, **k: seen.append(k) or launch(*a, **k)
+        )
+    llm = make_llm(checkpoint("llama4", ckpt_root), "torch")
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
+    monkeypatch.setattr(llama4, "FUSED_ROUTER", False)
+    for seen in calls.values():
+        seen.clear()  # a GPU engine's start-up forwards ran with the default (on)
+    plain = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert not calls["router_topk"] and not calls["attn_temperature"]
+    assert calls["expert_rows"] and any(k.get("scale_input") for k in calls["expert_rows"])
+    monkeypatch.setattr(llama4, "FUSED_ROUTER", True)
+    for seen in calls.values():
+        seen.clear()
+    fused_router = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    layers = llm.engine.model.model.layers
+    mixtures = [layer for layer in layers if isinstance(layer.mlp, llama4.Llama4MoE)]
+    nope = [layer for layer in layers if layer.self_attn.temperature is not None]
+    assert mixtures and nope, "expected mixture and NoPE layers in the tiny Llama 4"
+    forwards = DECODES + 1  # the prefill of both prompts, then the decodes of two
+    assert len(calls["router_topk"]) == len(mixtures) * forwards
+    assert len(calls["attn_temperature"]) == len(nope) * forwards
+    assert_same_greedy(fused_router, plain)

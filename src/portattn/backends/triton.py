@@ -401,6 +401,22 @@ class TritonBackend(AttentionBackend):
             seq_lens_k = metadata.cu_seqlens_k[1:] - metadata.cu_seqlens_k[:-1]
         return _attend(q, k, v, out, lse, metadata, seq_lens_k, params, kv_start=metadata.cu_seqlens_k[:-1])
 
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: PagedKVCache, slots: torch.Tensor) -> None:
+        """:meth:`AttentionBackend.write_kv` in one launch (``fused_launch.kv_write``) where the caches are
+        contiguous and of the new tokens' dtype; else the base class's writes (an fp8 cache's scales, a V cache
+        with its keys contiguous in each page)."""
+        k_cache, v_cache = kv_cache.k, kv_cache.v
+        if (
+            k_cache.dtype == v_cache.dtype == k.dtype == v.dtype
+            and k_cache.is_contiguous()
+            and v_cache.is_contiguous()
+            and k.stride(-1) == 1
+            and v.stride(-1) == 1
+        ):
+            fused_launch.kv_write(k, v, k_cache, v_cache, slots)
+            return
+        super().write_kv(k, v, kv_cache, slots)
+
     def mla_decode(
         self,
         q_nope: torch.Tensor,
@@ -424,6 +440,7 @@ class TritonBackend(AttentionBackend):
             partials=metadata.partials,
             lse=lse,
             kv_scale=kv_scale,
+            min_split_keys=metadata.min_split_keys,
         )
 
     def merge_attention_states(

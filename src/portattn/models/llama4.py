@@ -44,6 +44,10 @@ from .layers.linear import project
 # torch code takes about twenty small kernels (False: the torch code; on an H200 the Llama 4-shaped batch-1 step was
 # 1.48 ms without it and the experts' alternating rows, 1.39 with both: benchmarks/results/engine_h200/round18).
 FUSED_ROTARY_PAIRS = True
+# On GPUs, steps of a few 16-bit tokens route in one launch (fused_launch.router_topk: the logits, the top-k and the
+# sigmoid, where the torch code takes six) and scale NoPE layers' queries by the attention temperature in one
+# (fused_launch.attn_temperature, where it takes nine). False: the torch code.
+FUSED_ROUTER = True
 
 
 class Llama4Attention(nn.Module):
@@ -85,8 +89,12 @@ class Llama4Attention(nn.Module):
                 q, k = l2_norm(q, self.qk_norm_eps), l2_norm(k, self.qk_norm_eps)
         if self.temperature is not None:
             attn_scale, floor_scale = self.temperature
-            scales = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
-            q = (q * scales[:, None, None]).to(q.dtype)
+            ops = fused_ops(q) if FUSED_ROUTER and q.dtype in (torch.float16, torch.bfloat16) else None
+            if ops is not None and positions.dim() == 1:
+                q = ops.attn_temperature(q, positions, attn_scale, floor_scale)
+            else:
+                scales = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0  # [T]
+                q = (q * scales[:, None, None]).to(q.dtype)
         return project(self.o_proj, self.attn(q, k, v, ctx))
 
 
@@ -112,9 +120,24 @@ class Llama4MoE(nn.Module):
         self.shared_expert = GatedMLP(hidden, config.intermediate_size, act, tp=tp, reduce=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        top_logits, top_ids = torch.topk(self.router(x), self.top_k, dim=1)  # [T, k]
-        scores = torch.sigmoid(top_logits.float()).to(x.dtype)  # [T, k]
+        scores, top_ids = self.route(x)  # [T, k] each
         return self.tp.all_reduce(self.shared_expert(x) + self.experts(x, scores, top_ids))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scores [T, k]`` in x's dtype, ``expert ids [T, k])``: the top-k router logits' sigmoid."""
+        ops = fused_ops(x) if FUSED_ROUTER else None
+        weight = self.router.weight
+        if (
+            ops is not None
+            and x.shape[0] <= ops.ROUTER_TOPK_TOKENS
+            and weight.shape[0] <= ops.ROUTER_TOPK_EXPERTS
+            and x.dtype in (torch.float16, torch.bfloat16)
+            and weight.dtype == x.dtype
+            and self.router.bias is None
+        ):
+            return ops.router_topk(x, weight, self.top_k)
+        top_logits, top_ids = torch.topk(self.router(x), self.top_k, dim=1)  # [T, k]
+        return torch.sigmoid(top_logits.float()).to(x.dtype), top_ids
 
 
 class Llama4DecoderLayer(DecoderLayer):

@@ -17,6 +17,7 @@ import triton
 from ...device import compute_units, is_triton_interpreter
 from . import compile_ahead
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
+from .attn_temperature import attn_temperature_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_linear import (
     expert_rows_kernel,
@@ -31,8 +32,10 @@ from .fused_norm import add_rmsnorm_kernel
 from .fused_rotary import latent_rotary_write_kernel, rotary_kv_write_kernel, rotary_pairs_kernel, rotary_table_kernel
 from .grouped_topk import grouped_topk_kernel
 from .gumbel_max import gumbel_max_kernel
+from .kv_write import kv_write_kernel
 from .launch import dot_precision, next_pow2, pdl_options
 from .nucleus import nucleus_kernel
+from .router_topk import router_topk_kernel
 
 NORM_MODES = {"dtype": 0, "unit_offset": 1, "float32": 2}
 # Rows with top_k up to this take their k-th largest score from torch.topk (a radix select) before the
@@ -251,6 +254,7 @@ def expert_rows(
     tiles: LinearTiles | None = None,
     top_k: int = 1,
     scale: torch.Tensor | None = None,
+    scale_input: bool = False,
 ) -> torch.Tensor:
     """Routed experts' projections, one (token, expert) pair a row: ``x [P, K]`` (a pair's input),
     ``ids [P]`` (its expert), ``weight [E, N, K]`` -> ``[P, N]``, ``x[p] @ weight[ids[p]].T``; with
@@ -263,7 +267,9 @@ def expert_rows(
     Combined by token: with ``top_k`` > 1 the pairs are ``T`` tokens' ``top_k`` experts (pair ``t *
     top_k + s``) and the result is ``[T, N]``, each token's pairs summed; ``scale [T, top_k]`` (the
     routing weights) multiplies each pair's result first. Each product is rounded to x's dtype as
-    ``(out.view(T, top_k, N) * scale[..., None]).to(x.dtype).sum(1)`` rounds it."""
+    ``(out.view(T, top_k, N) * scale[..., None]).to(x.dtype).sum(1)`` rounds it. ``scale_input`` (with
+    ``scale [P, 1]`` and ``top_k`` 1): the weight multiplies each pair's input row instead, as ``(x *
+    scale).to(x.dtype)`` rounds it (Llama 4's experts see their input scaled)."""
     pairs, in_features = x.shape
     _check_experts(x, weight)
     if ids is None and pairs % weight.shape[0]:
@@ -278,6 +284,9 @@ def expert_rows(
     tokens = pairs // top_k
     if scale is not None and (scale.shape != (tokens, top_k) or not scale.is_contiguous()):
         raise ValueError(f"expected contiguous routing weights ({tokens}, {top_k}), got {tuple(scale.shape)}")
+    if scale_input and (scale is None or top_k != 1):
+        raise ValueError(f"expected routing weights [{pairs}, 1] and top_k 1 to scale the inputs, got top_k {top_k}"
+                         f"{'' if scale is not None else ' and no weights'}")  # fmt: skip
     out_features = weight.shape[1] // (2 if act else 1)
     out = torch.empty((tokens, out_features), dtype=x.dtype, device=x.device)
     if pairs == 0:
@@ -289,7 +298,7 @@ def expert_rows(
         ACT=ACTIVATION_CODES[act] if act else 0, INTERLEAVED=interleaved and act is not None, TOP_K=top_k,
         HAS_SCALE=scale is not None, HAS_IDS=ids is not None,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_options(x.device),
+        SCALE_INPUT=scale_input, **pdl_options(x.device),
     )  # fmt: skip
     return out
 
@@ -761,6 +770,93 @@ def grouped_topk(
             SLOTS=next_pow2(top_k), NORMALIZE=normalize, num_warps=4, **pdl_options(logits.device),
         )  # fmt: skip
     return weights, ids
+
+
+# router_topk: tokens a step takes it for at most, experts at most, features a tile step and a program.
+ROUTER_TOPK_TOKENS = 64
+ROUTER_TOPK_EXPERTS = 128
+ROUTER_TOPK_BLOCK_K = 256
+ROUTER_TOPK_SPLIT_K = 512
+_router_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 4's router (``Llama4MoE``: ``topk(x @ weight.T)`` and the sigmoid of the chosen logits) of rows
+    ``x [T, K]`` over ``weight [E, K]`` (x's dtype, float16 or bfloat16) in one launch: ``(scores [T, top_k]``
+    in x's dtype, ``ids [T, top_k]`` int64), the largest logit first (the lowest expert among equal logits). The
+    logits are summed in float32 and rounded to x's dtype as ``F.linear``'s are. For ``T <=
+    ROUTER_TOPK_TOKENS`` and ``E <= ROUTER_TOPK_EXPERTS``: programs of ``ROUTER_TOPK_SPLIT_K`` features, the
+    token's last one choosing (a counter a token, kept zero between launches, per device)."""
+    tokens, in_features = x.shape
+    experts = weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != in_features or weight.dtype != x.dtype:
+        raise ValueError(f"expected a router weight [E, {in_features}] of {x.dtype}, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if not 1 <= top_k <= experts or experts > ROUTER_TOPK_EXPERTS or tokens > ROUTER_TOPK_TOKENS:
+        raise ValueError(f"expected top_k in [1, {experts}] of at most {ROUTER_TOPK_EXPERTS} experts and at most "
+                         f"{ROUTER_TOPK_TOKENS} tokens, got top_k {top_k} of {experts}, {tokens} tokens")  # fmt: skip
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("expected x and the weight with a contiguous last dim")
+    scores = torch.empty((tokens, top_k), dtype=x.dtype, device=x.device)
+    # In a compile-ahead rehearsal nothing launches and a prefill's expert counts read the ids: zeros then.
+    ids = (torch.zeros if compile_ahead.rehearsing() else torch.empty)((tokens, top_k), dtype=torch.int64,
+                                                                         device=x.device)  # fmt: skip
+    if tokens:
+        counters = _router_counters.get(x.device)
+        if counters is None:
+            counters = _router_counters[x.device] = torch.zeros(ROUTER_TOPK_TOKENS, dtype=torch.int32, device=x.device)
+        splits, block_e = triton.cdiv(in_features, ROUTER_TOPK_SPLIT_K), next_pow2(experts)
+        partials = torch.empty((tokens, splits, block_e), dtype=torch.float32, device=x.device)
+        router_topk_kernel[(tokens, splits)](
+            x, weight, partials, counters, scores, ids, in_features, x.stride(0), weight.stride(0),
+            NUM_EXPERTS=experts, BLOCK_E=block_e, BLOCK_K=ROUTER_TOPK_BLOCK_K, SPLIT_K=ROUTER_TOPK_SPLIT_K,
+            NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), TOP_K=top_k, SLOTS=next_pow2(top_k), num_warps=4,
+            **pdl_options(x.device),
+        )  # fmt: skip
+    return scores, ids
+
+
+def kv_write(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """``k [T, Hkv, D]`` and ``v [T, Hkv, Dv]`` (heads and tokens may be strided, the last dim contiguous) into
+    slots ``slots [T]`` (``page * P + offset``) of the contiguous caches ``k_cache [N, P, Hkv, D]`` and ``v_cache
+    [N, P, Hkv, Dv]`` of their dtype, in one launch (``AttentionBackend.write_kv`` of such a cache)."""
+    tokens, heads, head_dim = k.shape
+    value_dim = v.shape[2]
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("expected k and v with a contiguous last dim and contiguous caches")
+    if tokens:
+        kv_write_kernel[(tokens, heads)](
+            k, v, slots, k_cache, v_cache, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+            HEAD_DIM=head_dim, VALUE_DIM=value_dim, BLOCK_D=next_pow2(head_dim), BLOCK_V=next_pow2(value_dim),
+            num_warps=1, **pdl_options(k.device),
+        )  # fmt: skip
+
+
+ATTN_TEMPERATURE_BLOCK = 1024
+
+
+def attn_temperature(q: torch.Tensor, positions: torch.Tensor, attn_scale: float, floor_scale: float) -> torch.Tensor:
+    """Llama 4's attention temperature (NoPE layers, ``attn_temperature_tuning``) in one launch: a new
+    ``q [T, Hq, D]`` (a contiguous copy) of ``(q * s).to(q.dtype)``, ``s = log1p(floor((positions + 1) /
+    floor_scale)) * attn_scale + 1`` in float32 for integer ``positions [T]``."""
+    tokens = q.shape[0]
+    if positions.shape != (tokens,) or positions.dtype.is_floating_point:
+        raise ValueError(f"expected integer positions [{tokens}], got {positions.dtype} {tuple(positions.shape)}")
+    rows = q.reshape(tokens, -1)
+    if rows.stride(-1) != 1:
+        raise ValueError(f"expected q with each token's values contiguous, got strides {q.stride()}")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    width = rows.shape[1]
+    if tokens:
+        attn_temperature_kernel[(tokens, triton.cdiv(width, ATTN_TEMPERATURE_BLOCK))](
+            rows, positions, out, float(attn_scale), float(floor_scale), rows.stride(0), width,
+            WIDTH=width, BLOCK=ATTN_TEMPERATURE_BLOCK, LIBDEVICE=not is_triton_interpreter(), num_warps=4,
+            **pdl_options(q.device),
+        )  # fmt: skip
+    return out
 
 
 def argmax_rows(

@@ -229,13 +229,16 @@ def _row_product(
     BLOCK_K: tl.constexpr,
     ROW: tl.constexpr,
     PDL: tl.constexpr,
+    in_scale=1.0,
+    SCALE_INPUT: tl.constexpr = False,
 ):
     """``(y, up)`` float32 ``[BLOCK_N]``: ``norm(x + residual)`` of the one row times the weight rows
     ``rows64`` (and, with ``GATED``, rows ``up_rows64``), on the vector units: each step multiplies a
     ``[BLOCK_N, BLOCK_K]`` weight tile by the row's features elementwise into a float32 partial,
     summed at the end. The norm takes the whole row in one load first (``ROW``: ``K`` rounded up to a
     power of two), then each step reads its features again (from the cache). The first weight tile
-    is loaded before the kernel waits for the one before it."""
+    is loaded before the kernel waits for the one before it. ``SCALE_INPUT`` (without a norm): the row
+    times ``in_scale`` (float32), rounded to its dtype, as ``(x * scale).to(x.dtype)`` rounds it."""
     row = tl.zeros([1], dtype=tl.int64)
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < K
@@ -262,6 +265,8 @@ def _row_product(
         a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
         if HAS_NORM:
             a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
+        if SCALE_INPUT:
+            a = (a.to(tl.float32) * in_scale).to(X.dtype.element_ty)
         a = a.to(tl.float32)
         acc += w.to(tl.float32) * a
         if GATED:
@@ -341,6 +346,7 @@ def expert_rows_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
+    SCALE_INPUT: tl.constexpr = False,
 ):
     """Routed (token, expert) pairs, a row of ``X [P, K]`` each: ``X[p] @ W[Ids[p], cols]^T`` on the
     vector units (:func:`_row_product`), with ``GATED`` ``act(gate) * up`` of the expert's gate and up
@@ -365,14 +371,15 @@ def expert_rows_kernel(
         else:
             expert = pair % num_experts
         x = X + pair * stride_x
+        in_scale = tl.load(Scale + pair).to(tl.float32) if SCALE_INPUT else 1.0
         y, up = _row_product(
             x, x, x, W + expert * stride_e, x, rows64, up_rows64, col_ok, K, 0.0, stride_w, False, False, 0, GATED,
-            BLOCK_N, BLOCK_K, 16, False,
+            BLOCK_N, BLOCK_K, 16, False, in_scale, SCALE_INPUT,
         )  # fmt: skip
         y = y.to(dtype)
         if GATED:
             y = (activate(y.to(tl.float32), ACT).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
-        if HAS_SCALE:
+        if HAS_SCALE and not SCALE_INPUT:
             y = (y.to(tl.float32) * tl.load(Scale + pair).to(tl.float32)).to(dtype)
         total += y.to(tl.float32)
     tl.store(Out + token * stride_o + cols, total.to(dtype), mask=col_ok)

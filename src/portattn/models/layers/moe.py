@@ -256,12 +256,12 @@ class FusedMoE(nn.Module):
             out = ops.expert_tokens(h, ids, self.down_proj, scale=None if self.weight_on_input else weights)
             out = out.view(tokens, top_k, -1)
             return out[:, 0] if top_k == 1 else out.sum(dim=1)
-        if self.weight_on_input:
-            inputs = (x[:, None, :] * topk_weights[:, :, None]).to(x.dtype).flatten(0, 1)  # [T * k, H]
-        else:
-            inputs = x[:, None, :].expand(-1, top_k, -1).flatten(0, 1)
+        inputs = x[:, None, :].expand(-1, top_k, -1).flatten(0, 1)  # [T * k, H]: x itself at one expert a token
         ids = topk_ids.flatten().contiguous()  # a [T, 1] slice flattens to a strided view
-        h = ops.expert_rows(inputs, ids, self.gate_up_proj, act=self.act_name, interleaved=self.gate_up_interleaved)
+        # weight_on_input: each pair's input scaled by its weight in the gate/up launch (rounded as the torch code's)
+        scale = topk_weights.reshape(-1, 1).contiguous() if self.weight_on_input else None
+        h = ops.expert_rows(inputs, ids, self.gate_up_proj, act=self.act_name, interleaved=self.gate_up_interleaved,
+                            scale=scale, scale_input=self.weight_on_input)  # fmt: skip
         if COMBINE_IN_KERNEL:
             scale = None if self.weight_on_input else topk_weights.contiguous()
             return ops.expert_rows(h, ids, self.down_proj, top_k=top_k, scale=scale)
