@@ -31,9 +31,11 @@ QUESTIONS = {  # question -> what the answer must contain
 }
 MAX_NEW = 24
 CHUNK = 32
-# The fp8 cache's change of the paragraph's mean negative log-likelihood, in nats: measured -0.0060
-# (e4m3) and +0.0436 (e5m2), docs/fp8_kv_cache.md and docs/gguf.md.
-FP8_NLL_BOUND = {"fp8_e4m3": 0.01, "fp8_e5m2": 0.05}
+# The fp8 cache's change of the paragraph's mean negative log-likelihood, in nats: measured -0.0023 to -0.0087
+# (e4m3) and +0.0374 to +0.0503 (e5m2) on CPUs of other makes (the float32 products' summation order moves values
+# across the fp8 steps, coarse in e5m2), docs/fp8_kv_cache.md and docs/gguf.md; a cache read wrong moves it by
+# nats.
+FP8_NLL_BOUND = {"fp8_e4m3": 0.02, "fp8_e5m2": 0.08}
 
 
 @pytest.fixture(scope="module", autouse=True)
