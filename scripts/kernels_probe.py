@@ -1294,11 +1294,50 @@ def plot(rows: dict, path: Path) -> None:
     timed = [(key, r["ms"]) for key, r in rows.items() if isinstance(r, dict) and "ms" in r]
     if not timed:
         return
+    if path.stem == "mla_splits":
+        return _plot_mla_splits(rows, path, plt)
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(timed) + 1.2))
     ax.barh([k for k, _ in timed][::-1], [ms for _, ms in timed][::-1], color="tab:blue")
     ax.set_xlabel("ms (graph replays, median)")
     ax.set_title(path.stem)
     ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_mla_splits(rows: dict, path: Path, plt) -> None:
+    """mla-splits: microseconds against the split count, a line per batch (default tiles), a panel per
+    (heads, keys); a star where the current rule (``choose_num_kv_splits`` for a graph of L + 512 keys) is."""
+    from portattn.kernels.triton.mla_workspace import choose_num_kv_splits as mla_splits_for
+
+    panels = sorted({tuple(key.split()[:2]) for key in rows}, key=lambda p: (-int(p[0][2:]), int(p[1][2:])))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (heads, keys) in zip(axes[0], panels):
+        num_heads, num_keys = int(heads[2:]), int(keys[2:])
+        for b in MLA_SPLIT_BATCHES:
+            prefix = f"{heads} {keys} B={b} default "
+            line = sorted(
+                (int(key.rsplit("=", 1)[1]), r["ms"] * 1e3)
+                for key, r in rows.items()
+                if key.startswith(prefix) and isinstance(r, dict) and "ms" in r
+            )
+            if not line:
+                continue
+            ax.plot([s for s, _ in line], [us for _, us in line], "o-", ms=3, label=f"B={b}")
+            # the kernel cuts at least 64 keys a split: more splits than the keys fill run as that many
+            chosen = min(mla_splits_for(num_keys + 512, b, num_heads), -(-num_keys // 64))
+            at = [us for s, us in line if s == chosen]
+            if at:
+                ax.plot(chosen, at[0], "k*", ms=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("key splits")
+        ax.set_ylabel("us a call (graph replays)")
+        ax.set_title(f"MLA decode, {num_heads} heads, {num_keys} keys", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("star: the splits the current rule runs (chosen for a graph of L + 512 keys)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

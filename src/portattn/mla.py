@@ -130,8 +130,10 @@ def mla_decode(
     ``paged_attention`` does.
 
     ``num_kv_splits``: ``None`` (or -1) chooses from the problem with
-    :func:`choose_num_kv_splits` (``max_seqlen_k`` = the longest sequence); a positive int forces
-    that many. Results agree across split counts within rounding. ``workspace``: optional uint8
+    :func:`choose_num_kv_splits` (``max_seqlen_k`` = the longest sequence), each split then holding at
+    least ``MIN_SPLIT_TOKENS`` (64) keys, so that plans for other bounds of the same sequences cut them
+    alike and give the same bits; a positive int forces that many (cut at the kernel's key tile).
+    Results agree across split counts within rounding. ``workspace``: optional uint8
     tensor of at least ``mla_workspace_size(max(seq_lens), B, H, P, num_kv_splits=...,
     kv_lora_rank=R)`` bytes (allocated per call when omitted; pass one to reuse it, e.g. under a
     captured graph). Backends that need no workspace (``torch``) ignore it.
