@@ -772,6 +772,7 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
     from portattn.engine.sampling_params import SamplingParams
 
     logging.basicConfig(level=logging.INFO)
+    compiles = _record_compiles()
     imported = time.perf_counter()
     llm = LLM(path, device=DEVICE, dtype=dtype, max_model_len=4096, lazy_graph_capture=lazy)
     built = time.perf_counter()
@@ -788,7 +789,29 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
     row["construct_s"] = built - imported
     row |= {"graphs_at_start": at_start, "graphs_after": graphs.num_captured if graphs is not None else 0}
     row |= {"first_token_s": first - built, "construct_and_first_token_s": first - t0, "new_shape_s": second - first}
+    if compiles is not None:  # Triton's own timing of each compile (parallel ones share the CPUs and the GIL)
+        longest = max(compiles, default=(0.0, ""))
+        row |= {"triton_compiles": len(compiles), "longest_compile_s": longest[0], "longest_compile": longest[1]}
     print(json.dumps(row), flush=True)
+
+
+def _record_compiles() -> list[tuple[float, str]] | None:
+    """``(seconds, kernel name)`` of each Triton compile from now on (not the cache's hits), through
+    ``triton.knobs.compilation.listener`` (Triton 3.4 on); None where this Triton has no listener."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    if not hasattr(getattr(knobs, "compilation", None), "listener"):
+        return None
+    compiles: list[tuple[float, str]] = []
+
+    def listener(*, src, metadata, times, cache_hit, **_) -> None:
+        if not cache_hit:
+            compiles.append((times.total / 1e6, str(metadata.get("name", getattr(src, "name", "?")))))
+
+    knobs.compilation.listener = listener
+    return compiles
 
 
 def part_cascade(args, results: dict) -> dict:
@@ -917,6 +940,13 @@ def plot(out: Path, results: dict) -> Path | None:
     return path
 
 
+def _process_to_token(row: dict) -> float | None:
+    """A cold run's fresh process to its first token: torch's import, portattn's, construction, first token."""
+    if "construct_and_first_token_s" not in row:
+        return None
+    return row["construct_and_first_token_s"] + (row.get("import_torch_s") or 0.0)
+
+
 def coldstart_runs(cold: dict | None) -> dict:
     """The cold-start rows by run name (``{"runs": ...}``; older results keyed the rows by dtype)."""
     if not cold:
@@ -1013,16 +1043,18 @@ def notes(results: dict) -> str:
     if runs:
         lines += ["## Cold start (fresh process, empty Triton cache)", "",
                   "| run | import s (torch / portattn) | construct s (load + warm-up) | graphs at start "
-                  "| first token s | total s | new prompt shape s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| first token s | total s (after torch / with it) | new prompt shape s | Triton compiles "
+                  "| longest compile s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for name, r in runs.items():
             if "error" in r:
-                lines.append(f"| {name} | failed: {r['error'][-200:]!r} | | | | | |")
+                lines.append(f"| {name} | failed: {r['error'][-200:]!r} | | | | | | | |")
                 continue
             lines.append(f"| {name} | {fmt(r.get('import_torch_s'), '.1f')} / {fmt(r.get('import_s'), '.1f')} "
                          f"| {fmt(r.get('construct_s'), '.1f')} "
                          f"| {r.get('graphs_at_start', '-')} | {fmt(r.get('first_token_s'), '.1f')} "
-                         f"| {fmt(r.get('construct_and_first_token_s'), '.1f')} "
-                         f"| {fmt(r.get('new_shape_s'), '.1f')} |")  # fmt: skip
+                         f"| {fmt(r.get('construct_and_first_token_s'), '.1f')} / {fmt(_process_to_token(r), '.1f')} "
+                         f"| {fmt(r.get('new_shape_s'), '.1f')} | {r.get('triton_compiles', '-')} "
+                         f"| {fmt(r.get('longest_compile_s'), '.1f')} {r.get('longest_compile', '')} |")  # fmt: skip
         lines.append("")
     cascade = results.get("cascade")
     if cascade:
@@ -1066,8 +1098,13 @@ def targets(results: dict) -> list[str]:
     cold = coldstart_runs(results.get("coldstart"))
     for name, r in cold.items():
         if name.startswith("bfloat16") and "construct_and_first_token_s" in r:
-            s = r["construct_and_first_token_s"]
-            out.append(f"- {name} cold start to the first token {s:.1f} s (target <= 25 s): {_met(s <= 25)}")
+            s = _process_to_token(r)
+            out.append(f"- {name} cold start to the first token {s:.1f} s with torch's import (target <= 25 s): "
+                       f"{_met(s <= 25)}")  # fmt: skip
+        if name.startswith("float32") and "longest_compile_s" in r:
+            s = r["longest_compile_s"]
+            out.append(f"- {name}: longest Triton compile {s:.1f} s, {r['longest_compile']} (target <= 30 s): "
+                       f"{_met(s <= 30)}")  # fmt: skip
     for name, r in cold.items():
         if "import_s" in r:
             torch_s = f" on top of torch's {r['import_torch_s']:.1f} s" if "import_torch_s" in r else ""
