@@ -19,7 +19,8 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
 * ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
-  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32);
+  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32), with the Python bytecode the machine holds or
+  (``--cold-bytecode compiled``) compiled first, as pip leaves an install;
 * ``cascade``: batches (``--cascade-batches``) decoding after a shared prefix (``--cascade-shared``
   tokens, then ``--cascade-own`` of each request's own): steps with graphs (plain attention), with
   the graphs' cascade shapes, eager plain, eager through a cascade, and as the engine's rule chooses
@@ -731,25 +732,46 @@ def part_coldstart(args, results: dict) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     runs = {}
-    for run in args.cold_runs:
-        dtype, _, lazy = run.partition("-")
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, TRITON_CACHE_DIR=cache)
-            command = [sys.executable, "-c", COLD_CHILD, path, dtype, lazy or "eager"]
-            t0 = time.perf_counter()
-            try:
-                proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
-            except subprocess.TimeoutExpired:
-                runs[run] = {"error": f"no first token in {args.cold_timeout} s"}
-                continue
-            wall = time.perf_counter() - t0
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        row = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
-        row["process_s"] = wall
-        row["warm_up_log"] = [line for line in proc.stderr.splitlines() if "warm-up:" in line or "decode " in line]
-        runs[run] = row
-        print(f"[coldstart {run}] {json.dumps(row)}", flush=True)
-    return {"runs": runs}
+    pycache = tempfile.TemporaryDirectory() if args.cold_bytecode == "compiled" else contextlib.nullcontext()
+    with pycache as bytecode:
+        if bytecode:  # Python's modules compiled once, as pip leaves them (a machine may hold none)
+            env = dict(os.environ, PYTHONPYCACHEPREFIX=bytecode)
+            subprocess.run([sys.executable, "-c", BYTECODE_CHILD, path], env=env, capture_output=True, timeout=600)
+        for run in args.cold_runs:
+            runs[run] = _cold_run(args, path, run, bytecode)
+            print(f"[coldstart {run}] {json.dumps(runs[run])}", flush=True)
+    return {"runs": runs, "bytecode": args.cold_bytecode}
+
+
+def _cold_run(args, path: str, run: str, bytecode: str | None) -> dict:
+    dtype, _, lazy = run.partition("-")
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache)
+        if bytecode:
+            env["PYTHONPYCACHEPREFIX"] = bytecode
+        command = [sys.executable, "-c", COLD_CHILD, path, dtype, lazy or "eager"]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"no first token in {args.cold_timeout} s"}
+        wall = time.perf_counter() - t0
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    row = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
+    row["process_s"] = wall
+    row["warm_up_log"] = [line for line in proc.stderr.splitlines() if "warm-up:" in line or "decode " in line]
+    return row
+
+
+# Compiles the bytecode of what a cold run imports (portattn, torch's and transformers' modules behind
+# the checkpoint's config), without building an engine.
+BYTECODE_CHILD = (
+    "import sys\n"
+    "import torch\n"
+    "from portattn.engine.llm import LLM\n"
+    "from transformers import AutoConfig\n"
+    "AutoConfig.from_pretrained(sys.argv[1])\n"
+)
 
 
 # A cold run's process: torch's import timed first (the benchmark module imports torch), then cold_child.
@@ -1041,7 +1063,8 @@ def notes(results: dict) -> str:
         lines.append("")
     runs = coldstart_runs(results.get("coldstart"))
     if runs:
-        lines += ["## Cold start (fresh process, empty Triton cache)", "",
+        bytecode = {"compiled": ", Python's bytecode compiled first"}.get(results["coldstart"].get("bytecode"), "")
+        lines += [f"## Cold start (fresh process, empty Triton cache{bytecode})", "",
                   "| run | import s (torch / portattn) | construct s (load + warm-up) | graphs at start "
                   "| first token s | total s (after torch / with it) | new prompt shape s | Triton compiles "
                   "| longest compile s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -1158,6 +1181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-runs", nargs="+", default=["bfloat16", "bfloat16-lazy", "float32"],
                         help="cold starts: a dtype, with -lazy for lazy_graph_capture")  # fmt: skip
     parser.add_argument("--cold-timeout", type=int, default=400)
+    parser.add_argument("--cold-bytecode", choices=["as-is", "compiled"], default="as-is",
+                        help="Python's bytecode in the cold runs: what the machine holds, or compiled first "
+                             "into a folder of its own (PYTHONPYCACHEPREFIX), as pip leaves an install")  # fmt: skip
     parser.add_argument("--cascade-batches", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--cascade-shared", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--cascade-own", type=int, default=256)
