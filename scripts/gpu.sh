@@ -19,7 +19,9 @@
 #   "bench spec_decode"  python -m benchmarks.spec_decode (SmolLM2 with and without n-gram speculation, MODEL=path)
 #   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint (or MODEL=path, DATASET=prompts file)
 #                     + python -m benchmarks.serve at several loads; needs wheels a bare GPU image may lack
-#                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection)
+#                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection);
+#                     SERVE_ARGS="..." go to the server; the notes and plot by benchmarks.serve_report
+#                     (BATCH1_STEP_MS=the engine's batch-1 step for the concurrency-1 target)
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
 #   "bench mla" | "bench cascade" | "bench head_dims"   the op library's other benchmarks
@@ -111,6 +113,7 @@ serve_bench() {  # dir [extra client args]: a checkpoint served on the GPU, load
   load poisson16 --num-prompts 400 --request-rate 16 --input-len 512 --output-len 128 --range-ratio 0.5
   load burst256 --num-prompts 256 --request-rate inf --input-len 1024 --output-len 128
   curl -s "$base/metrics" | grep -v '^#' | grep -v '_bucket' >"$dir/metrics.txt"
+  $PY -m benchmarks.serve_report "$dir" --out "$dir" ${BATCH1_STEP_MS:+--batch1-step-ms "$BATCH1_STEP_MS"}
 }
 
 run_bench() {  # name dir [args]

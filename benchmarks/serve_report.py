@@ -1,0 +1,144 @@
+"""``python -m benchmarks.serve_report``: the notes and the plot of serving runs.
+
+Reads the result JSONs that ``python -m benchmarks.serve --result-json`` wrote (``scripts/gpu.sh "bench
+serve"`` writes ``serve_conc1.json``, ``serve_poisson16.json`` and ``serve_burst256.json`` into one folder
+per server configuration) and writes ``serve_gpu.md`` (a table of every run and the serving targets:
+under a burst ITL p99 <= 3x its median and TTFT mean <= 2.5 s; at Poisson 16 req/s ITL p99 <= 2x the
+median; at concurrency 1 TPOT <= 1.1x the engine's batch-1 decode step, given by ``--batch1-step-ms``)
+and ``serve_gpu.png`` (each run's ITL distribution and TTFTs).
+
+    python -m benchmarks.serve_report RUN_DIR [RUN_DIR ...] --out DIR --batch1-step-ms 5.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+TARGETS = {  # load name: what the serving target asks of it
+    "burst": "ITL p99 <= 3x the median, TTFT mean <= 2.5 s",
+    "poisson16": "ITL p99 <= 2x the median",
+    "conc1": "TPOT <= 1.1x the batch-1 decode step",
+}
+
+
+def load_runs(dirs: list[Path]) -> list[dict]:
+    """One row per result JSON: its folder (the server configuration), its load name and its summary."""
+    runs = []
+    for folder in dirs:
+        for path in sorted(folder.glob("serve_*.json")):
+            data = json.loads(path.read_text())
+            itls = [gap for r in data.get("requests", []) if r.get("error") is None for gap in r.get("itl", [])]
+            ttfts = [r["ttft"] for r in data.get("requests", []) if r.get("error") is None]
+            config = data.get("config", {})
+            runs.append({
+                "config": folder.name,
+                "server_args": " ".join(config.get("server_args") or []),
+                "load": path.stem.removeprefix("serve_"),
+                "summary": data["summary"],
+                "itls": itls,
+                "ttfts": ttfts,
+            })  # fmt: skip
+    return runs
+
+
+def target(run: dict, batch1_step_ms: float | None) -> str:
+    """The run's serving target and whether it is met ("-" for a load without one)."""
+    s, load = run["summary"], run["load"]
+    itl, ttft, tpot = s.get("itl", {}), s.get("ttft", {}), s.get("tpot", {})
+    if not itl:
+        return "-"
+    ratio = itl["p99_ms"] / _median(itl)
+    if load.startswith("burst"):
+        met = ratio <= 3 and ttft["mean_ms"] <= 2500
+        return f"ITL p99 {ratio:.1f}x the median, TTFT mean {ttft['mean_ms'] / 1000:.2f} s: {_met(met)}"
+    if load.startswith("poisson16"):
+        return f"ITL p99 {ratio:.1f}x the median: {_met(ratio <= 2)}"
+    if load.startswith("conc1") and batch1_step_ms:
+        over = tpot["mean_ms"] / batch1_step_ms
+        return f"TPOT {over:.2f}x the batch-1 step ({batch1_step_ms:.2f} ms): {_met(over <= 1.1)}"
+    return "-"
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def notes(runs: list[dict], batch1_step_ms: float | None) -> str:
+    lines = ["# Serving on the GPU", "",
+             "Streamed requests through the OpenAI server (`python -m benchmarks.serve`; ITL: gaps between "
+             "streamed chunks; TPOT: (E2EL - TTFT) / (output - 1)). Targets: " +
+             "; ".join(f"{load}: {text}" for load, text in TARGETS.items()) + ".", "",
+             "| server | load | done | out tok/s | TTFT mean / p99 ms | TPOT mean ms | ITL median / p90 / p99 ms "
+             "| target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for run in runs:
+        s = run["summary"]
+        ttft, tpot, itl = s.get("ttft", {}), s.get("tpot", {}), s.get("itl", {})
+        lines.append(
+            f"| {run['config']}{' (' + run['server_args'] + ')' if run['server_args'] else ''} | {run['load']} "
+            f"| {s['completed']}/{s['completed'] + s['failed']} | {s['output_throughput']:,.0f} "
+            f"| {_ms(ttft, 'mean_ms')} / {_ms(ttft, 'p99_ms')} | {_ms(tpot, 'mean_ms')} "
+            f"| {_ms(itl, 'median_ms' if 'median_ms' in itl else 'p50_ms')} / {_ms(itl, 'p90_ms')} / "
+            f"{_ms(itl, 'p99_ms')} | {target(run, batch1_step_ms)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _median(stats: dict) -> float:
+    return stats["median_ms"] if "median_ms" in stats else stats["p50_ms"]  # older results: p50_ms
+
+
+def _ms(stats: dict, key: str) -> str:
+    return f"{stats[key]:.1f}" if key in stats else "-"
+
+
+def plot(out: Path, runs: list[dict]) -> Path | None:
+    """Each run's ITL distribution (left) and TTFT distribution (right), one line per run."""
+    if not any(run["itls"] for run in runs):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_itl, ax_ttft) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for run in runs:
+        label = f"{run['config']} {run['load']}"
+        for ax, values in ((ax_itl, run["itls"]), (ax_ttft, run["ttfts"])):
+            if values:
+                ms = sorted(v * 1000 for v in values)
+                ax.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=label)
+    for ax, name in ((ax_itl, "inter-token latency"), (ax_ttft, "time to first token")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name}, ms (log)")
+        ax.set_ylabel("fraction of samples")
+        ax.axhline(0.99, color="grey", lw=0.6, ls=":")
+        ax.grid(alpha=0.3)
+    ax_itl.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "serve_gpu.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="folders of serve_*.json, one per server configuration")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch1-step-ms", type=float, help="the engine's batch-1 decode step (conc1's target)")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.runs)
+    if not runs:
+        parser.error(f"expected serve_*.json files in {', '.join(map(str, args.runs))}, found none")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serve_gpu.md").write_text(notes(runs, args.batch1_step_ms))
+    plot(args.out, runs)
+    print((args.out / "serve_gpu.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
