@@ -19,8 +19,7 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
 * ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
-  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32), with the Python bytecode the machine holds or
-  (``--cold-bytecode compiled``) compiled first, as pip leaves an install;
+  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32);
 * ``cascade``: batches (``--cascade-batches``) decoding after a shared prefix (``--cascade-shared``
   tokens, then ``--cascade-own`` of each request's own): steps with graphs (plain attention), with
   the graphs' cascade shapes, eager plain, eager through a cascade, and as the engine's rule chooses
@@ -732,23 +731,16 @@ def part_coldstart(args, results: dict) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     runs = {}
-    pycache = tempfile.TemporaryDirectory() if args.cold_bytecode == "compiled" else contextlib.nullcontext()
-    with pycache as bytecode:
-        if bytecode:  # Python's modules compiled once, as pip leaves them (a machine may hold none)
-            env = dict(os.environ, PYTHONPYCACHEPREFIX=bytecode)
-            subprocess.run([sys.executable, "-c", BYTECODE_CHILD, path], env=env, capture_output=True, timeout=600)
-        for run in args.cold_runs:
-            runs[run] = _cold_run(args, path, run, bytecode)
-            print(f"[coldstart {run}] {json.dumps(runs[run])}", flush=True)
-    return {"runs": runs, "bytecode": args.cold_bytecode}
+    for run in args.cold_runs:
+        runs[run] = _cold_run(args, path, run)
+        print(f"[coldstart {run}] {json.dumps(runs[run])}", flush=True)
+    return {"runs": runs}
 
 
-def _cold_run(args, path: str, run: str, bytecode: str | None) -> dict:
+def _cold_run(args, path: str, run: str) -> dict:
     dtype, _, lazy = run.partition("-")
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
-        if bytecode:
-            env["PYTHONPYCACHEPREFIX"] = bytecode
         command = [sys.executable, "-c", COLD_CHILD, path, dtype, lazy or "eager"]
         t0 = time.perf_counter()
         try:
@@ -761,17 +753,6 @@ def _cold_run(args, path: str, run: str, bytecode: str | None) -> dict:
     row["process_s"] = wall
     row["warm_up_log"] = [line for line in proc.stderr.splitlines() if "warm-up:" in line or "decode " in line]
     return row
-
-
-# Compiles the bytecode of what a cold run imports (portattn, torch's and transformers' modules behind
-# the checkpoint's config), without building an engine.
-BYTECODE_CHILD = (
-    "import sys\n"
-    "import torch\n"
-    "from portattn.engine.llm import LLM\n"
-    "from transformers import AutoConfig\n"
-    "AutoConfig.from_pretrained(sys.argv[1])\n"
-)
 
 
 # A cold run's process: torch's import timed first (the benchmark module imports torch), then cold_child.
@@ -1063,8 +1044,7 @@ def notes(results: dict) -> str:
         lines.append("")
     runs = coldstart_runs(results.get("coldstart"))
     if runs:
-        bytecode = {"compiled": ", Python's bytecode compiled first"}.get(results["coldstart"].get("bytecode"), "")
-        lines += [f"## Cold start (fresh process, empty Triton cache{bytecode})", "",
+        lines += ["## Cold start (fresh process, empty Triton cache)", "",
                   "| run | import s (torch / portattn) | construct s (load + warm-up) | graphs at start "
                   "| first token s | total s (after torch / with it) | new prompt shape s | Triton compiles "
                   "| longest compile s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -1181,9 +1161,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-runs", nargs="+", default=["bfloat16", "bfloat16-lazy", "float32"],
                         help="cold starts: a dtype, with -lazy for lazy_graph_capture")  # fmt: skip
     parser.add_argument("--cold-timeout", type=int, default=400)
-    parser.add_argument("--cold-bytecode", choices=["as-is", "compiled"], default="as-is",
-                        help="Python's bytecode in the cold runs: what the machine holds, or compiled first "
-                             "into a folder of its own (PYTHONPYCACHEPREFIX), as pip leaves an install")  # fmt: skip
     parser.add_argument("--cascade-batches", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--cascade-shared", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--cascade-own", type=int, default=256)

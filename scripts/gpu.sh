@@ -20,7 +20,9 @@
 #   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint (or MODEL=path, DATASET=prompts file)
 #                     + python -m benchmarks.serve at several loads; needs wheels a bare GPU image may lack
 #                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection);
-#                     SERVE_ARGS="..." go to the server; the notes and plot by benchmarks.serve_report
+#                     SERVE_ARGS="..." go to the server, KEEP_CHECKPOINT=dir keeps the random checkpoint for
+#                     the next serve step, LOADS="conc1 poisson16 burst256" (the default) picks loads; the
+#                     notes and plot by benchmarks.serve_report
 #                     (BATCH1_STEP_MS=the engine's batch-1 step for the concurrency-1 target)
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
@@ -91,7 +93,10 @@ serve_bench() {  # dir [extra client args]: a checkpoint served on the GPU, load
     name=$shape
     data=(--tokenizer "$MODEL" ${DATASET:+--dataset "$DATASET" --endpoint /v1/chat/completions})
   else
-    timeout 300 $PY -m benchmarks.random_checkpoint "$ckpt" --shape "$shape" --device cuda --dtype "$dtype" || return 1
+    # KEEP_CHECKPOINT=dir: the random checkpoint written there once and kept for the next serve steps
+    [ -n "${KEEP_CHECKPOINT:-}" ] && ckpt=$KEEP_CHECKPOINT
+    [ -f "$ckpt/config.json" ] ||
+      timeout 300 $PY -m benchmarks.random_checkpoint "$ckpt" --shape "$shape" --device cuda --dtype "$dtype" || return 1
   fi
   $PY -m portattn.cli -v serve "$ckpt" --served-model-name "$name" --device cuda --dtype "$dtype" \
     --page-size 16 --max-num-seqs 256 --max-model-len 4096 --host 127.0.0.1 --port "$port" \
@@ -102,9 +107,10 @@ serve_bench() {  # dir [extra client args]: a checkpoint served on the GPU, load
     kill -0 "$server_pid" 2>/dev/null || { echo "the server exited"; tail -n 30 "$dir/server.log"; return 1; }
     sleep 1
   done
-  load() {  # name, then the client's arguments
+  load() {  # name, then the client's arguments; LOADS="..." runs only the loads it names
     local name=$1
     shift
+    [[ " ${LOADS:-conc1 poisson16 burst256} " == *" $name "* ]] || return 0
     echo "== load $name: $*"
     timeout 170 $PY -m benchmarks.serve --base-url "$base" --label "cuda-$shape-$name" --token-range 2 500 \
       --result-json "$dir/serve_$name.json" "${data[@]}" "$@"
