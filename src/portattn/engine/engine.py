@@ -224,6 +224,10 @@ class Engine:
             for i, length in enumerate(prompts):
                 self._warm_up_prompt(i, length, max_tokens=2)
                 bar.update(1)
+        if is_gpu(self.config.device):
+            from ..kernels.triton.compile_ahead import log_late_compiles
+
+            log_late_compiles()
         self.pages.num_cached_tokens = 0  # the engine's counters start at the first real request
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
         if self.speculator is not None:

@@ -16,6 +16,9 @@ that follows finds every variant compiled, as long as it launches them with the 
 specializations (the same shapes and the same buffers' alignment), which a rehearsal of the same
 steps does. While it is active no other thread of the process may launch Triton kernels (the launch
 path is switched for the whole process).
+
+:func:`log_late_compiles` reports the compiles that happen after a warm-up (a kernel variant that
+the warm-up did not meet), each of which holds up the step that launches it.
 """
 
 from __future__ import annotations
@@ -122,3 +125,39 @@ def _result(future):
         return future.result()
     except Exception:
         return None
+
+
+_late_compiles = [0]
+
+
+def log_late_compiles() -> None:
+    """From now on, log each Triton compile of this process (not a hit in Triton's cache): its kernel
+    and seconds, with a running count. A served engine calls it after its warm-up, so that a step held
+    up by a kernel variant the warm-up did not compile says so. Chains a listener already set; a
+    no-op for a Triton without ``knobs.compilation.listener`` (before 3.4) or where it is installed."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return
+    compilation = getattr(knobs, "compilation", None)
+    previous = getattr(compilation, "listener", None)
+    if compilation is None or not hasattr(compilation, "listener") or getattr(previous, "_portattn", False):
+        return
+
+    def listener(*, src, metadata, times, cache_hit, **kwargs) -> None:
+        if previous is not None:
+            previous(src=src, metadata=metadata, times=times, cache_hit=cache_hit, **kwargs)
+        if cache_hit:
+            return
+        _late_compiles[0] += 1
+        name = metadata.get("name", getattr(src, "name", "?"))
+        logger.info(
+            "Triton compiled %s in %.1f s after the warm-up (%d so far): a kernel variant the warm-up did not "
+            "meet; the step that launched it waited",
+            name,
+            times.total / 1e6,
+            _late_compiles[0],
+        )
+
+    listener._portattn = True
+    compilation.listener = listener
