@@ -431,6 +431,9 @@ def test_a_mixed_batch_launches_its_decodes_apart(kwargs):
     assert decodes.max_seqlen_q == 1 and decodes.k_lens == (300, 7, 8, 150) and decodes.max_seqlen_k == 300
     assert rest.cu_seqlens_q.tolist() == [0, 9, 12, 13] and rest.k_lens == (9, 40, 16)
     assert decodes.num_kv_splits == choose_num_kv_splits(300, 4, 4, 1) > 1  # split as a decode batch
+    # every part's device tensors at 16-byte addresses (4 decodes of int32 would be; 1-3 tested below)
+    for part in (decodes, rest):
+        assert all(t.data_ptr() % 16 == 0 for t in (part.cu_seqlens_q, part.seq_lens_k, part.page_table))
     params = AttentionParams(scale=case.q.shape[-1] ** -0.5, **kwargs)
     out = torch.full_like(case.q, float("nan"))
     lse = torch.full(case.q.shape[:2], float("nan"), device=DEVICE)
@@ -439,6 +442,21 @@ def test_a_mixed_batch_launches_its_decodes_apart(kwargs):
     _, ref_lse = paged_attention_ref(**case.inputs(), return_lse=True, **kwargs)
     assert max_error(out, ref) <= tol
     assert lse_error(lse, ref_lse) <= lse_tolerance(ref_lse, torch.float16)
+
+
+@pytest.mark.parametrize("decodes", [1, 2, 3, 5])
+def test_mixed_parts_start_at_aligned_addresses(decodes):
+    """After ``decodes`` decodes the rest's lengths and page-table rows are copies where the views would
+    start off a 16-byte boundary (each offset would be a kernel variant of its own), equal to them."""
+    q_lens, k_lens = [1] * decodes + [9, 3], [30] * decodes + [9, 40]
+    case = make_paged_case(q_lens, k_lens, page_size=7, dtype=torch.float16, device=DEVICE, seed=3)
+    metadata = TritonBackend().plan_paged(case.cu_seqlens_q, case.seq_lens_k, case.page_table, 7, num_heads=4,
+                                          host_lens=(q_lens, k_lens))  # fmt: skip
+    (_, first), (_, rest) = metadata.parts
+    for part, rows in ((first, slice(0, decodes)), (rest, slice(decodes, None))):
+        assert part.seq_lens_k.data_ptr() % 16 == 0 and part.page_table.data_ptr() % 16 == 0
+        assert torch.equal(part.seq_lens_k, case.seq_lens_k[rows])
+        assert torch.equal(part.page_table, case.page_table[rows])
 
 
 def test_only_mixed_batches_are_planned_in_parts():

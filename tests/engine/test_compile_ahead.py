@@ -75,6 +75,37 @@ def test_the_rehearsal_records_no_graph(ckpt_root, monkeypatch):
     assert graphs.replays > 0  # the one-token prompt's step went through the graphs' static buffers
 
 
+@pytest.mark.parametrize("num_pages", [80, 20])
+def test_the_rehearsal_runs_the_mixed_steps_that_fit_and_gives_back_their_pages(num_pages, ckpt_root, monkeypatch):
+    """Mixed steps (decodes first, then a prompt chunk) of the counts, contexts and chunks the request
+    slots, max_model_len and the pool allow (4 slots, 128 tokens: 1 and 3 decodes of 64 keys before a
+    chunk of 16; 20 pages of 7 tokens hold the 1-decode step alone), every page and slot given back and
+    the engine generating as one that never ran them."""
+    path = checkpoint("llama", ckpt_root)
+    plain = LLM(path, device=ENGINE_DEVICE, dtype="float32", page_size=7, num_pages=num_pages, max_model_len=128,
+                max_num_seqs=4)  # fmt: skip
+    rehearsed = LLM(path, device=ENGINE_DEVICE, dtype="float32", page_size=7, num_pages=num_pages,
+                    max_model_len=128, max_num_seqs=4)  # fmt: skip
+    engine = rehearsed.engine
+    free, rows = engine.allocator.num_free, engine.pages.req_pool.num_free
+    steps, forward = [], engine.runner.forward
+
+    def record(scheduled, rows, cascade=None):
+        steps.append([(seq.num_computed, n) for seq, n in scheduled])
+        return forward(scheduled, rows, cascade)
+
+    monkeypatch.setattr(engine.runner, "forward", record)
+    engine._rehearse_mixed_steps()
+    want = [[(63, 1), (0, 16)], [(63, 1)] * 3 + [(0, 16)]]
+    assert steps == (want if num_pages == 80 else want[:1])
+    assert engine.allocator.num_free == free and engine.pages.req_pool.num_free == rows and not engine.pages.cache
+    monkeypatch.undo()
+    got, expected = rehearsed.generate(PROMPTS, PARAMS, use_tqdm=False), plain.generate(PROMPTS, PARAMS, use_tqdm=False)
+    for g, w in zip(got, expected, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        torch.testing.assert_close(g.outputs[0].logits, w.outputs[0].logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_the_rehearsed_shapes_are_those_a_start_up_records(lazy, ckpt_root):
     graphs = llm_with_static_graphs(checkpoint("llama", ckpt_root), lazy=lazy).engine.runner.graphs
@@ -141,3 +172,23 @@ def test_the_warm_up_compiles_nothing_after_the_rehearsal(ckpt_root, tmp_path):
     assert ahead["rehearsal"] > 0 and ahead["after"] == 0, ahead  # every kernel of the warm-up compiled ahead
     assert plain["rehearsal"] is None and plain["after"] > 0, plain
     assert ahead["tokens"] == plain["tokens"]
+
+
+def test_compiles_after_the_warm_up_are_logged_once_each(monkeypatch, caplog):
+    """Triton's listener, set after a warm-up, logs each compile (not a cache hit) with its kernel and
+    seconds, calls a listener set before it, and is not set twice."""
+    knobs = pytest.importorskip("triton").knobs
+    from portattn.kernels.triton.compile_ahead import log_late_compiles
+
+    seen = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kwargs: seen.append(kwargs["cache_hit"]))
+    log_late_compiles()
+    log_late_compiles()  # already set: not chained to itself
+    times = knobs.CompileTimes(ir_initialization=1_000_000, lowering_stages=[("ptx", 500_000)], store_results=0)
+    with caplog.at_level("INFO", logger="portattn"):
+        for hit in (False, True):
+            knobs.compilation.listener(src=None, metadata={"name": "attention_fwd_kernel"}, metadata_group={},
+                                       times=times, cache_hit=hit)  # fmt: skip
+    assert seen == [False, True]
+    late = [r.getMessage() for r in caplog.records if "after the warm-up" in r.getMessage()]
+    assert len(late) == 1 and late[0].startswith("Triton compiled attention_fwd_kernel in 1.5 s after the warm-up (")

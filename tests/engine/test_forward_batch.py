@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from portattn.backends.torch_ref import TorchBackend
@@ -53,6 +54,18 @@ def test_build_equals_a_loop_over_tokens():
         assert batch.seq_lens_k.tolist() == k_lens and batch.seq_lens_k.dtype == torch.int32
         assert batch.req_pool_indices.tolist() == [s.req_pool_idx for s, _ in scheduled]
         assert (batch.q_lens, batch.k_lens, batch.max_seqlen_k) == (tuple(q_lens), tuple(k_lens), max(k_lens))
+
+
+def test_staging_views_start_aligned_whatever_the_sizes():
+    """Every uploaded array starts at a multiple of 128 bytes (a kernel given a view is compiled for an
+    aligned pointer whatever the step's sizes) and holds the array's values."""
+    staging = Staging(torch.device("cpu"))
+    for sizes in ([3, 1, 5], [17, 16, 2, 1], [1]):
+        arrays = [np.arange(n, dtype=np.int64) * 10 + i for i, n in enumerate(sizes)]
+        views = staging.upload(arrays)
+        assert [v.tolist() for v in views] == [a.tolist() for a in arrays]
+        # offsets of 128 bytes in the buffer (whose base the device allocator aligns: 512 bytes on CUDA)
+        assert all((v.data_ptr() - staging.dev.data_ptr()) % 128 == 0 for v in views)
 
 
 def test_staging_grows_past_its_first_size():

@@ -134,8 +134,8 @@ def _mixed_parts(metadata: TritonPagedMetadata, num_heads, kv_itemsize) -> tuple
     for cu, seqs in ((metadata.cu_seqlens_q[: d + 1], slice(0, d)), (metadata.cu_seqlens_q[d:] - d, slice(d, None))):
         part = TritonPagedMetadata(
             cu_seqlens_q=cu,
-            seq_lens_k=metadata.seq_lens_k[seqs],
-            page_table=metadata.page_table[seqs],
+            seq_lens_k=_aligned(metadata.seq_lens_k[seqs]),
+            page_table=_aligned(metadata.page_table[seqs]),
             page_size=metadata.page_size,
             max_seqlen_q=max(q_lens[seqs]),
             max_seqlen_k=max(k_lens[seqs]),
@@ -146,6 +146,13 @@ def _mixed_parts(metadata: TritonPagedMetadata, num_heads, kv_itemsize) -> tuple
             part = dataclasses.replace(part, num_kv_splits=_planned_splits(part, num_heads, kv_itemsize))
         parts.append((seqs, part))
     return tuple(parts)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy where its address is not a multiple of 16 bytes: the kernels are compiled for
+    aligned pointers (Triton specializes on it), and a view at another offset would be a variant of its
+    own, compiled when a step first makes one (here: the rows of a mixed batch after ``d`` decodes)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,6 +37,15 @@ logger = logging.getLogger("portattn")
 # Prompt lengths of the warm-up requests: the query-tile classes of prefill (long and short runs)
 # and of decode, compiled before the first request.
 WARM_UP_PROMPTS = (256, 16, 1)
+# Mixed steps rehearsed at start (compiled, not run): decodes first (their count and context), then one
+# prompt chunk (its tokens and the tokens cached before it). A served engine's mixed steps launch their
+# decodes apart with tiles and split counts chosen by the decodes' count and context (short key ranges,
+# split, unsplit by programs a multiprocessor) and the chunk with the tiles of its length: on an H200 a
+# server on an empty Triton cache compiled 18 attention variants after this warm-up's prompts, each
+# holding up its step for 1-3 s (benchmarks/results/engine_h200/round22/NOTES.md).
+MIXED_DECODES = (1, 3, 16, 48, 128)
+MIXED_CONTEXTS = (64, 500, 2000)
+MIXED_CHUNKS = ((256, 0), (16, 0), (16, 2000))
 
 
 DEFAULT_MAX_MODEL_LEN = 8192  # for a model config without max_position_embeddings
@@ -276,10 +285,40 @@ class Engine:
                 for i, length in enumerate(prompts):
                     # The prefill alone (a one-token prompt's step is the decode graph's shape, run eagerly).
                     self._warm_up_prompt(i, length, max_tokens=1)
+                if prompts:
+                    self._rehearse_mixed_steps()
             finally:
                 if graphs is not None:
                     graphs.rehearsing = False
         return time.perf_counter() - start
+
+    def _rehearse_mixed_steps(self) -> None:
+        """Under :meth:`_compile_ahead`: one forward of each mixed step of :data:`MIXED_DECODES` x
+        :data:`MIXED_CONTEXTS` x :data:`MIXED_CHUNKS` that the request slots, ``max_model_len`` and the
+        pool allow, over pages reserved for it and given back (nothing computed: the decodes' and the
+        chunk's cached tokens are only counted as such)."""
+        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+        for num_decodes in MIXED_DECODES:
+            for context in MIXED_CONTEXTS:
+                for chunk, cached in MIXED_CHUNKS:
+                    if num_decodes + 1 > self.config.max_num_seqs or max(context, cached + chunk) > self.max_model_len:
+                        continue
+                    shape = [(context, 1)] * num_decodes + [(cached + chunk, chunk)]
+                    seqs = [Sequence(-100 - i, [0] * length, params) for i, (length, _) in enumerate(shape)]
+                    try:
+                        if all(self._hold(seq, length) for seq, (length, _) in zip(seqs, shape)):
+                            for seq, (length, n) in zip(seqs, shape):
+                                seq.num_computed = length - n
+                            self.runner.forward([(seq, n) for seq, (_, n) in zip(seqs, shape)], rows=[])
+                    finally:
+                        for seq in seqs:
+                            self.pages.release_all(seq)
+                        self.pages.clear_cache()
+
+    def _hold(self, seq: Sequence, num_tokens: int) -> bool:
+        """A request row and pages for ``num_tokens`` tokens of ``seq`` (False: the pool is short)."""
+        seq.req_pool_idx = self.pages.req_pool.alloc()
+        return self.pages.reserve(seq, num_tokens)
 
     def add_request(
         self,

@@ -16,6 +16,7 @@ from ..device import is_gpu
 from .sequence import Sequence
 
 MODES = ("prefill", "extend", "decode", "mixed")
+ALIGN = 16  # elements: each array of an upload starts at a multiple of 128 bytes
 
 
 class Staging:
@@ -37,18 +38,25 @@ class Staging:
         self.host_np = self.host.numpy()
 
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        """Device int64 copies of ``arrays`` (views of one buffer, valid until the next upload)."""
+        """Device int64 copies of ``arrays`` (views of one buffer, valid until the next upload). Each
+        starts at a multiple of :data:`ALIGN` elements: a kernel that takes a view is compiled for an
+        aligned address whatever the step's sizes (Triton specializes pointers on 16-byte alignment,
+        and a view at an odd offset would be a variant of its own, compiled when a step first makes
+        one)."""
         sizes = [a.shape[0] for a in arrays]
-        total = sum(sizes)
+        starts = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum([-(-n // ALIGN) * ALIGN for n in sizes], out=starts[1:])
+        total = int(starts[-1])
         if self.event is not None:
             self.event.synchronize()  # the previous upload has left the pinned buffer
         if total > self.host.shape[0]:
             self._grow(1 << (total - 1).bit_length())
-        np.concatenate(arrays, out=self.host_np[:total])
+        for a, start in zip(arrays, starts.tolist()):
+            self.host_np[start : start + a.shape[0]] = a
         self.dev[:total].copy_(self.host[:total], non_blocking=True)
         if self.event is not None:
             self.event.record()
-        return list(self.dev[:total].split(sizes))
+        return [self.dev[start : start + n] for start, n in zip(starts.tolist(), sizes)]
 
 
 @dataclass(frozen=True, eq=False)

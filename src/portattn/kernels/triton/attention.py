@@ -360,7 +360,8 @@ def _merge_splits_of_rows(
         tl.store(Lse + lse_rows, lse, mask=row_ok)
 
 
-@triton.jit
+# num_seqs changes every step: one compiled variant for every count (not one for 1, multiples of 16 and the rest)
+@triton.jit(do_not_specialize=["num_seqs"])
 def attention_fwd_kernel(
     Q,
     K,

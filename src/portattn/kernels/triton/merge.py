@@ -17,7 +17,7 @@ import triton.language as tl
 from .pdl import wait_for_previous
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # one variant for every split count
 def merge_splits_kernel(
     PartialOut,
     PartialLse,
