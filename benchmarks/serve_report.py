@@ -1,11 +1,12 @@
 """``python -m benchmarks.serve_report``: the notes and the plot of serving runs.
 
-Reads the result JSONs that ``python -m benchmarks.serve --result-json`` wrote (``scripts/gpu.sh "bench
-serve"`` writes ``serve_conc1.json``, ``serve_poisson16.json`` and ``serve_burst256.json`` into one folder
-per server configuration) and writes ``serve_gpu.md`` (a table of every run and the serving targets:
-under a burst ITL p99 <= 3x its median and TTFT mean <= 2.5 s; at Poisson 16 req/s ITL p99 <= 2x the
-median; at concurrency 1 TPOT <= 1.1x the engine's batch-1 decode step, given by ``--batch1-step-ms``)
-and ``serve_gpu.png`` (each run's ITL distribution and TTFTs).
+Reads the result JSONs (or their gzip files) that ``python -m benchmarks.serve --result-json`` wrote
+(``scripts/gpu.sh "bench serve"`` writes ``serve_conc1.json``, ``serve_poisson16.json`` and
+``serve_burst256.json`` into one folder per server configuration) and writes ``serve_gpu.md`` (a table
+of every run and the serving targets: under a burst ITL p99 <= 3x its median and TTFT mean <= 2.5 s;
+at Poisson 16 req/s ITL p99 <= 2x the median; at concurrency 1 TPOT <= 1.1x the engine's batch-1
+decode step, given by ``--batch1-step-ms``) and ``serve_gpu.png`` (each run's ITL distribution and
+TTFTs).
 
     python -m benchmarks.serve_report RUN_DIR [RUN_DIR ...] --out DIR --batch1-step-ms 5.3
 """
@@ -13,6 +14,7 @@ and ``serve_gpu.png`` (each run's ITL distribution and TTFTs).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -28,15 +30,16 @@ def load_runs(dirs: list[Path]) -> list[dict]:
     """One row per result JSON: its folder (the server configuration), its load name and its summary."""
     runs = []
     for folder in dirs:
-        for path in sorted(folder.glob("serve_*.json")):
-            data = json.loads(path.read_text())
+        for path in sorted([*folder.glob("serve_*.json"), *folder.glob("serve_*.json.gz")]):
+            text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            data = json.loads(text)
             itls = [gap for r in data.get("requests", []) if r.get("error") is None for gap in r.get("itl", [])]
             ttfts = [r["ttft"] for r in data.get("requests", []) if r.get("error") is None]
             config = data.get("config", {})
             runs.append({
                 "config": folder.name,
                 "server_args": " ".join(config.get("server_args") or []),
-                "load": path.stem.removeprefix("serve_"),
+                "load": path.name.split(".")[0].removeprefix("serve_"),
                 "summary": data["summary"],
                 "itls": itls,
                 "ttfts": ttfts,

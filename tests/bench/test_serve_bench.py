@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -168,6 +169,9 @@ def test_serve_report_checks_each_load_against_its_target(tmp_path):
     _serve_result(tmp_path / "b2048" / "serve_poisson16.json", [[10.0, 10.0, 19.0]] * 3, [0.1] * 3, [])
     _serve_result(tmp_path / "b2048" / "serve_conc1.json", [[5.0] * 9] * 2, [0.05] * 2, [])
     _serve_result(tmp_path / "b8192" / "serve_burst256.json", [[10.0] * 10 + [200.0] * 2] * 4, [3.0] * 4, [])
+    big = tmp_path / "b8192" / "serve_burst256.json"  # kept as gzip, read the same
+    (tmp_path / "b8192" / "serve_burst256.json.gz").write_bytes(gzip.compress(big.read_bytes()))
+    big.unlink()
     assert serve_report.main([str(tmp_path / "b2048"), str(tmp_path / "b8192"), "--out", str(tmp_path / "out"),
                               "--batch1-step-ms", "4.8"]) == 0  # fmt: skip
     text = (tmp_path / "out" / "serve_gpu.md").read_text()

@@ -79,8 +79,8 @@ def test_the_rehearsal_records_no_graph(ckpt_root, monkeypatch):
 def test_the_rehearsal_runs_the_mixed_steps_that_fit_and_gives_back_their_pages(num_pages, ckpt_root, monkeypatch):
     """Mixed steps (decodes first, then a prompt chunk) of the counts, contexts and chunks the request
     slots, max_model_len and the pool allow (4 slots, 128 tokens: 1 and 3 decodes of 64 keys before a
-    chunk of 16; 20 pages of 7 tokens hold the 1-decode step alone), every page and slot given back and
-    the engine generating as one that never ran them."""
+    chunk of 16, then chunks of 16, 8 and 4 new tokens after a decode; 20 pages of 7 tokens do not hold
+    the 3 decodes), every page and slot given back and the engine generating as one that never ran them."""
     path = checkpoint("llama", ckpt_root)
     plain = LLM(path, device=ENGINE_DEVICE, dtype="float32", page_size=7, num_pages=num_pages, max_model_len=128,
                 max_num_seqs=4)  # fmt: skip
@@ -96,8 +96,9 @@ def test_the_rehearsal_runs_the_mixed_steps_that_fit_and_gives_back_their_pages(
 
     monkeypatch.setattr(engine.runner, "forward", record)
     engine._rehearse_mixed_steps()
-    want = [[(63, 1), (0, 16)], [(63, 1)] * 3 + [(0, 16)]]
-    assert steps == (want if num_pages == 80 else want[:1])
+    decodes = [[(63, 1), (0, 16)], [(63, 1)] * 3 + [(0, 16)]]  # 1 and 3 decodes, then a chunk of 16
+    chunks = [[(63, 1), (0, n)] for n in (16, 8, 4)]  # the chunks with no cached tokens that fit in 128
+    assert steps == (decodes if num_pages == 80 else decodes[:1]) + chunks
     assert engine.allocator.num_free == free and engine.pages.req_pool.num_free == rows and not engine.pages.cache
     monkeypatch.undo()
     got, expected = rehearsed.generate(PROMPTS, PARAMS, use_tqdm=False), plain.generate(PROMPTS, PARAMS, use_tqdm=False)

@@ -37,15 +37,18 @@ logger = logging.getLogger("portattn")
 # Prompt lengths of the warm-up requests: the query-tile classes of prefill (long and short runs)
 # and of decode, compiled before the first request.
 WARM_UP_PROMPTS = (256, 16, 1)
-# Mixed steps rehearsed at start (compiled, not run): decodes first (their count and context), then one
-# prompt chunk (its tokens and the tokens cached before it). A served engine's mixed steps launch their
-# decodes apart with tiles and split counts chosen by the decodes' count and context (short key ranges,
-# split, unsplit by programs a multiprocessor) and the chunk with the tiles of its length: on an H200 a
-# server on an empty Triton cache compiled 18 attention variants after this warm-up's prompts, each
-# holding up its step for 1-3 s (benchmarks/results/engine_h200/round22/NOTES.md).
-MIXED_DECODES = (1, 3, 16, 48, 128)
-MIXED_CONTEXTS = (64, 500, 2000)
-MIXED_CHUNKS = ((256, 0), (16, 0), (16, 2000))
+# Mixed steps rehearsed at start (compiled, not run): decodes first, then one prompt chunk. A mixed step
+# launches its decodes apart from the chunk: the decodes with tiles and a split count chosen by their
+# count and context (short key ranges, split, unsplit by programs a multiprocessor), the chunk with the
+# tiles of its length (query rows a program) and a split count of its own (a short chunk over a long
+# prefix splits). On an H200 a server on an empty Triton cache compiled 18 attention variants after a
+# warm-up of whole prompts alone, each holding up its step for 1-3 s
+# (benchmarks/results/engine_h200/round22/NOTES.md). The decodes' classes are rehearsed before a chunk
+# of MIXED_DECODE_CHUNK new tokens, the chunks' after one decode over MIXED_CONTEXTS[0] keys.
+MIXED_DECODES = (1, 3, 16, 48, 128)  # decoding sequences
+MIXED_CONTEXTS = (64, 500, 2000)  # their keys
+MIXED_DECODE_CHUNK = 16
+MIXED_CHUNKS = ((256, 0), (64, 1000), (16, 0), (16, 2000), (8, 0), (8, 1000), (4, 0), (4, 1000))  # (new, cached)
 
 
 DEFAULT_MAX_MODEL_LEN = 8192  # for a model config without max_position_embeddings
@@ -294,26 +297,26 @@ class Engine:
 
     def _rehearse_mixed_steps(self) -> None:
         """Under :meth:`_compile_ahead`: one forward of each mixed step of :data:`MIXED_DECODES` x
-        :data:`MIXED_CONTEXTS` x :data:`MIXED_CHUNKS` that the request slots, ``max_model_len`` and the
-        pool allow, over pages reserved for it and given back (nothing computed: the decodes' and the
+        :data:`MIXED_CONTEXTS` and of :data:`MIXED_CHUNKS` that the request slots, ``max_model_len`` and
+        the pool allow, over pages reserved for it and given back (nothing computed: the decodes' and the
         chunk's cached tokens are only counted as such)."""
+        steps = [([c] * d, (MIXED_DECODE_CHUNK, 0)) for d in MIXED_DECODES for c in MIXED_CONTEXTS]
+        steps += [([MIXED_CONTEXTS[0]], chunk) for chunk in MIXED_CHUNKS]
         params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-        for num_decodes in MIXED_DECODES:
-            for context in MIXED_CONTEXTS:
-                for chunk, cached in MIXED_CHUNKS:
-                    if num_decodes + 1 > self.config.max_num_seqs or max(context, cached + chunk) > self.max_model_len:
-                        continue
-                    shape = [(context, 1)] * num_decodes + [(cached + chunk, chunk)]
-                    seqs = [Sequence(-100 - i, [0] * length, params) for i, (length, _) in enumerate(shape)]
-                    try:
-                        if all(self._hold(seq, length) for seq, (length, _) in zip(seqs, shape)):
-                            for seq, (length, n) in zip(seqs, shape):
-                                seq.num_computed = length - n
-                            self.runner.forward([(seq, n) for seq, (_, n) in zip(seqs, shape)], rows=[])
-                    finally:
-                        for seq in seqs:
-                            self.pages.release_all(seq)
-                        self.pages.clear_cache()
+        for contexts, (chunk, cached) in steps:
+            if len(contexts) + 1 > self.config.max_num_seqs or max(*contexts, cached + chunk) > self.max_model_len:
+                continue
+            shape = [(context, 1) for context in contexts] + [(cached + chunk, chunk)]
+            seqs = [Sequence(-100 - i, [0] * length, params) for i, (length, _) in enumerate(shape)]
+            try:
+                if all(self._hold(seq, length) for seq, (length, _) in zip(seqs, shape)):
+                    for seq, (length, n) in zip(seqs, shape):
+                        seq.num_computed = length - n
+                    self.runner.forward([(seq, n) for seq, (_, n) in zip(seqs, shape)], rows=[])
+            finally:
+                for seq in seqs:
+                    self.pages.release_all(seq)
+                self.pages.clear_cache()
 
     def _hold(self, seq: Sequence, num_tokens: int) -> bool:
         """A request row and pages for ``num_tokens`` tokens of ``seq`` (False: the pool is short)."""
