@@ -19,7 +19,8 @@
 #   "bench spec_decode"  python -m benchmarks.spec_decode (SmolLM2 with and without n-gram speculation, MODEL=path)
 #   "bench serve"     portattn serve on a Llama-3-8B-shaped checkpoint (or MODEL=path, DATASET=prompts file)
 #                     + python -m benchmarks.serve at several loads; needs wheels a bare GPU image may lack
-#                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection);
+#                     (fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection, and
+#                     for fastapi 0.165 annotated-doc and opentelemetry-api);
 #                     SERVE_ARGS="..." go to the server, KEEP_CHECKPOINT=dir keeps the random checkpoint for
 #                     the next serve step, LOADS="conc1 poisson16 burst256" (the default) picks loads; the
 #                     notes and plot by benchmarks.serve_report
