@@ -56,7 +56,12 @@ class EngineStats:
 
 class RequestStream:
     """One HTTP request's engine requests (one per prompt): yields ``(prompt index, delta output)``
-    as steps produce them, until every prompt's request has finished."""
+    as steps produce them, until every prompt's request has finished.
+
+    A reader that has not taken the last delta yet is :attr:`behind`: the engine thread then leaves the
+    unfinished prompts' new tokens for the next delta, which carries all of them (as vLLM merges the
+    outputs a slow reader has not taken). Under load the event loop sends one chunk of several tokens
+    where it would fall further behind sending one chunk a token."""
 
     def __init__(self, async_engine: AsyncEngine, request_id: str, num_prompts: int):
         self.engine = async_engine
@@ -66,14 +71,23 @@ class RequestStream:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
+        self.pushed = 0  # items pushed: written by the engine thread only
+        self.taken = 0  # items the reader took: written by the event loop only
+
+    @property
+    def behind(self) -> bool:
+        """Whether an item pushed has not been taken by the reader yet."""
+        return self.pushed > self.taken
 
     def push(self, item) -> None:  # engine thread
+        self.pushed += 1
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         remaining = self.num_prompts
         while remaining:
             item = await self.queue.get()
+            self.taken += 1
             if isinstance(item, BaseException):
                 raise item
             index, out = item
@@ -241,7 +255,10 @@ class AsyncEngine:
     def _emit(self) -> None:
         done = []
         for request_id, stream in self._streams.items():
+            behind = stream.behind
             for i, state in enumerate(stream.states):
+                if behind and not state.finished:  # the next delta carries this step's tokens too
+                    continue
                 out = state.output(delta=True)
                 if out is not None:
                     stream.push((i, out))

@@ -128,8 +128,10 @@ class Timing:
             last = self.last[index]
             if last is None:
                 m.labelled(m.ttft).observe(now - self.arrival)
-            else:  # one step: one more token per running choice
-                m.labelled(m.itl).observe(now - last)
+            else:  # one step: one more token per running choice; a delta a slow reader left carries several
+                steps = max(len(c.token_ids) for c in out.outputs)
+                for _ in range(steps):
+                    m.labelled(m.itl).observe((now - last) / steps)
             self.last[index] = now
         for c in out.outputs:
             if c.finish_reason is not None:
