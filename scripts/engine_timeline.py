@@ -8,6 +8,10 @@ root, with MODE one of
   the replay's event-timed wall time, beside the async step time of the same batch. ``--kernel-options``
   switches launch options as the engine benchmark does (e.g. ``no_pdl``); ``--model llama4`` / ``deepseek``
   replays the engine benchmark's 4-layer mixture shapes instead of the 8B's;
+* ``mixed``: ``--batch`` sequences decoding over ``--context`` keys, then one prompt of each of
+  ``--prompt-lens`` tokens arriving: the synchronous step that prefills it beside the decodes (a server's
+  step when a request arrives), its wall time against the decode step alone, and one such step under
+  torch.profiler (every kernel, their sum and the span against the wall: the host's share);
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
   ``generate()`` to the first step, and the host's time between steps.
@@ -72,6 +76,58 @@ def replay(args, path: str) -> dict:
     return out
 
 
+def mixed(args, path: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from portattn.engine.sampling_params import SamplingParams
+
+    longest = max(args.prompt_lens)
+    llm = bench.make_llm(path, max_num_seqs=args.batch + 4, max_model_len=args.context + longest + 256,
+                         kv_cache_memory=48 << 30)  # fmt: skip
+    engine = llm.engine
+    bench.start_decoding(engine, args.batch, args.context, max_tokens=1000)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done at its prefill: no decode after
+    out = {"mode": "mixed", "model": args.model, "batch": args.batch, "context": args.context, "rows": []}
+    seed = itertools.count(100)
+    with bench.synchronous(engine):
+        out["decode_step_ms"] = bench.step_ms(engine, 10)
+
+        def arrival_step(length: int) -> float:
+            """Wall ms of the step that prefills a new prompt of ``length`` tokens beside the decodes."""
+            engine.add_request(bench.random_prompts(1, length, engine.vocab_size, seed=next(seed))[0], one)
+            bench.sync()
+            t0 = time.perf_counter()
+            engine.step()
+            bench.sync()
+            return (time.perf_counter() - t0) * 1e3
+
+        for length in args.prompt_lens:
+            arrival_step(length)  # untimed: a first step of this shape
+            walls = [arrival_step(length) for _ in range(5)]
+            engine.add_request(bench.random_prompts(1, length, engine.vocab_size, seed=next(seed))[0], one)
+            bench.sync()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                engine.step()
+                bench.sync()
+                profiled_ms = (time.perf_counter() - t0) * 1e3
+            kernels = cuda_kernels(prof)
+            row = {
+                "prompt_len": length,
+                "step_ms": statistics.median(walls),
+                "step_ms_all": walls,
+                "profiled_wall_ms": profiled_ms,
+                "kernel_sum_ms": sum(end - start for start, end, _ in kernels) / 1e3,
+                "span_ms": (kernels[-1][1] - kernels[0][0]) / 1e3 if kernels else 0.0,
+                "kernels": kernels,
+            }
+            out["rows"].append(row)
+            print(f"{args.batch} decodes over {args.context} + a prompt of {length}: step {row['step_ms']:.2f} ms "
+                  f"(decode step alone {out['decode_step_ms']:.2f}); kernels {row['kernel_sum_ms']:.2f} ms over a span "
+                  f"of {row['span_ms']:.2f} ms, {len(kernels)} kernels", flush=True)  # fmt: skip
+    return out
+
+
 def job(args, path: str) -> dict:
     from portattn.engine.sampling_params import SamplingParams
 
@@ -116,11 +172,13 @@ def job(args, path: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["replay", "job"])
+    parser.add_argument("mode", choices=["replay", "mixed", "job"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ck"))
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--context", type=int, default=1152)
+    parser.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 512, 768],
+                        help="mixed: the arriving prompts' lengths")  # fmt: skip
     parser.add_argument("--kernel-options", nargs="*", default=[], choices=sorted(bench.KERNEL_OPTIONS))
     parser.add_argument("--model", default="llama3_8b", choices=["llama3_8b", "llama4", "deepseek"],
                         help="replay: the 8B shape (32 layers) or a family part's shape (4 layers)")  # fmt: skip
@@ -132,7 +190,7 @@ def main() -> int:
         config = (bench.llama4_config if args.model == "llama4" else bench.deepseek_v3_config)(4)
         path = bench.checkpoint(f"{args.model}_4l", config, args.workdir)
     with torch.inference_mode():
-        out = replay(args, path) if args.mode == "replay" else job(args, path)
+        out = {"replay": replay, "mixed": mixed, "job": job}[args.mode](args, path)
     args.out.write_text(json.dumps(out))
     return 0
 
