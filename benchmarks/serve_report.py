@@ -75,7 +75,7 @@ def notes(runs: list[dict], batch1_step_ms: float | None) -> str:
              "streamed chunks; TPOT: (E2EL - TTFT) / (output - 1)). Targets: " +
              "; ".join(f"{load}: {text}" for load, text in TARGETS.items()) + ".", "",
              "| server | load | done | out tok/s | TTFT mean / p99 ms | TPOT mean ms | ITL median / p90 / p99 ms "
-             "| target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| gaps under 1 ms | target |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for run in runs:
         s = run["summary"]
         ttft, tpot, itl = s.get("ttft", {}), s.get("tpot", {}), s.get("itl", {})
@@ -84,9 +84,17 @@ def notes(runs: list[dict], batch1_step_ms: float | None) -> str:
             f"| {s['completed']}/{s['completed'] + s['failed']} | {s['output_throughput']:,.0f} "
             f"| {_ms(ttft, 'mean_ms')} / {_ms(ttft, 'p99_ms')} | {_ms(tpot, 'mean_ms')} "
             f"| {_ms(itl, 'median_ms' if 'median_ms' in itl else 'p50_ms')} / {_ms(itl, 'p90_ms')} / "
-            f"{_ms(itl, 'p99_ms')} | {target(run, batch1_step_ms)} |"
+            f"{_ms(itl, 'p99_ms')} | {_bunched(run['itls'])} | {target(run, batch1_step_ms)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _bunched(itls: list[float]) -> str:
+    """The share of gaps under 1 ms: chunks of a request that arrived together (a server behind its
+    streams), which make the median ITL say little; "-" without per-request results."""
+    if not itls:
+        return "-"
+    return f"{sum(gap < 1e-3 for gap in itls) / len(itls):.0%}"
 
 
 def _median(stats: dict) -> float:

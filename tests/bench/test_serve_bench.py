@@ -166,7 +166,7 @@ def test_serve_report_checks_each_load_against_its_target(tmp_path):
     # burst: 100 gaps of 10 ms and one of 100 ms a request (under 1% of the gaps: p99 10 ms), TTFT mean 2 s
     _serve_result(tmp_path / "b2048" / "serve_burst256.json", [[10.0] * 100 + [100.0]] * 4, [1.0, 2.0, 2.0, 3.0],
                   ["--max-num-batched-tokens", "2048"])  # fmt: skip
-    _serve_result(tmp_path / "b2048" / "serve_poisson16.json", [[10.0, 10.0, 19.0]] * 3, [0.1] * 3, [])
+    _serve_result(tmp_path / "b2048" / "serve_poisson16.json", [[10.0, 10.0, 19.0, 0.5]] * 3, [0.1] * 3, [])
     _serve_result(tmp_path / "b2048" / "serve_conc1.json", [[5.0] * 9] * 2, [0.05] * 2, [])
     _serve_result(tmp_path / "b8192" / "serve_burst256.json", [[10.0] * 10 + [200.0] * 2] * 4, [3.0] * 4, [])
     big = tmp_path / "b8192" / "serve_burst256.json"  # kept as gzip, read the same
@@ -176,11 +176,12 @@ def test_serve_report_checks_each_load_against_its_target(tmp_path):
                               "--batch1-step-ms", "4.8"]) == 0  # fmt: skip
     text = (tmp_path / "out" / "serve_gpu.md").read_text()
     burst = next(line for line in text.splitlines() if "| b2048 (--max-num-batched-tokens 2048) | burst256 |" in line)
-    assert "| 4/4 |" in burst and "TTFT mean 2.00 s: met" in burst
+    assert "| 4/4 |" in burst and "| 0% | ITL p99 1.0x the median, TTFT mean 2.00 s: met" in burst
     big = next(line for line in text.splitlines() if "| b8192 | burst256 |" in line)
     assert "ITL p99 20.0x the median, TTFT mean 3.00 s: not met" in big
     poisson = next(line for line in text.splitlines() if "| poisson16 |" in line)
-    assert "ITL p99 1.9x the median: met" in poisson  # 9 gaps, three of 19 ms: p99 19 ms, median 10
+    # 12 gaps, three of 19 ms, three of 0.5 ms (chunks that came together): p99 19 ms, median 10
+    assert "| 25% | ITL p99 1.9x the median: met" in poisson
     conc1 = next(line for line in text.splitlines() if "| conc1 |" in line)
     assert "TPOT 1.04x the batch-1 step (4.80 ms): met" in conc1
     assert (tmp_path / "out" / "serve_gpu.png").stat().st_size > 10_000
