@@ -799,22 +799,12 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
 
 
 def _record_compiles() -> list[tuple[float, str]] | None:
-    """``(seconds, kernel name)`` of each Triton compile from now on (not the cache's hits), through
-    ``triton.knobs.compilation.listener`` (Triton 3.4 on); None where this Triton has no listener."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
-    if not hasattr(getattr(knobs, "compilation", None), "listener"):
-        return None
+    """``(seconds, kernel name)`` of each Triton compile from now on (not the cache's hits); None where
+    this Triton cannot say (``compile_ahead.on_compile``)."""
+    from portattn.kernels.triton.compile_ahead import on_compile
+
     compiles: list[tuple[float, str]] = []
-
-    def listener(*, src, metadata, times, cache_hit, **_) -> None:
-        if not cache_hit:
-            compiles.append((times.total / 1e6, str(metadata.get("name", getattr(src, "name", "?")))))
-
-    knobs.compilation.listener = listener
-    return compiles
+    return compiles if on_compile(lambda name, seconds: compiles.append((seconds, name))) else None
 
 
 def part_cascade(args, results: dict) -> dict:

@@ -179,8 +179,10 @@ def test_compiles_after_the_warm_up_are_logged_once_each(monkeypatch, caplog):
     """Triton's listener, set after a warm-up, logs each compile (not a cache hit) with its kernel and
     seconds, calls a listener set before it, and is not set twice."""
     knobs = pytest.importorskip("triton").knobs
+    from portattn.kernels.triton import compile_ahead as module
     from portattn.kernels.triton.compile_ahead import log_late_compiles
 
+    monkeypatch.setattr(module, "_logging", [False])  # as in a process that has not logged yet
     seen = []
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kwargs: seen.append(kwargs["cache_hit"]))
     log_late_compiles()

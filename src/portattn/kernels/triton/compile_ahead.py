@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -127,37 +127,48 @@ def _result(future):
         return None
 
 
-_late_compiles = [0]
+_late_compiles = [0]  # compiles logged after a warm-up
+_logging = [False]  # log_late_compiles has set its listener
 
 
-def log_late_compiles() -> None:
-    """From now on, log each Triton compile of this process (not a hit in Triton's cache): its kernel
-    and seconds, with a running count. A served engine calls it after its warm-up, so that a step held
-    up by a kernel variant the warm-up did not compile says so. Chains a listener already set; a
-    no-op for a Triton without ``knobs.compilation.listener`` (before 3.4) or where it is installed."""
+def on_compile(callback: Callable[[str, float], None]) -> bool:
+    """From now on, ``callback(kernel name, seconds)`` after each Triton compile of this process (not a
+    hit in Triton's cache), through ``triton.knobs.compilation.listener`` and after a listener already
+    set. False (nothing set) for a Triton without the listener (before 3.4)."""
     try:
         from triton import knobs
     except ImportError:
-        return
+        return False
     compilation = getattr(knobs, "compilation", None)
-    previous = getattr(compilation, "listener", None)
-    if compilation is None or not hasattr(compilation, "listener") or getattr(previous, "_portattn", False):
-        return
+    if compilation is None or not hasattr(compilation, "listener"):
+        return False
+    previous = compilation.listener
 
     def listener(*, src, metadata, times, cache_hit, **kwargs) -> None:
         if previous is not None:
             previous(src=src, metadata=metadata, times=times, cache_hit=cache_hit, **kwargs)
-        if cache_hit:
-            return
+        if not cache_hit:
+            callback(str(metadata.get("name", getattr(src, "name", "?"))), times.total / 1e6)
+
+    compilation.listener = listener
+    return True
+
+
+def log_late_compiles() -> None:
+    """Log each Triton compile from now on: its kernel and seconds, with a running count. A served
+    engine calls it after its warm-up, so that a step held up by a kernel variant the warm-up did not
+    compile says so; set once a process (:func:`on_compile`)."""
+    if _logging[0]:
+        return
+
+    def log(name: str, seconds: float) -> None:
         _late_compiles[0] += 1
-        name = metadata.get("name", getattr(src, "name", "?"))
         logger.info(
             "Triton compiled %s in %.1f s after the warm-up (%d so far): a kernel variant the warm-up did not "
             "meet; the step that launched it waited",
             name,
-            times.total / 1e6,
+            seconds,
             _late_compiles[0],
         )
 
-    listener._portattn = True
-    compilation.listener = listener
+    _logging[0] = on_compile(log)
