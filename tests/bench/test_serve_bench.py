@@ -24,7 +24,8 @@ def check_run(path, num_prompts: int, output_len: int) -> dict:
     assert summary["total_output_tokens"] == num_prompts * output_len
     assert summary["output_throughput"] == pytest.approx(summary["total_output_tokens"] / summary["duration_s"])
     for r in out["requests"]:
-        assert r["output_len"] == output_len and len(r["itl"]) == output_len - 1  # one chunk per step
+        # one gap per streamed chunk, one chunk per step unless the client read behind the engine
+        assert r["output_len"] == output_len and 1 <= len(r["itl"]) <= output_len - 1
         assert 0 < r["ttft"] < r["latency"]
         assert r["tpot"] == pytest.approx((r["latency"] - r["ttft"]) / (output_len - 1))
         assert r["ttft"] + sum(r["itl"]) == pytest.approx(r["latency"])
@@ -94,7 +95,8 @@ def test_sharegpt_and_prompt_files_over_both_endpoints(served, model_root, tmp_p
     tok = load_tokenizer(tok_dir)
     lengths = [r["output_len"] for r in out["requests"]]  # every reply three times, one a fourth time
     assert sorted(lengths.count(len(tok(r).input_ids)) for r in replies) == [3, 3, 4]
-    assert all(r["input_len"] > 3 and len(r["itl"]) == r["output_len"] - 1 for r in out["requests"])
+    # one gap per streamed chunk: a chunk holds several tokens where the client read behind the engine
+    assert all(r["input_len"] > 3 and 1 <= len(r["itl"]) <= r["output_len"] - 1 for r in out["requests"])
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p, "output_len": 3}) for p in ("A paged cache", "Hello")))
     result = tmp_path / "prompts.json"

@@ -37,7 +37,8 @@ def run_example(name: str, *argv: str) -> None:
 
 
 def test_offline_generate(chat_checkpoint):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env["OMP_NUM_THREADS"] = "1"
     env.pop("PORTATTN_CONFIGURE_LOGGING", None)
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "offline_generate.py"), chat_checkpoint],
@@ -73,6 +74,7 @@ def test_chat(chat_checkpoint, capsys):
 
 
 def test_serving_client(chat_checkpoint, capsys):
+    pytest.importorskip("openai")
     with running_server(chat_checkpoint, served_model_name="m") as (url, _):
         run_example("serving_client.py", url + "/v1")
     out = capsys.readouterr().out.splitlines()

@@ -32,7 +32,7 @@ def test_serve_exits_when_a_rank_dies(tmp_path):
     argv += ["--model", path, "--tensor-parallel-size", "2", "--device", "cpu", "--num-pages", "32"]
     argv += ["--max-model-len", "256", "--port", str(port)]
     src = str(Path(portattn.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, str(TESTS)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, str(TESTS), os.environ.get("PYTHONPATH", "")]))
     server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
