@@ -81,6 +81,8 @@ KERNEL_OPTIONS = {
     "unfused_latent_rotary": (_LATENT, "FUSED_ROTARY_WRITE", False),
     "unfolded_latent_norm": (_LATENT, "FOLD_LATENT_NORM", False),
     "absorbed_value_rows": (_LATENT, "ABSORBED_VALUE_ROWS", True),
+    "no_repeat_launch": (_LAUNCH, "REPEAT_LAUNCHES", False),
+    "no_fast_launch": ("portattn.kernels.triton.fast_launch", "FAST", False),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
@@ -804,7 +806,7 @@ def _record_compiles() -> list[tuple[float, str]] | None:
     from portattn.kernels.triton.compile_ahead import on_compile
 
     compiles: list[tuple[float, str]] = []
-    return compiles if on_compile(lambda name, seconds: compiles.append((seconds, name))) else None
+    return compiles if on_compile(lambda name, seconds, _: compiles.append((seconds, name))) else None
 
 
 def part_cascade(args, results: dict) -> dict:

@@ -11,7 +11,8 @@ root, with MODE one of
 * ``mixed``: ``--batch`` sequences decoding over ``--context`` keys, then one prompt of each of
   ``--prompt-lens`` tokens arriving: the synchronous step that prefills it beside the decodes (a server's
   step when a request arrives), its wall time against the decode step alone, and one such step under
-  torch.profiler (every kernel, their sum and the span against the wall: the host's share);
+  torch.profiler (every kernel, their sum and the span against the wall: the host's share) and one under
+  cProfile (the host's functions by their own time and with their callees: ``host_profile``);
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
   ``generate()`` to the first step, and the host's time between steps.
@@ -22,8 +23,11 @@ The checkpoint is written to ``--workdir`` (default /tmp/ck) once and reused.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import itertools
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -42,6 +46,15 @@ def cuda_kernels(prof) -> list[tuple[float, float, str]]:
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
+
+
+def host_functions(profile: cProfile.Profile, count: int = 45) -> str:
+    """The ``count`` functions of a cProfile run with the most time of their own, then the most time
+    with their callees: where the host's time of a step goes."""
+    text = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(profile, stream=text).sort_stats(key).print_stats(count)
+    return text.getvalue()
 
 
 def replay(args, path: str) -> dict:
@@ -112,6 +125,12 @@ def mixed(args, path: str) -> dict:
                 bench.sync()
                 profiled_ms = (time.perf_counter() - t0) * 1e3
             kernels = cuda_kernels(prof)
+            engine.add_request(bench.random_prompts(1, length, engine.vocab_size, seed=next(seed))[0], one)
+            bench.sync()
+            host = cProfile.Profile()
+            with host:
+                engine.step()
+                bench.sync()
             row = {
                 "prompt_len": length,
                 "step_ms": statistics.median(walls),
@@ -120,6 +139,7 @@ def mixed(args, path: str) -> dict:
                 "kernel_sum_ms": sum(end - start for start, end, _ in kernels) / 1e3,
                 "span_ms": (kernels[-1][1] - kernels[0][0]) / 1e3 if kernels else 0.0,
                 "kernels": kernels,
+                "host_profile": host_functions(host),
             }
             out["rows"].append(row)
             print(f"{args.batch} decodes over {args.context} + a prompt of {length}: step {row['step_ms']:.2f} ms "

@@ -87,3 +87,23 @@ def test_layer_spec_validates():
     with pytest.raises(ValueError, match="expected window_left"):
         AttentionSpec(0, num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, window_left=-2)
     assert AttentionSpec(0, 4, 2, 16, 0.25, attention_chunk_size=8).features == frozenset({"chunk"})
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "triton"])
+def test_step_page_tables_are_a_multiple_of_16_pages_wide_within_req_to_token(backend_name):
+    """Kernels specialize on the table's row stride being divisible by 16: a width that followed each step's
+    longest sequence would compile a second variant of each while serving. Capped at req_to_token's width."""
+    from portattn.backends.base import TABLE_PAGES
+    from portattn.backends.registry import available_backends
+
+    if backend_name not in available_backends("cpu"):
+        pytest.skip(f"{backend_name} not available here")
+    backend = select_backend("attention", backend_name, Request("paged_attention", "cpu", torch.float32, 16))
+    for page_size, max_context, want in ((1, 64, 32), (2, 64, 16), (3, 24, 8), (16, 512, 16)):
+        batch = make_batch(page_size, [1, 5, 9], [13, 5, 20], num_pages=-(-64 // page_size))
+        wide = torch.full((batch.req_to_token.shape[0], max_context), -1, dtype=torch.int32)
+        wide[:, : batch.req_to_token.shape[1]] = batch.req_to_token
+        batch.req_to_token = wide
+        table = backend.plan(batch).page_table
+        assert table.shape == (3, want), (page_size, table.shape)
+        assert want % TABLE_PAGES == 0 or want * page_size == max_context

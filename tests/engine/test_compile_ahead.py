@@ -195,3 +195,22 @@ def test_compiles_after_the_warm_up_are_logged_once_each(monkeypatch, caplog):
     assert seen == [False, True]
     late = [r.getMessage() for r in caplog.records if "after the warm-up" in r.getMessage()]
     assert len(late) == 1 and late[0].startswith("Triton compiled attention_fwd_kernel in 1.5 s after the warm-up (")
+
+
+def test_a_late_variant_is_described_by_its_constexprs_and_specialized_arguments():
+    """The debug line after a late compile names what made the variant: constexpr values and the
+    arguments Triton specialized, by name (a source without those attributes: its repr)."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.compiler.compiler import ASTSource
+
+    from portattn.kernels.triton.compile_ahead import variant
+
+    @triton.jit
+    def kernel(x_ptr, n, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32), mask=tl.arange(0, BLOCK) < n)
+
+    signature = {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    src = ASTSource(kernel, signature, constexprs={"BLOCK": 64}, attrs={(0,): [["tt.divisibility", 16]]})
+    assert variant(src) == "constexprs BLOCK=64; specialized: x_ptr [['tt.divisibility', 16]]"
+    assert variant(None) == "None"

@@ -141,6 +141,13 @@ def describe(kind: str, value: object) -> str:
     return f"head dim {value}"
 
 
+# An engine step's page table is a multiple of this many pages wide (or req_to_token's full width):
+# Triton specializes an integer argument on whether 16 divides it, and a row stride that followed each
+# step's longest sequence gave every attention kernel a second compiled variant, compiled while
+# serving (benchmarks/results/engine_h200/round23/NOTES.md). The columns past a row's keys are never read.
+TABLE_PAGES = 16
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionParams:
     """Per-layer attention parameters (see docs/design.md for the exact semantics).
@@ -286,7 +293,8 @@ class AttentionBackend:
         batch carries host copies ``q_lens`` and ``k_lens``). ``num_heads`` (the model's query heads)
         and ``kv_dtype`` (the cache's) let a backend size its launches now rather than per layer.
         """
-        width = num_pages_for(batch.max_seqlen_k, batch.page_size) * batch.page_size
+        pages = -(-num_pages_for(batch.max_seqlen_k, batch.page_size) // TABLE_PAGES) * TABLE_PAGES
+        width = min(pages * batch.page_size, batch.req_to_token.shape[1])
         rows = batch.req_to_token[batch.req_pool_indices, :width]  # [B, width] token-granular
         page_table = to_page_table(rows, batch.page_size)  # [B, width / P] page-granular
         metadata = self.plan_paged(

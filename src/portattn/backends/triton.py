@@ -111,6 +111,9 @@ class TritonPagedMetadata(PagedMetadata):
 
     num_kv_splits: int | None = None
     parts: tuple[tuple[slice, TritonPagedMetadata], ...] | None = None
+    # the launches of this plan, kept for the next layer's (``attention_forward(memo=)``); a copy of the
+    # plan (dataclasses.replace) starts its own
+    launches: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def launch_key(self) -> tuple:
@@ -391,6 +394,7 @@ class TritonBackend(AttentionBackend):
             params,
             page_table=metadata.page_table,
             num_kv_splits=num_kv_splits,
+            memo=getattr(metadata, "launches", None),
         )
 
     def varlen_attention(

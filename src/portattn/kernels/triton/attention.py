@@ -360,8 +360,12 @@ def _merge_splits_of_rows(
         tl.store(Lse + lse_rows, lse, mask=row_ok)
 
 
-# num_seqs changes every step: one compiled variant for every count (not one for 1, multiples of 16 and the rest)
-@triton.jit(do_not_specialize=["num_seqs"])
+# num_seqs changes every step, and so does an eager step's split count (stride_wt, stride_wh: the partial
+# LSEs' strides): one compiled variant for every value (not one for 1, multiples of 16 and the rest). A
+# served engine compiled a variant after its warm-up for a split count 16 did not divide
+# (benchmarks/results/engine_h200/round23/NOTES.md); the page table's width is kept a multiple of 16
+# pages instead (backends.base.TABLE_PAGES), so that its row stride stays specialized.
+@triton.jit(do_not_specialize=["num_seqs", "stride_wt", "stride_wh"])
 def attention_fwd_kernel(
     Q,
     K,

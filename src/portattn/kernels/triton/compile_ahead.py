@@ -131,10 +131,11 @@ _late_compiles = [0]  # compiles logged after a warm-up
 _logging = [False]  # log_late_compiles has set its listener
 
 
-def on_compile(callback: Callable[[str, float], None]) -> bool:
-    """From now on, ``callback(kernel name, seconds)`` after each Triton compile of this process (not a
+def on_compile(callback: Callable[[str, float, object], None]) -> bool:
+    """From now on, ``callback(kernel name, seconds, source)`` after each Triton compile of this process (not a
     hit in Triton's cache), through ``triton.knobs.compilation.listener`` and after a listener already
-    set. False (nothing set) for a Triton without the listener (before 3.4)."""
+    set (``source``: Triton's, for :func:`variant`). False (nothing set) for a Triton without the listener
+    (before 3.4)."""
     try:
         from triton import knobs
     except ImportError:
@@ -148,10 +149,26 @@ def on_compile(callback: Callable[[str, float], None]) -> bool:
         if previous is not None:
             previous(src=src, metadata=metadata, times=times, cache_hit=cache_hit, **kwargs)
         if not cache_hit:
-            callback(str(metadata.get("name", getattr(src, "name", "?"))), times.total / 1e6)
+            callback(str(metadata.get("name", getattr(src, "name", "?"))), times.total / 1e6, src)
 
     compilation.listener = listener
     return True
+
+
+def variant(src) -> str:
+    """What makes a compiled kernel one variant of its function: the constexpr values and the arguments
+    specialized (as 1, or as pointers and integers divisible by 16), by argument name; ``src`` is the
+    source object Triton's compile listener receives. Without the attributes this needs (another Triton
+    version): the source's ``repr``."""
+    try:
+        names = src.fn.arg_names
+        constants = {names[key[0]]: value for key, value in src.constants.items() if len(key) == 1}
+        attrs = {names[key[0]]: value for key, value in src.attrs.items() if len(key) == 1}
+    except (AttributeError, IndexError, TypeError):
+        return repr(src)
+    shown = ", ".join(f"{name}={value}" for name, value in constants.items())
+    specialized = ", ".join(f"{name} {value}" for name, value in attrs.items())
+    return f"constexprs {shown}; specialized: {specialized or 'none'}"
 
 
 def log_late_compiles() -> None:
@@ -161,7 +178,7 @@ def log_late_compiles() -> None:
     if _logging[0]:
         return
 
-    def log(name: str, seconds: float) -> None:
+    def log(name: str, seconds: float, src) -> None:
         _late_compiles[0] += 1
         logger.info(
             "Triton compiled %s in %.1f s after the warm-up (%d so far): a kernel variant the warm-up did not "
@@ -170,5 +187,6 @@ def log_late_compiles() -> None:
             seconds,
             _late_compiles[0],
         )
+        logger.debug("the variant of %s compiled after the warm-up: %s", name, variant(src))
 
     _logging[0] = on_compile(log)

@@ -18,6 +18,7 @@ from ...errors import expect, fail
 from ...kv_quant import FP8_DTYPES
 from . import tile_table
 from .attention import attention_fwd_kernel
+from .fast_launch import RepeatLaunch
 from .merge import merge_splits_kernel, merge_states_kernel
 from .resources import fewer_stages_then, launch_fitting
 
@@ -61,6 +62,10 @@ MERGE_SPLITS_IN_KERNEL = False
 # Llama-3-8B's batch-1 replay 4.81 ms against 4.90, batch 64 unchanged
 # (benchmarks/results/engine_h200/round7/NOTES.md); ``--kernel-options no_pdl`` turns it off for a run.
 PDL = True
+# Launches repeated from a plan's memo (attention_forward(memo=)): the next layer's launch skips the
+# checks, tile choice and Triton's argument binding the first launch of its geometry did; off: each
+# launch computes everything (``--kernel-options no_repeat_launch``).
+REPEAT_LAUNCHES = True
 QUERIES_PER_WORK_ITEM = 8  # a longer query run already parallelises over query blocks
 # Registers a thread of an fp8 decode over keys-contiguous V (choose_tiles): more programs a SM.
 FP8_KEYS_MAXNREG = 128
@@ -501,6 +506,7 @@ def attention_forward(
     v_scale: float = 1.0,
     max_seqlen_k: int | None = None,
     unmerged: tuple[torch.Tensor, torch.Tensor] | None = None,
+    memo: dict | None = None,
 ) -> torch.Tensor:
     """Attention of ``q [T, Hq, D]`` over paged or contiguous K/V into ``out [T, Hq, Dv]``.
 
@@ -514,7 +520,24 @@ def attention_forward(
     short decodes (:func:`short_splits`). ``unmerged`` (with ``num_kv_splits > 1``): float32 buffers
     ``[T, Hq, S, next_pow2(Dv)]`` and ``[T, Hq, S]`` that receive the splits' outputs and base-2 LSEs,
     left unmerged and ``out`` unwritten (``fused_launch.merge_linear`` merges them into a projection).
+
+    ``memo``: a dict that lives as long as ``cu_seqlens_q``, ``seq_lens_k`` and the table (a step's
+    plan holds one), where a launch keeps what it computed (checks passed, tiles, strides, the
+    compiled kernel: :class:`.fast_launch.RepeatLaunch`) for the next launch of the same geometry and
+    parameters with other tensors, such as the next layer's.
     """
+    key = None
+    if memo is not None and REPEAT_LAUNCHES and tiles is None and unmerged is None:
+        key = (
+            q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype,
+            out.shape, out.stride(), out.dtype, None if lse is None else (lse.shape, lse.stride(), lse.dtype),
+            page_table is None, sinks is None, alibi_slopes is None, q.device, max_seqlen_q, max_seqlen_k,
+            num_kv_splits, scale, causal, window_left, window_right, chunk_size, logit_softcap, k_scale, v_scale,
+            id(cu_seqlens_q), id(seq_lens_k), id(page_table), id(kv_start),  # kept alive by the memo's entry
+        )  # fmt: skip
+        repeat = memo.get(key)
+        if repeat is not None and repeat(q, k, v, out, lse, sinks, alibi_slopes):
+            return out
     paged = page_table is not None
     expect(paged != (kv_start is not None), "exactly one of page_table and kv_start", (page_table, kv_start))
     tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_seqlens_q, "seq_lens_k": seq_lens_k}
@@ -579,16 +602,10 @@ def attention_forward(
         page_size, stride_pt, table, starts = 1, 0, kv_start, kv_start
 
     if num_kv_splits > 1 and unmerged is not None:
-        partial_out, partial_lse = unmerged
         shapes = ((num_tokens, num_q_heads, num_kv_splits, partial_dv), (num_tokens, num_q_heads, num_kv_splits))
         for name, t, shape in zip(("partial outputs", "partial LSEs"), unmerged, shapes):
             expect(tuple(t.shape) == shape and t.dtype == torch.float32 and t.is_contiguous(),
                    f"contiguous float32 {name} of shape {list(shape)}", (t.dtype, tuple(t.shape)))  # fmt: skip
-    elif num_kv_splits > 1:
-        partial_out, partial_lse = split_partials(num_tokens, num_q_heads, num_kv_splits, value_dim, q.device)
-    else:
-        partial_out = partial_lse = out  # unused
-    lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
     f16_dots = f16_dots_for(q.dtype, k.dtype)
     q_scale, qk_scale = (scale, k_scale) if f16_dots else (1.0, scale * k_scale)
     align = row_alignment(*((q, k, out) if v_keys else (q, k, v, out)))
@@ -598,49 +615,83 @@ def attention_forward(
         *(s // align for s in (q.stride(0), q.stride(1), stride_kp, stride_ks, stride_kh)),
         *v_strides, v.stride(-1), *(s // align for s in (out.stride(0), out.stride(1))),
     )  # fmt: skip
+    # the kernel's arguments after the tensors (the LSE buffer's strides come with the call)
+    scalars = (batch, q_scale, qk_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1, *strides)
+    split = num_kv_splits > 1
+
+    def arguments(q, k, v, out, lse, sinks, alibi_slopes, counters):
+        """The attention kernel's leading arguments for these tensors (this call's table and lengths)."""
+        if split:
+            partial_out, partial_lse = unmerged or split_partials(num_tokens, num_q_heads, num_kv_splits, value_dim,
+                                                                  q.device)  # fmt: skip
+        else:
+            partial_out = partial_lse = out  # unused
+        lse_buf = out[:, :, 0] if lse is None else lse  # unused without lse
+        args = (
+            q, k, v, out, lse_buf, partial_out, partial_lse,
+            table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
+            q if alibi_slopes is None else alibi_slopes, seq_lens_k if counters is None else counters,
+            *scalars, lse_buf.stride(0), lse_buf.stride(1), stride_pt,
+            num_q_heads * num_kv_splits if split else 0, num_kv_splits if split else 0, 1,
+        )  # fmt: skip
+        return args, partial_out, partial_lse, lse_buf
 
     def shrink(t: TileConfig) -> TileConfig | None:  # stages, then key tiles, then query rows
         return smaller_tiles(t, group)
 
-    merged = []  # whether the launch that ran merged its splits itself
+    launched = []  # the launch that ran: its RepeatLaunch, whether it merged its splits itself, its buffers
 
     def launch(t: TileConfig) -> None:
         grid = (num_tokens // t.block_q + batch, num_kv_heads, num_kv_splits)
         counters = None
-        if num_kv_splits > 1 and t.merge_in_kernel and unmerged is None:
+        if split and t.merge_in_kernel and unmerged is None:
             counters = merge_counters(q.device, grid[0] * grid[1])
-        merged[:] = [counters is not None]
-        attention_fwd_kernel[grid](
-            q, k, v, out, lse_buf, partial_out, partial_lse,
-            table, cu_seqlens_q, seq_lens_k, starts, q if sinks is None else sinks,
-            q if alibi_slopes is None else alibi_slopes, seq_lens_k if counters is None else counters,
-            batch, q_scale, qk_scale, v_scale, logit_softcap, window_left, window_right, chunk_size or 1,
-            *strides,
-            lse_buf.stride(0), lse_buf.stride(1),
-            stride_pt,
-            num_q_heads * num_kv_splits if num_kv_splits > 1 else 0, num_kv_splits if num_kv_splits > 1 else 0, 1,
+        args, *buffers = arguments(q, k, v, out, lse, sinks, alibi_slopes, counters)
+        constexprs = dict(
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=t.block_q, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_D2=block_d2, BLOCK_D3=block_d3,
             VALUE_DIM=value_dim, BLOCK_DV=block_dv, BLOCK_DV2=block_dv2, BLOCK_DV3=block_dv3,
             PARTIAL_DV=partial_dv, PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal,
             HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=(not causal) and window_right >= 0,
             HAS_CHUNK=chunk_size is not None, HAS_SINKS=sinks is not None, HAS_SOFTCAP=logit_softcap > 0,
-            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=num_kv_splits > 1,
+            HAS_ALIBI=alibi_slopes is not None, HAS_LSE=lse is not None, SPLIT=split,
             DOT_PRECISION=dot_precision(q.dtype), ROW_ALIGN=align, F16_DOTS=f16_dots, PAGES_AHEAD=t.pages_ahead,
             MERGE_IN_KERNEL=counters is not None, WHOLE_PAGES=t.whole_pages, V_KEYS=v_keys, **t.launch_options(),
             **pdl_options(q.device),
         )  # fmt: skip
+        launched[:] = [RepeatLaunch(attention_fwd_kernel, grid, args, constexprs), counters is not None, buffers]
 
     launch_fitting(
         launch, tiles, shrink, key=(q.device, tiles, q.dtype, k.dtype, head_dim, value_dim, page_size, v_keys)
     )
-    if num_kv_splits > 1 and not merged[0] and unmerged is None:
-        merge_splits_kernel[(num_tokens, num_q_heads)](
-            partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf,
-            num_q_heads, num_kv_splits, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1),
-            SPLITS_PAD=next_pow2(num_kv_splits), BLOCK_DV=partial_dv,
-            VALUE_DIM=value_dim, HAS_SINKS=sinks is not None, HAS_LSE=lse is not None, **pdl_options(q.device),
+    fwd, merged, (partial_out, partial_lse, lse_buf) = launched
+    merge = None
+    if split and not merged and unmerged is None:
+        merge = RepeatLaunch(
+            merge_splits_kernel, (num_tokens, num_q_heads),
+            (partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf, num_q_heads, num_kv_splits,
+             out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1)),
+            dict(SPLITS_PAD=next_pow2(num_kv_splits), BLOCK_DV=partial_dv, VALUE_DIM=value_dim,
+                 HAS_SINKS=sinks is not None, HAS_LSE=lse is not None, **pdl_options(q.device)),
         )  # fmt: skip
+    if key is not None:
+
+        def repeat(q, k, v, out, lse, sinks, alibi_slopes) -> bool:
+            """This launch again for new tensors of the same geometry; False (nothing launched) where the
+            merge counters it used cannot be had now (a graph capture that would need more)."""
+            counters = merge_counters(q.device, fwd.grid[0] * fwd.grid[1]) if merged else None
+            if merged and counters is None:
+                return False
+            args, partial_out, partial_lse, lse_buf = arguments(q, k, v, out, lse, sinks, alibi_slopes, counters)
+            fwd.again(args)
+            if merge is not None:
+                merge.again(
+                    (partial_out, partial_lse, q if sinks is None else sinks, out, lse_buf, num_q_heads,
+                     num_kv_splits, out.stride(0), out.stride(1), lse_buf.stride(0), lse_buf.stride(1))
+                )  # fmt: skip
+            return True
+
+        memo[key] = repeat
     return out
 
 
