@@ -140,6 +140,14 @@ class EngineConfig:
             "lazily, start-up is shorter and the first step of each size pays its capture)"
         ),
     )
+    piecewise_graphs: bool = field(
+        default=False,
+        metadata=doc(
+            "run steps that no decode graph replays (prompt chunks, decodes beside a chunk) of up to 512 tokens as "
+            "captured graphs of everything but attention, with attention launched between them from the step's "
+            "plan (docs/engine.md); CUDA, one process, models without routed experts or images"
+        ),
+    )
     async_scheduling: bool | None = field(
         default=None,
         metadata=doc(
@@ -232,6 +240,7 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         flags = ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture")
+        flags += ("piecewise_graphs",)
         for name in (*flags, "enable_cascade_attn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"expected {option(name)} to be a bool, got {getattr(self, name)!r}")

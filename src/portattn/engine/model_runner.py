@@ -24,6 +24,7 @@ from .forward_batch import ForwardBatch, Staging
 from .graph_sampling import samples_in_graph
 from .graphs import DecodeGraphs, uniform_q_len
 from .multimodal import build_multimodal_batch
+from .piecewise import TOKEN_BUCKETS, PiecewiseGraphs
 from .req_pool import ReqToTokenPool
 from .sampler import SamplingBatch, TokenLogprobs, sample, to_host, token_logprobs, unpack_logprobs
 from .sequence import Sequence
@@ -83,6 +84,7 @@ class ModelRunner:
         self.backend = backend
         self.scratch_row, self.scratch_page = scratch_row, scratch_page
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None
         self.verifier: Callable[[torch.Tensor, list[Sequence]], Sampled] | None = None
         self.staging = Staging(kv_pool.device)  # the pinned buffer of every eager step's integers
         layers = model.attention_specs()
@@ -154,6 +156,19 @@ class ModelRunner:
         )
         return self.graphs
 
+    def enable_piecewise(self, *, capture: bool, token_buckets: tuple[int, ...] = TOKEN_BUCKETS) -> PiecewiseGraphs:
+        """Run eager steps of up to ``max(token_buckets)`` tokens in pieces (``piecewise.py``): captured
+        graphs of everything but attention with ``capture``, else the same static inputs eagerly. Call
+        :meth:`PiecewiseGraphs.capture_all` on the result before the next step."""
+        if self.scratch_row is None or self.scratch_page is None:
+            raise ValueError("expected a runner built with scratch_row and scratch_page, got None")
+        scratch_slot = self.scratch_page * self.kv_pool.page_size
+        self.piecewise = PiecewiseGraphs(
+            self.model, self.backend, self.kv_pool, token_buckets=token_buckets, scratch_slot=scratch_slot,
+            capture=capture,
+        )  # fmt: skip
+        return self.piecewise
+
     def logit_rows(self, scheduled: list[tuple[Sequence, int]]) -> LogitRows:
         """Rows of the step's hidden states that need logits: the last token of each sequence whose
         tokens are then all computed (it samples; with ``d`` proposed tokens, its last ``d + 1`` rows
@@ -216,6 +231,8 @@ class ModelRunner:
                 return logits[: len(rows)]
             return logits[torch.tensor(rows, device=logits.device)]
         batch, ctx = self.plan(scheduled, cascade)
+        if self.piecewise is not None and self.piecewise.can_run(batch, ctx):
+            return self.logits(self.piecewise.run(batch, ctx), rows)
         return self.logits(self.model(batch.input_ids, batch.positions, ctx), rows)
 
     def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:

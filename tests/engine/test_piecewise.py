@@ -1,0 +1,121 @@
+"""Eager steps in pieces (``engine/piecewise.py``): steps of prompt chunks and of decodes beside a chunk,
+run over static inputs padded to a token bucket with attention launched from each step's plan, against
+the same requests run plainly: greedy tokens equal and logits within float32 rounding, for every
+family whose forward reads the plan only inside attention (windows, softcap, sinks-free local layers,
+page size 4, chunks and buckets of awkward sizes). On the CPU the pieces run eagerly (no capture);
+``test_piecewise_gpu.py`` captures them. A forward that reads more of the plan is refused per
+bucket, and models that cannot run in pieces are named."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from portattn.engine.llm import LLM
+from portattn.engine.piecewise import NotPiecewise, unsupported
+from portattn.engine.sampling_params import SamplingParams
+from tiny_models import checkpoint, random_prompts, rel_err
+
+FAMILIES = ["llama", "qwen3", "mistral", "phi3", "gemma2", "gemma3"]
+# Around the 4-token pages and the buckets: one token, a page, a bucket exactly, a bucket plus one.
+PROMPTS = random_prompts([1, 4, 8, 9, 23, 30], seed=11)
+BUCKETS = (4, 8, 16)  # steps of 17-20 tokens (the budget) run plainly
+
+
+def generate(path: str, piecewise: bool) -> tuple[list, object]:
+    llm = LLM(path, enforce_eager=True, page_size=4, num_pages=96, max_model_len=128, max_num_batched_tokens=20,
+              max_num_seqs=4)  # fmt: skip
+    pieces = None
+    if piecewise:
+        pieces = llm.engine.runner.enable_piecewise(capture=False, token_buckets=BUCKETS)
+        pieces.capture_all()
+    params = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True, return_logits=True)
+    return llm.generate(PROMPTS, params, use_tqdm=False), pieces
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_steps_in_pieces_equal_plain_steps(family, ckpt_root):
+    path = checkpoint(family, ckpt_root)
+    want, _ = generate(path, piecewise=False)
+    got, pieces = generate(path, piecewise=True)
+    assert sorted(pieces.pieces) == list(BUCKETS) and not pieces.skipped
+    assert pieces.steps >= 10  # prompt chunks and mixed steps of up to 16 tokens went through the pieces
+    for a, b in zip(got, want):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert not a.outputs[0].logits.isnan().any()
+        assert rel_err(a.outputs[0].logits, b.outputs[0].logits) < 1e-5
+
+
+def test_the_pieces_attend_only_the_steps_rows(ckpt_root, monkeypatch):
+    """A hole given the bucket's padding rows too would attend them with a plan of fewer rows: the rows
+    of a step are the first n of each hole (sabotage: the whole bucket fails)."""
+    path = checkpoint("llama", ckpt_root)
+    want, _ = generate(path, piecewise=False)
+    from portattn.engine import piecewise as module
+
+    real_write = module.PiecewiseGraphs._write
+
+    def write_then_shift(self, bucket, batch=None):  # the step's ids one row late: row 0 is padding
+        real_write(self, bucket, batch)
+        if batch is not None:
+            n = batch.input_ids.shape[0]
+            self.inputs[:, 1 : n + 1] = self.inputs[:, :n].clone()
+
+    monkeypatch.setattr(module.PiecewiseGraphs, "_write", write_then_shift)
+    got, _ = generate(path, piecewise=True)
+    assert any(a.outputs[0].token_ids != b.outputs[0].token_ids for a, b in zip(got, want))
+
+
+def test_a_forward_that_reads_the_plan_outside_attention_runs_eagerly(ckpt_root, caplog):
+    llm = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, page_size=4, num_pages=64, max_model_len=64)
+    runner = llm.engine.runner
+    model, forward = runner.model, runner.model.forward
+
+    def reads_the_plan(ids, positions, ctx):
+        ctx.metadata.max_seqlen_q  # noqa: B018 - a per-step host int: a graph would freeze it
+        return forward(ids, positions, ctx)
+
+    model.forward = reads_the_plan
+    pieces = runner.enable_piecewise(capture=False, token_buckets=(8,))
+    with caplog.at_level(logging.INFO, logger="portattn"):
+        pieces.capture_all()
+    assert pieces.pieces == {} and "max_seqlen_q" in pieces.skipped[8]
+    assert any("steps of up to 8 tokens run eagerly" in r.getMessage() for r in caplog.records)
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2 and pieces.steps == 0
+    with pytest.raises(NotPiecewise, match="'q_lens' outside attention"):
+        pieces._context(8).metadata.q_lens  # noqa: B018
+
+
+def test_models_that_cannot_run_in_pieces_say_why(ckpt_root, caplog):
+    llm = LLM(checkpoint("qwen2_moe", ckpt_root), enforce_eager=True, page_size=4, num_pages=64, max_model_len=64)
+    assert unsupported(llm.engine.runner.model) == "routed experts"
+    with pytest.raises(ValueError, match="got one with routed experts"):
+        llm.engine.runner.enable_piecewise(capture=False)
+    dense = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, max_model_len=64)
+    assert unsupported(dense.engine.runner.model) is None
+    with caplog.at_level(logging.WARNING, logger="portattn"):
+        LLM(checkpoint("llama", ckpt_root), max_model_len=64, piecewise_graphs=True)
+    if not torch.cuda.is_available():
+        said = "piecewise_graphs=True but eager steps run eagerly: torch has no graphs for device type 'cpu'"
+        assert any(said in r.getMessage() for r in caplog.records)
+
+
+def test_token_buckets_are_checked(ckpt_root):
+    runner = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, max_model_len=64).engine.runner
+    for bad in ((), (0, 8), (8.0,)):
+        with pytest.raises(ValueError, match="expected positive token buckets"):
+            runner.enable_piecewise(capture=False, token_buckets=bad)
+
+
+def test_buckets_follow_the_token_budget_and_their_memory_is_counted(ckpt_root):
+    from portattn.engine.piecewise import TOKEN_BUCKETS, buckets_for, memory_estimate
+
+    assert buckets_for(8192) == TOKEN_BUCKETS and buckets_for(100) == (32, 64) and buckets_for(8) == (32,)
+    model = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, max_model_len=64).engine.runner.model
+    specs = model.attention_specs()
+    per_token = sum(s.num_heads * (s.head_dim + s.v_head_dim) for s in specs)  # a hole's q and out, per layer
+    assert memory_estimate(model, (32, 64), 2, activations=1000, budget=128) == 96 * per_token * 2 + 500
+    assert memory_estimate(model, (32,), 4, activations=1000, budget=16) == 32 * per_token * 4 + 1000
