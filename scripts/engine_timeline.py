@@ -13,6 +13,7 @@ root, with MODE one of
   step when a request arrives), its wall time against the decode step alone, and one such step under
   torch.profiler (every kernel, their sum and the span against the wall: the host's share) and one under
   cProfile (the host's functions by their own time and with their callees: ``host_profile``);
+  ``--piecewise`` builds the engine with ``piecewise_graphs`` (steps of up to 512 tokens in captured pieces);
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
   ``generate()`` to the first step, and the host's time between steps.
@@ -96,11 +97,12 @@ def mixed(args, path: str) -> dict:
 
     longest = max(args.prompt_lens)
     llm = bench.make_llm(path, max_num_seqs=args.batch + 4, max_model_len=args.context + longest + 256,
-                         kv_cache_memory=48 << 30)  # fmt: skip
+                         kv_cache_memory=48 << 30, piecewise_graphs=args.piecewise)  # fmt: skip
     engine = llm.engine
     bench.start_decoding(engine, args.batch, args.context, max_tokens=1000)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done at its prefill: no decode after
     out = {"mode": "mixed", "model": args.model, "batch": args.batch, "context": args.context, "rows": []}
+    out |= {"piecewise": args.piecewise, "kernel_options": args.kernel_options}
     seed = itertools.count(100)
     with bench.synchronous(engine):
         out["decode_step_ms"] = bench.step_ms(engine, 10)
@@ -200,6 +202,8 @@ def main() -> int:
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 512, 768],
                         help="mixed: the arriving prompts' lengths")  # fmt: skip
     parser.add_argument("--kernel-options", nargs="*", default=[], choices=sorted(bench.KERNEL_OPTIONS))
+    parser.add_argument("--piecewise", action="store_true",
+                        help="mixed: eager steps of up to 512 tokens in pieces (piecewise_graphs)")  # fmt: skip
     parser.add_argument("--model", default="llama3_8b", choices=["llama3_8b", "llama4", "deepseek"],
                         help="replay: the 8B shape (32 layers) or a family part's shape (4 layers)")  # fmt: skip
     args = parser.parse_args()
