@@ -119,3 +119,16 @@ def test_buckets_follow_the_token_budget_and_their_memory_is_counted(ckpt_root):
     per_token = sum(s.num_heads * (s.head_dim + s.v_head_dim) for s in specs)  # a hole's q and out, per layer
     assert memory_estimate(model, (32, 64), 2, activations=1000, budget=128) == 96 * per_token * 2 + 500
     assert memory_estimate(model, (32,), 4, activations=1000, budget=16) == 32 * per_token * 4 + 1000
+
+
+def test_the_engine_asks_before_its_pool_and_runner_exist(ckpt_root, monkeypatch):
+    """The memory estimate is made before the KV pool and the runner exist: the reason must not need them."""
+    import portattn.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "graph_support", lambda device: "cuda")  # as on a GPU
+    for family, want in (("llama", None), ("qwen2_moe", "routed experts")):
+        engine = LLM(checkpoint(family, ckpt_root), enforce_eager=True, max_model_len=64).engine
+        monkeypatch.delattr(engine, "runner")
+        monkeypatch.delattr(engine, "kv_pool")
+        assert engine._piecewise_reason(None, kv_pool=False) == want
+        assert engine._piecewise_reason("enforce_eager", kv_pool=False) == "enforce_eager"

@@ -240,7 +240,7 @@ class Engine:
             return "one process only (tensor_parallel_size 1)"
         if kv_pool and not self.kv_pool.cascades:  # (the kinds whose layers attend through the backend's attend)
             return "the model's cache kind plans its attention apart from the backend's attend"
-        return piecewise_unsupported(self.runner.model)
+        return piecewise_unsupported(self.model)
 
     def warm_up(self) -> None:
         """Capture the decode graphs and compile the kernels the model uses (GPU), with a progress bar.
