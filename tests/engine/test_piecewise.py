@@ -132,3 +132,16 @@ def test_the_engine_asks_before_its_pool_and_runner_exist(ckpt_root, monkeypatch
         monkeypatch.delattr(engine, "kv_pool")
         assert engine._piecewise_reason(None, kv_pool=False) == want
         assert engine._piecewise_reason("enforce_eager", kv_pool=False) == "enforce_eager"
+
+
+def test_a_failed_capture_says_how_to_run_without_pieces(ckpt_root, monkeypatch):
+    runner = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, max_model_len=64).engine.runner
+    pieces = runner.enable_piecewise(capture=False, token_buckets=(8,))
+    pieces.capture = True  # as on a GPU, where a capture can fail on the device
+
+    def failing(bucket):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(pieces, "_capture", failing)
+    with pytest.raises(RuntimeError, match=r"8-token steps failed \(RuntimeError: operation not perm.*--piecewise"):
+        pieces.capture_all()

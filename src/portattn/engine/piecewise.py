@@ -183,6 +183,11 @@ class PiecewiseGraphs:
                 self.pieces.pop(bucket, None)
                 self.skipped[bucket] = str(exc)
                 logger.info("engine: steps of up to %d tokens run eagerly: %s", bucket, exc)
+            except Exception as exc:  # a device error mid-capture: said with the way around it
+                raise RuntimeError(
+                    f"capturing the pieces of {bucket}-token steps failed ({type(exc).__name__}: {exc}); "
+                    "piecewise_graphs=False (no --piecewise-graphs) runs these steps eagerly"
+                ) from exc
             if progress is not None:
                 progress(bucket)
         if self.capture:
