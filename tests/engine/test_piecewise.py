@@ -13,6 +13,7 @@ import logging
 import pytest
 import torch
 
+from portattn.device import is_triton_interpreter
 from portattn.engine.llm import LLM
 from portattn.engine.piecewise import NotPiecewise, unsupported
 from portattn.engine.sampling_params import SamplingParams
@@ -24,9 +25,9 @@ PROMPTS = random_prompts([1, 4, 8, 9, 23, 30], seed=11)
 BUCKETS = (4, 8, 16)  # steps of 17-20 tokens (the budget) run plainly
 
 
-def generate(path: str, piecewise: bool) -> tuple[list, object]:
+def generate(path: str, piecewise: bool, **kwargs) -> tuple[list, object]:
     llm = LLM(path, enforce_eager=True, page_size=4, num_pages=96, max_model_len=128, max_num_batched_tokens=20,
-              max_num_seqs=4)  # fmt: skip
+              max_num_seqs=4, **kwargs)  # fmt: skip
     pieces = None
     if piecewise:
         pieces = llm.engine.runner.enable_piecewise(capture=False, token_buckets=BUCKETS)
@@ -45,6 +46,18 @@ def test_steps_in_pieces_equal_plain_steps(family, ckpt_root):
     for a, b in zip(got, want):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert not a.outputs[0].logits.isnan().any()
+        assert rel_err(a.outputs[0].logits, b.outputs[0].logits) < 1e-5
+
+
+@pytest.mark.skipif(not is_triton_interpreter(), reason="the CPU engine runs Triton only under its interpreter")
+def test_steps_in_pieces_equal_plain_steps_on_the_triton_backend(ckpt_root):
+    """The GPU's backend: mixed steps launched in two parts, each layer's launch repeated from the plan."""
+    path = checkpoint("llama", ckpt_root)
+    want, _ = generate(path, piecewise=False, attention_backend="triton")
+    got, pieces = generate(path, piecewise=True, attention_backend="triton")
+    assert pieces.backend.name == "triton" and pieces.steps >= 10
+    for a, b in zip(got, want):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert rel_err(a.outputs[0].logits, b.outputs[0].logits) < 1e-5
 
 
