@@ -25,6 +25,8 @@
 #                     the next serve step, LOADS="conc1 poisson16 burst256" (the default) picks loads; the
 #                     notes and plot by benchmarks.serve_report
 #                     (BATCH1_STEP_MS=the engine's batch-1 step for the concurrency-1 target)
+#   "bench mixed"     scripts/engine_timeline.py mixed (32 decodes over 1024 keys and an arriving prompt of
+#                     256 / 512 / 768 tokens): plain, with --piecewise, plain again; then scripts/launch_cost.py
 #   "bench tp"        python -m benchmarks.tp (two GPUs)
 #   "bench vision"    python -m benchmarks.vision
 #   "bench mla" | "bench cascade" | "bench head_dims"   the op library's other benchmarks
@@ -138,7 +140,13 @@ run_bench() {  # name dir [args]
     host_path) timeout "$LIMIT" $PY -m benchmarks.host_path --device cuda --out "$dir/host_path.json" "$@" ;;
     vision) timeout "$LIMIT" $PY -m benchmarks.vision --device cuda --out "$dir/vision.json" "$@" ;;
     serve) serve_bench "$dir" "$@" ;;
-    *) echo "expected a benchmark in {ops, engine, real_model, host_path, spec_decode, serve, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
+    mixed)  # the step that prefills an arriving prompt beside 32 decodes: plain, in captured pieces, plain again
+      for run in plain piecewise plain2; do
+        timeout "$LIMIT" $PY scripts/engine_timeline.py mixed --batch 32 --context 1024 --out "$dir/mixed_$run.json" \
+          $([ "$run" = piecewise ] && echo --piecewise) "$@" || return
+      done
+      timeout 120 $PY scripts/launch_cost.py | tee "$dir/launch_cost.txt" ;;
+    *) echo "expected a benchmark in {ops, engine, real_model, host_path, spec_decode, serve, mixed, tp, vision, mla, cascade, head_dims, guard, probe}, got $name"; return 2 ;;
   esac 2>&1
 }
 
