@@ -138,7 +138,7 @@ class Engine:
                 buckets = piecewise_buckets(config.max_num_batched_tokens)
                 itemsize = torch.empty((), dtype=config.dtype).element_size()
                 held = piecewise_memory(self.model, buckets, itemsize, use.activations, config.max_num_batched_tokens)
-                use = dataclasses.replace(use, graphs=use.graphs + int(held))
+                use = dataclasses.replace(use, graphs=use.graphs + held)
         page_bytes = spec.bytes_per_page(page_size, kv_dtype)
         if draft is not None:
             page_bytes += draft.kv_cache_spec().bytes_per_page(page_size, kv_dtype)
