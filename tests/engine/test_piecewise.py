@@ -2,7 +2,8 @@
 run over static inputs padded to a token bucket with attention launched from each step's plan, against
 the same requests run plainly: greedy tokens equal and logits within float32 rounding, for every
 family whose forward reads the plan only inside attention (windows, softcap, sinks-free local layers,
-page size 4, chunks and buckets of awkward sizes). On the CPU the pieces run eagerly (no capture);
+page size 4, chunks and buckets of awkward sizes), with no read of a device value inside the forward
+(a capture could not hold one). On the CPU the pieces run eagerly (no capture);
 ``test_piecewise_gpu.py`` captures them. A forward that reads more of the plan is refused per
 bucket, and models that cannot run in pieces are named."""
 
@@ -17,6 +18,7 @@ from portattn.device import is_triton_interpreter
 from portattn.engine.llm import LLM
 from portattn.engine.piecewise import NotPiecewise, unsupported
 from portattn.engine.sampling_params import SamplingParams
+from portattn.testing import no_host_sync
 from tiny_models import checkpoint, random_prompts, rel_err
 
 FAMILIES = ["llama", "qwen3", "mistral", "phi3", "gemma2", "gemma3"]
@@ -32,6 +34,13 @@ def generate(path: str, piecewise: bool, **kwargs) -> tuple[list, object]:
     if piecewise:
         pieces = llm.engine.runner.enable_piecewise(capture=False, token_buckets=BUCKETS)
         pieces.capture_all()
+        forward = pieces._forward
+
+        def guarded(bucket, ctx):  # a capture could not hold a read of a device value
+            with no_host_sync():
+                return forward(bucket, ctx)
+
+        pieces._forward = guarded
     params = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True, return_logits=True)
     return llm.generate(PROMPTS, params, use_tqdm=False), pieces
 
