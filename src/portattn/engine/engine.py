@@ -17,7 +17,7 @@ from ..errors import all_ints, is_int
 from ..models import loader
 from ..paging import PageAllocator, num_pages_for
 from ..runtime.multimodal import MultimodalData
-from . import memory
+from . import memory, piecewise
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .generation_config import sampling_defaults
@@ -25,11 +25,6 @@ from .graphs import batch_size_buckets, describe
 from .model_runner import ModelRunner
 from .model_setup import model_kv_pool, select_attention_backend
 from .page_manager import PageManager
-from .piecewise import NotPiecewise
-from .piecewise import buckets_for as piecewise_buckets
-from .piecewise import describe as describe_piecewise
-from .piecewise import memory_estimate as piecewise_memory
-from .piecewise import unsupported as piecewise_unsupported
 from .req_pool import ReqToTokenPool
 from .run_ahead import RunAhead
 from .sampler import bad_word_token_ids, sample_key
@@ -135,9 +130,11 @@ class Engine:
                 sizing, self.model, self.backend, spec, kv_dtype, config, self.max_model_len, graphs=graphs
             )
             if config.piecewise_graphs and self._piecewise_reason(self._eager_reason(), kv_pool=False) is None:
-                buckets = piecewise_buckets(config.max_num_batched_tokens)
+                budget = config.max_num_batched_tokens
                 itemsize = torch.empty((), dtype=config.dtype).element_size()
-                held = piecewise_memory(self.model, buckets, itemsize, use.activations, config.max_num_batched_tokens)
+                held = piecewise.memory_estimate(
+                    self.model, piecewise.buckets_for(budget), itemsize, use.activations, budget
+                )
                 use = dataclasses.replace(use, graphs=use.graphs + held)
         page_bytes = spec.bytes_per_page(page_size, kv_dtype)
         if draft is not None:
@@ -191,7 +188,7 @@ class Engine:
         if config.piecewise_graphs:
             why = self._piecewise_reason(reason)
             if why is None:
-                buckets = piecewise_buckets(config.max_num_batched_tokens)
+                buckets = piecewise.buckets_for(config.max_num_batched_tokens)
                 self.runner.enable_piecewise(capture=True, token_buckets=buckets)
             else:
                 logger.warning("engine: piecewise_graphs=True but eager steps run eagerly: %s", why)
@@ -240,7 +237,7 @@ class Engine:
             return "one process only (tensor_parallel_size 1)"
         if kv_pool and not self.kv_pool.cascades:  # (the kinds whose layers attend through the backend's attend)
             return "the model's cache kind plans its attention apart from the backend's attend"
-        return piecewise_unsupported(self.model)
+        return piecewise.unsupported(self.model)
 
     def warm_up(self) -> None:
         """Capture the decode graphs and compile the kernels the model uses (GPU), with a progress bar.
@@ -252,22 +249,22 @@ class Engine:
         prompts (long, short, one token) are prefilled and decoded, so that the first requests find
         their prefill kernels compiled. Logs how long each part took.
         """
-        graphs, piecewise = self.runner.graphs, self.runner.piecewise
+        graphs, pieces = self.runner.graphs, self.runner.piecewise
         prompts = [n for n in WARM_UP_PROMPTS if n < self.max_model_len - 2] if is_gpu(self.config.device) else []
-        if not prompts and graphs is None and piecewise is None:
+        if not prompts and graphs is None and pieces is None:
             return
         start = time.perf_counter()
         steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
-        steps += len(piecewise.buckets) if piecewise is not None else 0
+        steps += len(pieces.buckets) if pieces is not None else 0
         if self.speculator is not None:  # the other ranks warm up without it: every rank runs the same steps
             self.speculator.paused = True
         rehearsed = self._compile_ahead(graphs, prompts)
         with tqdm(total=steps, desc="warm-up", unit="step", disable=None) as bar:
             if graphs is not None:
                 graphs.capture_all(progress=lambda _: bar.update(1))
-            if piecewise is not None:
-                piecewise.capture_all(progress=lambda _: bar.update(1))
-                logger.info("engine: %s", describe_piecewise(piecewise))
+            if pieces is not None:
+                pieces.capture_all(progress=lambda _: bar.update(1))
+                logger.info("engine: %s", piecewise.describe(pieces))
             captured = time.perf_counter() - start
             for i, length in enumerate(prompts):
                 self._warm_up_prompt(i, length, max_tokens=2)
@@ -322,7 +319,7 @@ class Engine:
                 if graphs is not None and graphs.capture:
                     graphs.rehearse(graphs.start_shapes())
                 for bucket in () if self.runner.piecewise is None else self.runner.piecewise.buckets:
-                    with contextlib.suppress(NotPiecewise):  # (such a bucket is skipped at its capture)
+                    with contextlib.suppress(piecewise.NotPiecewise):  # (such a bucket is skipped at its capture)
                         self.runner.piecewise.warm(bucket)
                 for i, length in enumerate(prompts):
                     # The prefill alone (a one-token prompt's step is the decode graph's shape, run eagerly).
