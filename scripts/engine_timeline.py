@@ -12,7 +12,9 @@ root, with MODE one of
   ``--prompt-lens`` tokens arriving: the synchronous step that prefills it beside the decodes (a server's
   step when a request arrives), its wall time against the decode step alone, and one such step under
   torch.profiler (every kernel, their sum and the span against the wall: the host's share) and one under
-  cProfile (the host's functions by their own time and with their callees: ``host_profile``);
+  cProfile (the host's functions by their own time and with their callees: ``host_profile``); then,
+  with the engine's own (async) scheduling, the wall time of each step call around each arrival (``gaps``:
+  what a streaming client sees between tokens);
   ``--piecewise`` builds the engine with ``piecewise_graphs`` (steps of up to 512 tokens in captured pieces);
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
@@ -147,7 +149,29 @@ def mixed(args, path: str) -> dict:
             print(f"{args.batch} decodes over {args.context} + a prompt of {length}: step {row['step_ms']:.2f} ms "
                   f"(decode step alone {out['decode_step_ms']:.2f}); kernels {row['kernel_sum_ms']:.2f} ms over a span "
                   f"of {row['span_ms']:.2f} ms, {len(kernels)} kernels", flush=True)  # fmt: skip
+    out["gaps"] = [arrival_gaps(engine, length, seed) for length in args.prompt_lens]
     return out
+
+
+def arrival_gaps(engine, length: int, seed) -> dict:
+    """With the engine's own scheduling (async where it has it): the wall ms of each ``engine.step()``
+    call, 8 before and 8 after a prompt of ``length`` tokens arrives, the step that admits it marked.
+    Each call returns one token of every decoding sequence, so these are the gaps a streaming client
+    sees."""
+    from portattn.engine.sampling_params import SamplingParams
+
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    walls, arrival = [], 8
+    for i in range(2 * arrival):
+        if i == arrival:
+            engine.add_request(bench.random_prompts(1, length, engine.vocab_size, seed=next(seed))[0], one)
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    bench.sync()
+    print(f"  arrival of {length} tokens, ms per step call (the arrival at [{arrival}]): "
+          + " ".join(f"{w:.1f}" for w in walls), flush=True)  # fmt: skip
+    return {"prompt_len": length, "arrival_index": arrival, "step_call_ms": walls}
 
 
 def job(args, path: str) -> dict:

@@ -27,6 +27,16 @@ def is_gpu(device: torch.device | str) -> bool:
     return torch.device(device).type in ("cuda", "xpu")
 
 
+def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A small host list as a tensor on ``device``, queued without waiting for the device: on an
+    accelerator from pinned memory by an asynchronous copy (a copy from pageable memory synchronizes
+    the stream, so the host would wait for every step queued before it)."""
+    host = torch.tensor(values, dtype=dtype)
+    if is_gpu(device):
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 @functools.cache
 def _compute_units(device_type: str, index: int) -> int:
     if device_type == "cuda" and torch.cuda.is_available():

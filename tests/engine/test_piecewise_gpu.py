@@ -1,7 +1,8 @@
 """Captured pieces on a GPU (``engine/piecewise.py``, ``piecewise_graphs=True``): prompt chunks and
 mixed steps of up to 64 tokens replay one graph per layer boundary with attention launched between
 them, against the same requests without pieces: greedy tokens equal, logits close (float32, so that
-the padded steps' projections round alike). Needs ``PORTATTN_TEST_ENGINE_DEVICE=cuda``."""
+the padded steps' projections round alike). And an eager step launched ahead (async scheduling) waits
+for nothing on the device. Needs ``PORTATTN_TEST_ENGINE_DEVICE=cuda``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_captured_pieces_equal_plain_steps(family, ckpt_root):
     outs, engines = {}, {}
     for piecewise in (False, True):
         llm = LLM(path, device="cuda", dtype="float32", page_size=16, max_model_len=256, max_num_seqs=8,
-                  max_num_batched_tokens=64, piecewise_graphs=piecewise)  # fmt: skip
+                  num_pages=200, max_num_batched_tokens=64, piecewise_graphs=piecewise)  # fmt: skip
         outs[piecewise] = llm.generate(PROMPTS, params, use_tqdm=False)
         engines[piecewise] = llm.engine
     pieces = engines[True].runner.piecewise
@@ -51,9 +52,49 @@ def test_captured_pieces_in_bfloat16_take_the_fused_rotary_write(ckpt_root):
     outs = {}
     for piecewise in (False, True):
         llm = LLM(path, device="cuda", dtype="bfloat16", page_size=16, max_model_len=256, max_num_seqs=8,
-                  max_num_batched_tokens=64, piecewise_graphs=piecewise)  # fmt: skip
+                  num_pages=200, max_num_batched_tokens=64, piecewise_graphs=piecewise)  # fmt: skip
         outs[piecewise] = llm.generate(PROMPTS, params, use_tqdm=False)
         if piecewise:
             assert llm.engine.runner.piecewise.steps >= 4
     for a, b in zip(outs[True], outs[False]):
         assert rel_err(a.outputs[0].logits.float(), b.outputs[0].logits.float()) < 2e-2
+
+
+@pytest.mark.parametrize("piecewise", [False, True], ids=["eager", "pieces"])
+def test_an_eager_step_is_launched_without_waiting_for_the_device(piecewise, ckpt_root):
+    """``ModelRunner.launch`` (an eager step that async scheduling launches before its tokens are read)
+    queues the forward, the sampling and the tokens' copy to the host without waiting for the device:
+    behind a kernel that keeps the device busy for about a second, the launch returns with the copy's
+    event still pending (a copy from pageable memory on the way, such as a list made a device tensor,
+    would have waited for the kernel). The tokens read then equal a synchronous engine's."""
+    path = checkpoint("llama", ckpt_root)
+    kwargs = dict(device="cuda", dtype="float32", page_size=16, num_pages=80, max_model_len=256, max_num_seqs=8,
+                  max_num_batched_tokens=64, piecewise_graphs=piecewise)  # fmt: skip
+    prompts = random_prompts([5, 17, 30], seed=3)
+    params = [
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=1, max_tokens=1, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=2),
+    ]
+    want = LLM(path, async_scheduling=False, **kwargs).generate(prompts, params, use_tqdm=False)
+    engine = LLM(path, **kwargs).engine
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    scheduled = engine.scheduler.schedule()  # the three prompts in one eager step
+    runner = engine.runner
+    rows = runner.logit_rows(scheduled)
+    assert len(scheduled) == 3 and runner.defers(rows)
+    pieces_before = runner.piecewise.steps if piecewise else None
+    torch.cuda._sleep(2_000_000_000)  # about a second of the device's clock
+    started = runner.launch(scheduled, rows)
+    pending = not started.copy.event.query()
+    sampled = runner.sampled(started)
+    assert pending, "the launch waited for the device"
+    assert (runner.piecewise is None) != piecewise
+    if piecewise:
+        assert runner.piecewise.steps == pieces_before + 1  # the step ran through the pieces
+    for seq, out in zip(seqs, want):
+        tokens, logprobs = sampled[seq]
+        assert tokens == out.outputs[0].token_ids
+        assert (logprobs is None) == (out.outputs[0].logprobs is None)
+        if logprobs is not None:  # the chosen token and the top two, as the synchronous engine reports them
+            assert {logprobs[0].token_id, *logprobs[0].top_ids} == set(out.outputs[0].logprobs[0])

@@ -37,9 +37,12 @@ def run(llm: LLM, prompts, params) -> list[list[int]]:
     """Step the engine by hand (pools checked after each step); the output tokens of each request."""
     engine = llm.engine
     seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    while engine.has_unfinished():
+    for _ in range(2000):  # far more steps than these requests need: a step that computes nothing fails
+        if not engine.has_unfinished():
+            break
         engine.step()
         assert_pools_consistent(engine)
+    assert not engine.has_unfinished()
     return [seq.output_token_ids for seq in seqs]
 
 
@@ -54,6 +57,62 @@ def test_tokens_equal_synchronous_scheduling(ckpt_root):
         llm = static(path, ahead=True)
         assert run(llm, PROMPTS, params) == want
         assert llm.engine.run_ahead.steps_ahead > 5  # decodes overlapped once no request waits
+        assert llm.engine.run_ahead.eager_ahead > 0  # prefills launched before the caller had the tokens
+
+
+def test_eager_steps_launched_ahead_in_chunks_with_logprobs(ckpt_root):
+    """Prompts cut into chunks of a small token budget beside decodes: each eager step launched right
+    after the previous step's tokens are read, its own read by the next call, gives the tokens and
+    log-probabilities of synchronous scheduling. A request that scores its prompt (prompt
+    log-probabilities) or keeps its logits reads the device as its steps run: no step holding it while
+    it does is launched ahead, and its answers are synchronous scheduling's too."""
+    path = checkpoint("llama", ckpt_root)
+    params = [SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=3) for _ in PROMPTS]
+    params[2] = SamplingParams(temperature=0.7, seed=5, max_tokens=7, ignore_eos=True, logprobs=2)
+    params[4] = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2)
+    params[5] = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, return_logits=True)
+    kwargs = dict(max_num_batched_tokens=8)
+    plain = static(path, ahead=False, **kwargs)
+    want = plain.generate(PROMPTS, params, use_tqdm=False)
+    llm = static(path, ahead=True, **kwargs)
+    runner, launched = llm.engine.runner, []
+    launch = runner.launch
+
+    def recorded(scheduled, want_rows, cascade=None):
+        launched.append(want_rows)
+        return launch(scheduled, want_rows, cascade)
+
+    runner.launch = recorded
+    engine, reads, calls = llm.engine, [0], []  # steps whose tokens each engine.step call reads
+
+    def counted(fn):
+        def wrapper(*args, **kwargs):
+            reads[0] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def counted_step(step=engine.step):
+        reads[0] = 0
+        finished = step()
+        calls.append(reads[0])
+        return finished
+
+    engine.run_step, engine.run_ahead._take_eager = counted(engine.run_step), counted(engine.run_ahead._take_eager)
+    runner.graphs.collect, engine.step = counted(runner.graphs.collect), counted_step
+    got = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert max(calls) == 1  # a synchronous step is left to the next call, not run behind a step read
+    for a, b in zip(got, want):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+        assert a.prompt_logprobs == b.prompt_logprobs
+        assert (a.outputs[0].logits is None) == (b.outputs[0].logits is None)
+    assert got[4].prompt_logprobs is not None and got[5].outputs[0].logits is not None
+    assert len(launched) > 10 and sum(len(rows.sampling) > 1 for rows in launched) > 3
+    for rows in launched:  # no step launched ahead scores a prompt or samples the request keeping its logits
+        assert not rows.prompt_rows and all(seq.params.return_logits is False for seq in rows.sampling)
+    assert any(seq.params.logprobs for rows in launched for seq in rows.sampling)
+    assert_pools_consistent(llm.engine)
 
 
 def test_a_full_batch_runs_ahead_while_requests_wait(ckpt_root):

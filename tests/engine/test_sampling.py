@@ -160,8 +160,8 @@ def test_sampling_makes_no_host_sync_and_one_transfer_per_step(ckpt_root, monkey
     from portattn.engine import model_runner
 
     calls = []
-    real = model_runner.to_host
-    monkeypatch.setattr(model_runner, "to_host", lambda parts: calls.append(len(parts)) or real(parts))
+    real = model_runner.HostCopy
+    monkeypatch.setattr(model_runner, "HostCopy", lambda parts: calls.append(len(parts)) or real(parts))
     llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, max_model_len=256)
     sp = SamplingParams(n=2, max_tokens=5, temperature=1.0, logprobs=2, prompt_logprobs=1, ignore_eos=True)
     llm.generate(random_prompts([5, 9]), sp, use_tqdm=False)

@@ -16,6 +16,7 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..cascade import plan_cascade
+from ..device import upload
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
@@ -26,7 +27,7 @@ from .graphs import DecodeGraphs, uniform_q_len
 from .multimodal import build_multimodal_batch
 from .piecewise import TOKEN_BUCKETS, PiecewiseGraphs
 from .req_pool import ReqToTokenPool
-from .sampler import SamplingBatch, TokenLogprobs, sample, to_host, token_logprobs, unpack_logprobs
+from .sampler import HostCopy, SamplingBatch, TokenLogprobs, sample, token_logprobs, unpack_logprobs
 from .sequence import Sequence
 
 
@@ -41,6 +42,19 @@ class LogitRows:
 # What a step gives each sequence that completed its tokens: the tokens to append (one, or with
 # speculative decoding the accepted proposed tokens and one more) and their log-probabilities.
 Sampled = dict[Sequence, tuple[list[int], list[TokenLogprobs] | None]]
+
+
+@dataclass(eq=False)
+class Sampling:
+    """A step's sampled tokens (and log-probabilities) on their way to the host: ``ModelRunner.sampled``
+    reads them. ``tokens``: one token a sequence of ``sampling`` is in the transfer; ``logprobs``: and
+    their log-probabilities' rows; ``prompt_parts``: the prompt log-probabilities' sequences and tokens."""
+
+    sampling: list[Sequence]
+    tokens: bool
+    logprobs: bool
+    prompt_parts: list[tuple[Sequence, list[int]]]
+    copy: HostCopy
 
 
 class ModelRunner:
@@ -242,7 +256,7 @@ class ModelRunner:
         if not rows:
             return None
         if len(rows) != hidden.shape[0] or rows != list(range(len(rows))):
-            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+            hidden = hidden[upload(rows, torch.int64, hidden.device)]
         return self.model.compute_logits(hidden).float()  # [N, V]
 
     def samples_in_graph(self, scheduled: list[tuple[Sequence, int]], want: LogitRows) -> bool:
@@ -288,11 +302,20 @@ class ModelRunner:
         and the proposed tokens of ``want.verifying`` verified (:attr:`verifier`)."""
         if logits is None:
             return {}
+        sampled = self.sampled(self.start_sampling(want, logits))
+        if want.verifying:
+            if self.verifier is None:
+                raise RuntimeError("expected a verifier for sequences with proposed tokens, got none")
+            start, num_verified = len(want.sampling), sum(seq.num_draft_tokens + 1 for seq in want.verifying)
+            sampled.update(self.verifier(logits[start : start + num_verified], list(want.verifying)))
+        return sampled
+
+    def start_sampling(self, want: LogitRows, logits: torch.Tensor) -> Sampling:
+        """The device's part of :meth:`sample_from` (prompt rows and sampled rows; the proposed tokens are
+        verified apart): the tokens drawn and their transfer to the host started."""
         sampling, prompt_rows = want.sampling, want.prompt_rows
-        sample_rows = range(len(sampling))
         parts, prompt_parts = [], []
-        num_verified = sum(seq.num_draft_tokens + 1 for seq in want.verifying)
-        offset = len(sample_rows) + num_verified
+        offset = len(sampling) + sum(seq.num_draft_tokens + 1 for seq in want.verifying)
         for seq, _, first, count in prompt_rows:
             seq_logits = logits[offset : offset + count]  # positions first .. first + count - 1
             offset += count
@@ -302,13 +325,12 @@ class ModelRunner:
             scored = min(count, seq.num_prompt_tokens - 1 - first)  # position p scores prompt token p + 1
             if seq.params.prompt_logprobs is not None and scored > 0:
                 nexts = seq.prompt_token_ids[first + 1 : first + 1 + scored]
-                target = torch.tensor(nexts, device=logits.device)
+                target = upload(nexts, torch.int64, logits.device)
                 parts += token_logprobs(seq_logits[:scored], target, seq.params.prompt_logprobs)
                 prompt_parts.append((seq, nexts))
-        sampled: Sampled = {}
         out = None
         if sampling:
-            sample_logits = logits[: len(sample_rows)]
+            sample_logits = logits[: len(sampling)]
             for i, seq in enumerate(sampling):
                 if seq.params.return_logits:
                     seq.logits.append(sample_logits[i].to("cpu", copy=True))  # a graph's logits are reused
@@ -317,11 +339,17 @@ class ModelRunner:
             parts = [out.tokens, *parts]
             if out.rows is not None:
                 parts += [out.rows, out.logprob, out.rank, out.top_ids, out.top_logprobs]
-        host = to_host(parts)
-        if out is not None:
+        logprobs = out is not None and out.rows is not None
+        return Sampling(sampling, out is not None, logprobs, prompt_parts, HostCopy(parts))
+
+    def sampled(self, started: Sampling) -> Sampled:
+        """The host's part of :meth:`sample_from`: waits for :meth:`start_sampling`'s transfer."""
+        sampling, sampled = started.sampling, {}
+        host = started.copy.wait()
+        if started.tokens:
             tokens, host = host[0].tolist(), host[1:]
             row_logprobs = {}
-            if out.rows is not None:
+            if started.logprobs:
                 rows_, *lp = host[-5:]
                 host = host[:-5]
                 rows_ = rows_.tolist()
@@ -330,12 +358,22 @@ class ModelRunner:
             for i, seq in enumerate(sampling):
                 lp = row_logprobs.get(i)
                 sampled[seq] = ([tokens[i]], None if lp is None else [lp])
-        for j, (seq, nexts) in enumerate(prompt_parts):
+        for j, (seq, nexts) in enumerate(started.prompt_parts):
             lp = host[4 * j : 4 * j + 4]
             seq.prompt_logprobs += unpack_logprobs(nexts, *lp, [seq.params.prompt_logprobs] * len(nexts))
-        if want.verifying:
-            if self.verifier is None:
-                raise RuntimeError("expected a verifier for sequences with proposed tokens, got none")
-            start = len(sample_rows)
-            sampled.update(self.verifier(logits[start : start + num_verified], list(want.verifying)))
         return sampled
+
+    def defers(self, want: LogitRows) -> bool:
+        """Whether a step's tokens may be read after the call that launched it (:meth:`launch`): it
+        scores no prompt, verifies no proposed tokens and keeps no logits (each of those reads the
+        device as the step runs)."""
+        return not want.prompt_rows and not want.verifying and not any(s.params.return_logits for s in want.sampling)
+
+    @torch.inference_mode()
+    def launch(self, scheduled: list[tuple[Sequence, int]], want: LogitRows, cascade: int | None = None) -> Sampling:
+        """A step that :meth:`defers` launched: its forward and sampling queued on the device and the
+        tokens on their way to the host; :meth:`sampled` reads them."""
+        logits = self.forward(scheduled, want.rows, cascade)
+        if logits is None:
+            return Sampling([], False, False, [], HostCopy([]))
+        return self.start_sampling(want, logits)

@@ -1,4 +1,4 @@
-"""Asynchronous scheduling: the next decode step is launched before the host reads this one's tokens.
+"""Asynchronous scheduling: the next step is launched before the host reads this one's tokens.
 
 A decode step whose sequences all sample inside its captured graph (``graph_sampling.py``) leaves its
 sampled ids on the device. With ``async_scheduling`` the engine launches it and returns; the next
@@ -20,17 +20,25 @@ token. A sequence that certainly stops with the token in flight (``max_tokens`` 
 string has run one step too many, whose token is dropped and whose slot goes back with its pages
 (the device writes it before any later step can reuse the page: one stream orders them), and a
 sequence waiting for its place is then admitted one step later than synchronous scheduling would.
-Otherwise the in-flight step's tokens are read and the next call schedules as usual. Outputs
-therefore come one step later than they are computed; the tokens are those of synchronous scheduling.
+Otherwise the in-flight step's tokens are read and the next step is scheduled at once, before the call
+returns, so that the device runs it while the caller handles the tokens read (streams them, takes new
+requests, which a later step admits). That step is launched without reading its tokens too when it is
+a decode step as above or an eager step (a prompt's chunk, beside decodes or not) whose sampled tokens
+are all it gives the host (``ModelRunner.defers``: no prompt logits or log-probabilities, no logits
+kept); the next call reads them. Where a request needs the device read as its step runs, the next
+step is left to the next call, which runs it synchronously. Outputs therefore come one step later
+than they are computed; the tokens are those of synchronous scheduling.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .graph_sampling import samples_in_graph
 from .graphs import longest_of
+from .model_runner import Sampling
 from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -46,6 +54,19 @@ class Launched:
     handle: tuple
 
 
+@dataclass(eq=False)
+class LaunchedEager:
+    """A step of the eager forward (a prompt's chunk, beside decodes or not) launched and not yet read:
+    ``ModelRunner.launch``'s tokens in flight to the host."""
+
+    scheduled: list[tuple[Sequence, int]]
+    sampling: Sampling
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [seq for seq, _ in self.scheduled]
+
+
 class RunAhead:
     """The engine's steps under ``async_scheduling`` (see the module's doc)."""
 
@@ -53,8 +74,9 @@ class RunAhead:
         if engine.runner.graphs is None or not engine.runner.graphs.feed:
             raise ValueError("expected decode graphs made with feed for async_scheduling, got none")
         self.engine = engine
-        self.launched: Launched | None = None
+        self.launched: Launched | LaunchedEager | None = None
         self.steps_ahead = 0  # steps launched before the previous step's tokens were read
+        self.eager_ahead = 0  # eager steps launched before the caller had the tokens read before them
 
     def step(self) -> list[Sequence]:
         """One call of :meth:`Engine.step`: returns the sequences that finished with the tokens read."""
@@ -64,10 +86,11 @@ class RunAhead:
             scheduled = engine.scheduler.schedule()
             if not scheduled:
                 return []
-            if not self._launchable(scheduled):
-                return engine.run_step(scheduled)
-            self.launched = self._launch(scheduled, None)
-            return []
+            return self._start(scheduled)
+        if isinstance(launched, LaunchedEager):
+            self.launched = None
+            finished = self._take_eager(launched)
+            return finished + self._next()
         ahead = self._ahead(launched)
         self.launched = None
         following = None
@@ -88,7 +111,66 @@ class RunAhead:
             self.launched = following
         elif following is not None:  # every sequence of it stopped: nothing to read
             engine.runner.graphs.collect(following.handle)
+        if following is None:
+            finished += self._next()
         return finished
+
+    def _start(self, scheduled: list[tuple[Sequence, int]]) -> list[Sequence]:
+        """Launch a scheduled step without reading its tokens where it can be (a decode step that
+        samples in its graph, or an eager step whose tokens alone are read: ``ModelRunner.defers``);
+        otherwise run it synchronously. Returns the sequences that finished (only a synchronous step's)."""
+        engine = self.engine
+        if self._launchable(scheduled):
+            self.launched = self._launch(scheduled, None)
+            return []
+        runner = engine.runner
+        want = runner.logit_rows(scheduled)
+        if not runner.defers(want):
+            return engine.run_step(scheduled)
+        try:
+            self.launched = LaunchedEager(scheduled, runner.launch(scheduled, want))
+            engine.mark_computed(scheduled)
+        except BaseException:
+            self._abort([seq for seq, _ in scheduled])
+            raise
+        self.eager_ahead += 1
+        return []
+
+    def _next(self) -> list[Sequence]:
+        """After reading the launched step's tokens with none launched behind it: the next step
+        scheduled and launched at once (:meth:`_start`), so that the device runs it while the caller
+        handles the tokens read, unless a sequence needs the device read while its step runs (prompt
+        logits or log-probabilities, logits kept): then the next call schedules it."""
+        scheduler = self.engine.scheduler
+        if any(_reads_as_it_runs(seq) for seq in itertools.chain(scheduler.running, scheduler.waiting)):
+            return []
+        scheduled = scheduler.schedule()
+        return self._start(scheduled) if scheduled else []
+
+    def _take_eager(self, launched: LaunchedEager) -> list[Sequence]:
+        """Read a launched eager step's tokens and append them (``Engine.run_step``'s part after the
+        forward)."""
+        engine = self.engine
+        try:
+            sampled = engine.runner.sampled(launched.sampling)
+            finished = []
+            for seq, (tokens, logprobs) in sampled.items():
+                if seq.status is not Status.RUNNING:  # aborted meanwhile
+                    continue
+                reason = engine.append_tokens(seq, tokens, logprobs)
+                if reason is not None:
+                    engine.finish(seq, reason)
+                    finished.append(seq)
+        except BaseException:
+            self._abort(launched.seqs)
+            raise
+        return finished
+
+    def _abort(self, seqs: list[Sequence]) -> None:
+        engine = self.engine
+        for seq in seqs:
+            if seq.status is Status.RUNNING and seq.request_id in engine.requests:
+                engine.abort(seq.request_id)
 
     def settle(self) -> list[Sequence]:
         """Read the launched step's tokens, if a step is in flight, and launch none after it: the engine's
@@ -97,6 +179,8 @@ class RunAhead:
         launched, self.launched = self.launched, None
         if launched is None:
             return []
+        if isinstance(launched, LaunchedEager):
+            return self._take_eager(launched)
         engine = self.engine
         try:
             return self._take(launched.seqs, engine.runner.graphs.collect(launched.handle))
@@ -179,3 +263,9 @@ class RunAhead:
                 engine.finish(seq, reason)
                 finished.append(seq)
         return finished
+
+
+def _reads_as_it_runs(seq: Sequence) -> bool:
+    """Whether a step of ``seq`` reads the device while it runs (``ModelRunner.defers`` is false)."""
+    params = seq.params
+    return params.return_logits or (params.needs_prompt_logits and seq.num_prompt_scored < seq.num_prompt_tokens)

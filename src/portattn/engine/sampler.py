@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import is_gpu, is_triton_interpreter
+from ..device import is_gpu, is_triton_interpreter, upload
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
@@ -153,7 +153,7 @@ class SamplingBatch:
         params = [s.params for s in seqs]
 
         def column(values, dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device)
+            return upload(values, dtype, device)  # queued behind the step, which it does not wait for
 
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
@@ -464,20 +464,44 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[
     return picked[:, 0], rank, top.indices, top.values
 
 
-def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy several small device tensors to the host in one transfer.
+class HostCopy:
+    """Several small device tensors on their way to the host in one transfer (:func:`to_host`), started
+    without waiting: on an accelerator into pinned memory behind an event, which :meth:`wait` waits
+    for; on the CPU at once.
 
     They are packed into one float64 vector (exact for integer ids below 2^53 and for float32
     values), copied once, and split back to their shapes and dtypes on the host.
     """
-    if not tensors:
-        return []
-    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
-    out, start = [], 0
-    for t in tensors:
-        out.append(flat[start : start + t.numel()].reshape(t.shape).to(t.dtype))
-        start += t.numel()
-    return out
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.shapes = [(t.shape, t.dtype) for t in tensors]
+        self.event = None
+        if not tensors:
+            self.flat = None
+            return
+        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
+        if not is_gpu(flat.device):
+            self.flat = flat.cpu()
+            return
+        self.flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        self.flat.copy_(flat, non_blocking=True)
+        self.event = torch.Event(flat.device)
+        self.event.record()
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.event is not None:
+            self.event.synchronize()
+        out, start = [], 0
+        for shape, dtype in self.shapes:
+            n = shape.numel()
+            out.append(self.flat[start : start + n].reshape(shape).to(dtype))
+            start += n
+        return out
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy several small device tensors to the host in one transfer (see :class:`HostCopy`)."""
+    return HostCopy(tensors).wait()
 
 
 def unpack_logprobs(token_ids: list[int], logprob, rank, top_ids, top_logprobs, ks: list[int]) -> list[TokenLogprobs]:
