@@ -247,3 +247,35 @@ def test_async_scheduling_is_refused_where_it_cannot_run(ckpt_root, caplog):
     with caplog.at_level("WARNING", logger="portattn"):
         assert LLM(path, async_scheduling=True, **small).engine.run_ahead is None  # asked for: said so
     assert "async_scheduling=True but it is off: it needs captured decode steps (torch has no graphs" in caplog.text
+
+
+def test_an_eager_step_launch_reads_nothing_back(ckpt_root):
+    """``ModelRunner.launch`` of a mixed step (decodes beside a new prompt, seeded sampling with
+    log-probabilities) plans, runs and samples without reading a device value (the host-sync guard);
+    its tokens, read after, are those the synchronous step samples."""
+    from portattn.testing import no_host_sync
+
+    path = checkpoint("llama", ckpt_root)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=8, ignore_eos=True, logprobs=2) for s in range(3)
+    ]
+    results = {}
+    for launched in (False, True):
+        engine = static(path, ahead=False).engine
+        seqs = [engine.add_request(p, sp) for p, sp in zip(PROMPTS[:2], params)]
+        engine.step()  # both prompts
+        engine.step()  # a decode step
+        seqs.append(engine.add_request(PROMPTS[3], params[2]))
+        scheduled = engine.scheduler.schedule()
+        assert sorted(n for _, n in scheduled) == [1, 1, len(PROMPTS[3])]
+        runner = engine.runner
+        want = runner.logit_rows(scheduled)
+        if launched:
+            assert runner.defers(want)
+            with no_host_sync():
+                started = runner.launch(scheduled, want)
+            sampled = runner.sampled(started)
+        else:
+            sampled = runner.step(scheduled, want)
+        results[launched] = [sampled[seq] for seq in seqs]
+    assert results[True] == results[False]
