@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from portattn.backends.torch_ref import TorchBackend
@@ -91,3 +92,23 @@ def test_plan_from_host_lengths_equals_plan_from_the_device():
     without = backend.plan_paged(batch.cu_seqlens_q, batch.seq_lens_k, with_host.page_table, 4)
     for name in ("q_lens", "k_lens", "max_seqlen_q", "max_seqlen_k"):
         assert getattr(with_host, name) == getattr(without, name)
+
+
+def test_fed_sequences_decode_their_token_in_flight():
+    """A fed sequence (its next token sampled by a step in flight, not in ``token_ids``) decodes that
+    token: position and slot ``num_tokens``, ``num_tokens + 1`` keys, input id 0 until the runner's feed
+    replaces it; the others are built from their tokens. A fed sequence scheduled otherwise is refused."""
+    req_to_token = torch.randperm(16 * 64, dtype=torch.int32).view(16, 64)
+    scheduled = make_scheduled([(5, 9), (12, 1), (30, 1), (0, 3)])
+    fed = [scheduled[1][0], scheduled[2][0]]
+    for seq in fed:  # the token at num_computed is the one in flight
+        seq.token_ids.pop()
+    batch = ForwardBatch.build(scheduled, req_to_token, 4, fed=fed)
+    for seq in fed:
+        seq.token_ids.append(0)  # the placeholder, as the reference reads it
+    ids, positions, slots, _, k_lens = reference(scheduled, req_to_token)
+    assert batch.input_ids.tolist() == ids and batch.positions.tolist() == positions and ids[9:11] == [0, 0]
+    assert batch.out_cache_loc.tolist() == slots and batch.seq_lens_k.tolist() == k_lens == [14, 13, 31, 3]
+    assert batch.mode == "mixed"
+    with pytest.raises(ValueError, match="expected a fed sequence to decode its token in flight, got 9 tokens"):
+        ForwardBatch.build(scheduled, req_to_token, 4, fed=[scheduled[0][0]])

@@ -135,7 +135,9 @@ def test_token_buckets_are_checked(ckpt_root):
 def test_buckets_follow_the_token_budget_and_their_memory_is_counted(ckpt_root):
     from portattn.engine.piecewise import TOKEN_BUCKETS, buckets_for, memory_estimate
 
-    assert buckets_for(8192) == TOKEN_BUCKETS and buckets_for(100) == (32, 64) and buckets_for(8) == (32,)
+    assert buckets_for(8192) == TOKEN_BUCKETS == buckets_for(512) and buckets_for(256) == (32, 64, 128, 256)
+    # A budget between two buckets is the last one: no step up to the budget runs eagerly.
+    assert buckets_for(192) == (32, 64, 128, 192) and buckets_for(100) == (32, 64, 100) and buckets_for(8) == (8,)
     model = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, max_model_len=64).engine.runner.model
     specs = model.attention_specs()
     per_token = sum(s.num_heads * (s.head_dim + s.v_head_dim) for s in specs)  # a hole's q and out, per layer

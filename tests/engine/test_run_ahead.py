@@ -78,9 +78,9 @@ def test_eager_steps_launched_ahead_in_chunks_with_logprobs(ckpt_root):
     runner, launched = llm.engine.runner, []
     launch = runner.launch
 
-    def recorded(scheduled, want_rows, cascade=None):
+    def recorded(scheduled, want_rows, cascade=None, feed=None):
         launched.append(want_rows)
-        return launch(scheduled, want_rows, cascade)
+        return launch(scheduled, want_rows, cascade, feed)
 
     runner.launch = recorded
     engine, reads, calls = llm.engine, [0], []  # steps whose tokens each engine.step call reads
@@ -128,10 +128,10 @@ def test_a_full_batch_runs_ahead_while_requests_wait(ckpt_root):
     waiting = []  # whether requests waited at each launch ahead
     launch = engine.run_ahead._launch
 
-    def counted(scheduled, feed):
+    def counted(scheduled, feed, feed_ids=None):
         if feed is not None:
             waiting.append(bool(engine.scheduler.waiting))
-        return launch(scheduled, feed)
+        return launch(scheduled, feed, feed_ids)
 
     engine.run_ahead._launch = counted
     assert run(llm, PROMPTS, params) == want
@@ -278,4 +278,98 @@ def test_an_eager_step_launch_reads_nothing_back(ckpt_root):
         else:
             sampled = runner.step(scheduled, want)
         results[launched] = [sampled[seq] for seq in seqs]
+    assert results[True] == results[False]
+
+
+def test_prompt_chunks_launched_before_the_tokens_in_flight_are_read(ckpt_root):
+    """Prompts arriving while others decode, cut into chunks of a small token budget: the step after a
+    launched one is scheduled and launched before that step's tokens are read (the tokens in flight
+    copied on the device into its inputs): eager steps fed from a decode graph's ids and from an eager
+    step's, and decode graphs fed from an eager step's. Greedy and seeded sampling, ``min_tokens``
+    (its ban lifted one token ahead), stop tokens found one step late and ``max_tokens``: the tokens
+    of synchronous scheduling, the pools consistent after every step."""
+    path = checkpoint("llama", ckpt_root)
+    params = [
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3, max_tokens=11, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=4, max_tokens=7, min_tokens=4, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.7, min_p=0.05, seed=6, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+    ]
+    kwargs = dict(max_num_batched_tokens=8)
+    free = run(static(path, ahead=False, **kwargs), PROMPTS, params)
+    params[3] = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[free[3][4]])  # stops at its 5th token
+    params[2] = SamplingParams(temperature=0.9, seed=4, max_tokens=7, min_tokens=4, stop_token_ids=[free[2][1]])
+
+    def arriving(llm: LLM) -> list[list[int]]:
+        engine, seqs = llm.engine, []
+        for step in range(2000):
+            if step % 3 == 0 and len(seqs) < len(PROMPTS):  # a request arrives every third step
+                seqs.append(engine.add_request(PROMPTS[len(seqs)], params[len(seqs)]))
+            if len(seqs) == len(PROMPTS) and not engine.has_unfinished():
+                break
+            engine.step()
+            assert_pools_consistent(engine)
+        return [seq.output_token_ids for seq in seqs]
+
+    want = arriving(static(path, ahead=False, **kwargs))
+    assert want[3] == free[3][: free[3].index(free[3][4]) + 1] and len(want[2]) >= 4
+    llm = static(path, ahead=True, **kwargs)
+    runner, fed_from = llm.engine.runner, []
+    launch, graph_launch = runner.launch, runner.graphs.launch
+
+    def recorded(scheduled, want_rows, cascade=None, feed=None):
+        if feed is not None:
+            fed_from.append("graph" if feed.ids is runner.graphs.tokens else "eager")
+        return launch(scheduled, want_rows, cascade, feed)
+
+    def recorded_graph(seqs, feed=None, cascade=0, feed_ids=None):
+        if feed_ids is not None:
+            fed_from.append("eager into a graph")
+        return graph_launch(seqs, feed, cascade, feed_ids)
+
+    runner.launch, runner.graphs.launch = recorded, recorded_graph
+    assert arriving(llm) == want
+    assert {"graph", "eager", "eager into a graph"} <= set(fed_from)
+    assert llm.engine.run_ahead.eager_fed == fed_from.count("graph") + fed_from.count("eager") > 5
+
+
+def test_a_fed_step_launch_reads_nothing_back(ckpt_root):
+    """A mixed step launched while the previous step's tokens are on their way (``ModelRunner.launch``
+    with a ``Feed`` of that step's ids on the device) plans, runs and samples without reading a device
+    value; its tokens equal those of the same step run once the tokens are read."""
+    from portattn.engine.model_runner import Feed
+    from portattn.testing import no_host_sync
+
+    path = checkpoint("llama", ckpt_root)
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=8, ignore_eos=True) for s in range(3)]
+    results = {}
+    for fed in (False, True):
+        engine = static(path, ahead=False).engine
+        runner, scheduler = engine.runner, engine.scheduler
+        seqs = [engine.add_request(p, sp) for p, sp in zip(PROMPTS[:2], params)]
+        engine.step()  # both prompts
+        first = scheduler.schedule()  # a decode step, launched and not read
+        started = runner.launch(first, runner.logit_rows(first))
+        engine.mark_computed(first)
+        seqs.append(engine.add_request(PROMPTS[3], params[2]))
+        if fed:
+            scheduled = scheduler.schedule_ahead(seqs[:2])
+            feed = Feed(started.ids, {seq: row for row, seq in enumerate(started.sampling)})
+            want = runner.logit_rows(scheduled, feed.rows)
+            with no_host_sync():
+                second = runner.launch(scheduled, want, 0, feed)
+            tokens = runner.sampled(started)
+            for seq in seqs[:2]:
+                engine.append_tokens(seq, *tokens[seq])
+            engine.mark_computed(scheduled)
+        else:
+            for seq, (t, lp) in runner.sampled(started).items():
+                engine.append_tokens(seq, t, lp)
+            scheduled = scheduler.schedule()
+            second = runner.launch(scheduled, runner.logit_rows(scheduled))
+        assert sorted(n for _, n in scheduled) == [1, 1, len(PROMPTS[3])]
+        sampled = runner.sampled(second)
+        results[fed] = [seq.output_token_ids for seq in seqs[:2]] + [sampled[seq] for seq in seqs]
     assert results[True] == results[False]

@@ -199,3 +199,44 @@ def test_a_step_with_nothing_to_do_runs_no_forward(ckpt_root):
         engine.step()
     assert engine.step() == [] and len(seq.output_token_ids) == 2
     assert engine.num_generated_tokens == 2
+
+
+def test_a_step_scheduled_ahead_decodes_the_tokens_in_flight():
+    """``schedule_ahead``: sequences whose next token is in flight (``num_computed == num_tokens``)
+    decode it (one token, its slot reserved) before prompt chunks and admissions share the budget; a
+    sequence with its token in flight that is not fed (it stops with that token) is left out; where
+    the step would preempt, nothing is scheduled or admitted (None) and the synchronous schedule
+    preempts as usual."""
+    size = 4
+    pages = PageManager(PageAllocator(7), ReqToTokenPool(4, 32, size, "cpu"), enable_prefix_caching=False)
+    scheduler = Scheduler(pages, max_num_seqs=4, max_num_batched_tokens=10)
+    greedy = SamplingParams(temperature=0)
+    a, b, c = (Sequence(i, [i + 1] * n, greedy) for i, n in enumerate((4, 7, 12)))
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    assert scheduler.schedule() == [(a, 4), (b, 6)]  # c waits: no budget left
+    for seq, n in ((a, 4), (b, 6)):
+        seq.num_computed += n
+    # a's next token is in flight (its one page is full: the token's slot needs a second page); b has one
+    # prompt token left; c is admitted with what is left of the budget.
+    assert scheduler.schedule_ahead([a]) == [(a, 1), (b, 1), (c, 8)]
+    assert len(a.pages) == 2 and a.num_tokens == 4 and c.status is Status.RUNNING
+    for seq, n in ((a, 1), (b, 1), (c, 8)):
+        seq.num_computed += n
+    a.token_ids.append(9)  # a's token is read; b's first token and a's next are in flight; a stops with it
+    b.token_ids.append(9)
+    assert scheduler.schedule_ahead([b]) == [(b, 1), (c, 4)]  # a left out
+    for seq, n in ((b, 1), (c, 4)):
+        seq.num_computed += n
+    free = pages.allocator.num_free
+    scheduler.finish(a, "length")
+    assert pages.allocator.num_free == free + 2
+    # A pool too short for the next chunk: the synchronous schedule would preempt, the one ahead declines.
+    waiting = Sequence(3, [5] * 3, greedy)
+    scheduler.add(waiting)
+    c.token_ids += [7] * 20  # more to compute than the free pages hold
+    running = list(scheduler.running)
+    assert scheduler.schedule_ahead([b]) is None
+    assert scheduler.running == running and list(scheduler.waiting) == [waiting] and scheduler.num_preemptions == 0
+    b.token_ids.append(9)  # b's token read: the synchronous schedule preempts c, the newest
+    assert scheduler.schedule() == [(b, 1)] and scheduler.num_preemptions == 1 and c.status is Status.WAITING

@@ -7,6 +7,7 @@ buffer (:class:`Staging`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,11 @@ class ForwardBatch:
         page_size: int,
         attention_chunk_size: int | None = None,
         staging: Staging | None = None,
+        fed: Collection[Sequence] = (),
     ) -> ForwardBatch:
+        """``fed``: sequences whose one new token a launched step is sampling (not in their
+        ``token_ids``; ``num_computed == num_tokens``): its position is ``num_tokens`` and its input id
+        0 here, which the caller replaces on the device (``ModelRunner.plan``'s feed)."""
         staging = staging if staging is not None else Staging(req_to_token.device)
         starts = np.fromiter((seq.num_computed for seq, _ in scheduled), np.int64, len(scheduled))  # [B]
         q_lens = np.fromiter((n for _, n in scheduled), np.int64, len(scheduled))  # [B]
@@ -99,7 +104,16 @@ class ForwardBatch:
         cu = np.zeros(len(scheduled) + 1, np.int64)
         np.cumsum(q_lens, out=cu[1:])
         num_tokens = int(cu[-1])
-        if num_tokens == len(scheduled):  # one token each: no slices
+        if fed:
+            input_ids = np.zeros(num_tokens, np.int64)
+            for (seq, n), start, offset in zip(scheduled, starts.tolist(), cu.tolist()):
+                if seq in fed:
+                    if n != 1 or start != seq.num_tokens:
+                        raise ValueError(f"expected a fed sequence to decode its token in flight, got {n} tokens "
+                                         f"from position {start} of {seq.num_tokens}")  # fmt: skip
+                else:
+                    input_ids[offset : offset + n] = seq.token_ids[start : start + n]
+        elif num_tokens == len(scheduled):  # one token each: no slices
             input_ids = np.fromiter((seq.token_ids[seq.num_computed] for seq, _ in scheduled), np.int64, num_tokens)
         else:
             input_ids = np.empty(num_tokens, np.int64)

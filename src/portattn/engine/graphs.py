@@ -526,11 +526,16 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def launch(
-        self, seqs: list[Sequence], feed: list[int] | None = None, cascade: int = 0
+        self,
+        seqs: list[Sequence],
+        feed: list[int] | None = None,
+        cascade: int = 0,
+        feed_ids: torch.Tensor | None = None,
     ) -> tuple[int, int | list[int]]:
         """Start the decode step of :meth:`sample` and the copy of its ids to the host, without waiting:
         a handle for :meth:`collect`. ``feed`` (the graphs made with ``feed``): each sequence's row in the
-        previously launched step, whose sampled id is its input (:meth:`_write`). Two launched steps may
+        previously launched step, whose sampled id is its input (:meth:`_write`); ``feed_ids``: that
+        step's sampled ids where it ran eagerly (else this graph's last ids are). Two launched steps may
         be uncollected at a time. ``cascade``: as :meth:`run` (not with ``feed``)."""
         if feed is not None and not self.feed:
             raise RuntimeError("decode graphs made without feed cannot take their ids from the previous step")
@@ -538,6 +543,9 @@ class DecodeGraphs:
         n, batch_size = len(seqs), self.bucket(len(seqs))
         if feed is not None and cascade:
             raise ValueError("expected a cascade step to read its input ids from the host, got feed rows")
+        if feed is not None and feed_ids is not None:  # the eager step's ids where the graph reads its own
+            self.tokens[:n].copy_(feed_ids.index_select(0, devices.upload(feed, torch.int64, self.device)))
+            feed = list(range(n))
         filters = self._write(scheduled, batch_size, 1, sampling=True, feed=feed, cascade=cascade)
         self._run_model(self._shape(batch_size, 1, cascade, self._written_longest(batch_size)), n)
         if filters is not None:

@@ -9,7 +9,8 @@ models the vision encoder's plan and the image embeddings the step needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -48,13 +49,26 @@ Sampled = dict[Sequence, tuple[list[int], list[TokenLogprobs] | None]]
 class Sampling:
     """A step's sampled tokens (and log-probabilities) on their way to the host: ``ModelRunner.sampled``
     reads them. ``tokens``: one token a sequence of ``sampling`` is in the transfer; ``logprobs``: and
-    their log-probabilities' rows; ``prompt_parts``: the prompt log-probabilities' sequences and tokens."""
+    their log-probabilities' rows; ``prompt_parts``: the prompt log-probabilities' sequences and tokens;
+    ``ids``: the sampled ids on the device, a row per sequence of ``sampling`` (what a step launched
+    before they are read takes as its input, :class:`Feed`)."""
 
     sampling: list[Sequence]
     tokens: bool
     logprobs: bool
     prompt_parts: list[tuple[Sequence, list[int]]]
     copy: HostCopy
+    ids: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Feed:
+    """The input ids a step takes on the device from the step before it, launched and not yet read
+    (``async_scheduling``): each sequence of ``rows`` has one token in flight, not in its ``token_ids``
+    (``num_computed == num_tokens``), which is ``ids[rows[seq]]``; the step decodes it."""
+
+    ids: torch.Tensor  # [N] int64
+    rows: dict[Sequence, int]
 
 
 class ModelRunner:
@@ -112,14 +126,24 @@ class ModelRunner:
         self.cascade_steps = 0
 
     def plan(
-        self, scheduled: list[tuple[Sequence, int]], shared_prefix_len: int = 0
+        self, scheduled: list[tuple[Sequence, int]], shared_prefix_len: int = 0, feed: Feed | None = None
     ) -> tuple[ForwardBatch, ForwardContext]:
         """Everything the forward reads, made before the model runs (every host sync of the step).
         ``shared_prefix_len > 0``: the sequences share their first pages up to it (:meth:`cascade_tokens`),
-        and the layers a cascade serves attend through one (the metadata's ``cascade``)."""
+        and the layers a cascade serves attend through one (the metadata's ``cascade``). ``feed``: the
+        input ids of its sequences are copied on the device from the step in flight."""
+        fed = () if feed is None else feed.rows
         batch = ForwardBatch.build(
-            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging
-        )
+            scheduled, self.req_pool.req_to_token, self.kv_pool.page_size, self.attention_chunk_size, self.staging,
+            fed,
+        )  # fmt: skip
+        if fed:
+            if self.multimodal:
+                raise ValueError("expected input ids on the host for a multimodal step, got a feed")
+            offsets = itertools.accumulate((n for _, n in scheduled), initial=0)
+            pairs = [(offset, fed[seq]) for (seq, _), offset in zip(scheduled, offsets) if seq in fed]
+            index = upload([i for i, _ in pairs] + [row for _, row in pairs], torch.int64, batch.input_ids.device)
+            batch.input_ids.index_copy_(0, index[: len(pairs)], feed.ids.index_select(0, index[len(pairs) :]))
         metadata = self.backend.plan(batch, num_heads=self.num_heads, kv_dtype=self.kv_pool.dtype)
         if shared_prefix_len:
             cascade = plan_cascade(
@@ -183,11 +207,11 @@ class ModelRunner:
         )  # fmt: skip
         return self.piecewise
 
-    def logit_rows(self, scheduled: list[tuple[Sequence, int]]) -> LogitRows:
+    def logit_rows(self, scheduled: list[tuple[Sequence, int]], fed: Collection[Sequence] = ()) -> LogitRows:
         """Rows of the step's hidden states that need logits: the last token of each sequence whose
         tokens are then all computed (it samples; with ``d`` proposed tokens, its last ``d + 1`` rows
         are verified), and the prompt positions of sequences that asked for prompt logits or
-        log-probabilities."""
+        log-probabilities. ``fed``: sequences that decode a token in flight (:class:`Feed`): they sample."""
         sample_rows, sampling, prompt_rows, verify_rows, verifying = [], [], [], [], []
         start = 0
         for seq, n in scheduled:
@@ -196,7 +220,7 @@ class ModelRunner:
                 last = min(seq.num_computed + n, seq.num_prompt_tokens)
                 if first < last:
                     prompt_rows.append((seq, start + first - seq.num_computed, first, last - first))
-            if seq.num_computed + n == seq.num_tokens:
+            if seq.num_computed + n == seq.num_tokens or seq in fed:
                 if seq.num_draft_tokens:
                     verify_rows += range(start + n - 1 - seq.num_draft_tokens, start + n)
                     verifying.append(seq)
@@ -225,16 +249,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, scheduled: list[tuple[Sequence, int]], rows: list[int], cascade: int | None = None
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        rows: list[int],
+        cascade: int | None = None,
+        feed: Feed | None = None,
     ) -> torch.Tensor | None:
         """The logits ``[len(rows), V]`` float32 of the step's hidden-state ``rows`` (``None`` when no row
         needs them): a captured decode step's come from its graph (a view valid until the next step),
         others' from :meth:`logits` of the model's final hidden states ``[T, H]``, one row per new token
         in batch order (replayed when the step is uniform and of a captured shape, else planned and run
         eagerly). ``cascade``: the step's :meth:`cascade_tokens`, when the caller has it (the other
-        ranks under tensor parallelism take rank 0's, which every rank runs this step with)."""
+        ranks under tensor parallelism take rank 0's, which every rank runs this step with).
+        ``feed``: input ids from the step in flight (:meth:`plan`); such a step runs eagerly (a decode
+        step fed from a launched graph's ids is ``DecodeGraphs.launch``'s)."""
         cascade = self.cascade_tokens(scheduled) if cascade is None else cascade
-        if self.replays(scheduled):
+        if feed is None and self.replays(scheduled):
             self.cascade_steps += bool(cascade)
             hidden, logits = self.graphs.run(scheduled, cascade)  # [n * q, H], [n, V] or None
             if logits is None:
@@ -244,7 +274,7 @@ class ModelRunner:
             if rows == list(range(len(rows))):
                 return logits[: len(rows)]
             return logits[torch.tensor(rows, device=logits.device)]
-        batch, ctx = self.plan(scheduled, cascade)
+        batch, ctx = self.plan(scheduled, cascade, feed)
         if self.piecewise is not None and self.piecewise.can_run(batch, ctx):
             return self.logits(self.piecewise.run(batch, ctx), rows)
         return self.logits(self.model(batch.input_ids, batch.positions, ctx), rows)
@@ -310,9 +340,10 @@ class ModelRunner:
             sampled.update(self.verifier(logits[start : start + num_verified], list(want.verifying)))
         return sampled
 
-    def start_sampling(self, want: LogitRows, logits: torch.Tensor) -> Sampling:
+    def start_sampling(self, want: LogitRows, logits: torch.Tensor, fed: Collection[Sequence] = ()) -> Sampling:
         """The device's part of :meth:`sample_from` (prompt rows and sampled rows; the proposed tokens are
-        verified apart): the tokens drawn and their transfer to the host started."""
+        verified apart): the tokens drawn and their transfer to the host started. ``fed``: sequences
+        whose previous token is in flight (it counts among their output tokens)."""
         sampling, prompt_rows = want.sampling, want.prompt_rows
         parts, prompt_parts = [], []
         offset = len(sampling) + sum(seq.num_draft_tokens + 1 for seq in want.verifying)
@@ -334,13 +365,14 @@ class ModelRunner:
             for i, seq in enumerate(sampling):
                 if seq.params.return_logits:
                     seq.logits.append(sample_logits[i].to("cpu", copy=True))  # a graph's logits are reused
-            sbatch = SamplingBatch.build(sampling, self.eos_token_ids, sample_logits.shape[-1], logits.device)
+            sbatch = SamplingBatch.build(sampling, self.eos_token_ids, sample_logits.shape[-1], logits.device, fed)
             out = sample(sample_logits, sbatch)
             parts = [out.tokens, *parts]
             if out.rows is not None:
                 parts += [out.rows, out.logprob, out.rank, out.top_ids, out.top_logprobs]
         logprobs = out is not None and out.rows is not None
-        return Sampling(sampling, out is not None, logprobs, prompt_parts, HostCopy(parts))
+        ids = None if out is None else out.tokens
+        return Sampling(sampling, out is not None, logprobs, prompt_parts, HostCopy(parts), ids)
 
     def sampled(self, started: Sampling) -> Sampled:
         """The host's part of :meth:`sample_from`: waits for :meth:`start_sampling`'s transfer."""
@@ -370,10 +402,17 @@ class ModelRunner:
         return not want.prompt_rows and not want.verifying and not any(s.params.return_logits for s in want.sampling)
 
     @torch.inference_mode()
-    def launch(self, scheduled: list[tuple[Sequence, int]], want: LogitRows, cascade: int | None = None) -> Sampling:
+    def launch(
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        want: LogitRows,
+        cascade: int | None = None,
+        feed: Feed | None = None,
+    ) -> Sampling:
         """A step that :meth:`defers` launched: its forward and sampling queued on the device and the
-        tokens on their way to the host; :meth:`sampled` reads them."""
-        logits = self.forward(scheduled, want.rows, cascade)
+        tokens on their way to the host; :meth:`sampled` reads them. ``feed``: its fed sequences' input
+        ids from the step in flight (``want``: :meth:`logit_rows` with them fed)."""
+        logits = self.forward(scheduled, want.rows, cascade, feed)
         if logits is None:
             return Sampling([], False, False, [], HostCopy([]))
-        return self.start_sampling(want, logits)
+        return self.start_sampling(want, logits, () if feed is None else feed.rows)

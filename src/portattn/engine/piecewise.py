@@ -86,8 +86,11 @@ def unsupported(model) -> str | None:
 
 
 def buckets_for(budget: int) -> tuple[int, ...]:
-    """The token buckets of an engine whose steps hold at most ``budget`` tokens."""
-    return tuple(t for t in TOKEN_BUCKETS if t <= budget) or (TOKEN_BUCKETS[0],)
+    """The token buckets of an engine whose steps hold at most ``budget`` tokens: those of
+    :data:`TOKEN_BUCKETS` below it, then the budget itself (up to the largest), so that every step up
+    to ``min(budget, 512)`` tokens has a bucket."""
+    largest = min(budget, TOKEN_BUCKETS[-1])
+    return (*(t for t in TOKEN_BUCKETS if t < largest), largest)
 
 
 def memory_estimate(model, buckets: tuple[int, ...], itemsize: int, activations: int, budget: int) -> int:

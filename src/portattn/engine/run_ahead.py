@@ -1,44 +1,49 @@
 """Asynchronous scheduling: the next step is launched before the host reads this one's tokens.
 
 A decode step whose sequences all sample inside its captured graph (``graph_sampling.py``) leaves its
-sampled ids on the device. With ``async_scheduling`` the engine launches it and returns; the next
-:meth:`RunAhead.step` launches the step after it at once, its input ids taken on the device from the
-launched step's (``DecodeGraphs.launch(feed=...)``), and only then waits for the launched step's ids
-and appends them, checks stops and streams text, while the device runs the step after. The host's
-work per token then overlaps the device's instead of following it.
+sampled ids on the device, and so does an eager step (a prompt's chunk, beside decodes or not) whose
+sampled tokens are all it gives the host (``ModelRunner.defers``: no prompt logits or
+log-probabilities, no logits kept). With ``async_scheduling`` the engine launches such a step and
+returns; the next :meth:`RunAhead.step` schedules and launches the step after it at once, each
+sequence the launched step samples decoding the token in flight (``Scheduler.schedule_ahead``), whose
+id it takes on the device from the launched step's (a decode graph's ``DecodeGraphs.launch(feed=...)``,
+an eager step's inputs through ``ModelRunner.launch(feed=...)``); only then it waits for the launched
+step's ids and appends them, checks stops and streams text, while the device runs the step after. The
+host's work per token, a prompt's chunk included, then overlaps the device's instead of following it.
 
 Between calls, a sequence of a launched step has ``num_computed == num_tokens``: the K/V of its last
 token are computed (or being computed) and the token sampled after it is not yet in ``token_ids``, as
 within a synchronous step before its tokens are appended. Its pages are committed to the prefix cache
 only up to tokens the host knows.
 
-A step is launched ahead only where the engine would schedule exactly that step: every running
-sequence decodes and samples in the graph, none waits for admission unless the step ahead is full
-(``max_num_seqs`` sequences: the scheduler would admit none), the pool has the slot of each next
-token. A sequence that certainly stops with the token in flight (``max_tokens`` or
+A step is launched ahead only where the engine would schedule exactly that step from the known tokens:
+the scheduler's own order and budget (decodes first, then prompt chunks and admissions), every
+sequence with a token in flight drawing its next token by the draw alone (``samples_in_graph`` one
+token ahead: no penalties, processors, bad words, log-probabilities or ``min_tokens`` ban, which would
+need that token), no preemption (the pool holds the slot of each next token), no cascade and no
+multimodal inputs. A sequence that certainly stops with the token in flight (``max_tokens`` or
 ``max_model_len`` reached) is left out of the step ahead; one that stops on a sampled stop token or
-string has run one step too many, whose token is dropped and whose slot goes back with its pages
-(the device writes it before any later step can reuse the page: one stream orders them), and a
-sequence waiting for its place is then admitted one step later than synchronous scheduling would.
-Otherwise the in-flight step's tokens are read and the next step is scheduled at once, before the call
-returns, so that the device runs it while the caller handles the tokens read (streams them, takes new
-requests, which a later step admits). That step is launched without reading its tokens too when it is
-a decode step as above or an eager step (a prompt's chunk, beside decodes or not) whose sampled tokens
-are all it gives the host (``ModelRunner.defers``: no prompt logits or log-probabilities, no logits
-kept); the next call reads them. Where a request needs the device read as its step runs, the next
-step is left to the next call, which runs it synchronously. Outputs therefore come one step later
-than they are computed; the tokens are those of synchronous scheduling.
+string has run one step too many, whose token is dropped and whose slot goes back with its pages (the
+device writes it before any later step can reuse the page: one stream orders them), and a sequence
+waiting for its place is then admitted one step later than synchronous scheduling would. Otherwise the
+in-flight step's tokens are read and the next step is scheduled at once, before the call returns, and
+launched without reading its tokens where it can be, so that the device runs it while the caller
+handles the tokens read (streams them, takes new requests). Where a request needs the device read as
+its step runs, the next step is left to the next call, which runs it synchronously. Outputs therefore
+come one step later than they are computed; the tokens are those of synchronous scheduling.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import torch
 
 from .graph_sampling import samples_in_graph
 from .graphs import longest_of
-from .model_runner import Sampling
+from .model_runner import Feed, Sampling
 from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -47,20 +52,23 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class Launched:
-    """A decode step launched and not yet read: its sequences (one row each, in batch order) and the
-    handle of ``DecodeGraphs.launch``."""
+    """A decode step launched and not yet read: its sequences (one row each, in batch order), the
+    handle of ``DecodeGraphs.launch``, and those of its sequences whose input id is the step before's
+    sampled id (``fed``: their ``token_ids`` lack it until that step is read)."""
 
     seqs: list[Sequence]
     handle: tuple
+    fed: list[Sequence] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class LaunchedEager:
     """A step of the eager forward (a prompt's chunk, beside decodes or not) launched and not yet read:
-    ``ModelRunner.launch``'s tokens in flight to the host."""
+    ``ModelRunner.launch``'s tokens in flight to the host; ``fed`` as :class:`Launched`'s."""
 
     scheduled: list[tuple[Sequence, int]]
     sampling: Sampling
+    fed: list[Sequence] = field(default_factory=list)
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -77,6 +85,7 @@ class RunAhead:
         self.launched: Launched | LaunchedEager | None = None
         self.steps_ahead = 0  # steps launched before the previous step's tokens were read
         self.eager_ahead = 0  # eager steps launched before the caller had the tokens read before them
+        self.eager_fed = 0  # eager steps launched before the previous step's tokens were read
 
     def step(self) -> list[Sequence]:
         """One call of :meth:`Engine.step`: returns the sequences that finished with the tokens read."""
@@ -87,32 +96,22 @@ class RunAhead:
             if not scheduled:
                 return []
             return self._start(scheduled)
-        if isinstance(launched, LaunchedEager):
-            self.launched = None
-            finished = self._take_eager(launched)
-            return finished + self._next()
-        ahead = self._ahead(launched)
         self.launched = None
         following = None
         try:
-            if ahead is not None:
-                following = self._launch(*ahead)
-                self.steps_ahead += 1
-            tokens = engine.runner.graphs.collect(launched.handle)
-            finished = self._take(launched.seqs, tokens)
-            if following is not None:  # its tokens' K/V are now those of known tokens
-                engine.mark_computed([(seq, 1) for seq in following.seqs if seq.status is Status.RUNNING])
+            following = self._launch_ahead(launched)
+            finished = self._read(launched)
+            if following is not None:  # the tokens its fed sequences decode are now known
+                engine.mark_computed([(seq, 1) for seq in following.fed if seq.status is Status.RUNNING])
         except BaseException:
-            for seq in launched.seqs + (following.seqs if following is not None else []):
-                if seq.status is Status.RUNNING and seq.request_id in engine.requests:
-                    engine.abort(seq.request_id)
+            self._abort(launched.seqs + (following.seqs if following is not None else []))
             raise
-        if following is not None and any(seq.status is Status.RUNNING for seq in following.seqs):
-            self.launched = following
-        elif following is not None:  # every sequence of it stopped: nothing to read
-            engine.runner.graphs.collect(following.handle)
         if following is None:
-            finished += self._next()
+            return finished + self._next()
+        if any(seq.status is Status.RUNNING for seq in following.seqs):
+            self.launched = following
+        else:  # every sequence of it stopped: its tokens are dropped
+            self._read(following)
         return finished
 
     def _start(self, scheduled: list[tuple[Sequence, int]]) -> list[Sequence]:
@@ -179,15 +178,10 @@ class RunAhead:
         launched, self.launched = self.launched, None
         if launched is None:
             return []
-        if isinstance(launched, LaunchedEager):
-            return self._take_eager(launched)
-        engine = self.engine
         try:
-            return self._take(launched.seqs, engine.runner.graphs.collect(launched.handle))
+            return self._read(launched)
         except BaseException:
-            for seq in launched.seqs:
-                if seq.status is Status.RUNNING and seq.request_id in engine.requests:
-                    engine.abort(seq.request_id)
+            self._abort(launched.seqs)
             raise
 
     # -- what may run ahead ----------------------------------------------------------------------
@@ -200,48 +194,65 @@ class RunAhead:
             return False  # (a cascade step runs synchronously)
         return runner.samples_in_graph(scheduled, runner.logit_rows(scheduled))
 
-    def _ahead(self, launched: Launched) -> tuple[list[tuple[Sequence, int]], list[int]] | None:
-        """The step after ``launched`` as the scheduler would make it, with each sequence's row in
-        ``launched`` (its input id), or None when that step needs the tokens first."""
+    def _launch_ahead(self, launched: Launched | LaunchedEager) -> Launched | LaunchedEager | None:
+        """Launch the step after ``launched`` before its tokens are read, where it can be: scheduled as
+        the scheduler would from the known tokens, each sequence ``launched`` samples decoding the
+        token in flight (``Scheduler.schedule_ahead``), and launched as a decode graph fed from
+        ``launched``'s ids on the device or an eager step that :meth:`ModelRunner.defers` with those ids
+        fed into its inputs. None (nothing launched) where a sequence's next draw needs the token in
+        flight (penalties, processors, bad words, ``min_tokens``, log-probabilities), the scheduler
+        would preempt, or the step cannot be launched this way (a cascade, a graph not yet recorded, a
+        multimodal step, prompt logits or kept logits); then the tokens are read first."""
         engine = self.engine
-        scheduler = engine.scheduler
-        live = [seq for seq in launched.seqs if seq.status is Status.RUNNING]
-        if len(scheduler.running) != len(live) or set(scheduler.running) != set(live):
-            return None  # sequences outside the launched step (a prefill to go on)
-        rows = {seq: row for row, seq in enumerate(launched.seqs)}
-        going = []
-        for seq in live:
-            if engine.at_length(seq, ahead=1):
+        runner = engine.runner
+        if isinstance(launched, Launched):
+            sampled, ids = launched.seqs, None  # (the graph's own ids)
+        else:
+            sampled, ids = launched.sampling.sampling, launched.sampling.ids
+        fed: dict[Sequence, int] = {}
+        for row, seq in enumerate(sampled):
+            if seq.status is not Status.RUNNING or engine.at_length(seq, ahead=1):
                 continue  # stops with the token in flight
             if not samples_in_graph(seq, ahead=1):
-                return None  # its next token needs the eager sampler
-            going.append(seq)
-        budget = scheduler.token_budget
-        if not going or (budget is not None and len(going) > budget):
+                return None  # its next draw needs the token in flight on the host
+            fed[seq] = row
+        scheduled = engine.scheduler.schedule_ahead(fed)
+        if scheduled is None or runner.cascade_tokens(scheduled):
             return None
-        if scheduler.waiting and len(going) < scheduler.max_num_seqs:
-            return None  # the scheduler would admit a waiting sequence into the next step
-        scheduled = [(seq, 1) for seq in going]
-        runner = engine.runner
-        if runner.cascade_tokens(scheduled) or not runner.replays(scheduled):
-            return None
-        if not runner.graphs.recorded(len(going), longest=longest_of(scheduled, 1)):
-            return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
-        for seq in going:
-            if not engine.pages.reserve(seq, seq.num_computed + 1):
-                return None  # the pool is short: the scheduler decides (it may preempt)
-        return scheduled, [rows[seq] for seq in going]
+        try:
+            if all(seq in fed for seq, _ in scheduled) and runner.replays(scheduled):
+                if not runner.graphs.recorded(len(scheduled), longest=longest_of(scheduled, 1)):
+                    return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
+                following = self._launch(scheduled, [fed[seq] for seq, _ in scheduled], ids)
+            else:
+                feed = Feed(runner.graphs.tokens if ids is None else ids, {s: fed[s] for s, _ in scheduled if s in fed})
+                want = runner.logit_rows(scheduled, feed.rows)
+                if runner.multimodal or not runner.defers(want):
+                    return None
+                sampling = runner.launch(scheduled, want, 0, feed)
+                engine.mark_computed([(seq, n) for seq, n in scheduled if seq not in feed.rows])
+                following = LaunchedEager(scheduled, sampling, list(feed.rows))
+                self.eager_ahead += 1
+                self.eager_fed += 1
+        except BaseException:
+            self._abort([seq for seq, _ in scheduled])
+            raise
+        self.steps_ahead += 1
+        return following
 
     # -- launching and reading -------------------------------------------------------------------
 
-    def _launch(self, scheduled: list[tuple[Sequence, int]], feed: list[int] | None) -> Launched:
+    def _launch(
+        self, scheduled: list[tuple[Sequence, int]], feed: list[int] | None, feed_ids: torch.Tensor | None = None
+    ) -> Launched:
         """Launch a decode step of ``scheduled`` (``feed``: each row's input id from the launched step's
-        row, None: from ``token_ids``). A fresh launch's sequences count their tokens computed at once;
-        those of a step ahead once the tokens before them are read."""
+        row, of ``feed_ids`` where that step ran eagerly; None: from ``token_ids``). A fresh launch's
+        sequences count their tokens computed at once; those of a step ahead once the tokens before
+        them are read."""
         engine = self.engine
         seqs = [seq for seq, _ in scheduled]
         try:
-            handle = engine.runner.graphs.launch(seqs, feed)
+            handle = engine.runner.graphs.launch(seqs, feed, feed_ids=feed_ids)
             if feed is None:
                 engine.mark_computed(scheduled)
         except BaseException:
@@ -249,7 +260,13 @@ class RunAhead:
                 if seq.request_id in engine.requests:
                     engine.abort(seq.request_id)
             raise
-        return Launched(seqs, handle)
+        return Launched(seqs, handle, [] if feed is None else seqs)
+
+    def _read(self, launched: Launched | LaunchedEager) -> list[Sequence]:
+        """Wait for a launched step's tokens and append them; returns the sequences that stop."""
+        if isinstance(launched, LaunchedEager):
+            return self._take_eager(launched)
+        return self._take(launched.seqs, self.engine.runner.graphs.collect(launched.handle))
 
     def _take(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
         """Append the launched step's tokens to its sequences that still run; returns those that stop."""

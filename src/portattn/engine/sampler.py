@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -149,8 +150,13 @@ class SamplingBatch:
     num_logprobs: int  # the most top log-probabilities any row asked for
 
     @classmethod
-    def build(cls, seqs: list[Sequence], eos_token_ids: set[int], vocab_size: int, device) -> SamplingBatch:
+    def build(
+        cls, seqs: list[Sequence], eos_token_ids: set[int], vocab_size: int, device, ahead: Collection[Sequence] = ()
+    ) -> SamplingBatch:
+        """``ahead``: sequences with one output token in flight, not yet in their ``token_ids`` (its
+        draw is their next: ``async_scheduling``)."""
         params = [s.params for s in seqs]
+        generated = [s.num_output_tokens + (s in ahead) for s in seqs]
 
         def column(values, dtype) -> torch.Tensor:
             return upload(values, dtype, device)  # queued behind the step, which it does not wait for
@@ -168,11 +174,11 @@ class SamplingBatch:
             if any(p.min_p > 0 for p in params):
                 min_p = column([p.min_p for p in params], torch.float32)
             keys = column([s.sample_key for s in seqs], torch.int64)
-            steps = column([s.num_output_tokens for s in seqs], torch.int64)
+            steps = column(generated, torch.int64)
         rows, ids = [], []
         for i, s in enumerate(seqs):
             ban = bad_word_bans(s) if s.bad_word_ids else set()
-            if s.num_output_tokens < s.params.min_tokens:
+            if generated[i] < s.params.min_tokens:
                 ban |= set(s.params.stop_token_ids) | (set() if s.params.ignore_eos else eos_token_ids)
             if ban:
                 ban = sorted(t for t in ban if t < vocab_size)  # a larger id cannot be sampled anyway

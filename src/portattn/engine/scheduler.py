@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from .page_manager import PageManager
 from .sequence import Sequence, Status
@@ -51,21 +51,39 @@ class Scheduler:
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The next forward: ``(sequence, number of new tokens)`` pairs, in batch order."""
+        return self._schedule(frozenset())
+
+    def schedule_ahead(self, in_flight: Collection[Sequence]) -> list[tuple[Sequence, int]] | None:
+        """The next forward while a launched step samples the next token of each running sequence of
+        ``in_flight`` (its ``token_ids`` lack it; ``num_computed == num_tokens``): each decodes that token
+        (one new token at position ``num_tokens``, whose slot is reserved), the others as :meth:`schedule`
+        has them. None, with nothing admitted, where that step would preempt or holds nothing: the
+        synchronous schedule decides then, from tokens the host knows. A running sequence outside
+        ``in_flight`` with nothing to compute (one that stops with its token in flight) is left out."""
+        return self._schedule(frozenset(in_flight), ahead=True)
+
+    def _schedule(self, in_flight: frozenset[Sequence], ahead: bool = False) -> list[tuple[Sequence, int]] | None:
         budget = self.token_budget if self.token_budget is not None else float("inf")
         chosen: dict[Sequence, int] = {}  # in batch order
         preempted: set[Sequence] = set()
-        decoding = [seq for seq in self.running if seq.num_tokens - seq.num_computed == 1]
-        prefilling = [seq for seq in self.running if seq.num_tokens - seq.num_computed > 1]
+
+        def uncomputed(seq: Sequence) -> int:
+            return 1 if seq in in_flight else seq.num_tokens - seq.num_computed
+
+        decoding = [seq for seq in self.running if uncomputed(seq) == 1]
+        prefilling = [seq for seq in self.running if uncomputed(seq) > 1]
         for seq in decoding + prefilling:
             if budget <= 0:
                 break
             if seq in preempted:  # preempted for an older sequence's pages
                 continue
-            uncomputed = seq.num_tokens - seq.num_computed
-            n = int(min(uncomputed + self._lookahead(seq, uncomputed), budget))
+            left = uncomputed(seq)
+            n = int(min(left + self._lookahead(seq, left), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
-                if n > uncomputed:  # the proposals give way first: this sequence's,
-                    n = int(min(uncomputed, budget))
+                if ahead:
+                    return None  # (the pages reserved so far are those the sequences need next anyway)
+                if n > left:  # the proposals give way first: this sequence's,
+                    n = int(min(left, budget))
                     continue
                 freed = self._drop_lookahead(chosen)  # then those of the sequences chosen before it
                 if freed:
@@ -88,6 +106,8 @@ class Scheduler:
                 break
             scheduled.append((seq, n))
             budget -= n
+        if not scheduled and ahead:
+            return None
         if not scheduled and self.has_unfinished():
             raise RuntimeError("the page pool cannot hold the oldest sequence on its own; raise num_pages")
         return scheduled
