@@ -754,6 +754,7 @@ def _cold_run(args, path: str, run: str) -> dict:
     row = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
     row["process_s"] = wall
     row["warm_up_log"] = [line for line in proc.stderr.splitlines() if "warm-up:" in line or "decode " in line]
+    row["log"] = [line for line in proc.stderr.splitlines() if line.split(" ", 1)[0].isdigit()][:80]
     return row
 
 
@@ -776,8 +777,9 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
     from portattn.engine.llm import LLM
     from portattn.engine.sampling_params import SamplingParams
 
-    logging.basicConfig(level=logging.INFO)
-    compiles = _record_compiles()
+    # Each log line with its time in the process (ms): where construction spends its time.
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d ms %(levelname)s %(name)s: %(message)s")
+    compiles = _record_compiles(t0)
     imported = time.perf_counter()
     llm = LLM(path, device=DEVICE, dtype=dtype, max_model_len=4096, lazy_graph_capture=lazy)
     built = time.perf_counter()
@@ -797,16 +799,23 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
     if compiles is not None:  # Triton's own timing of each compile (parallel ones share the CPUs and the GIL)
         longest = max(compiles, default=(0.0, ""))
         row |= {"triton_compiles": len(compiles), "longest_compile_s": longest[0], "longest_compile": longest[1]}
+        row["compiles"] = [(at, round(seconds, 2), name) for seconds, name, at in compiles]  # done at, took
     print(json.dumps(row), flush=True)
 
 
-def _record_compiles() -> list[tuple[float, str]] | None:
-    """``(seconds, kernel name)`` of each Triton compile from now on (not the cache's hits); None where
+def _record_compiles(start: float | None = None) -> list[tuple] | None:
+    """``(seconds, kernel name)`` of each Triton compile from now on (not the cache's hits), and with
+    ``start`` (a ``time.perf_counter()``) the seconds from it to the compile's end third; None where
     this Triton cannot say (``compile_ahead.on_compile``)."""
     from portattn.kernels.triton.compile_ahead import on_compile
 
-    compiles: list[tuple[float, str]] = []
-    return compiles if on_compile(lambda name, seconds, _: compiles.append((seconds, name))) else None
+    compiles: list[tuple] = []
+
+    def record(name: str, seconds: float, _) -> None:
+        done = () if start is None else (round(time.perf_counter() - start, 2),)
+        compiles.append((seconds, name, *done))
+
+    return compiles if on_compile(record) else None
 
 
 def part_cascade(args, results: dict) -> dict:

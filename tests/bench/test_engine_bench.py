@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -251,3 +252,7 @@ def test_cold_runs_record_each_compile_and_skip_cache_hits(monkeypatch):
     listener(src=None, metadata={"name": "attn_kernel"}, metadata_group={}, times=times, cache_hit=False)
     listener(src=None, metadata={"name": "norm_kernel"}, metadata_group={}, times=times, cache_hit=True)
     assert compiles == [(1.75, "attn_kernel")]
+    timed = bench._record_compiles(start=time.perf_counter() - 3.0)  # with when each compile ended
+    knobs.compilation.listener(src=None, metadata={"name": "attn_kernel"}, metadata_group={}, times=times,
+                               cache_hit=False)  # fmt: skip
+    assert len(timed) == 1 and timed[0][:2] == (1.75, "attn_kernel") and 3.0 <= timed[0][2] < 60

@@ -282,10 +282,10 @@ def test_verification_steps_cascade_with_a_causal_own_pass(ckpt_root):
     runner, cascaded = llm.engine.runner, []
     plan = runner.plan
 
-    def spy(scheduled, shared_prefix_len=0):
+    def spy(scheduled, shared_prefix_len=0, feed=None):
         if shared_prefix_len:
             cascaded.append(max(n for _, n in scheduled))
-        return plan(scheduled, shared_prefix_len)
+        return plan(scheduled, shared_prefix_len, feed)
 
     runner.plan = spy
     got = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

@@ -264,3 +264,43 @@ def test_the_profile_verifies_every_row_of_the_largest_speculative_step(method, 
         # The largest step: 6 prompts of 63 tokens (max_model_len 64); the verification beside it.
         assert (use.activations, use.graphs) == (6 * 63 * 2048, num_seqs * (k + 1) * 2048 if graphs else 0)
     assert num_seqs * (k + 1) in dense  # after prepare_static, as DecodeGraphs calls it
+
+
+def test_a_profile_step_compiles_its_kernels_ahead(ckpt_root, monkeypatch):
+    """Where kernels compile ahead (a CUDA device with Triton), each profile step but a verification is
+    first rehearsed under ``compile_ahead`` (its forward, then its sampling over zero logits), so that
+    its Triton kernels compile in parallel and the measured step runs them compiled; nothing else
+    changes: the measured steps are the same forwards."""
+    import contextlib
+
+    import portattn.kernels.triton.compile_ahead as ahead
+
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=64, max_model_len=64)
+    engine = llm.engine
+    events = []
+    forward, start_sampling = ModelRunner.forward, ModelRunner.start_sampling
+
+    def counted_forward(self, scheduled, rows, cascade=None, feed=None):
+        events.append(("forward", sum(n for _, n in scheduled)))
+        return forward(self, scheduled, rows, cascade, feed)
+
+    def counted_sampling(self, want, logits, fed=()):
+        events.append(("sampling", bool((logits == 0).all())))
+        return start_sampling(self, want, logits, fed)
+
+    @contextlib.contextmanager
+    def rehearsing(device, workers=None):
+        events.append(("rehearsal", device.type))
+        yield True
+
+    monkeypatch.setattr(ModelRunner, "forward", counted_forward)
+    monkeypatch.setattr(ModelRunner, "start_sampling", counted_sampling)
+    args = (engine.model, engine.backend, engine.model.kv_cache_spec(), torch.float32, llm.config)
+    plain = memory._run_profile_steps(*args, [[20, 12], [1, 1, 1]])
+    plain_events = list(events)
+    assert plain_events == [("forward", 32), ("sampling", False), ("forward", 3), ("sampling", False)]
+    events.clear()
+    monkeypatch.setattr(ahead, "compile_ahead", rehearsing)
+    assert memory._run_profile_steps(*args, [[20, 12], [1, 1, 1]]) == plain
+    rehearsed = [("rehearsal", "cpu"), ("forward", 32), ("sampling", True), ("forward", 32), ("sampling", False)]
+    assert events == [*rehearsed, ("rehearsal", "cpu"), ("forward", 3), ("sampling", True), *plain_events[2:]]

@@ -255,6 +255,8 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
         assert sum(n for _, n in scheduled) == sum(lengths), "the profile step is one forward"
         for seq, n in scheduled if verifying else ():
             seq.num_draft_tokens = n - 1
+        if not verifying:
+            _compile_ahead(runner, scheduled, device)
         devices.reset_peak_memory(device)
         baseline = devices.allocator_memory(device)[0]
         runner.step(scheduled)
@@ -265,6 +267,21 @@ def _run_profile_steps(model, backend, spec, kv_dtype, config, steps: list[list[
     del runner, kv_pool, req_pool
     devices.reset_peak_memory(device)
     return peaks
+
+
+def _compile_ahead(runner, scheduled: list, device: torch.device) -> None:
+    """Compile the Triton kernels of a profile step in parallel before it runs
+    (``kernels/triton/compile_ahead.py``; where that applies): its forward with no Triton kernel run,
+    then its sampling over zero logits (the forward's are unset), nothing kept. Otherwise the measured
+    step compiles them one after another as it meets them."""
+    from ..kernels.triton.compile_ahead import compile_ahead
+
+    with compile_ahead(device) as rehearsing:
+        if rehearsing:
+            want = runner.logit_rows(scheduled)
+            logits = runner.forward(scheduled, want.rows)
+            if logits is not None:
+                runner.sampled(runner.start_sampling(want, torch.zeros_like(logits)))
 
 
 def _profile_verifier(speculative):
