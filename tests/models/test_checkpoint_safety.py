@@ -111,8 +111,8 @@ def test_every_transformers_load_passes_trust_remote_code_false(tmp_path, ckpt_r
 
         return load
 
-    loaders = [("config", loader.AutoConfig), ("tokenizer", transformers.AutoTokenizer)]
-    loaders.append(("generation", loader.GenerationConfig))
+    loaders = [("config", transformers.AutoConfig), ("tokenizer", transformers.AutoTokenizer)]
+    loaders.append(("generation", transformers.GenerationConfig))
     with contextlib.suppress(ImportError):  # transformers before 5.2x without torchvision has no image processors
         loaders.append(("image", transformers.AutoImageProcessor.from_pretrained.__self__))
     for name, cls in loaders:

@@ -29,7 +29,6 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import CONFIG_MAPPING, AutoConfig, GenerationConfig
 
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect, is_int
@@ -98,6 +97,8 @@ def refuse_remote_code(path: Path, name: str, native: bool = False) -> None:
 
 
 def _native_config(path: Path) -> bool:
+    from transformers import CONFIG_MAPPING  # transformers is imported where it is used: its import is slow
+
     return read_json(path / "config.json").get("model_type") in CONFIG_MAPPING
 
 
@@ -108,6 +109,8 @@ def load_config(path: str | Path):
     else:
         path = _checkpoint_dir(path)
         refuse_remote_code(path, "config.json", native=_native_config(path))
+        from transformers import AutoConfig
+
         try:
             config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         except Exception as exc:  # transformers raises OSError, ValueError, TypeError, hub validation errors
@@ -400,6 +403,8 @@ def eos_token_ids(path: str | Path, config) -> set[int]:
     eos = None
     file = Path(path) / "generation_config.json"
     if file.is_file():
+        from transformers import GenerationConfig
+
         try:
             eos = GenerationConfig.from_pretrained(path, trust_remote_code=False).eos_token_id
         except Exception as exc:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ...errors import expect
 from .fused import fused_ops
@@ -44,6 +43,8 @@ def rope_inv_freq(config, head_dim: int, layer_type: str | None = None) -> tuple
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
         return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # (imported where used: its import is slow)
+
     if rope_type in _DYNAMIC_ROPE or rope_type not in ROPE_INIT_FUNCTIONS:
         static = ["default", *(t for t in ROPE_INIT_FUNCTIONS if t not in _DYNAMIC_ROPE)]
         raise ValueError(f"expected a rope_type in {static}, got {rope_type!r}")
