@@ -225,15 +225,16 @@ class RunAhead:
                     return None  # (a graph captured lazily is recorded by a step that reads its ids from the host)
                 following = self._launch(scheduled, [fed[seq] for seq, _ in scheduled], ids)
             else:
-                feed = Feed(runner.graphs.tokens if ids is None else ids, {s: fed[s] for s, _ in scheduled if s in fed})
-                want = runner.logit_rows(scheduled, feed.rows)
+                rows = {seq: fed[seq] for seq, _ in scheduled if seq in fed}
+                want = runner.logit_rows(scheduled, rows)
                 if runner.multimodal or not runner.defers(want):
                     return None
+                feed = Feed(runner.graphs.tokens if ids is None else ids, rows) if rows else None
                 sampling = runner.launch(scheduled, want, 0, feed)
-                engine.mark_computed([(seq, n) for seq, n in scheduled if seq not in feed.rows])
-                following = LaunchedEager(scheduled, sampling, list(feed.rows))
+                engine.mark_computed([(seq, n) for seq, n in scheduled if seq not in rows])
+                following = LaunchedEager(scheduled, sampling, list(rows))
                 self.eager_ahead += 1
-                self.eager_fed += 1
+                self.eager_fed += bool(rows)
         except BaseException:
             self._abort([seq for seq, _ in scheduled])
             raise
