@@ -59,6 +59,8 @@ CASES = [
     # An engine's common decode: short contexts at small batches, where a step is launch- and latency-bound.
     PagedCase("decode B=1 L=1024 P=16", 1, 1, 1024, peers=("cudnn", "flash")),
     PagedCase("decode B=8 L=1024 P=16", 8, 1, 1024, peers=("cudnn", "flash")),
+    # The decodes of a served step (about 20-30 sequences over 1k keys), beside a prompt's chunk or alone.
+    PagedCase("decode B=24 L=1024 P=16", 24, 1, 1024, peers=("cudnn", "flash")),
     PagedCase("prefill B=1 L=8192 causal", 1, 8192, 8192),
     PagedCase("extend B=8 512 over 8192", 8, 512, 8192 + 512, torch_backend=True),
 ]
