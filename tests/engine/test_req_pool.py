@@ -41,23 +41,23 @@ def test_a_step_ahead_is_prepared_without_waiting_for_the_device(ckpt_root, monk
     written) while the launched one runs: nothing there may wait for the device. Prompts cross pages
     of 16 on the way."""
     from portattn.engine.llm import LLM
-    from portattn.engine.run_ahead import RunAhead
     from portattn.engine.sampling_params import SamplingParams
+    from portattn.engine.scheduler import Scheduler
     from tiny_models import checkpoint, random_prompts
 
     llm = LLM(checkpoint("llama", ckpt_root), device="cuda", dtype="bfloat16", page_size=16, num_pages=64,
               max_model_len=256, max_num_seqs=4, async_scheduling=True)  # fmt: skip
-    real, calls = RunAhead._ahead, []
+    real, calls = Scheduler.schedule_ahead, []
 
-    def ahead(self, launched):
+    def ahead(self, in_flight):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            calls.append(real(self, launched))
+            calls.append(real(self, in_flight))
         finally:
             torch.cuda.set_sync_debug_mode("default")
         return calls[-1]
 
-    monkeypatch.setattr(RunAhead, "_ahead", ahead)
+    monkeypatch.setattr(Scheduler, "schedule_ahead", ahead)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     llm.generate(random_prompts([5, 14, 30], seed=3), params, use_tqdm=False)
     assert sum(c is not None for c in calls) > 20  # the steps ran ahead, across page boundaries
