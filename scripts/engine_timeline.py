@@ -15,7 +15,8 @@ root, with MODE one of
   cProfile (the host's functions by their own time and with their callees: ``host_profile``); then,
   with the engine's own (async) scheduling, the wall time of each step call around each arrival (``gaps``:
   what a streaming client sees between tokens);
-  ``--piecewise`` builds the engine with ``piecewise_graphs`` (steps of up to 512 tokens in captured pieces);
+  ``--piecewise`` builds the engine with ``piecewise_graphs`` (steps of up to 512 tokens in captured pieces),
+  ``--max-num-batched-tokens`` with that token budget;
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
   ``generate()`` to the first step, and the host's time between steps.
@@ -98,8 +99,9 @@ def mixed(args, path: str) -> dict:
     from portattn.engine.sampling_params import SamplingParams
 
     longest = max(args.prompt_lens)
+    budget = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
     llm = bench.make_llm(path, max_num_seqs=args.batch + 4, max_model_len=args.context + longest + 256,
-                         kv_cache_memory=48 << 30, piecewise_graphs=args.piecewise)  # fmt: skip
+                         kv_cache_memory=48 << 30, piecewise_graphs=args.piecewise, **budget)  # fmt: skip
     engine = llm.engine
     bench.start_decoding(engine, args.batch, args.context, max_tokens=1000)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done at its prefill: no decode after
@@ -228,6 +230,9 @@ def main() -> int:
     parser.add_argument("--kernel-options", nargs="*", default=[], choices=sorted(bench.KERNEL_OPTIONS))
     parser.add_argument("--piecewise", action="store_true",
                         help="mixed: eager steps of up to 512 tokens in pieces (piecewise_graphs)")  # fmt: skip
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="mixed: the engine's token budget (its pieces' buckets follow it; a prompt longer "
+                             "than the budget arrives as chunks)")  # fmt: skip
     parser.add_argument("--model", default="llama3_8b", choices=["llama3_8b", "llama4", "deepseek"],
                         help="replay: the 8B shape (32 layers) or a family part's shape (4 layers)")  # fmt: skip
     args = parser.parse_args()
