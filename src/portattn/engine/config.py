@@ -151,9 +151,11 @@ class EngineConfig:
     async_scheduling: bool | None = field(
         default=None,
         metadata=doc(
-            "launch the next decode step before reading this one's tokens, where every running sequence decodes "
-            "and samples in its captured graph (the host's work then overlaps the device's; outputs arrive one "
-            "step later; the tokens are those of synchronous steps). Default: on where it can run (an accelerator "
+            "launch the next step before reading this one's tokens, where the scheduler can make it from the known "
+            "tokens (each token in flight decoded from its id on the device; not for penalties, processors, bad "
+            "words, log-probabilities, a min_tokens ban, prompt logits or kept logits, nor where it would preempt): "
+            "the host's work then overlaps the device's; outputs arrive one step later; the tokens are those of "
+            "synchronous steps. Default: on where it can run (an accelerator "
             "with captured decode graphs, one process, no speculative decoding), as vLLM's; True with speculative "
             "decoding or several processes is an error, True without captured graphs is off with a warning; "
             "False: never"

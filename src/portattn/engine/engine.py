@@ -172,7 +172,7 @@ class Engine:
         self.memory_use = use
         logger.info("%s", self.describe_load(num_pages))
         reason = self._eager_reason()
-        # async_scheduling: decode steps launched before the previous one's tokens are read (run_ahead.py);
+        # async_scheduling: steps launched before the previous one's tokens are read (run_ahead.py);
         # by default wherever it can run (EngineConfig refuses True with speculation or several processes)
         run_ahead = config.async_scheduling
         if run_ahead is None:
@@ -195,7 +195,7 @@ class Engine:
         self.run_ahead = None
         if run_ahead and self.runner.graphs is not None:
             self.run_ahead = RunAhead(self)
-            logger.info("engine: async scheduling: decode steps launched before the previous step's tokens are read")
+            logger.info("engine: async scheduling: steps launched before the previous step's tokens are read")
         elif run_ahead:
             logger.warning("engine: async_scheduling=True but it is off: it needs captured decode steps (%s)", reason)
         self.speculator = None  # speculative decoding: rank 0 proposes and verifies, the other ranks run its steps
