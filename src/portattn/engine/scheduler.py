@@ -67,17 +67,17 @@ class Scheduler:
         chosen: dict[Sequence, int] = {}  # in batch order
         preempted: set[Sequence] = set()
 
-        def uncomputed(seq: Sequence) -> int:
-            return 1 if seq in in_flight else seq.num_tokens - seq.num_computed
-
-        decoding = [seq for seq in self.running if uncomputed(seq) == 1]
-        prefilling = [seq for seq in self.running if uncomputed(seq) > 1]
+        uncomputed = {seq: seq.num_tokens - seq.num_computed for seq in self.running}
+        for seq in in_flight:  # (its token in flight is the one it computes)
+            uncomputed[seq] = 1
+        decoding = [seq for seq in self.running if uncomputed[seq] == 1]
+        prefilling = [seq for seq in self.running if uncomputed[seq] > 1]
         for seq in decoding + prefilling:
             if budget <= 0:
                 break
             if seq in preempted:  # preempted for an older sequence's pages
                 continue
-            left = uncomputed(seq)
+            left = uncomputed[seq]
             n = int(min(left + self._lookahead(seq, left), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
                 if ahead:
