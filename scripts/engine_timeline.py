@@ -17,6 +17,12 @@ root, with MODE one of
   what a streaming client sees between tokens);
   ``--piecewise`` builds the engine with ``piecewise_graphs`` (steps of up to 512 tokens in captured pieces),
   ``--max-num-batched-tokens`` with that token budget;
+* ``poisson``: the serving benchmark's Poisson load inside the process (no server): requests of 256-768
+  prompt tokens (uniform) and ``--output-len`` tokens arriving at ``--rate`` a second for ``--seconds``,
+  with the engine's own (async) scheduling; each ``engine.step()`` call's wall time and what it scheduled
+  (decode rows, prompt tokens; whether a step was launched ahead of the previous step's read), and each request's
+  token times: the ITL percentiles a client would see without the server's part, and the calls behind the
+  slowest 2% of gaps;
 * ``job``: the engine benchmark's offline job (256 requests of 1024 + 256 tokens, after the same untimed
   warm-up job): each ``engine.step``'s start and end (async decode steps included), the time from
   ``generate()`` to the first step, and the host's time between steps.
@@ -176,6 +182,95 @@ def arrival_gaps(engine, length: int, seed) -> dict:
     return {"prompt_len": length, "arrival_index": arrival, "step_call_ms": walls}
 
 
+def scheduled_rows(engine) -> list:
+    """Spy on the scheduler: the list it returns gets ``(decode rows, prompt tokens)`` of each step it
+    schedules (synchronously or ahead), until it is cleared."""
+    seen, schedule = [], engine.scheduler._schedule
+
+    def spy(*args, **kwargs):
+        scheduled = schedule(*args, **kwargs)
+        if scheduled:
+            seen.append((sum(n == 1 for _, n in scheduled), sum(n for _, n in scheduled if n != 1)))
+        return scheduled
+
+    engine.scheduler._schedule = spy
+    return seen
+
+
+def poisson(args, path: str) -> dict:
+    import random
+
+    from portattn.engine.sampling_params import SamplingParams
+
+    rng = random.Random(0)
+    arrivals, t = [], 0.0
+    while t < args.seconds:
+        t += rng.expovariate(args.rate)
+        arrivals.append((t, rng.randint(256, 768)))
+    longest = max(n for _, n in arrivals) + args.output_len
+    llm = bench.make_llm(path, max_num_seqs=256, max_model_len=longest + 16, piecewise_graphs=args.piecewise,
+                         **({} if args.max_num_batched_tokens is None else
+                            {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    prompts = [bench.random_prompts(1, n, engine.vocab_size, seed=1000 + i)[0] for i, (_, n) in enumerate(arrivals)]
+    llm.generate(prompts[:8], params, use_tqdm=False)  # warm-up: every shape of a chunk step met once
+    from portattn.kernels.triton.compile_ahead import on_compile, variant
+
+    compiles = []  # Triton compiles during the load: (seconds into it, kernel, seconds, variant)
+    on_compile(lambda name, seconds, src: compiles.append((time.perf_counter() - t0, name, seconds, variant(src))))
+    ahead = engine.run_ahead
+    seen = scheduled_rows(engine)
+    calls, tokens = [], {}  # (start s, wall ms, [(decode rows, prompt tokens) scheduled], launched ahead); seq -> times
+    bench.sync()
+    t0 = time.perf_counter()
+    pending = list(zip(arrivals, prompts))
+    while pending or engine.has_unfinished():
+        now = time.perf_counter() - t0
+        while pending and pending[0][0][0] <= now:
+            seq = engine.add_request(pending.pop(0)[1], params)
+            tokens[seq] = []
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, pending[0][0][0] - now))
+            continue
+        before = ahead.steps_ahead if ahead is not None else 0
+        start = time.perf_counter()
+        engine.step()
+        end = time.perf_counter()
+        calls.append((start - t0, (end - start) * 1e3, list(seen), ahead is not None and ahead.steps_ahead > before))
+        seen.clear()
+        for seq, times in tokens.items():
+            made = seq.num_tokens - seq.num_prompt_tokens
+            times.extend([end - t0] * (made - len(times)))
+    gaps = sorted((b - a) * 1e3 for times in tokens.values() for a, b in itertools.pairwise(times))
+    median = statistics.median(gaps)
+    pct = {str(q): gaps[min(len(gaps) - 1, int(q / 100 * len(gaps)))] for q in (50, 90, 95, 98, 99)}
+    walls = [c[1] for c in calls]
+    # under async scheduling a call reads the step the call before it launched: its wall is mostly that step's
+    slow = sorted(range(1, len(calls)), key=lambda i: -walls[i])[: max(1, len(calls) // 50)]
+    chunk = [i for i in range(1, len(calls)) if any(p for _, p in calls[i - 1][2])]
+    out = {
+        "mode": "poisson", "rate": args.rate, "seconds": args.seconds, "output_len": args.output_len,
+        "requests": len(arrivals), "budget": args.max_num_batched_tokens, "piecewise": args.piecewise,
+        "itl_ms": pct, "itl_p99_over_median": pct["99"] / median, "calls": calls, "compiles": compiles,
+        "slowest_calls": [{"call": i, "wall_ms": walls[i], "before": calls[i - 1][2], "scheduled": calls[i][2],
+                           "ahead": calls[i][3]} for i in slow],
+        "mean_call_ms": statistics.mean(walls),
+        "after_chunk_ms": statistics.median([walls[i] for i in chunk] or [0]),
+        "after_decode_ms": statistics.median([walls[i] for i in range(1, len(calls)) if i not in set(chunk)] or [0]),
+    }  # fmt: skip
+    print(f"poisson {args.rate}/s for {args.seconds} s: {len(calls)} step calls, ITL p50 {pct['50']:.2f} "
+          f"p90 {pct['90']:.2f} p99 {pct['99']:.2f} ms = {out['itl_p99_over_median']:.2f}x the median; calls after "
+          f"one that scheduled a chunk {out['after_chunk_ms']:.2f} ms, others {out['after_decode_ms']:.2f} ms; "
+          f"launched ahead {sum(c[3] for c in calls)} of {len(calls)}", flush=True)  # fmt: skip
+    for at, name, seconds, what in compiles:
+        print(f"  compiled {name} at {at:.1f} s in {seconds:.1f} s: {what}", flush=True)
+    for row in out["slowest_calls"][:20]:
+        print(f"  slow call {row['call']}: {row['wall_ms']:.2f} ms; (decodes, prompt tokens) scheduled by the call "
+              f"before {row['before']}, by it {row['scheduled']}, ahead {row['ahead']}", flush=True)  # fmt: skip
+    return out
+
+
 def job(args, path: str) -> dict:
     from portattn.engine.sampling_params import SamplingParams
 
@@ -220,7 +315,7 @@ def job(args, path: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["replay", "mixed", "job"])
+    parser.add_argument("mode", choices=["replay", "mixed", "poisson", "job"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ck"))
     parser.add_argument("--batch", type=int, default=256)
@@ -229,10 +324,13 @@ def main() -> int:
                         help="mixed: the arriving prompts' lengths")  # fmt: skip
     parser.add_argument("--kernel-options", nargs="*", default=[], choices=sorted(bench.KERNEL_OPTIONS))
     parser.add_argument("--piecewise", action="store_true",
-                        help="mixed: eager steps of up to 512 tokens in pieces (piecewise_graphs)")  # fmt: skip
+                        help="mixed, poisson: eager steps in captured pieces (piecewise_graphs)")  # fmt: skip
+    parser.add_argument("--rate", type=float, default=16.0, help="poisson: requests a second")
+    parser.add_argument("--seconds", type=float, default=25.0, help="poisson: how long requests arrive")
+    parser.add_argument("--output-len", type=int, default=128, help="poisson: tokens a request generates")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="mixed: the engine's token budget (its pieces' buckets follow it; a prompt longer "
-                             "than the budget arrives as chunks)")  # fmt: skip
+                        help="mixed, poisson: the engine's token budget (its pieces' buckets follow it; a prompt "
+                             "longer than the budget arrives as chunks)")  # fmt: skip
     parser.add_argument("--model", default="llama3_8b", choices=["llama3_8b", "llama4", "deepseek"],
                         help="replay: the 8B shape (32 layers) or a family part's shape (4 layers)")  # fmt: skip
     args = parser.parse_args()
@@ -243,7 +341,7 @@ def main() -> int:
         config = (bench.llama4_config if args.model == "llama4" else bench.deepseek_v3_config)(4)
         path = bench.checkpoint(f"{args.model}_4l", config, args.workdir)
     with torch.inference_mode():
-        out = {"replay": replay, "mixed": mixed, "job": job}[args.mode](args, path)
+        out = {"replay": replay, "mixed": mixed, "poisson": poisson, "job": job}[args.mode](args, path)
     args.out.write_text(json.dumps(out))
     return 0
 

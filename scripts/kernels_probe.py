@@ -19,6 +19,9 @@
   (tiles, splits, page ids ahead, splits merged in the kernel): what a short step's attention costs.
 * ``batched``: decodes of 16-128 sequences over 512-2048 keys at Llama-3-8B's heads (the engine's
   decode batches): the default split count and tiles against 2 and 4 splits and ``BATCHED_TILES``.
+* ``served``: the split decodes of served steps (8-28 sequences over 768-2048 keys, where the split rule
+  gives 2-4 ranges) and the long ones the split tiles were measured on (1-8 sequences over 4k-64k keys):
+  the default tiles against ``SERVED_TILES`` at the same split count (which tiles split decodes take).
 * ``job``: the offline job's attention: decodes of 128 and 256 sequences over 1152 keys and a prompt
   chunk of 16 x 1024 causal tokens, the default tiles against ``JOB_DECODE_TILES`` / ``JOB_PREFILL_TILES``.
 * ``few``: decodes of 1-16 sequences over 1024 and 4096 keys: the default against 1-8 splits in each of
@@ -538,6 +541,31 @@ def batched(out: Path, ceil) -> dict:
             record(f"n{n} w{w} s{st}{' ahead' if ahead else ''} S1", _paged_call(case, sets, o, tiles=t, splits=1))
             if ahead:
                 record(f"n{n} w{w} s{st} ahead S2", _paged_call(case, sets, o, tiles=t, splits=2))
+    return rows
+
+
+SERVED_POINTS = [(b, L) for b in (8, 12, 16, 20, 24, 28) for L in (768, 1024, 2048)]
+SERVED_POINTS += [(1, 8192), (1, 65536), (4, 8192), (4, 32768), (8, 4096)]
+SERVED_TILES = [(64, 4, 4), (64, 4, 3), (64, 4, 5), (32, 4, 4), (128, 4, 2), (64, 8, 4)]
+
+
+def served(out: Path, ceil) -> dict:
+    """Split decodes (``SERVED_POINTS``): the default split count and tiles against ``SERVED_TILES`` at that
+    split count (an unsplit point is left at its default alone)."""
+    rows = {}
+    for b, L in SERVED_POINTS:
+        case, sets, o, nbytes, splits, default = _decode_point(b, L)
+
+        def record(key, fn, b=b, L=L, nbytes=nbytes):
+            _record(rows, out / "served.json", "served", f"B={b} L={L} {key}", fn, nbytes, ceil)
+
+        record(f"default n{default.block_n} w{default.num_warps} s{default.num_stages} S{splits}",
+               _paged_call(case, sets, o))  # fmt: skip
+        if splits == 1:
+            continue
+        for n, w, st in SERVED_TILES:
+            t = TileConfig(default.block_q, default.block_m, n, w, st)
+            record(f"n{n} w{w} s{st} S{splits}", _paged_call(case, sets, o, tiles=t, splits=splits))
     return rows
 
 
@@ -1350,6 +1378,7 @@ SECTIONS = {
     "mla-fp8": (True, lambda out, ceil, args: mla_fp8(out, ceil)),
     "mla-splits": (True, lambda out, ceil, args: mla_splits(out, ceil)),
     "job": (True, lambda out, ceil, args: job(out, ceil)),
+    "served": (True, lambda out, ceil, args: served(out, ceil)),
     "fp8ab": (True, lambda out, ceil, args: fp8_ab(out, ceil, args.rounds)),
     "long": (True, lambda out, ceil, args: long(out, ceil)),
     "splits": (True, lambda out, ceil, args: splits(out, ceil)),

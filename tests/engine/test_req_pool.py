@@ -19,6 +19,32 @@ def test_write_pages_points_pages_at_their_slots():
     assert not table[1, :16].any() and not table[0].any() and not table[2].any()
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_every_step_page_table_has_a_row_stride_of_whole_table_pages(page_size):
+    """A step's page table is as wide as its longest sequence needs rounded up to TABLE_PAGES pages, at
+    most a whole row of ``req_to_token``: with rows of a multiple of TABLE_PAGES pages its row stride is
+    always one Triton specializes, whatever ``max_model_len`` is."""
+    from types import SimpleNamespace
+
+    from portattn.backends.base import TABLE_PAGES
+    from portattn.backends.torch_ref import TorchBackend
+
+    max_context = -(-913 // page_size) * page_size  # 913, 915 and 928 tokens: 913, 305 and 58 pages
+    pool = ReqToTokenPool(2, max_context, page_size, "cpu")
+    assert pool.max_context >= max_context and pool.max_context % (TABLE_PAGES * page_size) == 0
+    strides = set()
+    for longest in (1, page_size * (TABLE_PAGES - 1) + 1, max_context - page_size, max_context):
+        batch = SimpleNamespace(
+            req_to_token=pool.req_to_token, req_pool_indices=torch.tensor([0]), page_size=page_size,
+            cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32), seq_lens_k=torch.tensor([longest], dtype=torch.int32),
+            out_cache_loc=torch.tensor([0]), max_seqlen_k=longest, attention_chunk_size=None,
+        )  # fmt: skip
+        table = TorchBackend().plan(batch).page_table
+        assert table.shape[1] * page_size >= longest
+        strides.add(table.stride(0))
+    assert all(stride % TABLE_PAGES == 0 for stride in strides), strides
+
+
 @pytest.mark.skipif(ENGINE_DEVICE != "cuda", reason="CUDA sync debug mode (PORTATTN_TEST_ENGINE_DEVICE=cuda)")
 def test_write_pages_does_not_synchronize_with_the_device():
     """A step launched ahead (async scheduling) is still running while the next step's pages are

@@ -76,3 +76,25 @@ def test_stopping_the_server_shuts_the_engine_down(model_root, monkeypatch):
         assert request(url + "/v1/completions", "POST", {**BODY, "max_tokens": 2})[0] == 200
         assert calls == []
     assert calls == [False]  # once, after the engine thread ended
+
+
+def test_the_engine_thread_takes_the_gil_within_the_switch_interval(llm):
+    """Starting the engine thread shortens the GIL's switch interval to SWITCH_INTERVAL_S (a thread asking
+    for the GIL waits up to that long); a shorter one already set is kept."""
+    import sys
+
+    from portattn.server.async_engine import SWITCH_INTERVAL_S, AsyncEngine
+
+    before = sys.getswitchinterval()
+    try:
+        for start, want in ((0.005, SWITCH_INTERVAL_S), (SWITCH_INTERVAL_S / 5, SWITCH_INTERVAL_S / 5)):
+            sys.setswitchinterval(start)
+            async_engine = AsyncEngine(llm.engine)
+            async_engine.start()
+            try:
+                assert sys.getswitchinterval() == pytest.approx(want)
+            finally:
+                async_engine.shutdown()
+            assert not async_engine.alive
+    finally:
+        sys.setswitchinterval(before)
