@@ -19,7 +19,8 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
 * ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
-  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32);
+  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32); ``PORTATTN_COLD_PROFILE=1`` adds the
+  construction's cProfile (its functions by cumulative time: ``construct_profile``);
 * ``cascade``: batches (``--cascade-batches``) decoding after a shared prefix (``--cascade-shared``
   tokens, then ``--cascade-own`` of each request's own): steps with graphs (plain attention), with
   the graphs' cascade shapes, eager plain, eager through a cascade, and as the engine's rule chooses
@@ -781,8 +782,22 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d ms %(levelname)s %(name)s: %(message)s")
     compiles = _record_compiles(t0)
     imported = time.perf_counter()
+    profiler = None
+    if os.environ.get("PORTATTN_COLD_PROFILE") == "1":  # where the construction's time goes, function by function
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     llm = LLM(path, device=DEVICE, dtype=dtype, max_model_len=4096, lazy_graph_capture=lazy)
     built = time.perf_counter()
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(70)
+        profile_text = text.getvalue()
     graphs = llm.engine.runner.graphs
     at_start = graphs.num_captured if graphs is not None else 0
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -800,6 +815,8 @@ def cold_child(path: str, dtype: str, lazy: bool = False, torch_s: float | None 
         longest = max(compiles, default=(0.0, ""))
         row |= {"triton_compiles": len(compiles), "longest_compile_s": longest[0], "longest_compile": longest[1]}
         row["compiles"] = [(at, round(seconds, 2), name) for seconds, name, at in compiles]  # done at, took
+    if profiler is not None:
+        row["construct_profile"] = profile_text
     print(json.dumps(row), flush=True)
 
 
