@@ -19,7 +19,8 @@ notes ``engine_gpu.md`` and the plot ``engine_gpu.png`` cover every part found t
 * ``hf`` / ``hf-compile``: the same requests (``--hf-requests`` of them) through transformers'
   ``generate`` on the same GPU, eager and with a static cache + ``torch.compile``;
 * ``coldstart``: import, construction and first token in a fresh process with an empty Triton cache, per
-  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32); ``PORTATTN_COLD_PROFILE=1`` adds the
+  ``--cold-runs`` (bf16, bf16 with ``lazy_graph_capture``, fp32; ``-pyc``: with Python's bytecode cached as a
+  pip install leaves it, which the GPU image's site-packages lack); ``PORTATTN_COLD_PROFILE=1`` adds the
   construction's cProfile (its functions by cumulative time: ``construct_profile``);
 * ``cascade``: batches (``--cascade-batches``) decoding after a shared prefix (``--cascade-shared``
   tokens, then ``--cascade-own`` of each request's own): steps with graphs (plain attention), with
@@ -37,6 +38,7 @@ import gc
 import importlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -727,8 +729,7 @@ def part_hf(args, results: dict, *, compiled: bool) -> dict:
 
 
 def part_coldstart(args, results: dict) -> dict:
-    """``{"runs": {run: row}}``, one fresh process per run of ``--cold-runs`` (a dtype, ``-lazy``:
-    decode graphs captured when first used)."""
+    """``{"runs": {run: row}}``, one fresh process per run of ``--cold-runs`` (:func:`_cold_run`)."""
     path = checkpoint(f"llama3_8b_{args.layers}l", llama3_8b_config(args.layers), args.workdir)
     _BUILT.clear()  # the other parts' engine would hold the memory a fresh process sizes its cache from
     gc.collect()
@@ -740,11 +741,28 @@ def part_coldstart(args, results: dict) -> dict:
     return {"runs": runs}
 
 
+COLD_FLAGS = {"lazy", "pyc"}
+
+
 def _cold_run(args, path: str, run: str) -> dict:
-    dtype, _, lazy = run.partition("-")
-    with tempfile.TemporaryDirectory() as cache:
+    """One cold run (``DTYPE[-lazy][-pyc]``): a fresh process on an empty Triton cache; ``-lazy``: decode graphs
+    captured when first used; ``-pyc``: Python's bytecode cached, as a pip install leaves it (written by an untimed
+    first run of the same process; a machine that sets ``PYTHONDONTWRITEBYTECODE`` and has no ``__pycache__``
+    compiles every module's source in each process otherwise)."""
+    dtype, *flags = run.split("-")
+    if not set(flags) <= COLD_FLAGS:
+        raise ValueError(f"expected a cold run DTYPE with flags among {sorted(COLD_FLAGS)}, got {run!r}")
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as bytecode:
         env = dict(os.environ, TRITON_CACHE_DIR=cache)
-        command = [sys.executable, "-c", COLD_CHILD, path, dtype, lazy or "eager"]
+        if "pyc" in flags:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = bytecode
+        command = [sys.executable, "-c", COLD_CHILD, path, dtype, "lazy" if "lazy" in flags else "eager"]
+        if "pyc" in flags:  # the untimed run that writes the bytecode (its Triton cache then emptied)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
+            shutil.rmtree(cache, ignore_errors=True)
+            os.makedirs(cache, exist_ok=True)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.cold_timeout)
@@ -754,6 +772,7 @@ def _cold_run(args, path: str, run: str) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     row = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
     row["process_s"] = wall
+    row["bytecode_cached"] = "pyc" in flags
     row["warm_up_log"] = [line for line in proc.stderr.splitlines() if "warm-up:" in line or "decode " in line]
     row["log"] = [line for line in proc.stderr.splitlines() if line.split(" ", 1)[0].isdigit()][:80]
     return row
@@ -1177,7 +1196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-requests", type=int, default=128, help="requests timed through transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--cold-runs", nargs="+", default=["bfloat16", "bfloat16-lazy", "float32"],
-                        help="cold starts: a dtype, with -lazy for lazy_graph_capture")  # fmt: skip
+                        help="cold starts: a dtype, with -lazy for lazy_graph_capture, -pyc for Python's bytecode "
+                             "cached (as an install leaves it)")  # fmt: skip
     parser.add_argument("--cold-timeout", type=int, default=400)
     parser.add_argument("--cascade-batches", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--cascade-shared", type=int, nargs="+", default=[1024, 4096, 8192])

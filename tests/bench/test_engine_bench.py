@@ -256,3 +256,36 @@ def test_cold_runs_record_each_compile_and_skip_cache_hits(monkeypatch):
     knobs.compilation.listener(src=None, metadata={"name": "attn_kernel"}, metadata_group={}, times=times,
                                cache_hit=False)  # fmt: skip
     assert len(timed) == 1 and timed[0][:2] == (1.75, "attn_kernel") and 3.0 <= timed[0][2] < 60
+
+
+def test_a_cold_run_with_cached_bytecode_writes_it_first_then_times_a_fresh_triton_cache(monkeypatch, tmp_path):
+    """``-pyc``: an untimed run writes Python's bytecode (PYTHONDONTWRITEBYTECODE dropped, a cache prefix set),
+    then the timed run reads it with an empty Triton cache; without the flag one run, the environment as it is."""
+    import subprocess
+    import types
+    from pathlib import Path
+
+    calls = []
+
+    def fake_run(command, env, **kwargs):
+        cache = Path(env["TRITON_CACHE_DIR"])
+        calls.append((command[-1], dict(env), sorted(p.name for p in cache.iterdir())))
+        (cache / "compiled").write_text("")  # a compile of this run
+        row = {"dtype": command[-2]}
+        return types.SimpleNamespace(stdout=json.dumps(row) + "\n", stderr="", returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    args = types.SimpleNamespace(cold_timeout=10)
+    row = bench._cold_run(args, str(tmp_path), "bfloat16-lazy-pyc")
+    assert [c[0] for c in calls] == ["lazy", "lazy"] and row["bytecode_cached"] and row["dtype"] == "bfloat16"
+    for _, env, triton_files in calls:
+        assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"]
+        assert triton_files == []  # each run starts on an empty Triton cache
+    assert calls[0][1]["PYTHONPYCACHEPREFIX"] == calls[1][1]["PYTHONPYCACHEPREFIX"]
+    calls.clear()
+    row = bench._cold_run(args, str(tmp_path), "float32")
+    assert len(calls) == 1 and calls[0][0] == "eager" and calls[0][1]["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert not row["bytecode_cached"]
+    with pytest.raises(ValueError, match="flags among"):
+        bench._cold_run(args, str(tmp_path), "bfloat16-warm")
