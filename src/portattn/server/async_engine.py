@@ -30,9 +30,10 @@ logger = logging.getLogger("portattn")
 # The engine thread and the event loop share the GIL, and a thread that asks for it gets it only once the
 # holder has run for the switch interval (Python's default: 5 ms). Back from waiting for the device, the
 # engine thread could so wait up to 5 ms while the event loop streamed the last step's tokens, and the step
-# after the launched one started that much later. While serving the interval is at most this: on an H200
-# (Llama-3-8B shape, Poisson 16 requests a second, a budget of 256 tokens, pieces) ITL p99 10.5 -> 8.9 ms
-# (2.0x -> 1.7x the median) and TTFT p99 258 -> 92 ms (benchmarks/results/engine_h200/round26/NOTES.md).
+# after the launched one started that much later. While serving the interval is at most this. On one H200
+# (Llama-3-8B shape, Poisson 16 requests a second, a budget of 256 tokens, pieces), three servers in turn:
+# ITL p99 8.7 / 11.8 / 10.8 ms (1.7x / 2.3x / 2.1x the median), the middle one with the default interval
+# (benchmarks/results/engine_h200/round26/NOTES.md); the engine alone, in one process, 1.6-1.7x.
 SWITCH_INTERVAL_S = 0.0005
 
 
