@@ -64,3 +64,38 @@ def test_a_slow_reader_gets_one_delta_of_every_token_it_missed():
 
     taken = [(i, out.tokens, out.finished) for i, out in asyncio.run(run())]
     assert taken == [(0, [1], False), (1, [1], False), (1, [2, 3, 4], True), (0, [2, 3, 4, 5], True)]
+
+
+def test_one_step_reaches_the_event_loop_in_one_call():
+    """A step's deltas for every stream go to the event loop in one ``call_soon_threadsafe`` (a call a
+    stream woke the loop once a stream), and each stream's queue gets its own, in order."""
+
+    async def run():
+        async_engine = AsyncEngine.__new__(AsyncEngine)
+        async_engine._streams = {}
+        streams, states = [], []
+        for r in range(5):
+            stream = RequestStream(async_engine, f"r{r}", num_prompts=1)
+            stream.states.append(GrowingState())
+            async_engine._streams[stream.request_id] = stream
+            streams.append(stream)
+            states.append(stream.states[0])
+        loop = asyncio.get_running_loop()
+        calls = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: calls.append(args) or real(*args)
+        try:
+            emit(async_engine, states, 7)
+            assert len(calls) == 1
+            await asyncio.sleep(0)
+            got = [stream.queue.get_nowait() for stream in streams]
+            assert [(i, out.tokens) for i, out in got] == [(0, [7])] * 5
+            assert all(stream.behind and stream.queue.empty() for stream in streams)
+            emit(async_engine, states, 8, finish={2})  # behind: only the finished one's last delta
+            assert len(calls) == 2
+            await asyncio.sleep(0)
+            assert [stream.queue.qsize() for stream in streams] == [0, 0, 1, 0, 0]
+        finally:
+            del loop.call_soon_threadsafe
+
+    asyncio.run(run())

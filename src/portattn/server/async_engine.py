@@ -267,7 +267,10 @@ class AsyncEngine:
                     self.engine.abort(seq.request_id)
 
     def _emit(self) -> None:
-        done = []
+        """Each stream's new tokens as one delta, handed to the event loop in one call a step (a call
+        each would wake the loop once a stream, and each wake-up contends for the GIL with this thread
+        before it has launched the next step)."""
+        done, items = [], []
         for request_id, stream in self._streams.items():
             behind = stream.behind
             for i, state in enumerate(stream.states):
@@ -275,11 +278,17 @@ class AsyncEngine:
                     continue
                 out = state.output(delta=True)
                 if out is not None:
-                    stream.push((i, out))
+                    stream.pushed += 1
+                    items.append((stream, (i, out)))
             if all(state.finished for state in stream.states):
                 done.append(request_id)
         for request_id in done:
             del self._streams[request_id]
+        loops: dict = {}
+        for stream, item in items:
+            loops.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, puts in loops.items():
+            loop.call_soon_threadsafe(_put_all, puts)
 
     def _publish(self) -> None:
         engine = self.engine
@@ -303,3 +312,8 @@ class AsyncEngine:
             steps=self.stats.steps + 1,
             spec_decode=engine.speculator.stats.snapshot() if engine.speculator is not None else None,
         )
+
+
+def _put_all(puts: list) -> None:  # event loop
+    for queue_, item in puts:
+        queue_.put_nowait(item)
