@@ -46,3 +46,50 @@ def test_serve_takes_the_model_positionally():
     for flag, value in (("--max-queue", "0"), ("--max-request-bytes", "-1"), ("--shutdown-timeout", "-2")):
         with pytest.raises(SystemExit):
             parser.parse_args(["ckpt", flag, value])
+
+
+def test_serve_freezes_what_the_start_up_left_after_collecting_its_garbage(monkeypatch):
+    """``portattn serve`` (main) calls ``freeze_start_up_objects`` once the app is built and before it serves;
+    that collects the garbage there is (a dropped cycle is freed, not frozen) and freezes what is alive."""
+    import gc
+    import weakref
+
+    from portattn.server import cli
+
+    class Node:
+        pass
+
+    kept, dropped = Node(), Node()
+    kept.me, dropped.me = kept, dropped  # two cycles
+    dead = weakref.ref(dropped)
+    del dropped
+    gc.disable()  # no automatic collection between here and the call
+    try:
+        cli.freeze_start_up_objects()
+        assert dead() is None and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    order = []
+    monkeypatch.setattr(cli, "require_extra", lambda *a: None)
+    monkeypatch.setattr(cli, "create_app", lambda **kw: order.append("app") or _App())
+    monkeypatch.setattr(cli, "freeze_start_up_objects", lambda: order.append("freeze"))
+    monkeypatch.setattr(cli.asyncio, "run", lambda coroutine: (coroutine.close(), order.append("serve")))
+    import portattn.server.lifecycle as lifecycle
+
+    monkeypatch.setattr(lifecycle, "bind_socket", lambda host, port: None)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert cli.main(parser.parse_args(["--model", "m"])) == 0
+    assert order == ["app", "freeze", "serve"]
+
+
+class _App:
+    """What ``main`` reads of an app: the server's name, its engine's device and error."""
+
+    def __init__(self):
+        import torch
+
+        engine = argparse.Namespace(config=argparse.Namespace(device=torch.device("cuda")))
+        server = argparse.Namespace(model_name="m", engine=argparse.Namespace(engine=engine, error=None))
+        self.state = argparse.Namespace(server=server)

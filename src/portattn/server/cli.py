@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 
 from ..engine import arguments
@@ -169,10 +170,23 @@ def main(args: argparse.Namespace) -> int:
     if server.engine.engine.config.device.type == "cpu":
         torch.set_num_threads(threads)
         logger.info("CPU: intra-op threads: %d (%s)", threads, why)
+    freeze_start_up_objects()
     logger.info("serving %s on http://%s:%d", server.model_name, args.host, args.port)
     asyncio.run(serve(app, sock, shutdown_timeout=args.shutdown_timeout, log_level=args.uvicorn_log_level))
     logger.info("stopped")
     return 1 if server.engine.error is not None else 0  # a supervisor restarts a server that failed
+
+
+def freeze_start_up_objects() -> None:
+    """Move the objects alive after the start-up (the model's modules, torch's, transformers' and Triton's
+    own) out of the garbage collector's reach (``gc.freeze``, as vLLM's engine process does), after
+    collecting what is garbage already: a full collection while serving then looks only at what was made
+    since. A full collection stops every thread: in this process the start-up's took 10-160 ms each on a
+    CPU host, and in each of five of six servers on an H200 machine every stream stopped once for 227-287
+    ms (benchmarks/results/engine_h200/round26/NOTES.md). For ``portattn serve``'s own process: an
+    application that builds the app itself decides for its process."""
+    gc.collect()
+    gc.freeze()
 
 
 def uvicorn_server(app, **config):
