@@ -181,10 +181,11 @@ def freeze_start_up_objects() -> None:
     """Move the objects alive after the start-up (the model's modules, torch's, transformers' and Triton's
     own) out of the garbage collector's reach (``gc.freeze``, as vLLM's engine process does), after
     collecting what is garbage already: a full collection while serving then looks only at what was made
-    since. A full collection stops every thread: in this process the start-up's took 10-160 ms each on a
-    CPU host, and in each of five of six servers on an H200 machine every stream stopped once for 227-287
-    ms (benchmarks/results/engine_h200/round26/NOTES.md). For ``portattn serve``'s own process: an
-    application that builds the app itself decides for its process."""
+    since. A full collection stops every thread: the start-up's took 10-160 ms each in a CPU server of a
+    tiny model, and five of six servers on an H200 machine had every stream stop once for 227-287 ms,
+    which such a collection would explain (benchmarks/results/engine_h200/round26/NOTES.md; not yet
+    measured with the freeze). For ``portattn serve``'s own process: an application that builds the app
+    itself decides for its process."""
     gc.collect()
     gc.freeze()
 
