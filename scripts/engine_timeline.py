@@ -105,9 +105,8 @@ def mixed(args, path: str) -> dict:
     from portattn.engine.sampling_params import SamplingParams
 
     longest = max(args.prompt_lens)
-    budget = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
     llm = bench.make_llm(path, max_num_seqs=args.batch + 4, max_model_len=args.context + longest + 256,
-                         kv_cache_memory=48 << 30, piecewise_graphs=args.piecewise, **budget)  # fmt: skip
+                         kv_cache_memory=48 << 30, piecewise_graphs=args.piecewise, **budget(args))  # fmt: skip
     engine = llm.engine
     bench.start_decoding(engine, args.batch, args.context, max_tokens=1000)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)  # done at its prefill: no decode after
@@ -182,6 +181,11 @@ def arrival_gaps(engine, length: int, seed) -> dict:
     return {"prompt_len": length, "arrival_index": arrival, "step_call_ms": walls}
 
 
+def budget(args) -> dict:
+    """The engine's token budget from ``--max-num-batched-tokens`` (none given: the engine's default)."""
+    return {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
+
+
 def scheduled_rows(engine) -> list:
     """Spy on the scheduler: the list it returns gets ``(decode rows, prompt tokens)`` of each step it
     schedules (synchronously or ahead), until it is cleared."""
@@ -209,12 +213,11 @@ def poisson(args, path: str) -> dict:
         arrivals.append((t, rng.randint(256, 768)))
     longest = max(n for _, n in arrivals) + args.output_len
     llm = bench.make_llm(path, max_num_seqs=256, max_model_len=longest + 16, piecewise_graphs=args.piecewise,
-                         **({} if args.max_num_batched_tokens is None else
-                            {"max_num_batched_tokens": args.max_num_batched_tokens}))  # fmt: skip
+                         **budget(args))  # fmt: skip
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     prompts = [bench.random_prompts(1, n, engine.vocab_size, seed=1000 + i)[0] for i, (_, n) in enumerate(arrivals)]
-    llm.generate(prompts[:8], params, use_tqdm=False)  # warm-up: every shape of a chunk step met once
+    llm.generate(prompts[:8], params, use_tqdm=False)  # untimed: the load's first prompts through the engine once
     from portattn.kernels.triton.compile_ahead import on_compile, variant
 
     compiles = []  # Triton compiles during the load: (seconds into it, kernel, seconds, variant)
@@ -248,7 +251,7 @@ def poisson(args, path: str) -> dict:
     walls = [c[1] for c in calls]
     # under async scheduling a call reads the step the call before it launched: its wall is mostly that step's
     slow = sorted(range(1, len(calls)), key=lambda i: -walls[i])[: max(1, len(calls) // 50)]
-    chunk = [i for i in range(1, len(calls)) if any(p for _, p in calls[i - 1][2])]
+    chunk = {i for i in range(1, len(calls)) if any(p for _, p in calls[i - 1][2])}
     out = {
         "mode": "poisson", "rate": args.rate, "seconds": args.seconds, "output_len": args.output_len,
         "requests": len(arrivals), "budget": args.max_num_batched_tokens, "piecewise": args.piecewise,
@@ -257,7 +260,7 @@ def poisson(args, path: str) -> dict:
                            "ahead": calls[i][3]} for i in slow],
         "mean_call_ms": statistics.mean(walls),
         "after_chunk_ms": statistics.median([walls[i] for i in chunk] or [0]),
-        "after_decode_ms": statistics.median([walls[i] for i in range(1, len(calls)) if i not in set(chunk)] or [0]),
+        "after_decode_ms": statistics.median([walls[i] for i in range(1, len(calls)) if i not in chunk] or [0]),
     }  # fmt: skip
     print(f"poisson {args.rate}/s for {args.seconds} s: {len(calls)} step calls, ITL p50 {pct['50']:.2f} "
           f"p90 {pct['90']:.2f} p99 {pct['99']:.2f} ms = {out['itl_p99_over_median']:.2f}x the median; calls after "
