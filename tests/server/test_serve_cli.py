@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
 
@@ -74,14 +75,61 @@ def test_serve_freezes_what_the_start_up_left_after_collecting_its_garbage(monke
     monkeypatch.setattr(cli, "require_extra", lambda *a: None)
     monkeypatch.setattr(cli, "create_app", lambda **kw: order.append("app") or _App())
     monkeypatch.setattr(cli, "freeze_start_up_objects", lambda: order.append("freeze"))
-    monkeypatch.setattr(cli.asyncio, "run", lambda coroutine: (coroutine.close(), order.append("serve")))
+    monkeypatch.setattr(cli, "log_slow_collections", lambda threshold_s: order.append(("gc log", threshold_s)))
+    monkeypatch.setattr(cli.asyncio, "Runner", _Runner.recording(order))
     import portattn.server.lifecycle as lifecycle
 
     monkeypatch.setattr(lifecycle, "bind_socket", lambda host, port: None)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert cli.main(parser.parse_args(["--model", "m"])) == 0
-    assert order == ["app", "freeze", "serve"]
+    assert order == ["app", "freeze", ("gc log", cli.SLOW_COLLECTION_S), "serve"]
+
+
+def test_a_slow_garbage_collection_is_logged_with_its_generation_and_time(caplog):
+    """The serve process's collections at or over the threshold are logged (a zero threshold logs every one);
+    under it, none; the callback is gc's until removed."""
+    import gc
+
+    from portattn.server import cli
+
+    callback = cli.log_slow_collections(0.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="portattn"):
+            gc.collect(2)
+        lines = [r.getMessage() for r in caplog.records if "garbage collection" in r.getMessage()]
+        assert any(line.startswith("garbage collection of generation 2 took ") for line in lines), lines
+    finally:
+        gc.callbacks.remove(callback)
+    callback = cli.log_slow_collections(3600.0)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="portattn"):
+            gc.collect(2)
+        assert not [r for r in caplog.records if "garbage collection" in r.getMessage()]
+    finally:
+        gc.callbacks.remove(callback)
+
+
+class _Runner:
+    """asyncio.Runner's part that main uses: records "serve" for the coroutine it is given (closed unrun)."""
+
+    @classmethod
+    def recording(cls, order):
+        return lambda loop_factory=None: cls(order)
+
+    def __init__(self, order):
+        self.order = order
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, coroutine):
+        coroutine.close()
+        self.order.append("serve")
 
 
 class _App:
@@ -93,3 +141,20 @@ class _App:
         engine = argparse.Namespace(config=argparse.Namespace(device=torch.device("cuda")))
         server = argparse.Namespace(model_name="m", engine=argparse.Namespace(engine=engine, error=None))
         self.state = argparse.Namespace(server=server)
+
+
+def test_serve_runs_on_uvloop_where_installed_else_on_asyncio(monkeypatch):
+    """``event_loop`` gives uvloop's loop factory when uvloop imports, and asyncio's default (None) when not."""
+    import sys
+    import types
+
+    from portattn.server import cli
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails
+    assert cli.event_loop() == (None, "asyncio")
+    stand_in = types.ModuleType("uvloop")
+    stand_in.__version__ = "9.9"
+    stand_in.new_event_loop = object()
+    monkeypatch.setitem(sys.modules, "uvloop", stand_in)
+    assert cli.event_loop() == (stand_in.new_event_loop, "uvloop 9.9")
+    assert cli.http_parser() in {"httptools", "h11"}

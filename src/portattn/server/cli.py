@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import importlib.util
 import logging
+import time
 
 from ..engine import arguments
 from ..engine.config import EngineConfig
@@ -17,6 +19,7 @@ logger = logging.getLogger("portattn")
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 DEFAULT_SHUTDOWN_TIMEOUT = 20.0  # seconds; below the 30 s a container supervisor usually waits
 LOG_STATS_INTERVAL = 10.0  # seconds between statistics lines
+SLOW_COLLECTION_S = 0.02  # a garbage collection that stops every thread this long is logged
 
 
 def _count(flag: str):
@@ -171,8 +174,18 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
         logger.info("CPU: intra-op threads: %d (%s)", threads, why)
     freeze_start_up_objects()
-    logger.info("serving %s on http://%s:%d", server.model_name, args.host, args.port)
-    asyncio.run(serve(app, sock, shutdown_timeout=args.shutdown_timeout, log_level=args.uvicorn_log_level))
+    log_slow_collections(SLOW_COLLECTION_S)
+    loop_factory, loop_name = event_loop()
+    logger.info(
+        "serving %s on http://%s:%d (event loop: %s; HTTP: %s)",
+        server.model_name,
+        args.host,
+        args.port,
+        loop_name,
+        http_parser(),
+    )
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(app, sock, shutdown_timeout=args.shutdown_timeout, log_level=args.uvicorn_log_level))
     logger.info("stopped")
     return 1 if server.engine.error is not None else 0  # a supervisor restarts a server that failed
 
@@ -183,11 +196,51 @@ def freeze_start_up_objects() -> None:
     collecting what is garbage already: a full collection while serving then looks only at what was made
     since. A full collection stops every thread: the start-up's took 10-160 ms each in a CPU server of a
     tiny model, and five of six servers on an H200 machine had every stream stop once for 227-287 ms,
-    which such a collection would explain (benchmarks/results/engine_h200/round26/NOTES.md; not yet
-    measured with the freeze). For ``portattn serve``'s own process: an application that builds the app
-    itself decides for its process."""
+    which such a collection would explain (benchmarks/results/engine_h200/round26/NOTES.md); with the
+    freeze none of eight had such a stop (round 27). For ``portattn serve``'s own process: an application
+    that builds the app itself decides for its process."""
     gc.collect()
     gc.freeze()
+
+
+def event_loop():
+    """The event loop ``portattn serve`` runs on: uvloop's where it is installed (``pip install
+    portattn[serve]`` brings it on Linux and macOS), else asyncio's; as uvicorn's ``loop="auto"`` picks.
+    Every streamed token is a few callbacks on the loop, which shares the GIL with the engine's thread:
+    a faster loop leaves the engine more of it. Returns ``(loop_factory or None, its name)``."""
+    try:
+        import uvloop
+    except ImportError:
+        return None, "asyncio"
+    return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
+
+
+def http_parser() -> str:
+    """The HTTP implementation uvicorn's ``http="auto"`` takes: httptools where installed, else h11."""
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
+def log_slow_collections(threshold_s: float):
+    """Log every garbage collection of ``portattn serve``'s process that takes at least ``threshold_s``
+    (its generation, time and what it freed): while it runs no thread runs, so every stream's next
+    token waits for it. Returns the ``gc.callbacks`` entry (remove it to stop)."""
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - started[0]
+        if took >= threshold_s:
+            logger.warning(
+                "garbage collection of generation %d took %.0f ms (%d objects freed); no thread ran meanwhile",
+                info["generation"],
+                took * 1e3,
+                info["collected"],
+            )
+
+    gc.callbacks.append(callback)
+    return callback
 
 
 def uvicorn_server(app, **config):
