@@ -214,3 +214,39 @@ def test_a_late_variant_is_described_by_its_constexprs_and_specialized_arguments
     src = ASTSource(kernel, signature, constexprs={"BLOCK": 64}, attrs={(0,): [["tt.divisibility", 16]]})
     assert variant(src) == "constexprs BLOCK=64; specialized: x_ptr [['tt.divisibility', 16]]"
     assert variant(None) == "None"
+
+
+def test_the_compiled_kernels_are_loaded_one_after_another_on_the_calling_thread(monkeypatch):
+    """Triton 3.6 gave kernels each other's launchers when several threads built them at once (6 of 7 start-ups
+    on an H200 at a 0.1 ms switch interval); the rehearsal's kernels are loaded in turn, on the thread that
+    leaves it, each once, after every compile has finished. Stand-ins for the launch and the load: no GPU needed."""
+    import threading
+
+    triton = pytest.importorskip("triton")
+    if not hasattr(triton, "AsyncCompileMode"):
+        pytest.skip(f"triton {triton.__version__} has no AsyncCompileMode")
+    from triton.runtime.jit import JITFunction
+
+    from portattn.kernels.triton import compile_ahead as module
+
+    class Kernel:
+        pass
+
+    kernels = [Kernel(), Kernel(), Kernel()]
+    launches = iter([kernels[0], kernels[1], kernels[0], kernels[2]])  # kernel 0 launched twice
+    monkeypatch.setattr(module, "available", lambda: True)
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, grid, warmup, **kwargs: next(launches))
+    loads, active = [], [0]
+
+    def load(kernel, index):
+        active[0] += 1
+        loads.append((kernels.index(kernel), index, threading.get_ident(), active[0]))
+        active[0] -= 1
+
+    monkeypatch.setattr(module, "_load", load)
+    with module.compile_ahead(torch.device("cuda", 3)) as ahead:
+        assert ahead
+        for _ in range(4):
+            JITFunction.run(None, grid=(1,), warmup=False)
+    me = threading.get_ident()
+    assert loads == [(0, 3, me, 1), (1, 3, me, 1), (2, 3, me, 1)]

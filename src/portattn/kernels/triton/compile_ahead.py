@@ -7,11 +7,12 @@ they took most of a 14.8 s warm-up, of which 0.7 s remained once they were compi
 (``benchmarks/results/engine_h200/round11/NOTES.md``).
 
 :func:`compile_ahead` rehearses a piece of work with every Triton launch turned into a compile
-handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` and the launcher's C compiler run as
-subprocesses, so the threads wait side by side), and nothing launched: inside it the
+handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` runs as a subprocess, so the
+threads wait side by side), and nothing launched: inside it the
 kernels' outputs stay unwritten, so what runs there must only need their shapes (a forward whose
 values are thrown away; torch's own kernels still run, on whatever the buffers hold). On leaving,
-it waits for the compiles and loads each kernel with its launcher, also in the pool. The real work
+it waits for the compiles and loads each kernel with its launcher, one after another (launchers
+built on several threads at once were given to the wrong kernels). The real work
 that follows finds every variant compiled, as long as it launches them with the same
 specializations (the same shapes and the same buffers' alignment), which a rehearsal of the same
 steps does. While it is active no other thread of the process may launch Triton kernels (the launch
@@ -116,7 +117,12 @@ def compile_ahead(device: torch.device, workers: int | None = None) -> Iterator[
                 kernel = _result(kernel)
             if kernel is not None:
                 kernels[id(kernel)] = kernel
-        list(pool.map(_load, kernels.values(), [index] * len(kernels)))
+    # One at a time: Triton 3.6 building launchers on several threads at once gave kernels each other's
+    # launchers ("function takes exactly 28 arguments (85 given)" at the first launch) in 6 of 7 engine
+    # start-ups on an H200 at a 0.1 ms GIL switch interval, none of 5 with the loads in turn
+    # (benchmarks/results/engine_h200/round27/NOTES.md).
+    for kernel in kernels.values():
+        _load(kernel, index)
 
 
 def _result(future):
