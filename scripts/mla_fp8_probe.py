@@ -54,7 +54,6 @@ import functools
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -63,6 +62,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fp8_v_layout_probe import graph_ms, main_loop, ptx_instructions, ptxas_registers
 
 LOG2E = 1.4426950408889634
 ACC_MODES = {"inplace": 0, "two": 1, "promote": 2}
@@ -498,54 +500,8 @@ SHORT = {"wgmma.e4m3": "wg8", "wgmma.16": "wg16", "mma.sync": "mma", "mma.e4m3":
          "cp.async": "cpas", "tma": "tma", "bar": "bar", "ld.global": "ldg"}  # fmt: skip
 
 
-def ptx_instructions(lines):
-    out = []
-    for line in lines:
-        t = line.strip()
-        if not t or t.startswith(("//", ".", "{", "}", "$")) or t.endswith(":"):
-            continue
-        out.append(t)
-    return out
-
-
-def main_loop(ptx: str):
-    """The instruction lines of the PTX's largest loop (label ... backward branch to it)."""
-    lines = ptx.splitlines()
-    labels, best = {}, []
-    for i, line in enumerate(lines):
-        m = re.match(r"^\s*(\$L__\w+):", line)
-        if m:
-            labels[m.group(1)] = i
-        m = re.search(r"\bbra(\.uni)?\s+(\$L__\w+);", line)
-        if m and m.group(2) in labels and labels[m.group(2)] < i:
-            body = ptx_instructions(lines[labels[m.group(2)] : i + 1])
-            if len(body) > len(best):
-                best = body
-    return best
-
-
 def count(instructions):
     return {name: sum(1 for t in instructions if re.match(rx, t)) for name, rx in PTX_COUNTS.items()}
-
-
-def ptxas_info(ptx: str) -> str:
-    from triton.backends.nvidia import compiler as nv
-
-    try:
-        ptxas = nv.get_ptxas(90).path if hasattr(nv, "get_ptxas") else nv._path_to_binary("ptxas")[0]
-    except Exception:
-        ptxas = str(Path(nv.__file__).parent / "bin" / "ptxas")
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"mla_fp8_probe_{os.getpid()}.ptx"
-    tmp.write_text(ptx)
-    try:
-        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(tmp), "-o", os.devnull], capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
-    finally:
-        tmp.unlink(missing_ok=True)
-    text = done.stdout + done.stderr
-    regs = re.search(r"Used (\d+) registers", text)
-    spill = re.search(r"(\d+) bytes spill stores", text)
-    return f"{regs.group(1) if regs else '?'}" + (f"+{spill.group(1)}sp" if spill and spill.group(1) != "0" else "")
 
 
 def ptx_variants(args):
@@ -646,7 +602,7 @@ def compile_ptx(args) -> int:
             (dump / f"{stem}.ttgir").write_text(ttgir)
         loop = main_loop(ptx)
         c = count(loop)
-        regs = ptxas_info(ptx) if not args.no_ptxas else "-"
+        regs = ptxas_registers(ptx) if not args.no_ptxas else "-"
         smem = compiled.metadata.shared
         tg = ttgir_summary(ttgir, v.stages)
         row = {
@@ -673,14 +629,6 @@ def compile_ptx(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- --bench
-
-
-def graph_ms(fn, device, calls=20, replays=30):
-    try:
-        from portattn.bench.timing import measure_graph
-    except ImportError:
-        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-    return measure_graph(lambda _: fn(), [None], device, calls=calls, replays=replays).median_ms
 
 
 V3 = {"vload": 3, "vchunk": 16}
