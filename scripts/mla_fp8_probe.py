@@ -66,18 +66,10 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).parent))
 from fp8_v_layout_probe import graph_ms, main_loop, ptx_instructions, ptxas_registers
 
+from portattn.kernels.triton.mla_decode import _split_range
+
 LOG2E = 1.4426950408889634
 ACC_MODES = {"inplace": 0, "two": 1, "promote": 2}
-
-
-@triton.jit
-def _split_range(num_keys, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr, MIN_SPLIT: tl.constexpr):
-    # as the production kernel's: splits of at least MIN_SPLIT keys, cut at multiples of SPLIT_ALIGN
-    per_split = tl.cdiv(tl.cdiv(num_keys, num_kv_splits), SPLIT_ALIGN) * SPLIT_ALIGN
-    per_split = tl.maximum(per_split, tl.cdiv(tl.maximum(MIN_SPLIT, 1), SPLIT_ALIGN) * SPLIT_ALIGN)
-    start = split * per_split
-    end = tl.minimum(start + per_split, num_keys)
-    return start, end
 
 
 @triton.jit
@@ -147,7 +139,7 @@ def mla_fp8_probe_kernel(
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
     num_keys = tl.load(SeqLensK + seq)
-    start, end = _split_range(num_keys, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    start, end, _ = _split_range(num_keys, split, num_kv_splits, BLOCK_N, MIN_SPLIT)  # as production cuts
 
     offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, KV_LORA_RANK)
