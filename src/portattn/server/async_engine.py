@@ -14,6 +14,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class EngineStats:
     generation_tokens: int = 0
     steps: int = 0
     spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters, when the engine speculates
+    engine_cpu_s: float = 0.0  # the engine thread's CPU time (time.thread_time) as of the last step
 
 
 class RequestStream:
@@ -311,6 +313,7 @@ class AsyncEngine:
             generation_tokens=engine.num_generated_tokens,
             steps=self.stats.steps + 1,
             spec_decode=engine.speculator.stats.snapshot() if engine.speculator is not None else None,
+            engine_cpu_s=time.thread_time(),
         )
 
 

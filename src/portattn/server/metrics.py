@@ -150,14 +150,15 @@ class Timing:
 
 async def log_stats(async_engine: AsyncEngine, interval: float) -> None:
     """Every ``interval`` seconds while the engine works: throughput since the last line, running and
-    waiting sequences, KV-cache and prefix-cache use, at INFO (``--disable-log-stats`` turns it off)."""
-    last, last_time = async_engine.stats, time.monotonic()
+    waiting sequences, KV-cache and prefix-cache use, and the CPU time of the engine thread and of the
+    event loop (this coroutine's thread), at INFO (``--disable-log-stats`` turns it off)."""
+    last, last_time, last_loop_cpu = async_engine.stats, time.monotonic(), time.thread_time()
     while True:
         await asyncio.sleep(interval)
-        now, s = time.monotonic(), async_engine.stats
+        now, s, loop_cpu = time.monotonic(), async_engine.stats, time.thread_time()
         if _busy(s, last):
-            logger.info(stats_line(s, last, now - last_time))
-        last, last_time = s, now
+            logger.info(stats_line(s, last, now - last_time, loop_cpu_s=loop_cpu - last_loop_cpu))
+        last, last_time, last_loop_cpu = s, now, loop_cpu
 
 
 def _busy(s: EngineStats, last: EngineStats) -> bool:
@@ -165,14 +166,21 @@ def _busy(s: EngineStats, last: EngineStats) -> bool:
     return moved or s.running > 0 or s.waiting > 0
 
 
-def stats_line(s: EngineStats, last: EngineStats, seconds: float) -> str:
+def stats_line(s: EngineStats, last: EngineStats, seconds: float, loop_cpu_s: float | None = None) -> str:
+    """The statistics line of ``seconds`` from ``last`` to ``s``; with ``loop_cpu_s`` (the event loop's CPU
+    seconds meanwhile) also the engine thread's and the loop's CPU time as percentages of one core: the two
+    share the GIL, so a loop near 100% delays the engine's next launch."""
     total = s.pages_used + s.pages_free
     hits = s.cached_prompt_tokens / s.queried_prompt_tokens if s.queried_prompt_tokens else 0.0
     seconds = max(seconds, 1e-9)
-    return (
+    line = (
         f"stats: prompt {(s.prompt_tokens - last.prompt_tokens) / seconds:.1f} tok/s, "
         f"generation {(s.generation_tokens - last.generation_tokens) / seconds:.1f} tok/s, "
         f"running {s.running}, waiting {s.waiting}, "
         f"KV cache {100 * s.pages_used / total if total else 0.0:.1f}% of {total} pages, "
         f"prefix cache hits {100 * hits:.1f}%"
     )
+    if loop_cpu_s is not None and last.engine_cpu_s:  # no step published before the interval: no engine share
+        engine = 100 * (s.engine_cpu_s - last.engine_cpu_s) / seconds
+        line += f", CPU: engine thread {engine:.0f}%, event loop {100 * loop_cpu_s / seconds:.0f}%"
+    return line
