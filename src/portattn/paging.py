@@ -123,7 +123,9 @@ class PageAllocator:
 
     ``allocate`` hands out pages with a count of one; ``retain`` adds a holder (prefix sharing);
     ``free`` drops one holder and returns the page to the pool when none is left. Freeing a page
-    that nobody holds raises, so double frees are caught where they happen.
+    that nobody holds raises, so double frees are caught where they happen. A cache's holds are
+    marked (``retain(pages, cached=True)``, ``free(pages, cached=True)``), so that the pages whose
+    only holder is the cache, which it can give up at once, are counted (:attr:`num_evictable`).
 
     Each call changes the pool completely or not at all: the new counts and free list are worked
     out first, and an exception while they are stored (an interrupt, ``MemoryError``) puts the old
@@ -136,10 +138,17 @@ class PageAllocator:
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))  # stack: pops low ids first
         self._refs = [0] * num_pages
+        self._cached = [False] * num_pages  # a cache is among the page's holders
+        self._num_evictable = 0  # pages held by the cache alone
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def num_evictable(self) -> int:
+        """Pages whose one holder is the cache: in use, yet reusable as soon as the cache lets go."""
+        return self._num_evictable
 
     @property
     def num_used(self) -> int:
@@ -157,17 +166,28 @@ class PageAllocator:
         pages = self._free[keep:][::-1]
         return self._commit(keep, [], dict.fromkeys(pages, 1), pages)  # no line between commit and return
 
-    def retain(self, pages: list[int]) -> None:
+    def retain(self, pages: list[int], cached: bool = False) -> None:
+        """Add a holder to each page; ``cached``: the holder is the cache (at most one a page)."""
         pages = list(pages)
         for page in pages:
             self._check_held(page, "retain")
+            if cached and self._cached[page]:
+                raise ValueError(f"page {page} is cached already")
+        if cached and len(set(pages)) < len(pages):
+            raise ValueError(f"expected distinct pages for the cache to hold, got {pages}")
         refs: dict[int, int] = {}
         for page in pages:
             refs[page] = refs.get(page, self._refs[page]) + 1
-        self._commit(len(self._free), [], refs)
+        self._commit(len(self._free), [], refs, cached=dict.fromkeys(pages, True) if cached else None)
 
-    def free(self, pages: list[int]) -> None:
+    def free(self, pages: list[int], cached: bool = False) -> None:
+        """Drop a holder of each page; ``cached``: the holder is the cache."""
         pages = list(pages)
+        if cached:
+            for page in pages:
+                self._check_id(page)
+                if not self._cached[page]:
+                    raise ValueError(f"page {page} is not cached")
         counts: dict[int, int] = {}
         for page in pages:
             counts[page] = counts.get(page, 0) + 1
@@ -175,33 +195,50 @@ class PageAllocator:
             self._check_held(page, "free")
             if self._refs[page] < n:
                 raise ValueError(f"double free of page {page}: it has {self._refs[page]} holder(s), freed {n}")
+            if cached and n > 1:
+                raise ValueError(f"page {page} is freed {n} times by the cache, which holds it once")
+            if not cached and self._cached[page] and self._refs[page] - n < 1:
+                raise ValueError(f"page {page} is held by the cache alone: free it with cached=True")
         refs: dict[int, int] = {}
         released = []
         for page in pages:
             refs[page] = refs.get(page, self._refs[page]) - 1
             if refs[page] == 0:
                 released.append(page)
-        self._commit(len(self._free), released, refs)
+        self._commit(len(self._free), released, refs, cached=dict.fromkeys(pages, False) if cached else None)
 
     def ref_count(self, page: int) -> int:
         self._check_id(page)
         return self._refs[page]
 
-    def _commit(self, keep: int, released: list[int], refs: dict[int, int], result=None):
-        """Make the free list ``free[:keep] + released`` and set the counts ``refs``: all, or none.
+    def _commit(self, keep: int, released: list[int], refs: dict[int, int], result=None, cached=None):
+        """Make the free list ``free[:keep] + released``, set the counts ``refs`` and the cache marks
+        ``cached`` (pages in ``refs``), and count the pages held by the cache alone: all, or none.
 
         Returns ``result``, so that a caller can return what it allocated in the commit's own line.
         """
+        marks = cached or {}
         old_tail, old_refs = self._free[keep:], {page: self._refs[page] for page in refs}
+        old_marks, old_evictable = {page: self._cached[page] for page in marks}, self._num_evictable
+        evictable = old_evictable
+        for page, count in refs.items():
+            was, now = self._cached[page], marks.get(page, self._cached[page])
+            evictable += (now and count == 1) - (was and self._refs[page] == 1)
         try:
             self._free[keep:] = released
             for page, count in refs.items():
                 self._refs[page] = count
+            for page, mark in marks.items():
+                self._cached[page] = mark
+            self._num_evictable = evictable
             return result  # inside the try: an interrupt at this line still rolls back
         except BaseException:
             self._free[keep:] = old_tail
             for page, count in old_refs.items():
                 self._refs[page] = count
+            for page, mark in old_marks.items():
+                self._cached[page] = mark
+            self._num_evictable = old_evictable
             raise
 
     def _check_id(self, page: int) -> None:

@@ -92,6 +92,9 @@ def assert_pools_consistent(engine) -> None:
     holders = Counter(p for seq in live for p in seq.pages) + Counter(pages.cache.values())
     assert [alloc.ref_count(p) for p in range(alloc.num_pages)] == [holders[p] for p in range(alloc.num_pages)]
     assert sorted(alloc._free) == [p for p in range(alloc.num_pages) if holders[p] == 0]
+    cached = set(pages.cache.values())  # the cache's marks, and the pages it alone holds
+    assert [alloc._cached[p] for p in range(alloc.num_pages)] == [p in cached for p in range(alloc.num_pages)]
+    assert alloc.num_evictable == sum(holders[p] == 1 for p in cached)
     held = [seq.req_pool_idx for seq in sched.running]
     assert None not in held and all(seq.req_pool_idx is None and not seq.pages for seq in sched.waiting)
     scratch = [engine.runner.scratch_row] if engine.runner.scratch_row is not None else []

@@ -77,6 +77,16 @@ def test_prefix_caching_is_on_by_default(llm):
     assert llm.engine.pages.num_cached_tokens - before == 16  # four full pages of 4 came from the cache
 
 
+def test_kv_cache_usage_leaves_out_the_pages_only_the_prefix_cache_holds(llm):
+    """After every request has finished, the prefix cache keeps the full pages: held, evictable, not in use
+    (the gauge read them as in use before); the evictable count is the cached pages nobody else holds."""
+    llm.generate(random_prompts([23, 30], seed=6), SamplingParams(max_tokens=3), use_tqdm=False)
+    alloc, cache = llm.engine.allocator, llm.engine.pages.cache
+    metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    assert alloc.num_used == len(cache) > 0 and alloc.num_evictable == len(cache)
+    assert metrics["portattn:kv_cache_usage_perc"] == 0.0
+
+
 def test_the_progress_bar_counts_prompts_and_tokens_per_second(llm, capsys):
     llm.generate(PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True))
     bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]

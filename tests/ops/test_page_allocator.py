@@ -29,22 +29,51 @@ def interrupt_at(line: int, hit: int):
 
 
 def state(alloc: PageAllocator) -> tuple:
-    return list(alloc._free), [alloc.ref_count(p) for p in range(alloc.num_pages)]
+    refs = [alloc.ref_count(p) for p in range(alloc.num_pages)]
+    return list(alloc._free), refs, list(alloc._cached), alloc.num_evictable
 
 
 def fresh() -> PageAllocator:
-    """Pages 0-2 held once, 3 twice, 4-7 free."""
+    """Page 0 held once, 1 by a sequence and the cache, 2 by the cache alone, 3 twice, 4-7 free."""
     alloc = PageAllocator(8)
     alloc.allocate(4)
     alloc.retain([3])
+    alloc.retain([1, 2], cached=True)
+    alloc.free([2])
     return alloc
 
 
 CALLS = {
     "allocate": lambda a: a.allocate(3),
     "retain": lambda a: a.retain([0, 2, 0]),
-    "free": lambda a: a.free([1, 3, 3, 2]),
+    "free": lambda a: a.free([1, 3, 3, 0]),
+    "retain cached": lambda a: a.retain([0, 3], cached=True),
+    "free cached": lambda a: a.free([1, 2], cached=True),
 }
+
+
+def test_pages_the_cache_alone_holds_are_counted_as_holds_change():
+    alloc = fresh()
+    assert alloc.num_evictable == 1 and alloc.num_used == 4  # page 2
+    alloc.free([1])  # the sequence lets go of page 1: the cache alone holds it
+    assert alloc.num_evictable == 2
+    alloc.retain([2])  # a sequence takes page 2 from the cache (a prefix hit)
+    assert alloc.num_evictable == 1
+    alloc.free([1], cached=True)  # the cache drops page 1: back to the pool
+    assert alloc.num_evictable == 0 and alloc.ref_count(1) == 0 and alloc.num_free == 5
+    assert alloc.allocate(1) == [1] and alloc.num_evictable == 0  # not cached when handed out again
+    with pytest.raises(ValueError, match="page 2 is cached already"):
+        alloc.retain([2], cached=True)
+    with pytest.raises(ValueError, match="page 3 is not cached"):
+        alloc.free([3], cached=True)
+    with pytest.raises(ValueError, match="expected distinct pages for the cache to hold"):
+        alloc.retain([3, 3], cached=True)
+    with pytest.raises(ValueError, match="page 2 is freed 2 times by the cache"):
+        alloc.free([2, 2], cached=True)
+    alloc.free([2])
+    with pytest.raises(ValueError, match="page 2 is held by the cache alone: free it with cached=True"):
+        alloc.free([2])
+    assert state(alloc)[1][2] == 1 and alloc.num_evictable == 1  # the refused calls changed nothing
 
 
 @pytest.mark.parametrize("call", list(CALLS))

@@ -375,6 +375,8 @@ def test_models_health_and_metrics(served, client):
         "portattn:num_requests_waiting",
         "portattn:kv_pages_used",
         "portattn:kv_pages_free",
+        "portattn:kv_pages_prefix_cache_only",
+        "portattn:kv_cache_usage_perc",
         "portattn:prefix_cache_hit_rate",
         "portattn:prompt_tokens_total",
         "portattn:generation_tokens_total",

@@ -26,11 +26,17 @@ def test_the_line_gives_each_threads_cpu_share_of_the_interval():
     assert "CPU" not in stats_line(now, EngineStats(), 2.0, loop_cpu_s=0.4)  # no step published before
 
 
+def test_pages_only_the_prefix_cache_holds_are_not_counted_as_in_use():
+    """As vLLM's usage: 20 of 40 pages held, 10 of them by the prefix cache alone, is 25% in use."""
+    s = EngineStats(pages_used=20, pages_free=20, pages_evictable=10)
+    assert "KV cache 25.0% of 40 pages" in stats_line(s, EngineStats(), 1.0)
+
+
 def test_published_stats_carry_the_engine_threads_own_cpu_time():
     """``_publish`` runs on the engine thread and records that thread's CPU time, not the process's."""
     engine = SimpleNamespace(
         scheduler=SimpleNamespace(running=[], waiting=[], num_preemptions=0),
-        allocator=SimpleNamespace(num_used=0, num_free=8),
+        allocator=SimpleNamespace(num_used=0, num_free=8, num_evictable=0),
         pages=SimpleNamespace(num_cached_tokens=0),
         num_prompt_tokens_computed=0,
         num_generated_tokens=0,

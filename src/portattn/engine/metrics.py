@@ -47,7 +47,11 @@ def engine_metrics(engine) -> list[Metric]:
     out: list[Metric] = [
         Gauge("portattn:num_requests_running", dict(labels), float(len(scheduler.running))),
         Gauge("portattn:num_requests_waiting", dict(labels), float(len(scheduler.waiting))),
-        Gauge("portattn:kv_cache_usage_perc", dict(labels), allocator.num_used / allocator.num_pages),
+        Gauge(  # pages only the prefix cache holds are reusable at once: not counted, as vLLM does not
+            "portattn:kv_cache_usage_perc",
+            dict(labels),
+            (allocator.num_used - allocator.num_evictable) / allocator.num_pages,
+        ),
         Counter("portattn:num_preemptions", dict(labels), scheduler.num_preemptions),
         Counter("portattn:prompt_tokens", dict(labels), engine.num_prompt_tokens_computed),
         Counter("portattn:generation_tokens", dict(labels), engine.num_generated_tokens),

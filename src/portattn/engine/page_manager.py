@@ -95,11 +95,11 @@ class PageManager:
         """Add the cache's reference to ``page`` and its entry: both or neither."""
         refs = self.allocator.ref_count(page)
         try:
-            self.allocator.retain([page])
+            self.allocator.retain([page], cached=True)
             self.cache[key] = page
         except BaseException:
             if key not in self.cache and self.allocator.ref_count(page) > refs:
-                self.allocator.free([page])
+                self.allocator.free([page], cached=True)
             raise
 
     def evict(self, num_pages: int) -> int:
@@ -119,10 +119,10 @@ class PageManager:
         page = self.cache[key]
         try:
             del self.cache[key]
-            self.allocator.free([page])
+            self.allocator.free([page], cached=True)
         except BaseException:
             if key not in self.cache and self.allocator.ref_count(page) == 1:
-                self.allocator.free([page])
+                self.allocator.free([page], cached=True)
             raise
 
     def clear_cache(self) -> None:

@@ -54,8 +54,9 @@ class EngineStats:
     running: int = 0  # sequences scheduled
     waiting: int = 0  # sequences queued (preempted ones included)
     waiting_requests: int = 0  # requests none of whose sequences has started, not yet-to-be-added ones
-    pages_used: int = 0
+    pages_used: int = 0  # held by sequences or the prefix cache
     pages_free: int = 0
+    pages_evictable: int = 0  # of the used, those only the prefix cache holds (reusable at once)
     cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     queried_prompt_tokens: int = 0  # prompt tokens of the sequences added
     preemptions: int = 0
@@ -306,6 +307,7 @@ class AsyncEngine:
             waiting_requests=waiting_requests,
             pages_used=engine.allocator.num_used,
             pages_free=engine.allocator.num_free,
+            pages_evictable=engine.allocator.num_evictable,
             cached_prompt_tokens=engine.pages.num_cached_tokens,
             queried_prompt_tokens=self._queried,
             preemptions=scheduler.num_preemptions,

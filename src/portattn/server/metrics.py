@@ -43,8 +43,10 @@ class _EngineCollector:
         yield gauge("num_requests_waiting", "Sequences waiting to be scheduled (preempted ones included).", s.waiting)
         yield gauge("kv_pages_used", "KV-cache pages held (by sequences or the prefix cache).", s.pages_used)
         yield gauge("kv_pages_free", "KV-cache pages free.", s.pages_free)
-        total = s.pages_used + s.pages_free
-        yield gauge("kv_cache_usage_perc", "Fraction of KV-cache pages held.", s.pages_used / total if total else 0.0)
+        yield gauge(
+            "kv_pages_prefix_cache_only", "KV-cache pages only the prefix cache holds (reusable).", s.pages_evictable
+        )
+        yield gauge("kv_cache_usage_perc", "Fraction of KV-cache pages held by requests.", kv_cache_usage(s))
         rate = s.cached_prompt_tokens / s.queried_prompt_tokens if s.queried_prompt_tokens else 0.0
         yield gauge("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens.", rate)
         c = CounterMetricFamily(
@@ -166,6 +168,13 @@ def _busy(s: EngineStats, last: EngineStats) -> bool:
     return moved or s.running > 0 or s.waiting > 0
 
 
+def kv_cache_usage(s: EngineStats) -> float:
+    """The fraction of the KV cache's pages that requests hold: pages that only the prefix cache keeps
+    are reusable at once and count as free (as vLLM's ``kv_cache_usage_perc`` counts them)."""
+    total = s.pages_used + s.pages_free
+    return (s.pages_used - s.pages_evictable) / total if total else 0.0
+
+
 def stats_line(s: EngineStats, last: EngineStats, seconds: float, loop_cpu_s: float | None = None) -> str:
     """The statistics line of ``seconds`` from ``last`` to ``s``; with ``loop_cpu_s`` (the event loop's CPU
     seconds meanwhile) also the engine thread's and the loop's CPU time as percentages of one core: the two
@@ -177,7 +186,7 @@ def stats_line(s: EngineStats, last: EngineStats, seconds: float, loop_cpu_s: fl
         f"stats: prompt {(s.prompt_tokens - last.prompt_tokens) / seconds:.1f} tok/s, "
         f"generation {(s.generation_tokens - last.generation_tokens) / seconds:.1f} tok/s, "
         f"running {s.running}, waiting {s.waiting}, "
-        f"KV cache {100 * s.pages_used / total if total else 0.0:.1f}% of {total} pages, "
+        f"KV cache {100 * kv_cache_usage(s):.1f}% of {total} pages, "
         f"prefix cache hits {100 * hits:.1f}%"
     )
     if loop_cpu_s is not None and last.engine_cpu_s:  # no step published before the interval: no engine share
