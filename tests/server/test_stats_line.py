@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
+from portattn.server import metrics
 from portattn.server.async_engine import AsyncEngine, EngineStats
 from portattn.server.metrics import stats_line
 
@@ -59,3 +60,33 @@ def test_published_stats_carry_the_engine_threads_own_cpu_time():
     # at most what that thread had used when it returned: the process's time (this test's imports) is more
     assert 0.05 <= async_engine.stats.engine_cpu_s <= seen["after"]
     assert async_engine.stats.steps == 1
+
+
+def test_a_line_that_fails_is_reported_and_the_next_interval_logs_again(monkeypatch, caplog):
+    import asyncio
+    import logging
+
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("a broken statistic")
+        return "stats: fine"
+
+    monkeypatch.setattr(metrics, "stats_line", flaky)
+    engine = SimpleNamespace(stats=EngineStats())
+
+    async def run():
+        task = asyncio.create_task(metrics.log_stats(engine, 0.01))
+        for tokens in range(1, 40):  # every interval sees new tokens: busy
+            engine.stats = EngineStats(generation_tokens=tokens)
+            await asyncio.sleep(0.005)
+            if len(calls) >= 2:
+                break
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="portattn"):
+        asyncio.run(run())
+    messages = [r.getMessage() for r in caplog.records]
+    assert "the statistics line failed" in messages and "stats: fine" in messages

@@ -170,7 +170,10 @@ async def log_stats(async_engine: AsyncEngine, interval: float) -> None:
         await asyncio.sleep(interval)
         now, s, loop_cpu = time.monotonic(), async_engine.stats, time.thread_time()
         if _busy(s, last):
-            logger.info(stats_line(s, last, now - last_time, loop_cpu_s=loop_cpu - last_loop_cpu))
+            try:
+                logger.info(stats_line(s, last, now - last_time, loop_cpu_s=loop_cpu - last_loop_cpu))
+            except Exception:  # a line that cannot be made is reported; the next interval tries again
+                logger.exception("the statistics line failed")
         last, last_time, last_loop_cpu = s, now, loop_cpu
 
 
