@@ -95,6 +95,14 @@ def _quarter(base, keys, end, stride_kv_slot, PAGE_SIZE: tl.constexpr, R: tl.con
 
 
 @triton.jit
+def _key_rows(base, keys, end, stride_kv_slot, offs_r, PAGE_SIZE: tl.constexpr):
+    """``[len(keys), len(offs_r)]``: the latent rows of ``keys`` (in one page from ``base``), zero past ``end``."""
+    return tl.load(
+        (base + (keys % PAGE_SIZE) * stride_kv_slot)[:, None] + offs_r[None, :], mask=(keys < end)[:, None], other=0.0
+    )
+
+
+@triton.jit
 def mla_fp8_probe_kernel(
     QNope,
     QRope,
@@ -207,26 +215,10 @@ def mla_fp8_probe_kernel(
             # join adds the last axis: [.., i, j] holds quarter 2i + j)
             offs_g = block_start + 4 * tl.arange(0, BLOCK_N // 4)
             base = KV + page * stride_kv_page
-            c0 = tl.load(
-                (base + ((offs_g + 0) % PAGE_SIZE) * stride_kv_slot)[:, None] + offs_r[None, :],
-                mask=(offs_g + 0 < end)[:, None],
-                other=0.0,
-            )
-            c1 = tl.load(
-                (base + ((offs_g + 1) % PAGE_SIZE) * stride_kv_slot)[:, None] + offs_r[None, :],
-                mask=(offs_g + 1 < end)[:, None],
-                other=0.0,
-            )
-            c2 = tl.load(
-                (base + ((offs_g + 2) % PAGE_SIZE) * stride_kv_slot)[:, None] + offs_r[None, :],
-                mask=(offs_g + 2 < end)[:, None],
-                other=0.0,
-            )
-            c3 = tl.load(
-                (base + ((offs_g + 3) % PAGE_SIZE) * stride_kv_slot)[:, None] + offs_r[None, :],
-                mask=(offs_g + 3 < end)[:, None],
-                other=0.0,
-            )
+            c0 = _key_rows(base, offs_g + 0, end, stride_kv_slot, offs_r, PAGE_SIZE)
+            c1 = _key_rows(base, offs_g + 1, end, stride_kv_slot, offs_r, PAGE_SIZE)
+            c2 = _key_rows(base, offs_g + 2, end, stride_kv_slot, offs_r, PAGE_SIZE)
+            c3 = _key_rows(base, offs_g + 3, end, stride_kv_slot, offs_r, PAGE_SIZE)
             cj = tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [BLOCK_N // 4, KV_LORA_RANK, 4])
             cT_j = tl.reshape(tl.permute(cj, [1, 0, 2]), [KV_LORA_RANK, BLOCK_N])  # [R, keys]
             if VLOAD == 1:
