@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import os
 import time
 
 import torch
@@ -95,6 +96,19 @@ class Engine:
             self.parallel = parallel
 
     def _build(self, config: EngineConfig, tp: TPGroup, req_pool_class: type[ReqToTokenPool]) -> None:
+        from ..kernels.triton import compile_ahead
+
+        # Processes that compile the kernels of the memory profile's step and of the warm-up (a CUDA GPU
+        # with Triton): they start now and import Triton while the weights load.
+        cores = max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
+        started = compile_ahead.start_workers(config.device, min(compile_ahead.MAX_WORKERS, cores))
+        try:
+            self._build_and_warm_up(config, tp, req_pool_class)
+        finally:
+            if started:
+                compile_ahead.stop_workers()
+
+    def _build_and_warm_up(self, config: EngineConfig, tp: TPGroup, req_pool_class: type[ReqToTokenPool]) -> None:
         self.config = config
         self.tp = tp
         self.hf_config = loader.load_config(config.model)

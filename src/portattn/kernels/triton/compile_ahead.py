@@ -8,7 +8,10 @@ they took most of a 14.8 s warm-up, of which 0.7 s remained once they were compi
 
 :func:`compile_ahead` rehearses a piece of work with every Triton launch turned into a compile
 handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` runs as a subprocess, so the
-threads wait side by side), and nothing launched: inside it the
+threads wait side by side; with :func:`start_workers` called before, each thread first has a worker
+process of ``compile_workers.py`` compile its variant into Triton's cache, so that the compiles' Python
+and LLVM parts run side by side too, and Triton's compile on the thread then reads the cache), and
+nothing launched: inside it the
 kernels' outputs stay unwritten, so what runs there must only need their shapes (a forward whose
 values are thrown away; torch's own kernels still run, on whatever the buffers hold). On leaving,
 it waits for the compiles and loads each kernel with its launcher, one after another (launchers
@@ -28,7 +31,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import torch
 
@@ -57,6 +60,82 @@ def available() -> bool:
     except ImportError:
         return False
     return hasattr(triton, "AsyncCompileMode")
+
+
+_workers: list = [None]  # the CompileWorkers of start_workers
+
+
+def start_workers(device: torch.device, count: int | None = None) -> bool:
+    """Start ``count`` (default: a core each, at most :data:`MAX_WORKERS`) worker processes that the
+    compiles of :func:`compile_ahead` go through (``compile_workers.py``), where compile-ahead applies
+    (:func:`available`, a CUDA device) and ``PORTATTN_COMPILE_WORKERS`` is not ``0``. They import Triton
+    while the caller goes on: an engine starts them before it loads its weights and ends them after its
+    warm-up (:func:`stop_workers`). True where this call started them (False where they already run)."""
+    if _workers[0] is not None:
+        return False
+    if device.type != "cuda" or not available() or os.environ.get("PORTATTN_COMPILE_WORKERS", "1") == "0":
+        return False
+    from .compile_workers import CompileWorkers
+
+    count = count or min(MAX_WORKERS, os.cpu_count() or 1)
+    try:
+        _workers[0] = CompileWorkers(count)
+    except OSError as exc:
+        logger.info("compile ahead: no worker processes (%s); kernels compile on this process's threads", exc)
+        return False
+    return True
+
+
+def stop_workers() -> None:
+    """End the workers of :func:`start_workers` (where they run), logging how many kernels they compiled."""
+    workers, _workers[0] = _workers[0], None
+    if workers is not None:
+        workers.close(wait=False)
+        lost = (
+            f", {workers.count - workers.num_alive} of which ended early" if workers.num_alive < workers.count else ""
+        )
+        logger.info(
+            "compile ahead: %d kernel variants compiled in %d worker processes%s",
+            workers.num_compiled,
+            workers.count,
+            lost,
+        )
+
+
+def workers_running() -> bool:
+    return _workers[0] is not None
+
+
+class _Compiles(Executor):
+    """What ``AsyncCompileMode`` submits each compile to: a thread of ``threads`` that first has one of
+    ``workers`` (where given) compile the variant into Triton's on-disk cache, then runs Triton's compile
+    itself, which then reads the cache (or compiles, where the worker could not)."""
+
+    def __init__(self, threads: ThreadPoolExecutor, workers):
+        self.threads, self.workers = threads, workers
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self.threads.submit(self._compile, fn, args, kwargs)
+
+    def _compile(self, fn, args, kwargs):
+        job = _compile_job(fn)
+        if job is not None and self.workers is not None:
+            done = self.workers.compile(*job)
+            if done is not None:
+                for callback in _callbacks:
+                    callback(done[0], done[1], job[0])
+        return fn(*args, **kwargs)
+
+
+def _compile_job(fn) -> tuple | None:
+    """``(src, target, options)`` of the compile that Triton's ``AsyncCompileMode`` hands over as a
+    closure over them (Triton 3.4 on); None where ``fn`` is not such a closure."""
+    try:
+        cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ()), strict=True))
+        src, target, options = cells["src"], cells["target"], cells["options"]
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+    return src, target, dict(getattr(options, "__dict__", options))
 
 
 def _load(kernel, index: int) -> None:
@@ -95,10 +174,11 @@ def compile_ahead(device: torch.device, workers: int | None = None) -> Iterator[
         return kernel
 
     with ThreadPoolExecutor(workers, thread_name_prefix="portattn-compile") as pool:
+        compiles = _Compiles(pool, _workers[0])
         try:
-            mode = triton.AsyncCompileMode(pool, ignore_errors=True)
+            mode = triton.AsyncCompileMode(compiles, ignore_errors=True)
         except TypeError:  # a Triton whose mode has no ignore_errors
-            mode = triton.AsyncCompileMode(pool)
+            mode = triton.AsyncCompileMode(compiles)
         mode.__enter__()
         JITFunction.run = rehearse
         _rehearsing[0] = True
@@ -134,14 +214,16 @@ def _result(future):
 
 
 _late_compiles = [0]  # compiles logged after a warm-up
+_callbacks: list = []  # of on_compile, also told of the worker processes' compiles
 _logging = [False]  # log_late_compiles has set its listener
 
 
 def on_compile(callback: Callable[[str, float, object], None]) -> bool:
     """From now on, ``callback(kernel name, seconds, source)`` after each Triton compile of this process (not a
     hit in Triton's cache), through ``triton.knobs.compilation.listener`` and after a listener already
-    set (``source``: Triton's, for :func:`variant`). False (nothing set) for a Triton without the listener
-    (before 3.4)."""
+    set (``source``: Triton's, for :func:`variant`), and after each compile of :func:`start_workers`'
+    processes (whose result this process then reads from the cache). False (nothing set) for a Triton
+    without the listener (before 3.4)."""
     try:
         from triton import knobs
     except ImportError:
@@ -158,6 +240,7 @@ def on_compile(callback: Callable[[str, float, object], None]) -> bool:
             callback(str(metadata.get("name", getattr(src, "name", "?"))), times.total / 1e6, src)
 
     compilation.listener = listener
+    _callbacks.append(callback)
     return True
 
 
