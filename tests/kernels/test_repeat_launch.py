@@ -94,3 +94,29 @@ def test_a_repeated_launch_takes_new_tensors_and_falls_back_on_another_alignment
     launch.again((x2, shifted, 40, 2.0))
     assert torch.equal(shifted, 2 * x2) and base[0] == 0
     assert fast_launch._signature((x, y, 1, 2.0)) != fast_launch._signature((x, y, 40, 2.0))  # 1 is specialized
+
+
+def test_the_quick_check_of_a_repeated_launch_agrees_with_the_whole_signature():
+    """``RepeatLaunch`` decides from the tensors' dtype and alignment and the other arguments' types and
+    values where those match, from the whole signature where they do not: both decide alike for tensors
+    moved, re-typed or unaligned, integers that Triton specializes alike or not (1, multiples of 16), a
+    float where an integer was, a tensor's place taken by something else, and another count of arguments."""
+    x = torch.arange(64, dtype=torch.float32, device=DEVICE)
+    y = torch.zeros(64, dtype=torch.float32, device=DEVICE)
+    launch = fast_launch.RepeatLaunch(scale_kernel, (4,), (x, y, 48, 2.0), {"BLOCK": 16})
+    unaligned = torch.zeros(65, dtype=torch.float32, device=DEVICE)[1:]
+    cases = {
+        "new tensors, same values": ((x + 1, torch.zeros_like(y), 48, 2.0), True),
+        "another multiple of 16": ((x, y, 32, 2.0), True),
+        "another float": ((x, y, 48, 3.0), True),
+        "not a multiple of 16": ((x, y, 40, 2.0), False),
+        "one": ((x, y, 1, 2.0), False),
+        "unaligned tensor": ((x, unaligned, 48, 2.0), False),
+        "another dtype": ((x.half(), y, 48, 2.0), False),
+        "a float for the integer": ((x, y, 48.0, 2.0), False),
+        "None for a tensor": ((x, None, 48, 2.0), False),
+        "fewer arguments": ((x, y, 48), False),
+    }
+    for name, (args, alike) in cases.items():
+        assert launch._specialized_alike(args) is alike, name
+        assert (fast_launch._signature(args) == launch.signature) is alike, name

@@ -12,6 +12,8 @@ construction. Any other launch, and every launch under the Triton interpreter, g
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import torch
 
 try:
@@ -33,6 +35,16 @@ class RepeatLaunch:
         self.fn, self.grid, self.kwargs = fn, grid, kwargs
         compiled = fn[grid](*args, **kwargs)
         self.runner, self.signature = None, _signature(args)
+        # What again() compares first, in few calls: the tensors' dtypes and alignment, and the other
+        # arguments' types and values (equal values specialize alike); only where those differ, the
+        # whole signature (a new integer that Triton specializes alike still takes the kept kernel).
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self._tensors_of = _getter(tensors)
+        self._others_of = _getter([i for i in range(len(args)) if i not in set(tensors)])
+        self._tensor_keys = tuple(map(_tensor_key, self._tensors_of(args)))
+        self._values = self._others_of(args)
+        self._types = tuple(map(type, self._values))
+        self._num_args = len(args)
         if not FAST or CompiledKernel is None or not isinstance(compiled, CompiledKernel):
             return
         params = fn.params
@@ -52,10 +64,39 @@ class RepeatLaunch:
     def again(self, args: tuple) -> None:
         """The launch with new ``args``: the kept kernel where every tensor keeps its dtype and
         16-byte alignment, else Triton's (which compiles or finds the kernel for the new one)."""
-        if self.runner is not None and _signature(args) == self.signature:
+        if self.runner is not None and self._specialized_alike(args):
             self.runner(*args, *self.tail)
         else:
             self.fn[self.grid](*args, **self.kwargs)
+
+    def _specialized_alike(self, args: tuple) -> bool:
+        """Whether ``args`` specialize as the first launch's did (:func:`_signature` equal), decided from the
+        tensors' keys and the other arguments' types and values where those match."""
+        if len(args) != self._num_args:
+            return False
+        values = self._others_of(args)
+        try:
+            same = tuple(map(type, values)) == self._types and values == self._values
+            if same:
+                return tuple(map(_tensor_key, self._tensors_of(args))) == self._tensor_keys
+        except AttributeError:  # a tensor's place holds something else
+            pass
+        return _signature(args) == self.signature
+
+
+def _getter(positions: list[int]):
+    """A tuple of the items at ``positions`` of a sequence, in one C call where there are several."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    if positions:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return lambda args: ()
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    """What Triton specializes a tensor on: its dtype and whether its address is divisible by 16."""
+    return t.dtype, t.data_ptr() % 16 == 0
 
 
 def _signature(args: tuple) -> tuple:
