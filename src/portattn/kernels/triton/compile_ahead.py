@@ -9,8 +9,9 @@ they took most of a 14.8 s warm-up, of which 0.7 s remained once they were compi
 :func:`compile_ahead` rehearses a piece of work with every Triton launch turned into a compile
 handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` runs as a subprocess, so the
 threads wait side by side; with :func:`start_workers` called before, each thread first has a worker
-process of ``compile_workers.py`` compile its variant into Triton's cache, so that the compiles' Python
-and LLVM parts run side by side too, and Triton's compile on the thread then reads the cache), and
+process of ``compile_workers.py`` compile its variant into Triton's cache where the cache does not hold
+it and a worker is ready, so that the compiles' Python and LLVM parts run side by side too, and Triton's
+compile on the thread then reads the cache), and
 nothing launched: inside it the
 kernels' outputs stay unwritten, so what runs there must only need their shapes (a forward whose
 values are thrown away; torch's own kernels still run, on whatever the buffers hold). On leaving,
@@ -66,39 +67,36 @@ _workers: list = [None]  # the CompileWorkers of start_workers
 
 
 def start_workers(device: torch.device, count: int | None = None) -> bool:
-    """Start ``count`` (default: a core each, at most :data:`MAX_WORKERS`) worker processes that the
-    compiles of :func:`compile_ahead` go through (``compile_workers.py``), where compile-ahead applies
-    (:func:`available`, a CUDA device) and ``PORTATTN_COMPILE_WORKERS`` is not ``0``. They import Triton
-    while the caller goes on: an engine starts them before it loads its weights and ends them after its
-    warm-up (:func:`stop_workers`). True where this call started them (False where they already run)."""
+    """Let the compiles of :func:`compile_ahead` go through up to ``count`` (default: a core each, at most
+    :data:`MAX_WORKERS`) worker processes (``compile_workers.py``), where compile-ahead applies
+    (:func:`available`, a CUDA device) and ``PORTATTN_COMPILE_WORKERS`` is not ``0``. They are spawned at
+    the first compile that misses Triton's cache and take compiles once they have imported Triton; an
+    engine allows them when it starts building and ends them after its warm-up (:func:`stop_workers`).
+    True where this call allowed them (False where they already were)."""
     if _workers[0] is not None:
         return False
     if device.type != "cuda" or not available() or os.environ.get("PORTATTN_COMPILE_WORKERS", "1") == "0":
         return False
     from .compile_workers import CompileWorkers
 
-    count = count or min(MAX_WORKERS, os.cpu_count() or 1)
-    try:
-        _workers[0] = CompileWorkers(count)
-    except OSError as exc:
-        logger.info("compile ahead: no worker processes (%s); kernels compile on this process's threads", exc)
-        return False
+    _workers[0] = CompileWorkers(count or min(MAX_WORKERS, os.cpu_count() or 1))
     return True
 
 
 def stop_workers() -> None:
-    """End the workers of :func:`start_workers` (where they run), logging how many kernels they compiled."""
+    """End the workers of :func:`start_workers` (where they were spawned), logging how many kernels they
+    compiled."""
     workers, _workers[0] = _workers[0], None
-    if workers is not None:
-        workers.close(wait=False)
-        lost = (
-            f", {workers.count - workers.num_alive} of which ended early" if workers.num_alive < workers.count else ""
-        )
+    if workers is None:
+        return
+    workers.close(wait=False)
+    if workers.num_spawned:
+        lost = workers.num_spawned - workers.num_alive
         logger.info(
             "compile ahead: %d kernel variants compiled in %d worker processes%s",
             workers.num_compiled,
-            workers.count,
-            lost,
+            workers.num_spawned,
+            f", {lost} of which ended early" if lost else "",
         )
 
 

@@ -2,19 +2,23 @@
 
 Threads of one process compile Triton kernels side by side only where the compiler lets go of the
 GIL (``ptxas`` runs as a subprocess, Triton's passes and LLVM do not all release it): on an H200 host
-with 16 cores a warm-up's two dozen variants, each 0.2-2.5 s alone, took 9 s in a pool of 16 threads
-(``benchmarks/results/engine_h200/round28/NOTES.md``). Processes compile them side by side for real.
+with 16 cores an 8B warm-up's 30 variants, each 0.2-2.5 s alone, took 5.7-9.1 s in a pool of 16
+threads, 3.4-4.3 s through 16 worker processes (``benchmarks/results/engine_h200/round28/NOTES.md``).
 
 :class:`CompileWorkers` starts ``python -m portattn.kernels.triton.compile_workers`` processes, each of
-which imports Triton once and then compiles jobs sent on its standard input (what
-``triton.compile`` takes: the kernel's source, the target, the options; a kernel is sent as its module
-and name, which the worker imports), writing each into the cache directory the parent uses, and
-answering with the kernel's name and seconds. Where the kernel has a launcher that is built by a C
-compiler (Triton 3.6), the worker builds it too (into the same cache). The parent then compiles the
-same source itself, which is a hit in the cache: it loads the files.
+which imports Triton (and this package's kernel modules) once, says it is ready, and then compiles jobs
+sent on its standard input (what ``triton.compile`` takes: the kernel's source, the target, the
+options; a kernel is sent as its module and name, which the worker imports), writing each into the
+cache directory the parent uses, and answering with the kernel's name and seconds. Where the kernel has
+a launcher that is built by a C compiler (Triton 3.6), the worker builds it too (into the same cache).
+The parent then compiles the same source itself, which is a hit in the cache: it loads the files.
 
-The workers never use the GPU (the target is given; nothing is launched or loaded on a device), and a
-worker that fails leaves the compile to the parent, which compiles as it would have without workers.
+The workers start at the first compile that Triton's cache does not hold (a process whose kernels are all
+cached spawns none: a restart pays nothing), and take jobs once ready; until then compiles run on the
+caller's threads as without workers. Started at once with a model's load, their imports had slowed the
+load by 1.5-2.7 s on the H200 host. The workers never use the GPU (the target is given; nothing is
+launched or loaded on a device), and a worker that fails leaves the compile to the parent, which compiles
+as it would have without workers.
 """
 
 from __future__ import annotations
@@ -37,11 +41,25 @@ _LENGTH = struct.Struct("<Q")  # a job's length before its bytes
 
 
 class CompileWorkers:
-    """``count`` worker processes, started at once (each imports Triton while the caller goes on) and
-    handed one job at a time (:meth:`compile`, from any thread). :meth:`close` ends them; so does the
-    end of this process (their standard input closes)."""
+    """Up to ``count`` worker processes, started by the first :meth:`compile` that needs one (nothing
+    is spawned where every kernel is in Triton's cache already) and handed one job at a time (from any
+    thread) once they have imported what compiles need (:data:`READY`). :meth:`close` ends them; so
+    does the end of this process (their standard input closes)."""
 
     def __init__(self, count: int):
+        self.count = count
+        self.num_spawned = self.num_alive = self.num_ready = self.num_compiled = 0
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()  # ready workers without a job
+        self._lock = threading.Lock()
+        self._procs: list[subprocess.Popen] = []
+        self._started = self._closed = False
+
+    def start(self) -> None:
+        """Spawn the workers (once); each joins the idle ones when it says it is ready."""
+        with self._lock:
+            if self._started or self._closed:
+                return
+            self._started = True
         env = dict(os.environ)
         # The workers import what this process imports: its path (a source tree on PYTHONPATH, a test's
         # additions) and its Triton cache directory (where the compiles must land).
@@ -49,30 +67,63 @@ class CompileWorkers:
         cache_dir = _triton_cache_dir()
         if cache_dir:
             env["TRITON_CACHE_DIR"] = cache_dir
-        self._idle: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._procs: list[subprocess.Popen] = []
-        self._closed = False
-        for _ in range(count):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-            )
-            self._procs.append(proc)
-            self._idle.put(proc)
-        self.count = self.num_alive = count
-        self.num_compiled = 0
+        for _ in range(self.count):
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+                )
+            except OSError as exc:
+                logger.info("compile workers: none started (%s); kernels compile on this process's threads", exc)
+                break
+            with self._lock:
+                if self._closed:  # closed meanwhile: this one ends at once
+                    proc.stdin.close()
+                    _reap([proc])
+                    break
+                self._procs.append(proc)
+                self.num_spawned += 1
+                self.num_alive += 1
+            threading.Thread(target=self._await_ready, args=(proc,), name="portattn-compile-ready", daemon=True).start()
+
+    def _await_ready(self, proc: subprocess.Popen) -> None:
+        try:
+            message = pickle.load(proc.stdout)
+        except Exception as exc:  # it exited before it was ready
+            self._drop(proc, exc)
+            return
+        if message != READY:
+            self._drop(proc, ValueError(f"expected {READY!r} from a compile worker, got {message!r}"))
+            return
+        with self._lock:
+            self.num_ready += 1
+        self._idle.put(proc)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Start the workers and wait until each is ready or gone (at most ``timeout`` seconds): whether
+        any is ready."""
+        self.start()
+        deadline = time.monotonic() + timeout
+        while self.num_ready < self.num_alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.num_ready > 0
 
     def compile(self, src, target, options: dict) -> tuple[str, float] | None:
         """Have a worker compile ``triton.compile(src, target=target, options=options)`` into the cache:
-        ``(kernel name, seconds)``, or None where it could not (a kernel the workers cannot import by
-        its module and name, a compile that failed, no worker left: the caller compiles it)."""
+        ``(kernel name, seconds)``, or None where the caller compiles it itself: a kernel in the cache
+        already (:func:`in_cache`), no worker ready yet (the first call starts them), a kernel the workers
+        cannot import by its module and name, a compile that failed there, no worker left."""
+        if self._closed or in_cache(src, target, options):
+            return None
+        self.start()
+        if self.num_ready == 0:  # still importing: this one compiles on the caller's thread
+            return None
         try:
             job = dumps((src, target, options))
         except Exception as exc:  # a kernel defined in a function or in __main__, an unpicklable constant
             logger.debug("compile workers: %s not sent: %s", getattr(src, "name", src), exc)
             return None
         while True:
-            if self.num_alive == 0 or self._closed:
+            if self.num_ready == 0 or self._closed:
                 return None
             try:
                 proc = self._idle.get(timeout=0.5)
@@ -83,7 +134,7 @@ class CompileWorkers:
                 proc.stdin.flush()
                 status, *reply = pickle.load(proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
-                self._drop(proc, exc)
+                self._drop(proc, exc, ready=True)
                 continue  # another worker, if any is left
             self._idle.put(proc)
             if status != "ok":
@@ -93,9 +144,10 @@ class CompileWorkers:
                 self.num_compiled += 1
             return reply[0], reply[1]
 
-    def _drop(self, proc: subprocess.Popen, exc: BaseException) -> None:
+    def _drop(self, proc: subprocess.Popen, exc: BaseException, ready: bool = False) -> None:
         with self._lock:
             self.num_alive -= 1
+            self.num_ready -= ready
         proc.kill()
         logger.debug("compile workers: a worker ended (%s, exit code %s); %d left", exc, proc.wait(), self.num_alive)
 
@@ -103,8 +155,9 @@ class CompileWorkers:
         """End the workers: each exits when its standard input closes (a worker's exit, torch's teardown
         included, took 0.6 s on an H200 host). ``wait`` False: a daemon thread waits for them, so that the
         caller goes on at once. Idempotent."""
-        self._closed = True
-        procs, self._procs = self._procs, []
+        with self._lock:
+            self._closed = True
+            procs, self._procs = self._procs, []
         for proc in procs:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
@@ -123,6 +176,30 @@ def _reap(procs: list[subprocess.Popen]) -> None:
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+READY = ("ready",)  # what a worker says once it has imported what compiles need
+
+
+def in_cache(src, target, options: dict) -> bool:
+    """Whether ``triton.compile(src, target=target, options=options)`` would find its kernel in Triton's
+    cache (the key and file it looks for, as Triton 3.4-3.9 compute them); False where that cannot be
+    told (another Triton)."""
+    try:
+        import hashlib
+
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.cache import get_cache_key, get_cache_manager
+
+        backend = make_backend(target)
+        parsed = backend.parse_options(dict(options, **src.parse_options()))
+        key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+        name = f"{src.name[:150]}.json"
+        group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {}
+        return group.get(name) is not None
+    except Exception:
+        return False
 
 
 def _triton_cache_dir() -> str | None:
@@ -205,8 +282,8 @@ def _read_exactly(stream, n: int) -> bytes | None:
     return data if data is not None and len(data) == n else None
 
 
-# A worker's scheduling priority below its parent's: started while the parent loads a model's weights, the
-# workers' imports take what CPU the load leaves.
+# A worker's scheduling priority below its parent's, whose threads compile beside them and whose engine
+# goes on with its start-up meanwhile.
 NICENESS = 10
 
 
@@ -231,11 +308,13 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    with contextlib.suppress(OSError):  # the process that waits (loading weights) goes first
+    with contextlib.suppress(OSError, AttributeError):  # the process that waits for them goes first
         os.nice(NICENESS)
+    os.environ.pop("TRITON_INTERPRET", None)  # they compile for a GPU target, whatever the parent runs under
     import triton
 
     _import_ahead()
+    _reply(out, READY)
 
     jobs = sys.stdin.buffer
     while True:
