@@ -98,8 +98,8 @@ class Engine:
     def _build(self, config: EngineConfig, tp: TPGroup, req_pool_class: type[ReqToTokenPool]) -> None:
         from ..kernels.triton import compile_ahead
 
-        # Processes that compile the kernels of the memory profile's step and of the warm-up (a CUDA GPU
-        # with Triton): they start now and import Triton while the weights load.
+        # Worker processes for the compiles of the memory profile's step and of the warm-up (a CUDA GPU with
+        # Triton): spawned at the first compile that Triton's cache does not hold, ended after the warm-up.
         cores = max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
         started = compile_ahead.start_workers(config.device, min(compile_ahead.MAX_WORKERS, cores))
         try:

@@ -11,9 +11,8 @@ handed to a thread pool (``triton.AsyncCompileMode``; ``ptxas`` runs as a subpro
 threads wait side by side; with :func:`start_workers` called before, each thread first has a worker
 process of ``compile_workers.py`` compile its variant into Triton's cache where the cache does not hold
 it and a worker is ready, so that the compiles' Python and LLVM parts run side by side too, and Triton's
-compile on the thread then reads the cache), and
-nothing launched: inside it the
-kernels' outputs stay unwritten, so what runs there must only need their shapes (a forward whose
+compile on the thread then reads the cache), and nothing launched: inside it the kernels' outputs
+stay unwritten, so what runs there must only need their shapes (a forward whose
 values are thrown away; torch's own kernels still run, on whatever the buffers hold). On leaving,
 it waits for the compiles and loads each kernel with its launcher, one after another (launchers
 built on several threads at once were given to the wrong kernels). The real work
@@ -89,9 +88,9 @@ def stop_workers() -> None:
     workers, _workers[0] = _workers[0], None
     if workers is None:
         return
+    lost = workers.num_spawned - workers.num_alive  # (before the close, whose ends are not losses)
     workers.close(wait=False)
     if workers.num_spawned:
-        lost = workers.num_spawned - workers.num_alive
         logger.info(
             "compile ahead: %d kernel variants compiled in %d worker processes%s",
             workers.num_compiled,
@@ -119,9 +118,11 @@ class _Compiles(Executor):
         job = _compile_job(fn)
         if job is not None and self.workers is not None:
             done = self.workers.compile(*job)
-            if done is not None:
-                for callback in _callbacks:
+            for callback in _callbacks if done is not None else ():
+                try:
                     callback(done[0], done[1], job[0])
+                except Exception:  # a listener's failure is not the compile's
+                    logger.exception("a compile listener failed")
         return fn(*args, **kwargs)
 
 
