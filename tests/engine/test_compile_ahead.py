@@ -250,3 +250,27 @@ def test_the_compiled_kernels_are_loaded_one_after_another_on_the_calling_thread
             JITFunction.run(None, grid=(1,), warmup=False)
     me = threading.get_ident()
     assert loads == [(0, 3, me, 1), (1, 3, me, 1), (2, 3, me, 1)]
+
+
+def test_the_engine_allows_compile_workers_while_it_builds_and_ends_them_after(ckpt_root, monkeypatch):
+    """The engine asks for compile workers before it loads (a share of the cores for each tensor-parallel rank)
+    and ends them after its warm-up, and also when the build fails; workers it did not start (already
+    allowed by someone else) it leaves alone."""
+    from portattn.kernels.triton import compile_ahead as module
+
+    calls = []
+    allowed = [True]
+    monkeypatch.setattr(module, "start_workers", lambda device, count: calls.append(("start", count)) or allowed[0])
+    monkeypatch.setattr(module, "stop_workers", lambda: calls.append(("stop",)))
+    path = checkpoint("llama", ckpt_root)
+    LLM(path, device=ENGINE_DEVICE, dtype="float32", num_pages=32, max_model_len=64)
+    cores = min(module.MAX_WORKERS, max(1, os.cpu_count() or 1))
+    assert calls == [("start", cores), ("stop",)]
+    calls.clear()
+    with pytest.raises(ValueError, match="max_model_len"):  # the build fails (too few pages): they still end
+        LLM(path, device=ENGINE_DEVICE, dtype="float32", num_pages=1, max_model_len=64)
+    assert calls == [("start", cores), ("stop",)]
+    calls.clear()
+    allowed[0] = False  # not started by this engine: not ended by it
+    LLM(path, device=ENGINE_DEVICE, dtype="float32", num_pages=32, max_model_len=64)
+    assert calls == [("start", cores)]
