@@ -65,6 +65,7 @@ class EngineStats:
     steps: int = 0
     spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters, when the engine speculates
     engine_cpu_s: float = 0.0  # the engine thread's CPU time (time.thread_time) as of the last step
+    requests_added: int = 0  # requests the engine's loop has taken (an engine in its own process counts them)
 
 
 class RequestStream:

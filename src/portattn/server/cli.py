@@ -88,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"no statistics line (throughput, queue, KV cache) every {LOG_STATS_INTERVAL:g} s at INFO",
     )
     server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level (default: warning)")
+    server.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the engine in a process of its own, apart from the HTTP event loop (text models; "
+        "default: on a thread of the server's process)",
+    )
 
 
 def engine_args(args: argparse.Namespace) -> dict:
@@ -109,10 +115,12 @@ def create_app(
     trust_request_chat_template: bool = False,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     log_stats_interval: float | None = LOG_STATS_INTERVAL,
+    engine_process: bool = False,
     **engine_args,
 ):
     """Load the checkpoint and return the FastAPI app serving it (the engine thread starts with the
-    app). ``log_stats_interval``: seconds between statistics lines at INFO (None: none)."""
+    app). ``log_stats_interval``: seconds between statistics lines at INFO (None: none). ``engine_process``:
+    the engine built and stepped in a process of its own (``server/engine_process.py``; text models)."""
     require_extra("serve", "portattn serve")
     from ..engine.build import build_engine
     from ..engine.input_processor import InputProcessor
@@ -127,11 +135,22 @@ def create_app(
     if log_stats_interval is not None and not log_stats_interval > 0:
         raise ValueError(f"expected log_stats_interval to be None or seconds > 0, got {log_stats_interval!r}")
     arguments.check_keywords(EngineConfig, engine_args, what="create_app")
-    engine = build_engine(EngineConfig(model=model, **engine_args))
+    config = EngineConfig(model=model, **engine_args)
+    if engine_process:
+        from .engine_process import EngineProcess, refuse_multimodal
+
+        refuse_multimodal(config)
+        async_engine = EngineProcess(config, max_queue=max_queue)
+        engine = async_engine.engine
+    else:
+        engine = build_engine(config)
     # The handlers tokenize with a tokenizer of their own: the engine thread decodes with the engine's.
     tokenizer = loader.load_tokenizer(engine.config.tokenizer or engine.config.model)
     processor = InputProcessor(engine.model, tokenizer, engine.config.model)
-    async_engine = AsyncEngine(engine, max_queue=max_queue)
+    if engine_process:
+        engine.tokenizer = tokenizer
+    else:
+        async_engine = AsyncEngine(engine, max_queue=max_queue)
     server = Server(
         async_engine,
         Preprocessor(processor, engine),
@@ -164,6 +183,7 @@ def main(args: argparse.Namespace) -> int:
             trust_request_chat_template=args.trust_request_chat_template,
             max_request_bytes=args.max_request_bytes,
             log_stats_interval=None if args.disable_log_stats else LOG_STATS_INTERVAL,
+            engine_process=args.engine_process,
             **kwargs,
         )
     except BaseException:

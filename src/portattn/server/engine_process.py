@@ -1,0 +1,399 @@
+"""The engine in a process of its own behind the server (``portattn serve --engine-process``).
+
+In one process the engine's thread and the event loop share the GIL: every streamed chunk is a few
+callbacks and a socket write on the loop (40-65 us a chunk, the write holding the GIL), and on an H200 at
+Poisson 16 requests a second the loop took 12-14% of a core beside an engine thread at 75-90%, whose next
+launch then waited (benchmarks/results/engine_h200/round28/NOTES.md). vLLM and SGLang run the engine core
+in a process of its own for this reason. Here the process runs the engine and its step loop (the same
+:class:`~.async_engine.AsyncEngine` loop, with each stream's deltas sent over a pipe once a step), and the
+server's process keeps the HTTP side: :class:`EngineProcess` has :class:`AsyncEngine`'s interface
+(submit, abort, stats, start, shutdown, the engine's limits and checks through :class:`EngineFacade`).
+
+What differs from the engine on a thread: text models only (a model that takes images is refused: its
+inputs are built with the model's own code); a reader that falls behind gets every delta as its own chunk
+(the thread's engine merges the tokens of a slow reader's next delta). The process is started with
+``multiprocessing``'s spawn: a script that builds the app itself needs the ``if __name__ == "__main__"``
+guard, as vLLM's do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import threading
+import time
+
+import torch
+
+from ..engine.config import EngineConfig
+from ..engine.engine import Engine
+from ..engine.outputs import CompletionOutput, RequestOutput, RequestState
+from .async_engine import AsyncEngine, Prompt, RequestStream, _put_all
+
+logger = logging.getLogger("portattn")
+
+STATS_INTERVAL_S = 0.05  # the engine's statistics are sent at most this often (and once a step after a pause)
+
+
+def refuse_multimodal(config: EngineConfig) -> None:
+    """A model that takes images has its inputs built by the model's own code, which lives in the engine's
+    process: refused with the way to serve it."""
+    from ..models import loader
+    from ..models.base import MultimodalModel
+
+    cls = loader.model_class(getattr(loader.load_config(config.model), "architectures", None))
+    if issubclass(cls, MultimodalModel):
+        raise ValueError(
+            f"expected a text model for --engine-process (engine_process=True), got {cls.__name__}, which takes "
+            "images: serve it without --engine-process"
+        )
+
+
+class EngineFacade:
+    """What the server's handlers ask of the engine, answered in the server's process: its configuration,
+    ``max_model_len``, ``vocab_size``, the tokenizer (the server's own) and the checks of prompts and
+    parameters (the engine's own code over these values)."""
+
+    check_params = Engine.check_params
+    check_prompt = Engine.check_prompt
+
+    def __init__(self, info: dict, tokenizer):
+        self.config: EngineConfig = info["config"]
+        self.max_model_len: int = info["max_model_len"]
+        self.vocab_size: int = info["vocab_size"]
+        self.model = type(info["model_class"], (), {})()  # a stand-in: handlers read only its class
+        self.tokenizer = tokenizer
+
+
+class CollectedOutput:
+    """A prompt's whole output on the server's side, merged from the deltas the engine sent: what the handlers
+    of whole (not streamed) responses read of a :class:`~portattn.engine.outputs.RequestState` (its
+    :meth:`output`, and its choices' token counts as ``seqs``)."""
+
+    def __init__(self, params):
+        self.params = params
+        self.last: RequestOutput | None = None
+        self.prompt_logprobs = self.prompt_logits = None
+        self.choices: dict[int, CompletionOutput] = {}
+
+    def add(self, out: RequestOutput) -> None:
+        self.last = out
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = out.prompt_logprobs
+        if self.prompt_logits is None:
+            self.prompt_logits = out.prompt_logits
+        for c in out.outputs:
+            kept = self.choices.get(c.index)
+            if kept is None:
+                self.choices[c.index] = dataclasses.replace(
+                    c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs)
+                )
+                continue
+            kept.text += c.text
+            kept.token_ids += c.token_ids
+            if c.logprobs is not None:
+                kept.logprobs = (kept.logprobs or []) + c.logprobs
+            if c.logits is not None:
+                kept.logits = c.logits if kept.logits is None else torch.cat([kept.logits, c.logits])
+            kept.cumulative_logprob = c.cumulative_logprob
+            kept.finish_reason, kept.stop_reason = c.finish_reason, c.stop_reason
+
+    def output(self) -> RequestOutput:
+        outputs = [dataclasses.replace(self.choices[i]) for i in sorted(self.choices)]
+        if self.params.num_seqs > self.params.n:  # best_of: the n likeliest, as the engine's whole output
+            outputs = RequestState._best(outputs, self.params.n)
+        last = self.last
+        return RequestOutput(
+            request_id=last.request_id,
+            prompt=last.prompt,
+            prompt_token_ids=last.prompt_token_ids,
+            outputs=outputs,
+            finished=last.finished,
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_logits=self.prompt_logits,
+        )
+
+    @property
+    def seqs(self) -> list:
+        return [_Counted(len(c.token_ids)) for c in self.choices.values()]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counted:
+    num_output_tokens: int
+
+
+class EngineProcess:
+    """:class:`AsyncEngine`'s interface over an engine built and stepped in a process of its own (spawned,
+    waited for until its warm-up is done); ``max_queue`` bounds the requests waiting."""
+
+    def __init__(self, config: EngineConfig, *, max_queue: int | None = None, tokenizer=None):
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        level = logging.getLogger("portattn").getEffectiveLevel()
+        self._process = context.Process(
+            target=_engine_main, args=(config, child, level), name="portattn-engine", daemon=True
+        )
+        self._process.start()
+        child.close()
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            self._process.join(timeout=30)
+            raise RuntimeError(
+                f"the engine process exited during its start-up (exit code {self._process.exitcode})"
+            ) from None
+        if kind != "ready":
+            self._process.join(timeout=30)
+            raise RuntimeError(f"the engine process failed to start: {payload}")
+        self.engine = EngineFacade(payload, tokenizer)
+        self.max_queue = max_queue
+        try:
+            kind, self.stats = self._conn.recv()  # the engine's first statistics follow its readiness
+        except EOFError:
+            kind = "nothing: it exited"
+        if kind != "stats":
+            raise RuntimeError(f"expected the engine process's first statistics after its start-up, got {kind!r}")
+        self.error: BaseException | None = None
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, list] = {}  # request id -> [stream, unfinished prompts]
+        self._streams_lock = threading.Lock()
+        self._submitted = 0
+        self._stopping = False
+        self._receiver: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start taking the engine's messages (the engine steps from its start-up on)."""
+        if self._receiver is None:
+            self._receiver = threading.Thread(target=self._receive, name="portattn-engine-receiver", daemon=True)
+            self._receiver.start()
+
+    def shutdown(self) -> None:
+        """Stop the engine after its current step, then its process (killed after 30 s)."""
+        self._stopping = True
+        self._send(("stop",))
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            logger.warning("the engine process did not stop within 30 s; terminating it")
+            self._process.terminate()
+            self._process.join(timeout=10)
+        if self._receiver is not None:
+            self._receiver.join(timeout=5)
+
+    @property
+    def alive(self) -> bool:
+        return self._receiver is not None and self._receiver.is_alive() and self.error is None
+
+    # -- front (event loop) ------------------------------------------------------------------
+
+    def queue_full(self) -> bool:
+        if self.max_queue is None:
+            return False
+        pending = self._submitted - self.stats.requests_added
+        return self.stats.waiting_requests + pending >= self.max_queue
+
+    def submit(self, request_id: str, prompts: list[Prompt], params) -> RequestStream:
+        """Send one engine request per prompt; their outputs come on the stream."""
+        stream = RequestStream(self, request_id, len(prompts))
+        stream.states = [CollectedOutput(params) for _ in prompts]
+        with self._streams_lock:
+            self._streams[request_id] = [stream, len(prompts)]
+        self._submitted += 1
+        if self.error is not None or not self._send(("add", request_id, len(prompts), prompts, params)):
+            self._forget(request_id)
+            stream.fail(self._failure())
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._forget(request_id)  # (the engine sends nothing more of an aborted request)
+        self._send(("abort", request_id))
+
+    def _send(self, message: tuple) -> bool:
+        with self._send_lock:
+            try:
+                self._conn.send(message)
+            except (OSError, EOFError, BrokenPipeError):
+                return False
+        return True
+
+    def _failure(self) -> RuntimeError:
+        return RuntimeError(f"the engine failed: {self.error}")
+
+    def _forget(self, request_id: str) -> None:
+        with self._streams_lock:
+            self._streams.pop(request_id, None)
+
+    # -- receiver thread ---------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                kind, *payload = self._conn.recv()
+            except (EOFError, OSError):
+                if not self._stopping:
+                    self._process.join(timeout=1)
+                    self._fail(RuntimeError(f"its process exited (exit code {self._process.exitcode})"))
+                return
+            if kind == "items":
+                self._dispatch(payload[0])
+            elif kind == "stats":
+                self.stats = payload[0]
+            elif kind == "failed":
+                self._fail(RuntimeError(payload[0]))
+                return
+
+    def _dispatch(self, items: list) -> None:
+        """A step's deltas, each to its stream's queue, in one call on each event loop."""
+        loops: dict = {}
+        with self._streams_lock:
+            for request_id, item in items:
+                entry = self._streams.get(request_id)
+                if entry is None:  # the request was given up by its handler
+                    continue
+                stream = entry[0]
+                if isinstance(item, BaseException):
+                    del self._streams[request_id]
+                else:
+                    stream.states[item[0]].add(item[1])  # (before the reader can see the item)
+                    if item[1].finished:
+                        entry[1] -= 1
+                        if entry[1] == 0:
+                            del self._streams[request_id]
+                loops.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, puts in loops.items():
+            loop.call_soon_threadsafe(_put_all, puts)
+
+    def _fail(self, error: BaseException) -> None:
+        """The engine is gone: every open stream and every later request gets the error."""
+        self.error = error
+        logger.error("%s", error)
+        with self._streams_lock:
+            streams, self._streams = [entry[0] for entry in self._streams.values()], {}
+        failure = self._failure()
+        for stream in streams:
+            with contextlib.suppress(RuntimeError):  # its event loop closed meanwhile
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, failure)
+
+
+# -- the engine's process ----------------------------------------------------------------------
+
+
+class _Sender:
+    """Stands in for an event loop on the engine's side: a step's deltas go to the server in one message."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def call_soon_threadsafe(self, _put_all, puts: list) -> None:
+        with contextlib.suppress(OSError):  # the server is gone: the process stops when its pipe's end says so
+            self.conn.send(("items", puts))
+
+
+class _RemoteStream:
+    """The engine side of a request's stream: what :class:`AsyncEngine`'s loop reads and writes of one."""
+
+    behind = False  # every delta is sent (the server's side has the reader)
+
+    def __init__(self, request_id: str, num_prompts: int, sender: _Sender):
+        self.request_id = request_id
+        self.num_prompts = num_prompts
+        self.states: list = []
+        self.loop = sender
+        self.queue = request_id  # (what the server maps back to its stream)
+        self.pushed = 0
+
+    def push(self, item) -> None:
+        self.pushed += 1
+        self.loop.call_soon_threadsafe(_put_all, [(self.request_id, item)])
+
+
+class _EngineSide(AsyncEngine):
+    """:class:`AsyncEngine`'s step loop in the engine's process, its requests from the pipe."""
+
+    def __init__(self, engine: Engine, conn):
+        super().__init__(engine)
+        self.conn = conn
+        self.sender = _Sender(conn)
+        self._last_stats = 0.0
+        self.num_added = 0
+
+    def _add(self, stream, prompts, params) -> None:
+        self.num_added += 1
+        super()._add(stream, prompts, params)
+
+    def _run(self) -> None:
+        super()._run()
+        if self.error is not None:  # (its streams have the error already) the server stops taking requests
+            with contextlib.suppress(OSError):
+                self.conn.send(("failed", f"{type(self.error).__name__}: {self.error}"))
+
+    def _publish(self) -> None:
+        super()._publish()
+        self.stats = dataclasses.replace(self.stats, requests_added=self.num_added)
+        now = time.monotonic()
+        idle = not self.engine.has_unfinished()
+        if idle or now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self.conn.send(("stats", self.stats))
+
+    def serve(self) -> None:
+        """Take the server's messages until it says stop or goes away."""
+        while True:
+            try:
+                kind, *payload = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "add":
+                request_id, num_prompts, prompts, params = payload
+                with self._pending_lock:
+                    self._pending += 1
+                self._inbox.put(("add", _RemoteStream(request_id, num_prompts, self.sender), prompts, params))
+                self._wake.set()
+            elif kind == "abort":
+                self.abort(payload[0])
+            elif kind == "stop":
+                break
+
+
+def _engine_main(config: EngineConfig, conn, log_level: int) -> None:
+    """The engine's process: build the engine, say it is ready (with what the server's facade needs), step
+    requests from the pipe until told to stop; a failure is sent as one line."""
+    from ..engine.build import build_engine
+
+    portattn_logger = logging.getLogger("portattn")  # the server's lines and the engine's, alike on stderr
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    portattn_logger.addHandler(handler)
+    portattn_logger.setLevel(log_level)
+    portattn_logger.propagate = False
+    if config.device.type == "cpu":  # as portattn serve sets its own process's on a CPU
+        from .lifecycle import cpu_threads
+
+        threads, why = cpu_threads()
+        torch.set_num_threads(threads)
+        logger.info("CPU: the engine process's intra-op threads: %d (%s)", threads, why)
+    try:
+        engine = build_engine(config)
+    except BaseException as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    side = _EngineSide(engine, conn)
+    conn.send(
+        (
+            "ready",
+            {
+                "config": engine.config,
+                "max_model_len": engine.max_model_len,
+                "vocab_size": engine.vocab_size,
+                "model_class": type(engine.model).__name__,
+            },
+        )
+    )
+    side._publish()  # the first statistics, before any step (the server waits for them)
+    side.start()
+    side.serve()
+    side.shutdown()
