@@ -1,6 +1,6 @@
 """The engine in a process of its own (``create_app(engine_process=True)``, ``portattn serve --engine-process``):
 the same answers as the engine on a thread (greedy completions and chats, streamed and whole, several choices
-with log-probabilities, stop strings), its statistics and metrics, refused requests, a start-up that fails,
+with log-probabilities, stop strings, best_of), its statistics and metrics, refused requests, a start-up that fails,
 a model that takes images refused, the process ended with the server."""
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ def answers(url: str) -> list:
         assert status == 200, reply
         out.append([(c["index"], c["text"], c["finish_reason"], c["logprobs"]) for c in reply["choices"]])
         out.append(streamed(f"{url}/v1/completions", {"model": "m", **body}))
+    best_of = {"model": "m", "prompt": "x y", "max_tokens": 6, "n": 2, "best_of": 3, "temperature": 0.9, "seed": 3}
+    status, reply, _ = request(f"{url}/v1/completions", "POST", best_of)  # the 2 likeliest of 3, whole only
+    assert status == 200, reply
+    out.append([(c["index"], c["text"], c["finish_reason"]) for c in reply["choices"]])
     status, reply, _ = request(f"{url}/v1/chat/completions", "POST", {"model": "m", **CHAT})
     assert status == 200, reply
     out.append([(c["message"]["content"], c["finish_reason"]) for c in reply["choices"]])
