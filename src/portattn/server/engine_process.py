@@ -1,13 +1,14 @@
 """The engine in a process of its own behind the server (``portattn serve --engine-process``).
 
 In one process the engine's thread and the event loop share the GIL: every streamed chunk is a few
-callbacks and a socket write on the loop (40-65 us a chunk, the write holding the GIL), and on an H200 at
-Poisson 16 requests a second the loop took 12-14% of a core beside an engine thread at 75-90%, whose next
-launch then waited (benchmarks/results/engine_h200/round28/NOTES.md). vLLM and SGLang run the engine core
-in a process of its own for this reason. Here the process runs the engine and its step loop (the same
-:class:`~.async_engine.AsyncEngine` loop, with each stream's deltas sent over a pipe once a step), and the
-server's process keeps the HTTP side: :class:`EngineProcess` has :class:`AsyncEngine`'s interface
-(submit, abort, stats, start, shutdown, the engine's limits and checks through :class:`EngineFacade`).
+callbacks and a socket write on the loop (40-65 us a chunk through uvicorn on the CPU machine), and on an
+H200 at Poisson 16 requests a second the loop took 12-14% of a core beside an engine thread at 75-90%,
+whose next launch then waits for the GIL (benchmarks/results/engine_h200/round28/NOTES.md). vLLM and
+SGLang run the engine core in a process of its own for this reason. Here the process runs the engine and
+its step loop (the same :class:`~.async_engine.AsyncEngine` loop, with each stream's deltas sent over a
+pipe once a step), and the server's process keeps the HTTP side: :class:`EngineProcess` has
+:class:`AsyncEngine`'s interface (submit, abort, stats, start, shutdown, the engine's limits and checks
+through :class:`EngineFacade`).
 
 What differs from the engine on a thread: text models only (a model that takes images is refused: its
 inputs are built with the model's own code); a reader that falls behind gets every delta as its own chunk
