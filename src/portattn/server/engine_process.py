@@ -395,6 +395,10 @@ def _engine_main(config: EngineConfig, conn, log_level: int) -> None:
         )
     )
     side._publish()  # the first statistics, before any step (the server waits for them)
+    from .cli import SLOW_COLLECTION_S, freeze_start_up_objects, log_slow_collections
+
+    freeze_start_up_objects()  # as portattn serve's process does: a full collection would stop the steps
+    log_slow_collections(SLOW_COLLECTION_S)
     side.start()
     side.serve()
     side.shutdown()
