@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import importlib.util
 import logging
-import time
 
 from ..engine import arguments
 from ..engine.config import EngineConfig
 from ..extras import require_extra
+from .gc_pauses import SLOW_COLLECTION_S, freeze_start_up_objects, log_slow_collections
 
 logger = logging.getLogger("portattn")
 
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 DEFAULT_SHUTDOWN_TIMEOUT = 20.0  # seconds; below the 30 s a container supervisor usually waits
 LOG_STATS_INTERVAL = 10.0  # seconds between statistics lines
-SLOW_COLLECTION_S = 0.02  # a garbage collection that stops every thread this long is logged
 
 
 def _count(flag: str):
@@ -210,19 +208,6 @@ def main(args: argparse.Namespace) -> int:
     return 1 if server.engine.error is not None else 0  # a supervisor restarts a server that failed
 
 
-def freeze_start_up_objects() -> None:
-    """Move the objects alive after the start-up (the model's modules, torch's, transformers' and Triton's
-    own) out of the garbage collector's reach (``gc.freeze``, as vLLM's engine process does), after
-    collecting what is garbage already: a full collection while serving then looks only at what was made
-    since. A full collection stops every thread: the start-up's took 10-160 ms each in a CPU server of a
-    tiny model, and five of six servers on an H200 machine had every stream stop once for 227-287 ms,
-    which such a collection would explain (benchmarks/results/engine_h200/round26/NOTES.md); with the
-    freeze none of eight had such a stop (round 27). For ``portattn serve``'s own process: an application
-    that builds the app itself decides for its process."""
-    gc.collect()
-    gc.freeze()
-
-
 def event_loop():
     """The event loop ``portattn serve`` runs on: uvloop's where it is installed (``pip install
     portattn[serve]`` brings it on Linux and macOS), else asyncio's; as uvicorn's ``loop="auto"`` picks.
@@ -238,29 +223,6 @@ def event_loop():
 def http_parser() -> str:
     """The HTTP implementation uvicorn's ``http="auto"`` takes: httptools where installed, else h11."""
     return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
-
-
-def log_slow_collections(threshold_s: float):
-    """Log every garbage collection of ``portattn serve``'s process that takes at least ``threshold_s``
-    (its generation, time and what it freed): while it runs no thread runs, so every stream's next
-    token waits for it. Returns the ``gc.callbacks`` entry (remove it to stop)."""
-    started = [0.0]
-
-    def callback(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-            return
-        took = time.perf_counter() - started[0]
-        if took >= threshold_s:
-            logger.warning(
-                "garbage collection of generation %d took %.0f ms (%d objects freed); no thread ran meanwhile",
-                info["generation"],
-                took * 1e3,
-                info["collected"],
-            )
-
-    gc.callbacks.append(callback)
-    return callback
 
 
 def uvicorn_server(app, **config):

@@ -395,7 +395,7 @@ def _engine_main(config: EngineConfig, conn, log_level: int) -> None:
         )
     )
     side._publish()  # the first statistics, before any step (the server waits for them)
-    from .cli import SLOW_COLLECTION_S, freeze_start_up_objects, log_slow_collections
+    from .gc_pauses import SLOW_COLLECTION_S, freeze_start_up_objects, log_slow_collections
 
     freeze_start_up_objects()  # as portattn serve's process does: a full collection would stop the steps
     log_slow_collections(SLOW_COLLECTION_S)
