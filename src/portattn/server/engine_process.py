@@ -60,12 +60,12 @@ class EngineFacade:
     check_params = Engine.check_params
     check_prompt = Engine.check_prompt
 
-    def __init__(self, info: dict, tokenizer):
+    def __init__(self, info: dict):
         self.config: EngineConfig = info["config"]
         self.max_model_len: int = info["max_model_len"]
         self.vocab_size: int = info["vocab_size"]
         self.model = type(info["model_class"], (), {})()  # a stand-in: handlers read only its class
-        self.tokenizer = tokenizer
+        self.tokenizer = None  # the server's, set once it is loaded (create_app)
 
 
 class CollectedOutput:
@@ -130,7 +130,7 @@ class EngineProcess:
     """:class:`AsyncEngine`'s interface over an engine built and stepped in a process of its own (spawned,
     waited for until its warm-up is done); ``max_queue`` bounds the requests waiting."""
 
-    def __init__(self, config: EngineConfig, *, max_queue: int | None = None, tokenizer=None):
+    def __init__(self, config: EngineConfig, *, max_queue: int | None = None):
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         level = logging.getLogger("portattn").getEffectiveLevel()
@@ -149,7 +149,7 @@ class EngineProcess:
         if kind != "ready":
             self._process.join(timeout=30)
             raise RuntimeError(f"the engine process failed to start: {payload}")
-        self.engine = EngineFacade(payload, tokenizer)
+        self.engine = EngineFacade(payload)
         self.max_queue = max_queue
         try:
             kind, self.stats = self._conn.recv()  # the engine's first statistics follow its readiness

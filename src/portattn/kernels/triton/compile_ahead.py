@@ -99,10 +99,6 @@ def stop_workers() -> None:
         )
 
 
-def workers_running() -> bool:
-    return _workers[0] is not None
-
-
 class _Compiles(Executor):
     """What ``AsyncCompileMode`` submits each compile to: a thread of ``threads`` that first has one of
     ``workers`` (where given) compile the variant into Triton's on-disk cache, then runs Triton's compile
