@@ -742,7 +742,7 @@ def part_coldstart(args, results: dict) -> dict:
     return {"runs": runs}
 
 
-COLD_FLAGS = {"lazy", "pyc"}
+COLD_FLAGS = {"lazy", "pyc", "warm"}
 
 
 def _cold_run(args, path: str, run: str) -> dict:

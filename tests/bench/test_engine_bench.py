@@ -292,5 +292,8 @@ def test_a_cold_run_with_cached_bytecode_writes_it_first_then_times_a_fresh_trit
     row = bench._cold_run(args, str(tmp_path), "float32")
     assert len(calls) == 1 and calls[0][0] == "eager" and calls[0][1]["PYTHONDONTWRITEBYTECODE"] == "1"
     assert not row["bytecode_cached"]
+    calls.clear()
+    row = bench._cold_run(args, str(tmp_path), "bfloat16-pyc-warm")  # a restart: the first run's compiles kept
+    assert [c[2] for c in calls] == [[], ["compiled"]] and row["triton_cache_warm"] and row["bytecode_cached"]
     with pytest.raises(ValueError, match="flags among"):
-        bench._cold_run(args, str(tmp_path), "bfloat16-warm")
+        bench._cold_run(args, str(tmp_path), "bfloat16-hot")
