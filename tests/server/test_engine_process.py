@@ -62,8 +62,10 @@ def test_the_engine_process_answers_as_the_engine_thread(model_root):
     with running_server(model, served_model_name="m") as (url, _):
         want = answers(url)
     with running_server(model, served_model_name="m", engine_process=True) as (url, app):
-        got = answers(url)
         engine = app.state.server.engine
+        first = engine.stats  # before any step: no engine-thread CPU time (the statistics line's share starts after)
+        assert (first.steps, first.engine_cpu_s) == (0, 0.0)
+        got = answers(url)
         assert wait_until(lambda: engine.stats.generation_tokens > 0 and engine.stats.running == 0)
         status, metrics, _ = request(f"{url}/metrics")
         assert status == 200 and "portattn:generation_tokens_total" in metrics
@@ -154,3 +156,101 @@ def test_a_client_that_goes_away_has_its_request_aborted_in_the_engine(model_roo
         assert wait_until(lambda: engine.stats.running == 0 and engine.stats.pages_used == 0)
         assert wait_until(lambda: not engine._streams)
         assert engine.stats.generation_tokens < 400  # stopped early
+
+
+def test_serve_runs_the_engine_in_its_own_process_on_a_gpu_for_text_models(tmp_path, model_root):
+    """``portattn serve``'s default (``--engine-process`` not given, ``create_app(engine_process=None)``): a
+    process of its own on a GPU for a text model; a thread on a CPU and for a model that takes images;
+    ``--engine-process`` and ``--no-engine-process`` decide."""
+    import argparse
+    import types
+
+    import torch
+
+    from portattn.server.cli import add_arguments, engine_process_default
+    from tiny_models import checkpoint
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["m"]).engine_process is None
+    assert parser.parse_args(["m", "--engine-process"]).engine_process is True
+    assert parser.parse_args(["m", "--no-engine-process"]).engine_process is False
+    text, images = tiny_checkpoint(model_root), checkpoint("qwen2_5_vl", str(tmp_path))
+    gpu = torch.device("cuda", 0)
+    assert engine_process_default(types.SimpleNamespace(device=gpu, model=text))[0] is True
+    on_gpu_images = engine_process_default(types.SimpleNamespace(device=gpu, model=images))
+    assert on_gpu_images[0] is False and "takes images" in on_gpu_images[1]
+    assert engine_process_default(types.SimpleNamespace(device=torch.device("cpu"), model=text))[0] is False
+    with running_server(text, served_model_name="m", engine_process=None) as (url, app):
+        on_cpu = app.state.server.engine.engine.config.device.type == "cpu"
+        assert type(app.state.server.engine).__name__ == ("AsyncEngine" if on_cpu else "EngineProcess")
+        status, reply, _ = request(f"{url}/v1/completions", "POST", {"model": "m", "prompt": "ok", "max_tokens": 2})
+        assert status == 200, reply
+
+
+def test_the_engine_process_runs_tensor_parallel_ranks(model_root):
+    """Tensor parallelism inside the engine's process (its ranks are that process's subprocesses): the
+    greedy answers of two ranks there equal one rank's on the server's thread (on the CPU: ranks over gloo)."""
+    model = tiny_checkpoint(model_root)
+    body = {"model": "m", "prompt": "hello there", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    texts = []
+    for kwargs in ({}, {"engine_process": True, "tensor_parallel_size": 2}):
+        with running_server(model, served_model_name="m", device="cpu", **kwargs) as (url, _):
+            status, reply, _ = request(f"{url}/v1/completions", "POST", body)
+            assert status == 200, reply
+            texts.append(reply["choices"][0]["text"])
+    assert texts[0] == texts[1] and len(texts[0]) > 0
+
+
+def delta(index: int, *choices, finished: bool = False, prompt_logprobs=None):
+    from portattn.engine.outputs import CompletionOutput, RequestOutput
+
+    outputs = [
+        CompletionOutput(index=i, text=t, token_ids=ids, logprobs=[{x: -1.0} for x in ids], finish_reason=f)
+        for i, t, ids, f in choices
+    ]
+    return index, RequestOutput("r", "p", [1, 2], outputs, finished, prompt_logprobs=prompt_logprobs)
+
+
+def test_a_reader_that_fell_behind_takes_each_prompts_queued_deltas_merged():
+    """The engine in its own process sends every step's delta; on the server's side a reader that finds several
+    queued takes one per prompt: each choice's text, tokens and log-probabilities joined in order, its latest
+    finish, the prompt's log-probabilities of the first delta; an error ends what is taken after what came first."""
+    import asyncio
+    import types
+
+    from portattn.server.engine_process import _MergingStream, merge_queued
+
+    items = [
+        delta(0, (0, "a", [1], None), (1, "x", [7], None), prompt_logprobs=[None, {2: -0.5}]),
+        delta(1, (0, "q", [3], None)),
+        delta(0, (1, "y", [8], None)),
+        delta(0, (0, "b", [2], "stop")),
+        delta(1, (0, "r", [4], "length"), finished=True),
+        delta(0, (1, "z", [9], "length"), finished=True),
+    ]
+    taken = merge_queued(items)
+    assert [index for index, _ in taken] == [0, 1]
+    first, second = taken[0][1], taken[1][1]
+    got = [(c.index, c.text, c.token_ids, [list(p) for p in c.logprobs], c.finish_reason) for c in first.outputs]
+    assert got == [(0, "ab", [1, 2], [[1], [2]], "stop"), (1, "xyz", [7, 8, 9], [[7], [8], [9]], "length")]
+    assert first.finished and first.prompt_logprobs == [None, {2: -0.5}]
+    assert [(c.text, c.token_ids, c.finish_reason) for c in second.outputs] == [("qr", [3, 4], "length")]
+    assert second.finished and second.prompt_logprobs is None
+    assert merge_queued(items[:1]) == items[:1]  # one delta: passed as it came
+    error = RuntimeError("the engine failed")
+    head = merge_queued([items[0], items[2], error, items[3]])
+    assert [(c.text, c.token_ids) for c in head[0][1].outputs] == [("a", [1]), ("xy", [7, 8])] and head[1] is error
+
+    async def read() -> tuple[list, int]:
+        engine = types.SimpleNamespace(abort=lambda request_id: None)
+        stream = _MergingStream(engine, "r", num_prompts=2)
+        for item in items:
+            stream.queue.put_nowait(item)
+        return [item async for item in stream], stream.taken
+
+    read_items, taken_count = asyncio.run(read())
+    assert taken_count == len(items) and [(i, [c.text for c in o.outputs]) for i, o in read_items] == [
+        (0, ["ab", "xyz"]),
+        (1, ["qr"]),
+    ]

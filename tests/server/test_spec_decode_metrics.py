@@ -39,3 +39,27 @@ def test_metrics_expose_the_speculative_decoding_counters(model_root):
     assert by_name["portattn:spec_decode_num_accepted_tokens"].value == stats.num_accepted_tokens
     assert by_name["portattn:spec_decode_num_accepted_tokens_per_pos"].values == stats.accepted_per_pos
     assert by_name["portattn:generation_tokens"].value == engine.engine.num_generated_tokens >= 12
+
+
+def spec_lines(url: str) -> list[str]:
+    _, text, _ = request(url + "/metrics")
+    counters = ("portattn:spec_decode", "portattn:generation_tokens_total")
+    return sorted(line for line in text.splitlines() if line.startswith(counters) and "_created" not in line)
+
+
+def test_the_engine_process_exposes_the_same_counters(model_root):
+    """The engine in a process of its own (the default on a GPU) sends the counters with its statistics:
+    ``/metrics`` shows what the engine on the server's thread shows for the same greedy request."""
+    body = {"prompt": "the cat the cat the cat the", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    lines = []
+    for engine_process in (False, True):
+        model = tiny_checkpoint(model_root)
+        with running_server(model, speculative_config=SPEC, engine_process=engine_process) as (url, app):
+            assert request(url + "/v1/completions", "POST", body)[0] == 200
+            engine = app.state.server.engine
+            assert wait_until(lambda e=engine: e.stats.spec_decode is not None and not e.stats.running)
+            lines.append(spec_lines(url))
+    assert any(
+        line.startswith("portattn:spec_decode_num_drafts_total") and not line.endswith(" 0.0") for line in lines[0]
+    )
+    assert lines[1] == lines[0]

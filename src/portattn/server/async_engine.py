@@ -100,15 +100,20 @@ class RequestStream:
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         remaining = self.num_prompts
         while remaining:
-            item = await self.queue.get()
-            self.taken += 1
-            if isinstance(item, BaseException):
-                raise item
-            index, out = item
-            if out.finished:
-                remaining -= 1
-            yield index, out
+            for item in await self._take():
+                if isinstance(item, BaseException):
+                    raise item
+                index, out = item
+                if out.finished:
+                    remaining -= 1
+                yield index, out
         self.finished = True
+
+    async def _take(self) -> list:
+        """The next items for the reader (one here: the engine thread merges a slow reader's deltas)."""
+        item = await self.queue.get()
+        self.taken += 1
+        return [item]
 
     def abort(self) -> None:
         """Abort what is unfinished (at the engine thread's next turn: pages go back before its next step)."""

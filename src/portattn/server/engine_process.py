@@ -1,4 +1,5 @@
-"""The engine in a process of its own behind the server (``portattn serve --engine-process``).
+"""The engine in a process of its own behind the server (``portattn serve``'s default on a GPU for a text
+model; ``--engine-process`` / ``--no-engine-process``).
 
 In one process the engine's thread and the event loop share the GIL: every streamed chunk is a few
 callbacks and a socket write on the loop (40-65 us a chunk through uvicorn on the CPU machine), and on an
@@ -11,8 +12,9 @@ pipe once a step), and the server's process keeps the HTTP side: :class:`EngineP
 through :class:`EngineFacade`).
 
 What differs from the engine on a thread: text models only (a model that takes images is refused: its
-inputs are built with the model's own code); a reader that falls behind gets every delta as its own chunk
-(the thread's engine merges the tokens of a slow reader's next delta). The process is started with
+inputs are built with the model's own code); the engine sends every step's delta, and a reader that falls
+behind takes what queued for it merged, one delta per prompt (:func:`merge_queued`; the thread's engine
+leaves a slow reader's tokens for its next delta instead). The process is started with
 ``multiprocessing``'s spawn: a script that builds the app itself needs the ``if __name__ == "__main__"``
 guard, as vLLM's do.
 """
@@ -68,6 +70,63 @@ class EngineFacade:
         self.tokenizer = None  # the server's, set once it is loaded (create_app)
 
 
+def _extend_choices(choices: dict[int, CompletionOutput], deltas: list[CompletionOutput]) -> None:
+    """Each delta's new text, tokens, log-probabilities and logits appended to its choice in ``choices`` (by
+    index; a copy made at the first), its latest cumulative log-probability and finish kept."""
+    for c in deltas:
+        kept = choices.get(c.index)
+        if kept is None:
+            choices[c.index] = dataclasses.replace(
+                c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs)
+            )
+            continue
+        kept.text += c.text
+        kept.token_ids += c.token_ids
+        if c.logprobs is not None:
+            kept.logprobs = (kept.logprobs or []) + c.logprobs
+        if c.logits is not None:
+            kept.logits = c.logits if kept.logits is None else torch.cat([kept.logits, c.logits])
+        kept.cumulative_logprob = c.cumulative_logprob
+        kept.finish_reason, kept.stop_reason = c.finish_reason, c.stop_reason
+
+
+def merge_queued(items: list) -> list:
+    """The items a reader finds queued, each prompt's deltas merged into one (in the order its first came;
+    its choices by index, the first's prompt log-probabilities, the last's ``finished``), as the engine
+    thread merges what a slow reader has not taken; an error ends the list after what came before it."""
+    merged: dict[int, tuple] = {}  # prompt index -> (first delta, choices merged, last delta, deltas)
+    error = None
+    for item in items:
+        if isinstance(item, BaseException):
+            error = item
+            break
+        index, out = item
+        first, choices, _, count = merged.get(index, (out, {}, None, 0))
+        _extend_choices(choices, out.outputs)
+        merged[index] = (first, choices, out, count + 1)
+    taken: list = []
+    for index, (first, choices, last, count) in merged.items():
+        if count > 1:
+            outputs = [choices[i] for i in sorted(choices)]
+            last = dataclasses.replace(
+                last, outputs=outputs, prompt_logprobs=first.prompt_logprobs, prompt_logits=first.prompt_logits
+            )
+        taken.append((index, last))
+    return taken if error is None else [*taken, error]
+
+
+class _MergingStream(RequestStream):
+    """A request's stream on the server's side of an engine process: the engine there sends every step's delta
+    (it cannot see this reader), so a reader that fell behind takes all that queued at once, merged."""
+
+    async def _take(self) -> list:
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        self.taken += len(items)
+        return merge_queued(items)
+
+
 class CollectedOutput:
     """A prompt's whole output on the server's side, merged from the deltas the engine sent: what the handlers
     of whole (not streamed) responses read of a :class:`~portattn.engine.outputs.RequestState` (its
@@ -85,21 +144,7 @@ class CollectedOutput:
             self.prompt_logprobs = out.prompt_logprobs
         if self.prompt_logits is None:
             self.prompt_logits = out.prompt_logits
-        for c in out.outputs:
-            kept = self.choices.get(c.index)
-            if kept is None:
-                self.choices[c.index] = dataclasses.replace(
-                    c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs)
-                )
-                continue
-            kept.text += c.text
-            kept.token_ids += c.token_ids
-            if c.logprobs is not None:
-                kept.logprobs = (kept.logprobs or []) + c.logprobs
-            if c.logits is not None:
-                kept.logits = c.logits if kept.logits is None else torch.cat([kept.logits, c.logits])
-            kept.cumulative_logprob = c.cumulative_logprob
-            kept.finish_reason, kept.stop_reason = c.finish_reason, c.stop_reason
+        _extend_choices(self.choices, out.outputs)
 
     def output(self) -> RequestOutput:
         outputs = [dataclasses.replace(self.choices[i]) for i in sorted(self.choices)]
@@ -199,7 +244,7 @@ class EngineProcess:
 
     def submit(self, request_id: str, prompts: list[Prompt], params) -> RequestStream:
         """Send one engine request per prompt; their outputs come on the stream."""
-        stream = RequestStream(self, request_id, len(prompts))
+        stream = _MergingStream(self, request_id, len(prompts))
         stream.states = [CollectedOutput(params) for _ in prompts]
         with self._streams_lock:
             self._streams[request_id] = [stream, len(prompts)]
@@ -341,6 +386,13 @@ class _EngineSide(AsyncEngine):
             self._last_stats = now
             self.conn.send(("stats", self.stats))
 
+    def publish_first(self) -> None:
+        """The statistics before any step, which the server waits for: no step and no engine-thread CPU time yet
+        (this thread's, which built the engine, would make the first line's engine share negative)."""
+        super()._publish()
+        self.stats = dataclasses.replace(self.stats, steps=0, engine_cpu_s=0.0, requests_added=0)
+        self.conn.send(("stats", self.stats))
+
     def serve(self) -> None:
         """Take the server's messages until it says stop or goes away."""
         while True:
@@ -394,7 +446,7 @@ def _engine_main(config: EngineConfig, conn, log_level: int) -> None:
             },
         )
     )
-    side._publish()  # the first statistics, before any step (the server waits for them)
+    side.publish_first()
     from .gc_pauses import SLOW_COLLECTION_S, freeze_start_up_objects, log_slow_collections
 
     freeze_start_up_objects()  # as portattn serve's process does: a full collection would stop the steps
