@@ -102,13 +102,42 @@ def test_workers_start_only_for_a_cuda_device_and_can_be_turned_off(monkeypatch)
     assert not compile_ahead.start_workers(torch.device("cuda", 0))
     assert compile_ahead._workers[0] is None
     monkeypatch.setenv("PORTATTN_COMPILE_WORKERS", "1")
-    started = []
-    monkeypatch.setattr(
-        "portattn.kernels.triton.compile_workers.CompileWorkers", lambda count: started.append(count) or "workers"
-    )
-    assert compile_ahead.start_workers(torch.device("cuda", 0), 3) and started == [3]
-    assert not compile_ahead.start_workers(torch.device("cuda", 0), 3)  # already running: not started twice
+    made = []
+
+    class Workers:  # records what start_workers does with them
+        def __init__(self, count):
+            self.count, self.spawned = count, False
+            made.append(self)
+
+        def start(self):
+            self.spawned = True
+
+    monkeypatch.setattr("portattn.kernels.triton.compile_workers.CompileWorkers", Workers)
+    cached = [True]
+    monkeypatch.setattr("portattn.kernels.triton.compile_workers.cache_holds_kernel", lambda name: cached[0])
+    assert compile_ahead.start_workers(torch.device("cuda", 0), 3) and made[0].count == 3
+    assert not made[0].spawned  # the cache holds the attention kernel: spawned at the first miss
+    assert not compile_ahead.start_workers(torch.device("cuda", 0), 3) and len(made) == 1  # not started twice
     monkeypatch.setattr(compile_ahead, "_workers", [None])
+    cached[0] = False  # a fresh cache: spawned at once, to import while the weights load
+    assert compile_ahead.start_workers(torch.device("cuda", 0), 3) and made[1].spawned
+    monkeypatch.setattr(compile_ahead, "_workers", [None])
+
+
+def test_a_fresh_cache_is_one_without_the_kernel(monkeypatch, tmp_path):
+    from portattn.kernels.triton.compile_workers import cache_holds_kernel
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "missing"))
+    assert not cache_holds_kernel("attention_fwd_kernel")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert not cache_holds_kernel("attention_fwd_kernel")  # empty
+    (tmp_path / "KEY1").mkdir()
+    (tmp_path / "KEY1" / "attention_fwd_kernel_v2.json").write_text("{}")
+    (tmp_path / "KEY1" / "add_rmsnorm_kernel.json").write_text("{}")
+    assert not cache_holds_kernel("attention_fwd_kernel")  # other kernels only
+    (tmp_path / "KEY2").mkdir()
+    (tmp_path / "KEY2" / "attention_fwd_kernel.json").write_text("{}")
+    assert cache_holds_kernel("attention_fwd_kernel")
 
 
 @pytest.mark.parametrize("wait", [True, False])

@@ -99,7 +99,8 @@ class Engine:
         from ..kernels.triton import compile_ahead
 
         # Worker processes for the compiles of the memory profile's step and of the warm-up (a CUDA GPU with
-        # Triton): spawned at the first compile that Triton's cache does not hold, ended after the warm-up.
+        # Triton): spawned now on a fresh Triton cache, else at the first compile that the cache does not hold;
+        # ended after the warm-up.
         cores = max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
         started = compile_ahead.start_workers(config.device, min(compile_ahead.MAX_WORKERS, cores))
         try:

@@ -13,10 +13,10 @@ cache directory the parent uses, and answering with the kernel's name and second
 a launcher that is built by a C compiler (Triton 3.6), the worker builds it too (into the same cache).
 The parent then compiles the same source itself, which is a hit in the cache: it loads the files.
 
-The workers start at the first compile that Triton's cache does not hold (a process whose kernels are all
-cached spawns none: a restart pays nothing), and take jobs once ready; until then compiles run on the
-caller's threads as without workers. Started at once with a model's load, their imports had slowed the
-load by 1.5-2.7 s on the H200 host. The workers never use the GPU (the target is given; nothing is
+The workers start at :meth:`CompileWorkers.start` or at the first compile that Triton's cache does not hold
+(a process whose kernels are all cached spawns none: a restart pays nothing), and take jobs once ready;
+until then compiles run on the caller's threads as without workers (:func:`.compile_ahead.start_workers`
+says when an engine spawns them). The workers never use the GPU (the target is given; nothing is
 launched or loaded on a device), and a worker that fails leaves the compile to the parent, which compiles
 as it would have without workers.
 """
@@ -24,6 +24,7 @@ as it would have without workers.
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib
 import logging
 import os
@@ -200,6 +201,15 @@ def in_cache(src, target, options: dict) -> bool:
         return group.get(name) is not None
     except Exception:
         return False
+
+
+def cache_holds_kernel(name: str) -> bool:
+    """Whether Triton's on-disk cache holds a compiled variant of the kernel ``name`` (its ``NAME.json`` in
+    one of the cache's key folders); False where the cache's folder is unknown or missing."""
+    cache_dir = _triton_cache_dir()
+    if not cache_dir or not os.path.isdir(cache_dir):
+        return False
+    return next(glob.iglob(os.path.join(glob.escape(cache_dir), "*", f"{name}.json")), None) is not None
 
 
 def _triton_cache_dir() -> str | None:
