@@ -254,3 +254,28 @@ def test_a_reader_that_fell_behind_takes_each_prompts_queued_deltas_merged():
         (0, ["ab", "xyz"]),
         (1, ["qr"]),
     ]
+
+
+def test_the_engine_process_registers_the_servers_models(tmp_path, model_root, monkeypatch):
+    """A model architecture registered in the server's process (``--register``, ``register_model``) is
+    registered in the engine's; one registered in ``__main__``, which that process cannot import, is
+    refused there with the way out, and ``portattn serve``'s default keeps the engine on a thread for it."""
+    import types
+
+    import torch
+
+    from distributed.faulty import faulty_checkpoint  # rank 0's forwards never fail
+    from portattn import models
+    from portattn.server import create_app
+    from portattn.server.cli import engine_process_default
+
+    path = faulty_checkpoint(model_root, tmp_path, "raise")
+    with running_server(path, served_model_name="m", engine_process=True) as (url, _):
+        body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        status, reply, _ = request(f"{url}/v1/completions", "POST", body)
+        assert status == 200 and reply["usage"]["completion_tokens"] == 4, reply
+    monkeypatch.setitem(models._REGISTRY, "MainLlama", "__main__:MainLlama")
+    with pytest.raises(ValueError, match=r"expected 'MainLlama' registered from an importable module for --engine"):
+        create_app(tiny_checkpoint(model_root), engine_process=True, **ENGINE)
+    on_gpu = engine_process_default(types.SimpleNamespace(device=torch.device("cuda", 0), model=path))
+    assert on_gpu[0] is False and "__main__" in on_gpu[1]

@@ -171,11 +171,17 @@ def engine_process_default(config: EngineConfig) -> tuple[bool, str]:
     for a text model (there the steps are short and the event loop's work on the same GIL delayed them: ITL
     p99 1.7-2.4x the median against 2.5-2.9x on a thread, H200, Poisson 16, round 29); on a CPU the engine's
     threads and the server's share the few cores (the thread is the default there); a model that takes
-    images needs the engine's process for its inputs (``engine_process.refuse_multimodal``)."""
+    images needs the engine's process for its inputs (``engine_process.refuse_multimodal``), and a model
+    or attention backend registered in ``__main__`` cannot be imported by that process."""
+    from ..engine.parallel.driver import registrations
     from .engine_process import refuse_multimodal
 
     if config.device.type == "cpu":
         return False, "on a CPU; --engine-process to run it in a process of its own"
+    try:
+        registrations("--engine-process")
+    except ValueError:
+        return False, "a model or attention backend registered in __main__, which another process cannot import"
     try:
         refuse_multimodal(config)
     except ValueError:

@@ -11,6 +11,9 @@ pipe once a step), and the server's process keeps the HTTP side: :class:`EngineP
 :class:`AsyncEngine`'s interface (submit, abort, stats, start, shutdown, the engine's limits and checks
 through :class:`EngineFacade`).
 
+The engine's process registers the model architectures and attention backends registered in the server's
+(``--register``, ``register_model``, ``register_backend``), which must live in importable modules.
+
 What differs from the engine on a thread: text models only (a model that takes images is refused: its
 inputs are built with the model's own code); the engine sends every step's delta, and a reader that falls
 behind takes what queued for it merged, one delta per prompt (:func:`merge_queued`; the thread's engine
@@ -33,6 +36,7 @@ import torch
 from ..engine.config import EngineConfig
 from ..engine.engine import Engine
 from ..engine.outputs import CompletionOutput, RequestOutput, RequestState
+from ..engine.parallel.driver import registrations
 from .async_engine import AsyncEngine, Prompt, RequestStream, _put_all
 
 logger = logging.getLogger("portattn")
@@ -179,8 +183,9 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         level = logging.getLogger("portattn").getEffectiveLevel()
+        registered = registrations("--engine-process (the engine's process imports it)")
         self._process = context.Process(
-            target=_engine_main, args=(config, child, level), name="portattn-engine", daemon=True
+            target=_engine_main, args=(config, child, level, registered), name="portattn-engine", daemon=True
         )
         self._process.start()
         child.close()
@@ -412,10 +417,12 @@ class _EngineSide(AsyncEngine):
                 break
 
 
-def _engine_main(config: EngineConfig, conn, log_level: int) -> None:
-    """The engine's process: build the engine, say it is ready (with what the server's facade needs), step
-    requests from the pipe until told to stop; a failure is sent as one line."""
+def _engine_main(config: EngineConfig, conn, log_level: int, registered: dict) -> None:
+    """The engine's process: register the server's models and attention backends, build the engine, say it
+    is ready (with what the server's facade needs), step requests from the pipe until told to stop; a failure
+    is sent as one line."""
     from ..engine.build import build_engine
+    from ..engine.parallel.worker import register_all
 
     portattn_logger = logging.getLogger("portattn")  # the server's lines and the engine's, alike on stderr
     handler = logging.StreamHandler()
@@ -430,6 +437,7 @@ def _engine_main(config: EngineConfig, conn, log_level: int) -> None:
         torch.set_num_threads(threads)
         logger.info("CPU: the engine process's intra-op threads: %d (%s)", threads, why)
     try:
+        register_all(**registered)
         engine = build_engine(config)
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))

@@ -86,7 +86,7 @@ def start(config) -> Driver:
 
 def _spawn(config) -> Driver:
     size = config.tensor_parallel_size
-    registered = dict(models=_importable(registered_models()), backends=_importable(backend_targets()))
+    registered = registrations("tensor_parallel_size > 1 (the other ranks import it)")
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
     level = logging.getLogger("portattn").getEffectiveLevel()
     common = dict(config=config, world_size=size, host="127.0.0.1", port=store.port, log_level=level)
@@ -110,16 +110,20 @@ def _spawn(config) -> Driver:
     return driver
 
 
-def _importable(targets: dict[str, str]) -> dict[str, str]:
-    """``targets`` (name -> ``"module:Class"``), refused when one lives in ``__main__``: a started
-    rank runs ``portattn.engine.parallel.worker`` as its main module, not the user's script."""
-    for name, target in targets.items():
-        if target.split(":")[0] == "__main__":
-            raise ValueError(
-                f"expected {name!r} registered from an importable module for tensor_parallel_size > 1 "
-                f"(the other ranks import it), got {target!r}: move the class into a module"
-            )
-    return targets
+def registrations(needed_for: str) -> dict[str, dict[str, str]]:
+    """The model architectures and attention backends registered in this process (``models`` and
+    ``backends``: name -> ``"module:Class"``), for another process to register again
+    (``worker.register_all``); one that lives in ``__main__`` is refused, naming ``needed_for``: a
+    started process runs its own main module, not the user's script."""
+    registered = dict(models=registered_models(), backends=backend_targets())
+    for targets in registered.values():
+        for name, target in targets.items():
+            if target.split(":")[0] == "__main__":
+                raise ValueError(
+                    f"expected {name!r} registered from an importable module for {needed_for}, got {target!r}: "
+                    "move the class into a module"
+                )
+    return registered
 
 
 def _child_env() -> dict[str, str]:
