@@ -37,12 +37,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(model: str, *flags: str) -> tuple[subprocess.Popen, int]:
-    """A started ``portattn serve MODEL`` (answering /health) and its port."""
+def serve(model: str, *flags: str, group: bool = False) -> tuple[subprocess.Popen, int]:
+    """A started ``portattn serve MODEL`` (answering /health) and its port; ``group``: in a process group of
+    its own (as a terminal's foreground job, which Ctrl-C signals as a whole)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "portattn.cli", "serve", model, "--port", str(port), *SMALL, *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=group
+    )
     up = wait_until(lambda: proc.poll() is not None or _healthy(port), timeout=120)
     if not up or proc.poll() is not None:
         proc.kill()
@@ -113,6 +116,32 @@ def test_first_signal_drains_second_ends_at_once(model_root):
         proc.kill()
     assert "SIGTERM: shutting down; 1 requests in flight" in out and "SIGTERM again" in out
     assert "CPU: intra-op threads: " in out  # chosen at start-up, logged
+
+
+@pytest.mark.parametrize(
+    "flags", [("--engine-process",), ("--tensor-parallel-size", "2")], ids=["engine_process", "tp2"]
+)
+def test_ctrl_c_drains_with_the_engine_in_other_processes(model_root, flags):
+    """Ctrl-C signals the terminal's whole foreground group, the engine's process and tensor-parallel ranks
+    too: they keep stepping while the server drains (the server stops them), and the second Ctrl-C ends the
+    streams."""
+    proc, port = serve(tiny_checkpoint(model_root), "--shutdown-timeout", "600", *flags, group=True)
+    try:
+        conn, resp = open_stream(port)
+        next_event(resp)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert wait_until(lambda: not _accepts(port), timeout=30)
+        texts = [next_event(resp)["choices"][0]["text"] for _ in range(5)]  # the engine still steps
+        assert len(texts) == 5
+        os.killpg(proc.pid, signal.SIGINT)
+        tail = events(resp)
+        assert tail[-1] == "[DONE]" and tail[-2]["error"]["code"] == "server_shutdown", tail[-3:]
+        conn.close()
+        out = finish(proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "SIGINT: shutting down; 1 requests in flight" in out and "SIGINT again" in out
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 
@@ -423,6 +424,10 @@ def _engine_main(config: EngineConfig, conn, log_level: int, registered: dict) -
     is sent as one line."""
     from ..engine.build import build_engine
     from ..engine.parallel.worker import register_all
+
+    # Ctrl-C in a terminal signals the whole foreground group: the server decides (it drains its streams
+    # first, with this engine stepping, then sends stop); SIGTERM still ends this process at once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     portattn_logger = logging.getLogger("portattn")  # the server's lines and the engine's, alike on stderr
     handler = logging.StreamHandler()

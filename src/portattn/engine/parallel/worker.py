@@ -4,7 +4,8 @@ A rank that fails records its traceback in the job's store (:func:`report_error`
 once, which closes its connections: rank 0's pending collective fails and rank 0 raises that
 traceback from ``generate``. A rank the engine started also exits when rank 0's process goes away
 (its stdin, which only rank 0 holds open, reaches end of file). While it serves, a rank publishes
-its pulse (:mod:`.liveness`), from which rank 0 tells a rank that stopped answering.
+its pulse (:mod:`.liveness`), from which rank 0 tells a rank that stopped answering. SIGINT is ignored
+(a terminal's Ctrl-C reaches every process of its foreground group; rank 0's decides).
 
 A started rank registers what rank 0's process had registered when it started the ranks: the
 model architectures (``portattn.models.register_model``) and the attention backends
@@ -19,6 +20,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 import traceback
@@ -98,6 +100,9 @@ def worker_main() -> None:
     arguments come pickled on stdin, which rank 0 then keeps open for as long as it lives."""
     import torch.distributed as dist
 
+    # Ctrl-C in a terminal signals the whole foreground group: rank 0's process decides (portattn serve drains
+    # its streams first, with every rank stepping), and this rank ends with it (stdin's end, or its stop).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin = sys.stdin.buffer
     args = pickle.load(stdin)
     config, rank, world_size = args["config"], args["rank"], args["world_size"]
