@@ -279,3 +279,53 @@ def test_the_engine_process_registers_the_servers_models(tmp_path, model_root, m
         create_app(tiny_checkpoint(model_root), engine_process=True, **ENGINE)
     on_gpu = engine_process_default(types.SimpleNamespace(device=torch.device("cuda", 0), model=path))
     assert on_gpu[0] is False and "__main__" in on_gpu[1]
+
+
+def test_deltas_cross_the_pipe_as_values_with_the_prompt_once():
+    """What the engine's process sends of a delta (``encoded``) gives the same output back (``decoded``), every
+    field of the output and of its choices; a prompt's later deltas leave out the prompt's text and token ids,
+    which the server's side takes from the delta before; an aborted request is forgotten."""
+    import dataclasses
+    import pickle
+    import types
+
+    import torch
+
+    from portattn.engine.outputs import CompletionOutput, RequestOutput
+    from portattn.server.engine_process import _Sender, decoded, encoded
+
+    prompt_ids = list(range(100, 868))
+    choice = CompletionOutput(
+        index=1, text=" hi", token_ids=[5, 6], cumulative_logprob=-1.5, logprobs=[{5: -0.5}, {6: -1.0}],
+        finish_reason="stop", stop_reason="!", logits=torch.randn(2, 7),
+    )  # fmt: skip
+    first = RequestOutput(
+        "r-0", "a prompt", prompt_ids, [choice], True, prompt_logprobs=[None, {101: -2.0}], prompt_logits=torch.ones(3)
+    )
+    back = decoded(pickle.loads(pickle.dumps(encoded(first, with_prompt=True))), None)
+    for field in dataclasses.fields(RequestOutput):
+        if field.name != "outputs":
+            want, got = getattr(first, field.name), getattr(back, field.name)
+            assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want, field.name
+    for field in dataclasses.fields(CompletionOutput):
+        want, got = getattr(choice, field.name), getattr(back.outputs[0], field.name)
+        assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want, field.name
+    later = RequestOutput("r-0", "a prompt", prompt_ids, [CompletionOutput(index=0, text=" x", token_ids=[9])], False)
+    sent = encoded(later, with_prompt=False)
+    assert len(pickle.dumps(sent)) < 200  # (the prompt's 768 token ids: over 2 KB)
+    again = decoded(sent, first)
+    assert (again.prompt, again.prompt_token_ids, again.outputs[0].token_ids) == ("a prompt", prompt_ids, [9])
+
+    messages = []
+    sender = _Sender(types.SimpleNamespace(send=messages.append))
+    step = [("a", (0, later)), ("a", (1, later)), ("b", (0, later))]
+    sender.call_soon_threadsafe(None, step)
+    sender.call_soon_threadsafe(None, step)
+    with_prompt = [[values[2] is not None for _, _, values in items] for _, items in messages]
+    assert with_prompt == [[True, True, True], [False, False, False]]
+    sender.forget("a")  # aborted
+    sender.call_soon_threadsafe(None, [("b", (0, dataclasses.replace(later, finished=True)))])
+    assert sender.started == {}  # b's prompt finished, a forgotten
+    error = ValueError("refused")
+    sender.call_soon_threadsafe(None, [("c", error)])
+    assert messages[-1] == ("items", [("c", error)])

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import operator
 import signal
 import threading
 import time
@@ -130,6 +131,37 @@ class _MergingStream(RequestStream):
             items.append(self.queue.get_nowait())
         self.taken += len(items)
         return merge_queued(items)
+
+
+_CHOICE_VALUES = operator.attrgetter(*(f.name for f in dataclasses.fields(CompletionOutput)))
+
+
+def encoded(out: RequestOutput, with_prompt: bool) -> tuple:
+    """A delta as plain values for the pipe (each choice's fields in :class:`CompletionOutput`'s order): a
+    tenth of the time to unpickle that the dataclasses took (256 one-token deltas: 0.3 ms against 2.3 ms on
+    the CPU machine, where the server's receiver holds its GIL). Without the prompt's text and token ids
+    (``with_prompt`` False: the prompt's later deltas), which were 98% of the bytes of a step's deltas for
+    prompts of 768 tokens (110 KB for 16 of them)."""
+    prompt, prompt_ids = (out.prompt, out.prompt_token_ids) if with_prompt else (None, None)
+    choices = [_CHOICE_VALUES(c) for c in out.outputs]
+    return out.request_id, prompt, prompt_ids, choices, out.finished, out.prompt_logprobs, out.prompt_logits
+
+
+def decoded(values: tuple, previous: RequestOutput | None) -> RequestOutput:
+    """The delta :func:`encoded` gave, its prompt from the ``previous`` delta of the same prompt where it came
+    without."""
+    request_id, prompt, prompt_ids, choices, finished, prompt_logprobs, prompt_logits = values
+    if prompt_ids is None:
+        prompt, prompt_ids = previous.prompt, previous.prompt_token_ids
+    return RequestOutput(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=prompt_ids,
+        outputs=[CompletionOutput(*c) for c in choices],
+        finished=finished,
+        prompt_logprobs=prompt_logprobs,
+        prompt_logits=prompt_logits,
+    )
 
 
 class CollectedOutput:
@@ -299,18 +331,22 @@ class EngineProcess:
                 return
 
     def _dispatch(self, items: list) -> None:
-        """A step's deltas, each to its stream's queue, in one call on each event loop."""
+        """A step's deltas (:func:`encoded`), each to its stream's queue, in one call on each event loop."""
         loops: dict = {}
         with self._streams_lock:
-            for request_id, item in items:
+            for request_id, *sent in items:
                 entry = self._streams.get(request_id)
                 if entry is None:  # the request was given up by its handler
                     continue
                 stream = entry[0]
-                if isinstance(item, BaseException):
+                if len(sent) == 1:  # an error
+                    item = sent[0]
                     del self._streams[request_id]
                 else:
-                    stream.states[item[0]].add(item[1])  # (before the reader can see the item)
+                    index, values = sent
+                    state = stream.states[index]
+                    item = (index, decoded(values, state.last))
+                    state.add(item[1])  # (before the reader can see the item)
                     if item[1].finished:
                         entry[1] -= 1
                         if entry[1] == 0:
@@ -335,14 +371,36 @@ class EngineProcess:
 
 
 class _Sender:
-    """Stands in for an event loop on the engine's side: a step's deltas go to the server in one message."""
+    """Stands in for an event loop on the engine's side: a step's deltas go to the server in one message,
+    each :func:`encoded` (its prompt only in a prompt's first delta)."""
 
     def __init__(self, conn):
         self.conn = conn
+        self.started: dict[str, set[int]] = {}  # request id -> its unfinished prompts whose first delta went
+
+    def forget(self, request_id: str) -> None:
+        """An aborted request: nothing more of it is sent."""
+        self.started.pop(request_id, None)
 
     def call_soon_threadsafe(self, _put_all, puts: list) -> None:
+        items = []
+        for request_id, item in puts:
+            if isinstance(item, BaseException):
+                items.append((request_id, item))
+                self.forget(request_id)
+                continue
+            index, out = item
+            started = self.started.setdefault(request_id, set())
+            first = index not in started
+            if out.finished:
+                started.discard(index)
+                if not started:
+                    del self.started[request_id]
+            else:
+                started.add(index)
+            items.append((request_id, index, encoded(out, with_prompt=first)))
         with contextlib.suppress(OSError):  # the server is gone: the process stops when its pipe's end says so
-            self.conn.send(("items", puts))
+            self.conn.send(("items", items))
 
 
 class _RemoteStream:
@@ -376,6 +434,10 @@ class _EngineSide(AsyncEngine):
     def _add(self, stream, prompts, params) -> None:
         self.num_added += 1
         super()._add(stream, prompts, params)
+
+    def _abort(self, request_id: str) -> None:
+        super()._abort(request_id)
+        self.sender.forget(request_id)
 
     def _run(self) -> None:
         super()._run()
