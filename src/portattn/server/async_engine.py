@@ -303,7 +303,7 @@ class AsyncEngine:
         engine = self.engine
         scheduler = engine.scheduler
         waiting_requests = sum(
-            all(seq.status is Status.WAITING and not seq.token_ids[seq.num_prompt_tokens :] for seq in state.seqs)
+            all(seq.status is Status.WAITING and len(seq.token_ids) == seq.num_prompt_tokens for seq in state.seqs)
             for stream in self._streams.values()
             for state in stream.states
         )

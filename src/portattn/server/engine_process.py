@@ -446,11 +446,12 @@ class _EngineSide(AsyncEngine):
                 self.conn.send(("failed", f"{type(self.error).__name__}: {self.error}"))
 
     def _publish(self) -> None:
-        super()._publish()
-        self.stats = dataclasses.replace(self.stats, requests_added=self.num_added)
+        """The statistics, made only when they are sent (idle, or every :data:`STATS_INTERVAL_S`): their count of
+        waiting requests looks at every stream."""
         now = time.monotonic()
-        idle = not self.engine.has_unfinished()
-        if idle or now - self._last_stats >= STATS_INTERVAL_S:
+        if not self.engine.has_unfinished() or now - self._last_stats >= STATS_INTERVAL_S:
+            super()._publish()
+            self.stats = dataclasses.replace(self.stats, requests_added=self.num_added)
             self._last_stats = now
             self.conn.send(("stats", self.stats))
 
