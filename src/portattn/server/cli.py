@@ -169,10 +169,10 @@ def create_app(
 def engine_process_default(config: EngineConfig) -> tuple[bool, str]:
     """Whether ``portattn serve`` runs the engine in a process of its own when not told, and why: on a GPU
     for a text model (there the steps are short and the event loop's work on the same GIL delayed them: ITL
-    p99 1.7-2.4x the median against 2.5-2.9x on a thread, H200, Poisson 16, round 29); on a CPU the engine's
-    threads and the server's share the few cores (the thread is the default there); a model that takes
-    images needs the engine's process for its inputs (``engine_process.refuse_multimodal``), and a model
-    or attention backend registered in ``__main__`` cannot be imported by that process."""
+    p99 1.7-2.4x the median against 2.4-2.9x on a thread, H200, Poisson 16, round 29). Not on a CPU, where the
+    engine's threads and the server's share the few cores; not for a model that takes images, whose inputs
+    the model's own code builds in the server's process (``engine_process.refuse_multimodal``); not where a
+    model or attention backend is registered in ``__main__``, which another process cannot import."""
     from ..engine.parallel.driver import registrations
     from .engine_process import refuse_multimodal
 
