@@ -92,8 +92,19 @@ def test_requests_the_engine_refuses_get_the_openai_error(model_root):
 def test_a_start_up_that_fails_says_why(tmp_path):
     from portattn.server import create_app
 
-    with pytest.raises(RuntimeError, match=r"the engine process failed to start: .*num_pages"):
+    with pytest.raises(ValueError) as thread_error:  # bad input: the engine's own error, as on a thread
+        create_app(tiny_checkpoint(str(tmp_path)), **{**ENGINE, "num_pages": 1})
+    with pytest.raises(ValueError) as process_error:
         create_app(tiny_checkpoint(str(tmp_path)), engine_process=True, **{**ENGINE, "num_pages": 1})
+    assert str(process_error.value) == str(thread_error.value) and "num_pages" in str(process_error.value)
+    from portattn.server.engine_process import _start_up_error
+
+    error = _start_up_error(("MemoryError", "out of memory", "Traceback ..."))  # not bad input: named
+    assert (
+        isinstance(error, RuntimeError)
+        and str(error) == "the engine process failed to start: MemoryError: out of memory"
+    )
+    assert type(_start_up_error(("FileNotFoundError", "no config.json in /x", ""))) is FileNotFoundError
 
 
 def test_a_model_that_takes_images_is_refused(tmp_path):

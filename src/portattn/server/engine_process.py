@@ -32,6 +32,7 @@ import operator
 import signal
 import threading
 import time
+import traceback
 
 import torch
 
@@ -208,6 +209,20 @@ class _Counted:
     num_output_tokens: int
 
 
+# What the engine's start-up raises for bad input, raised again as itself in the server's process (its message
+# says what was expected), as the engine built on a thread raises it.
+_INPUT_ERRORS = {cls.__name__: cls for cls in (ValueError, TypeError, FileNotFoundError, NotADirectoryError, OSError)}
+
+
+def _start_up_error(payload: tuple) -> Exception:
+    """The exception of a failed start-up in the engine's process (its traceback logged at DEBUG)."""
+    name, message, trace = payload
+    logger.debug("the engine process's start-up failed:\n%s", trace)
+    if name in _INPUT_ERRORS:
+        return _INPUT_ERRORS[name](message)
+    return RuntimeError(f"the engine process failed to start: {name}: {message}")
+
+
 class EngineProcess:
     """:class:`AsyncEngine`'s interface over an engine built and stepped in a process of its own (spawned,
     waited for until its warm-up is done); ``max_queue`` bounds the requests waiting."""
@@ -231,7 +246,7 @@ class EngineProcess:
             ) from None
         if kind != "ready":
             self._process.join(timeout=30)
-            raise RuntimeError(f"the engine process failed to start: {payload}")
+            raise _start_up_error(payload)
         self.engine = EngineFacade(payload)
         self.max_queue = max_queue
         try:
@@ -508,7 +523,7 @@ def _engine_main(config: EngineConfig, conn, log_level: int, registered: dict) -
         register_all(**registered)
         engine = build_engine(config)
     except BaseException as exc:
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        conn.send(("failed", (type(exc).__name__, str(exc), traceback.format_exc())))
         return
     side = _EngineSide(engine, conn)
     conn.send(
