@@ -114,7 +114,7 @@ def test_workers_start_only_for_a_cuda_device_and_can_be_turned_off(monkeypatch)
 
     monkeypatch.setattr("portattn.kernels.triton.compile_workers.CompileWorkers", Workers)
     cached = [True]
-    monkeypatch.setattr("portattn.kernels.triton.compile_workers.cache_holds_kernel", lambda name: cached[0])
+    monkeypatch.setattr("portattn.kernels.triton.compile_workers.cache_holds_kernel", lambda *names: cached[0])
     assert compile_ahead.start_workers(torch.device("cuda", 0), 3) and made[0].count == 3
     assert not made[0].spawned  # the cache holds the attention kernel: spawned at the first miss
     assert not compile_ahead.start_workers(torch.device("cuda", 0), 3) and len(made) == 1  # not started twice
@@ -135,6 +135,7 @@ def test_a_fresh_cache_is_one_without_the_kernel(monkeypatch, tmp_path):
     (tmp_path / "KEY1" / "attention_fwd_kernel_v2.json").write_text("{}")
     (tmp_path / "KEY1" / "add_rmsnorm_kernel.json").write_text("{}")
     assert not cache_holds_kernel("attention_fwd_kernel")  # other kernels only
+    assert cache_holds_kernel("attention_fwd_kernel", "add_rmsnorm_kernel")  # one of them
     (tmp_path / "KEY2").mkdir()
     (tmp_path / "KEY2" / "attention_fwd_kernel.json").write_text("{}")
     assert cache_holds_kernel("attention_fwd_kernel")

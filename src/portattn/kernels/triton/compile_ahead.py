@@ -63,15 +63,16 @@ def available() -> bool:
 
 
 _workers: list = [None]  # the CompileWorkers of start_workers
-# A kernel that every engine's start compiles: a Triton cache without any variant of it is a fresh one.
-EVERY_START_KERNEL = "attention_fwd_kernel"
+# Kernels that an engine's start compiles (the attention's, where it is the Triton backend's, and the fused
+# norm's): a Triton cache without a variant of any of them is a fresh one.
+START_KERNELS = ("attention_fwd_kernel", "add_rmsnorm_kernel")
 
 
 def start_workers(device: torch.device, count: int | None = None) -> bool:
     """Let the compiles of :func:`compile_ahead` go through up to ``count`` (default: a core each, at most
     :data:`MAX_WORKERS`) worker processes (``compile_workers.py``), where compile-ahead applies
     (:func:`available`, a CUDA device) and ``PORTATTN_COMPILE_WORKERS`` is not ``0``. They take compiles
-    once they have imported Triton. Where Triton's cache holds no variant of :data:`EVERY_START_KERNEL` (a
+    once they have imported Triton. Where Triton's cache holds no variant of the :data:`START_KERNELS` (a
     fresh cache: the first start on a machine, or after an upgrade) they are spawned now, so that they import
     while the caller loads its weights; elsewhere at the first compile that misses the cache (a restart
     spawns none). On an H200 (8B bf16, empty cache) workers spawned with the build reached the first token in
@@ -87,7 +88,7 @@ def start_workers(device: torch.device, count: int | None = None) -> bool:
     from .compile_workers import CompileWorkers, cache_holds_kernel
 
     workers = CompileWorkers(count or min(MAX_WORKERS, os.cpu_count() or 1))
-    if not cache_holds_kernel(EVERY_START_KERNEL):
+    if not cache_holds_kernel(*START_KERNELS):
         workers.start()
     _workers[0] = workers
     return True

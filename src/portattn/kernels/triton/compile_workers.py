@@ -203,13 +203,14 @@ def in_cache(src, target, options: dict) -> bool:
         return False
 
 
-def cache_holds_kernel(name: str) -> bool:
-    """Whether Triton's on-disk cache holds a compiled variant of the kernel ``name`` (its ``NAME.json`` in
-    one of the cache's key folders); False where the cache's folder is unknown or missing."""
+def cache_holds_kernel(*names: str) -> bool:
+    """Whether Triton's on-disk cache holds a compiled variant of one of the kernels ``names`` (its
+    ``NAME.json`` in one of the cache's key folders); False where the cache's folder is unknown or missing."""
     cache_dir = _triton_cache_dir()
     if not cache_dir or not os.path.isdir(cache_dir):
         return False
-    return next(glob.iglob(os.path.join(glob.escape(cache_dir), "*", f"{name}.json")), None) is not None
+    folder = glob.escape(cache_dir)
+    return any(next(glob.iglob(os.path.join(folder, "*", f"{name}.json")), None) for name in names)
 
 
 def _triton_cache_dir() -> str | None:
