@@ -136,13 +136,16 @@ def create_app(
         raise ValueError(f"expected log_stats_interval to be None or seconds > 0, got {log_stats_interval!r}")
     arguments.check_keywords(EngineConfig, engine_args, what="create_app")
     config = EngineConfig(model=model, **engine_args)
-    if engine_process is None:
+    if engine_process is None:  # (the default's checks include refuse_multimodal's)
         engine_process, why = engine_process_default(config)
         logger.info("engine: %s (%s)", "in a process of its own" if engine_process else "on a thread", why)
-    if engine_process:
-        from .engine_process import EngineProcess, refuse_multimodal
+    elif engine_process:
+        from .engine_process import refuse_multimodal
 
         refuse_multimodal(config)
+    if engine_process:
+        from .engine_process import EngineProcess
+
         async_engine = EngineProcess(config, max_queue=max_queue)
         engine = async_engine.engine
     else:
