@@ -12,6 +12,7 @@ import torch
 from ..device import default_device, is_gpu, resolve_device
 from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 from ..models.hub import checkpoint_dtype, resolve_checkpoint
+from ..models.layers.fp8_linear import QUANTIZATIONS, check_quantization
 from .arguments import doc, option
 from .memory import CPU_KV_CACHE_MEMORY, parse_bytes
 from .spec_decode.config import SpeculativeConfig
@@ -180,6 +181,15 @@ class EngineConfig:
             choices=KV_CACHE_DTYPES,
         ),
     )
+    quantization: str | None = field(
+        default=None,
+        metadata=doc(
+            "fp8: the decoder's linear layers in float8 e4m3, weights quantized at load (a scale per output "
+            "feature) and inputs at each step (a scale per token), matmuls on fp8 tensor cores (as vLLM's "
+            "--quantization fp8 of a 16-bit checkpoint; docs/engine.md). Default: the model's dtype",
+            choices=QUANTIZATIONS,
+        ),
+    )
     seed: int | None = field(
         default=None, metadata=doc("the seed of requests whose SamplingParams have none (default: random)")
     )
@@ -230,6 +240,7 @@ class EngineConfig:
         if not isinstance(self.kv_cache_dtype, (str, torch.dtype)):
             raise ValueError(f"expected kv_cache_dtype in {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         object.__setattr__(self, "kv_cache_dtype", resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype))
+        check_quantization(self.quantization, self.dtype)
         if isinstance(self.kv_cache_memory, str):
             try:
                 object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))

@@ -122,9 +122,8 @@ class Engine:
         # Without num_pages / kv_cache_memory, an accelerator's KV cache is sized from what is measured
         # from here on (memory.py); None on the CPU.
         sizing = memory.snapshot(config.device) if config.num_pages is None and config.kv_cache_memory is None else None
-        self.model = loader.load_model(
-            config.model, config.dtype, config.device, self.hf_config, config.mm_attention_backend, tp
-        )
+        model_options = dict(mm_attention_backend=config.mm_attention_backend, tp=tp, quantization=config.quantization)
+        self.model = loader.load_model(config.model, config.dtype, config.device, self.hf_config, **model_options)
         self.tokenizer = loader.load_tokenizer(config.tokenizer or config.model)
         self.eos_token_ids = loader.eos_token_ids(config.model, self.hf_config)
         self.vocab_size = text_config.vocab_size

@@ -85,6 +85,7 @@ class GptOssMLP(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.tp = tp_or_single(tp)
         self.router = Linear(config.hidden_size, config.num_local_experts, bias=True)  # replicated
+        self.router.quantizable = False  # the model's dtype (fp8_linear)
         self.experts = FusedMoE(
             config.num_local_experts,
             config.hidden_size,

@@ -116,6 +116,7 @@ class Llama4MoE(nn.Module):
             tp=tp,
         )
         self.router = Linear(config.hidden_size, config.num_local_experts)
+        self.router.quantizable = False  # its weight goes to router_topk as it is (fp8_linear)
         hidden, act = config.hidden_size, config.hidden_act
         self.shared_expert = GatedMLP(hidden, config.intermediate_size, act, tp=tp, reduce=False)
 

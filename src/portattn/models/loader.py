@@ -35,6 +35,7 @@ from ..errors import expect, is_int
 from . import gguf, model_class
 from .base import KV_SCALE_KEY, MultimodalModel
 from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
+from .layers.fp8_linear import check_quantization, quantize_linears
 from .layers.fp8_weights import FP8Weights, dequantizing_slice
 
 logger = logging.getLogger("portattn")
@@ -309,6 +310,7 @@ def load_model(
     config=None,
     mm_attention_backend: str = "auto",
     tp: TPGroup | None = None,
+    quantization: str | None = None,
 ) -> torch.nn.Module:
     """Build the model for ``config.architectures`` on ``device`` in ``dtype`` and load its safetensors
     weights (sharded or not), or a GGUF file's, through the parameters' ``weight_loader`` hooks.
@@ -317,7 +319,9 @@ def load_model(
     and ``mm_attention_backend``, to select its encoders' attention backend once, at construction.
     ``tp`` (a tensor-parallel group of more than one rank) builds this rank's shard of the model,
     for a class that declares ``supports_tensor_parallel``; its parameters read only their slices.
+    ``quantization="fp8"`` quantizes the decoder's linear layers once loaded (:mod:`.layers.fp8_linear`).
     """
+    check_quantization(quantization, dtype)
     path = Path(path) if gguf.is_gguf(path) else _checkpoint_dir(path)
     config = config if config is not None else load_config(path)
     cls = model_class(getattr(config, "architectures", None))
@@ -345,6 +349,9 @@ def load_model(
     model.to(device)  # the rotary buffers, built on the CPU
     model.eval().requires_grad_(False)
     shard = f", rank {tp.rank} of {tp.size}" if tp.size > 1 else ""
+    if quantization is not None:
+        count = quantize_linears(model, quantization)
+        shard += f", {count} linear layers in {quantization}"
     logger.info("loaded %s from %s (%s, %s%s)", cls.__name__, path, dtype, device, shard)
     return model
 

@@ -111,6 +111,8 @@ class Qwen2_5_VisionTransformer(nn.Module):
     created on the current default device; :func:`load_vision_tower` builds, loads and moves them.
     """
 
+    quantizable = False  # quantization="fp8" leaves the tower in the model's dtype
+
     def __init__(
         self,
         config,

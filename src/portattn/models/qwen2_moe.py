@@ -29,6 +29,7 @@ class Qwen2MoeSparseMoe(SoftmaxTopKMoE):
         hidden, act = config.hidden_size, config.hidden_act
         self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size, act, tp=tp, reduce=False)
         self.shared_expert_gate = Linear(hidden, 1)  # replicated
+        self.shared_expert_gate.quantizable = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

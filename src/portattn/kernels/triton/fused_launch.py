@@ -18,6 +18,7 @@ from ...device import compute_units, is_triton_interpreter
 from . import compile_ahead
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .attn_temperature import attn_temperature_kernel
+from .fp8_quant import quantize_rows_kernel
 from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
 from .fused_linear import (
     expert_rows_kernel,
@@ -542,6 +543,28 @@ def gated_activation(name: str, gate_up: torch.Tensor, interleaved: bool = False
             **pdl_options(gate_up.device),
         )  # fmt: skip
     return out.view(*gate_up.shape[:-1], inter)
+
+
+# quantize_fp8_rows: features a loop step (a row's two passes over its features run in one program).
+FP8_QUANT_BLOCK = 1024
+
+
+def quantize_fp8_rows(
+    x: torch.Tensor, dtype: torch.dtype, fp8_max: float, min_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q [T, K], scale [T, 1])``: each row of ``x [T, K]`` (elements contiguous) quantized to ``dtype`` with
+    its own scale, ``scale = max(amax(|row|) / fp8_max, min_scale)`` (float32) and ``q = clamp(row / scale,
+    -fp8_max, fp8_max)``, as :func:`portattn.models.layers.fp8_linear.quantize_rows` computes it."""
+    rows, cols = x.shape
+    out = torch.empty((rows, cols), dtype=dtype, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows:
+        block = min(FP8_QUANT_BLOCK, next_pow2(cols))
+        quantize_rows_kernel[(rows,)](
+            x, out, scale, cols, x.stride(0), out.stride(0), FP8_MAX=fp8_max, MIN_SCALE=min_scale, BLOCK=block,
+            num_warps=4 if block >= 512 else 1, **pdl_options(x.device),
+        )  # fmt: skip
+    return out, scale
 
 
 @dataclasses.dataclass(frozen=True)

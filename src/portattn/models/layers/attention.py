@@ -193,7 +193,7 @@ class SelfAttention(nn.Module):
         folds = norm_folds(self.qkv_proj, x, norm, residual) or row_norm_folds(self.qkv_proj, x, norm, residual)
         if not hasattr(self, "q_norm") and folds is not None:
             o_proj = self.o_proj
-            if FOLD_OUT_PROJ and o_proj.bias is None and o_proj.tp.size == 1:
+            if FOLD_OUT_PROJ and o_proj.bias is None and o_proj.tp.size == 1 and o_proj.weight.dtype == x.dtype:
                 done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx, o_proj.weight)
                 if done is not None:  # and the split merge with the output projection in one launch
                     return done

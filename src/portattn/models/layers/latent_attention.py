@@ -79,6 +79,7 @@ class MultiheadLatentAttention(nn.Module):
         self.kv_a_proj_with_mqa = Linear(hidden, rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(rank, _LORA_NORM_EPS)
         self.kv_b_proj = ColumnParallelLinear(rank, heads * (self.nope_dim + self.v_dim), bias=False, tp=tp)
+        self.kv_b_proj.quantizable = False  # its weight is absorbed into the attention (fp8_linear)
         self.o_proj = RowParallelLinear(heads * self.v_dim, hidden, bias=bias, tp=tp)
         self.scale = scale
         # What the engine's backend selection reads (the expanded form's shapes, this rank's heads).

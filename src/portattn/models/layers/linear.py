@@ -29,6 +29,7 @@ from torch import nn
 
 from ...distributed.group import TPGroup, attention_heads, tp_or_single
 from .activation import Activation, gated
+from .fp8_linear import fp8_linear
 from .fused import fused_linear_ops
 
 
@@ -128,12 +129,20 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = new_parameter(out_features, in_features, dtype=dtype, loader=self.weight_loader)
         self.bias = new_parameter(out_features, dtype=dtype, loader=self.weight_loader) if bias else None
+        # A float32 scalar once the weight is quantized to fp8 (fp8_linear.quantize_linears), else None.
+        self.register_buffer("weight_scale", None, persistent=False)
 
     def weight_loader(self, param: nn.Parameter, loaded) -> None:
         copy_checked(param.data, loaded)
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x W^T + bias``, in fp8 where the weight is quantized (:mod:`.fp8_linear`)."""
+        if self.weight_scale is not None:
+            return fp8_linear(x, self.weight, self.weight_scale, bias)
+        return F.linear(x, self.weight, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ColumnParallelLinear(Linear):
@@ -193,8 +202,8 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None)  # [..., out] partial
+            return self.matmul(x, self.bias)
+        y = self.matmul(x, self.bias if self.tp.rank == 0 else None)  # [..., out] partial
         return self.tp.all_reduce(y) if self.reduce else y
 
 

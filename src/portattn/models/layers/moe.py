@@ -335,6 +335,7 @@ class SoftmaxTopKMoE(nn.Module):
         self.tp = tp_or_single(tp)
         self.top_k, self.normalize, self.weights_in_float32 = top_k, normalize, weights_in_float32
         self.gate = Linear(hidden_size, num_experts)
+        self.gate.quantizable = False  # the router keeps the model's dtype (fp8_linear)
         self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, act, checkpoint_layout="per_expert", tp=tp)
 
     def routed(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""Linear layers in fp8 (``quantization="fp8"``): weights quantized once after loading, activations at each
+forward, the matmul on the fp8 tensor cores (``torch._scaled_mm`` with row-wise scales).
+
+Each weight ``W [N, K]`` becomes float8 e4m3 with one float32 scale per output feature (``W[n] ~ weight[n] *
+weight_scale[n]``, ``weight_scale[n] = amax(|W[n]|) / 448``), and each input row (a token) is quantized the
+same way when the layer runs, with its own scale (dynamic, per token): a sequence's values do not depend on
+what it is batched with. The product ``(x_q W_q^T)[t, n] * x_scale[t] * weight_scale[n]`` accumulates in
+float32 and comes out in bfloat16 on GPUs (what the row-wise fp8 matmul writes; cast to a float16 or float32
+model's dtype after it), in the model's dtype elsewhere; a bias is added after it. On GPUs the input's
+quantization is one Triton launch (:func:`~portattn.kernels.triton.fused_launch.quantize_fp8_rows`),
+elsewhere :func:`quantize_rows`' torch code.
+
+What is quantized: the :class:`~.linear.Linear` layers of the decoder (attention's q/k/v and output
+projections, the MLP's gate/up and down projections, an MLA's down projections), whose input and output
+features are multiples of 16 (what the fp8 matmul takes). What keeps the model's dtype: the embedding and
+the LM head, the norms, routers and mixtures' experts, MLA's ``kv_b_proj`` (its weight is absorbed into the
+attention), vision encoders; a module marks itself with ``quantizable = False`` (for itself and what it
+holds). The fused small-batch launches of 16-bit weights (norm and activation folded into the projections)
+do not take fp8 weights: those layers run their norm, quantization and matmul one after the other.
+
+Costs and effects (measured on an H200, ``benchmarks/results/engine_h200/round30/NOTES.md``): the weights'
+bytes halve and matmuls of thousands of rows run about 1.7x faster than in bfloat16; at one row the
+row-wise fp8 matmul is no faster than bfloat16's. Outputs differ from the 16-bit model's within fp8's
+precision (about 4% relative error a product); the real model's perplexity and answers are tested
+(``tests/models/test_gguf.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from .fused import fused_ops
+
+logger = logging.getLogger("portattn")
+
+QUANTIZATIONS = ("fp8",)
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+# The smallest scale: an all-zero tensor quantizes to zeros instead of dividing by zero.
+MIN_SCALE = 1e-12
+# Model dtypes the fp8 matmul writes its output in.
+FP8_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_quantization(quantization: str | None, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` unless ``quantization`` is None or one of :data:`QUANTIZATIONS` for ``dtype``."""
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"expected quantization None or one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    if dtype not in FP8_OUT_DTYPES:
+        names = [str(d).removeprefix("torch.") for d in FP8_OUT_DTYPES]
+        raise ValueError(f"expected a dtype in {names} with quantization {quantization!r}, got {dtype}")
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale [R, 1])``: each row of ``t [R, C]`` in float8 e4m3 with its own float32 scale, ``scale =
+    max(amax(|row|) / 448, MIN_SCALE)``, ``q = clamp(row / scale, -448, 448)`` rounded to nearest (the
+    reference of the GPU launch)."""
+    amax = t.abs().amax(dim=-1, keepdim=True).float()
+    # Divided by a tensor: by a Python number, CUDA multiplies by its reciprocal (not the kernel's IEEE division).
+    scale = torch.clamp(amax / torch.full_like(amax, FP8_MAX), min=MIN_SCALE)
+    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` of ``x [T, K]`` (elements contiguous), in one Triton launch on GPUs."""
+    ops = fused_ops(x)
+    if ops is None:
+        return quantize_rows(x)
+    return ops.quantize_fp8_rows(x, FP8_DTYPE, FP8_MAX, MIN_SCALE)
+
+
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x W^T + b`` with ``W[n] ~ weight[n] * weight_scale[0, n]`` (``weight [N, K]`` float8, ``weight_scale
+    [1, N]``) and ``x`` quantized per row: ``x [..., K]`` -> ``[..., N]`` in ``x``'s dtype."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+    q, scale = quantize_input(rows if rows.stride(-1) == 1 else rows.contiguous())
+    out_dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype  # row-wise scales: bfloat16 out on GPUs
+    y = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=out_dtype).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def _fits(linear: nn.Module) -> bool:
+    from .linear import Linear, RowParallelLinear
+
+    return (
+        isinstance(linear, Linear)
+        and type(linear).forward in (Linear.forward, RowParallelLinear.forward)
+        and linear.weight.dim() == 2
+        and linear.weight.shape[0] % 16 == 0
+        and linear.weight.shape[1] % 16 == 0
+        and linear.weight.dtype in FP8_OUT_DTYPES
+    )
+
+
+def quantizable_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, linear)`` of every linear :func:`quantize_linears` quantizes: those :func:`_fits` takes,
+    outside modules marked ``quantizable = False``."""
+    found = []
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        if not getattr(module, "quantizable", True):
+            return
+        if _fits(module):
+            found.append((prefix, module))
+            return
+        for name, child in module.named_children():
+            walk(f"{prefix}.{name}" if prefix else name, child)
+
+    walk("", model)
+    return found
+
+
+def quantize_linears(model: nn.Module, quantization: str) -> int:
+    """Quantize ``model``'s linears (:func:`quantizable_linears`) in place for ``quantization``; each keeps
+    ``weight`` (now float8) and its ``weight_scale`` buffer holds the per-feature scales ``[1, N]``. Returns
+    how many were quantized."""
+    check_quantization(quantization, next(model.parameters()).dtype)
+    linears = quantizable_linears(model)
+    for _, linear in linears:
+        q, scale = quantize_rows(linear.weight.data)
+        linear.weight = nn.Parameter(q, requires_grad=False)
+        linear.weight_scale = scale.t().contiguous()  # [1, N]
+    if not linears:
+        raise ValueError(f"expected linear layers to quantize to {quantization}, got none in {type(model).__name__}")
+    return len(linears)
