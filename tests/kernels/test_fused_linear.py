@@ -156,6 +156,44 @@ def test_row_linear_equals_the_layers(dtype, mode, act):
                 assert (summed is None) if res is None else torch.equal(summed, want_summed)
 
 
+FP8_LAUNCHES = [("norm_linear", 1), ("norm_linear", 7), ("norm_linear", 16), ("row_linear", 1)]
+
+
+@pytest.mark.parametrize("act", [None, "silu"])
+@pytest.mark.parametrize("launch, rows", FP8_LAUNCHES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp8_weights_with_their_scales_equal_the_dequantized_layers(dtype, launch, rows, act):
+    """``quantization="fp8"``'s weights (float8 e4m3, a float32 scale per row) in the fused launches: the
+    values of the layers over the dequantized weight ``weight * scale`` in float64 (the rows are not
+    quantized); over 200 features at once and 64 a step, with a norm, residual and bias, the gated
+    activation's gate and up rows interleaved or not. A 16-bit weight with scales, or fp8 without, is refused."""
+    from portattn.models.layers.fp8_linear import quantize_rows
+
+    norm, weight, bias, x, residual = make(rows, 200, 40, dtype, bias=True, act=act, seed=11 + rows)
+    weight = weight * torch.linspace(0.2, 5.0, weight.shape[0], device=DEVICE, dtype=dtype)[:, None]  # scales vary
+    q, scale = quantize_rows(weight)
+    scale = scale.t().contiguous()  # [1, N], as the layers keep it
+    dequantized = q.double() * scale.double().t()
+    fused = norm_linear if launch == "norm_linear" else row_linear
+    for tiles, interleaved in [(None, False), (STEPS if launch == "norm_linear" else LinearTiles(8, 64, 4, 1), True)]:
+        interleaved = interleaved and act is not None
+        w, s = (interleave(q.view(torch.uint8)).view(q.dtype), interleave(scale[0])) if interleaved else (q, scale)
+        b = interleave(bias) if interleaved else bias
+        y, summed = fused(
+            x, w, b, norm_weight=norm.weight, eps=1e-5, residual=residual, mode=norm.mode, act=act, tiles=tiles,
+            interleaved=interleaved, weight_scale=s.contiguous(),
+        )  # fmt: skip
+        want, want_summed = reference(x, residual, norm, dequantized, bias, act)
+        close(y, want, dtype, 1.01 if act is None else 3)
+        assert torch.equal(summed, want_summed)
+    with pytest.raises(ValueError, match="expected a weight_scale with an fp8 weight and only then"):
+        fused(x, weight, None, weight_scale=scale)
+    with pytest.raises(ValueError, match="expected a weight_scale with an fp8 weight and only then"):
+        fused(x, q, None)
+    with pytest.raises(ValueError, match=f"expected {q.shape[0]} contiguous float32 weight scales"):
+        fused(x, q, None, weight_scale=scale[:, :-1])
+
+
 def interleave(t: torch.Tensor) -> torch.Tensor:
     """``[gate; up]`` rows (or bias features) -> ``g0, u0, g1, u1, ...``."""
     return t.unflatten(0, (2, -1)).transpose(0, 1).flatten(0, 1)

@@ -370,3 +370,51 @@ def test_llama4_router_and_temperature_in_one_launch_each(ckpt_root, monkeypatch
     assert len(calls["router_topk"]) == len(mixtures) * forwards
     assert len(calls["attn_temperature"]) == len(nope) * forwards
     assert_same_greedy(fused_router, plain)
+
+
+def test_fp8_weights_take_the_fused_launches_with_their_scales(ckpt_root, monkeypatch):
+    """``quantization="fp8"`` at small batches: the projections that fold (q/k/v and gate/up with their norms,
+    the down projection) run in a fused launch over the fp8 weight and its scales, the rows not quantized,
+    and the engine's logits equal those of the float16 engine whose weights there are the dequantized fp8
+    ones. The output projection, which would take the fp8 matmul (its rows quantized: a last-bit difference
+    moves a value by an fp8 step), is left in float16 for the comparison; prompts of at most 16 tokens in
+    all, so that every forward folds."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import fp8_linear
+
+    quantizable = fp8_linear.quantizable_linears
+    monkeypatch.setattr(
+        fp8_linear, "quantizable_linears", lambda model: [(n, m) for n, m in quantizable(model) if "o_proj" not in n]
+    )
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    scaled = []
+
+    def counting(name):
+        launch = getattr(fused_launch, name)
+
+        def counted(x, weight, *args, weight_scale=None, **kwargs):
+            scaled.append(weight_scale is not None)
+            return launch(x, weight, *args, weight_scale=weight_scale, **kwargs)
+
+        return counted
+
+    for name in ("norm_linear", "row_linear"):
+        monkeypatch.setattr(fused_launch, name, counting(name))
+    path = checkpoint("llama", ckpt_root)
+    prompts = random_prompts([5, 3, 2])
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
+    fp8 = LLM(
+        path, dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40, max_model_len=128, max_num_seqs=4,
+        enforce_eager=True, attention_backend="torch", quantization="fp8",
+    )  # fmt: skip
+    scaled.clear()
+    got = fp8.generate(prompts, params, use_tqdm=False)
+    layers = len(fp8.engine.model.model.layers)
+    assert len(scaled) == 3 * layers * (1 + DECODES) and all(scaled)  # q/k/v, gate/up, down a forward
+    ref = make_llm(path, "torch")
+    for name, module in fp8.engine.model.named_modules():
+        if getattr(module, "weight_scale", None) is not None:
+            dequantized = module.weight.float() * module.weight_scale.t()
+            ref.engine.model.get_submodule(name).weight.copy_(dequantized.to(torch.float16))
+    assert_same_greedy(got, ref.generate(prompts, params, use_tqdm=False))

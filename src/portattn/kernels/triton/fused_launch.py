@@ -133,14 +133,32 @@ ROW_LINEAR_K = 2048
 ROW_LINEAR_ROTARY = False
 
 
+def _weight_scale(weight: torch.Tensor, weight_scale: torch.Tensor | None) -> torch.Tensor | None:
+    """An fp8 weight's per-row float32 scales (``[1, N]`` or ``[N]``, contiguous); ``None`` for a 16-bit one."""
+    if (weight.dtype == torch.float8_e4m3fn) != (weight_scale is not None):
+        raise ValueError(f"expected a weight_scale with an fp8 weight and only then, got {weight.dtype} and "
+                         f"{None if weight_scale is None else tuple(weight_scale.shape)}")  # fmt: skip
+    if weight_scale is not None and (
+        weight_scale.dtype != torch.float32
+        or weight_scale.numel() != weight.shape[0]
+        or not weight_scale.is_contiguous()
+    ):
+        raise ValueError(f"expected {weight.shape[0]} contiguous float32 weight scales, got "
+                         f"{weight_scale.dtype} {tuple(weight_scale.shape)}")  # fmt: skip
+    return weight_scale
+
+
 def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, norm_weight) -> None:
     """What :func:`norm_linear` and :func:`norm_linear_rotary` take: at most ``NORM_LINEAR_ROWS`` rows of
     float16 or bfloat16 and a weight of their dtype, contiguous rows, a residual like ``x`` with a norm."""
     rows, in_features = x.shape
     if rows > NORM_LINEAR_ROWS:
         raise ValueError(f"expected at most {NORM_LINEAR_ROWS} rows for norm_linear, got {rows}")
-    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
-        raise ValueError(f"expected float16 or bfloat16 rows and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype not in (x.dtype, torch.float8_e4m3fn):
+        raise ValueError(
+            f"expected float16 or bfloat16 rows and a weight of their dtype or float8_e4m3fn, got {x.dtype} and "
+            f"{weight.dtype}"
+        )
     if weight.shape[1] != in_features or x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError(f"expected x [M, K] and weight [N, K] with contiguous rows, got {tuple(x.shape)}, "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -163,6 +181,7 @@ def norm_linear(
     act: str | None = None,
     tiles: LinearTiles | None = None,
     interleaved: bool = False,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(y, summed)`` for rows ``x [M, K]``, ``M <= NORM_LINEAR_ROWS``, in float16 or bfloat16:
     ``y = rmsnorm(x + residual) @ weight.T + bias`` (:func:`add_rmsnorm`'s norm of ``norm_weight`` in
@@ -170,10 +189,13 @@ def norm_linear(
     ``summed = x + residual`` (None without a residual).
     With ``act`` (a gated activation's name) ``weight`` is ``[gate; up]`` (``[2I, K]``) and ``y`` is
     ``act(gate) * up [M, I]``, as :func:`gated_activation` of the unfused product; ``interleaved``:
-    the weight's (and bias's) gate and up rows alternate instead, ``g0, u0, g1, u1, ...``."""
+    the weight's (and bias's) gate and up rows alternate instead, ``g0, u0, g1, u1, ...``.
+    ``weight_scale``: ``weight`` is float8 e4m3 and row ``n`` of the weight is ``weight[n] * weight_scale[n]``
+    (``quantization="fp8"``'s layers: the fp8 weight read, the rows not quantized)."""
     rows, in_features = x.shape
     out_features = weight.shape[0] // (2 if act else 1)
     _check_rows(x, weight, residual, norm_weight)
+    weight_scale = _weight_scale(weight, weight_scale)
     if act is not None and weight.shape[0] % 2:
         raise ValueError(f"expected a [gate; up] weight of an even number of rows, got {weight.shape[0]}")
     out = torch.empty((rows, out_features), dtype=x.dtype, device=x.device)
@@ -184,14 +206,14 @@ def norm_linear(
     grid = (triton.cdiv(out_features, tiles.block_n), 1)
     norm_linear_kernel[grid](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
-        x if bias is None else bias, out, x if summed is None else summed,
+        x if weight_scale is None else weight_scale, x if bias is None else bias, out, x if summed is None else summed,
         rows, out_features, in_features, eps,
         x.stride(0), 0 if residual is None else residual.stride(0), 0 if summed is None else summed.stride(0),
         weight.stride(0), out.stride(0),
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_M=NORM_LINEAR_ROWS, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SINGLE=tiles.block_k >= in_features,
-        INTERLEAVED=interleaved and act is not None,
+        INTERLEAVED=interleaved and act is not None, W_SCALED=weight_scale is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
@@ -209,6 +231,7 @@ def row_linear(
     act: str | None = None,
     tiles: LinearTiles | None = None,
     interleaved: bool = False,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`norm_linear` of one row ``x [1, K]`` on the vector units (``fused_linear.row_linear_kernel``):
     the same arguments, values and returns; for rows of a few thousand features and more, where a
@@ -217,6 +240,7 @@ def row_linear(
     rows, in_features = x.shape
     out_features = weight.shape[0] // (2 if act else 1)
     _check_rows(x, weight, residual, norm_weight)
+    weight_scale = _weight_scale(weight, weight_scale)
     if rows != 1:
         raise ValueError(f"expected one row for row_linear, got {rows}")
     if act is not None and weight.shape[0] % 2:
@@ -226,13 +250,13 @@ def row_linear(
     tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
     row_linear_kernel[(triton.cdiv(out_features, tiles.block_n),)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
-        x if bias is None else bias, out, x if summed is None else summed,
+        x if weight_scale is None else weight_scale, x if bias is None else bias, out, x if summed is None else summed,
         out_features, in_features, eps, weight.stride(0),
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode],
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ROW=next_pow2(in_features) if norm_weight is not None else 16,
-        INTERLEAVED=interleaved and act is not None, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_options(x.device),
+        INTERLEAVED=interleaved and act is not None, W_SCALED=weight_scale is not None,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
 
@@ -407,6 +431,7 @@ def row_linear_rotary(
     tiles = tiles or ROW_LINEAR_TILES
     head_dim, cos, sin = _check_rotary(x, weight, cos, sin, k_cache, v_cache, num_q_heads, num_kv_heads, tiles)
     _check_rows(x, weight, residual, norm_weight)
+    _weight_scale(weight, None)  # a weight of the rows' dtype: no fp8 weights here
     if x.shape[0] != 1:
         raise ValueError(f"expected one row for row_linear_rotary, got {x.shape[0]}")
     q = torch.empty((1, num_q_heads, head_dim), dtype=x.dtype, device=x.device)
@@ -452,6 +477,7 @@ def norm_linear_rotary(
     tiles = tiles or linear_tiles(weight.shape[0], in_features, x.device, rows=rows)
     head_dim, cos, sin = _check_rotary(x, weight, cos, sin, k_cache, v_cache, num_q_heads, num_kv_heads, tiles)
     _check_rows(x, weight, residual, norm_weight)
+    _weight_scale(weight, None)  # a weight of the rows' dtype: no fp8 weights here
     q = torch.empty((rows, num_q_heads, head_dim), dtype=x.dtype, device=x.device)
     summed = None if residual is None else torch.empty_like(x)
     if rows == 0:

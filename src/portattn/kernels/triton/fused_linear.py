@@ -106,7 +106,9 @@ def _project(
     PDL: tl.constexpr,
 ):
     """``(acc, acc_up)`` float32 ``[BLOCK_M, BLOCK_N]``: ``norm(x + residual)`` of rows ``rows64`` times
-    the weight rows ``w_rows64`` (and, with ``GATED``, rows ``w_up_rows64``: the up half)."""
+    the weight rows ``w_rows64`` (and, with ``GATED``, rows ``w_up_rows64``: the up half). An fp8 weight's
+    tiles are converted to the rows' dtype before the dot (exactly: e4m3 values are float16 and bfloat16
+    values); its scales are the caller's."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if SINGLE:  # every load at once: the weight block arrives while the norm is computed
@@ -122,9 +124,9 @@ def _project(
         if HAS_NORM:
             h = a.to(tl.float32)
             a = _normed(a, 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps), NormWeight, ks, k_ok, MODE)
-        acc = tl.dot(a, tl.trans(w), acc)
+        acc = tl.dot(a, tl.trans(w.to(X.dtype.element_ty)), acc)
         if GATED:
-            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+            acc_up = tl.dot(a, tl.trans(w_up.to(X.dtype.element_ty)), acc_up)
     else:
         wait_for_previous(PDL)
         if HAS_NORM:
@@ -145,10 +147,10 @@ def _project(
                 a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
             w_mask = col_ok[:, None] & k_ok[None, :]
             w = tl.load(W + w_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-            acc = tl.dot(a, tl.trans(w), acc)
+            acc = tl.dot(a, tl.trans(w.to(X.dtype.element_ty)), acc)
             if GATED:
                 w_up = tl.load(W + w_up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-                acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+                acc_up = tl.dot(a, tl.trans(w_up.to(X.dtype.element_ty)), acc_up)
     return acc, acc_up
 
 
@@ -158,6 +160,7 @@ def norm_linear_kernel(
     Residual,
     NormWeight,
     W,
+    WScale,
     Bias,
     Out,
     ResidualOut,
@@ -181,8 +184,10 @@ def norm_linear_kernel(
     BLOCK_K: tl.constexpr,
     SINGLE: tl.constexpr,
     INTERLEAVED: tl.constexpr = False,
+    W_SCALED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
+    """``W_SCALED``: ``W`` is fp8 and ``W[n] * WScale[n]`` (float32) the weight row ``n``."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -195,6 +200,10 @@ def norm_linear_kernel(
         stride_x, stride_r, stride_ro, stride_w, HAS_NORM, HAS_RESIDUAL, MODE, GATED, BLOCK_M, BLOCK_N, BLOCK_K,
         SINGLE, PDL,
     )  # fmt: skip
+    if W_SCALED:
+        acc *= tl.load(WScale + w_rows64, mask=col_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up *= tl.load(WScale + w_up_rows64, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + w_rows64, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if GATED:
@@ -280,6 +289,7 @@ def row_linear_kernel(
     Residual,
     NormWeight,
     W,
+    WScale,
     Bias,
     Out,
     ResidualOut,
@@ -297,6 +307,7 @@ def row_linear_kernel(
     BLOCK_K: tl.constexpr,
     ROW: tl.constexpr,
     INTERLEAVED: tl.constexpr = False,
+    W_SCALED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """:func:`norm_linear_kernel` for one row ``x [1, K]`` on the vector units (:func:`_row_product`:
@@ -312,6 +323,10 @@ def row_linear_kernel(
         HAS_RESIDUAL, MODE, GATED, BLOCK_N, BLOCK_K, ROW, PDL,
     )  # fmt: skip
     dtype = X.dtype.element_ty
+    if W_SCALED:
+        y *= tl.load(WScale + rows64, mask=col_ok, other=0.0)
+        if GATED:
+            up *= tl.load(WScale + up_rows64, mask=col_ok, other=0.0)
     if HAS_BIAS:
         y += tl.load(Bias + rows64, mask=col_ok, other=0.0).to(tl.float32)
     y = y.to(dtype)

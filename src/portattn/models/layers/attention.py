@@ -191,7 +191,8 @@ class SelfAttention(nn.Module):
         if norm is None:
             return self.attend(positions, project(self.qkv_proj, x), ctx, rotary, table)
         folds = norm_folds(self.qkv_proj, x, norm, residual) or row_norm_folds(self.qkv_proj, x, norm, residual)
-        if not hasattr(self, "q_norm") and folds is not None:
+        # (the backend's projecting launches take weights of the rows' dtype: not quantization="fp8"'s)
+        if not hasattr(self, "q_norm") and folds is not None and self.qkv_proj.weight_scale is None:
             o_proj = self.o_proj
             if FOLD_OUT_PROJ and o_proj.bias is None and o_proj.tp.size == 1 and o_proj.weight.dtype == x.dtype:
                 done = self.attn.forward_projected(x, self.qkv_proj, norm, residual, *table, ctx, o_proj.weight)

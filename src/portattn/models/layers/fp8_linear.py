@@ -15,12 +15,15 @@ projections, the MLP's gate/up and down projections, an MLA's down projections),
 features are multiples of 16 (what the fp8 matmul takes). What keeps the model's dtype: the embedding and
 the LM head, the norms, routers and mixtures' experts, MLA's ``kv_b_proj`` (its weight is absorbed into the
 attention), vision encoders; a module marks itself with ``quantizable = False`` (for itself and what it
-holds). The fused small-batch launches of 16-bit weights (norm and activation folded into the projections)
-do not take fp8 weights: those layers run their norm, quantization and matmul one after the other.
+holds). Steps of up to 16 rows take the fused small-batch launches instead where the 16-bit weights would
+(``norm_linear``, ``row_linear``: the norm and gated activation folded into the projections), over the fp8
+weight and its scales with the rows not quantized; the backend's projecting launches (q/k/v with its
+rotation and cache write) take 16-bit weights only.
 
 Costs and effects (measured on an H200, ``benchmarks/results/engine_h200/round30/NOTES.md``): the weights'
-bytes halve and matmuls of thousands of rows run about 1.7x faster than in bfloat16; at one row the
-row-wise fp8 matmul is no faster than bfloat16's. Outputs differ from the 16-bit model's within fp8's
+bytes halve and matmuls of thousands of rows run about 1.7x faster than in bfloat16; a batch-1 decode step
+is slower (5.05 against 4.32 ms on the 8B shape: the one-row launches are not faster over fp8 weights yet).
+Outputs differ from the 16-bit model's within fp8's
 precision (about 4% relative error a product); the real model's perplexity and answers are tested
 (``tests/models/test_gguf.py``).
 """

@@ -349,10 +349,16 @@ SMALL_LINEAR_FEW_ROWS = 8
 # the cache (row_linear_rotary, AttentionBackend.forward_projected).
 
 
+def _weight_fits(linear: Linear, x: torch.Tensor) -> bool:
+    """Whether the fused launches take ``linear``'s weight for rows ``x``: of the rows' dtype, or fp8 with its
+    per-row scales (``quantization="fp8"``: the fp8 weight read, the rows not quantized)."""
+    return linear.weight.dtype == x.dtype or linear.weight_scale is not None
+
+
 def _row_ops(linear: Linear, x: torch.Tensor):
     """The fused launchers when ``linear(x)`` takes :func:`~..fused_launch.row_linear`: one row of at
     least ``ROW_LINEAR_K`` features on a GPU, a plain (or column-parallel) or single-rank row-parallel
-    linear of the row's dtype; else ``None``."""
+    linear of the row's dtype (or in fp8); else ``None``."""
     if x.dim() != 2 or x.shape[0] != 1:
         return None
     ops = fused_linear_ops(x)
@@ -362,7 +368,7 @@ def _row_ops(linear: Linear, x: torch.Tensor):
         or x.shape[1] < ops.ROW_LINEAR_K
         or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
         or (type(linear).forward is RowParallelLinear.forward and linear.tp.size != 1)
-        or weight.dtype != x.dtype
+        or not _weight_fits(linear, x)
         or x.stride(-1) != 1
         or weight.stride(-1) != 1
     ):
@@ -373,7 +379,9 @@ def _row_ops(linear: Linear, x: torch.Tensor):
 def project(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     """``linear(x)``, through :func:`~..fused_launch.row_linear` where it takes it (see ``ROW_LINEAR_K``)."""
     ops = _row_ops(linear, x)
-    return linear(x) if ops is None else ops.row_linear(x, linear.weight, linear.bias)[0]
+    if ops is None:
+        return linear(x)
+    return ops.row_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
 
 
 def project_gated(linear: Linear, x: torch.Tensor, act) -> torch.Tensor:
@@ -383,7 +391,8 @@ def project_gated(linear: Linear, x: torch.Tensor, act) -> torch.Tensor:
     interleaved = getattr(linear, "interleaved", False)
     ops = _row_ops(linear, x)
     if ops is not None and isinstance(act, Activation) and act.name in ops.ACTIVATION_CODES:
-        return ops.row_linear(x, linear.weight, linear.bias, act=act.name, interleaved=interleaved)[0]
+        options = dict(act=act.name, interleaved=interleaved, weight_scale=linear.weight_scale)
+        return ops.row_linear(x, linear.weight, linear.bias, **options)[0]
     return gated(act, linear(x), interleaved)
 
 
@@ -394,7 +403,7 @@ def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
     (:func:`project`); else ``None`` (the caller runs ``linear(x)``)."""
     ops = _row_ops(linear, x)
     if ops is not None:
-        return ops.row_linear(x, linear.weight, linear.bias)[0]
+        return ops.row_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
     ops = fused_linear_ops(x)
     weight = linear.weight
     if (
@@ -402,21 +411,21 @@ def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
         or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
         or (getattr(linear, "tp", None) is not None and linear.tp.size != 1)
         or x.shape[1] > SMALL_LINEAR_K
-        or weight.dtype != x.dtype
+        or not _weight_fits(linear, x)
         or x.stride(-1) != 1
         or weight.stride(-1) != 1
     ):
         return None
     warps = 4 if x.shape[0] <= SMALL_LINEAR_FEW_ROWS else 8
     tiles = ops.LinearTiles(16, max(16, ops.next_pow2(x.shape[1])), warps, 1)
-    return ops.norm_linear(x, weight, linear.bias, tiles=tiles)[0]
+    return ops.norm_linear(x, weight, linear.bias, tiles=tiles, weight_scale=linear.weight_scale)[0]
 
 
 def _norm_fits(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None) -> bool:
     """Whether the fused launches can take ``norm``'s RMSNorm of ``x + residual`` before ``linear``."""
     return (
         type(linear).forward is Linear.forward
-        and linear.weight.dtype == x.dtype
+        and _weight_fits(linear, x)
         and norm.weight.dtype in (x.dtype, torch.float32)
         and x.stride(-1) == linear.weight.stride(-1) == 1
         and (residual is None or residual.stride(-1) == 1)
@@ -459,6 +468,7 @@ def norm_then_linear(
         y, summed = launch(
             x, linear.weight, linear.bias, norm_weight=norm.weight, eps=norm.eps, residual=residual,
             mode=norm.mode, act=None if act is None else act.name, interleaved=interleaved,
+            weight_scale=linear.weight_scale,
         )  # fmt: skip
         return y, (x if residual is None else summed)
     h, summed = (norm(x), x) if residual is None else norm(x, residual)
