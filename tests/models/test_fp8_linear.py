@@ -138,6 +138,24 @@ def test_what_is_not_offered_is_refused(ckpt_root):
         LLM(path, quantization="fp8", dtype="float64", device="cpu", num_pages=8)
 
 
+def test_devices_without_fp8_matmuls_are_refused(monkeypatch):
+    from portattn.models.layers.fp8_linear import check_quantization
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, refused in [((8, 0), True), ((8, 9), False), ((9, 0), False)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        if refused:
+            with pytest.raises(ValueError, match=r"compute capability 8.9 or newer .* got cuda:0 \(NVIDIA A100\)"):
+                check_quantization("fp8", torch.bfloat16, torch.device("cuda:0"))
+        else:
+            check_quantization("fp8", torch.bfloat16, "cuda:0")
+    with pytest.raises(ValueError, match="got xpu"):
+        check_quantization("fp8", torch.bfloat16, torch.device("xpu"))
+    check_quantization("fp8", torch.float32, "cpu")
+    check_quantization(None, torch.float64, torch.device("xpu"))
+
+
 # Measured on the CPU (4 prompts x 48 decode positions, float32): top-1 agreement with the unquantized
 # engine and mean |logit error| / mean |logit|: llama 0.71 / 0.18, qwen2 0.76 / 0.20, qwen3_moe 0.71 / 0.22,
 # deepseek_v3 0.61 / 0.31 (its latent scores amplify the most).

@@ -321,7 +321,7 @@ def load_model(
     for a class that declares ``supports_tensor_parallel``; its parameters read only their slices.
     ``quantization="fp8"`` quantizes the decoder's linear layers once loaded (:mod:`.layers.fp8_linear`).
     """
-    check_quantization(quantization, dtype)
+    check_quantization(quantization, dtype, device)
     path = Path(path) if gguf.is_gguf(path) else _checkpoint_dir(path)
     config = config if config is not None else load_config(path)
     cls = model_class(getattr(config, "architectures", None))
