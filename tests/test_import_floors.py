@@ -18,8 +18,9 @@ ROOT = Path(portattn.__file__).resolve().parent
 # the longest name here that is it or a package above it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # Under everything: the error helpers, the one module that asks the device, logging, the extras,
-    # the fp8 cache dtypes, the version, and the tensor-parallel group the layers are built for.
-    ("base", ("errors", "device", "logs", "extras", "kv_quant", "_version", "distributed")),
+    # the fp8 cache dtypes, the weight quantizations offered, the version, and the tensor-parallel group the
+    # layers are built for.
+    ("base", ("errors", "device", "logs", "extras", "kv_quant", "quantization", "_version", "distributed")),
     ("kernels", ("kernels",)),
     # The op library: backends and the ops side by side.
     ("ops", ("backends", "ops", "mla", "cascade", "local_attention", "masks", "paging", "validation", "encoder")),

@@ -34,6 +34,7 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton.fused_linear import merge_linear_kernel, norm_linear_kernel, norm_linear_rotary_kernel
     from portattn.kernels.triton.fused_linear import row_linear_kernel, row_linear_rotary_kernel, expert_rows_kernel
     from portattn.kernels.triton.fused_linear import expert_tokens_kernel
+    from portattn.kernels.triton.fp8_quant import quantize_rows_kernel
     from portattn.kernels.triton.grouped_topk import grouped_topk_kernel
     from portattn.kernels.triton.router_topk import router_topk_kernel
     from portattn.kernels.triton.kv_write import kv_write_kernel
@@ -67,10 +68,12 @@ CHILD = textwrap.dedent(
           "BestToken": "*i32", **COMMON, "num_chunks": "i32"}, {"DIVIDE": True, "BLOCK": 1024, "CHUNK": 4096}, 4),
     ]
     LINEAR = {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
-              "M": "i32", "N": "i32", "K": "i32", "eps": "fp32",
+              "WScale": "*fp32", "M": "i32", "N": "i32", "K": "i32", "eps": "fp32",
               **{name: "i32" for name in ("stride_x", "stride_r", "stride_ro", "stride_w", "stride_o")}}
     FLAGS = {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": True, "ACT": 0, "BLOCK_M": 16,
-             "BLOCK_N": 16, "INTERLEAVED": False, "PDL": False}
+             "BLOCK_N": 16, "INTERLEAVED": False, "W_SCALED": False, "PDL": False}
+    ROW = {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
+           "WScale": "*fp32", "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"}
     KERNELS += [
         ("norm_linear, one step", norm_linear_kernel, LINEAR,
          {**FLAGS, "GATED": False, "BLOCK_K": 1024, "SINGLE": True}, 4),
@@ -82,15 +85,21 @@ CHILD = textwrap.dedent(
          {**FLAGS, "HAS_NORM": False, "HAS_RESIDUAL": False, "GATED": False, "BLOCK_K": 2048, "SINGLE": True,
           "PDL": True}, 8),
         ("row_linear, norm and gated activation, PDL", row_linear_kernel,
-         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
-          "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
+         ROW,
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "GATED": True, "ACT": 0,
-          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": False, "PDL": True}, 4),
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": False, "W_SCALED": False, "PDL": True}, 4),
         ("row_linear, plain", row_linear_kernel,
-         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
-          "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
+         ROW,
          {"HAS_NORM": False, "HAS_RESIDUAL": False, "MODE": 0, "HAS_BIAS": False, "GATED": False, "ACT": 0,
-          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 16, "INTERLEAVED": False, "PDL": False}, 4),
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 16, "INTERLEAVED": False, "W_SCALED": False, "PDL": False}, 4),
+        ("row_linear, fp8 weights, norm and gated activation, PDL", row_linear_kernel, {**ROW, "W": "*fp8e4nv"},
+         {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "GATED": True, "ACT": 0,
+          "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": True, "W_SCALED": True, "PDL": True}, 4),
+        ("norm_linear, fp8 weights, gated, steps", norm_linear_kernel, {**LINEAR, "W": "*fp8e4nv"},
+         {**FLAGS, "GATED": True, "BLOCK_K": 256, "SINGLE": False, "W_SCALED": True}, 4),
+        ("quantize_rows to fp8, PDL", quantize_rows_kernel,
+         {"X": "*bf16", "Out": "*fp8e4nv", "Scale": "*fp32", "cols": "i32", "stride_x": "i32", "stride_out": "i32"},
+         {"FP8_MAX": 448.0, "MIN_SCALE": 1e-12, "BLOCK": 1024, "PDL": True}, 4),
         ("row_linear_rotary, PDL", row_linear_rotary_kernel,
          {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Cos", "Sin", "QOut", "KCache",
                                         "VCache", "ResidualOut")},
@@ -99,10 +108,9 @@ CHILD = textwrap.dedent(
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8,
           "HEAD_DIM": 128, "BLOCK_N": 8, "BLOCK_K": 1024, "ROW": 4096, "PDL": True}, 4),
         ("row_linear, alternating gate and up rows, PDL", row_linear_kernel,
-         {**{name: "*bf16" for name in ("X", "Residual", "NormWeight", "W", "Bias", "Out", "ResidualOut")},
-          "N": "i32", "K": "i32", "eps": "fp32", "stride_w": "i32"},
+         ROW,
          {"HAS_NORM": True, "HAS_RESIDUAL": True, "MODE": 0, "HAS_BIAS": False, "GATED": True, "ACT": 0,
-          "BLOCK_N": 4, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": True, "PDL": True}, 4),
+          "BLOCK_N": 4, "BLOCK_K": 1024, "ROW": 4096, "INTERLEAVED": True, "W_SCALED": False, "PDL": True}, 4),
         ("expert_rows, gated, PDL", expert_rows_kernel,
          {"X": "*bf16", "Ids": "*i64", "Scale": "*bf16", "W": "*bf16", "Out": "*bf16", "N": "i32", "K": "i32",
           "stride_x": "i32", "stride_e": "i64", "stride_w": "i32", "stride_o": "i32", "num_experts": "i32"},
@@ -273,6 +281,9 @@ def test_the_sampler_and_linear_kernels_compile_for_hopper():
         "linear, 2048 features in one step, PDL",
         "row_linear, norm and gated activation, PDL",
         "row_linear, plain",
+        "row_linear, fp8 weights, norm and gated activation, PDL",
+        "norm_linear, fp8 weights, gated, steps",
+        "quantize_rows to fp8, PDL",
         "row_linear_rotary, PDL",
         "row_linear, alternating gate and up rows, PDL",
         "expert_rows, gated, PDL",

@@ -22,14 +22,9 @@ from portattn.device import is_triton_interpreter
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models import loader
-from portattn.models.layers.fp8_linear import (
-    FP8_DTYPE,
-    FP8_MAX,
-    MIN_SCALE,
-    fp8_linear,
-    quantizable_linears,
-    quantize_rows,
-)
+from portattn.models.layers.fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, fp8_linear, quantize_rows
+from portattn.models.layers.linear import quantizable_linears
+from portattn.quantization import check_quantization
 from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
 
 SMALLEST_NORMAL = 2.0**-6  # e4m3
@@ -139,8 +134,6 @@ def test_what_is_not_offered_is_refused(ckpt_root):
 
 
 def test_devices_without_fp8_matmuls_are_refused(monkeypatch):
-    from portattn.models.layers.fp8_linear import check_quantization
-
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     monkeypatch.setattr(torch.version, "hip", None)
     for capability, refused in [((8, 0), True), ((8, 9), False), ((9, 0), False)]:

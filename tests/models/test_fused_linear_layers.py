@@ -380,11 +380,11 @@ def test_fp8_weights_take_the_fused_launches_with_their_scales(ckpt_root, monkey
     moves a value by an fp8 step), is left in float16 for the comparison; prompts of at most 16 tokens in
     all, so that every forward folds."""
     from portattn.kernels.triton import fused_launch
-    from portattn.models.layers import fp8_linear
+    from portattn.models.layers import linear
 
-    quantizable = fp8_linear.quantizable_linears
+    quantizable = linear.quantizable_linears
     monkeypatch.setattr(
-        fp8_linear, "quantizable_linears", lambda model: [(n, m) for n, m in quantizable(model) if "o_proj" not in n]
+        linear, "quantizable_linears", lambda model: [(n, m) for n, m in quantizable(model) if "o_proj" not in n]
     )
     if ENGINE_DEVICE == "cpu":
         monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)

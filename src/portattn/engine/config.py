@@ -12,7 +12,7 @@ import torch
 from ..device import default_device, is_gpu, resolve_device
 from ..kv_quant import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 from ..models.hub import checkpoint_dtype, resolve_checkpoint
-from ..models.layers.fp8_linear import QUANTIZATIONS, check_quantization
+from ..quantization import QUANTIZATIONS, check_quantization
 from .arguments import doc, option
 from .memory import CPU_KV_CACHE_MEMORY, parse_bytes
 from .spec_decode.config import SpeculativeConfig

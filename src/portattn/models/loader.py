@@ -32,11 +32,12 @@ from tqdm.auto import tqdm
 
 from ..distributed.group import TPGroup, tp_or_single
 from ..errors import expect, is_int
+from ..quantization import check_quantization
 from . import gguf, model_class
 from .base import KV_SCALE_KEY, MultimodalModel
 from .layers import CheckpointSlice, WeightShapeError, default_weight_loader
-from .layers.fp8_linear import check_quantization, quantize_linears
 from .layers.fp8_weights import FP8Weights, dequantizing_slice
+from .layers.linear import quantize_linears
 
 logger = logging.getLogger("portattn")
 

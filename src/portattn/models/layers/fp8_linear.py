@@ -30,45 +30,14 @@ precision (about 4% relative error a product); the real model's perplexity and a
 
 from __future__ import annotations
 
-import logging
-
 import torch
-from torch import nn
 
 from .fused import fused_ops
 
-logger = logging.getLogger("portattn")
-
-QUANTIZATIONS = ("fp8",)
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # The smallest scale: an all-zero tensor quantizes to zeros instead of dividing by zero.
 MIN_SCALE = 1e-12
-# Model dtypes the fp8 matmul writes its output in.
-FP8_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def check_quantization(quantization: str | None, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
-    """Raise ``ValueError`` unless ``quantization`` is None or one of :data:`QUANTIZATIONS` for ``dtype`` (and,
-    given, ``device``: the CPU, or an NVIDIA GPU whose tensor cores multiply float8 e4m3, compute capability
-    8.9 on: Ada, Hopper, Blackwell; AMD's fp8 formats and other devices' fp8 matmuls are not wired up)."""
-    if quantization is None:
-        return
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"expected quantization None or one of {list(QUANTIZATIONS)}, got {quantization!r}")
-    if dtype not in FP8_OUT_DTYPES:
-        names = [str(d).removeprefix("torch.") for d in FP8_OUT_DTYPES]
-        raise ValueError(f"expected a dtype in {names} with quantization {quantization!r}, got {dtype}")
-    device = None if device is None else torch.device(device)
-    if device is None or device.type == "cpu":
-        return
-    if device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9):
-        return
-    what = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
-    raise ValueError(
-        f"expected the CPU or an NVIDIA GPU of compute capability 8.9 or newer (fp8 tensor cores: Ada, Hopper, "
-        f"Blackwell) for quantization {quantization!r}, got {what}"
-    )
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,49 +72,3 @@ def fp8_linear(
     if bias is not None:
         y = y + bias
     return y.view(*x.shape[:-1], weight.shape[0])
-
-
-def _fits(linear: nn.Module) -> bool:
-    from .linear import Linear, RowParallelLinear
-
-    return (
-        isinstance(linear, Linear)
-        and type(linear).forward in (Linear.forward, RowParallelLinear.forward)
-        and linear.weight.dim() == 2
-        and linear.weight.shape[0] % 16 == 0
-        and linear.weight.shape[1] % 16 == 0
-        and linear.weight.dtype in FP8_OUT_DTYPES
-    )
-
-
-def quantizable_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, linear)`` of every linear :func:`quantize_linears` quantizes: those :func:`_fits` takes,
-    outside modules marked ``quantizable = False``."""
-    found = []
-
-    def walk(prefix: str, module: nn.Module) -> None:
-        if not getattr(module, "quantizable", True):
-            return
-        if _fits(module):
-            found.append((prefix, module))
-            return
-        for name, child in module.named_children():
-            walk(f"{prefix}.{name}" if prefix else name, child)
-
-    walk("", model)
-    return found
-
-
-def quantize_linears(model: nn.Module, quantization: str) -> int:
-    """Quantize ``model``'s linears (:func:`quantizable_linears`) in place for ``quantization``; each keeps
-    ``weight`` (now float8) and its ``weight_scale`` buffer holds the per-feature scales ``[1, N]``. Returns
-    how many were quantized."""
-    check_quantization(quantization, next(model.parameters()).dtype)
-    linears = quantizable_linears(model)
-    for _, linear in linears:
-        q, scale = quantize_rows(linear.weight.data)
-        linear.weight = nn.Parameter(q, requires_grad=False)
-        linear.weight_scale = scale.t().contiguous()  # [1, N]
-    if not linears:
-        raise ValueError(f"expected linear layers to quantize to {quantization}, got none in {type(model).__name__}")
-    return len(linears)

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...distributed.group import TPGroup, attention_heads, tp_or_single
+from ...quantization import FP8_OUT_DTYPES, check_quantization
 from .activation import Activation, gated
-from .fp8_linear import fp8_linear
+from .fp8_linear import fp8_linear, quantize_rows
 from .fused import fused_linear_ops
 
 
@@ -129,7 +130,7 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = new_parameter(out_features, in_features, dtype=dtype, loader=self.weight_loader)
         self.bias = new_parameter(out_features, dtype=dtype, loader=self.weight_loader) if bias else None
-        # A float32 scalar once the weight is quantized to fp8 (fp8_linear.quantize_linears), else None.
+        # Its per-row float32 scales [1, N] once the weight is quantized to fp8 (quantize_linears), else None.
         self.register_buffer("weight_scale", None, persistent=False)
 
     def weight_loader(self, param: nn.Parameter, loaded) -> None:
@@ -474,3 +475,48 @@ def norm_then_linear(
     h, summed = (norm(x), x) if residual is None else norm(x, residual)
     y = linear(h)
     return (y if act is None else gated(act, y, interleaved)), summed
+
+
+def _quantizable(linear: nn.Module) -> bool:
+    return (
+        isinstance(linear, Linear)
+        and type(linear).forward in (Linear.forward, RowParallelLinear.forward)
+        and linear.weight.dim() == 2
+        and linear.weight.shape[0] % 16 == 0
+        and linear.weight.shape[1] % 16 == 0
+        and linear.weight.dtype in FP8_OUT_DTYPES
+    )
+
+
+def quantizable_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, linear)`` of every linear :func:`quantize_linears` quantizes: plain, column- or row-parallel
+    and merged linears of a 16- or 32-bit float dtype whose features are multiples of 16, outside modules
+    marked ``quantizable = False`` (:mod:`.fp8_linear` says which)."""
+    found = []
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        if not getattr(module, "quantizable", True):
+            return
+        if _quantizable(module):
+            found.append((prefix, module))
+            return
+        for name, child in module.named_children():
+            walk(f"{prefix}.{name}" if prefix else name, child)
+
+    walk("", model)
+    return found
+
+
+def quantize_linears(model: nn.Module, quantization: str) -> int:
+    """Quantize ``model``'s linears (:func:`quantizable_linears`) in place for ``quantization``
+    (:mod:`.fp8_linear`): each keeps ``weight`` (now float8) and its ``weight_scale`` buffer holds the
+    per-feature scales ``[1, N]``. Returns how many were quantized."""
+    check_quantization(quantization, next(model.parameters()).dtype)
+    linears = quantizable_linears(model)
+    for _, linear in linears:
+        q, scale = quantize_rows(linear.weight.data)
+        linear.weight = nn.Parameter(q, requires_grad=False)
+        linear.weight_scale = scale.t().contiguous()  # [1, N]
+    if not linears:
+        raise ValueError(f"expected linear layers to quantize to {quantization}, got none in {type(model).__name__}")
+    return len(linears)
