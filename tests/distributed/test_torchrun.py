@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from portattn.engine.llm import LLM
 from tiny_models import checkpoint
 
@@ -45,7 +47,13 @@ def test_two_torchrun_nodes_equal_one_process(ckpt_root):
             env = dict(env, CUDA_VISIBLE_DEVICES=str(node_rank), ZE_AFFINITY_MASK=str(node_rank))
         command = node_command(node_rank, port, path)
         nodes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    outputs = [node.communicate(timeout=240) for node in nodes]
+    try:
+        outputs = [node.communicate(timeout=240) for node in nodes]
+    except subprocess.TimeoutExpired:  # what each node printed, to say where they stopped
+        for node in nodes:
+            node.kill()
+        tails = [f"node {rank}: {node.communicate()[1][-1500:]}" for rank, node in enumerate(nodes)]
+        pytest.fail(f"the two torchrun nodes (port {port}) did not finish in 240 s:\n" + "\n".join(tails))
     for node, (_, err) in zip(nodes, outputs):
         assert node.returncode == 0, err[-3000:]
     assert f"output ids: {want}" in outputs[0][0]
