@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from portattn.device import synchronize
+from portattn.quantization import QUANTIZATIONS
 
 # Each option: (module, its switch, the value the option sets). "pages_ahead", "merge_in_kernel", "no_pdl",
 # "no_short_splits": launch.py's switches; "unfused_linear": norms and activations in their own kernels at every
@@ -477,7 +478,10 @@ def make_llm(path: str, dtype: str = "bfloat16", **kwargs):
 def decode_llm(args, path: str):
     """The engine of the decode and launches parts (one build serves both)."""
     kv = args.kv_gib << 30
-    return make_llm(path, max_num_seqs=max(args.batches), max_model_len=args.context + 512, kv_cache_memory=kv)
+    return make_llm(
+        path, max_num_seqs=max(args.batches), max_model_len=args.context + 512, kv_cache_memory=kv,
+        quantization=args.quantization,
+    )  # fmt: skip
 
 
 # -- parts -------------------------------------------------------------------------------------
@@ -572,6 +576,7 @@ def part_throughput(args, results: dict) -> dict:
         kv_cache_memory=args.kv_gib << 30,
         chunked_prefill_size=args.chunked_prefill,
         async_scheduling=args.async_scheduling,
+        quantization=args.quantization,
     )
     prompts = random_prompts(args.requests, args.prompt_len, llm.engine.vocab_size, seed=1)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -884,7 +889,7 @@ def part_family(args, results: dict, name: str) -> dict:
     config = llama4_config(args.family_layers) if name == "llama4" else deepseek_v3_config(args.family_layers)
     path = checkpoint(f"{name}_{args.family_layers}l", config, args.workdir)
     llm = make_llm(path, max_num_seqs=max(args.family_batches), max_model_len=args.context + 512,
-                   kv_cache_memory=args.kv_gib << 30)  # fmt: skip
+                   kv_cache_memory=args.kv_gib << 30, quantization=args.quantization)  # fmt: skip
     rows = [decode_point(llm, b, args.context, args.steps, bandwidth) for b in args.family_batches]
     # Greedy tokens of graphs and eager from the same prompts.
     prompts = random_prompts(4, args.context, llm.engine.vocab_size, seed=5)
@@ -1017,6 +1022,8 @@ def notes(results: dict) -> str:
         lines += [f"## Decode: {part['model']}, {part['layers']} layers", ""]
         if part.get("kernel_options"):
             lines += [f"Launch options: {', '.join(part['kernel_options'])}.", ""]
+        if part.get("quantization"):
+            lines += [f"Linear layers in {part['quantization']} (`--quantization`): the limits count their bytes.", ""]
         lines += ["| batch | limit ms (copy / spec) | async step ms | x limit | graphs step ms | x limit (copy / spec) "
                   "| replay ms | host ms | sampled step ms | draw ms (top-k + top-p / top-p alone) | eager step ms "
                   "| x limit | plan us (graphs / eager) |",
@@ -1214,6 +1221,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the launches part's model (llama4 / deepseek: the family part's shapes)")  # fmt: skip
     parser.add_argument("--family-batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument(
+        "--quantization", default=None, choices=QUANTIZATIONS,
+        help="the engines' quantization= (decode, launches, throughput and family parts; the limits count the "
+        "weights' bytes as stored)",
+    )  # fmt: skip
+    parser.add_argument(
         "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
         help="launch options away from their defaults for this run (recorded in the results)",
     )  # fmt: skip
@@ -1232,6 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
         results[part] = PART_RUNNERS[part](args, results)
         results[part]["part_seconds"] = time.perf_counter() - start
         results[part]["kernel_options"] = args.kernel_options
+        results[part]["quantization"] = args.quantization
         (args.out / f"engine_{part}.json").write_text(json.dumps(results[part], indent=1))
         if part != "copy" and "copy" in results:  # measured on the way, for the limit
             (args.out / "engine_copy.json").write_text(json.dumps(results["copy"], indent=1))

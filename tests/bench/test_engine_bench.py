@@ -205,16 +205,19 @@ def test_cascade_point_times_each_mode_as_it_says(tmp_path, cpu):
 
 def test_throughput_part_runs_the_model_it_is_given(tmp_path, cpu):
     """``--model PATH``: the offline job on that checkpoint (SmolLM2's GGUF file on a GPU), named in
-    the results and kept out of the Llama-3-8B target's line."""
+    the results and kept out of the Llama-3-8B target's line; ``--quantization fp8`` builds its engine so."""
     import argparse
 
     path = write_random_checkpoint(tiny_llama(), tmp_path / "given", device="cpu")
     args = argparse.Namespace(
         layers=2, workdir=tmp_path / "unused", max_num_seqs=2, prompt_len=12, output_len=3, kv_gib=1,
         chunked_prefill=64, async_scheduling=False, requests=3, profile_steps=False, model=str(path),
+        quantization="fp8",
     )  # fmt: skip
     out = bench.part_throughput(args, {})
     assert out["model"] == "given" and out["requests"] == 3 and out["steps"] > 0
+    (llm,) = bench._BUILT.values()  # --quantization reached the engine
+    assert llm.engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
     assert not (tmp_path / "unused").exists()  # no Llama-3-8B-shaped checkpoint written
     assert not any("offline throughput" in line for line in bench.targets({"throughput": out}))
 
@@ -230,7 +233,7 @@ def test_throughput_part_times_its_steps_by_kind(tmp_path, cpu, monkeypatch):
     monkeypatch.setattr(bench, "profile_steps", functools.partial(bench.profile_steps, prefill_index=1))
     args = argparse.Namespace(
         layers=2, workdir=tmp_path, max_num_seqs=4, prompt_len=40, output_len=5, kv_gib=1, chunked_prefill=64,
-        async_scheduling=False, requests=6, profile_steps=True, model=None,
+        async_scheduling=False, requests=6, profile_steps=True, model=None, quantization=None,
     )  # fmt: skip
     out = bench.part_throughput(args, {})
     assert out["model"] == "llama3-8b"  # the random Llama-3-8B-shaped checkpoint (here its tiny stand-in)
