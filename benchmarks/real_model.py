@@ -18,18 +18,25 @@ share is the step less the replay. Then the batch-1 speed and the offline job ag
 with whether its offline tokens equal the first engine's. The JSON goes to ``--out`` (default
 ``$OUT/real_model.json``, or
 ``benchmarks/results/real_model.json``), the notes beside it (``.md``) and the plot (``.png``).
+
+``--quantization fp8``: both engines with their linear layers in fp8; the mean negative log-likelihood of
+``portattn.testing.PARAGRAPH`` (``paragraph_nll``) is then also taken on an unquantized engine of the same
+dtype (``paragraph_nll_unquantized``, and the perplexity's ratio).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
+
+from portattn.quantization import QUANTIZATIONS
 
 from . import prompt_sets
 from .engine import KERNEL_OPTIONS, apply_kernel_options
@@ -45,6 +52,18 @@ QUESTIONS = [
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
     ids = prompt_sets.chat_ids(tokenizer, prompt_sets.read("chat"))
     return [ids[i % len(ids)] for i in range(count)]
+
+
+def paragraph_nll(llm, text: str | None = None) -> float:
+    """The mean negative log-likelihood of ``text``'s tokens after the first (default:
+    ``portattn.testing.PARAGRAPH``), from the engine's prompt log-probabilities."""
+    from portattn.engine.sampling_params import SamplingParams
+    from portattn.testing import PARAGRAPH
+
+    ids = llm.processor.tokenize(PARAGRAPH if text is None else text)
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+    scored = llm.generate([ids], params, use_tqdm=False)[0].prompt_logprobs[1:]
+    return -sum(position[token].logprob for position, token in zip(scored, ids[1:])) / len(scored)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -347,6 +366,7 @@ def main(argv=None) -> int:
         help="launch options away from their defaults for this run (recorded in the results)",
     )  # fmt: skip
     parser.add_argument("--breakdown-steps", type=int, default=200, help="batch-1 steps timed per breakdown case")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS, help="the engines' quantization=")
     args = parser.parse_args(argv)
     if args.model is None:
         from portattn.testing.gguf import smollm2_gguf
@@ -359,10 +379,11 @@ def main(argv=None) -> int:
 
     apply_kernel_options(args.kernel_options)
     result: dict = {"model": str(args.model), "dtype": args.dtype, "kernel_options": args.kernel_options}
+    result["quantization"] = args.quantization
     start = time.perf_counter()
     # Two engines, one after the other (synchronous, then with async scheduling, the default): a KV cache
     # of their own size.
-    engine_args = dict(max_model_len=2048, max_num_seqs=256, kv_cache_memory="16GiB")
+    engine_args = dict(max_model_len=2048, max_num_seqs=256, kv_cache_memory="16GiB", quantization=args.quantization)
     llm = LLM(args.model, device="cuda", dtype=args.dtype, async_scheduling=False, **engine_args)
     result["construct_s"] = time.perf_counter() - start
     tokenizer = llm.tokenizer
@@ -370,6 +391,7 @@ def main(argv=None) -> int:
     greedy = SamplingParams(temperature=0, max_tokens=48)
     answers = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], greedy, use_tqdm=False)
     result["answers"] = {q: a.outputs[0].text for q, a in zip(QUESTIONS, answers)}
+    result["paragraph_nll"] = paragraph_nll(llm)
 
     prompt = chat_prompts(tokenizer, 1)
     prompts = chat_prompts(tokenizer, args.requests)
@@ -391,6 +413,12 @@ def main(argv=None) -> int:
     result["async"]["steps_ahead"] = fast.engine.run_ahead.steps_ahead if fast.engine.run_ahead else 0
     result["async"]["timeline"] = device_timeline(fast, prompt)
     fast.engine.shutdown()
+    del fast
+    if args.quantization is not None:
+        plain = LLM(args.model, device="cuda", dtype=args.dtype, **(engine_args | {"quantization": None}))
+        result["paragraph_nll_unquantized"] = paragraph_nll(plain)
+        result["perplexity_ratio"] = math.exp(result["paragraph_nll"] - result["paragraph_nll_unquantized"])
+        plain.engine.shutdown()
     print(json.dumps(result, indent=2))
     print(breakdown_notes(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)

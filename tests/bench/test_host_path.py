@@ -104,3 +104,21 @@ def test_the_real_model_speed_with_and_without_async_scheduling(tmp_path):
     assert fast_ids == ids and [len(t) for t in ids] == [6, 6, 6]
     assert off["output_tokens"] == fast_off["output_tokens"] == 18 and off["input_tokens"] == 10
     assert b1["step_ms"] == pytest.approx(1e3 / b1["tok_per_s"]) and fast_b1["tok_per_s"] > 0
+
+
+def test_the_real_model_benchmark_scores_the_paragraph_as_its_logits_do(llm):
+    """``paragraph_nll`` (the perplexity the benchmark records with ``--quantization``): the mean of minus each
+    token's log-softmax of the logits that predict it."""
+    import torch
+
+    from portattn.engine.sampling_params import SamplingParams
+    from portattn.testing import PARAGRAPH
+
+    text = PARAGRAPH[:200]  # within the tiny engine's 256 tokens
+    ids = llm.processor.tokenize(text)
+    assert len(ids) > 20
+    params = SamplingParams(max_tokens=1, temperature=0, return_prompt_logits=True)
+    logits = llm.generate([ids], params, use_tqdm=False)[0].prompt_logits  # [len(ids), V]: row i predicts i + 1
+    logprobs = torch.log_softmax(logits[:-1].double(), dim=-1)
+    want = -logprobs.gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+    assert real_model.paragraph_nll(llm, text) == pytest.approx(want, rel=1e-5)
