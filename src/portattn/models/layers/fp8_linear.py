@@ -3,8 +3,9 @@ forward, the matmul on the fp8 tensor cores (``torch._scaled_mm`` with row-wise 
 
 Each weight ``W [N, K]`` becomes float8 e4m3 with one float32 scale per output feature (``W[n] ~ weight[n] *
 weight_scale[n]``, ``weight_scale[n] = amax(|W[n]|) / 448``), and each input row (a token) is quantized the
-same way when the layer runs, with its own scale (dynamic, per token): a sequence's values do not depend on
-what it is batched with. The product ``(x_q W_q^T)[t, n] * x_scale[t] * weight_scale[n]`` accumulates in
+same way when the layer runs, with its own scale (dynamic, per token): a token's scale does not depend on
+its batch-mates (one scale for the whole batch made the real model answer in gibberish beside other
+prompts). The product ``(x_q W_q^T)[t, n] * x_scale[t] * weight_scale[n]`` accumulates in
 float32 and comes out in bfloat16 on GPUs (what the row-wise fp8 matmul writes; cast to a float16 or float32
 model's dtype after it), in the model's dtype elsewhere; a bias is added after it. On GPUs the input's
 quantization is one Triton launch (:func:`~portattn.kernels.triton.fused_launch.quantize_fp8_rows`),
@@ -23,9 +24,9 @@ rotation and cache write) take 16-bit weights only.
 Costs and effects (measured on an H200, ``benchmarks/results/engine_h200/round30/NOTES.md``): the weights'
 bytes halve and matmuls of thousands of rows run about 1.7x faster than in bfloat16; a batch-1 decode step
 is slower (5.05 against 4.32 ms on the 8B shape: the one-row launches are not faster over fp8 weights yet).
-Outputs differ from the 16-bit model's within fp8's
-precision (about 4% relative error a product); the real model's perplexity and answers are tested
-(``tests/models/test_gguf.py``).
+Outputs differ from the 16-bit model's within fp8's precision (about 4% relative error a product), and by
+path: steps that take the fused launches do not quantize their rows; the real model's perplexity and
+answers are tested (``tests/models/test_gguf.py``).
 """
 
 from __future__ import annotations
