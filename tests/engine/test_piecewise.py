@@ -138,6 +138,10 @@ def test_buckets_follow_the_token_budget_and_their_memory_is_counted(ckpt_root):
     assert buckets_for(8192) == TOKEN_BUCKETS == buckets_for(512) and buckets_for(256) == (32, 64, 128, 256)
     # A budget between two buckets is the last one: no step up to the budget runs eagerly.
     assert buckets_for(192) == (32, 64, 128, 192) and buckets_for(100) == (32, 64, 100) and buckets_for(8) == (8,)
+    # piecewise_max_tokens: doubling from 1024 up to it (or the budget, if smaller), then that bound itself.
+    assert buckets_for(8192, 2048) == (*TOKEN_BUCKETS, 1024, 2048) and buckets_for(8192, 300) == (32, 64, 128, 256, 300)
+    assert buckets_for(3000, 8192) == (*TOKEN_BUCKETS, 1024, 2048, 3000) and buckets_for(2048, 1500) == (
+        *TOKEN_BUCKETS, 1024, 1500)  # fmt: skip
     model = LLM(checkpoint("llama", ckpt_root), enforce_eager=True, max_model_len=64).engine.runner.model
     specs = model.attention_specs()
     per_token = sum(s.num_heads * (s.head_dim + s.v_head_dim) for s in specs)  # a hole's q and out, per layer
@@ -169,3 +173,39 @@ def test_a_failed_capture_says_how_to_run_without_pieces(ckpt_root, monkeypatch)
     monkeypatch.setattr(pieces, "_capture", failing)
     with pytest.raises(RuntimeError, match=r"8-token steps failed \(RuntimeError: operation not perm.*--piecewise"):
         pieces.capture_all()
+
+
+def test_piecewise_max_tokens_takes_longer_steps_into_pieces(ckpt_root, monkeypatch):
+    """``piecewise_max_tokens=1024`` with a budget of 2048: the engine's buckets run up to 1024 tokens, and a
+    700-token prompt's step replays the 1024-token pieces (run eagerly on the CPU) with the plain engine's
+    logits; a bad value is refused naming the flag."""
+    import portattn.engine.engine as engine_module
+    from portattn.engine.model_runner import ModelRunner
+    from portattn.engine.piecewise import PiecewiseGraphs
+
+    enable, run, ran = ModelRunner.enable_piecewise, PiecewiseGraphs.run, []
+
+    def enabled(self, *, capture, token_buckets):  # as on a GPU, without the capture
+        return enable(self, capture=False, token_buckets=token_buckets)
+
+    def running(self, batch, ctx):
+        ran.append(self.bucket(batch.input_ids.shape[0]))
+        return run(self, batch, ctx)
+
+    monkeypatch.setattr(ModelRunner, "enable_piecewise", enabled)
+    monkeypatch.setattr(PiecewiseGraphs, "run", running)
+    monkeypatch.setattr(engine_module.Engine, "_piecewise_reason", lambda self, reason, kv_pool=True: None)
+    path = checkpoint("llama", ckpt_root)
+    options = dict(max_model_len=1024, max_num_batched_tokens=2048, num_pages=128, page_size=16)
+    llm = LLM(path, piecewise_graphs=True, piecewise_max_tokens=1024, **options)
+    assert llm.engine.runner.piecewise.buckets == (32, 64, 128, 256, 512, 1024)
+    prompt = random_prompts([700], seed=3)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, return_prompt_logits=True)
+    ran.clear()
+    got = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert ran == [1024]
+    want = LLM(path, **options).generate(prompt, params, use_tqdm=False)[0]
+    assert got.token_ids == want.token_ids
+    assert float((got.prompt_logits - want.prompt_logits).abs().max()) <= 1e-5 * float(want.prompt_logits.abs().max())
+    with pytest.raises(ValueError, match=r"piecewise_max_tokens \(--piecewise-max-tokens\) to be a positive int"):
+        LLM(path, piecewise_max_tokens=0, **options)

@@ -144,9 +144,19 @@ class EngineConfig:
     piecewise_graphs: bool = field(
         default=False,
         metadata=doc(
-            "run steps that no decode graph replays (prompt chunks, decodes beside a chunk) of up to 512 tokens as "
-            "captured graphs of everything but attention, with attention launched between them from the step's "
-            "plan (docs/engine.md); CUDA, one process, models without routed experts or images"
+            "run steps that no decode graph replays (prompt chunks, decodes beside a chunk) of up to "
+            "piecewise_max_tokens tokens as captured graphs of everything but attention, with attention launched "
+            "between them from the step's plan (docs/engine.md); CUDA, one process, models without routed experts "
+            "or images"
+        ),
+    )
+    piecewise_max_tokens: int = field(
+        default=512,
+        metadata=doc(
+            "with piecewise_graphs: the largest step (in tokens, up to the token budget) that replays captured "
+            "pieces; buckets of 32, 64, ..., 512, then doubling to it. A larger one takes mixed steps of bigger "
+            "prompt chunks off the host's launches and holds more memory (about 0.5 MB a token on the "
+            "Llama-3-8B shape)"
         ),
     )
     async_scheduling: bool | None = field(
@@ -249,6 +259,7 @@ class EngineConfig:
         for name in ("page_size", "tensor_parallel_size"):
             _positive(name, getattr(self, name))
         sizes = ("max_num_seqs", "num_pages", "max_num_batched_tokens", "chunked_prefill_size", "max_model_len")
+        _positive("piecewise_max_tokens", self.piecewise_max_tokens)
         for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))

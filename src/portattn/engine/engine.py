@@ -146,9 +146,8 @@ class Engine:
             if config.piecewise_graphs and self._piecewise_reason(self._eager_reason(), kv_pool=False) is None:
                 budget = config.max_num_batched_tokens
                 itemsize = torch.empty((), dtype=config.dtype).element_size()
-                held = piecewise.memory_estimate(
-                    self.model, piecewise.buckets_for(budget), itemsize, use.activations, budget
-                )
+                buckets = piecewise.buckets_for(budget, config.piecewise_max_tokens)
+                held = piecewise.memory_estimate(self.model, buckets, itemsize, use.activations, budget)
                 use = dataclasses.replace(use, graphs=use.graphs + held)
         page_bytes = spec.bytes_per_page(page_size, kv_dtype)
         if draft is not None:
@@ -202,7 +201,7 @@ class Engine:
         if config.piecewise_graphs:
             why = self._piecewise_reason(reason)
             if why is None:
-                buckets = piecewise.buckets_for(config.max_num_batched_tokens)
+                buckets = piecewise.buckets_for(config.max_num_batched_tokens, config.piecewise_max_tokens)
                 self.runner.enable_piecewise(capture=True, token_buckets=buckets)
             else:
                 logger.warning("engine: piecewise_graphs=True but eager steps run eagerly: %s", why)

@@ -85,12 +85,16 @@ def unsupported(model) -> str | None:
     return None
 
 
-def buckets_for(budget: int) -> tuple[int, ...]:
-    """The token buckets of an engine whose steps hold at most ``budget`` tokens: those of
-    :data:`TOKEN_BUCKETS` below it, then the budget itself (up to the largest), so that every step up
-    to ``min(budget, 512)`` tokens has a bucket."""
-    largest = min(budget, TOKEN_BUCKETS[-1])
-    return (*(t for t in TOKEN_BUCKETS if t < largest), largest)
+def buckets_for(budget: int, max_tokens: int = TOKEN_BUCKETS[-1]) -> tuple[int, ...]:
+    """The token buckets of an engine whose steps hold at most ``budget`` tokens and whose pieces take steps
+    of up to ``max_tokens`` (``piecewise_max_tokens``): those of :data:`TOKEN_BUCKETS`, then powers of two
+    from 1024, below ``min(budget, max_tokens)``, then that bound itself, so that every step up to it has a
+    bucket."""
+    largest = min(budget, max_tokens)
+    doubling = [TOKEN_BUCKETS[-1] * 2]
+    while doubling[-1] * 2 < largest:
+        doubling.append(doubling[-1] * 2)
+    return (*(t for t in (*TOKEN_BUCKETS, *doubling) if t < largest), largest)
 
 
 def memory_estimate(model, buckets: tuple[int, ...], itemsize: int, activations: int, budget: int) -> int:
