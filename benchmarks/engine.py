@@ -66,7 +66,8 @@ from portattn.quantization import QUANTIZATIONS
 # through the torch code; "unfused_router": DeepSeek V3's grouped top-k through the torch code;
 # "unfused_latent_rotary": MLA's rope through the torch code, then write_latent; "absorbed_value_rows": a one-token
 # MLA step's value product through expert_rows; "unfused_llama4_router": Llama 4's router and attention temperature
-# through the torch code.
+# through the torch code; "fp8_dot_rows": quantization="fp8"'s steps of up to 16 rows in norm_linear's tensor-core
+# tiles, not one-row steps in row_linear.
 _LAUNCH, _FUSED_LAUNCH = "portattn.kernels.triton.launch", "portattn.kernels.triton.fused_launch"
 _MOE, _LATENT = "portattn.models.layers.moe", "portattn.models.layers.latent_attention"
 KERNEL_OPTIONS = {
@@ -88,6 +89,7 @@ KERNEL_OPTIONS = {
     "absorbed_value_rows": (_LATENT, "ABSORBED_VALUE_ROWS", True),
     "no_repeat_launch": (_LAUNCH, "REPEAT_LAUNCHES", False),
     "no_fast_launch": ("portattn.kernels.triton.fast_launch", "FAST", False),
+    "fp8_dot_rows": ("portattn.models.layers.linear", "FP8_ROW_LINEAR", False),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 

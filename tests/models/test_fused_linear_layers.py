@@ -418,3 +418,56 @@ def test_fp8_weights_take_the_fused_launches_with_their_scales(ckpt_root, monkey
             dequantized = module.weight.float() * module.weight_scale.t()
             ref.engine.model.get_submodule(name).weight.copy_(dequantized.to(torch.float16))
     assert_same_greedy(got, ref.generate(prompts, params, use_tqdm=False))
+
+
+@pytest.mark.parametrize("row_linear", [True, False], ids=["row_linear", "tiles"])
+def test_fp8_one_row_steps_take_row_linear_or_the_tiles(row_linear, ckpt_root, monkeypatch):
+    """``linear.FP8_ROW_LINEAR``: one-row steps over fp8 weights in ``row_linear`` (on: here over 16 features and
+    more, as over 16-bit weights), or every small step in ``norm_linear``'s tiles (off); either way the logits of
+    the float16 engine over the dequantized weights (the output projection left in float16, as above)."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import linear
+
+    quantizable = linear.quantizable_linears
+    monkeypatch.setattr(
+        linear, "quantizable_linears", lambda model: [(n, m) for n, m in quantizable(model) if "o_proj" not in n]
+    )
+    monkeypatch.setattr(linear, "FP8_ROW_LINEAR", row_linear)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 16)  # the tiny model's one-row steps in row_linear
+    if ENGINE_DEVICE == "cpu":
+        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
+    calls = {"norm_linear": [], "row_linear": []}
+
+    def counting(name):
+        launch = getattr(fused_launch, name)
+
+        def counted(x, weight, *args, weight_scale=None, **kwargs):
+            calls[name].append(weight_scale is not None)
+            return launch(x, weight, *args, weight_scale=weight_scale, **kwargs)
+
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(fused_launch, name, counting(name))
+    path = checkpoint("llama", ckpt_root)
+    prompts = random_prompts([5])  # decode steps of one row
+    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
+    fp8 = LLM(
+        path, dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40, max_model_len=128, max_num_seqs=4,
+        enforce_eager=True, attention_backend="torch", quantization="fp8",
+    )  # fmt: skip
+    for launches in calls.values():
+        launches.clear()
+    got = fp8.generate(prompts, params, use_tqdm=False)
+    layers = len(fp8.engine.model.model.layers)
+    scaled = {name: launches.count(True) for name, launches in calls.items()}  # (False: the float16 o_proj)
+    if row_linear:  # the down projection of each one-row step; q/k/v and gate/up fold their norms in the tiles
+        assert scaled == {"row_linear": layers * DECODES, "norm_linear": 2 * layers * (1 + DECODES) + layers}
+    else:
+        assert scaled == {"row_linear": 0, "norm_linear": 3 * layers * (1 + DECODES)}
+    ref = make_llm(path, "torch")
+    for name, module in fp8.engine.model.named_modules():
+        if getattr(module, "weight_scale", None) is not None:
+            dequantized = module.weight.float() * module.weight_scale.t()
+            ref.engine.model.get_submodule(name).weight.copy_(dequantized.to(torch.float16))
+    assert_same_greedy(got, ref.generate(prompts, params, use_tqdm=False))

@@ -350,6 +350,15 @@ SMALL_LINEAR_FEW_ROWS = 8
 # the cache (row_linear_rotary, AttentionBackend.forward_projected).
 
 
+# quantization="fp8"'s weights in steps of up to 16 rows: one-row steps over at least ROW_LINEAR_K features in
+# row_linear, as 16-bit weights (True), or every such step in norm_linear's tensor-core tiles (False; the benchmarks'
+# --kernel-options fp8_dot_rows). On sm90 row_linear spends about 8 instructions on each fp8 weight (unpacking the
+# bytes, e4m3 -> f16 -> f32, the FMA) against about 2 a bfloat16 byte (Triton 3.9's PTX, round 30): at the
+# H200's bandwidth that is more than its SMs issue, and its batch-1 step over fp8 weights was no faster than over
+# bfloat16 ones (5.05 against 4.32 ms); the tiles convert two weights an instruction and multiply in the MMA.
+FP8_ROW_LINEAR = True
+
+
 def _weight_fits(linear: Linear, x: torch.Tensor) -> bool:
     """Whether the fused launches take ``linear``'s weight for rows ``x``: of the rows' dtype, or fp8 with its
     per-row scales (``quantization="fp8"``: the fp8 weight read, the rows not quantized)."""
@@ -370,8 +379,25 @@ def _row_ops(linear: Linear, x: torch.Tensor):
         or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
         or (type(linear).forward is RowParallelLinear.forward and linear.tp.size != 1)
         or not _weight_fits(linear, x)
+        or (linear.weight_scale is not None and not FP8_ROW_LINEAR)
         or x.stride(-1) != 1
         or weight.stride(-1) != 1
+    ):
+        return None
+    return ops
+
+
+def _fp8_tile_ops(linear: Linear, x: torch.Tensor):
+    """The fused launchers when ``linear(x)``, fp8 weights, runs in :func:`~..fused_launch.norm_linear`'s tiles
+    at any width (``FP8_ROW_LINEAR`` off; up to :func:`~.fused.fused_linear_rows` rows), else ``None``."""
+    ops = fused_linear_ops(x)
+    if (
+        FP8_ROW_LINEAR
+        or ops is None
+        or linear.weight_scale is None
+        or type(linear).forward not in (Linear.forward, RowParallelLinear.forward)
+        or (getattr(linear, "tp", None) is not None and linear.tp.size != 1)
+        or x.stride(-1) != 1
     ):
         return None
     return ops
@@ -380,9 +406,11 @@ def _row_ops(linear: Linear, x: torch.Tensor):
 def project(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     """``linear(x)``, through :func:`~..fused_launch.row_linear` where it takes it (see ``ROW_LINEAR_K``)."""
     ops = _row_ops(linear, x)
-    if ops is None:
-        return linear(x)
-    return ops.row_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
+    if ops is not None:
+        return ops.row_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
+    if (ops := _fp8_tile_ops(linear, x)) is not None:
+        return ops.norm_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
+    return linear(x)
 
 
 def project_gated(linear: Linear, x: torch.Tensor, act) -> torch.Tensor:
@@ -391,9 +419,12 @@ def project_gated(linear: Linear, x: torch.Tensor, act) -> torch.Tensor:
     ``ROW_LINEAR_K``; an MLP called without its norm: a mixture's shared expert)."""
     interleaved = getattr(linear, "interleaved", False)
     ops = _row_ops(linear, x)
-    if ops is not None and isinstance(act, Activation) and act.name in ops.ACTIVATION_CODES:
+    launch = None if ops is None else ops.row_linear
+    if launch is None and (ops := _fp8_tile_ops(linear, x)) is not None:
+        launch = ops.norm_linear
+    if launch is not None and isinstance(act, Activation) and act.name in ops.ACTIVATION_CODES:
         options = dict(act=act.name, interleaved=interleaved, weight_scale=linear.weight_scale)
-        return ops.row_linear(x, linear.weight, linear.bias, **options)[0]
+        return launch(x, linear.weight, linear.bias, **options)[0]
     return gated(act, linear(x), interleaved)
 
 
@@ -405,6 +436,8 @@ def small_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor | None:
     ops = _row_ops(linear, x)
     if ops is not None:
         return ops.row_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
+    if (ops := _fp8_tile_ops(linear, x)) is not None:
+        return ops.norm_linear(x, linear.weight, linear.bias, weight_scale=linear.weight_scale)[0]
     ops = fused_linear_ops(x)
     weight = linear.weight
     if (
@@ -445,7 +478,8 @@ def norm_folds(linear: Linear, x: torch.Tensor, norm: nn.Module, residual: torch
     """The fused launchers when ``linear(norm(x + residual))`` runs as one kernel (see
     :func:`norm_then_linear`), else ``None``."""
     ops = fused_linear_ops(x)
-    if ops is not None and x.shape[1] <= ops.NORM_LINEAR_SINGLE_K and _norm_fits(linear, x, norm, residual):
+    wide = _fp8_tile_ops(linear, x) is not None  # fp8 weights in the tiles at any width (FP8_ROW_LINEAR off)
+    if ops is not None and (wide or x.shape[1] <= ops.NORM_LINEAR_SINGLE_K) and _norm_fits(linear, x, norm, residual):
         return ops
     return None
 
