@@ -9,6 +9,7 @@ bucket, and models that cannot run in pieces are named."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -208,4 +209,8 @@ def test_piecewise_max_tokens_takes_longer_steps_into_pieces(ckpt_root, monkeypa
     assert got.token_ids == want.token_ids
     assert float((got.prompt_logits - want.prompt_logits).abs().max()) <= 1e-5 * float(want.prompt_logits.abs().max())
     with pytest.raises(ValueError, match=r"piecewise_max_tokens \(--piecewise-max-tokens\) to be a positive int"):
-        LLM(path, piecewise_max_tokens=0, **options)
+        LLM(path, piecewise_graphs=True, piecewise_max_tokens=0, **options)
+    with pytest.raises(ValueError, match=r"expected piecewise_graphs \(--piecewise-graphs\) with piecewise_max_tok"):
+        LLM(path, piecewise_max_tokens=1024, **options)  # it would do nothing
+    for config in (llm.engine.config, LLM(path, **options).engine.config):  # as tensor-parallel ranks remake it
+        assert dataclasses.replace(config, device=config.device) == config

@@ -150,13 +150,13 @@ class EngineConfig:
             "or images"
         ),
     )
-    piecewise_max_tokens: int = field(
-        default=512,
+    piecewise_max_tokens: int | None = field(
+        default=None,
         metadata=doc(
             "with piecewise_graphs: the largest step (in tokens, up to the token budget) that replays captured "
-            "pieces; buckets of 32, 64, ..., 512, then doubling to it. A larger one takes mixed steps of bigger "
-            "prompt chunks off the host's launches and holds more memory (about 0.5 MB a token on the "
-            "Llama-3-8B shape)"
+            "pieces (default 512); buckets of 32, 64, ..., 512, then doubling to it. A larger one takes mixed "
+            "steps of bigger prompt chunks off the host's launches and holds more memory (about 0.5 MB a token "
+            "on the Llama-3-8B shape)"
         ),
     )
     async_scheduling: bool | None = field(
@@ -259,7 +259,13 @@ class EngineConfig:
         for name in ("page_size", "tensor_parallel_size"):
             _positive(name, getattr(self, name))
         sizes = ("max_num_seqs", "num_pages", "max_num_batched_tokens", "chunked_prefill_size", "max_model_len")
-        _positive("piecewise_max_tokens", self.piecewise_max_tokens)
+        if self.piecewise_max_tokens is not None:
+            _positive("piecewise_max_tokens", self.piecewise_max_tokens)
+            if self.piecewise_graphs is not True:
+                raise ValueError(
+                    f"expected {option('piecewise_graphs')} with {option('piecewise_max_tokens')}, got "
+                    f"piecewise_graphs {self.piecewise_graphs!r}"
+                )
         for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))

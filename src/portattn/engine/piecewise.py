@@ -85,12 +85,12 @@ def unsupported(model) -> str | None:
     return None
 
 
-def buckets_for(budget: int, max_tokens: int = TOKEN_BUCKETS[-1]) -> tuple[int, ...]:
+def buckets_for(budget: int, max_tokens: int | None = None) -> tuple[int, ...]:
     """The token buckets of an engine whose steps hold at most ``budget`` tokens and whose pieces take steps
-    of up to ``max_tokens`` (``piecewise_max_tokens``): those of :data:`TOKEN_BUCKETS`, then powers of two
-    from 1024, below ``min(budget, max_tokens)``, then that bound itself, so that every step up to it has a
-    bucket."""
-    largest = min(budget, max_tokens)
+    of up to ``max_tokens`` (``piecewise_max_tokens``; None: the largest of :data:`TOKEN_BUCKETS`): those of
+    :data:`TOKEN_BUCKETS`, then powers of two from 1024, below ``min(budget, max_tokens)``, then that bound
+    itself, so that every step up to it has a bucket."""
+    largest = min(budget, TOKEN_BUCKETS[-1] if max_tokens is None else max_tokens)
     doubling = [TOKEN_BUCKETS[-1] * 2]
     while doubling[-1] * 2 < largest:
         doubling.append(doubling[-1] * 2)
