@@ -372,13 +372,11 @@ def test_llama4_router_and_temperature_in_one_launch_each(ckpt_root, monkeypatch
     assert_same_greedy(fused_router, plain)
 
 
-def test_fp8_weights_take_the_fused_launches_with_their_scales(ckpt_root, monkeypatch):
-    """``quantization="fp8"`` at small batches: the projections that fold (q/k/v and gate/up with their norms,
-    the down projection) run in a fused launch over the fp8 weight and its scales, the rows not quantized,
-    and the engine's logits equal those of the float16 engine whose weights there are the dequantized fp8
-    ones. The output projection, which would take the fp8 matmul (its rows quantized: a last-bit difference
-    moves a value by an fp8 step), is left in float16 for the comparison; prompts of at most 16 tokens in
-    all, so that every forward folds."""
+def fp8_launches(monkeypatch) -> dict[str, list[bool]]:
+    """For the fp8 tests below: the output projection left in float16 (it would take the fp8 matmul, its rows
+    quantized: a last-bit difference moves a value by an fp8 step), the fused kernels on (through the
+    interpreter on the CPU), and each ``norm_linear`` / ``row_linear`` launch recorded (whether it had
+    scales)."""
     from portattn.kernels.triton import fused_launch
     from portattn.models.layers import linear
 
@@ -386,54 +384,6 @@ def test_fp8_weights_take_the_fused_launches_with_their_scales(ckpt_root, monkey
     monkeypatch.setattr(
         linear, "quantizable_linears", lambda model: [(n, m) for n, m in quantizable(model) if "o_proj" not in n]
     )
-    if ENGINE_DEVICE == "cpu":
-        monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
-    scaled = []
-
-    def counting(name):
-        launch = getattr(fused_launch, name)
-
-        def counted(x, weight, *args, weight_scale=None, **kwargs):
-            scaled.append(weight_scale is not None)
-            return launch(x, weight, *args, weight_scale=weight_scale, **kwargs)
-
-        return counted
-
-    for name in ("norm_linear", "row_linear"):
-        monkeypatch.setattr(fused_launch, name, counting(name))
-    path = checkpoint("llama", ckpt_root)
-    prompts = random_prompts([5, 3, 2])
-    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
-    fp8 = LLM(
-        path, dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40, max_model_len=128, max_num_seqs=4,
-        enforce_eager=True, attention_backend="torch", quantization="fp8",
-    )  # fmt: skip
-    scaled.clear()
-    got = fp8.generate(prompts, params, use_tqdm=False)
-    layers = len(fp8.engine.model.model.layers)
-    assert len(scaled) == 3 * layers * (1 + DECODES) and all(scaled)  # q/k/v, gate/up, down a forward
-    ref = make_llm(path, "torch")
-    for name, module in fp8.engine.model.named_modules():
-        if getattr(module, "weight_scale", None) is not None:
-            dequantized = module.weight.float() * module.weight_scale.t()
-            ref.engine.model.get_submodule(name).weight.copy_(dequantized.to(torch.float16))
-    assert_same_greedy(got, ref.generate(prompts, params, use_tqdm=False))
-
-
-@pytest.mark.parametrize("row_linear", [True, False], ids=["row_linear", "tiles"])
-def test_fp8_one_row_steps_take_row_linear_or_the_tiles(row_linear, ckpt_root, monkeypatch):
-    """``linear.FP8_ROW_LINEAR``: one-row steps over fp8 weights in ``row_linear`` (on: here over 16 features and
-    more, as over 16-bit weights), or every small step in ``norm_linear``'s tiles (off); either way the logits of
-    the float16 engine over the dequantized weights (the output projection left in float16, as above)."""
-    from portattn.kernels.triton import fused_launch
-    from portattn.models.layers import linear
-
-    quantizable = linear.quantizable_linears
-    monkeypatch.setattr(
-        linear, "quantizable_linears", lambda model: [(n, m) for n, m in quantizable(model) if "o_proj" not in n]
-    )
-    monkeypatch.setattr(linear, "FP8_ROW_LINEAR", row_linear)
-    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 16)  # the tiny model's one-row steps in row_linear
     if ENGINE_DEVICE == "cpu":
         monkeypatch.setattr(fused, "fused_ops", lambda x: fused_launch)
     calls = {"norm_linear": [], "row_linear": []}
@@ -449,25 +399,66 @@ def test_fp8_one_row_steps_take_row_linear_or_the_tiles(row_linear, ckpt_root, m
 
     for name in calls:
         monkeypatch.setattr(fused_launch, name, counting(name))
-    path = checkpoint("llama", ckpt_root)
-    prompts = random_prompts([5])  # decode steps of one row
-    params = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
+    return calls
+
+
+def fp8_generate(path: str, prompts, calls: dict[str, list[bool]]):
+    """``(engine, outputs)`` of the float16 engine with ``quantization="fp8"``, the launches of its warm-up
+    forgotten."""
     fp8 = LLM(
         path, dtype="float16", device=ENGINE_DEVICE, page_size=7, num_pages=40, max_model_len=128, max_num_seqs=4,
         enforce_eager=True, attention_backend="torch", quantization="fp8",
     )  # fmt: skip
     for launches in calls.values():
         launches.clear()
-    got = fp8.generate(prompts, params, use_tqdm=False)
+    return fp8, fp8.generate(prompts, FP8_PARAMS, use_tqdm=False)
+
+
+def assert_equal_to_the_dequantized_engine(fp8: LLM, path: str, prompts, got) -> None:
+    """``got`` against the float16 engine whose weights are ``fp8``'s quantized ones dequantized."""
+    ref = make_llm(path, "torch")
+    for name, module in fp8.engine.model.named_modules():
+        if getattr(module, "weight_scale", None) is not None:
+            dequantized = module.weight.float() * module.weight_scale.t()
+            ref.engine.model.get_submodule(name).weight.copy_(dequantized.to(torch.float16))
+    assert_same_greedy(got, ref.generate(prompts, FP8_PARAMS, use_tqdm=False))
+
+
+FP8_PARAMS = SamplingParams(temperature=0, max_tokens=DECODES + 1, ignore_eos=True, return_logits=True)
+
+
+def test_fp8_weights_take_the_fused_launches_with_their_scales(ckpt_root, monkeypatch):
+    """``quantization="fp8"`` at small batches: the projections that fold (q/k/v and gate/up with their norms,
+    the down projection) run in a fused launch over the fp8 weight and its scales, the rows not quantized,
+    and the engine's logits equal those of the float16 engine whose weights there are the dequantized fp8
+    ones (the output projection left in float16: :func:`fp8_launches`); prompts of at most 16 tokens in all,
+    so that every forward folds."""
+    calls = fp8_launches(monkeypatch)
+    path, prompts = checkpoint("llama", ckpt_root), random_prompts([5, 3, 2])
+    fp8, got = fp8_generate(path, prompts, calls)
+    layers = len(fp8.engine.model.model.layers)
+    launches = calls["norm_linear"] + calls["row_linear"]
+    assert len(launches) == 3 * layers * (1 + DECODES) and all(launches)  # q/k/v, gate/up, down a forward
+    assert_equal_to_the_dequantized_engine(fp8, path, prompts, got)
+
+
+@pytest.mark.parametrize("row_linear", [True, False], ids=["row_linear", "tiles"])
+def test_fp8_one_row_steps_take_row_linear_or_the_tiles(row_linear, ckpt_root, monkeypatch):
+    """``linear.FP8_ROW_LINEAR``: one-row steps over fp8 weights in ``row_linear`` (on: here over 16 features and
+    more, as over 16-bit weights), or every small step in ``norm_linear``'s tiles (off); either way the logits of
+    the float16 engine over the dequantized weights."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import linear
+
+    calls = fp8_launches(monkeypatch)
+    monkeypatch.setattr(linear, "FP8_ROW_LINEAR", row_linear)
+    monkeypatch.setattr(fused_launch, "ROW_LINEAR_K", 16)  # the tiny model's one-row steps in row_linear
+    path, prompts = checkpoint("llama", ckpt_root), random_prompts([5])  # decode steps of one row
+    fp8, got = fp8_generate(path, prompts, calls)
     layers = len(fp8.engine.model.model.layers)
     scaled = {name: launches.count(True) for name, launches in calls.items()}  # (False: the float16 o_proj)
     if row_linear:  # the down projection of each one-row step; q/k/v and gate/up fold their norms in the tiles
         assert scaled == {"row_linear": layers * DECODES, "norm_linear": 2 * layers * (1 + DECODES) + layers}
     else:
         assert scaled == {"row_linear": 0, "norm_linear": 3 * layers * (1 + DECODES)}
-    ref = make_llm(path, "torch")
-    for name, module in fp8.engine.model.named_modules():
-        if getattr(module, "weight_scale", None) is not None:
-            dequantized = module.weight.float() * module.weight_scale.t()
-            ref.engine.model.get_submodule(name).weight.copy_(dequantized.to(torch.float16))
-    assert_same_greedy(got, ref.generate(prompts, params, use_tqdm=False))
+    assert_equal_to_the_dequantized_engine(fp8, path, prompts, got)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...distributed.group import TPGroup, attention_heads, tp_or_single
-from ...quantization import FP8_OUT_DTYPES, check_quantization
+from ...quantization import FP8_OUT_DTYPES
 from .activation import Activation, gated
 from .fp8_linear import fp8_linear, quantize_rows
 from .fused import fused_linear_ops
@@ -544,8 +544,8 @@ def quantizable_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def quantize_linears(model: nn.Module, quantization: str) -> int:
     """Quantize ``model``'s linears (:func:`quantizable_linears`) in place for ``quantization``
     (:mod:`.fp8_linear`): each keeps ``weight`` (now float8) and its ``weight_scale`` buffer holds the
-    per-feature scales ``[1, N]``. Returns how many were quantized."""
-    check_quantization(quantization, next(model.parameters()).dtype)
+    per-feature scales ``[1, N]``. Returns how many were quantized. The loader has checked ``quantization``
+    against the model's dtype and device (:func:`portattn.quantization.check_quantization`)."""
     linears = quantizable_linears(model)
     for _, linear in linears:
         q, scale = quantize_rows(linear.weight.data)
