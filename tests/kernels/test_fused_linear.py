@@ -194,6 +194,44 @@ def test_fp8_weights_with_their_scales_equal_the_dequantized_layers(dtype, launc
         fused(x, q, None, weight_scale=scale[:, :-1])
 
 
+@pytest.mark.parametrize("act, interleaved", [(None, False), ("silu", False), ("silu", True)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp8_row_linear_words_equal_its_byte_tiles(monkeypatch, dtype, act, interleaved):
+    """``row_linear`` over an e4m3 weight read as int32 words of four values (``ROW_LINEAR_WORDS``; on NVIDIA
+    GPUs converted by inline PTX, here byte by byte) against Triton's byte-wise tiles and the float64
+    layers over the dequantized weight: 40 output features (a partial last block), 200 features at once
+    and 64 a step (a partial last step), with a norm and residual, the gate and up rows in halves or
+    alternating. Features that are not a multiple of 4, or a weight whose rows do not start on a 4-byte
+    boundary, take the byte-wise tiles with the same values."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers.fp8_linear import quantize_rows
+
+    for in_features, offset in [(200, 0), (202, 0), (200, 2)]:
+        norm, weight, _, x, residual = make(1, in_features, 40, dtype, act=act, seed=in_features + offset)
+        q, scale = quantize_rows(weight)
+        want, want_summed = reference(x, residual, norm, q.double() * scale.double(), None, act)
+        scale = scale.t().contiguous()
+        if interleaved:
+            q, scale = interleave(q.view(torch.uint8)).view(q.dtype), interleave(scale[0])[None]
+        if offset:  # the same rows, starting 2 bytes into the storage
+            q = torch.empty(q.numel() + offset, dtype=torch.uint8, device=DEVICE)[offset:].view(q.dtype).view(
+                q.shape).copy_(q)  # fmt: skip
+        assert fused_launch._in_words(q) == (in_features % 4 == 0 and offset == 0)
+        for tiles in (None, LinearTiles(8, 64, 4, 1)):
+            got = {}
+            for words in (True, False):
+                monkeypatch.setattr(fused_launch, "ROW_LINEAR_WORDS", words)
+                got[words], summed = row_linear(
+                    x, q, None, norm_weight=norm.weight, eps=1e-5, residual=residual, mode=norm.mode, act=act,
+                    tiles=tiles, interleaved=interleaved, weight_scale=scale,
+                )  # fmt: skip
+                close(got[words], want, dtype, 1.01 if act is None else 3)
+                assert torch.equal(summed, want_summed)
+            # the same products summed in another order: at most a rounding step of the dtype apart
+            assert float((got[True].double() - got[False].double()).abs().max()) <= ULP[dtype] * float(
+                want.double().abs().max())  # fmt: skip
+
+
 def interleave(t: torch.Tensor) -> torch.Tensor:
     """``[gate; up]`` rows (or bias features) -> ``g0, u0, g1, u1, ...``."""
     return t.unflatten(0, (2, -1)).transpose(0, 1).flatten(0, 1)

@@ -124,6 +124,15 @@ ROW_LINEAR_TILES = LinearTiles(8, 1024, 4, 1)
 # (round16/gated_rows*.json: 8B's gate/up with its norm and SiLU 55.4-55.9 us, 99-100% of copy, against 58.9-59.4 with
 # 8 features of [gate; up] halves, the plain product over the same rows 55.0).
 ROW_LINEAR_GATED_TILES = LinearTiles(4, 1024, 4, 1)
+# row_linear over an fp8 (e4m3) weight reads it as int32 words of four values, each converted in six
+# instructions (fused_linear._row_product_words), where the features, the row stride and the weight's
+# address are multiples of 4; off: Triton's own fp8 tiles, whose sm_90 code spends about 9 instructions a
+# weight and moves the row's features through shared memory each step (7.0 and none with these tiles,
+# compiled for sm_90 at Llama-3-8B's q/k/v with its norm), for an A/B on the GPU. Its tiles: 16 weight rows
+# a program (8 gate and 8 up rows when gated), 1024 features a step, the next step's words loaded first.
+ROW_LINEAR_WORDS = True
+ROW_LINEAR_WORDS_TILES = LinearTiles(16, 1024, 4, 1)
+ROW_LINEAR_WORDS_GATED_TILES = LinearTiles(8, 1024, 4, 1)
 # One-row forwards over at least this many features take row_linear (models/layers/linear.py).
 ROW_LINEAR_K = 2048
 # The Triton backend's forward_projected of such a row in one launch with the rotation and the cache
@@ -247,7 +256,11 @@ def row_linear(
         raise ValueError(f"expected a [gate; up] weight of an even number of rows, got {weight.shape[0]}")
     out = torch.empty((1, out_features), dtype=x.dtype, device=x.device)
     summed = None if residual is None else torch.empty_like(x)
-    tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
+    words = weight_scale is not None and ROW_LINEAR_WORDS and _in_words(weight)
+    if words:
+        tiles = tiles or (ROW_LINEAR_WORDS_GATED_TILES if act else ROW_LINEAR_WORDS_TILES)
+    else:
+        tiles = tiles or (ROW_LINEAR_GATED_TILES if interleaved and act else ROW_LINEAR_TILES)
     row_linear_kernel[(triton.cdiv(out_features, tiles.block_n),)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight, weight,
         x if weight_scale is None else weight_scale, x if bias is None else bias, out, x if summed is None else summed,
@@ -256,9 +269,22 @@ def row_linear(
         HAS_BIAS=bias is not None, GATED=act is not None, ACT=ACTIVATION_CODES[act] if act else 0,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ROW=next_pow2(in_features) if norm_weight is not None else 16,
         INTERLEAVED=interleaved and act is not None, W_SCALED=weight_scale is not None,
+        W_WORDS=words, ASM=words and _e4m3_pairs_in_one_instruction(x.device), word_step=1,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_options(x.device),
     )  # fmt: skip
     return out, summed
+
+
+def _in_words(weight: torch.Tensor) -> bool:
+    """Whether an fp8 weight reads as int32 words: its features, row stride and address multiples of 4."""
+    return weight.shape[1] % 4 == 0 and weight.stride(0) % 4 == 0 and weight.data_ptr() % 4 == 0
+
+
+def _e4m3_pairs_in_one_instruction(device: torch.device) -> bool:
+    """Whether Triton launches on ``device`` take ``fused_linear._e4m3_words``' PTX (NVIDIA; the interpreter
+    runs no inline assembly). fp8 weights reach these launches only where fp8 matmuls are wired up
+    (``portattn.quantization``: compute capability >= 8.9, which has the instruction)."""
+    return device.type == "cuda" and torch.version.hip is None and not is_triton_interpreter()
 
 
 def _check_experts(x: torch.Tensor, weight: torch.Tensor) -> None:

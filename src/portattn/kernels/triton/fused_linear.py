@@ -284,6 +284,117 @@ def _row_product(
 
 
 @triton.jit
+def _e4m3_words(words, ASM: tl.constexpr):
+    """The four float32 values held by int32 ``words`` of four e4m3 bytes (byte ``j`` of a word, little-endian,
+    the ``j``-th result). ``ASM`` (NVIDIA, compute capability >= 8.9): a byte pair to a float16 pair in one
+    instruction (``cvt.rn.f16x2.e4m3x2``), then each half to float32: six instructions a word, against about
+    eight a byte where Triton unpacks an fp8 tile itself. Otherwise (the interpreter) byte by byte; both exact."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 lo, hi, a, b, c, d;
+            .reg .b32 h01, h23;
+            mov.b32 {lo, hi}, $4;
+            cvt.rn.f16x2.e4m3x2 h01, lo;
+            cvt.rn.f16x2.e4m3x2 h23, hi;
+            mov.b32 {a, b}, h01;
+            mov.b32 {c, d}, h23;
+            cvt.f32.f16 $0, a;
+            cvt.f32.f16 $1, b;
+            cvt.f32.f16 $2, c;
+            cvt.f32.f16 $3, d;
+            }""",
+            constraints="=r,=r,=r,=r,r",
+            args=[words],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        return (
+            (words & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32),
+            ((words >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32),
+            ((words >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32),
+            ((words >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32),
+        )
+
+
+@triton.jit
+def _row_features(
+    X, Residual, NormWeight, ResidualOut, row, ks, inv_rms, K, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+):  # fmt: skip
+    """The one row's ``norm(x + residual)`` at features ``ks``, float32 ``[1, len(ks)]`` (0 past ``K``)."""
+    k_ok = ks < K
+    a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
+    if HAS_NORM:
+        a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
+    return a.to(tl.float32)
+
+
+@triton.jit
+def _row_product_words(
+    X,
+    Residual,
+    NormWeight,
+    W,
+    ResidualOut,
+    rows64,
+    row_ok,
+    K,
+    eps,
+    stride_w,
+    word_step,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """:func:`_row_product`'s sums over an e4m3 weight read as int32 words of four values (``K`` and the row
+    stride multiples of 4), for the weight rows ``rows64`` (``[R]``, ``row_ok`` masking them): float32 ``[R]``,
+    the weight's scale not applied. Feature ``4 w + j`` is byte ``j`` of word ``w``: the row's features are
+    read in four strided sets, one for each byte. A lane reads one word at a time (``word_step``, 1 and not
+    specialized, hides the words' contiguity from Triton, which would otherwise give a lane four words and
+    move the converted tile through shared memory to meet the strided features' layout). The next block of
+    words is loaded before this one is multiplied."""
+    row = tl.zeros([1], dtype=tl.int64)
+    Words = W.to(tl.pointer_type(tl.int32), bitcast=True)
+    num_words = K // 4
+    word_stride = stride_w // 4
+    offs = tl.arange(0, BLOCK_K // 4)
+    mask = row_ok[:, None] & (offs < num_words)[None, :]
+    words = tl.load(Words + rows64[:, None] * word_stride + (offs * word_step)[None, :], mask=mask, other=0)
+    wait_for_previous(PDL)  # the weights are no earlier kernel's output: the first block loaded before the wait
+    inv_rms = tl.zeros([1], dtype=tl.float32)
+    if HAS_NORM:
+        features = tl.arange(0, ROW)
+        whole = (features < K)[None, :]
+        h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
+    acc = tl.zeros([rows64.shape[0], BLOCK_K // 4], dtype=tl.float32)
+    for w0 in range(0, num_words, BLOCK_K // 4):
+        ws = w0 + offs
+        next_ws = ws + BLOCK_K // 4
+        next_mask = row_ok[:, None] & (next_ws < num_words)[None, :]
+        next_words = tl.load(Words + rows64[:, None] * word_stride + (next_ws * word_step)[None, :], mask=next_mask,
+                             other=0)  # fmt: skip
+        w_0, w_1, w_2, w_3 = _e4m3_words(words, ASM)
+        a_0 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws, inv_rms, K, HAS_NORM, HAS_RESIDUAL, MODE)
+        a_1 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 1, inv_rms, K, HAS_NORM, HAS_RESIDUAL,
+                            MODE)  # fmt: skip
+        a_2 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 2, inv_rms, K, HAS_NORM, HAS_RESIDUAL,
+                            MODE)  # fmt: skip
+        a_3 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 3, inv_rms, K, HAS_NORM, HAS_RESIDUAL,
+                            MODE)  # fmt: skip
+        acc += w_0 * a_0 + w_1 * a_1 + w_2 * a_2 + w_3 * a_3
+        words = next_words
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit(do_not_specialize=["word_step"])
 def row_linear_kernel(
     X,
     Residual,
@@ -309,19 +420,49 @@ def row_linear_kernel(
     INTERLEAVED: tl.constexpr = False,
     W_SCALED: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    W_WORDS: tl.constexpr = False,
+    ASM: tl.constexpr = False,
+    word_step=1,
 ):
     """:func:`norm_linear_kernel` for one row ``x [1, K]`` on the vector units (:func:`_row_product`:
     no matrix-unit tile of 16 rows, no shared memory: every program is a few registers, many fit an
     SM and keep the memory busy). Values as :func:`norm_linear_kernel`'s; grid ``(cdiv(N, BLOCK_N),)``.
     ``INTERLEAVED`` (with ``GATED``): gate and up rows alternate (``g0, u0, g1, u1, ...``), so that a
-    program streams one run of ``2 * BLOCK_N`` rows."""
+    program streams one run of ``2 * BLOCK_N`` rows. ``W_WORDS`` (an e4m3 weight, ``K`` and ``stride_w``
+    multiples of 4): :func:`_row_product_words` over the program's weight rows, gate and up rows in one
+    block; ``ASM`` its conversion (see :func:`_e4m3_words`); ``word_step`` 1 (see there)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     rows64, up_rows64 = _gate_up_rows(cols.to(tl.int64), N, INTERLEAVED)
-    y, up = _row_product(
-        X, Residual, NormWeight, W, ResidualOut, rows64, up_rows64, col_ok, K, eps, stride_w, HAS_NORM,
-        HAS_RESIDUAL, MODE, GATED, BLOCK_N, BLOCK_K, ROW, PDL,
-    )  # fmt: skip
+    if W_WORDS:
+        if GATED:  # the program's 2 * BLOCK_N weight rows: gate rows then up rows, or alternating
+            i = tl.arange(0, 2 * BLOCK_N)
+            if INTERLEAVED:
+                block_rows = 2 * tl.program_id(0).to(tl.int64) * BLOCK_N + i
+                block_ok = tl.program_id(0) * BLOCK_N + i // 2 < N
+            else:
+                block_cols = tl.program_id(0) * BLOCK_N + i % BLOCK_N
+                block_rows = block_cols.to(tl.int64) + tl.where(i < BLOCK_N, 0, N)
+                block_ok = block_cols < N
+            sums = _row_product_words(
+                X, Residual, NormWeight, W, ResidualOut, block_rows, block_ok, K, eps, stride_w, word_step,
+                HAS_NORM, HAS_RESIDUAL, MODE, BLOCK_K, ROW, PDL, ASM,
+            )  # fmt: skip
+            if INTERLEAVED:
+                y, up = tl.split(tl.reshape(sums, [BLOCK_N, 2]))
+            else:
+                y, up = tl.split(tl.permute(tl.reshape(sums, [2, BLOCK_N]), (1, 0)))
+        else:
+            y = _row_product_words(
+                X, Residual, NormWeight, W, ResidualOut, rows64, col_ok, K, eps, stride_w, word_step, HAS_NORM,
+                HAS_RESIDUAL, MODE, BLOCK_K, ROW, PDL, ASM,
+            )  # fmt: skip
+            up = y
+    else:
+        y, up = _row_product(
+            X, Residual, NormWeight, W, ResidualOut, rows64, up_rows64, col_ok, K, eps, stride_w, HAS_NORM,
+            HAS_RESIDUAL, MODE, GATED, BLOCK_N, BLOCK_K, ROW, PDL,
+        )  # fmt: skip
     dtype = X.dtype.element_ty
     if W_SCALED:
         y *= tl.load(WScale + rows64, mask=col_ok, other=0.0)
