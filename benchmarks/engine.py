@@ -67,8 +67,8 @@ from portattn.quantization import QUANTIZATIONS
 # "unfused_latent_rotary": MLA's rope through the torch code, then write_latent; "absorbed_value_rows": a one-token
 # MLA step's value product through expert_rows; "unfused_llama4_router": Llama 4's router and attention temperature
 # through the torch code; "fp8_dot_rows": quantization="fp8"'s steps of up to 16 rows in norm_linear's tensor-core
-# tiles, not one-row steps in row_linear; "fp8_row_bytes": row_linear over fp8 weights in Triton's byte-wise tiles,
-# not read as words of four values.
+# tiles, not one-row steps in row_linear; "fp8_row_words": row_linear over fp8 weights read as words of four values
+# (inline PTX), not in Triton's byte-wise tiles.
 _LAUNCH, _FUSED_LAUNCH = "portattn.kernels.triton.launch", "portattn.kernels.triton.fused_launch"
 _MOE, _LATENT = "portattn.models.layers.moe", "portattn.models.layers.latent_attention"
 KERNEL_OPTIONS = {
@@ -91,7 +91,7 @@ KERNEL_OPTIONS = {
     "no_repeat_launch": (_LAUNCH, "REPEAT_LAUNCHES", False),
     "no_fast_launch": ("portattn.kernels.triton.fast_launch", "FAST", False),
     "fp8_dot_rows": ("portattn.models.layers.linear", "FP8_ROW_LINEAR", False),
-    "fp8_row_bytes": (_FUSED_LAUNCH, "ROW_LINEAR_WORDS", False),
+    "fp8_row_words": (_FUSED_LAUNCH, "ROW_LINEAR_WORDS", True),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 
