@@ -170,7 +170,8 @@ FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
 # the value product, an fp8 tile converted once to 16 bits for both products.
 MLA_FP8_TILES = {16: [(16, 32, 4, 3, True), (16, 32, 4, 3, False, True), (16, 32, 4, 2, False, True),
                       (16, 32, 8, 3, False, True), (16, 32, 8, 2, False, True), (16, 64, 8, 2, False, True),
-                      (16, 64, 4, 2, False, True), (16, 16, 4, 4, False, True)],
+                      (16, 64, 4, 2, False, True), (16, 16, 4, 4, False, True),
+                      (16, 32, 4, 1, False, True), (16, 32, 8, 1, False, True)],
                  128: [(64, 64, 8, 2), (64, 32, 8, 3, False, True), (64, 64, 8, 2, False, True),
                        (64, 32, 8, 2, False, True)]}  # fmt: skip
 
