@@ -127,7 +127,7 @@ ROW_LINEAR_GATED_TILES = LinearTiles(4, 1024, 4, 1)
 # row_linear over an fp8 (e4m3) weight read as int32 words of four values, each converted in six
 # instructions (fused_linear._row_product_words), where the features, the row stride and the weight's
 # address are multiples of 4, instead of Triton's own fp8 tiles, whose sm_90 code spends about 9 instructions
-# a weight and moves the row's features through shared memory each step (7.0 and none with these tiles,
+# a weight and moves the row's features through shared memory each step (5.5 and none with these tiles,
 # compiled for sm_90 at Llama-3-8B's q/k/v with its norm). Off until it has run on a GPU (its inline PTX has
 # not: tests/kernels/test_fused_linear.py checks it there both ways); `--kernel-options fp8_row_words` in the
 # engine benchmarks turns it on. Its tiles: 16 weight rows a program (8 gate and 8 up rows when gated),

@@ -218,6 +218,19 @@ def norm_linear_kernel(
 
 
 @triton.jit
+def _row_features(
+    X, Residual, NormWeight, ResidualOut, row, ks, inv_rms, K, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    MODE: tl.constexpr,
+):  # fmt: skip
+    """The one row's ``norm(x + residual)`` at features ``ks``, ``[1, len(ks)]`` in its dtype (0 past ``K``)."""
+    k_ok = ks < K
+    a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
+    if HAS_NORM:
+        a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
+    return a
+
+
+@triton.jit
 def _row_product(
     X,
     Residual,
@@ -261,6 +274,8 @@ def _row_product(
         whole = (features < K)[None, :]
         h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
         inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
+    else:
+        inv_rms = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -271,9 +286,7 @@ def _row_product(
             w = tl.load(W + rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
             if GATED:
                 w_up = tl.load(W + up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-        a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
-        if HAS_NORM:
-            a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
+        a = _row_features(X, Residual, NormWeight, ResidualOut, row, ks, inv_rms, K, HAS_NORM, HAS_RESIDUAL, MODE)
         if SCALE_INPUT:
             a = (a.to(tl.float32) * in_scale).to(X.dtype.element_ty)
         a = a.to(tl.float32)
@@ -320,19 +333,6 @@ def _e4m3_words(words, ASM: tl.constexpr):
 
 
 @triton.jit
-def _row_features(
-    X, Residual, NormWeight, ResidualOut, row, ks, inv_rms, K, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    MODE: tl.constexpr,
-):  # fmt: skip
-    """The one row's ``norm(x + residual)`` at features ``ks``, float32 ``[1, len(ks)]`` (0 past ``K``)."""
-    k_ok = ks < K
-    a = _rows(X, Residual, ResidualOut, row, ks, k_ok[None, :], 0, 0, 0, HAS_RESIDUAL, False)
-    if HAS_NORM:
-        a = _normed(a, inv_rms, NormWeight, ks, k_ok, MODE)
-    return a.to(tl.float32)
-
-
-@triton.jit
 def _row_product_words(
     X,
     Residual,
@@ -368,12 +368,13 @@ def _row_product_words(
     mask = row_ok[:, None] & (offs < num_words)[None, :]
     words = tl.load(Words + rows64[:, None] * word_stride + (offs * word_step)[None, :], mask=mask, other=0)
     wait_for_previous(PDL)  # the weights are no earlier kernel's output: the first block loaded before the wait
-    inv_rms = tl.zeros([1], dtype=tl.float32)
     if HAS_NORM:
         features = tl.arange(0, ROW)
         whole = (features < K)[None, :]
         h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
         inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
+    else:
+        inv_rms = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([rows64.shape[0], BLOCK_K // 4], dtype=tl.float32)
     for w0 in range(0, num_words, BLOCK_K // 4):
         ws = w0 + offs
@@ -382,14 +383,14 @@ def _row_product_words(
         next_words = tl.load(Words + rows64[:, None] * word_stride + (next_ws * word_step)[None, :], mask=next_mask,
                              other=0)  # fmt: skip
         w_0, w_1, w_2, w_3 = _e4m3_words(words, ASM)
-        a_0 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws, inv_rms, K, HAS_NORM, HAS_RESIDUAL, MODE)
-        a_1 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 1, inv_rms, K, HAS_NORM, HAS_RESIDUAL,
-                            MODE)  # fmt: skip
-        a_2 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 2, inv_rms, K, HAS_NORM, HAS_RESIDUAL,
-                            MODE)  # fmt: skip
-        a_3 = _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 3, inv_rms, K, HAS_NORM, HAS_RESIDUAL,
-                            MODE)  # fmt: skip
-        acc += w_0 * a_0 + w_1 * a_1 + w_2 * a_2 + w_3 * a_3
+        acc += w_0 * _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws, inv_rms, K, HAS_NORM,
+                                   HAS_RESIDUAL, MODE).to(tl.float32)  # fmt: skip
+        acc += w_1 * _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 1, inv_rms, K, HAS_NORM,
+                                   HAS_RESIDUAL, MODE).to(tl.float32)  # fmt: skip
+        acc += w_2 * _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 2, inv_rms, K, HAS_NORM,
+                                   HAS_RESIDUAL, MODE).to(tl.float32)  # fmt: skip
+        acc += w_3 * _row_features(X, Residual, NormWeight, ResidualOut, row, 4 * ws + 3, inv_rms, K, HAS_NORM,
+                                   HAS_RESIDUAL, MODE).to(tl.float32)  # fmt: skip
         words = next_words
     return tl.sum(acc, axis=1)
 
@@ -457,7 +458,6 @@ def row_linear_kernel(
                 X, Residual, NormWeight, W, ResidualOut, rows64, col_ok, K, eps, stride_w, word_step, HAS_NORM,
                 HAS_RESIDUAL, MODE, BLOCK_K, ROW, PDL, ASM,
             )  # fmt: skip
-            up = y
     else:
         y, up = _row_product(
             X, Residual, NormWeight, W, ResidualOut, rows64, up_rows64, col_ok, K, eps, stride_w, HAS_NORM,
