@@ -6,6 +6,7 @@ Nothing here synchronises with the device: the split count comes from the caller
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,12 @@ from .resources import fewer_stages_then, launch_fitting
 
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Few heads over an e4m3 cache take mla_decode_fp8_mma's kernel (relabelled shared-memory views, 16-byte
+# loads for both products) where it runs, when this is on. Off until the kernel has been checked and timed on
+# a GPU: compiled for sm_90 its key loop takes 924 SASS instructions a warp for 64 keys, the portable kernel's
+# 1,694 over a bf16 cache and 3,094 over an e4m3 one (benchmarks/results/round32_h200/NOTES.md). The probe
+# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
+FP8_MMA = False
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class MLATileConfig:
     num_stages: int = 2
     separate_values: bool = False  # the latent rows loaded again for the value product (see the kernel)
     dequantize_once: bool = False  # an fp8 tile converted once to 16 bits for both products (see the kernel)
+    fp8_mma: bool = False  # an e4m3 cache through mla_decode_fp8_mma (Gluon; NVIDIA, compute capability 8.9+)
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -42,8 +50,18 @@ class MLATileConfig:
                 raise ValueError(f"expected {name} to be a power of two >= 16, got {value}")
 
 
+# 64 keys a step in two buffers: 94 KB of shared memory and 168 registers a thread compiled for sm_90 (two
+# programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates.
+FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True)
+
+
 def choose_tiles(
-    num_heads: int, dtype: torch.dtype, *, interpret: bool, kv_dtype: torch.dtype | None = None
+    num_heads: int,
+    dtype: torch.dtype,
+    *,
+    interpret: bool,
+    kv_dtype: torch.dtype | None = None,
+    fp8_mma: bool | None = None,
 ) -> MLATileConfig:
     """Tiles from the problem (``dtype``: the queries'; ``kv_dtype``: the cache's, default the same).
 
@@ -58,11 +76,20 @@ def choose_tiles(
     (``separate_values``: both loads then go through the software pipeline), and 64-head blocks take
     64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
-    0.559 (benchmarks/results/round14_h200/NOTES.md).
+    0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 16 heads
+    over an e4m3 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``); the launcher replaces them by these
+    rules' tiles where that kernel cannot run.
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
     fp8 = kv_dtype in FP8_DTYPES and dtype != torch.float32
+    if (
+        (FP8_MMA if fp8_mma is None else fp8_mma)
+        and kv_dtype == torch.float8_e4m3fn
+        and num_heads <= 16
+        and dtype != torch.float32
+    ):
+        return FP8_MMA_TILES  # the launcher takes the portable tiles where the kernel cannot run
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)
     if fp8 and num_heads > 32:
@@ -72,6 +99,24 @@ def choose_tiles(
     # (64, 64, 8, 2) ran 1.1x faster again on an H200 but needs 221 KB of shared memory per program,
     # more than any GPU but Hopper has; this one needs 147 KB.
     return MLATileConfig(block_h=64, block_n=32, num_warps=8, num_stages=3)
+
+
+def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
+    """Smaller tiles for a device short of shared memory (the fp8 mma kernel: 32 keys, then none)."""
+    if tiles.fp8_mma:
+        return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 else None
+    return fewer_stages_then(tiles, "block_n", "block_h")
+
+
+def fp8_mma_lacks(q_nope, q_rope, kv_cache, out) -> tuple[str, object] | None:
+    """``None`` when ``mla_decode_fp8_mma`` can run the problem here, else ``(what it needs, what it got)``."""
+    if is_triton_interpreter():
+        return "a GPU without TRITON_INTERPRET (Gluon kernels are not interpreted)", "TRITON_INTERPRET=1"
+    try:
+        from . import mla_decode_fp8_mma
+    except ImportError as exc:  # a Triton without Gluon's NVIDIA operations
+        return "a Triton with Gluon", exc
+    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out)
 
 
 def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits, min_split_keys=1) -> None:
@@ -150,8 +195,16 @@ def mla_decode_forward(
         fail(f"lse of dtype float32 and shape [{batch}, {num_heads}] on {device}", (lse.dtype, lse.shape, lse.device))
     if batch == 0:
         return out
-    if tiles is None:
+    chosen = tiles is None
+    if chosen:
         tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype)
+    if tiles.fp8_mma:
+        lacking = fp8_mma_lacks(q_nope, q_rope, kv_cache, out)
+        if lacking and not chosen:
+            fail(f"{lacking[0]} for MLATileConfig(fp8_mma=True) (tiles without it run anywhere)", lacking[1])
+        if lacking:
+            tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
+                                 fp8_mma=False)  # fmt: skip
 
     split = num_kv_splits > 1
     if split and partials is None:
@@ -178,6 +231,17 @@ def mla_decode_forward(
     block_rp = max(16, next_pow2(rope_dim)) if rope_dim else 16
 
     def launch(t: MLATileConfig) -> None:
+        if t.fp8_mma:
+            from . import mla_decode_fp8_mma
+
+            q_scale, qk_scale_log2 = scale, kv_scale * LOG2E  # float16 dots, as F16_DOTS
+            mla_decode_fp8_mma.launch(
+                q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
+                write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
+                stages=t.num_stages,
+            )  # fmt: skip
+            return
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
         # Float16 dots for an fp8 cache where few heads share a program: with 64-head blocks they
         # ran 1.3x slower than bfloat16 dots on an H200 (0.74 vs 0.56 ms at B=64, H=128; not profiled).
@@ -202,7 +266,7 @@ def mla_decode_forward(
     tiles = launch_fitting(
         launch,
         tiles,
-        lambda t: fewer_stages_then(t, "block_n", "block_h"),
+        _shrink,
         key=(q_nope.device, tiles, dtype, kv_cache.dtype, num_heads, rank, rope_dim, kv_cache.shape[1]),
     )
     if split:

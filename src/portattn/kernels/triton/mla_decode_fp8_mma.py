@@ -1,0 +1,352 @@
+"""MLA decode over an e4m3 latent cache with tensor-core products on relabelled shared-memory views (Gluon).
+
+The portable kernel (``mla_decode.py``) converts an fp8 latent tile to 16 bits and lets Triton place it for
+both products; for the value product ``p @ c_kv``, which contracts over keys while a latent row holds its
+dims contiguously, Triton reads the fp8 tile from shared memory byte by byte (no ``ldmatrix.trans`` for 8-bit
+data), and the fp8 cache ran at 0.81x the bf16 cache on an H200 (benchmarks/results/round27_h200/NOTES.md).
+This kernel, written in Triton's Gluon dialect (explicit layouts), reads every byte of the tile from shared
+memory in 16-byte loads for both products, with no transpose:
+
+* A contraction may be summed in any order, and a product's output columns may be stored anywhere. Each
+  product's operand is therefore read through a *relabelled* view of the same shared bytes
+  (``SharedLinearLayout``): label ``j`` of the scores' contraction is latent dim ``QK_DIM(j)`` (the queries
+  are loaded under the same labels), value column ``n`` is latent dim ``PV_DIM(n)`` (the output is stored
+  back to its dim). The labels are chosen so that the 16 bytes an ``mma.sync`` fragment needs from a key
+  row are contiguous: one ``ld.shared.v4`` each.
+* The scores' operand is converted by ``cvt.rn.f16x2.e4m3x2`` on a pair of contiguous bytes (of one key).
+  The values' operand pairs two keys of one dim: one ``prmt`` joins bytes ``j, j+1`` of two rows' words,
+  two conversions make the two 16-bit pairs of the fragment (inline PTX, four values a call).
+* The tile arrives by ``cp.async`` (16 bytes a lane), two buffers deep; its 16-byte chunks are XOR-swizzled
+  by key row so that the copies and both products' loads are free of bank conflicts
+  (``gl.bank_conflicts``, tests/kernels/test_mla_fp8_mma.py).
+* The products are ``mma.sync`` m16n8k16 in float16 with float32 accumulation: the queries are scaled by
+  ``q_scale`` and converted to float16 as in the portable kernel's ``F16_DOTS``; 16 heads a program, the
+  scores' keys and the values' columns split over four warps. The probabilities go through 2 KB of shared
+  memory; the softmax's sum is kept per score element and reduced once at the end.
+
+Compiled for sm_90 by Triton 3.6 (16 heads, 64 keys a step) the key loop takes 924 SASS instructions a warp
+(272 conversions, 136 MMAs, 34 16-byte shared loads, 3 barriers; 168 registers, no spills); the portable
+kernel's takes 1,694 for 64 keys of a bf16 cache and 3,094 of an e4m3 cache (847 and 1,547 a 32-key step, the
+latter with 128 byte-wise shared loads). Requirements (``supports``): NVIDIA compute capability 8.9 or newer (the e4m3 conversion), a
+Triton with Gluon, a latent of 512 + 64 (DeepSeek-V2/V3's), an e4m3 cache whose rows are 16-byte aligned and
+contiguous, 16-bit queries. Splits, partial results and the merge are the portable kernel's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+RANK = 512
+ROPE = 64
+BLOCK_H = gl.constexpr(16)
+NUM_WARPS = 4
+
+# Triton 3.6 (the H200's) and later versions name two operations differently; the arguments are the same.
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+_async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+# Bit ``i`` of a latent dim is bit ``BITS[i]`` of its label. The scores' labels follow the m16n8k16 B
+# fragment (label bits 0 and 3 in registers, 1-2 the lane's column pair, 4+ the k-step): bits 0, 3, 4, 5 of
+# the label become the dim's low 4 bits (16 contiguous bytes a lane), the lane's pair bits 1-2 become dim
+# bits 5-6 so that the four lanes of a pair read four different bank groups.
+QK_BITS = (0, 3, 4, 5, 6, 1, 2, 7, 8)
+PE_BITS = (0, 3, 4, 5, 1, 2)
+# The values' columns: column n of a warp's fragment holds dim 16 * (n % 32) + n // 32, so that the 16
+# columns a lane holds (n, n + 32, ..., n + 480) are 16 contiguous bytes of a row.
+PV_BITS = (5, 6, 7, 8, 0, 1, 2, 3, 4)
+
+
+def relabel(label: int, bits: tuple[int, ...]) -> int:
+    """The latent dim of ``label`` (bit ``i`` of the dim is bit ``bits[i]`` of the label)."""
+    return sum(((label >> src) & 1) << i for i, src in enumerate(bits))
+
+
+def label_of(dim: int, bits: tuple[int, ...]) -> int:
+    """The inverse of :func:`relabel`."""
+    return sum(((dim >> i) & 1) << src for i, src in enumerate(bits))
+
+
+def latent_offset(key: int, dim: int, width: int = RANK) -> int:
+    """Byte offset of ``(key, dim)`` in a tile of ``width``-byte rows: 16-byte chunks XOR-swizzled by ``key % 8``."""
+    return key * width + 16 * ((dim // 16) ^ (key % 8)) + dim % 16
+
+
+def _bases(num_bits: int, logical) -> list[list[int]]:
+    """The offset bases of a linear shared layout: the logical coordinates of each power-of-two offset."""
+    return [list(logical(1 << i)) for i in range(num_bits)]
+
+
+def _latent_coords(offset: int, width: int = RANK) -> tuple[int, int]:
+    """``(key, dim)`` at a byte offset (the inverse of :func:`latent_offset`)."""
+    row_bits = width.bit_length() - 1
+    key = offset >> row_bits
+    chunk = ((offset >> 4) & (width // 16 - 1)) ^ (key % 8)
+    return key, 16 * chunk + offset % 16
+
+
+def shared_views(block_n: int) -> dict[str, gl.SharedLinearLayout]:
+    """The shared layouts of one stage: the latent tile as copied ``[keys, dims]``, as the scores' operand
+    ``[labels, keys]`` and as the values' ``[keys, columns]``; the rope tile as copied and as the scores'."""
+    bits = (RANK * block_n).bit_length() - 1
+    pe_bits = (ROPE * block_n).bit_length() - 1
+
+    def pe_coords(o):
+        return o // ROPE, o % ROPE
+
+    def latent(o):
+        return _latent_coords(o)
+
+    return {
+        "C_NAT": gl.SharedLinearLayout(_bases(bits, latent)),
+        "C_QK": gl.SharedLinearLayout(_bases(bits, lambda o: (label_of(latent(o)[1], QK_BITS), latent(o)[0]))),
+        "C_PV": gl.SharedLinearLayout(_bases(bits, lambda o: (latent(o)[0], label_of(latent(o)[1], PV_BITS)))),
+        "PE_NAT": gl.SharedLinearLayout(_bases(pe_bits, pe_coords)),
+        "PE_QK": gl.SharedLinearLayout(_bases(pe_bits, lambda o: (label_of(pe_coords(o)[1], PE_BITS), o // ROPE))),
+    }
+
+
+@functools.cache
+def constexprs(block_n: int, stages: int) -> dict:
+    """The kernel's layout arguments for ``block_n`` keys a step and ``stages`` buffers."""
+    if block_n not in (32, 64) or stages < 2:
+        raise ValueError(f"expected 32 or 64 keys a step and at least 2 stages, got {block_n} and {stages}")
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS], instr_shape=[16, 8])
+    # The values' 16-key operand in the B fragment's elements, its registers ordered so that four in a row are
+    # bytes j, j + 1 of two keys (one prmt of their words); the same elements as DotOperandLayout(1, mma, 2).
+    pv_load = gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [0, 32], [0, 64], [0, 128], [0, 256], [8, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+        warp_bases=[[0, 8], [0, 16]],
+        block_bases=[],
+        shape=[16, RANK],
+    )
+    return {
+        "BLOCK_N": block_n,
+        "STAGES": stages,
+        "MMA": mma,
+        "PV_LOAD": pv_load,
+        "C_COPY": gl.BlockedLayout([1, 16], [1, 32], [NUM_WARPS, 1], [1, 0]),
+        "PE_COPY": gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS, 1], [1, 0]),
+        "Q_SMEM": gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
+        "QK_BITS": gl.constexpr(QK_BITS),
+        "PE_BITS": gl.constexpr(PE_BITS),
+        "PV_BITS": gl.constexpr(PV_BITS),
+        **shared_views(block_n),
+    }
+
+
+def supports(
+    q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
+) -> tuple[str, object] | None:
+    """``None`` when this kernel can run the problem, else ``(what it needs, what it got)``."""
+    device = kv_cache.device
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "an NVIDIA GPU", device if device.type != "cuda" else f"HIP {torch.version.hip}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        return "compute capability 8.9 or newer (the e4m3 conversion)", capability
+    if kv_cache.dtype != torch.float8_e4m3fn:
+        return "an e4m3 cache", kv_cache.dtype
+    if q_nope.dtype not in (torch.float16, torch.bfloat16):
+        return "float16 or bfloat16 queries", q_nope.dtype
+    if q_nope.shape[2] != RANK or kv_cache.shape[2] != RANK + ROPE:
+        return f"a latent of {RANK} + {ROPE}", f"{q_nope.shape[2]} + {kv_cache.shape[2] - q_nope.shape[2]}"
+    if kv_cache.stride(2) != 1 or kv_cache.stride(1) % 16 or kv_cache.stride(0) % 16 or kv_cache.data_ptr() % 16:
+        return "cache rows contiguous and 16-byte aligned", f"strides {kv_cache.stride()}"
+    if q_nope.stride(2) != 1 or q_rope.stride(2) != 1 or out.stride(2) != 1:
+        return "queries and output contiguous in their last dim", (q_nope.stride(), q_rope.stride(), out.stride())
+    return None
+
+
+@gluon.jit
+def _view(buf, SHAPE: gl.constexpr, LAYOUT: gl.constexpr):
+    """The same shared bytes under another layout (labels)."""
+    if _NEW_REINTERPRET:
+        return buf.reinterpret(buf.dtype, SHAPE, LAYOUT)
+    else:
+        return buf._reinterpret(buf.dtype, SHAPE, LAYOUT)
+
+
+@gluon.jit
+def _relabelled(labels, BITS: gl.constexpr):
+    dims = gl.zeros_like(labels)
+    for i in gl.static_range(len(BITS)):
+        dims = dims | (((labels >> BITS[i]) & 1) << i)
+    return dims
+
+
+@gluon.jit
+def _copy_tile(
+    KV,
+    page_row,
+    stride_pt_p,
+    stride_kv_page,
+    stride_kv_slot,
+    tile_start,
+    end,
+    c_buf,
+    pe_buf,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    C_COPY: gl.constexpr,
+    PE_COPY: gl.constexpr,
+):
+    """Start copying the latent rows ``[tile_start, tile_start + BLOCK_N)`` (zeros past ``end``)."""
+    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, C_COPY))
+    offs_pe = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, PE_COPY))
+    n_ok = offs_n < end
+    pe_ok = offs_pe < end
+    if PAGE_SIZE % BLOCK_N == 0:  # the tile (it starts at a multiple of BLOCK_N) lies in one page
+        base = KV + gl.load(page_row + (tile_start // PAGE_SIZE) * stride_pt_p).to(gl.int64) * stride_kv_page
+        rows = base + (offs_n % PAGE_SIZE) * stride_kv_slot
+        rows_pe = base + (offs_pe % PAGE_SIZE) * stride_kv_slot
+    else:
+        page = gl.load(page_row + (offs_n // PAGE_SIZE) * stride_pt_p, mask=n_ok, other=0)
+        rows = KV + page.to(gl.int64) * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_slot
+        page_pe = gl.load(page_row + (offs_pe // PAGE_SIZE) * stride_pt_p, mask=pe_ok, other=0)
+        rows_pe = KV + page_pe.to(gl.int64) * stride_kv_page + (offs_pe % PAGE_SIZE) * stride_kv_slot
+    cols = gl.arange(0, 512, gl.SliceLayout(0, C_COPY))
+    _async_load(c_buf, rows[:, None] + cols[None, :], mask=n_ok[:, None])
+    cols_pe = 512 + gl.arange(0, 64, gl.SliceLayout(0, PE_COPY))
+    _async_load(pe_buf, rows_pe[:, None] + cols_pe[None, :], mask=pe_ok[:, None])
+
+
+@gluon.jit
+def mla_decode_fp8_mma_kernel(
+    QNope, QRope, KV, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
+    q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
+    stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+    stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
+    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+    PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MMA: gl.constexpr, PV_LOAD: gl.constexpr,
+    C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_SMEM: gl.constexpr,
+    QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
+    C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
+):  # fmt: skip
+    A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+    head_block = gl.program_id(0)
+    split = gl.program_id(1)
+    seq = gl.program_id(2).to(gl.int64)
+
+    # the split's keys, as mla_decode._split_range cuts them
+    num_keys = gl.load(SeqLensK + seq)
+    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
+    per_split = gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
+    start = split * per_split
+    end = gl.minimum(start + per_split, num_keys)
+
+    # the queries under the scores' labels, scaled and in float16, kept in shared memory
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, A))
+    h_ok = offs_h[:, None] < num_heads
+    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 512], Q_SMEM)
+    for c in gl.static_range(4):  # a quarter at a time (registers)
+        dims = _relabelled(128 * c + gl.arange(0, 128, gl.SliceLayout(0, A)), QK_BITS)
+        qn = gl.load(QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + dims[None, :], mask=h_ok, other=0.0)
+        q_smem.slice(128 * c, 128, dim=1).store((qn.to(gl.float32) * q_scale).to(gl.float16))
+    dims_pe = _relabelled(gl.arange(0, 64, gl.SliceLayout(0, A)), PE_BITS)
+    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + dims_pe[None, :], mask=h_ok, other=0.0)
+    qr_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], Q_SMEM, (qr.to(gl.float32) * q_scale).to(gl.float16))
+    p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], Q_SMEM)
+    c_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 512], C_NAT)
+    pe_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 64], PE_NAT)
+
+    page_row = PageTable + seq * stride_pt_b
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for j in gl.static_range(STAGES - 1):
+        if j < num_tiles:
+            _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start + j * BLOCK_N, end,
+                       c_smem.index(j), pe_smem.index(j), PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY)  # fmt: skip
+        cp.commit_group()
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+    l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)  # the softmax's sum, per score element
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, MMA)  # columns under the values' labels
+    for i in range(num_tiles):
+        cp.wait_group(STAGES - 2)  # tile i is in shared memory (this thread's copies) ...
+        _barrier()  # ... everyone's; and every warp is done with tile i - 1's buffers
+        ahead = i + STAGES - 1
+        if ahead < num_tiles:
+            _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start + ahead * BLOCK_N, end,
+                       c_smem.index(ahead % STAGES), pe_smem.index(ahead % STAGES), PAGE_SIZE, BLOCK_N, C_COPY,
+                       PE_COPY)  # fmt: skip
+        cp.commit_group()
+        c_tile = c_smem.index(i % STAGES)
+        c_qk = _view(c_tile, [512, BLOCK_N], C_QK)
+        s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
+        for c in gl.static_range(4):
+            b = c_qk.slice(128 * c, 128, dim=0).load(B).to(gl.float16)
+            s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), b, s)
+        b = _view(pe_smem.index(i % STAGES), [64, BLOCK_N], PE_QK).load(B).to(gl.float16)
+        s = mma_v2(qr_smem.load(A), b, s)
+
+        offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, COLS)
+        s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))  # finite: every tile holds a key
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_part = l_part * alpha[:, None] + p
+        acc = acc * alpha[:, None]
+        m_i = m_new
+        p_smem.store(p.to(gl.float16))
+        _barrier()
+
+        c_pv = _view(c_tile, [BLOCK_N, 512], C_PV)
+        for k in gl.static_range(BLOCK_N // 16):
+            x = c_pv.slice(16 * k, 16, dim=0).load(PV_LOAD)
+            # four values a call: keys k, k + 1 of columns n, n + 32 -> two float16 pairs (k, k + 1)
+            y = gl.inline_asm_elementwise(
+                "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+                "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4,
+            )  # fmt: skip
+            acc = mma_v2(p_smem.slice(16 * k, 16, dim=1).load(A), gl.convert_layout(y, B), acc)
+    cp.wait_group(0)
+
+    l_i = gl.sum(l_part, 1)
+    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
+    ho_ok = offs_ho < num_heads
+    dims_o = _relabelled(gl.arange(0, 512, COLS), PV_BITS)
+    has_keys = l_i > 0.0
+    out = acc * kv_scale / gl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
+    if WRITE_PARTIAL:
+        if start < end:  # empty splits write nothing; the merge skips them
+            row = (seq * num_heads + offs_ho) * num_kv_splits + split
+            gl.store(PartOut + row[:, None] * 512 + dims_o[None, :], out, mask=ho_ok[:, None])
+            gl.store(PartLse + row, m_i + gl.log2(l_i), mask=ho_ok)
+    else:
+        gl.store(
+            Out + seq * stride_o_b + offs_ho[:, None] * stride_o_h + dims_o[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=ho_ok[:, None],
+        )
+        if WRITE_LSE:  # natural log; -inf for a sequence without keys
+            lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+            gl.store(Lse + seq * stride_lse_b + offs_ho * stride_lse_h, lse, mask=ho_ok)
+
+
+def launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *, q_scale,
+           qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n, stages):  # fmt: skip
+    """One launch over ``[head blocks of 16, splits, sequences]`` (arguments as ``mla_decode_split_kernel``'s)."""
+    batch, num_heads, _ = q_nope.shape
+    grid = (-(-num_heads // 16), num_kv_splits, batch)
+    mla_decode_fp8_mma_kernel[grid](
+        q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+        q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
+        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), *page_table.stride(),
+        out.stride(0), out.stride(1), *lse_buf.stride(),
+        PAGE_SIZE=kv_cache.shape[1], WRITE_PARTIAL=write_partial, WRITE_LSE=write_lse, MIN_SPLIT=min_split,
+        **constexprs(block_n, stages),
+        num_warps=NUM_WARPS,
+    )  # fmt: skip

@@ -1,0 +1,248 @@
+"""MLA decode over an e4m3 latent cache through relabelled shared-memory views (``mla_decode_fp8_mma``).
+
+On any machine: the labels are bit permutations, and every byte the copy writes is the byte each product's
+view names (the views are linear layouts written down as bases; this walks every offset of a tile). Compiled
+for sm_90 in a child process (Gluon has no interpreter): the key loop reads the tile only in 16-byte shared
+loads, runs the expected MMAs and conversions, spills nothing, and the shared accesses are free of bank
+conflicts by Gluon's own count. On an NVIDIA GPU of compute capability 8.9 or newer: results against the
+float64 reference over the dequantised cache and against the portable kernel over the same cache, on the ops'
+poisoned fixture (NaN in every slot no sequence owns, an out-of-range page id in each row's tail).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
+
+from ops.test_mla import make_mla_case
+from portattn.device import is_triton_interpreter
+from portattn.kernels.triton import mla_decode_fp8_mma as mma
+from portattn.kernels.triton.mla_decode_launch import FP8_MMA_TILES, MLATileConfig, choose_tiles, mla_decode_forward
+from portattn.kv_quant import dequantize_kv, quantize_kv
+from portattn.testing import max_error, mla_decode_ref, tolerance
+
+SKIP = 3
+
+
+def _coords(bases: list[list[int]], offset: int) -> tuple[int, ...]:
+    """A linear layout's logical coordinates of ``offset``: the XOR of the bases of its set bits."""
+    out = [0] * len(bases[0])
+    for bit, basis in enumerate(bases):
+        if offset >> bit & 1:
+            out = [a ^ b for a, b in zip(out, basis)]
+    return tuple(out)
+
+
+@pytest.mark.parametrize("bits", [mma.QK_BITS, mma.PE_BITS, mma.PV_BITS])
+def test_labels_are_bit_permutations(bits):
+    assert sorted(bits) == list(range(len(bits)))
+    size = 1 << len(bits)
+    dims = [mma.relabel(label, bits) for label in range(size)]
+    assert sorted(dims) == list(range(size))
+    assert all(mma.label_of(d, bits) == label for label, d in enumerate(dims))
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+def test_every_view_reads_the_byte_the_copy_wrote(block_n):
+    views = mma.shared_views(block_n)
+    nat, qk, pv = (views[k].offset_bases for k in ("C_NAT", "C_QK", "C_PV"))
+    assert len(nat) == len(qk) == len(pv) == (512 * block_n).bit_length() - 1
+    seen = set()
+    for offset in range(512 * block_n):
+        key, dim = _coords(nat, offset)
+        assert mma.latent_offset(key, dim) == offset  # the copy writes (key, dim) here
+        seen.add((key, dim))
+        label, key_qk = _coords(qk, offset)
+        assert (key_qk, mma.relabel(label, mma.QK_BITS)) == (key, dim)
+        key_pv, column = _coords(pv, offset)
+        assert (key_pv, mma.relabel(column, mma.PV_BITS)) == (key, dim)
+    assert len(seen) == 512 * block_n
+    pe_nat, pe_qk = views["PE_NAT"].offset_bases, views["PE_QK"].offset_bases
+    for offset in range(64 * block_n):
+        key, dim = _coords(pe_nat, offset)
+        assert offset == key * 64 + dim
+        label, key_qk = _coords(pe_qk, offset)
+        assert (key_qk, mma.relabel(label, mma.PE_BITS)) == (key, dim)
+
+
+def test_a_lanes_scores_bytes_are_contiguous_and_its_pairs_fill_the_banks():
+    """The m16n8k16 B fragment's lane (g, t) holds labels 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-label step:
+    under QK_BITS the step-pairs s, s + 1, s + 2, s + 3 (one 64-label group) are 16 contiguous dims, and the
+    four lanes t of one key start in four different 16-byte bank groups, as do two adjacent keys."""
+    for group in range(8):
+        for t in range(4):
+            labels = [64 * group + 16 * s + base for s in range(4) for base in (2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9)]
+            dims = sorted(mma.relabel(label, mma.QK_BITS) for label in labels)
+            assert dims == list(range(dims[0], dims[0] + 16))
+        for key in range(0, 8, 2):
+            starts = {mma.latent_offset(k, mma.relabel(64 * group + 2 * t, mma.QK_BITS)) // 16 % 8
+                      for t in range(4) for k in (key, key + 1)}  # fmt: skip
+            assert len(starts) == 8
+
+
+CHILD = textwrap.dedent(
+    """
+    import re, sys
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon._runtime import GluonASTSource
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from portattn.kernels.triton import mla_decode_fp8_mma as mma
+
+    def compile_(fn, signature, constexprs):
+        sig = {**signature, **{name: "constexpr" for name in constexprs}}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
+        src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": mma.NUM_WARPS})
+
+    fn = mma.mla_decode_fp8_mma_kernel
+    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "KV": "*fp8e4nv", "PageTable": "*i32", "SeqLensK": "*i32",
+            "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
+    for block_n, page_size in ((64, 64), (32, 16), (64, 7)):
+        const = {**mma.constexprs(block_n, 2), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
+                 "MIN_SPLIT": 256}
+        sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
+               for name in fn.arg_names if name not in const}
+        ptx = compile_(fn, sig, const).asm["ptx"]
+        lines = ptx.splitlines()
+        labels, loop = {}, []
+        for i, line in enumerate(lines):
+            m = re.match(r"^\\s*(\\$L__\\w+):", line)
+            if m:
+                labels[m.group(1)] = i
+            m = re.search(r"\\bbra(\\.uni)?\\s+(\\$L__\\w+);", line)
+            if m and m.group(2) in labels and labels[m.group(2)] < i and i - labels[m.group(2)] > len(loop):
+                loop = lines[labels[m.group(2)]: i + 1]
+        text = "\\n".join(loop)
+        counts = {name: len(re.findall(rx, text)) for name, rx in (
+            ("v4", r"ld\\.shared\\.v4\\.b32"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
+            ("mma", r"mma\\.sync\\.aligned\\.m16n8k16"), ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"),
+            ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"))}
+        print("kernel", block_n, page_size, " ".join(f"{k}={v}" for k, v in counts.items()))
+
+    @gluon.jit
+    def conflicts(X, C_COPY: gl.constexpr, C_NAT: gl.constexpr, C_QK: gl.constexpr, PV_LOAD: gl.constexpr,
+                  PV_16: gl.constexpr, PE_COPY: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
+                  MMA: gl.constexpr, BLOCK_N: gl.constexpr):
+        B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+        gl.static_print("conflicts copy", gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [BLOCK_N, 512], C_COPY),
+                        gl.shared_memory_descriptor_type(gl.float8e4nv, [BLOCK_N, 512], C_NAT, [BLOCK_N, 512])))
+        gl.static_print("conflicts scores", gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [512, BLOCK_N], B),
+                        gl.shared_memory_descriptor_type(gl.float8e4nv, [512, BLOCK_N], C_QK, [512, BLOCK_N])))
+        gl.static_print("conflicts values", gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [16, 512], PV_LOAD),
+                        gl.shared_memory_descriptor_type(gl.float8e4nv, [16, 512], PV_16, [16, 512])))
+        gl.static_print("conflicts rope copy",
+                        gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [BLOCK_N, 64], PE_COPY),
+                        gl.shared_memory_descriptor_type(gl.float8e4nv, [BLOCK_N, 64], PE_NAT, [BLOCK_N, 64])))
+        gl.static_print("conflicts rope scores", gl.bank_conflicts(gl.distributed_type(gl.float8e4nv, [64, BLOCK_N], B),
+                        gl.shared_memory_descriptor_type(gl.float8e4nv, [64, BLOCK_N], PE_QK, [64, BLOCK_N])))
+
+    for block_n in (32, 64):
+        const = {**mma.constexprs(block_n, 2), "PV_16": mma.shared_views(16)["C_PV"]}
+        const = {name: const[name] for name in conflicts.arg_names if name != "X"}
+        print("block", block_n, flush=True)
+        compile_(conflicts, {"X": "*i32"}, const)
+    """
+)
+
+
+def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled afresh: static_print runs while tracing
+    child = tmp_path / "compile_mla_fp8_mma.py"  # a file: @gluon.jit reads its function's source
+    child.write_text(CHILD)
+    done = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    kernels = [line.split() for line in lines if line.startswith("kernel ")]
+    assert len(kernels) == 3
+    for _, block_n, page_size, *fields in kernels:
+        counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
+        keys = int(block_n)
+        # A warp's share of a 64-key step (for 32 keys, half): MMAs 4 x 8 x 2 (scores) + 4 x 2 (rope) + 4 x 16
+        # (values); 16-byte loads 4 x 2 x 2 (scores: 2 keys, 32 bytes each per 128 labels) + 2 (rope) + 4 x 4
+        # (values: 4 keys of 16 bytes per 16 keys); conversions of byte pairs 256 / 2 + 32 / 2 + 256 / 2.
+        expected = {"v4": 34, "byte": 0, "mma": 136, "e4m3": 272, "local": 0}
+        assert {k: counts[k] for k in expected} == {
+            k: v * keys // 64 if k in ("v4", "mma", "e4m3") else v for k, v in expected.items()
+        }, (block_n, page_size, counts)
+        assert counts["barriers"] <= 4, (block_n, page_size, counts)
+    text = "\n".join(lines)
+    assert text.count("conflicts") == 10
+    assert all(line.endswith(" 0") for line in lines if line.startswith("conflicts")), text
+
+
+def _runs_here() -> bool:
+    return torch.cuda.is_available() and not is_triton_interpreter() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
+@pytest.mark.parametrize("page_size", [64, 16, 7, 1])  # whole tiles in a page; several pages a tile
+@pytest.mark.parametrize("block_n", [64, 32])
+@pytest.mark.parametrize("num_heads", [16, 5, 40])
+def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads):
+    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
+    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
+                         seed=page_size + block_n)  # fmt: skip
+    scale, kv_scale = 0.07, 0.0625
+    kv_cache = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
+    tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True)
+    batch = len(lens)
+    for dtype in (torch.bfloat16, torch.float16):
+        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
+        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
+        dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
+        ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
+        lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+        tol = tolerance(ref, lowp, dtype)
+        args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
+        for splits in (1, 3):
+            workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
+            got = {}
+            for name, t in (("mma", tiles), ("portable", None)):
+                out = torch.full_like(inputs["q_nope"], float("nan"))
+                lse = torch.full((batch, num_heads), float("nan"), device="cuda")
+                mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse,
+                                   tiles=t, kv_scale=kv_scale)  # fmt: skip
+                got[name] = out, lse
+            out, lse = got["mma"]
+            err = max_error(out, ref)
+            assert err <= tol, f"{dtype}, {splits} splits: max error {err:.3e} > tolerance {tol:.3e}"
+            assert max_error(out, got["portable"][0]) <= tol
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(torch.isfinite(lse), finite)
+            assert max_error(lse[finite], ref_lse[finite]) <= 1e-4 * float(ref_lse[finite].abs().max())
+            assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # no keys: zeros
+
+
+def test_explicit_mma_tiles_name_what_they_need_here():
+    """Asked for where it cannot run (this machine: no GPU, or an interpreter), the launcher says what it needs."""
+    if _runs_here():
+        pytest.skip("the kernel runs here")
+    case = make_mla_case([3], page_size=4, num_heads=2, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    out = torch.empty_like(case.q_nope)
+    args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out)
+    with pytest.raises(ValueError, match=r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU) .*fp8_mma=True"):
+        mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=FP8_MMA_TILES)
+    # chosen by default, it falls back to the portable tiles
+    assert choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
+    assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
+    assert not choose_tiles(2, torch.bfloat16, interpret=True, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
