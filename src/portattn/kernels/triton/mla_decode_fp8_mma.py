@@ -22,14 +22,17 @@ memory in 16-byte loads for both products, with no transpose:
 * The products are ``mma.sync`` m16n8k16 in float16 with float32 accumulation: the queries are scaled by
   ``q_scale`` and converted to float16 as in the portable kernel's ``F16_DOTS``; 16 heads a program, the
   scores' keys and the values' columns split over four warps. The probabilities go through 2 KB of shared
-  memory; the softmax's sum is kept per score element and reduced once at the end.
+  memory; the softmax's sum is kept per score element and reduced once at the end; the row maximum across the
+  warps takes one barrier (Triton 3.6's own reduction takes three).
 
-Compiled for sm_90 by Triton 3.6 (16 heads, 64 keys a step) the key loop takes 924 SASS instructions a warp
-(272 conversions, 136 MMAs, 34 16-byte shared loads, 3 barriers; 168 registers, no spills); the portable
-kernel's takes 1,694 for 64 keys of a bf16 cache and 3,094 of an e4m3 cache (847 and 1,547 a 32-key step, the
-latter with 128 byte-wise shared loads). Requirements (``supports``): NVIDIA compute capability 8.9 or newer (the e4m3 conversion), a
-Triton with Gluon, a latent of 512 + 64 (DeepSeek-V2/V3's), an e4m3 cache whose rows are 16-byte aligned and
-contiguous, 16-bit queries. Splits, partial results and the merge are the portable kernel's.
+Compiled for sm_90 by Triton 3.6 (16 heads, 64 keys a step) the key loop takes 929 SASS instructions a warp:
+272 conversions, 136 MMAs, 36 16-byte shared loads and 4 barriers (the step's, the row maximum's, the
+probabilities' and one Triton 3.6 puts between the next tile's copy and this tile's reads); 166 registers, no
+spills. The portable kernel's takes 1,694 for 64 keys of a bf16 cache and 3,094 of an e4m3
+cache (847 and 1,547 a 32-key step, the latter with 128 byte-wise shared loads). Requirements (``supports``):
+NVIDIA compute capability 8.9 or newer (the e4m3 conversion), a Triton with Gluon, a latent of 512 + 64
+(DeepSeek-V2/V3's), an e4m3 cache whose rows are 16-byte aligned and contiguous, 16-bit queries. Splits,
+partial results and the merge are the portable kernel's.
 """
 
 from __future__ import annotations
@@ -135,9 +138,17 @@ def constexprs(block_n: int, stages: int) -> dict:
         "C_COPY": gl.BlockedLayout([1, 16], [1, 32], [NUM_WARPS, 1], [1, 0]),
         "PE_COPY": gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS, 1], [1, 0]),
         "Q_SMEM": gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-        "QK_BITS": gl.constexpr(QK_BITS),
-        "PE_BITS": gl.constexpr(PE_BITS),
-        "PV_BITS": gl.constexpr(PV_BITS),
+        # the four warps' row maxima [heads, warps] as every lane of a row's mma fragment holds them
+        "ROWS_4": gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [8, 0]],
+            lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[0, 0], [0, 0]],
+            block_bases=[],
+            shape=[16, 4],
+        ),
+        "QK_BITS": QK_BITS,
+        "PE_BITS": PE_BITS,
+        "PV_BITS": PV_BITS,
         **shared_views(block_n),
     }
 
@@ -219,6 +230,16 @@ def _copy_tile(
 
 
 @gluon.jit
+def _row_max(s, max_smem, BLOCK_N: gl.constexpr, ROWS_4: gl.constexpr):
+    """The maximum of each row of ``s`` (its keys split over the four warps) with one barrier: each warp's own
+    maximum through shared memory (the caller's barrier at the top of the step keeps the buffer free)."""
+    parts = gl.max(gl.max(gl.reshape(s, [BLOCK_H, BLOCK_N // 32, 4, 8]), 3), 1)  # [heads, warps], in-warp
+    max_smem.store(parts)
+    _barrier()
+    return gl.convert_layout(gl.max(max_smem.load(ROWS_4), 1), gl.SliceLayout(1, s.type.layout))
+
+
+@gluon.jit
 def mla_decode_fp8_mma_kernel(
     QNope, QRope, KV, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
@@ -227,7 +248,7 @@ def mla_decode_fp8_mma_kernel(
     stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MMA: gl.constexpr, PV_LOAD: gl.constexpr,
-    C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_SMEM: gl.constexpr,
+    C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr,
     QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
 ):  # fmt: skip
@@ -258,6 +279,7 @@ def mla_decode_fp8_mma_kernel(
     qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + dims_pe[None, :], mask=h_ok, other=0.0)
     qr_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], Q_SMEM, (qr.to(gl.float32) * q_scale).to(gl.float16))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], Q_SMEM)
+    max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     c_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 512], C_NAT)
     pe_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 64], PE_NAT)
 
@@ -292,7 +314,7 @@ def mla_decode_fp8_mma_kernel(
 
         offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, COLS)
         s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))  # finite: every tile holds a key
+        m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_4))  # finite: every tile holds a key
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
         l_part = l_part * alpha[:, None] + p
@@ -335,18 +357,26 @@ def mla_decode_fp8_mma_kernel(
             gl.store(Lse + seq * stride_lse_b + offs_ho * stride_lse_h, lse, mask=ho_ok)
 
 
-def launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *, q_scale,
-           qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n, stages):  # fmt: skip
-    """One launch over ``[head blocks of 16, splits, sequences]`` (arguments as ``mla_decode_split_kernel``'s)."""
+def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
+                     q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
+                     stages):  # fmt: skip
+    """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
+    ``mla_decode_split_kernel``'s)."""
     batch, num_heads, _ = q_nope.shape
     grid = (-(-num_heads // 16), num_kv_splits, batch)
-    mla_decode_fp8_mma_kernel[grid](
+    args = (
         q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
         q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), *page_table.stride(),
         out.stride(0), out.stride(1), *lse_buf.stride(),
-        PAGE_SIZE=kv_cache.shape[1], WRITE_PARTIAL=write_partial, WRITE_LSE=write_lse, MIN_SPLIT=min_split,
-        **constexprs(block_n, stages),
-        num_warps=NUM_WARPS,
     )  # fmt: skip
+    kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
+              "MIN_SPLIT": min_split, **constexprs(block_n, stages), "num_warps": NUM_WARPS}  # fmt: skip
+    return grid, args, kwargs
+
+
+def launch(*args, **kwargs) -> None:
+    """Launch the kernel (arguments as :func:`launch_arguments`)."""
+    grid, args, kwargs = launch_arguments(*args, **kwargs)
+    mla_decode_fp8_mma_kernel[grid](*args, **kwargs)

@@ -25,7 +25,7 @@ LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Few heads over an e4m3 cache take mla_decode_fp8_mma's kernel (relabelled shared-memory views, 16-byte
 # loads for both products) where it runs, when this is on. Off until the kernel has been checked and timed on
-# a GPU: compiled for sm_90 its key loop takes 924 SASS instructions a warp for 64 keys, the portable kernel's
+# a GPU: compiled for sm_90 its key loop takes 929 SASS instructions a warp for 64 keys, the portable kernel's
 # 1,694 over a bf16 cache and 3,094 over an e4m3 one (benchmarks/results/round32_h200/NOTES.md). The probe
 # (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
 FP8_MMA = False
@@ -50,7 +50,7 @@ class MLATileConfig:
                 raise ValueError(f"expected {name} to be a power of two >= 16, got {value}")
 
 
-# 64 keys a step in two buffers: 94 KB of shared memory and 168 registers a thread compiled for sm_90 (two
+# 64 keys a step in two buffers: 94 KB of shared memory and 166 registers a thread compiled for sm_90 (two
 # programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates.
 FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True)
 
