@@ -168,14 +168,17 @@ FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
 # The fifth field, MLATileConfig.separate_values: the latent rows loaded again for the value product.
 # Fields of MLATileConfig: heads per program, keys a step, warps, stages, the latent rows loaded again for
 # the value product, an fp8 tile converted once to 16 bits for both products, the Gluon kernel over
-# relabelled views (mla_decode_fp8_mma: 16 heads a program; its rows are listed first).
-MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 32, 4, 2, False, False, True),
+# relabelled views (mla_decode_fp8_mma: 16 heads a program; its rows are listed first), its scores by the
+# warpgroup MMA in e4m3.
+MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
+                      (16, 32, 4, 2, False, False, True),
                       (16, 32, 4, 3, False, False, True),
                       (16, 32, 4, 3, True), (16, 32, 4, 3, False, True), (16, 32, 4, 2, False, True),
                       (16, 32, 8, 3, False, True), (16, 32, 8, 2, False, True), (16, 64, 8, 2, False, True),
                       (16, 64, 4, 2, False, True), (16, 16, 4, 4, False, True),
                       (16, 32, 4, 1, False, True), (16, 32, 8, 1, False, True)],
-                 128: [(16, 64, 4, 2, False, False, True), (64, 64, 8, 2), (64, 32, 8, 3, False, True),
+                 128: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
+                       (64, 64, 8, 2), (64, 32, 8, 3, False, True),
                        (64, 64, 8, 2, False, True), (64, 32, 8, 2, False, True)]}  # fmt: skip
 
 

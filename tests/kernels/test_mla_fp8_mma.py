@@ -51,25 +51,28 @@ def test_labels_are_bit_permutations(bits):
 
 @pytest.mark.parametrize("block_n", [32, 64])
 def test_every_view_reads_the_byte_the_copy_wrote(block_n):
-    views = mma.shared_views(block_n)
-    nat, qk, pv = (views[k].offset_bases for k in ("C_NAT", "C_QK", "C_PV"))
+    physical, views = mma.physical_layouts(block_n), mma.shared_views(block_n)
+    nat, qk, pv = physical["C_NAT"].offset_bases, views["C_QK"].offset_bases, views["C_PV"].offset_bases
     assert len(nat) == len(qk) == len(pv) == (512 * block_n).bit_length() - 1
     seen = set()
     for offset in range(512 * block_n):
         key, dim = _coords(nat, offset)
-        assert mma.latent_offset(key, dim) == offset  # the copy writes (key, dim) here
+        assert mma.latent_offset(key, dim, block_n) == offset  # the copy writes (key, dim) here
         seen.add((key, dim))
         label, key_qk = _coords(qk, offset)
         assert (key_qk, mma.relabel(label, mma.QK_BITS)) == (key, dim)
         key_pv, column = _coords(pv, offset)
         assert (key_pv, mma.relabel(column, mma.PV_BITS)) == (key, dim)
     assert len(seen) == 512 * block_n
-    pe_nat, pe_qk = views["PE_NAT"].offset_bases, views["PE_QK"].offset_bases
+    pe_nat, pe_qk = physical["PE_NAT"].offset_bases, views["PE_QK"].offset_bases
+    seen = set()
     for offset in range(64 * block_n):
         key, dim = _coords(pe_nat, offset)
-        assert offset == key * 64 + dim
+        assert mma.rope_offset(key, dim) == offset
+        seen.add((key, dim))
         label, key_qk = _coords(pe_qk, offset)
         assert (key_qk, mma.relabel(label, mma.PE_BITS)) == (key, dim)
+    assert len(seen) == 64 * block_n
 
 
 def test_a_lanes_scores_bytes_are_contiguous_and_its_pairs_fill_the_banks():
@@ -82,7 +85,7 @@ def test_a_lanes_scores_bytes_are_contiguous_and_its_pairs_fill_the_banks():
             dims = sorted(mma.relabel(label, mma.QK_BITS) for label in labels)
             assert dims == list(range(dims[0], dims[0] + 16))
         for key in range(0, 8, 2):
-            starts = {mma.latent_offset(k, mma.relabel(64 * group + 2 * t, mma.QK_BITS)) // 16 % 8
+            starts = {mma.latent_offset(k, mma.relabel(64 * group + 2 * t, mma.QK_BITS), 64) // 16 % 8
                       for t in range(4) for k in (key, key + 1)}  # fmt: skip
             assert len(starts) == 8
 
@@ -110,9 +113,9 @@ CHILD = textwrap.dedent(
     fn = mma.mla_decode_fp8_mma_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "KV": "*fp8e4nv", "PageTable": "*i32", "SeqLensK": "*i32",
             "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for block_n, page_size in ((64, 64), (32, 16), (64, 7)):
-        const = {**mma.constexprs(block_n, 2), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
-                 "MIN_SPLIT": 256}
+    for block_n, page_size, wgmma in ((64, 64, False), (32, 16, False), (64, 7, False), (64, 64, True)):
+        const = {**mma.constexprs(block_n, 2, wgmma), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
+                 "WRITE_LSE": True, "MIN_SPLIT": 256}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
         ptx = compile_(fn, sig, const).asm["ptx"]
@@ -129,8 +132,23 @@ CHILD = textwrap.dedent(
         counts = {name: len(re.findall(rx, text)) for name, rx in (
             ("v4", r"ld\\.shared\\.v4\\.b32"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
             ("mma", r"mma\\.sync\\.aligned\\.m16n8k16"), ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"),
+            ("wgmma", r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n16k32\\.f32\\.e4m3\\.e4m3"),
             ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"))}
-        print("kernel", block_n, page_size, " ".join(f"{k}={v}" for k, v in counts.items()))
+        print("kernel", block_n, page_size, "wgmma" if wgmma else "mma",
+              " ".join(f"{k}={v}" for k, v in counts.items()))
+
+    # the tiles' physical layout is Triton's NVMMASharedLayout (Triton 3.6's binding cannot print it)
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7):
+        from triton._C.libtriton import ir
+        from triton._C.libtriton.gluon_ir import GluonOpBuilder
+        context = ir.context()
+        ir.load_dialects(context)
+        builder = GluonOpBuilder(context)
+        for block_n in (32, 64):
+            c = mma.constexprs(block_n, 2)
+            for name, width in (("C_NAT", 512), ("PE_NAT", 64)):
+                nvmma = builder.to_linear_layout(c[name]._to_ir(builder), [block_n, width]).offset_bases
+                print("nvmma", name, block_n, nvmma == mma.physical_layouts(block_n)[name].offset_bases)
 
     @gluon.jit
     def conflicts(X, C_COPY: gl.constexpr, C_NAT: gl.constexpr, C_QK: gl.constexpr, PV_LOAD: gl.constexpr,
@@ -195,19 +213,26 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line.strip() for line in done.stdout.splitlines()]
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 3
-    for _, block_n, page_size, *fields in kernels:
+    assert len(kernels) == 4
+    for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
         # A warp's share of a 64-key step (for 32 keys, half): MMAs 4 x 8 x 2 (scores) + 4 x 2 (rope) + 4 x 16
         # (values); 16-byte loads 4 x 2 x 2 (scores: 2 keys, 32 bytes each per 128 labels) + 2 (rope) + 4 x 4
         # (values: 4 keys of 16 bytes per 16 keys), and 2 of the four warps' row maxima; conversions of byte
-        # pairs 256 / 2 + 32 / 2 + 256 / 2. Barriers: the step's, the row maximum's, the probabilities' and (Triton
-        # 3.6, which does not tell the buffers apart) one between the next tile's copy and this tile's reads.
-        expected = {"v4": 34 * keys // 64 + 2, "byte": 0, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64}
-        expected |= {"local": 0}
-        assert {k: counts[k] for k in expected} == expected, (block_n, page_size, counts)
-        assert counts["barriers"] <= 4, (block_n, page_size, counts)
+        # pairs 256 / 2 + 32 / 2 + 256 / 2. With the scores by the warpgroup MMA: its 2 x (16 + 2) e4m3 steps
+        # (the queries' two parts), and the values' loads, MMAs and conversions alone. Barriers: the step's, the
+        # row maximum's, the probabilities' and (Triton 3.6, which does not tell the buffers apart) one between
+        # the next tile's copy and this tile's reads.
+        if scores == "wgmma":
+            expected = {"v4": 16, "mma": 64, "e4m3": 128, "wgmma": 36}
+        else:
+            expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64, "wgmma": 0}
+        expected |= {"byte": 0, "local": 0}
+        assert {k: counts[k] for k in expected} == expected, (block_n, page_size, scores, counts)
+        assert counts["barriers"] <= 4, (block_n, page_size, scores, counts)
+    nvmma = [line.split() for line in lines if line.startswith("nvmma ")]
+    assert all(line[-1] == "True" for line in nvmma), nvmma  # (absent under Triton 3.6)
     launched = [line.split() for line in lines if line.startswith("launched ")]
     assert launched and launched[0][-3:-1] == ["*fp8e4nv", "fp32"], lines
     text = "\n".join(lines)
@@ -221,15 +246,17 @@ def _runs_here() -> bool:
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
 @pytest.mark.parametrize("page_size", [64, 16, 7, 1])  # whole tiles in a page; several pages a tile
-@pytest.mark.parametrize("block_n", [64, 32])
+@pytest.mark.parametrize(("block_n", "wgmma"), [(64, False), (32, False), (64, True)])
 @pytest.mark.parametrize("num_heads", [16, 5, 40])
-def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads):
+def test_against_the_reference_and_the_portable_kernel(page_size, block_n, wgmma, num_heads):
+    if wgmma and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the warpgroup MMA needs compute capability 9.x")
     lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
     case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
                          seed=page_size + block_n)  # fmt: skip
     scale, kv_scale = 0.07, 0.0625
     kv_cache = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
-    tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True)
+    tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True, wgmma_scores=wgmma)
     batch = len(lens)
     for dtype in (torch.bfloat16, torch.float16):
         queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}

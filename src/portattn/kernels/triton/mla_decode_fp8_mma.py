@@ -9,30 +9,36 @@ memory in 16-byte loads for both products, with no transpose:
 
 * A contraction may be summed in any order, and a product's output columns may be stored anywhere. Each
   product's operand is therefore read through a *relabelled* view of the same shared bytes
-  (``SharedLinearLayout``): label ``j`` of the scores' contraction is latent dim ``QK_DIM(j)`` (the queries
-  are loaded under the same labels), value column ``n`` is latent dim ``PV_DIM(n)`` (the output is stored
-  back to its dim). The labels are chosen so that the 16 bytes an ``mma.sync`` fragment needs from a key
-  row are contiguous: one ``ld.shared.v4`` each.
+  (``SharedLinearLayout``): label ``j`` of the scores' contraction is latent dim ``relabel(j, QK_BITS)`` (the
+  queries are loaded under the same labels), value column ``n`` is dim ``relabel(n, PV_BITS)`` (the output is
+  stored back to its dim). The labels put the 16 bytes an ``mma.sync`` fragment needs from a key row side by
+  side: one ``ld.shared.v4`` each.
 * The scores' operand is converted by ``cvt.rn.f16x2.e4m3x2`` on a pair of contiguous bytes (of one key).
   The values' operand pairs two keys of one dim: one ``prmt`` joins bytes ``j, j+1`` of two rows' words,
   two conversions make the two 16-bit pairs of the fragment (inline PTX, four values a call).
-* The tile arrives by ``cp.async`` (16 bytes a lane), two buffers deep; its 16-byte chunks are XOR-swizzled
-  by key row so that the copies and both products' loads are free of bank conflicts
-  (``gl.bank_conflicts``, tests/kernels/test_mla_fp8_mma.py).
+* The tile arrives by ``cp.async`` (16 bytes a lane), two buffers deep, in Triton's ``NVMMASharedLayout``
+  (Hopper's tensor-core layout: 128-byte column blocks, 16-byte chunks XOR-swizzled by key row), over which the
+  views are written; the copies and both products' loads are free of bank conflicts (``gl.bank_conflicts``,
+  tests/kernels/test_mla_fp8_mma.py).
 * The products are ``mma.sync`` m16n8k16 in float16 with float32 accumulation: the queries are scaled by
   ``q_scale`` and converted to float16 as in the portable kernel's ``F16_DOTS``; 16 heads a program, the
   scores' keys and the values' columns split over four warps. The probabilities go through 2 KB of shared
   memory; the softmax's sum is kept per score element and reduced once at the end; the row maximum across the
   warps takes one barrier (Triton 3.6's own reduction takes three).
+* With ``WGMMA`` (compute capability 9.x) the scores are instead the transposed product ``c @ q^T`` by Hopper's
+  warpgroup MMA in e4m3, straight from the copied bytes; the queries are split into two e4m3 parts (a head's
+  largest value scaled to 448, the second part the first's rounding error), so only the values' bytes are
+  converted. The warpgroup MMA sums e4m3 products in fewer bits than float32 (no promotion here).
 
 Compiled for sm_90 by Triton 3.6 (16 heads, 64 keys a step) the key loop takes 929 SASS instructions a warp:
 272 conversions, 136 MMAs, 36 16-byte shared loads and 4 barriers (the step's, the row maximum's, the
 probabilities' and one Triton 3.6 puts between the next tile's copy and this tile's reads); 166 registers, no
-spills. The portable kernel's takes 1,694 for 64 keys of a bf16 cache and 3,094 of an e4m3
-cache (847 and 1,547 a 32-key step, the latter with 128 byte-wise shared loads). Requirements (``supports``):
-NVIDIA compute capability 8.9 or newer (the e4m3 conversion), a Triton with Gluon, a latent of 512 + 64
-(DeepSeek-V2/V3's), an e4m3 cache whose rows are 16-byte aligned and contiguous, 16-bit queries. Splits,
-partial results and the merge are the portable kernel's.
+spills. With ``WGMMA``: 926 (128 conversions, 36 e4m3 warpgroup MMAs, 64 MMAs; 210 registers). The portable
+kernel's takes 1,694 for 64 keys of a bf16 cache and 3,094 of an e4m3 cache (847 and 1,547 a 32-key step, the
+latter with 128 byte-wise shared loads). Requirements (``supports``): NVIDIA compute capability 8.9 or newer
+(the e4m3 conversion; 9.x for ``WGMMA``), a Triton with Gluon, a latent of 512 + 64 (DeepSeek-V2/V3's), an
+e4m3 cache whose rows are 16-byte aligned and contiguous, 16-bit queries. Splits, partial results and the
+merge are the portable kernel's.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 RANK = 512
 ROPE = 64
@@ -76,9 +83,29 @@ def label_of(dim: int, bits: tuple[int, ...]) -> int:
     return sum(((dim >> i) & 1) << src for i, src in enumerate(bits))
 
 
-def latent_offset(key: int, dim: int, width: int = RANK) -> int:
-    """Byte offset of ``(key, dim)`` in a tile of ``width``-byte rows: 16-byte chunks XOR-swizzled by ``key % 8``."""
-    return key * width + 16 * ((dim // 16) ^ (key % 8)) + dim % 16
+def latent_offset(key: int, dim: int, block_n: int) -> int:
+    """Byte offset of ``(key, dim)`` in a latent tile of ``block_n`` keys as the tensor cores of Hopper read it
+    (``NVMMASharedLayout``, 128-byte swizzle): 128-byte column blocks of ``block_n`` rows each, a row's 16-byte
+    chunks XOR-swizzled by ``key % 8``."""
+    return (dim // 128) * block_n * 128 + key * 128 + 16 * (((dim % 128) // 16) ^ (key % 8)) + dim % 16
+
+
+def rope_offset(key: int, dim: int) -> int:
+    """Byte offset of ``(key, dim)`` in a rope tile (``NVMMASharedLayout``, 64-byte swizzle)."""
+    return key * ROPE + 16 * ((dim // 16) ^ ((key // 2) % 4)) + dim % 16
+
+
+def _latent_coords(offset: int, block_n: int) -> tuple[int, int]:
+    """``(key, dim)`` at a byte offset (the inverse of :func:`latent_offset`)."""
+    key = (offset // 128) % block_n
+    chunk = ((offset // 16) % 8) ^ (key % 8)
+    return key, offset // (128 * block_n) * 128 + 16 * chunk + offset % 16
+
+
+def _rope_coords(offset: int) -> tuple[int, int]:
+    """``(key, dim)`` at a byte offset (the inverse of :func:`rope_offset`)."""
+    key = offset // ROPE
+    return key, 16 * (((offset // 16) % 4) ^ ((key // 2) % 4)) + offset % 16
 
 
 def _bases(num_bits: int, logical) -> list[list[int]]:
@@ -86,40 +113,41 @@ def _bases(num_bits: int, logical) -> list[list[int]]:
     return [list(logical(1 << i)) for i in range(num_bits)]
 
 
-def _latent_coords(offset: int, width: int = RANK) -> tuple[int, int]:
-    """``(key, dim)`` at a byte offset (the inverse of :func:`latent_offset`)."""
-    row_bits = width.bit_length() - 1
-    key = offset >> row_bits
-    chunk = ((offset >> 4) & (width // 16 - 1)) ^ (key % 8)
-    return key, 16 * chunk + offset % 16
+def physical_layouts(block_n: int) -> dict[str, gl.SharedLinearLayout]:
+    """The latent and rope tiles as :func:`latent_offset` and :func:`rope_offset` place them (Triton's
+    ``NVMMASharedLayout`` of the same shapes, which the allocations use, places them so: tested)."""
+    bits, pe_bits = (RANK * block_n).bit_length() - 1, (ROPE * block_n).bit_length() - 1
+    return {
+        "C_NAT": gl.SharedLinearLayout(_bases(bits, lambda o: _latent_coords(o, block_n))),
+        "PE_NAT": gl.SharedLinearLayout(_bases(pe_bits, _rope_coords)),
+    }
 
 
 def shared_views(block_n: int) -> dict[str, gl.SharedLinearLayout]:
-    """The shared layouts of one stage: the latent tile as copied ``[keys, dims]``, as the scores' operand
-    ``[labels, keys]`` and as the values' ``[keys, columns]``; the rope tile as copied and as the scores'."""
-    bits = (RANK * block_n).bit_length() - 1
-    pe_bits = (ROPE * block_n).bit_length() - 1
-
-    def pe_coords(o):
-        return o // ROPE, o % ROPE
+    """Relabelled views of one stage's tiles: the latent tile as the scores' operand ``[labels, keys]`` and as the
+    values' ``[keys, columns]``, the rope tile as the scores' ``[labels, keys]``."""
+    bits, pe_bits = (RANK * block_n).bit_length() - 1, (ROPE * block_n).bit_length() - 1
 
     def latent(o):
-        return _latent_coords(o)
+        return _latent_coords(o, block_n)
 
     return {
-        "C_NAT": gl.SharedLinearLayout(_bases(bits, latent)),
         "C_QK": gl.SharedLinearLayout(_bases(bits, lambda o: (label_of(latent(o)[1], QK_BITS), latent(o)[0]))),
         "C_PV": gl.SharedLinearLayout(_bases(bits, lambda o: (latent(o)[0], label_of(latent(o)[1], PV_BITS)))),
-        "PE_NAT": gl.SharedLinearLayout(_bases(pe_bits, pe_coords)),
-        "PE_QK": gl.SharedLinearLayout(_bases(pe_bits, lambda o: (label_of(pe_coords(o)[1], PE_BITS), o // ROPE))),
+        "PE_QK": gl.SharedLinearLayout(
+            _bases(pe_bits, lambda o: (label_of(_rope_coords(o)[1], PE_BITS), _rope_coords(o)[0]))
+        ),
     }
 
 
 @functools.cache
-def constexprs(block_n: int, stages: int) -> dict:
-    """The kernel's layout arguments for ``block_n`` keys a step and ``stages`` buffers."""
-    if block_n not in (32, 64) or stages < 2:
-        raise ValueError(f"expected 32 or 64 keys a step and at least 2 stages, got {block_n} and {stages}")
+def constexprs(block_n: int, stages: int, wgmma: bool = False) -> dict:
+    """The kernel's layout arguments for ``block_n`` keys a step and ``stages`` buffers; ``wgmma``: the scores
+    by Hopper's warpgroup MMA in e4m3 (64 keys a step)."""
+    if block_n not in (32, 64) or stages < 2 or (wgmma and block_n != 64):
+        raise ValueError(
+            f"expected 32 or 64 keys a step (64 with wgmma) and at least 2 stages, got {block_n} and {stages}"
+        )
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS], instr_shape=[16, 8])
     # The values' 16-key operand in the B fragment's elements, its registers ordered so that four in a row are
     # bytes j, j + 1 of two keys (one prmt of their words); the same elements as DotOperandLayout(1, mma, 2).
@@ -133,11 +161,17 @@ def constexprs(block_n: int, stages: int) -> dict:
     return {
         "BLOCK_N": block_n,
         "STAGES": stages,
+        "WGMMA": wgmma,
         "MMA": mma,
+        # the scores transposed ([keys, heads]) as the warpgroup MMA leaves them: each warp 16 keys
+        "ACC_T": gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 16, 32]),
         "PV_LOAD": pv_load,
         "C_COPY": gl.BlockedLayout([1, 16], [1, 32], [NUM_WARPS, 1], [1, 0]),
         "PE_COPY": gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS, 1], [1, 0]),
+        "Q_LOAD": gl.BlockedLayout([1, 8], [4, 8], [1, NUM_WARPS], [1, 0]),
         "Q_SMEM": gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
+        "C_NAT": gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2),
+        "PE_NAT": gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2),
         # the four warps' row maxima [heads, warps] as every lane of a row's mma fragment holds them
         "ROWS_4": gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [8, 0]],
@@ -145,6 +179,14 @@ def constexprs(block_n: int, stages: int) -> dict:
             warp_bases=[[0, 0], [0, 0]],
             block_bases=[],
             shape=[16, 4],
+        ),
+        # the same maxima [warps, heads] as every lane of a head's column of ACC_T holds them
+        "COLS_4": gl.DistributedLinearLayout(
+            reg_bases=[[1, 0], [2, 0], [0, 1], [0, 8]],
+            lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+            warp_bases=[[0, 0], [0, 0]],
+            block_bases=[],
+            shape=[4, 16],
         ),
         "QK_BITS": QK_BITS,
         "PE_BITS": PE_BITS,
@@ -154,15 +196,18 @@ def constexprs(block_n: int, stages: int) -> dict:
 
 
 def supports(
-    q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
+    q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *, wgmma: bool = False
 ) -> tuple[str, object] | None:
-    """``None`` when this kernel can run the problem, else ``(what it needs, what it got)``."""
+    """``None`` when this kernel can run the problem (``wgmma``: with the scores by the warpgroup MMA), else
+    ``(what it needs, what it got)``."""
     device = kv_cache.device
     if device.type != "cuda" or torch.version.hip is not None:
         return "an NVIDIA GPU", device if device.type != "cuda" else f"HIP {torch.version.hip}"
     capability = torch.cuda.get_device_capability(device)
     if capability < (8, 9):
         return "compute capability 8.9 or newer (the e4m3 conversion)", capability
+    if wgmma and capability[0] != 9:
+        return "compute capability 9.x (the warpgroup MMA)", capability
     if kv_cache.dtype != torch.float8_e4m3fn:
         return "an e4m3 cache", kv_cache.dtype
     if q_nope.dtype not in (torch.float16, torch.bfloat16):
@@ -230,6 +275,82 @@ def _copy_tile(
 
 
 @gluon.jit
+def _queries_f16(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+                 q_scale, A: gl.constexpr, Q_SMEM: gl.constexpr, QK_BITS: gl.constexpr, PE_BITS: gl.constexpr):  # fmt: skip
+    """The queries times ``q_scale`` in float16 under the scores' labels, in shared memory (nope, rope)."""
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, A))
+    h_ok = offs_h[:, None] < num_heads
+    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 512], Q_SMEM)
+    for c in gl.static_range(4):  # a quarter at a time (registers)
+        dims = _relabelled(128 * c + gl.arange(0, 128, gl.SliceLayout(0, A)), QK_BITS)
+        qn = gl.load(QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + dims[None, :], mask=h_ok, other=0.0)
+        q_smem.slice(128 * c, 128, dim=1).store((qn.to(gl.float32) * q_scale).to(gl.float16))
+    dims_pe = _relabelled(gl.arange(0, 64, gl.SliceLayout(0, A)), PE_BITS)
+    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + dims_pe[None, :], mask=h_ok, other=0.0)
+    qr_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], Q_SMEM, (qr.to(gl.float32) * q_scale).to(gl.float16))
+    return q_smem, qr_smem
+
+
+@gluon.jit
+def _hi_lo(x, scale):
+    """``x * scale`` as the sum of two e4m3 values (the second: the first's rounding error)."""
+    y = x.to(gl.float32) * scale[:, None]
+    hi = y.to(gl.float8e4nv)
+    return hi, (y - hi.to(gl.float32)).to(gl.float8e4nv)
+
+
+@gluon.jit
+def _queries_e4m3(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+                  Q_LOAD: gl.constexpr, C_NAT: gl.constexpr, PE_NAT: gl.constexpr):  # fmt: skip
+    """The queries as two e4m3 parts each (a head's largest value scaled to 448, e4m3's largest), in shared memory
+    as the warpgroup MMA reads them (nope high, nope low, rope high, rope low), and each head's scale."""
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, Q_LOAD))
+    h_ok = offs_h[:, None] < num_heads
+    q_nope = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h
+    cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
+    cols_pe = gl.arange(0, 64, gl.SliceLayout(0, Q_LOAD))
+    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + cols_pe[None, :], mask=h_ok, other=0.0)
+    amax = gl.max(gl.abs(qr.to(gl.float32)), 1)
+    for c in gl.static_range(4):
+        qn = gl.load(q_nope + 128 * c + cols[None, :], mask=h_ok, other=0.0)
+        amax = gl.maximum(amax, gl.max(gl.abs(qn.to(gl.float32)), 1))
+    scale = gl.where(amax > 0.0, 448.0 / amax, 1.0)
+    qn_hi = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_NAT)
+    qn_lo = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_NAT)
+    for c in gl.static_range(4):
+        hi, lo = _hi_lo(gl.load(q_nope + 128 * c + cols[None, :], mask=h_ok, other=0.0), scale)
+        qn_hi.slice(128 * c, 128, dim=1).store(hi)
+        qn_lo.slice(128 * c, 128, dim=1).store(lo)
+    hi, lo = _hi_lo(qr, scale)
+    qr_hi = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 64], PE_NAT, hi)
+    qr_lo = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 64], PE_NAT, lo)
+    return qn_hi, qn_lo, qr_hi, qr_lo, scale
+
+
+@gluon.jit
+def _scores_t(c_tile, pe_tile, qn_hi, qn_lo, qr_hi, qr_lo, BLOCK_N: gl.constexpr, ACC_T: gl.constexpr):
+    """The scores transposed, ``[keys, heads]``, by the warpgroup MMA in e4m3 (the queries' two parts)."""
+    s_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, ACC_T)
+    s_t = warpgroup_mma(c_tile, qn_hi.permute((1, 0)), s_t, is_async=True)
+    s_t = warpgroup_mma(c_tile, qn_lo.permute((1, 0)), s_t, is_async=True)
+    s_t = warpgroup_mma(pe_tile, qr_hi.permute((1, 0)), s_t, is_async=True)
+    s_t = warpgroup_mma(pe_tile, qr_lo.permute((1, 0)), s_t, is_async=True)
+    return warpgroup_mma_wait(0, deps=[s_t])
+
+
+@gluon.jit
+def _col_max(s_t, max_smem, ROWS: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl.constexpr):
+    """The maximum of each column (head) of ``s_t`` (its keys split over the four warps) with one barrier, in
+    ``s_t``'s column layout and in ``ROWS`` (the values' rows)."""
+    parts = gl.max(gl.reshape(s_t, [4, s_t.shape[0] // 4, BLOCK_H]), 1)  # [warps, heads], in-warp
+    max_smem.store(parts)
+    _barrier()
+    cols = gl.convert_layout(gl.max(max_smem.load(COLS_4), 0), gl.SliceLayout(0, s_t.type.layout))
+    rows = gl.convert_layout(gl.max(max_smem.permute((1, 0)).load(ROWS_4), 1), ROWS)
+    return cols, rows
+
+
+@gluon.jit
 def _row_max(s, max_smem, BLOCK_N: gl.constexpr, ROWS_4: gl.constexpr):
     """The maximum of each row of ``s`` (its keys split over the four warps) with one barrier: each warp's own
     maximum through shared memory (the caller's barrier at the top of the step keeps the buffer free)."""
@@ -248,7 +369,8 @@ def mla_decode_fp8_mma_kernel(
     stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MMA: gl.constexpr, PV_LOAD: gl.constexpr,
-    C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr,
+    WGMMA: gl.constexpr, ACC_T: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_LOAD: gl.constexpr,
+    Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl.constexpr,
     QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
 ):  # fmt: skip
@@ -267,19 +389,20 @@ def mla_decode_fp8_mma_kernel(
     start = split * per_split
     end = gl.minimum(start + per_split, num_keys)
 
-    # the queries under the scores' labels, scaled and in float16, kept in shared memory
-    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, A))
-    h_ok = offs_h[:, None] < num_heads
-    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 512], Q_SMEM)
-    for c in gl.static_range(4):  # a quarter at a time (registers)
-        dims = _relabelled(128 * c + gl.arange(0, 128, gl.SliceLayout(0, A)), QK_BITS)
-        qn = gl.load(QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + dims[None, :], mask=h_ok, other=0.0)
-        q_smem.slice(128 * c, 128, dim=1).store((qn.to(gl.float32) * q_scale).to(gl.float16))
-    dims_pe = _relabelled(gl.arange(0, 64, gl.SliceLayout(0, A)), PE_BITS)
-    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + dims_pe[None, :], mask=h_ok, other=0.0)
-    qr_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], Q_SMEM, (qr.to(gl.float32) * q_scale).to(gl.float16))
+    if WGMMA:  # the queries as two e4m3 parts, the scores by the warpgroup MMA
+        qn_hi, qn_lo, qr_hi, qr_lo, q_e4m3_scale = _queries_e4m3(
+            QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+            Q_LOAD, C_NAT, PE_NAT,
+        )  # fmt: skip
+        col_scale = gl.convert_layout(q_scale * qk_scale_log2 / q_e4m3_scale, gl.SliceLayout(0, ACC_T))
+        max_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    else:  # the queries under the scores' labels, scaled and in float16
+        q_smem, qr_smem = _queries_f16(
+            QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
+            A, Q_SMEM, QK_BITS, PE_BITS,
+        )  # fmt: skip
+        max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], Q_SMEM)
-    max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     c_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 512], C_NAT)
     pe_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 64], PE_NAT)
 
@@ -292,7 +415,11 @@ def mla_decode_fp8_mma_kernel(
         cp.commit_group()
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
-    l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)  # the softmax's sum, per score element
+    if WGMMA:
+        m_t = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, ACC_T))  # m_i, by columns
+        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, ACC_T)  # the softmax's sum, per score element
+    else:
+        l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
     acc = gl.zeros([BLOCK_H, 512], gl.float32, MMA)  # columns under the values' labels
     for i in range(num_tiles):
         cp.wait_group(STAGES - 2)  # tile i is in shared memory (this thread's copies) ...
@@ -304,23 +431,38 @@ def mla_decode_fp8_mma_kernel(
                        PE_COPY)  # fmt: skip
         cp.commit_group()
         c_tile = c_smem.index(i % STAGES)
-        c_qk = _view(c_tile, [512, BLOCK_N], C_QK)
-        s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
-        for c in gl.static_range(4):
-            b = c_qk.slice(128 * c, 128, dim=0).load(B).to(gl.float16)
-            s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), b, s)
-        b = _view(pe_smem.index(i % STAGES), [64, BLOCK_N], PE_QK).load(B).to(gl.float16)
-        s = mma_v2(qr_smem.load(A), b, s)
+        if WGMMA:
+            fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
+            s_t = _scores_t(c_tile, pe_smem.index(i % STAGES), qn_hi, qn_lo, qr_hi, qr_lo, BLOCK_N, ACC_T)
+            offs_k = start + i * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, ACC_T))
+            s_t = gl.where(offs_k[:, None] < end, s_t * col_scale[None, :], float("-inf"))
+            m_cols, m_rows = _col_max(s_t, max_smem, ROWS, ROWS_4, COLS_4)
+            m_new_t = gl.maximum(m_t, m_cols)  # the same values as m_new, by columns
+            m_new = gl.maximum(m_i, m_rows)
+            p_t = gl.exp2(s_t - m_new_t[None, :])
+            l_part = l_part * gl.exp2(m_t - m_new_t)[None, :] + p_t
+            acc = acc * gl.exp2(m_i - m_new)[:, None]
+            m_t = m_new_t
+            m_i = m_new
+            p_smem.permute((1, 0)).store(p_t.to(gl.float16))
+        else:
+            c_qk = _view(c_tile, [512, BLOCK_N], C_QK)
+            s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
+            for c in gl.static_range(4):
+                b = c_qk.slice(128 * c, 128, dim=0).load(B).to(gl.float16)
+                s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), b, s)
+            b = _view(pe_smem.index(i % STAGES), [64, BLOCK_N], PE_QK).load(B).to(gl.float16)
+            s = mma_v2(qr_smem.load(A), b, s)
 
-        offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, COLS)
-        s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_4))  # finite: every tile holds a key
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        l_part = l_part * alpha[:, None] + p
-        acc = acc * alpha[:, None]
-        m_i = m_new
-        p_smem.store(p.to(gl.float16))
+            offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, COLS)
+            s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_4))  # finite: every tile holds a key
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s - m_new[:, None])
+            l_part = l_part * alpha[:, None] + p
+            acc = acc * alpha[:, None]
+            m_i = m_new
+            p_smem.store(p.to(gl.float16))
         _barrier()
 
         c_pv = _view(c_tile, [BLOCK_N, 512], C_PV)
@@ -335,7 +477,10 @@ def mla_decode_fp8_mma_kernel(
             acc = mma_v2(p_smem.slice(16 * k, 16, dim=1).load(A), gl.convert_layout(y, B), acc)
     cp.wait_group(0)
 
-    l_i = gl.sum(l_part, 1)
+    if WGMMA:
+        l_i = gl.convert_layout(gl.sum(l_part, 0), ROWS)
+    else:
+        l_i = gl.sum(l_part, 1)
     offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
     ho_ok = offs_ho < num_heads
     dims_o = _relabelled(gl.arange(0, 512, COLS), PV_BITS)
@@ -359,7 +504,7 @@ def mla_decode_fp8_mma_kernel(
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
-                     stages):  # fmt: skip
+                     stages, wgmma=False):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s)."""
     batch, num_heads, _ = q_nope.shape
@@ -372,7 +517,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
         out.stride(0), out.stride(1), *lse_buf.stride(),
     )  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **constexprs(block_n, stages), "num_warps": NUM_WARPS}  # fmt: skip
+              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "num_warps": NUM_WARPS}  # fmt: skip
     return grid, args, kwargs
 
 

@@ -42,6 +42,7 @@ class MLATileConfig:
     separate_values: bool = False  # the latent rows loaded again for the value product (see the kernel)
     dequantize_once: bool = False  # an fp8 tile converted once to 16 bits for both products (see the kernel)
     fp8_mma: bool = False  # an e4m3 cache through mla_decode_fp8_mma (Gluon; NVIDIA, compute capability 8.9+)
+    wgmma_scores: bool = False  # with fp8_mma: the scores by Hopper's warpgroup MMA in e4m3 (64-key steps)
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -104,11 +105,11 @@ def choose_tiles(
 def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
     """Smaller tiles for a device short of shared memory (the fp8 mma kernel: 32 keys, then none)."""
     if tiles.fp8_mma:
-        return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 else None
+        return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 and not tiles.wgmma_scores else None
     return fewer_stages_then(tiles, "block_n", "block_h")
 
 
-def fp8_mma_lacks(q_nope, q_rope, kv_cache, out) -> tuple[str, object] | None:
+def fp8_mma_lacks(q_nope, q_rope, kv_cache, out, wgmma: bool = False) -> tuple[str, object] | None:
     """``None`` when ``mla_decode_fp8_mma`` can run the problem here, else ``(what it needs, what it got)``."""
     if is_triton_interpreter():
         return "a GPU without TRITON_INTERPRET (Gluon kernels are not interpreted)", "TRITON_INTERPRET=1"
@@ -116,7 +117,7 @@ def fp8_mma_lacks(q_nope, q_rope, kv_cache, out) -> tuple[str, object] | None:
         from . import mla_decode_fp8_mma
     except ImportError as exc:  # a Triton without Gluon's NVIDIA operations
         return "a Triton with Gluon", exc
-    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out)
+    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out, wgmma=wgmma)
 
 
 def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits, min_split_keys=1) -> None:
@@ -199,7 +200,7 @@ def mla_decode_forward(
     if chosen:
         tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype)
     if tiles.fp8_mma:
-        lacking = fp8_mma_lacks(q_nope, q_rope, kv_cache, out)
+        lacking = fp8_mma_lacks(q_nope, q_rope, kv_cache, out, wgmma=tiles.wgmma_scores)
         if lacking and not chosen:
             fail(f"{lacking[0]} for MLATileConfig(fp8_mma=True) (tiles without it run anywhere)", lacking[1])
         if lacking:
@@ -239,7 +240,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages,
+                stages=t.num_stages, wgmma=t.wgmma_scores,
             )  # fmt: skip
             return
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
