@@ -263,8 +263,13 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, wgmma
         inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
         dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
         ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
-        lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
-        tol = tolerance(ref, lowp, dtype)
+        if wgmma:  # the queries in two e4m3 parts hold about bfloat16's 8 significant bits
+            bf16_queries = {k: v.to(torch.bfloat16) for k, v in queries.items()}
+            lowp = mla_decode_ref(**{**dequantised, **bf16_queries}, scale=scale, upcast=False)
+            tol = tolerance(ref, lowp, torch.bfloat16)
+        else:
+            lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+            tol = tolerance(ref, lowp, dtype)
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         for splits in (1, 3):
             workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
@@ -281,7 +286,8 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, wgmma
             assert max_error(out, got["portable"][0]) <= tol
             finite = torch.isfinite(ref_lse)
             assert torch.equal(torch.isfinite(lse), finite)
-            assert max_error(lse[finite], ref_lse[finite]) <= 1e-4 * float(ref_lse[finite].abs().max())
+            lse_tol = (1e-3 if wgmma else 1e-4) * float(ref_lse[finite].abs().max())  # e4m3 sums in fewer bits
+            assert max_error(lse[finite], ref_lse[finite]) <= lse_tol
             assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # no keys: zeros
 
 
