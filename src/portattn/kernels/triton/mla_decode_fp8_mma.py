@@ -57,10 +57,9 @@ ROPE = 64
 BLOCK_H = gl.constexpr(16)
 NUM_WARPS = 4
 
-# Triton 3.6 (the H200's) and later versions name two operations differently; the arguments are the same.
-_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-_async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
-_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+# Triton 3.6 (the H200's) and later versions name three operations differently (same arguments): `_barrier`,
+# `_async_load` and `_view` below take the one this Triton has.
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # 3.6: _reinterpret
 
 # Bit ``i`` of a latent dim is bit ``BITS[i]`` of its label. The scores' labels follow the m16n8k16 B
 # fragment (label bits 0 and 3 in registers, 1-2 the lane's column pair, 4+ the k-step): bits 0, 3, 4, 5 of
@@ -219,6 +218,27 @@ def supports(
     if q_nope.stride(2) != 1 or q_rope.stride(2) != 1 or out.stride(2) != 1:
         return "queries and output contiguous in their last dim", (q_nope.stride(), q_rope.stride(), out.stride())
     return None
+
+
+if hasattr(gl, "thread_barrier"):  # Triton 3.6
+
+    @gluon.jit
+    def _barrier():
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _async_load(smem, pointers, mask):
+        cp.async_copy_global_to_shared(smem, pointers, mask=mask)
+
+else:
+
+    @gluon.jit
+    def _barrier():
+        gl.barrier()
+
+    @gluon.jit
+    def _async_load(smem, pointers, mask):
+        cp.async_load(smem, pointers, mask=mask)
 
 
 @gluon.jit
