@@ -306,3 +306,24 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     assert choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.bfloat16, interpret=True, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"block_h": 64},
+        {"num_warps": 8},
+        {"block_n": 128},
+        {"num_stages": 1},
+        {"separate_values": True},
+        {"wgmma_scores": True, "block_n": 32},
+    ],
+)
+def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
+    """The kernel's shape is fixed (16 heads, four warps, 32 or 64 keys): other tiles would be ignored."""
+    base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
+    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads, 4 warps"):
+        MLATileConfig(**{**base, **fields})
+    with pytest.raises(ValueError, match="wgmma_scores only with fp8_mma=True"):
+        MLATileConfig(block_h=16, block_n=64, wgmma_scores=True)
+    assert MLATileConfig(**{**base, "wgmma_scores": True}).wgmma_scores

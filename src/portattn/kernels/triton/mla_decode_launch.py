@@ -49,6 +49,23 @@ class MLATileConfig:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"expected {name} to be a power of two >= 16, got {value}")
+        if self.wgmma_scores and not self.fp8_mma:
+            raise ValueError("expected wgmma_scores only with fp8_mma=True, got fp8_mma=False")
+        if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys (64 with wgmma)
+            got = (
+                self.block_h,
+                self.num_warps,
+                self.block_n,
+                self.num_stages,
+                self.separate_values,
+                self.dequantize_once,
+            )
+            keys = (64,) if self.wgmma_scores else (32, 64)
+            if got[:2] != (16, 4) or self.block_n not in keys or self.num_stages < 2 or any(got[4:]):
+                raise ValueError(
+                    f"expected fp8_mma tiles of 16 heads, 4 warps, {' or '.join(map(str, keys))} keys, at least 2"
+                    f" stages, no separate_values or dequantize_once, got {self}"
+                )
 
 
 # 64 keys a step in two buffers: 94 KB of shared memory and 166 registers a thread compiled for sm_90 (two
