@@ -20,6 +20,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
