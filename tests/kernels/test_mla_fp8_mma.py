@@ -303,7 +303,8 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out)
     with pytest.raises(ValueError, match=r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU) .*fp8_mma=True"):
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=FP8_MMA_TILES)
-    # chosen by default, it falls back to the portable tiles
+    # the rules pick these tiles for e4m3 caches only, never under the interpreter (the launcher's fallback
+    # from them runs on a GPU: benchmarks/results/round32_h200/scripts/r32c1.sh, FP8_MMA on, small latents)
     assert choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.bfloat16, interpret=True, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
