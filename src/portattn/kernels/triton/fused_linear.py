@@ -218,6 +218,21 @@ def norm_linear_kernel(
 
 
 @triton.jit
+def _row_inv_rms(X, Residual, ResidualOut, row, K, eps, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 ROW: tl.constexpr):  # fmt: skip
+    """``[1]`` float32: the one row's ``1 / rms(x + residual)`` from the whole row in one load (``ROW``: ``K``
+    rounded up to a power of two), which also writes ``x + residual``; zeros without ``HAS_NORM``."""
+    if HAS_NORM:
+        features = tl.arange(0, ROW)
+        whole = (features < K)[None, :]
+        h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
+    else:
+        inv_rms = tl.zeros([1], dtype=tl.float32)
+    return inv_rms
+
+
+@triton.jit
 def _row_features(
     X, Residual, NormWeight, ResidualOut, row, ks, inv_rms, K, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     MODE: tl.constexpr,
@@ -269,13 +284,7 @@ def _row_product(
     if GATED:
         w_up = tl.load(W + up_rows64[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
     wait_for_previous(PDL)  # the weights are no earlier kernel's output: the first tile loaded before the wait
-    if HAS_NORM:
-        features = tl.arange(0, ROW)
-        whole = (features < K)[None, :]
-        h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
-        inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
-    else:
-        inv_rms = tl.zeros([1], dtype=tl.float32)
+    inv_rms = _row_inv_rms(X, Residual, ResidualOut, row, K, eps, HAS_NORM, HAS_RESIDUAL, ROW)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -368,13 +377,7 @@ def _row_product_words(
     mask = row_ok[:, None] & (offs < num_words)[None, :]
     words = tl.load(Words + rows64[:, None] * word_stride + (offs * word_step)[None, :], mask=mask, other=0)
     wait_for_previous(PDL)  # the weights are no earlier kernel's output: the first block loaded before the wait
-    if HAS_NORM:
-        features = tl.arange(0, ROW)
-        whole = (features < K)[None, :]
-        h = _rows(X, Residual, ResidualOut, row, features, whole, 0, 0, 0, HAS_RESIDUAL, True).to(tl.float32)
-        inv_rms = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)
-    else:
-        inv_rms = tl.zeros([1], dtype=tl.float32)
+    inv_rms = _row_inv_rms(X, Residual, ResidualOut, row, K, eps, HAS_NORM, HAS_RESIDUAL, ROW)
     acc = tl.zeros([rows64.shape[0], BLOCK_K // 4], dtype=tl.float32)
     for w0 in range(0, num_words, BLOCK_K // 4):
         ws = w0 + offs
