@@ -180,6 +180,7 @@ MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, 
                  128: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
                        (64, 64, 8, 2), (64, 32, 8, 3, False, True),
                        (64, 64, 8, 2, False, True), (64, 32, 8, 2, False, True)]}  # fmt: skip
+MLA_WIDE_TILES = [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 2)]  # mla_decode_wide (more than 32 heads)
 
 
 def fp8(out: Path, ceil) -> dict:
@@ -230,7 +231,8 @@ def fp8(out: Path, ceil) -> dict:
 
 def mla_fp8(out: Path, ceil) -> dict:
     """MLA decode, DeepSeek-V3 latent (512 + 64), page 64, B=64 L=4096: bf16 and fp8 latent caches at H 16
-    and 128, the default tiles and ``MLA_FP8_TILES``; e5m2 with the default tiles."""
+    and 128, the default tiles and ``MLA_FP8_TILES``; e5m2 with the default tiles; at 128 heads each cache
+    through ``mla_decode_wide`` in ``MLA_WIDE_TILES``."""
     rows = {}
 
     def record(key, fn, nbytes, graph=True):
@@ -259,6 +261,9 @@ def mla_fp8(out: Path, ceil) -> dict:
         c8 = quantize_kv(cache, torch.float8_e4m3fn, 0.05)
         c5 = quantize_kv(cache, torch.float8_e5m2, 0.05)
         variants = [("bf16", cache, 1.0, None), ("e4m3 default", c8, 0.05, None), ("e5m2 default", c5, 0.05, None)]
+        if heads > 32:  # the Gluon kernel of 64-head blocks over each cache
+            variants += [(f"{name} wide {t}", kv, s, MLATileConfig(*t, wide=True)) for t in MLA_WIDE_TILES
+                         for name, kv, s in (("bf16", cache, 1.0), ("e4m3", c8, 0.05), ("e5m2", c5, 0.05))]  # fmt: skip
         variants += [(f"e4m3 {t}", c8, 0.05, MLATileConfig(*t)) for t in MLA_FP8_TILES[heads]]
         ref = mla_decode_ref(qn[:4], qr[:4], cache, perm[:4], seq[:4], scale=0.07)
         for label, kv, scale, tiles in variants:

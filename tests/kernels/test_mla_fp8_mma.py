@@ -231,7 +231,8 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
             expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64, "wgmma": 0}
         expected |= {"byte": 0, "local": 0}
         assert {k: counts[k] for k in expected} == expected, (block_n, page_size, scores, counts)
-        assert counts["barriers"] <= 4, (block_n, page_size, scores, counts)
+        # (with the warpgroup MMA, Triton 3.6 puts one more after the copies' proxy fence)
+        assert counts["barriers"] <= (5 if scores == "wgmma" else 4), (block_n, page_size, scores, counts)
     nvmma = [line.split() for line in lines if line.startswith("nvmma ")]
     assert all(line[-1] == "True" for line in nvmma), nvmma  # (absent under Triton 3.6)
     launched = [line.split() for line in lines if line.startswith("launched ")]

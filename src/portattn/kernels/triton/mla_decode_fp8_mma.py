@@ -443,6 +443,8 @@ def mla_decode_fp8_mma_kernel(
     acc = gl.zeros([BLOCK_H, 512], gl.float32, MMA)  # columns under the values' labels
     for i in range(num_tiles):
         cp.wait_group(STAGES - 2)  # tile i is in shared memory (this thread's copies) ...
+        if WGMMA:
+            fence_async_shared()  # (the copies, generic proxy, before the tensor cores' reads, async proxy)
         _barrier()  # ... everyone's; and every warp is done with tile i - 1's buffers
         ahead = i + STAGES - 1
         if ahead < num_tiles:
@@ -452,7 +454,6 @@ def mla_decode_fp8_mma_kernel(
         cp.commit_group()
         c_tile = c_smem.index(i % STAGES)
         if WGMMA:
-            fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
             s_t = _scores_t(c_tile, pe_smem.index(i % STAGES), qn_hi, qn_lo, qr_hi, qr_lo, BLOCK_N, ACC_T)
             offs_k = start + i * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(1, ACC_T))
             s_t = gl.where(offs_k[:, None] < end, s_t * col_scale[None, :], float("-inf"))

@@ -29,6 +29,14 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # 1,694 over a bf16 cache and 3,094 over an e4m3 one (benchmarks/results/round32_h200/NOTES.md). The probe
 # (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
 FP8_MMA = False
+# More than 32 heads take mla_decode_wide's kernel (64-head blocks, the scores split by keys between two
+# warpgroups instead of computed by both) where it runs, when this is on. Off until the kernel has been checked
+# and timed on a GPU: compiled for sm_90 (64 heads, 64 keys a step) its key loop issues 36 m64n32k16 MMAs for the
+# scores against the portable kernel's 144 m64n16k16 (both warpgroups, two 32-key steps), reads about a third
+# of the shared memory, and spills nothing over an fp8 cache, where the portable kernel spills 352 bytes a
+# thread (benchmarks/results/round33_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
+# ``MLATileConfig(64, ..., wide=True)``.
+WIDE = False
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class MLATileConfig:
     dequantize_once: bool = False  # an fp8 tile converted once to 16 bits for both products (see the kernel)
     fp8_mma: bool = False  # an e4m3 cache through mla_decode_fp8_mma (Gluon; NVIDIA, compute capability 8.9+)
     wgmma_scores: bool = False  # with fp8_mma: the scores by Hopper's warpgroup MMA in e4m3 (64-key steps)
+    wide: bool = False  # 64-head blocks through mla_decode_wide (Gluon; NVIDIA, compute capability 9.x)
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -66,11 +75,27 @@ class MLATileConfig:
                     f"expected fp8_mma tiles of 16 heads, 4 warps, {' or '.join(map(str, keys))} keys, at least 2"
                     f" stages, no separate_values or dequantize_once, got {self}"
                 )
+        if self.wide and (
+            (self.block_h, self.num_warps) != (64, 8)
+            or self.block_n not in (32, 64)
+            or self.num_stages < 2
+            or self.separate_values
+            or self.dequantize_once
+            or self.fp8_mma
+        ):  # the Gluon kernel's fixed shape
+            raise ValueError(
+                "expected wide tiles of 64 heads, 8 warps, 32 or 64 keys, at least 2 stages, no separate_values,"
+                f" dequantize_once or fp8_mma, got {self}"
+            )
 
 
 # 64 keys a step in two buffers: 94 KB of shared memory and 166 registers a thread compiled for sm_90 (two
 # programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates.
 FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True)
+# 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 226-232
+# registers a thread compiled for sm_90, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers (189 / 170 KB)
+# are the probe's other candidates.
+WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wide=True)
 
 
 def choose_tiles(
@@ -80,6 +105,7 @@ def choose_tiles(
     interpret: bool,
     kv_dtype: torch.dtype | None = None,
     fp8_mma: bool | None = None,
+    wide: bool | None = None,
 ) -> MLATileConfig:
     """Tiles from the problem (``dtype``: the queries'; ``kv_dtype``: the cache's, default the same).
 
@@ -95,8 +121,9 @@ def choose_tiles(
     64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
     0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 16 heads
-    over an e4m3 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``); the launcher replaces them by these
-    rules' tiles where that kernel cannot run.
+    over an e4m3 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``)
+    more than 32 heads take ``WIDE_TILES`` (``mla_decode_wide``); the launcher replaces them by these rules'
+    tiles where those kernels cannot run.
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
@@ -108,6 +135,8 @@ def choose_tiles(
         and dtype != torch.float32
     ):
         return FP8_MMA_TILES  # the launcher takes the portable tiles where the kernel cannot run
+    if (WIDE if wide is None else wide) and num_heads > 32 and dtype != torch.float32:
+        return WIDE_TILES  # likewise
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)
     if fp8 and num_heads > 32:
@@ -123,18 +152,25 @@ def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
     """Smaller tiles for a device short of shared memory (the fp8 mma kernel: 32 keys, then none)."""
     if tiles.fp8_mma:
         return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 and not tiles.wgmma_scores else None
+    if tiles.wide:
+        return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 else None
     return fewer_stages_then(tiles, "block_n", "block_h")
 
 
-def fp8_mma_lacks(q_nope, q_rope, kv_cache, out, wgmma: bool = False) -> tuple[str, object] | None:
-    """``None`` when ``mla_decode_fp8_mma`` can run the problem here, else ``(what it needs, what it got)``."""
+def gluon_lacks(tiles: MLATileConfig, q_nope, q_rope, kv_cache, out) -> tuple[str, object] | None:
+    """``None`` when the Gluon kernel of ``tiles`` (``fp8_mma``: ``mla_decode_fp8_mma``, ``wide``:
+    ``mla_decode_wide``) can run the problem here, else ``(what it needs, what it got)``."""
     if is_triton_interpreter():
         return "a GPU without TRITON_INTERPRET (Gluon kernels are not interpreted)", "TRITON_INTERPRET=1"
     try:
+        if tiles.wide:
+            from . import mla_decode_wide
+
+            return mla_decode_wide.supports(q_nope, q_rope, kv_cache, out)
         from . import mla_decode_fp8_mma
     except ImportError as exc:  # a Triton without Gluon's NVIDIA operations
-        return "a Triton with Gluon", exc
-    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out, wgmma=wgmma)
+        return "a Triton with Gluon's NVIDIA operations", exc
+    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out, wgmma=tiles.wgmma_scores)
 
 
 def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits, min_split_keys=1) -> None:
@@ -216,13 +252,14 @@ def mla_decode_forward(
     chosen = tiles is None
     if chosen:
         tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype)
-    if tiles.fp8_mma:
-        lacking = fp8_mma_lacks(q_nope, q_rope, kv_cache, out, wgmma=tiles.wgmma_scores)
+    if tiles.fp8_mma or tiles.wide:
+        lacking = gluon_lacks(tiles, q_nope, q_rope, kv_cache, out)
+        flag = "wide" if tiles.wide else "fp8_mma"
         if lacking and not chosen:
-            fail(f"{lacking[0]} for MLATileConfig(fp8_mma=True) (tiles without it run anywhere)", lacking[1])
+            fail(f"{lacking[0]} for MLATileConfig({flag}=True) (tiles without it run anywhere)", lacking[1])
         if lacking:
             tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
-                                 fp8_mma=False)  # fmt: skip
+                                 fp8_mma=False, wide=False)  # fmt: skip
 
     split = num_kv_splits > 1
     if split and partials is None:
@@ -258,6 +295,18 @@ def mla_decode_forward(
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
                 stages=t.num_stages, wgmma=t.wgmma_scores,
+            )  # fmt: skip
+            return
+        if t.wide:
+            from . import mla_decode_wide
+
+            fp8 = kv_cache.dtype in FP8_DTYPES  # float16 dots over an fp8 cache, as F16_DOTS
+            q_scale, qk_scale_log2 = (scale, kv_scale * LOG2E) if fp8 else (1.0, scale * kv_scale * LOG2E)
+            mla_decode_wide.launch(
+                q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
+                write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
+                stages=t.num_stages,
             )  # fmt: skip
             return
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)

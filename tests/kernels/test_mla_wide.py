@@ -1,0 +1,252 @@
+"""MLA decode for 64-head blocks on Hopper's warpgroup MMA (``mla_decode_wide``).
+
+On any machine: the tile rules (which tiles launch it, which are refused, what an explicit request says where it
+cannot run). Compiled for sm_90 in a child process (Gluon has no interpreter): each key step issues the scores'
+MMAs once (split by keys between the warpgroups, ``m64n{BLOCK_N/2}k16``, 36 a step) and the values' ``m64n256k16``,
+copies the tile in 16-byte ``cp.async``, converts an fp8 tile once (``cvt.rn.f16x2.e4m3x2``), takes at most 6
+barriers a step (8 converting), fits Hopper's shared memory and spills nothing; a launch's arguments pass Triton's
+runtime binder. On a Hopper GPU: results against the float64 reference and against the portable kernel on the
+ops' poisoned fixture (NaN in every slot no sequence owns, an out-of-range page id in each row's tail), over
+bfloat16, float16, e4m3 and e5m2 caches.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+from ops.test_mla import make_mla_case
+from portattn.device import is_triton_interpreter
+from portattn.kernels.triton import mla_decode_wide as wide
+from portattn.kernels.triton.mla_decode_launch import WIDE_TILES, MLATileConfig, choose_tiles, mla_decode_forward
+from portattn.kv_quant import dequantize_kv, quantize_kv
+from portattn.testing import max_error, mla_decode_ref, tolerance
+
+SKIP = 3
+HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
+
+CHILD = textwrap.dedent(
+    """
+    import os, re, subprocess, sys
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon._runtime import GluonASTSource
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from portattn.kernels.triton import mla_decode_wide as wide
+
+    TARGET = GPUTarget("cuda", 90, 32)
+    CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    fn = wide.mla_decode_wide_kernel
+    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
+            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
+    for kv, block_n, stages, page_size in (("*bf16", 64, 2, 64), ("*bf16", 32, 3, 16), ("*fp8e4nv", 64, 2, 7),
+                                           ("*fp8e4nv", 32, 3, 64), ("*fp8e5", 64, 2, 1)):
+        fp8 = kv != "*bf16"
+        const = {**wide.constexprs(block_n, stages, fp8), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
+                 "WRITE_LSE": True, "MIN_SPLIT": 256, "DOT": gl.float16 if fp8 else gl.bfloat16}
+        sig = {name: {**ptrs, "KV": kv}.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale")
+               else "i32") for name in fn.arg_names if name not in const}
+        sig |= {name: "constexpr" for name in const}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
+        try:
+            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
+                                    options={"num_warps": wide.NUM_WARPS})
+        except (FileNotFoundError, RuntimeError) as exc:
+            if "ptxas" in str(exc):
+                print("no ptxas:", exc); sys.exit(3)
+            raise
+        lines = kernel.asm["ptx"].splitlines()
+        labels, loop = {}, []
+        for i, line in enumerate(lines):
+            m = re.match(r"^\\s*(\\$L__\\w+):", line)
+            if m:
+                labels[m.group(1)] = i
+            m = re.search(r"\\bbra(\\.uni)?\\s+(\\$L__\\w+);", line)
+            if m and m.group(2) in labels and labels[m.group(2)] < i and i - labels[m.group(2)] > len(loop):
+                loop = lines[labels[m.group(2)]: i + 1]
+        text = "\\n".join(loop)
+        scores = rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n{block_n // 2}k16\\.f32\\.(?:bf16|f16)"
+        counts = {name: len(re.findall(rx, text)) for name, rx in (
+            ("scores", scores), ("values", r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n256k16"),
+            ("copies", r"cp\\.async\\.cg\\.shared\\.global(?:\\.L2::\\w+)? \\[[^]]+\\], \\[[^]]+\\], (?:16|0x10)"),
+            ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
+            ("barriers", r"\\bbar\\.sync"))}
+        stack = -1  # unknown without cuobjdump
+        if os.path.exists(CUOBJDUMP):
+            path = os.path.join(os.environ["OUT_DIR"], "kernel.cubin")
+            with open(path, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+            stack = int(re.search(r"STACK:(\\d+)", usage).group(1))
+        print("kernel", kv, block_n, stages, page_size, f"shared={kernel.metadata.shared}", f"stack={stack}",
+              " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+
+    # as a launch binds them: the runtime's binder and packing over real (CPU) tensors, then the compile
+    import torch
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    batch, heads, pages, page = 3, 70, 6, 64
+    qn = torch.zeros(batch, heads, 512, dtype=torch.bfloat16)
+    qr = torch.zeros(batch, heads, 64, dtype=torch.bfloat16)
+    kv = torch.zeros(pages, page, 576).to(torch.float8_e4m3fn)
+    table = torch.zeros(batch, 4, dtype=torch.int32)
+    lens = torch.zeros(batch, dtype=torch.int32)
+    out = torch.empty_like(qn)
+    part_out = torch.empty(batch, heads, 2, 512)
+    part_lse = torch.empty(batch, heads, 2)
+    grid, args, kwargs = wide.launch_arguments(
+        qn, qr, kv, table, lens, out, out[:, :, 0], part_out, part_lse, q_scale=0.07, qk_scale_log2=0.5,
+        kv_scale=0.05, num_kv_splits=2, write_partial=True, write_lse=False, min_split=256, block_n=64, stages=2)
+    backend = make_backend(TARGET)
+    bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
+    launched = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+    print("launched", *grid, signature["KV"], signature["q_scale"], launched.metadata.shared, flush=True)
+    """
+)
+
+
+def test_the_kernel_compiles_for_hopper_with_one_set_of_score_mmas_and_no_spills(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["OUT_DIR"] = str(tmp_path)
+    child = tmp_path / "compile_mla_wide.py"  # a file: @gluon.jit reads its function's source
+    child.write_text(CHILD)
+    done = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    kernels = [line.split() for line in lines if line.startswith("kernel ")]
+    assert len(kernels) == 5, lines
+    for _, kv, block_n, stages, page_size, *fields in kernels:
+        counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
+        keys, fp8 = int(block_n), kv != "*bf16"
+        # A step: the scores' 32 + 4 K-steps of 16 (latent, rope) once, each warpgroup its half of the keys; the
+        # values' keys / 16; the copy a lane's 16-byte share of keys x 576 elements (8 warps; 32 keys of fp8 rope
+        # are half a copy's width: two lanes copy the same bytes); each fp8 value converted once, in pairs (e5m2
+        # takes no cvt: its values are float16's top bytes).
+        per_lane = 16 if fp8 else 8
+        copies = keys * 512 // (256 * per_lane) + max(1, keys * 64 // (256 * per_lane))  # (rope: some twice)
+        expected = {"scores": 36, "values": keys // 16, "copies": copies, "byte": 0}
+        if kv == "*fp8e4nv":
+            expected["e4m3"] = keys * 576 // 256 // 2
+        assert {k: counts[k] for k in expected} == expected, (kv, block_n, stages, page_size, counts)
+        # the step's (and Triton's own after the copies' wait), the row maximum's, the probabilities'; Triton 3.6
+        # one after the next tile's copy, Triton 3.9 one after each warpgroup MMA's wait; converting, the
+        # converted halves (Triton does not tell the slices of one buffer apart: one barrier between them)
+        assert counts["barriers"] <= (8 if fp8 else 6), (kv, block_n, counts)
+        assert counts["shared"] <= HOPPER_SHARED
+        assert counts["shared"] >= wide.shared_bytes(keys, int(stages), fp8)
+        assert counts["stack"] in (0, -1), (kv, block_n, counts)  # no spills (-1: no cuobjdump to ask)
+    launched = [line.split() for line in lines if line.startswith("launched ")]
+    assert launched and launched[0][1:6] == ["2", "2", "3", "*fp8e4nv", "fp32"], lines
+
+
+def _runs_here() -> bool:
+    return torch.cuda.is_available() and not is_triton_interpreter() and torch.cuda.get_device_capability()[0] == 9
+
+
+# (page size, keys a step, stages, heads, cache): whole tiles in a page (64), several pages a tile (16, 7, 1); one
+# head block, a partial one (40), a full and a partial one (100); each cache dtype at both tile shapes
+CASES = [
+    (64, 64, 2, 128, "same"),
+    (7, 64, 2, 40, torch.float8_e4m3fn),
+    (16, 64, 2, 100, torch.float8_e5m2),
+    (1, 32, 3, 100, "same"),
+    (16, 32, 3, 128, torch.float8_e4m3fn),
+    (64, 32, 3, 40, torch.float8_e5m2),
+]
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 9.x (no Gluon interpreter)")
+@pytest.mark.parametrize(("page_size", "block_n", "stages", "num_heads", "cache"), CASES)
+def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stages, num_heads, cache):
+    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
+    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
+                         seed=page_size + block_n)  # fmt: skip
+    scale, kv_scale = 0.07, (1.0 if cache == "same" else 0.0625)
+    tiles = MLATileConfig(block_h=64, block_n=block_n, num_warps=8, num_stages=stages, wide=True)
+    batch = len(lens)
+    for dtype in (torch.bfloat16, torch.float16):
+        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
+        if cache == "same":
+            kv_cache = case.kv_cache.to(dtype)
+            exact = kv_cache.double()
+        else:
+            kv_cache = quantize_kv(case.kv_cache, cache, kv_scale)
+            exact = dequantize_kv(kv_cache, kv_scale, torch.float64)
+        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
+        ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": exact}, scale=scale, return_lse=True)
+        lowp = mla_decode_ref(**{**inputs, "kv_cache": exact.to(dtype)}, scale=scale, upcast=False)
+        tol = tolerance(ref, lowp, dtype)
+        args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
+        for splits in (1, 3):
+            workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
+            got = {}
+            for name, t in (("wide", tiles), ("portable", None)):
+                out = torch.full_like(inputs["q_nope"], float("nan"))
+                lse = torch.full((batch, num_heads), float("nan"), device="cuda")
+                mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse,
+                                   tiles=t, kv_scale=kv_scale)  # fmt: skip
+                got[name] = out, lse
+            out, lse = got["wide"]
+            err = max_error(out, ref)
+            assert err <= tol, f"{dtype}, {cache}, {splits} splits: max error {err:.3e} > tolerance {tol:.3e}"
+            assert max_error(out, got["portable"][0]) <= tol
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(torch.isfinite(lse), finite)
+            assert max_error(lse[finite], ref_lse[finite]) <= 1e-4 * float(ref_lse[finite].abs().max())
+            assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # no keys: zeros
+
+
+def test_explicit_wide_tiles_name_what_they_need_here():
+    """Asked for where it cannot run (this machine: no Hopper GPU, or an interpreter), the launcher says what it
+    needs; the rules pick the tiles only with ``wide``, for more than 32 heads in 16 bits, never interpreted."""
+    if _runs_here():
+        pytest.skip("the kernel runs here")
+    case = make_mla_case([3], page_size=4, num_heads=2, rank=512, rope_dim=64, device="cpu")
+    inputs = case.inputs()
+    out = torch.empty_like(case.q_nope)
+    args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["page_table"], inputs["seq_lens"], out)
+    needs = r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU|compute capability 9\.x).*wide=True"
+    with pytest.raises(ValueError, match=needs):
+        mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=WIDE_TILES)
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_TILES
+    assert not choose_tiles(32, torch.bfloat16, interpret=False, wide=True).wide
+    assert not choose_tiles(128, torch.float32, interpret=False, wide=True).wide
+    assert not choose_tiles(128, torch.bfloat16, interpret=True, wide=True).wide
+    assert not choose_tiles(128, torch.bfloat16, interpret=False, wide=False).wide
+
+
+def test_the_default_tiles_fit_hoppers_shared_memory():
+    assert wide.shared_bytes(WIDE_TILES.block_n, WIDE_TILES.num_stages, fp8=False) <= HOPPER_SHARED
+    assert wide.shared_bytes(WIDE_TILES.block_n, WIDE_TILES.num_stages, fp8=True) <= HOPPER_SHARED
+    with pytest.raises(ValueError, match="expected 32 or 64 keys a step and at least 2 stages, got 128 and 2"):
+        wide.constexprs(128, 2, False)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"block_h": 32}, {"num_warps": 4}, {"block_n": 128}, {"num_stages": 1}, {"dequantize_once": True}],
+)
+def test_wide_tiles_outside_the_kernels_shape_are_refused(fields):
+    """The kernel's shape is fixed (64 heads, eight warps, 32 or 64 keys): other tiles would be ignored."""
+    base = {"block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 2, "wide": True}
+    with pytest.raises(ValueError, match="expected wide tiles of 64 heads, 8 warps"):
+        MLATileConfig(**{**base, **fields})
