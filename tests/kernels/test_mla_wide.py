@@ -138,8 +138,8 @@ def test_the_kernel_compiles_for_hopper_with_one_set_of_score_mmas_and_no_spills
         keys, fp8 = int(block_n), kv != "*bf16"
         # A step: the scores' 32 + 4 K-steps of 16 (latent, rope) once, each warpgroup its half of the keys; the
         # values' keys / 16; the copy a lane's 16-byte share of keys x 576 elements (8 warps; 32 keys of fp8 rope
-        # are half a copy's width: two lanes copy the same bytes); each fp8 value converted once, in pairs (e5m2
-        # takes no cvt: its values are float16's top bytes).
+        # are half a copy's width: two lanes copy the same bytes); each fp8 value converted once, in pairs (counted
+        # for e4m3).
         per_lane = 16 if fp8 else 8
         copies = keys * 512 // (256 * per_lane) + max(1, keys * 64 // (256 * per_lane))  # (rope: some twice)
         expected = {"scores": 36, "values": keys // 16, "copies": copies, "byte": 0}

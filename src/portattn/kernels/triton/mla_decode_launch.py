@@ -31,11 +31,11 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_MMA = False
 # More than 32 heads take mla_decode_wide's kernel (64-head blocks, the scores split by keys between two
 # warpgroups instead of computed by both) where it runs, when this is on. Off until the kernel has been checked
-# and timed on a GPU: compiled for sm_90 (64 heads, 64 keys a step) its key loop issues 36 m64n32k16 MMAs for the
-# scores against the portable kernel's 144 m64n16k16 (both warpgroups, two 32-key steps), reads about a third
-# of the shared memory, and spills nothing over an fp8 cache, where the portable kernel spills 352 bytes a
-# thread (benchmarks/results/round33_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
-# ``MLATileConfig(64, ..., wide=True)``.
+# and timed on a GPU: compiled for sm_90 (64 heads, 64 keys) a warpgroup issues 36 m64n32k16 MMAs for the
+# scores against the portable kernel's 144 m64n16k16 (two 32-key steps), its MMAs read 38% of the shared memory
+# the portable kernel's read, and it spills nothing over an fp8 cache, where the portable kernel spills 352 bytes
+# a thread (benchmarks/results/round33_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it
+# with ``MLATileConfig(64, ..., wide=True)``.
 WIDE = False
 
 

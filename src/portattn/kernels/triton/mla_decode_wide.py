@@ -20,7 +20,13 @@ Here the layouts are written out (Triton's Gluon dialect):
   allowed for 16-bit operands).
 * An fp8 cache (e4m3 or e5m2) is converted once a tile into a 16-bit tile in shared memory (float16: one
   ``cvt.rn.f16x2.e4m3x2`` a pair), the queries scaled by ``q_scale`` into float16 as the portable kernel's
-  ``F16_DOTS``; a 16-bit cache is read in its own dtype (the queries').
+  ``F16_DOTS``; a 16-bit cache is read in its own dtype (the queries'). The conversion goes in two halves
+  (registers), the softmax's sum is kept per warpgroup and added across them once at the end.
+
+Compiled for sm_90 by Triton 3.6 (64 keys a step, two buffers) the key loop takes 622 SASS instructions a warp
+over a bf16 cache and 694 over an e4m3 one (the portable kernel's 64-head blocks: 1,688, and 1,346 with 352
+bytes a thread spilled), 221-222 registers, 229,888 bytes of shared memory (Hopper's limit: 232,448), five
+barriers a step (seven converting).
 
 Requirements (:func:`supports`): NVIDIA compute capability 9.x, a Triton with Gluon's Hopper operations, a
 latent of 512 + 64 (DeepSeek-V2/V3's), 16-bit queries, a cache in the queries' dtype or fp8 whose rows are
