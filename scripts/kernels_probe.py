@@ -8,7 +8,7 @@
 * ``fp8``: decode B=64 L=4096 P=16 (Hq 32 / Hkv 8 / D 128, bf16 queries): the bf16 cache, fp8 e4m3
   and e5m2 with the default tiles, e4m3 over ``FP8_VARIANTS`` (tiles and split counts); then ``mla-fp8``;
 * ``mla-fp8``: MLA decode B=64 L=4096 (rank 512 + 64, page 64) over bf16 and fp8 latent caches at H 16
-  and 128, the default tiles and ``MLA_FP8_TILES``;
+  and 128, the default tiles and ``MLA_FP8_TILES``; at 128 heads each cache through ``MLA_WIDE_TILES``;
 * ``long``: decode B=1 L=65536 P=16 with the default tiles and over ``LONG_VARIANTS``, each timed as
   CUDA-graph replays (``timing.measure_graph``: median and spread);
 * ``splits``: decode at B=1 and 4 over 8k-128k keys at 8-64 splits, and an fp8 cache at B=8 and 64
