@@ -22,12 +22,13 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
+from kernels.mla_checks import check_against_reference_and_portable
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_fp8_mma as mma
 from portattn.kernels.triton.mla_decode_launch import FP8_MMA_TILES, MLATileConfig, choose_tiles, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv
-from portattn.testing import max_error, mla_decode_ref, tolerance
+from portattn.testing import mla_decode_ref, tolerance
 
 SKIP = 3
 
@@ -169,28 +170,9 @@ CHILD = textwrap.dedent(
                         gl.shared_memory_descriptor_type(gl.float8e4nv, [64, BLOCK_N], PE_QK, [64, BLOCK_N])))
 
     # as a launch binds them: the runtime's binder and packing over real (CPU) tensors, then the compile
-    import torch
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-    batch, heads, pages, page = 3, 5, 6, 64
-    qn = torch.zeros(batch, heads, 512, dtype=torch.bfloat16)
-    qr = torch.zeros(batch, heads, 64, dtype=torch.bfloat16)
-    kv = torch.zeros(pages, page, 576).to(torch.float8_e4m3fn)
-    table = torch.zeros(batch, 4, dtype=torch.int32)
-    lens = torch.zeros(batch, dtype=torch.int32)
-    out = torch.empty_like(qn)
-    part_out = torch.empty(batch, heads, 2, 512)
-    part_lse = torch.empty(batch, heads, 2)
-    grid, args, kwargs = mma.launch_arguments(
-        qn, qr, kv, table, lens, out, out[:, :, 0], part_out, part_lse, q_scale=0.07, qk_scale_log2=0.5,
-        kv_scale=0.05, num_kv_splits=2, write_partial=True, write_lse=False, min_split=256, block_n=64, stages=2)
-    fn = mma.mla_decode_fp8_mma_kernel
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
-    launched = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options.__dict__)
-    print("launched", grid, signature["KV"], signature["q_scale"], launched.metadata.shared, flush=True)
+    from kernels.mla_checks import compile_as_launched
+    grid, kv, q_scale, shared = compile_as_launched(mma, 5, mma.mla_decode_fp8_mma_kernel)
+    print("launched", *grid, kv, q_scale, shared, flush=True)
 
     for block_n in (32, 64):
         const = {**mma.constexprs(block_n, 2), "PV_16": mma.shared_views(16)["C_PV"]}
@@ -204,7 +186,8 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    tests = os.path.join(os.path.dirname(__file__), "..")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), os.path.abspath(tests), env.get("PYTHONPATH", "")])
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled afresh: static_print runs while tracing
     child = tmp_path / "compile_mla_fp8_mma.py"  # a file: @gluon.jit reads its function's source
     child.write_text(CHILD)
@@ -259,7 +242,6 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, wgmma
     scale, kv_scale = 0.07, 0.0625
     kv_cache = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
     tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True, wgmma_scores=wgmma)
-    batch = len(lens)
     for dtype in (torch.bfloat16, torch.float16):
         queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
         inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
@@ -272,25 +254,9 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, wgmma
         else:
             lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
             tol = tolerance(ref, lowp, dtype)
-        args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
-        for splits in (1, 3):
-            workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
-            got = {}
-            for name, t in (("mma", tiles), ("portable", None)):
-                out = torch.full_like(inputs["q_nope"], float("nan"))
-                lse = torch.full((batch, num_heads), float("nan"), device="cuda")
-                mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse,
-                                   tiles=t, kv_scale=kv_scale)  # fmt: skip
-                got[name] = out, lse
-            out, lse = got["mma"]
-            err = max_error(out, ref)
-            assert err <= tol, f"{dtype}, {splits} splits: max error {err:.3e} > tolerance {tol:.3e}"
-            assert max_error(out, got["portable"][0]) <= tol
-            finite = torch.isfinite(ref_lse)
-            assert torch.equal(torch.isfinite(lse), finite)
-            lse_tol = (1e-3 if wgmma else 1e-4) * float(ref_lse[finite].abs().max())  # e4m3 sums in fewer bits
-            assert max_error(lse[finite], ref_lse[finite]) <= lse_tol
-            assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # no keys: zeros
+        lse_rel_tol = 1e-3 if wgmma else 1e-4  # the warpgroup MMA sums e4m3 products in fewer bits
+        check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
+                                             tol=tol, lse_rel_tol=lse_rel_tol)  # fmt: skip
 
 
 def test_explicit_mma_tiles_name_what_they_need_here():

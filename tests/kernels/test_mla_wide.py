@@ -23,12 +23,13 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
+from kernels.mla_checks import check_against_reference_and_portable
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_wide as wide
 from portattn.kernels.triton.mla_decode_launch import WIDE_TILES, MLATileConfig, choose_tiles, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv
-from portattn.testing import max_error, mla_decode_ref, tolerance
+from portattn.testing import mla_decode_ref, tolerance
 
 SKIP = 3
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -94,26 +95,9 @@ CHILD = textwrap.dedent(
               " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
 
     # as a launch binds them: the runtime's binder and packing over real (CPU) tensors, then the compile
-    import torch
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-    batch, heads, pages, page = 3, 70, 6, 64
-    qn = torch.zeros(batch, heads, 512, dtype=torch.bfloat16)
-    qr = torch.zeros(batch, heads, 64, dtype=torch.bfloat16)
-    kv = torch.zeros(pages, page, 576).to(torch.float8_e4m3fn)
-    table = torch.zeros(batch, 4, dtype=torch.int32)
-    lens = torch.zeros(batch, dtype=torch.int32)
-    out = torch.empty_like(qn)
-    part_out = torch.empty(batch, heads, 2, 512)
-    part_lse = torch.empty(batch, heads, 2)
-    grid, args, kwargs = wide.launch_arguments(
-        qn, qr, kv, table, lens, out, out[:, :, 0], part_out, part_lse, q_scale=0.07, qk_scale_log2=0.5,
-        kv_scale=0.05, num_kv_splits=2, write_partial=True, write_lse=False, min_split=256, block_n=64, stages=2)
-    backend = make_backend(TARGET)
-    bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
-    launched = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
-    print("launched", *grid, signature["KV"], signature["q_scale"], launched.metadata.shared, flush=True)
+    from kernels.mla_checks import compile_as_launched
+    grid, kv, q_scale, shared = compile_as_launched(wide, 70, wide.mla_decode_wide_kernel)
+    print("launched", *grid, kv, q_scale, shared, flush=True)
     """
 )
 
@@ -121,7 +105,8 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_one_set_of_score_mmas_and_no_spills(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
+    tests = os.path.join(os.path.dirname(__file__), "..")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), os.path.abspath(tests), env.get("PYTHONPATH", "")])
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     env["OUT_DIR"] = str(tmp_path)
     child = tmp_path / "compile_mla_wide.py"  # a file: @gluon.jit reads its function's source
@@ -181,7 +166,6 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stage
                          seed=page_size + block_n)  # fmt: skip
     scale, kv_scale = 0.07, (1.0 if cache == "same" else 0.0625)
     tiles = MLATileConfig(block_h=64, block_n=block_n, num_warps=8, num_stages=stages, wide=True)
-    batch = len(lens)
     for dtype in (torch.bfloat16, torch.float16):
         queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
         if cache == "same":
@@ -193,25 +177,8 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stage
         inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
         ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": exact}, scale=scale, return_lse=True)
         lowp = mla_decode_ref(**{**inputs, "kv_cache": exact.to(dtype)}, scale=scale, upcast=False)
-        tol = tolerance(ref, lowp, dtype)
-        args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
-        for splits in (1, 3):
-            workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
-            got = {}
-            for name, t in (("wide", tiles), ("portable", None)):
-                out = torch.full_like(inputs["q_nope"], float("nan"))
-                lse = torch.full((batch, num_heads), float("nan"), device="cuda")
-                mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse,
-                                   tiles=t, kv_scale=kv_scale)  # fmt: skip
-                got[name] = out, lse
-            out, lse = got["wide"]
-            err = max_error(out, ref)
-            assert err <= tol, f"{dtype}, {cache}, {splits} splits: max error {err:.3e} > tolerance {tol:.3e}"
-            assert max_error(out, got["portable"][0]) <= tol
-            finite = torch.isfinite(ref_lse)
-            assert torch.equal(torch.isfinite(lse), finite)
-            assert max_error(lse[finite], ref_lse[finite]) <= 1e-4 * float(ref_lse[finite].abs().max())
-            assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # no keys: zeros
+        check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
+                                             tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
 
 
 def test_explicit_wide_tiles_name_what_they_need_here():

@@ -251,6 +251,41 @@ def _view(buf, SHAPE: gl.constexpr, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
+def _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N: gl.constexpr, MIN_SPLIT: gl.constexpr):
+    """The split's keys ``[start, end)``, as ``mla_decode._split_range`` cuts them."""
+    num_keys = gl.load(SeqLensK + seq)
+    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
+    per_split = gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
+    start = split * per_split
+    return start, gl.minimum(start + per_split, num_keys)
+
+
+@gluon.jit
+def _store_result(acc, m_i, l_i, offs_h, dims, seq, split, start, end, num_heads, num_kv_splits, kv_scale,
+                  Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+                  WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr):  # fmt: skip
+    """A program's normalised output (dims ``dims`` of heads ``offs_h``) and base-2 LSE, to the split's partials
+    or (one split) the output and the natural-log LSE, as the portable kernel writes them."""
+    h_ok = offs_h < num_heads
+    has_keys = l_i > 0.0
+    out = acc * kv_scale / gl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
+    if WRITE_PARTIAL:
+        if start < end:  # empty splits write nothing; the merge skips them
+            row = (seq * num_heads + offs_h) * num_kv_splits + split
+            gl.store(PartOut + row[:, None] * 512 + dims[None, :], out, mask=h_ok[:, None])
+            gl.store(PartLse + row, m_i + gl.log2(l_i), mask=h_ok)
+    else:
+        gl.store(
+            Out + seq * stride_o_b + offs_h[:, None] * stride_o_h + dims[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=h_ok[:, None],
+        )
+        if WRITE_LSE:  # natural log; -inf for a sequence without keys
+            lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+            gl.store(Lse + seq * stride_lse_b + offs_h * stride_lse_h, lse, mask=h_ok)
+
+
+@gluon.jit
 def _relabelled(labels, BITS: gl.constexpr):
     dims = gl.zeros_like(labels)
     for i in gl.static_range(len(BITS)):
@@ -402,12 +437,7 @@ def mla_decode_fp8_mma_kernel(
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
 
-    # the split's keys, as mla_decode._split_range cuts them
-    num_keys = gl.load(SeqLensK + seq)
-    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
-    per_split = gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
-    start = split * per_split
-    end = gl.minimum(start + per_split, num_keys)
+    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
 
     if WGMMA:  # the queries as two e4m3 parts, the scores by the warpgroup MMA
         qn_hi, qn_lo, qr_hi, qr_lo, q_e4m3_scale = _queries_e4m3(
@@ -503,24 +533,22 @@ def mla_decode_fp8_mma_kernel(
     else:
         l_i = gl.sum(l_part, 1)
     offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
-    ho_ok = offs_ho < num_heads
     dims_o = _relabelled(gl.arange(0, 512, COLS), PV_BITS)
-    has_keys = l_i > 0.0
-    out = acc * kv_scale / gl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
-    if WRITE_PARTIAL:
-        if start < end:  # empty splits write nothing; the merge skips them
-            row = (seq * num_heads + offs_ho) * num_kv_splits + split
-            gl.store(PartOut + row[:, None] * 512 + dims_o[None, :], out, mask=ho_ok[:, None])
-            gl.store(PartLse + row, m_i + gl.log2(l_i), mask=ho_ok)
-    else:
-        gl.store(
-            Out + seq * stride_o_b + offs_ho[:, None] * stride_o_h + dims_o[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=ho_ok[:, None],
-        )
-        if WRITE_LSE:  # natural log; -inf for a sequence without keys
-            lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-            gl.store(Lse + seq * stride_lse_b + offs_ho * stride_lse_h, lse, mask=ho_ok)
+    _store_result(acc, m_i, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
+                  Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
+                  WRITE_LSE)  # fmt: skip
+
+
+def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
+              qk_scale_log2, kv_scale, num_kv_splits) -> tuple:  # fmt: skip
+    """The runtime arguments of this module's and ``mla_decode_wide``'s kernels."""
+    return (
+        q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+        q_scale, qk_scale_log2, kv_scale, q_nope.shape[1], num_kv_splits,
+        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), *page_table.stride(),
+        out.stride(0), out.stride(1), *lse_buf.stride(),
+    )  # fmt: skip
 
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
@@ -530,13 +558,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     ``mla_decode_split_kernel``'s)."""
     batch, num_heads, _ = q_nope.shape
     grid = (-(-num_heads // 16), num_kv_splits, batch)
-    args = (
-        q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-        q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
-        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), *page_table.stride(),
-        out.stride(0), out.stride(1), *lse_buf.stride(),
-    )  # fmt: skip
+    args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
+                     qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "num_warps": NUM_WARPS}  # fmt: skip
     return grid, args, kwargs

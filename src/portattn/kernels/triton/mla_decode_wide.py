@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _copy_tile
+from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _copy_tile, _key_range, _store_result, arguments
 
 BLOCK_H = gl.constexpr(64)
 NUM_WARPS = 8
@@ -180,12 +180,7 @@ def mla_decode_wide_kernel(
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
 
-    # the split's keys, as mla_decode._split_range cuts them
-    num_keys = gl.load(SeqLensK + seq)
-    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
-    per_split = gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
-    start = split * per_split
-    end = gl.minimum(start + per_split, num_keys)
+    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
 
     qn_smem, qr_smem = _queries(
         QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
@@ -257,24 +252,10 @@ def mla_decode_wide_kernel(
     l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
     m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
     offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
-    ho_ok = offs_ho < num_heads
     dims_o = gl.arange(0, 512, gl.SliceLayout(0, O_MMA))
-    has_keys = l_i > 0.0
-    out = acc * kv_scale / gl.where(has_keys, l_i, 1.0)[:, None]  # an empty range gives zeros
-    if WRITE_PARTIAL:
-        if start < end:  # empty splits write nothing; the merge skips them
-            row = (seq * num_heads + offs_ho) * num_kv_splits + split
-            gl.store(PartOut + row[:, None] * 512 + dims_o[None, :], out, mask=ho_ok[:, None])
-            gl.store(PartLse + row, m_o + gl.log2(l_i), mask=ho_ok)
-    else:
-        gl.store(
-            Out + seq * stride_o_b + offs_ho[:, None] * stride_o_h + dims_o[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=ho_ok[:, None],
-        )
-        if WRITE_LSE:  # natural log; -inf for a sequence without keys
-            lse = gl.where(has_keys, (m_o + gl.log2(gl.where(has_keys, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-            gl.store(Lse + seq * stride_lse_b + offs_ho * stride_lse_h, lse, mask=ho_ok)
+    _store_result(acc, m_o, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
+                  Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
+                  WRITE_LSE)  # fmt: skip
 
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -288,13 +269,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     batch, num_heads, _ = q_nope.shape
     fp8 = kv_cache.dtype in FP8
     grid = (-(-num_heads // BLOCK_H.value), num_kv_splits, batch)
-    args = (
-        q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-        q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
-        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), *page_table.stride(),
-        out.stride(0), out.stride(1), *lse_buf.stride(),
-    )  # fmt: skip
+    args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
+                     qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, "DOT": gl.float16 if fp8 else _GL_DTYPES[q_nope.dtype],
               **constexprs(block_n, stages, fp8), "num_warps": NUM_WARPS}  # fmt: skip

@@ -1,0 +1,86 @@
+"""The GPU check the Gluon MLA kernels' tests share: a kernel's tiles against the float64 reference and against the
+portable kernel over the same inputs."""
+
+from __future__ import annotations
+
+import torch
+
+from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
+from portattn.testing import max_error
+
+
+def check_against_reference_and_portable(
+    inputs: dict, tiles: MLATileConfig, *, scale: float, kv_scale: float, ref, ref_lse, tol: float, lse_rel_tol: float
+) -> None:
+    """``tiles`` and the portable kernel at 1 and 3 splits (NaN-filled outputs): each output within ``tol`` of
+    ``ref`` and of each other, the LSE finite where ``ref_lse`` is and within ``lse_rel_tol`` of its largest
+    magnitude, and zeros for the last sequence (which has no keys)."""
+    batch, num_heads = inputs["q_nope"].shape[:2]
+    device = inputs["q_nope"].device
+    args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
+    for splits in (1, 3):
+        workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device=device)
+        got = {}
+        for name, t in (("gluon", tiles), ("portable", None)):
+            out = torch.full_like(inputs["q_nope"], float("nan"))
+            lse = torch.full((batch, num_heads), float("nan"), device=device)
+            mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse, tiles=t,
+                               kv_scale=kv_scale)  # fmt: skip
+            got[name] = out, lse
+        out, lse = got["gluon"]
+        where = f"{inputs['q_nope'].dtype}, {inputs['kv_cache'].dtype} cache, {splits} splits, {tiles}"
+        err = max_error(out, ref)
+        assert err <= tol, f"{where}: max error {err:.3e} > tolerance {tol:.3e}"
+        assert max_error(out, got["portable"][0]) <= tol, where
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite), where
+        assert max_error(lse[finite], ref_lse[finite]) <= lse_rel_tol * float(ref_lse[finite].abs().max()), where
+        assert torch.equal(out[-1], torch.zeros_like(out[-1])), where  # no keys: zeros
+
+
+def compile_as_launched(module, heads: int, fn):
+    """``(grid, KV's type, q_scale's type, shared bytes)`` of ``module.launch_arguments`` over small CPU tensors
+    (3 sequences of ``heads`` heads, an e4m3 cache of page 64, 2 splits, 64 keys a step, 2 stages), bound and
+    packed by Triton's runtime as a launch does, then compiled for sm_90: what a launch would pass, checked
+    without a GPU. Runs in the compile tests' child process (no ``TRITON_INTERPRET``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    batch, pages, page = 3, 6, 64
+    qn = torch.zeros(batch, heads, 512, dtype=torch.bfloat16)
+    qr = torch.zeros(batch, heads, 64, dtype=torch.bfloat16)
+    kv = torch.zeros(pages, page, 576).to(torch.float8_e4m3fn)
+    table = torch.zeros(batch, 4, dtype=torch.int32)
+    lens = torch.zeros(batch, dtype=torch.int32)
+    out = torch.empty_like(qn)
+    part_out = torch.empty(batch, heads, 2, 512)
+    part_lse = torch.empty(batch, heads, 2)
+    grid, args, kwargs = module.launch_arguments(
+        qn,
+        qr,
+        kv,
+        table,
+        lens,
+        out,
+        out[:, :, 0],
+        part_out,
+        part_lse,
+        q_scale=0.07,
+        qk_scale_log2=0.5,
+        kv_scale=0.05,
+        num_kv_splits=2,
+        write_partial=True,
+        write_lse=False,
+        min_split=256,
+        block_n=64,
+        stages=2,
+    )
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    bound, spec, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
+    launched = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return grid, signature["KV"], signature["q_scale"], launched.metadata.shared
