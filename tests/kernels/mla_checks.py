@@ -1,7 +1,10 @@
-"""The GPU check the Gluon MLA kernels' tests share: a kernel's tiles against the float64 reference and against the
-portable kernel over the same inputs."""
+"""What the Gluon MLA kernels' tests share: the GPU check of a kernel's tiles against the float64 reference and the
+portable kernel, and, for the sm_90 compile in a child process, a launch's arguments compiled as Triton's runtime
+binds them and the key loop of a kernel's PTX."""
 
 from __future__ import annotations
+
+import re
 
 import torch
 
@@ -84,3 +87,17 @@ def compile_as_launched(module, heads: int, fn):
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
     launched = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
     return grid, signature["KV"], signature["q_scale"], launched.metadata.shared
+
+
+def key_loop(ptx: str) -> str:
+    """The longest loop of a kernel's PTX (from a label to the furthest branch back to it): its key loop."""
+    lines = ptx.splitlines()
+    labels, loop = {}, []
+    for i, line in enumerate(lines):
+        m = re.match(r"^\s*(\$L__\w+):", line)
+        if m:
+            labels[m.group(1)] = i
+        m = re.search(r"\bbra(\.uni)?\s+(\$L__\w+);", line)
+        if m and m.group(2) in labels and labels[m.group(2)] < i and i - labels[m.group(2)] > len(loop):
+            loop = lines[labels[m.group(2)] : i + 1]
+    return "\n".join(loop)

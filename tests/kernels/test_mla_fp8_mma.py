@@ -103,6 +103,7 @@ CHILD = textwrap.dedent(
         from triton.experimental.gluon._runtime import GluonASTSource
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import key_loop
     from portattn.kernels.triton import mla_decode_fp8_mma as mma
 
     def compile_(fn, signature, constexprs):
@@ -121,16 +122,7 @@ CHILD = textwrap.dedent(
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
         ptx = compile_(fn, sig, const).asm["ptx"]
-        lines = ptx.splitlines()
-        labels, loop = {}, []
-        for i, line in enumerate(lines):
-            m = re.match(r"^\\s*(\\$L__\\w+):", line)
-            if m:
-                labels[m.group(1)] = i
-            m = re.search(r"\\bbra(\\.uni)?\\s+(\\$L__\\w+);", line)
-            if m and m.group(2) in labels and labels[m.group(2)] < i and i - labels[m.group(2)] > len(loop):
-                loop = lines[labels[m.group(2)]: i + 1]
-        text = "\\n".join(loop)
+        text = key_loop(ptx)
         counts = {name: len(re.findall(rx, text)) for name, rx in (
             ("v4", r"ld\\.shared\\.v4\\.b32"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
             ("mma", r"mma\\.sync\\.aligned\\.m16n8k16"), ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"),

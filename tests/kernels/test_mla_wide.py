@@ -44,6 +44,7 @@ CHILD = textwrap.dedent(
         from triton.experimental.gluon._runtime import GluonASTSource
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import key_loop
     from portattn.kernels.triton import mla_decode_wide as wide
 
     TARGET = GPUTarget("cuda", 90, 32)
@@ -68,16 +69,7 @@ CHILD = textwrap.dedent(
             if "ptxas" in str(exc):
                 print("no ptxas:", exc); sys.exit(3)
             raise
-        lines = kernel.asm["ptx"].splitlines()
-        labels, loop = {}, []
-        for i, line in enumerate(lines):
-            m = re.match(r"^\\s*(\\$L__\\w+):", line)
-            if m:
-                labels[m.group(1)] = i
-            m = re.search(r"\\bbra(\\.uni)?\\s+(\\$L__\\w+);", line)
-            if m and m.group(2) in labels and labels[m.group(2)] < i and i - labels[m.group(2)] > len(loop):
-                loop = lines[labels[m.group(2)]: i + 1]
-        text = "\\n".join(loop)
+        text = key_loop(kernel.asm["ptx"])
         scores = rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n{block_n // 2}k16\\.f32\\.(?:bf16|f16)"
         counts = {name: len(re.findall(rx, text)) for name, rx in (
             ("scores", scores), ("values", r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n256k16"),
