@@ -1,7 +1,7 @@
 """Captured pieces on a GPU (``engine/piecewise.py``, ``piecewise_graphs=True``): prompt chunks and
-mixed steps of up to 64 tokens replay one graph per layer boundary with attention launched between
-them, against the same requests without pieces: greedy tokens equal, logits close (float32, so that
-the padded steps' projections round alike). And an eager step launched ahead (async scheduling) waits
+mixed steps of up to 64 tokens (and, with ``piecewise_max_tokens``, of 1024 and 2048) replay one graph per
+layer boundary with attention launched between them, against the same requests without pieces: greedy
+tokens equal, logits close (float32, so that the padded steps' projections round alike). And an eager step launched ahead (async scheduling) waits
 for nothing on the device. Needs ``PORTATTN_TEST_ENGINE_DEVICE=cuda``."""
 
 from __future__ import annotations
@@ -98,3 +98,26 @@ def test_an_eager_step_is_launched_without_waiting_for_the_device(piecewise, ckp
         assert (logprobs is None) == (out.outputs[0].logprobs is None)
         if logprobs is not None:  # the chosen token and the top two, as the synchronous engine reports them
             assert {logprobs[0].token_id, *logprobs[0].top_ids} == set(out.outputs[0].logprobs[0])
+
+
+def test_captured_pieces_of_a_thousand_tokens_and_more_equal_plain_steps(ckpt_root):
+    """``piecewise_max_tokens=2048`` (the burst's token budget): captured pieces of 1024 and 2048 tokens, a
+    700-token prompt in the 1024-token pieces and two 900-token prompts together in the 2048-token ones, their
+    prompt logits against the plain engine's (float32) and the greedy tokens equal."""
+    path = checkpoint("llama", ckpt_root)
+    options = dict(device="cuda", dtype="float32", page_size=16, max_model_len=1024, max_num_seqs=4, num_pages=256,
+                   max_num_batched_tokens=2048)  # fmt: skip
+    prompts = random_prompts([700, 900, 900], seed=5)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, return_prompt_logits=True)
+    llm = LLM(path, piecewise_graphs=True, piecewise_max_tokens=2048, **options)
+    pieces = llm.engine.runner.piecewise
+    assert pieces.buckets[-2:] == (1024, 2048) and not pieces.skipped and {1024, 2048} <= set(pieces.pieces)
+    got = [llm.generate(prompts[:1], params, use_tqdm=False)[0]]  # 700 tokens: the 1024-token pieces
+    steps = pieces.steps
+    got += llm.generate(prompts[1:], params, use_tqdm=False)  # 1800 tokens in one step: the 2048-token pieces
+    assert pieces.steps > steps
+    plain = LLM(path, **options)
+    want = plain.generate(prompts[:1], params, use_tqdm=False) + plain.generate(prompts[1:], params, use_tqdm=False)
+    for a, b in zip(got, want):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert rel_err(a.prompt_logits, b.prompt_logits) < 1e-4
