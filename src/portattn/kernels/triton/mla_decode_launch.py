@@ -92,9 +92,9 @@ class MLATileConfig:
 # 64 keys a step in two buffers: 94 KB of shared memory and 166 registers a thread compiled for sm_90 (two
 # programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates.
 FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True)
-# 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 226-232
-# registers a thread compiled for sm_90, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers (189 / 170 KB)
-# are the probe's other candidates.
+# 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 221-222
+# registers a thread compiled for sm_90 by Triton 3.6, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers
+# (189 / 170 KB) are the probe's other candidates.
 WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wide=True)
 
 
