@@ -33,7 +33,7 @@ FP8_MMA = False
 # warpgroups instead of computed by both) where it runs, when this is on. Off until the kernel has been checked
 # and timed on a GPU: compiled for sm_90 (64 heads, 64 keys) a warpgroup issues 36 m64n32k16 MMAs for the
 # scores against the portable kernel's 144 m64n16k16 (two 32-key steps), its MMAs read 38% of the shared memory
-# the portable kernel's read, and it spills nothing over an fp8 cache, where the portable kernel spills 352 bytes
+# the portable kernel's read, and it spills nothing over an fp8 cache, where the portable kernel spills 360 bytes
 # a thread (benchmarks/results/round33_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it
 # with ``MLATileConfig(64, ..., wide=True)``.
 WIDE = False
@@ -92,7 +92,7 @@ class MLATileConfig:
 # 64 keys a step in two buffers: 94 KB of shared memory and 166 registers a thread compiled for sm_90 (two
 # programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates.
 FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True)
-# 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 221-222
+# 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 222
 # registers a thread compiled for sm_90 by Triton 3.6, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers
 # (189 / 170 KB) are the probe's other candidates.
 WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wide=True)

@@ -23,10 +23,10 @@ Here the layouts are written out (Triton's Gluon dialect):
   ``F16_DOTS``; a 16-bit cache is read in its own dtype (the queries'). The conversion goes in two halves
   (registers), the softmax's sum is kept per warpgroup and added across them once at the end.
 
-Compiled for sm_90 by Triton 3.6 (64 keys a step, two buffers) the key loop takes 622 SASS instructions a warp
-over a bf16 cache and 694 over an e4m3 one (the portable kernel's 64-head blocks: 1,688, and 1,346 with 352
-bytes a thread spilled), 221-222 registers, 229,888 bytes of shared memory (Hopper's limit: 232,448), five
-barriers a step (seven converting).
+Compiled for sm_90 by Triton 3.6 (64 keys a step, two buffers; ``scripts/mla_sass.py``) the key loop takes 621
+SASS instructions a warp over a bf16 cache and 693 over an e4m3 one (the portable kernel's 64-head blocks:
+1,688, and 1,449 with 360 bytes a thread spilled), 222 registers, 229,888 bytes of shared memory (Hopper's
+limit: 232,448), five barriers a step (seven converting).
 
 Requirements (:func:`supports`): NVIDIA compute capability 9.x, a Triton with Gluon's Hopper operations, a
 latent of 512 + 64 (DeepSeek-V2/V3's), 16-bit queries, a cache in the queries' dtype or fp8 whose rows are

@@ -1,0 +1,161 @@
+"""The key loops of the MLA decode kernels compiled for sm_90, without a GPU: the figures of
+``benchmarks/results/round33_h200/NOTES.md`` (and round 32's), reproducible.
+
+``PYTHONPATH=src python scripts/mla_sass.py [--out FILE.json]`` from the repository root (no ``TRITON_INTERPRET``;
+needs Triton's NVIDIA backend with its ``ptxas`` and ``cuobjdump``; Gluon's Hopper operations for the Gluon
+kernels). Each kernel is compiled as a launch compiles it (unit strides and 16-byte divisible pointers and row
+strides specialised: without them Triton's loads are scalar and the 64-head tiles seem to spill), then the
+SASS of its longest loop (the key loop) is counted a warp: instructions, tensor-core MMAs (HGMMA for the
+warpgroup MMA, QGMMA for its e4m3 form, HMMA for ``mma.sync``), fp8 conversions (F2FP unpacks), 16-byte
+shared loads and stores, barriers; with the kernel's registers, stack (spills) and shared memory. Rows:
+
+* the portable kernel (``mla_decode.py``) at its default tiles: 16 heads (bf16 cache; e4m3 with the rows
+  loaded twice) and 64-head blocks (bf16: 32-key steps in 3 stages; e4m3: 64 keys in 2);
+* ``mla_decode_fp8_mma`` (16 heads over e4m3; 64 and 32 keys; the warpgroup-MMA scores);
+* ``mla_decode_wide`` (64-head blocks over bf16, e4m3 and e5m2; 64 and 32 keys).
+
+A row's ``per_64_keys`` is its loop's instructions scaled to 64 keys (a 32-key step's twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+PTRS = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
+        "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}  # fmt: skip
+FLOATS = ("q_scale", "qk_scale_log2", "kv_scale")
+ALIGNED = ("stride_kv_page", "stride_kv_slot", "stride_qn_b", "stride_qn_h", "stride_qr_b", "stride_qr_h")
+COUNTED = {
+    "HGMMA": r"^HGMMA",
+    "HMMA": r"^HMMA",
+    "QGMMA": r"^QGMMA",
+    "F2FP unpack": r"^F2FP\.F16\.E[45]M[23]\.UNPACK",
+    "LDS.128": r"^LDS\.128",
+    "STS.128": r"^STS\.128",
+    "LDS.U8": r"^LDS\.U8",
+    "BAR": r"^BAR\.SYNC",
+}
+
+
+def signature(fn, kv: str, const: dict) -> tuple[dict, dict]:
+    """A launch's signature and divisibility attributes for ``fn`` over a ``kv`` cache."""
+    sig = {n: {**PTRS, "KV": kv}.get(n) or ("fp32" if n in FLOATS else "i32") for n in fn.arg_names if n not in const}
+    sig |= {n: "constexpr" for n in const}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n].startswith("*") or n in ALIGNED}  # fmt: skip
+    return sig, attrs
+
+
+def key_loop(cubin: bytes) -> tuple[collections.Counter, dict]:
+    """The opcodes of the longest SASS loop and the kernel's resource usage."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+        usage = subprocess.run([f"{BIN}/cuobjdump", "--dump-resource-usage", f.name], capture_output=True, text=True)
+    code = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            code.append((int(m.group(1), 16), re.sub(r"^@!?U?P\w+\s+", "", m.group(2))))
+    loops = [(a - int(m.group(1), 16), int(m.group(1), 16), a) for a, text in code
+             if (m := re.search(r"BRA\s+0x([0-9a-f]+)", text)) and int(m.group(1), 16) < a]  # fmt: skip
+    _, start, end = max(loops)
+    ops = collections.Counter(text.split()[0] for a, text in code if start <= a <= end)
+    resources = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage.stdout)}
+    return ops, resources
+
+
+def row(name: str, keys: int, kernel) -> dict:
+    ops, resources = key_loop(kernel.asm["cubin"])
+    total = sum(ops.values())
+    counts = {k: sum(c for op, c in ops.items() if re.match(rx, op)) for k, rx in COUNTED.items()}
+    out = {"kernel": name, "keys_a_step": keys, "loop": total, "per_64_keys": total * 64 // keys, **counts}
+    out |= {"registers": resources.get("REG"), "stack": resources.get("STACK"), "shared": kernel.metadata.shared}
+    print(f"{name:<58} {total:>5} {out['per_64_keys']:>6}  " + "  ".join(f"{k} {v}" for k, v in counts.items() if v)
+          + f"  regs {out['registers']} stack {out['stack']} shared {out['shared']}", flush=True)  # fmt: skip
+    return out
+
+
+def portable() -> list[dict]:
+    from portattn.kernels.triton.mla_decode import mla_decode_split_kernel as fn
+
+    rows = []
+    for name, kv, (heads, keys, warps, stages), separate in (
+        ("portable, 16 heads, bf16 cache", "*bf16", (16, 32, 4, 3), False),
+        ("portable, 16 heads, e4m3 cache (rows loaded twice)", "*fp8e4nv", (16, 32, 4, 3), True),
+        ("portable, 64-head blocks, bf16 cache", "*bf16", (64, 32, 8, 3), False),
+        ("portable, 64-head blocks, e4m3 cache", "*fp8e4nv", (64, 64, 8, 2), False),
+    ):
+        const = {"KV_LORA_RANK": 512, "ROPE_DIM": 64, "PAGE_SIZE": 64, "BLOCK_H": heads, "BLOCK_N": keys,
+                 "BLOCK_R": 512, "BLOCK_RP": 64, "WRITE_PARTIAL": True, "WRITE_LSE": False, "DOT_PRECISION": None,
+                 "F16_DOTS": kv != "*bf16" and heads <= 32, "MIN_SPLIT": 64, "SEPARATE_VALUES": separate,
+                 "DEQUANTIZE_ONCE": False}  # fmt: skip
+        const |= {name: 1 for name in ("stride_qn_d", "stride_qr_d", "stride_kv_d", "stride_o_d")}  # unit strides
+        sig, attrs = signature(fn, kv, const)
+        src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+        kernel = triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages})
+        rows.append(row(f"{name} ({heads}, {keys}, {warps}, {stages})", keys, kernel))
+    return rows
+
+
+def gluon() -> list[dict]:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from portattn.kernels.triton import mla_decode_fp8_mma as mma
+    from portattn.kernels.triton import mla_decode_wide as wide
+
+    rows = []
+    common = {"PAGE_SIZE": 64, "WRITE_PARTIAL": True, "WRITE_LSE": False, "MIN_SPLIT": 64}
+    for keys, wgmma in ((64, False), (32, False), (64, True)):
+        const = {**mma.constexprs(keys, 2, wgmma), **common}
+        sig, attrs = signature(mma.mla_decode_fp8_mma_kernel, "*fp8e4nv", const)
+        src = GluonASTSource(fn=mma.mla_decode_fp8_mma_kernel, signature=sig, constexprs=const, attrs=attrs)
+        kernel = triton.compile(src, target=TARGET, options={"num_warps": mma.NUM_WARPS})
+        rows.append(row(f"fp8_mma, 16 heads, e4m3 ({keys} keys{', wgmma scores' if wgmma else ''})", keys, kernel))
+    for kv, keys, stages in (("*bf16", 64, 2), ("*fp8e4nv", 64, 2), ("*fp8e5", 64, 2), ("*bf16", 32, 3),
+                             ("*fp8e4nv", 32, 3)):  # fmt: skip
+        fp8 = kv != "*bf16"
+        const = {**wide.constexprs(keys, stages, fp8), **common, "DOT": gl.float16 if fp8 else gl.bfloat16}
+        sig, attrs = signature(wide.mla_decode_wide_kernel, kv, const)
+        src = GluonASTSource(fn=wide.mla_decode_wide_kernel, signature=sig, constexprs=const, attrs=attrs)
+        kernel = triton.compile(src, target=TARGET, options={"num_warps": wide.NUM_WARPS})
+        rows.append(row(f"wide, 64-head blocks, {kv[1:]} ({keys} keys, {stages} stages)", keys, kernel))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("expected TRITON_INTERPRET unset (the interpreter does not compile), got TRITON_INTERPRET=1")
+    print(f"Triton {triton.__version__}, sm_90; the key loop a warp", flush=True)
+    print(f"{'kernel':<58} {'loop':>5} {'per 64':>6}", flush=True)
+    rows = portable()
+    try:
+        rows += gluon()
+    except ImportError as exc:
+        print(f"no Gluon kernels: {exc}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"triton": triton.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
