@@ -165,21 +165,16 @@ FP8_VARIANTS = [(128, 4, 3, 2, None, False), (128, 4, 3, 2, None, True), (128, 4
 BF16_AHEAD_VARIANTS = [(64, 8, 3, 1), (64, 8, 4, 1), (64, 8, 5, 1), (128, 4, 3, 1)]
 # Round 6's fastest fp8 row (0.1862 ms against the default's 0.1925 in one run): 2 splits.
 FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
-# The fifth field, MLATileConfig.separate_values: the latent rows loaded again for the value product.
 # Fields of MLATileConfig: heads per program, keys a step, warps, stages, the latent rows loaded again for
 # the value product, an fp8 tile converted once to 16 bits for both products, the Gluon kernel over
 # relabelled views (mla_decode_fp8_mma: 16 heads a program; its rows are listed first), its scores by the
-# warpgroup MMA in e4m3.
+# warpgroup MMA in e4m3. The rows: that kernel's tiles and round 31's one-stage tiles converted once, none
+# timed yet (the other tl variants were, rounds 14-27: benchmarks/results/MLA_NOTES.md).
 MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
-                      (16, 32, 4, 2, False, False, True),
-                      (16, 32, 4, 3, False, False, True),
-                      (16, 32, 4, 3, True), (16, 32, 4, 3, False, True), (16, 32, 4, 2, False, True),
-                      (16, 32, 8, 3, False, True), (16, 32, 8, 2, False, True), (16, 64, 8, 2, False, True),
-                      (16, 64, 4, 2, False, True), (16, 16, 4, 4, False, True),
+                      (16, 32, 4, 2, False, False, True), (16, 32, 4, 3, False, False, True),
                       (16, 32, 4, 1, False, True), (16, 32, 8, 1, False, True)],
                  128: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
-                       (64, 64, 8, 2), (64, 32, 8, 3, False, True),
-                       (64, 64, 8, 2, False, True), (64, 32, 8, 2, False, True)]}  # fmt: skip
+                       (64, 64, 8, 2, False, True)]}  # fmt: skip
 MLA_WIDE_TILES = [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 2)]  # mla_decode_wide (more than 32 heads)
 
 
