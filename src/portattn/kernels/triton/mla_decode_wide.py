@@ -6,14 +6,14 @@ product. The portable kernel (``mla_decode.py``) gives such heads 64-head blocks
 warp): with 64 rows on two warpgroups, both warpgroups compute the same scores. Compiled for sm_90 by Triton
 3.6 (64 heads, 32 keys a step) each warpgroup issues 72 ``m64n16k16`` MMAs for the scores, every one reading
 its 2 KB of queries from shared memory again, against 2 ``m64n256k16`` for the values: the scores take about
-four fifths of the step's shared-memory reads, and half of them are duplicates.
+nine tenths of the MMAs' shared-memory reads, and half of them are duplicates.
 
 Here the layouts are written out (Triton's Gluon dialect):
 
 * The scores ``[64 heads, BLOCK_N keys]`` are split by keys between the two warpgroups (``m64n{BLOCK_N/2}``,
   no duplicate), the values ``[64, 512]`` by latent dims (``m64n256``, 128 accumulator registers a thread);
-  the row maximum crosses the warpgroups through shared memory, the probabilities go through shared memory
-  to both.
+  the row maximum crosses the warpgroups through shared memory (one barrier), the probabilities go through
+  shared memory to both.
 * The queries stay in shared memory (Hopper's tensor-core layout), the latent tile arrives by ``cp.async``
   (16 bytes a lane, ``STAGES`` buffers), and both products read it where it lies: the scores through a
   transposed view (dims contiguous, the operand's K), the values as it is (dims contiguous, the operand's N:
