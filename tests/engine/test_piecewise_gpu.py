@@ -1,8 +1,8 @@
 """Captured pieces on a GPU (``engine/piecewise.py``, ``piecewise_graphs=True``): prompt chunks and
 mixed steps of up to 64 tokens (and, with ``piecewise_max_tokens``, of 1024 and 2048) replay one graph per
 layer boundary with attention launched between them, against the same requests without pieces: greedy
-tokens equal, logits close (float32, so that the padded steps' projections round alike). And an eager step launched ahead (async scheduling) waits
-for nothing on the device. Needs ``PORTATTN_TEST_ENGINE_DEVICE=cuda``."""
+tokens equal, logits close (float32, so that the padded steps' projections round alike). And an eager step
+launched ahead (async scheduling) waits for nothing on the device. Needs ``PORTATTN_TEST_ENGINE_DEVICE=cuda``."""
 
 from __future__ import annotations
 
