@@ -1,11 +1,15 @@
 """What the Gluon MLA kernels' tests share: the GPU check of a kernel's tiles against the float64 reference and the
 portable kernel, and, for the sm_90 compile in a child process, a launch's arguments compiled as Triton's runtime
-binds them and the key loop of a kernel's PTX."""
+binds them, the key loop of a kernel's PTX and the child process that runs the compile."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
@@ -101,3 +105,25 @@ def key_loop(ptx: str) -> str:
         if m and m.group(2) in labels and labels[m.group(2)] < i and i - labels[m.group(2)] > len(loop):
             loop = lines[labels[m.group(2)] : i + 1]
     return "\n".join(loop)
+
+
+SKIP = 3  # a compile child's exit status when this Triton cannot compile for CUDA here
+
+
+def run_compile_child(tmp_path, source: str, name: str, timeout: int) -> list[str]:
+    """Run ``source`` as a file (``@gluon.jit`` reads its functions' source) in a child process without
+    ``TRITON_INTERPRET``, with ``src`` and ``tests`` importable, a fresh Triton cache and ``OUT_DIR`` =
+    ``tmp_path``; skip where it exits with :data:`SKIP`, fail on any other error; its stripped stdout lines."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(__file__)
+    paths = [os.path.abspath(os.path.join(here, "..", "..", "src")), os.path.abspath(os.path.join(here, ".."))]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled afresh: static_print runs while tracing
+    env["OUT_DIR"] = str(tmp_path)
+    child = tmp_path / f"{name}.py"
+    child.write_text(source)
+    done = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [line.strip() for line in done.stdout.splitlines()]

@@ -11,9 +11,6 @@ poisoned fixture (NaN in every slot no sequence owns, an out-of-range page id in
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,15 +19,13 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from kernels.mla_checks import check_against_reference_and_portable
+from kernels.mla_checks import check_against_reference_and_portable, run_compile_child
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_fp8_mma as mma
 from portattn.kernels.triton.mla_decode_launch import FP8_MMA_TILES, MLATileConfig, choose_tiles, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import mla_decode_ref, tolerance
-
-SKIP = 3
 
 
 def _coords(bases: list[list[int]], offset: int) -> tuple[int, ...]:
@@ -176,18 +171,7 @@ CHILD = textwrap.dedent(
 
 
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-    tests = os.path.join(os.path.dirname(__file__), "..")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), os.path.abspath(tests), env.get("PYTHONPATH", "")])
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compiled afresh: static_print runs while tracing
-    child = tmp_path / "compile_mla_fp8_mma.py"  # a file: @gluon.jit reads its function's source
-    child.write_text(CHILD)
-    done = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode == SKIP:
-        pytest.skip(done.stdout.strip())
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line.strip() for line in done.stdout.splitlines()]
+    lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
     assert len(kernels) == 4
     for _, block_n, page_size, scores, *fields in kernels:

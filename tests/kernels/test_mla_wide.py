@@ -12,9 +12,6 @@ bfloat16, float16, e4m3 and e5m2 caches.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -23,7 +20,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from kernels.mla_checks import check_against_reference_and_portable
+from kernels.mla_checks import check_against_reference_and_portable, run_compile_child
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_wide as wide
@@ -31,7 +28,6 @@ from portattn.kernels.triton.mla_decode_launch import WIDE_TILES, MLATileConfig,
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import mla_decode_ref, tolerance
 
-SKIP = 3
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 CHILD = textwrap.dedent(
@@ -95,19 +91,7 @@ CHILD = textwrap.dedent(
 
 
 def test_the_kernel_compiles_for_hopper_with_one_set_of_score_mmas_and_no_spills(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-    tests = os.path.join(os.path.dirname(__file__), "..")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), os.path.abspath(tests), env.get("PYTHONPATH", "")])
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    env["OUT_DIR"] = str(tmp_path)
-    child = tmp_path / "compile_mla_wide.py"  # a file: @gluon.jit reads its function's source
-    child.write_text(CHILD)
-    done = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode == SKIP:
-        pytest.skip(done.stdout.strip())
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line.strip() for line in done.stdout.splitlines()]
+    lines = run_compile_child(tmp_path, CHILD, "compile_mla_wide", timeout=600)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
     assert len(kernels) == 5, lines
     for _, kv, block_n, stages, page_size, *fields in kernels:
