@@ -55,6 +55,11 @@ def diagnose(heads, cache, dtype):
     report("wide 16-bit path, f16(cache)", out16, lse, ref, ref_lse)
 
 
-for heads, cache in ((128, torch.float8_e4m3fn), (40, torch.float8_e5m2), (128, torch.bfloat16)):
+for heads, cache in (
+    (128, torch.float8_e4m3fn),
+    (40, torch.float8_e5m2),
+    (16, torch.float8_e4m3fn),
+    (128, torch.bfloat16),
+):
     for dtype in (torch.bfloat16, torch.float16):
         diagnose(heads, cache, dtype)
