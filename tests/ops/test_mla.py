@@ -403,9 +403,9 @@ def test_triton_default_tiles_over_an_fp8_cache():
     e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
     few, many = MLATileConfig(16, 32, 4, 3, separate_values=True), MLATileConfig(64, 64, 8, 2)
     assert choose_tiles(16, bf16, interpret=False, kv_dtype=e4m3) == few
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == many
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3, wide=False) == many
     assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)  # 16-bit: unchanged
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=bf16) == MLATileConfig(64, 32, 8, 3)
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=bf16, wide=False) == MLATileConfig(64, 32, 8, 3)
     assert choose_tiles(16, torch.float32, interpret=False, kv_dtype=e4m3) == MLATileConfig(16, 32, 4, 3)
 
     case = make_mla_case([1, 40, 97], page_size=16, num_heads=20, rank=64, dtype=torch.float16, seed=4)

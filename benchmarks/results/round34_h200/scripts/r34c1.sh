@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Round 34, kernels call (about 8 minutes): the 64-head Gluon MLA kernel's fp8 LSE diagnosed (wide_diag.py), its GPU
-# tests, then the ops' and DeepSeek-V3's MLA tests with it switched on (mla_decode_launch.WIDE; FP8_MMA stays off:
-# round 33's call found that kernel's outputs wrong). Run from the repository root:
+# tests, then the ops' and DeepSeek-V3's MLA tests with the defaults (mla_decode_launch.WIDE on: the kernel for
+# more than 32 heads over 16-bit caches; WIDE_FP8 and FP8_MMA off), then the 16-head fp8 kernel's diagnosis.
+# Run from the repository root:
 #   OUT=... bash benchmarks/results/round34_h200/scripts/r34c1.sh
 W=$OUT
 S=benchmarks/results/round34_h200/scripts
@@ -11,8 +12,8 @@ echo "diag rc $? at $((SECONDS-START))" >> $W/times.txt
 PYTHONPATH=src:tests timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_mla_wide.py \
   > $W/tests_mla_wide_gpu_log.txt 2>&1
 echo "kernel tests rc $? at $((SECONDS-START))" >> $W/times.txt
-PYTHONPATH=src:tests:$S timeout 200 python3 -m pytest -q -p no:cacheprovider -p wide_on -n 4 tests/ops/test_mla.py \
-  tests/ops/test_fp8_ops.py tests/models/test_deepseek_v3.py -k "mla or deepseek or fp8" > $W/tests_ops_mla_wide_on_log.txt 2>&1
+PYTHONPATH=src:tests PORTATTN_TEST_ENGINE_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider -n 4 \
+  tests/ops/test_mla.py tests/models/test_deepseek_v3.py > $W/tests_ops_mla_wide_on_log.txt 2>&1
 echo "ops tests rc $? at $((SECONDS-START))" >> $W/times.txt
 PYTHONPATH=src:tests timeout 90 python3 $S/fp8_mma_diag.py > $W/fp8_mma_diag_log.txt 2>&1
 echo "fp8_mma diag rc $? at $((SECONDS-START))" >> $W/times.txt

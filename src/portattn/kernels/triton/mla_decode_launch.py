@@ -29,14 +29,16 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # 1,694 over a bf16 cache and 3,094 over an e4m3 one (benchmarks/results/round32_h200/NOTES.md). The probe
 # (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
 FP8_MMA = False
-# More than 32 heads take mla_decode_wide's kernel (64-head blocks, the scores split by keys between two
-# warpgroups instead of computed by both) where it runs, when this is on. Off until the kernel has been checked
-# and timed on a GPU: compiled for sm_90 (64 heads, 64 keys) a warpgroup issues 36 m64n32k16 MMAs for the
-# scores against the portable kernel's 144 m64n16k16 (two 32-key steps), its MMAs read 38% of the shared memory
-# the portable kernel's read, and it spills nothing over an fp8 cache, where the portable kernel spills 360 bytes
-# a thread (benchmarks/results/round33_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it
-# with ``MLATileConfig(64, ..., wide=True)``.
-WIDE = False
+# More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
+# between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
+# page 64) a bf16 cache took 0.190 ms against the portable kernel's 0.360 (1.90x; 385 against 203 TFLOP/s;
+# benchmarks/results/round34_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
+# ``MLATileConfig(64, ..., wide=True)``.
+WIDE = True
+# The same over an fp8 cache (e4m3, e5m2) when this is on: 0.246 ms there against the portable kernel's 0.413,
+# its outputs within tolerance of float64, but its LSE (which merges splits) not within 1e-4 of its largest
+# magnitude, where the 16-bit path's is: off until that is explained.
+WIDE_FP8 = False
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,9 @@ def choose_tiles(
     64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
     0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 16 heads
-    over an e4m3 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``)
-    more than 32 heads take ``WIDE_TILES`` (``mla_decode_wide``); the launcher replaces them by these rules'
-    tiles where those kernels cannot run.
+    over an e4m3 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``
+    over a 16-bit cache, ``WIDE_FP8`` over fp8) more than 32 heads take ``WIDE_TILES`` (``mla_decode_wide``);
+    the launcher replaces them by these rules' tiles where those kernels cannot run.
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
@@ -135,7 +137,7 @@ def choose_tiles(
         and dtype != torch.float32
     ):
         return FP8_MMA_TILES  # the launcher takes the portable tiles where the kernel cannot run
-    if (WIDE if wide is None else wide) and num_heads > 32 and dtype != torch.float32:
+    if (wide if wide is not None else WIDE_FP8 if fp8 else WIDE) and num_heads > 32 and dtype != torch.float32:
         return WIDE_TILES  # likewise
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)
