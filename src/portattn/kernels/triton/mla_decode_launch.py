@@ -24,10 +24,11 @@ from .resources import fewer_stages_then, launch_fitting
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Few heads over an e4m3 cache take mla_decode_fp8_mma's kernel (relabelled shared-memory views, 16-byte
-# loads for both products) where it runs, when this is on. Off until the kernel has been checked and timed on
-# a GPU: compiled for sm_90 its key loop takes 929 SASS instructions a warp for 64 keys, the portable kernel's
-# 1,694 over a bf16 cache and 3,094 over an e4m3 one (benchmarks/results/round32_h200/NOTES.md). The probe
-# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
+# loads for both products) where it runs, when this is on. Off: on an H200 (B=64 over 4096 keys, 16 heads,
+# page 64) its mma.sync form took 0.0968 ms against the portable kernel's 0.1075 over e4m3 (0.0875 over bf16)
+# with its LSE not within 1e-4 of float64, and its warpgroup-MMA form (0.0817 ms) computed wrong outputs
+# (benchmarks/results/round34_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
+# ``MLATileConfig(..., fp8_mma=True)``.
 FP8_MMA = False
 # More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
 # between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
