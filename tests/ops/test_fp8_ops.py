@@ -180,7 +180,7 @@ def test_triton_fp8_split_kv_and_merge(kv, num_kv_splits):
 @pytest.mark.parametrize("q_range", [1.0, 1e5])
 def test_triton_bfloat16_queries_over_fp8_dot_in_float16(kv, q_range):
     """bfloat16 queries over an fp8 cache: the kernels convert K/V to float16 (one instruction per two
-    values on the GPU) and the queries, scaled by the softmax scale, too (``launch.f16_dots_for``).
+    values on the GPU) and the queries, scaled by about the softmax scale, too (``launch.f16_dots_for``).
     Queries past float16's range (1e5) stay finite once scaled. Under the CPU interpreter this is the
     one bfloat16 path that runs (its bfloat16 dots are wrong; these are float16)."""
     dtype = torch.bfloat16
@@ -199,6 +199,44 @@ def test_triton_bfloat16_queries_over_fp8_dot_in_float16(kv, q_range):
     lowp = mla_decode_ref(**dequantised, scale=0.125, upcast=False)
     out = portattn.mla_decode(**inputs, scale=0.125, kv_scale=kv_scale, backend="triton", num_kv_splits=2)
     assert_close_to_reference(out, ref, lowp, dtype)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton does not run here")
+@pytest.mark.parametrize("kv", ["e4m3", "e5m2"])
+def test_triton_float16_dots_keep_the_scores_of_bfloat16_queries(kv):
+    """bfloat16 queries over fp8 with a softmax scale that is no power of two (0.07): the queries go to float16
+    times the power of two below it (exact) and the rest of the scale into the scores', so the LSE of one-key and
+    longer sequences stays within 1e-5 of float64. Times 0.07 itself, each query was rounded to float16 and the
+    LSE moved by up to 1.1e-3 (MLA at 40 heads on an H200; 7e-4 allowed there)."""
+    from portattn.kernels.triton.launch import f16_query_scale
+
+    assert [f16_query_scale(s) for s in (0.07, 0.125, 0.0884, 1.0, 3.0)] == [0.0625, 0.125, 0.0625, 1.0, 2.0]
+    scale, dtype = 0.07, torch.bfloat16
+    q_lens, k_lens = [1, 1, 1, 3], [1, 9, 40, 12]
+    case = fp8_case(q_lens, k_lens, kv_dtype=FP8[kv], q_dtype=dtype, page_size=7, seed=5)
+    out, lse = portattn.paged_attention(**case.inputs(), scale=scale, k_scale=K_SCALE, v_scale=V_SCALE,
+                                        backend="triton", return_lse=True)  # fmt: skip
+    dequantised = {
+        **case.inputs(),
+        "k_cache": dequantize_kv(case.k_cache, K_SCALE, torch.float64),
+        "v_cache": dequantize_kv(case.v_cache, V_SCALE, torch.float64),
+    }
+    ref, ref_lse = paged_attention_ref(**dequantised, scale=scale, return_lse=True)
+    lowp = paged_attention_ref(**dequantised, scale=scale, upcast=False)
+    assert_close_to_reference(out, ref, lowp, dtype)
+    assert max_error(lse, ref_lse) <= 1e-5 * float(ref_lse.abs().max())
+
+    mla = make_mla_case([1, 1, 6, 40], page_size=7, num_heads=20, seed=4)
+    kv_cache = quantize_kv(mla.kv_cache, FP8[kv], 0.0625)
+    inputs = {**mla.inputs(), "kv_cache": kv_cache, "q_nope": mla.q_nope.to(dtype), "q_rope": mla.q_rope.to(dtype)}
+    dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, 0.0625, torch.float64)}
+    ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
+    lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+    for num_kv_splits in (1, 2):
+        out, lse = portattn.mla_decode(**inputs, scale=scale, kv_scale=0.0625, backend="triton",
+                                       num_kv_splits=num_kv_splits, return_lse=True)  # fmt: skip
+        assert_close_to_reference(out, ref, lowp, dtype)
+        assert max_error(lse, ref_lse) <= 1e-5 * float(ref_lse.abs().max()), f"{num_kv_splits} splits"
 
 
 @pytest.mark.parametrize(("page_size", "kv"), [(1, "e5m2"), (5, "e4m3"), (16, "e5m2")])

@@ -490,8 +490,9 @@ def attention_fwd_kernel(
         q3 = _load_columns(q_rows, row_ok, BLOCK_D + BLOCK_D2, BLOCK_D3, HEAD_DIM)
     if F16_DOTS:
         # An fp8 cache read by bfloat16 queries: the dots run in float16, to which fp8 K/V convert in
-        # one instruction (two for bfloat16). The queries are scaled by the softmax scale first,
-        # so float16's range bounds q * scale rather than q.
+        # one instruction (two for bfloat16). The queries are scaled first by the power of two below
+        # the softmax scale (``launch.f16_query_scale``: exact), so float16's range bounds about
+        # q * scale rather than q.
         q = (q.to(tl.float32) * q_scale).to(tl.float16)
         if BLOCK_D2 > 0:
             q2 = (q2.to(tl.float32) * q_scale).to(tl.float16)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -391,6 +392,15 @@ def f16_dots_for(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     return kv_dtype in FP8_DTYPES and q_dtype == torch.bfloat16
 
 
+def f16_query_scale(scale: float) -> float:
+    """What queries are multiplied by before float16 dots (``F16_DOTS``): the largest power of two not above
+    the softmax ``scale``, so that float16's range bounds about ``q * scale`` while bfloat16 (and float16) queries
+    convert exactly; the rest of ``scale`` goes into the scores' scale. Multiplied by the scale itself (0.07),
+    each query was rounded to float16's 11 bits, and on an H200 MLA's LSE over an fp8 cache left the float64
+    reference by 1.1e-3 (a relative 1.4e-4; benchmarks/results/round34_h200/NOTES.md)."""
+    return 2.0 ** math.floor(math.log2(scale))
+
+
 def keys_contiguous_v(v: torch.Tensor) -> bool:
     """Whether a paged ``v [N, P, Hkv, Dv]`` has its columns strided (a page's keys contiguous, stored
     ``[N, Hkv, Dv, P]``): the kernel then reads it with ``V_KEYS``. Pages of one key (P = 1) and V with
@@ -607,7 +617,8 @@ def attention_forward(
             expect(tuple(t.shape) == shape and t.dtype == torch.float32 and t.is_contiguous(),
                    f"contiguous float32 {name} of shape {list(shape)}", (t.dtype, tuple(t.shape)))  # fmt: skip
     f16_dots = f16_dots_for(q.dtype, k.dtype)
-    q_scale, qk_scale = (scale, k_scale) if f16_dots else (1.0, scale * k_scale)
+    q_scale = f16_query_scale(scale) if f16_dots else 1.0
+    qk_scale = scale / q_scale * k_scale
     align = row_alignment(*((q, k, out) if v_keys else (q, k, v, out)))
     v_strides = (stride_vp, stride_vs, stride_vh)  # undivided where V's keys are contiguous (the kernel's V_KEYS)
     v_strides = v_strides if v_keys else tuple(s // align for s in v_strides)
