@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Round 34, kernels call (about 8 minutes): the 64-head Gluon MLA kernel's fp8 LSE diagnosed (wide_diag.py), its GPU
-# tests with the queries' float16 scale a power of two (and the fp8 ops' tests, the 16-head kernel's mma.sync form), then the ops' and DeepSeek-V3's MLA tests with the defaults (mla_decode_launch.WIDE on: the kernel for
-# more than 32 heads over 16-bit caches; WIDE_FP8 and FP8_MMA off), then the 16-head fp8 kernel's diagnosis.
+# Round 34, kernels call (about 8 minutes): the 64-head Gluon MLA kernel's fp8 LSE diagnosed (wide_diag.py); its GPU
+# tests with the queries' float16 scale a power of two, beside the fp8 ops' tests and the 16-head kernel's mma.sync
+# form; the ops' and DeepSeek-V3's MLA tests with the defaults (mla_decode_launch.WIDE on: the kernel for more than
+# 32 heads over 16-bit caches; WIDE_FP8 and FP8_MMA off); the 16-head fp8 kernel's diagnosis; the captured pieces.
 # Run from the repository root:
 #   OUT=... bash benchmarks/results/round34_h200/scripts/r34c1.sh
 W=$OUT
