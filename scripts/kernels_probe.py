@@ -170,11 +170,9 @@ FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
 # relabelled views (mla_decode_fp8_mma: 16 heads a program; its rows are listed first), its scores by the
 # warpgroup MMA in e4m3. The rows: that kernel's tiles and round 31's one-stage tiles converted once, none
 # timed yet (the other tl variants were, rounds 14-27: benchmarks/results/MLA_NOTES.md).
-MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
-                      (16, 32, 4, 2, False, False, True), (16, 32, 4, 3, False, False, True),
-                      (16, 32, 4, 1, False, True), (16, 32, 8, 1, False, True)],
-                 128: [(16, 64, 4, 2, False, False, True), (16, 64, 4, 2, False, False, True, True),
-                       (64, 64, 8, 2, False, True)]}  # fmt: skip
+MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 32, 4, 2, False, False, True),
+                      (16, 32, 4, 3, False, False, True), (16, 32, 4, 1, False, True)],
+                 128: [(16, 64, 4, 2, False, False, True), (64, 64, 8, 2, False, True)]}  # fmt: skip
 MLA_WIDE_TILES = [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 2)]  # mla_decode_wide (more than 32 heads)
 
 

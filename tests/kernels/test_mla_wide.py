@@ -178,21 +178,22 @@ def test_explicit_wide_tiles_name_what_they_need_here():
     assert not choose_tiles(128, torch.bfloat16, interpret=False, wide=False).wide
 
 
-def test_by_default_more_than_32_heads_over_a_16_bit_cache_take_the_kernel(monkeypatch):
-    """``WIDE`` (on) picks the kernel over bf16 and fp16 caches, ``WIDE_FP8`` (off) over fp8 ones; an explicit
+def test_by_default_more_than_32_heads_take_the_kernel(monkeypatch):
+    """``WIDE`` picks the kernel over bf16 and fp16 caches, ``WIDE_FP8`` over fp8 ones (both on); an explicit
     ``wide`` overrides both."""
     from portattn.kernels.triton import mla_decode_launch as launch
 
     bf16, e4m3, e5m2 = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
-    assert launch.WIDE and not launch.WIDE_FP8
+    assert launch.WIDE and launch.WIDE_FP8
     assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
     assert choose_tiles(40, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == MLATileConfig(64, 64, 8, 2)
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_TILES
     assert choose_tiles(32, bf16, interpret=False) == MLATileConfig(32, 32, 8, 3)
     assert choose_tiles(128, bf16, interpret=False, wide=False) == MLATileConfig(64, 32, 8, 3)
+    monkeypatch.setattr(launch, "WIDE_FP8", False)
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2) == MLATileConfig(64, 64, 8, 2)
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_TILES
-    monkeypatch.setattr(launch, "WIDE_FP8", True)
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2) == WIDE_TILES
+    assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
     monkeypatch.setattr(launch, "WIDE", False)
     assert choose_tiles(128, bf16, interpret=False) == MLATileConfig(64, 32, 8, 3)
 

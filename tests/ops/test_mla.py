@@ -402,7 +402,7 @@ def test_triton_default_tiles_over_an_fp8_cache():
 
     e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
     few, many = MLATileConfig(16, 32, 4, 3, separate_values=True), MLATileConfig(64, 64, 8, 2)
-    assert choose_tiles(16, bf16, interpret=False, kv_dtype=e4m3) == few
+    assert choose_tiles(16, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == few
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3, wide=False) == many
     assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)  # 16-bit: unchanged
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=bf16, wide=False) == MLATileConfig(64, 32, 8, 3)

@@ -28,7 +28,9 @@ memory in 16-byte loads for both products, with no transpose:
 * With ``WGMMA`` (compute capability 9.x) the scores are instead the transposed product ``c @ q^T`` by Hopper's
   warpgroup MMA in e4m3, straight from the copied bytes; the queries are split into two e4m3 parts (a head's
   largest value scaled to 448, the second part the first's rounding error), so only the values' bytes are
-  converted. The warpgroup MMA sums e4m3 products in fewer bits than float32 (no promotion here).
+  converted. The warpgroup MMA sums e4m3 products in fewer bits than float32 (no promotion here). On an H200
+  this variant's outputs were wrong (max error 2.7-4.2; the ``mma.sync`` form's right): ``MLATileConfig``
+  refuses ``wgmma_scores=True``, and the variant stays only as compiled code until that is found.
 
 Compiled for sm_90 by Triton 3.6 (16 heads, 64 keys a step) the key loop takes 929 SASS instructions a warp:
 272 conversions, 136 MMAs, 36 16-byte shared loads and 4 barriers (the step's, the row maximum's, the

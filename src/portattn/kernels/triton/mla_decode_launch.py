@@ -23,24 +23,22 @@ from .resources import fewer_stages_then, launch_fitting
 
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Few heads over an e4m3 cache take mla_decode_fp8_mma's kernel (relabelled shared-memory views, 16-byte
-# loads for both products) where it runs, when this is on. Off: on an H200 (B=64 over 4096 keys, 16 heads,
-# page 64) its mma.sync form took 0.0968 ms against the portable kernel's 0.1075 over e4m3 (0.0875 over bf16)
-# with its LSE not within 1e-4 of float64, and its warpgroup-MMA form (0.0817 ms) computed wrong outputs
-# (benchmarks/results/round34_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
-# ``MLATileConfig(..., fp8_mma=True)``.
-FP8_MMA = False
+# Up to 16 heads over an e4m3 cache take mla_decode_fp8_mma's kernel (relabelled shared-memory views, 16-byte
+# loads for both products, mma.sync) where it runs. On an H200 (B=64 over 4096 keys, 16 heads, page 64) it took
+# 0.0968 ms against the portable kernel's 0.1075 over e4m3 (1.11x; the bf16 cache: 0.0875), and its GPU tests
+# pass once the queries' float16 scale is a power of two (benchmarks/results/round34_h200/NOTES.md). The probe
+# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
+FP8_MMA = True
 # More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
 # between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
 # page 64) a bf16 cache took 0.190 ms against the portable kernel's 0.360 (1.90x; 385 against 203 TFLOP/s;
 # benchmarks/results/round34_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
 # ``MLATileConfig(64, ..., wide=True)``.
 WIDE = True
-# The same over an fp8 cache (e4m3, e5m2) when this is on: 0.246 ms there against the portable kernel's 0.413,
-# its outputs within tolerance of float64 but its LSE (which merges splits) off by up to 1.1e-3, more than 1e-4
-# of its largest magnitude: the queries were rounded to float16 times the softmax scale (every float16 path's
-# LSE moved so; now times a power of two, ``launch.f16_query_scale``, exact). Off until its GPU tests pass so.
-WIDE_FP8 = False
+# The same over an fp8 cache (e4m3, e5m2): 0.246 ms there against the portable kernel's 0.413 (1.68x; 0.77x of
+# itself over bf16: the step is compute-bound and the conversion adds work). Its GPU tests pass once the queries'
+# float16 scale is a power of two (``launch.f16_query_scale``; before, their rounding moved the LSE by 1.1e-3).
+WIDE_FP8 = True
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class MLATileConfig:
     separate_values: bool = False  # the latent rows loaded again for the value product (see the kernel)
     dequantize_once: bool = False  # an fp8 tile converted once to 16 bits for both products (see the kernel)
     fp8_mma: bool = False  # an e4m3 cache through mla_decode_fp8_mma (Gluon; NVIDIA, compute capability 8.9+)
-    wgmma_scores: bool = False  # with fp8_mma: the scores by Hopper's warpgroup MMA in e4m3 (64-key steps)
+    wgmma_scores: bool = False  # refused: the fp8_mma kernel's warpgroup-MMA scores gave wrong outputs on an H200
     wide: bool = False  # 64-head blocks through mla_decode_wide (Gluon; NVIDIA, compute capability 9.x)
 
     def __post_init__(self):
@@ -62,8 +60,11 @@ class MLATileConfig:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"expected {name} to be a power of two >= 16, got {value}")
-        if self.wgmma_scores and not self.fp8_mma:
-            raise ValueError("expected wgmma_scores only with fp8_mma=True, got fp8_mma=False")
+        if self.wgmma_scores:
+            raise ValueError(
+                "expected wgmma_scores=False (the fp8_mma kernel's scores by the warpgroup MMA gave wrong outputs on"
+                " an H200, max error 2.7-4.2: benchmarks/results/round34_h200/NOTES.md), got True"
+            )
         if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys (64 with wgmma)
             got = (
                 self.block_h,
@@ -73,11 +74,10 @@ class MLATileConfig:
                 self.separate_values,
                 self.dequantize_once,
             )
-            keys = (64,) if self.wgmma_scores else (32, 64)
-            if got[:2] != (16, 4) or self.block_n not in keys or self.num_stages < 2 or any(got[4:]):
+            if got[:2] != (16, 4) or self.block_n not in (32, 64) or self.num_stages < 2 or any(got[4:]):
                 raise ValueError(
-                    f"expected fp8_mma tiles of 16 heads, 4 warps, {' or '.join(map(str, keys))} keys, at least 2"
-                    f" stages, no separate_values or dequantize_once, got {self}"
+                    "expected fp8_mma tiles of 16 heads, 4 warps, 32 or 64 keys, at least 2 stages, no"
+                    f" separate_values or dequantize_once, got {self}"
                 )
         if self.wide and (
             (self.block_h, self.num_warps) != (64, 8)
@@ -155,7 +155,7 @@ def choose_tiles(
 def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
     """Smaller tiles for a device short of shared memory (the fp8 mma kernel: 32 keys, then none)."""
     if tiles.fp8_mma:
-        return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 and not tiles.wgmma_scores else None
+        return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 else None
     if tiles.wide:
         return dataclasses.replace(tiles, block_n=32) if tiles.block_n > 32 else None
     return fewer_stages_then(tiles, "block_n", "block_h")
