@@ -53,7 +53,9 @@ for wgmma in (False, True):
     print(f"   scores: {512 - len(bad)} of 512 LSEs pair dim b with query dim b; first wrong: {bad[:8]}")
     print(f"   max |lse - expected| {float((got - expect).abs().max()):.3e}")
     # random case against the reference
-    case = make_mla_case([1, 2, 17, 64, 65, 300], page_size=16, num_heads=H, device="cuda", seed=1)
+    case = make_mla_case(
+        [1, 2, 17, 64, 65, 300], page_size=16, num_heads=H, rank=512, rope_dim=64, device="cuda", seed=1
+    )
     kvq = case.kv_cache.to(torch.float8_e4m3fn)
     qn, qr = case.q_nope.bfloat16(), case.q_rope.bfloat16()
     ref, ref_lse = mla_decode_ref(qn, qr, dequantize_kv(kvq, 1.0, torch.float64), case.page_table, case.seq_lens,
