@@ -3,17 +3,18 @@ errors of 3 to 4 with both score variants). Sequences of one key have probabilit
 is the key's latent row whatever the scores: 512 one-key sequences whose rows are one-hot (sequence ``b`` holds
 1.0 at dim ``b``) show where each dim lands in the output (the values' product and the store), and their LSE
 (``scale * q[dim b]``) which query dim the scores paired with it. Then a random case of lengths 1, 2, 17, 64, 65,
-300 against the float64 reference. Run on a GPU from the repository root with PYTHONPATH=src:tests."""
+300 against the float64 reference (round 34's log: the first version, whose random case used a small latent and
+stopped). Run on a GPU from the repository root with PYTHONPATH=src:tests."""
 
 import torch
 
 from ops.test_mla import make_mla_case
 from portattn.kernels.triton import mla_decode_fp8_mma as k8
-from portattn.kernels.triton.mla_decode_launch import FP8_MMA_TILES, mla_decode_forward
+from portattn.kernels.triton.launch import f16_query_scale
 from portattn.kv_quant import dequantize_kv
 from portattn.testing import mla_decode_ref
 
-H, SCALE = 16, 0.07
+H, SCALE, LOG2E = 16, 0.07, 1.4426950408889634
 
 
 def one_hot_case():
@@ -29,14 +30,21 @@ def one_hot_case():
     return q_nope.bfloat16().cuda(), q_rope.bfloat16().cuda(), kv.to(torch.float8_e4m3fn).cuda(), page_table, seq_lens
 
 
+def decode(qn, qr, kv, pt, sl, out, lse, wgmma):
+    """The kernel launched directly (``MLATileConfig`` refuses ``wgmma_scores=True`` since round 34)."""
+    q_scale = f16_query_scale(SCALE)
+    k8.launch(qn, qr, kv, pt, sl, out, lse, out, lse, q_scale=q_scale, qk_scale_log2=SCALE / q_scale * LOG2E,
+              kv_scale=1.0, num_kv_splits=1, write_partial=False, write_lse=True, min_split=1, block_n=64, stages=2,
+              wgmma=wgmma)  # fmt: skip
+
+
 for wgmma in (False, True):
-    tiles = FP8_MMA_TILES if not wgmma else FP8_MMA_TILES.__class__(16, 64, 4, 2, fp8_mma=True, wgmma_scores=True)
-    print(f"== wgmma scores {wgmma}: {tiles}")
+    print(f"== wgmma scores {wgmma}")
     print("   supports:", k8.supports(*one_hot_case()[:3], torch.empty(1, 1, 512, device="cuda"), wgmma=wgmma))
     qn, qr, kv, pt, sl = one_hot_case()
     out = torch.full_like(qn, float("nan"))
     lse = torch.full(qn.shape[:2], float("nan"), device="cuda")
-    mla_decode_forward(qn, qr, kv, pt, sl, out, scale=SCALE, num_kv_splits=1, lse=lse, tiles=tiles)
+    decode(qn, qr, kv, pt, sl, out, lse, wgmma)
     torch.cuda.synchronize()
     o = out.float().cpu()
     landed = o[:, 0].abs().argmax(-1)  # head 0: where dim b landed
@@ -62,8 +70,7 @@ for wgmma in (False, True):
                                   scale=SCALE, return_lse=True)  # fmt: skip
     out = torch.full_like(qn, float("nan"))
     lse = torch.full(qn.shape[:2], float("nan"), device="cuda")
-    mla_decode_forward(qn, qr, kvq, case.page_table, case.seq_lens, out, scale=SCALE, num_kv_splits=1, lse=lse,
-                       tiles=tiles)  # fmt: skip
+    decode(qn, qr, kvq, case.page_table, case.seq_lens, out, lse, wgmma)
     oe = (out.double() - ref).abs().amax(dim=(1, 2)).tolist()
     le = (lse.double() - ref_lse).abs().amax(dim=1).tolist()
     print("   random: out err by seq", " ".join(f"{x:.1e}" for x in oe), "; lse err", " ".join(f"{x:.1e}" for x in le))
