@@ -1,5 +1,5 @@
 """Where the 16-head Gluon MLA kernel over e4m3 (``mla_decode_fp8_mma``) goes wrong (round 33's GPU tests: output
-errors of 3 to 4 with both score variants). Sequences of one key have probabilities of exactly 1, so their output
+errors of 3 to 4 with the warpgroup-MMA scores). Sequences of one key have probabilities of exactly 1, so their output
 is the key's latent row whatever the scores: 512 one-key sequences whose rows are one-hot (sequence ``b`` holds
 1.0 at dim ``b``) show where each dim lands in the output (the values' product and the store), and their LSE
 (``scale * q[dim b]``) which query dim the scores paired with it. Then a random case of lengths 1, 2, 17, 64, 65,
