@@ -210,7 +210,8 @@ def test_triton_float16_dots_keep_the_scores_of_bfloat16_queries(kv):
     LSE moved by up to 1.1e-3 (MLA at 40 heads on an H200; 7e-4 allowed there)."""
     from portattn.kernels.triton.launch import f16_query_scale
 
-    assert [f16_query_scale(s) for s in (0.07, 0.125, 0.0884, 1.0, 3.0)] == [0.0625, 0.125, 0.0625, 1.0, 2.0]
+    scales = (0.07, 0.125, 0.0884, 1.0, 3.0, 0.0, -0.5, float("inf"))
+    assert [f16_query_scale(s) for s in scales] == [0.0625, 0.125, 0.0625, 1.0, 2.0, 1.0, 1.0, 1.0]
     scale, dtype = 0.07, torch.bfloat16
     q_lens, k_lens = [1, 1, 1, 3], [1, 9, 40, 12]
     case = fp8_case(q_lens, k_lens, kv_dtype=FP8[kv], q_dtype=dtype, page_size=7, seed=5)

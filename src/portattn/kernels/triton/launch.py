@@ -397,8 +397,9 @@ def f16_query_scale(scale: float) -> float:
     the softmax ``scale``, so that float16's range bounds about ``q * scale`` while bfloat16 (and float16) queries
     convert exactly; the rest of ``scale`` goes into the scores' scale. Multiplied by the scale itself (0.07),
     each query was rounded to float16's 11 bits, and on an H200 MLA's LSE over an fp8 cache left the float64
-    reference by 1.1e-3 (a relative 1.4e-4; benchmarks/results/round34_h200/NOTES.md)."""
-    return 2.0 ** math.floor(math.log2(scale))
+    reference by 1.1e-3 (a relative 1.4e-4; benchmarks/results/round34_h200/NOTES.md). 1.0 for a scale that is
+    not positive and finite (the ops refuse those; the kernels' own callers may pass them)."""
+    return 2.0 ** math.floor(math.log2(scale)) if scale > 0 and math.isfinite(scale) else 1.0
 
 
 def keys_contiguous_v(v: torch.Tensor) -> bool:

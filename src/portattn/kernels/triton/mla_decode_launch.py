@@ -65,7 +65,7 @@ class MLATileConfig:
                 "expected wgmma_scores=False (the fp8_mma kernel's scores by the warpgroup MMA gave wrong outputs on"
                 " an H200, max error 2.7-4.2: benchmarks/results/round34_h200/NOTES.md), got True"
             )
-        if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys (64 with wgmma)
+        if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys
             got = (
                 self.block_h,
                 self.num_warps,
