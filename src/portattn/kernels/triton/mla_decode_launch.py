@@ -174,7 +174,7 @@ def gluon_lacks(tiles: MLATileConfig, q_nope, q_rope, kv_cache, out) -> tuple[st
         from . import mla_decode_fp8_mma
     except ImportError as exc:  # a Triton without Gluon's NVIDIA operations
         return "a Triton with Gluon's NVIDIA operations", exc
-    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out, wgmma=tiles.wgmma_scores)
+    return mla_decode_fp8_mma.supports(q_nope, q_rope, kv_cache, out)
 
 
 def _explain(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, scale, num_kv_splits, min_split_keys=1) -> None:
@@ -299,7 +299,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages, wgmma=t.wgmma_scores,
+                stages=t.num_stages,
             )  # fmt: skip
             return
         if t.wide:
