@@ -89,7 +89,8 @@ serve_bench() {  # dir [extra client args]: a checkpoint served on the GPU, load
   local ckpt_dir
   ckpt_dir=$(mktemp -d)
   local base="http://127.0.0.1:$port" ckpt="$ckpt_dir/$shape-random" name="$shape-random" server_pid= data=()
-  trap '[ -n "${server_pid:-}" ] && kill "$server_pid" 2>/dev/null; rm -rf "$ckpt_dir"' RETURN
+  # (a RETURN trap outlives its function: it clears itself, or the next function's return finds no ckpt_dir)
+  trap '[ -n "${server_pid:-}" ] && kill "$server_pid" 2>/dev/null; rm -rf "${ckpt_dir:-}"; trap - RETURN' RETURN
   if [ -n "${MODEL:-}" ]; then
     ckpt=$MODEL
     shape=$(basename "$MODEL")

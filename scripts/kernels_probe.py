@@ -278,8 +278,32 @@ def mla_fp8(out: Path, ceil) -> dict:
                                                            tiles=tiles)  # fmt: skip
                 rows[f"H={heads} {label}"]["rel_error"] = max_error(got, ref) / float(ref.abs().max())
             mla_decode_launch.attention_launch.f16_dots_for = saved
+        if heads in MLA_FP8_SPLIT_TILES:  # split counts other than the plan's (its count is in the rows above)
+            from portattn.kernels.triton.mla_workspace import mla_workspace_size, partial_buffers
+
+            for t in MLA_FP8_SPLIT_TILES[heads]:
+                kv, scale = (cache, 1.0) if t is None else (c8, 0.05)
+                for splits in MLA_FP8_SPLIT_COUNTS:
+                    ws = torch.empty(mla_workspace_size(L, b, heads, P, num_kv_splits=splits, kv_lora_rank=512),
+                                     dtype=torch.uint8, device=DEV)  # fmt: skip
+                    kwargs = {"scale": 0.07, "num_kv_splits": splits, "kv_scale": scale,
+                              "partials": partial_buffers(ws, b, heads, splits, 512) if splits > 1 else None,
+                              "tiles": None if t is None else MLATileConfig(*t)}  # fmt: skip
+                    args = (qn, qr, kv, perm, seq, mo)
+                    fn = lambda i, args=args, kwargs=kwargs: mla_decode_launch.mla_decode_forward(*args, **kwargs)
+                    key = f"H={heads} {'bf16 default' if t is None else f'e4m3 {t}'} splits={splits}"
+                    try:
+                        record(key, fn, b * L * 576 * (2 if t is None else 1))
+                    except Exception as exc:
+                        rows[key] = peers.error_line(exc)
+                        print(f"mla {key} {rows[key]}", flush=True)
     (out / "mla_fp8.json").write_text(json.dumps(rows, indent=1))
     return rows
+
+
+# Split counts timed beside the plan's for the memory-bound 16-head case (None: the bf16 cache's default tiles).
+MLA_FP8_SPLIT_COUNTS = (1, 2, 8, 16)
+MLA_FP8_SPLIT_TILES = {16: [None, (16, 64, 4, 2, False, False, True), (16, 64, 4, 3, False, False, True)]}
 
 
 # mla_splits: batches, key counts, split counts and tiles (block_h, block_n, warps, stages) of the few-sequence decodes

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Round 35, call 2: every engine step of the burst (256 x 1024 + 128) and of Poisson 16 req/s (512 +- 50%, 128)
+# timed without HTTP (benchmarks/step_trace.py), fp8 linears, captured pieces, budget 2048, as call 1's server.
+#   OUT=... bash benchmarks/results/round35/scripts/r35c2.sh
+export PYTHONPATH=src
+[ -f /tmp/ck8b/config.json ] || timeout 240 python3 -m benchmarks.random_checkpoint /tmp/ck8b --shape llama3-8b \
+  --device cuda --dtype bfloat16 > $OUT/ckpt_log.txt 2>&1
+F="--device cuda --dtype bfloat16 --page-size 16 --max-num-seqs 256 --max-model-len 4096 --piecewise-graphs
+   --quantization fp8 --max-num-batched-tokens 2048 --piecewise-max-tokens 2048"
+timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --out $OUT/burst2048.json > $OUT/burst2048.txt 2>&1
+timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --burst 400 --rate 16 --input-len 512 --range-ratio 0.5 \
+  --out $OUT/poisson2048.json > $OUT/poisson2048.txt 2>&1
+tail -c 3000 $OUT/burst2048.txt; tail -c 2000 $OUT/poisson2048.txt
+# MLA decode over an fp8 latent: the plan's tiles and split counts, and 16 heads at 1-16 splits.
+mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 200 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
+  > $OUT/probe_log.txt 2>&1
+tail -n 40 $OUT/probe_log.txt

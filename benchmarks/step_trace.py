@@ -1,0 +1,142 @@
+"""Every engine step of a load, timed: ``python -m benchmarks.step_trace CHECKPOINT [engine flags] --out F``.
+
+The engine (built as the server builds it: ``--max-num-batched-tokens``, ``--quantization``,
+``--piecewise-graphs`` ... as ``portattn serve`` takes them) runs a load without HTTP in between:
+``--burst N`` prompts of ``--input-len`` random tokens queued at once (or arriving as a Poisson process of
+``--rate`` a second; ``--range-ratio`` spreads the lengths uniformly by that fraction), each generating
+``--output-len`` tokens (``ignore_eos``). Each ``Engine.step`` call is timed on the host (with asynchronous scheduling a
+call returns once the next step is launched, so the calls' times follow the device's), beside what the
+step scheduled: decodes, prompt tokens, running and waiting sequences. Also logged with their times:
+Triton compiles and cache loads in this process (``triton.knobs.runtime`` hooks) and the garbage
+collector's passes, the two host events that stall a step without being part of it.
+
+Printed: the steps over ``--slow`` times the median of their kind (decode-only or mixed), each with the
+events inside it; written: every step as JSON, for a plot or a closer look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _hooks(events: list, start: float) -> None:
+    """Record Triton's compiles (and loads from its disk cache) and the collector's passes in ``events``."""
+
+    def compiled(*args, **kwargs):
+        events.append({"t": time.perf_counter() - start, "kind": "triton", "what": str(kwargs.get("repr", ""))[:200]})
+        return None
+
+    try:
+        import triton
+
+        triton.knobs.runtime.jit_cache_hook = compiled
+    except (ImportError, AttributeError):
+        pass
+    passes: dict[int, float] = {}
+
+    def collected(phase: str, info: dict) -> None:
+        if phase == "start":
+            passes[info["generation"]] = time.perf_counter()
+        else:
+            began = passes.pop(info["generation"], time.perf_counter())
+            events.append(
+                {
+                    "t": began - start,
+                    "kind": "gc",
+                    "what": f"generation {info['generation']}, {1e3 * (time.perf_counter() - began):.1f} ms",
+                }
+            )
+
+    gc.callbacks.append(collected)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from portattn.engine import LLM, SamplingParams
+    from portattn.engine.arguments import add_flags, given
+    from portattn.engine.config import EngineConfig
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--burst", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--rate", type=float, default=float("inf"), help="arrivals a second (inf: all at once)")
+    parser.add_argument("--range-ratio", type=float, default=0.0)
+    parser.add_argument("--slow", type=float, default=1.5, help="steps over this many times their kind's median")
+    parser.add_argument("--out", type=Path)
+    add_flags(parser, EngineConfig, exclude=("model",))
+    args = parser.parse_args(argv)
+    llm = LLM(**{**given(args, EngineConfig), "model": args.model})
+    engine = llm.engine
+    vocab = engine.vocab_size
+    rng = random.Random(0)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
+    events: list = []
+    arrivals, t = [], 0.0
+    for _ in range(args.burst):
+        low, high = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
+        arrivals.append((t, [rng.randrange(100, vocab) for _ in range(rng.randint(max(low, 1), max(high, 1)))]))
+        t += rng.expovariate(args.rate) if args.rate != float("inf") else 0.0
+    arrivals.reverse()
+    steps = []
+    scheduler = engine.scheduler
+    start = time.perf_counter()
+    _hooks(events, start)
+    while arrivals or engine.has_unfinished():
+        while arrivals and arrivals[-1][0] <= time.perf_counter() - start:
+            engine.add_request(arrivals.pop()[1], params)
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, arrivals[-1][0] - (time.perf_counter() - start)))
+            continue
+        prompt, generated = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+        running, waiting = len(scheduler.running), len(scheduler.waiting)
+        decodes = sum(seq.num_tokens - seq.num_computed <= 1 for seq in scheduler.running)
+        began = time.perf_counter()
+        engine.step()
+        ended = time.perf_counter()
+        steps.append(
+            {
+                "t": began - start,
+                "ms": 1e3 * (ended - began),
+                "running": running,
+                "waiting": waiting,
+                "decodes": decodes,
+                "prompt_tokens": engine.num_prompt_tokens_computed - prompt,
+                "generated": engine.num_generated_tokens - generated,
+            }
+        )
+    total = time.perf_counter() - start
+    llm.shutdown()
+    medians = {}
+    for kind in ("decode", "mixed"):
+        times = [s["ms"] for s in steps if (s["prompt_tokens"] > 0) == (kind == "mixed")]
+        medians[kind] = statistics.median(times) if times else None
+    print(
+        f"{len(steps)} steps in {total:.2f} s; median decode-only {medians['decode']} ms, mixed {medians['mixed']} ms"
+    )
+    for s in steps:
+        median = medians["mixed" if s["prompt_tokens"] > 0 else "decode"]
+        if median and s["ms"] > args.slow * median:
+            inside = [e for e in events if s["t"] <= e["t"] <= s["t"] + s["ms"] / 1e3]
+            print(
+                f"slow step at {s['t']:.3f} s: {s['ms']:.1f} ms (median {median:.1f}), decodes {s['decodes']}, "
+                f"prompt tokens {s['prompt_tokens']}, running {s['running']}, waiting {s['waiting']}; events: "
+                + ("; ".join(f"{e['kind']} {e['what']}" for e in inside) or "none")
+            )
+    for e in events:
+        if e["kind"] == "triton":
+            print(f"triton at {e['t']:.3f} s: {e['what']}")
+    if args.out:
+        args.out.write_text(json.dumps({"medians": medians, "total_s": total, "steps": steps, "events": events}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
