@@ -240,3 +240,44 @@ def test_a_step_scheduled_ahead_decodes_the_tokens_in_flight():
     assert scheduler.running == running and list(scheduler.waiting) == [waiting] and scheduler.num_preemptions == 0
     b.token_ids.append(9)  # b's token read: the synchronous schedule preempts c, the newest
     assert scheduler.schedule() == [(b, 1)] and scheduler.num_preemptions == 1 and c.status is Status.WAITING
+
+
+def test_long_prefill_token_threshold_caps_each_prompt_chunk():
+    """``long_prefill_token_threshold``: a prompt (admitted or already running) computes at most that many
+    tokens a step, decodes are not capped, and several capped prompts share what is left of the budget."""
+    size = 4
+    pages = PageManager(PageAllocator(40), ReqToTokenPool(4, 64, size, "cpu"), enable_prefix_caching=False)
+    scheduler = Scheduler(pages, max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=5)
+    greedy = SamplingParams(temperature=0)
+    a, b, c, d = (Sequence(i, [i + 1] * n, greedy) for i, n in enumerate((12, 3, 9, 5)))
+    for seq in (a, b, c, d):
+        scheduler.add(seq)
+    assert scheduler.schedule() == [(a, 5), (b, 3), (c, 5), (d, 3)]  # d: what the budget leaves
+    for seq, n in ((a, 5), (b, 3), (c, 5), (d, 3)):
+        seq.num_computed += n
+    b.token_ids.append(9)  # b decodes; the others go on in chunks of at most 5
+    assert scheduler.schedule() == [(b, 1), (a, 5), (c, 4), (d, 2)]
+    with pytest.raises(ValueError, match=r"long_prefill_token_threshold \(--long-prefill-token-threshold\) to be an int >= 0, got -1"):
+        LLM("unused", long_prefill_token_threshold=-1)
+
+
+def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):
+    """Prompts cut into chunks of 4 tokens beside running decodes give the uncapped engine's tokens, and
+    transformers' greedy ones; no step computes more than 4 tokens of one prompt."""
+    path = checkpoint("llama", ckpt_root)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    capped = LLM(path, page_size=3, num_pages=200, max_model_len=80, long_prefill_token_threshold=4)
+    chunks = []
+    build = ForwardBatch.build
+
+    def record(scheduled, *args, **kwargs):
+        chunks.extend(n for seq, n in scheduled)
+        return build(scheduled, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ForwardBatch, "build", staticmethod(record))
+        got = [o.token_ids for o in capped.generate(PROMPTS, params, use_tqdm=False)]
+    want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
+    assert got == want and max(chunks) == 4
+    for i in (0, 5):
+        assert got[i] == hf_reference(path, tuple(PROMPTS[i]), 8)[0]

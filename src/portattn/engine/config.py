@@ -106,6 +106,13 @@ class EngineConfig:
     chunked_prefill_size: int | None = field(
         default=None, metadata=doc("the same as max_num_batched_tokens (the older name; give one of the two)")
     )
+    long_prefill_token_threshold: int = field(
+        default=0,
+        metadata=doc(
+            "a prompt computes at most this many tokens a step (0: up to the token budget); small chunks beside "
+            "running decodes keep their inter-token latency even (vLLM's flag and meaning)"
+        ),
+    )
     enable_prefix_caching: bool = field(
         default=True, metadata=doc("share full KV-cache pages of equal prefixes between requests")
     )
@@ -269,6 +276,9 @@ class EngineConfig:
         for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        threshold = self.long_prefill_token_threshold
+        if not (isinstance(threshold, int) and not isinstance(threshold, bool) and threshold >= 0):
+            raise ValueError(f"expected {option('long_prefill_token_threshold')} to be an int >= 0, got {threshold!r}")
         flags = ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture")
         flags += ("piecewise_graphs",)
         for name in (*flags, "enable_cascade_attn"):

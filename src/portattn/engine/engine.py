@@ -163,7 +163,9 @@ class Engine:
         )
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.pages, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.pages, config.max_num_seqs, config.max_num_batched_tokens, config.long_prefill_token_threshold
+        )
         self.runner = ModelRunner(
             self.model,
             self.kv_pool,

@@ -5,7 +5,10 @@ sequences in decode (one new token each) come first, oldest first, so that a lon
 stalls them; then the running sequences still prefilling take chunks of what is left, oldest first;
 then waiting ones are admitted while there is a free request slot and budget. A sequence's share is
 ``min(uncomputed tokens, budget left)``, so one forward can mix decodes, prompt chunks and whole
-prefills, and no forward computes more than the budget. When the pool runs out of pages, the newest
+prefills, and no forward computes more than the budget. With ``long_prefill_token_threshold`` (vLLM's
+name and meaning; 0: none) a prompt's share is also at most that many tokens a step: a long prompt
+then joins the running decodes in small chunks (each step barely longer than a decode step), while a
+burst of prompts still fills the budget with several chunks at once. When the pool runs out of pages, the newest
 running sequence is preempted (a decode already scheduled this step is taken back out): its pages go
 back to the pool and it recomputes later from its tokens, which it keeps.
 
@@ -33,11 +36,18 @@ logger = logging.getLogger("portattn")
 
 
 class Scheduler:
-    def __init__(self, page_manager: PageManager, max_num_seqs: int, max_num_batched_tokens: int | None):
+    def __init__(
+        self,
+        page_manager: PageManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int | None,
+        long_prefill_token_threshold: int = 0,
+    ):
         self.pages = page_manager
         self.req_pool = page_manager.req_pool
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens  # None: no limit
+        self.chunk_cap = long_prefill_token_threshold or float("inf")  # a prompt's tokens a step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -77,8 +87,9 @@ class Scheduler:
                 break
             if seq in preempted:  # preempted for an older sequence's pages
                 continue
-            left = uncomputed[seq]
-            n = int(min(left + self._lookahead(seq, left), budget))
+            pending = uncomputed[seq]
+            left = pending if pending == 1 else min(pending, self.chunk_cap)
+            n = int(min(left + self._lookahead(seq, pending), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
                 if ahead:
                     return None  # (the pages reserved so far are those the sequences need next anyway)
@@ -136,7 +147,7 @@ class Scheduler:
         try:
             seq.req_pool_idx = self.req_pool.alloc()
             cached = self.pages.match_prefix(seq)
-            n = int(min(seq.num_tokens - seq.num_computed, budget))
+            n = int(min(seq.num_tokens - seq.num_computed, budget, self.chunk_cap))
             if not self.pages.reserve(seq, seq.num_computed + n):
                 self._release(seq)
                 return None

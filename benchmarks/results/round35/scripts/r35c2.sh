@@ -10,8 +10,13 @@ F="--device cuda --dtype bfloat16 --page-size 16 --max-num-seqs 256 --max-model-
 timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --out $OUT/burst2048.json > $OUT/burst2048.txt 2>&1
 timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --burst 400 --rate 16 --input-len 512 --range-ratio 0.5 \
   --out $OUT/poisson2048.json > $OUT/poisson2048.txt 2>&1
-tail -c 3000 $OUT/burst2048.txt; tail -c 2000 $OUT/poisson2048.txt
+# The same loads with each prompt's chunk capped at 128 tokens a step (--long-prefill-token-threshold).
+timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-threshold 128 --burst 400 --rate 16 \
+  --input-len 512 --range-ratio 0.5 --out $OUT/poisson2048c128.json > $OUT/poisson2048c128.txt 2>&1
+timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-threshold 256 \
+  --out $OUT/burst2048c256.json > $OUT/burst2048c256.txt 2>&1
+for f in burst2048 poisson2048 poisson2048c128 burst2048c256; do echo "== $f"; grep -v "^triton at" $OUT/$f.txt | tail -c 1500; done
 # MLA decode over an fp8 latent: the plan's tiles and split counts, and 16 heads at 1-16 splits.
-mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 200 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
+mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 150 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
   > $OUT/probe_log.txt 2>&1
 tail -n 40 $OUT/probe_log.txt
