@@ -257,7 +257,8 @@ def test_long_prefill_token_threshold_caps_each_prompt_chunk():
         seq.num_computed += n
     b.token_ids.append(9)  # b decodes; the others go on in chunks of at most 5
     assert scheduler.schedule() == [(b, 1), (a, 5), (c, 4), (d, 2)]
-    with pytest.raises(ValueError, match=r"long_prefill_token_threshold \(--long-prefill-token-threshold\) to be an int >= 0, got -1"):
+    wanted = r"long_prefill_token_threshold \(--long-prefill-token-threshold\) to be an int >= 0, got -1"
+    with pytest.raises(ValueError, match=wanted):
         LLM("unused", long_prefill_token_threshold=-1)
 
 
