@@ -7,8 +7,8 @@ The engine (built as the server builds it: ``--max-num-batched-tokens``, ``--qua
 ``--output-len`` tokens (``ignore_eos``). Each ``Engine.step`` call is timed on the host (with asynchronous scheduling a
 call returns once the next step is launched, so the calls' times follow the device's), beside what the
 step scheduled: decodes, prompt tokens, running and waiting sequences. Also logged with their times:
-Triton compiles and cache loads in this process (``triton.knobs.runtime`` hooks) and the garbage
-collector's passes, the two host events that stall a step without being part of it.
+Triton compiles and cache loads in this process (``triton.knobs.runtime`` hooks), decode graphs recorded
+lazily, and the garbage collector's passes: the host events that stall a step without being part of it.
 
 Printed: the steps over ``--slow`` times the median of their kind (decode-only or mixed), each with the
 events inside it; written: every step as JSON, for a plot or a closer look.
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = engine.scheduler
     start = time.perf_counter()
     _hooks(events, start)
+    graphs = engine.runner.graphs
+    captured = graphs.num_captured if graphs is not None else 0
     while arrivals or engine.has_unfinished():
         while arrivals and arrivals[-1][0] <= time.perf_counter() - start:
             engine.add_request(arrivals.pop()[1], params)
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         engine.step()
         ended = time.perf_counter()
+        if graphs is not None and graphs.num_captured != captured:
+            events.append({"t": began - start, "kind": "graph", "what": f"{graphs.num_captured - captured} recorded"})
+            captured = graphs.num_captured
         steps.append(
             {
                 "t": began - start,
