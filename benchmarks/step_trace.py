@@ -8,7 +8,8 @@ The engine (built as the server builds it: ``--max-num-batched-tokens``, ``--qua
 call returns once the next step is launched, so the calls' times follow the device's), beside what the
 step scheduled: decodes, prompt tokens, running and waiting sequences. Also logged with their times:
 Triton compiles and cache loads in this process (``triton.knobs.runtime`` hooks), decode graphs recorded
-lazily, and the garbage collector's passes: the host events that stall a step without being part of it.
+lazily, the caching allocator's calls to the driver (on a GPU) and the garbage collector's passes: the host
+events that stall a step without being part of it.
 
 Printed: the steps over ``--slow`` times the median of their kind (decode-only or mixed), each with the
 events inside it; written: every step as JSON, for a plot or a closer look.
@@ -57,6 +58,13 @@ def _hooks(events: list, start: float) -> None:
     gc.callbacks.append(collected)
 
 
+def _allocator_counts() -> dict:
+    import torch
+
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms")}
+
+
 def main(argv: list[str] | None = None) -> int:
     from portattn.engine import LLM, SamplingParams
     from portattn.engine.arguments import add_flags, given
@@ -91,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     _hooks(events, start)
     graphs = engine.runner.graphs
     captured = graphs.num_captured if graphs is not None else 0
+    cuda = engine.config.device.type == "cuda"
+    allocator = _allocator_counts() if cuda else None
     while arrivals or engine.has_unfinished():
         while arrivals and arrivals[-1][0] <= time.perf_counter() - start:
             engine.add_request(arrivals.pop()[1], params)
@@ -106,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         if graphs is not None and graphs.num_captured != captured:
             events.append({"t": began - start, "kind": "graph", "what": f"{graphs.num_captured - captured} recorded"})
             captured = graphs.num_captured
+        if cuda:  # the caching allocator's calls to the driver (a retry frees cached blocks: a device sync)
+            now = _allocator_counts()
+            moved = {k: now[k] - allocator[k] for k in now if now[k] != allocator[k]}
+            if moved:
+                events.append({"t": began - start, "kind": "allocator", "what": str(moved)})
+            allocator = now
         steps.append(
             {
                 "t": began - start,
