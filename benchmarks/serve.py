@@ -48,6 +48,7 @@ class RequestResult:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str | None = None
+    start: float = 0.0  # when it was sent, in seconds from the load's start
 
     @property
     def tpot(self) -> float | None:
@@ -78,7 +79,7 @@ async def one_request(session, url: str, body: dict, api_key) -> RequestResult:
 
     result = RequestResult()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    start = time.perf_counter()
+    start = result.start = time.perf_counter()
     last = None
     try:
         async with session.post(url, json=body, headers=headers) as resp:
@@ -140,6 +141,8 @@ async def run_load(args, base_url: str, model: str, requests: list[BenchRequest]
             if math.isfinite(args.request_rate):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
+        for result in results:
+            result.start -= start
         return results, time.perf_counter() - start
 
 

@@ -14,8 +14,10 @@ TTFTs).
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -33,7 +35,8 @@ def load_runs(dirs: list[Path]) -> list[dict]:
         for path in sorted([*folder.glob("serve_*.json"), *folder.glob("serve_*.json.gz")]):
             text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
             data = json.loads(text)
-            itls = [gap for r in data.get("requests", []) if r.get("error") is None for gap in r.get("itl", [])]
+            done = [r for r in data.get("requests", []) if r.get("error") is None]
+            itls = [gap for r in done for gap in r.get("itl", [])]
             ttfts = [r["ttft"] for r in data.get("requests", []) if r.get("error") is None]
             config = data.get("config", {})
             runs.append({
@@ -43,8 +46,57 @@ def load_runs(dirs: list[Path]) -> list[dict]:
                 "summary": data["summary"],
                 "itls": itls,
                 "ttfts": ttfts,
+                "stalls": stalls(done),
             })  # fmt: skip
     return runs
+
+
+STALL_RATIO = 1.8  # a gap this many times the gaps around it (STALL_WINDOW_S either side) is long
+STALL_WINDOW_S = 0.25
+STALL_SHARE = 0.5  # a stall: long gaps ending together (within STALL_JOIN_S) in this share of the open streams
+STALL_JOIN_S = 0.01
+
+
+def stalls(requests: list[dict]) -> list[tuple[float, float]] | None:
+    """The moments every stream stopped at once: long gaps (over ``STALL_RATIO`` times the median gap of
+    every stream within ``STALL_WINDOW_S``) that end together in at least ``STALL_SHARE`` of the streams
+    open then. Each as ``(time from the load's start, its median gap less the median around it)``, in
+    seconds: a step that took twice its time, a pause of the server or the engine, which a percentile over
+    all gaps blurs. None for results without the requests' send times (written before they were kept)."""
+    if not requests or any("start" not in r for r in requests):
+        return None
+    ends, spans = [], []  # (time a gap ends, the gap); (first token, last token) of each stream
+    for r in requests:
+        t = first = r["start"] + r["ttft"]
+        for gap in r.get("itl", []):
+            t += gap
+            ends.append((t, gap))
+        spans.append((first, t))
+    if not ends:
+        return []
+    ends.sort()
+    times = [t for t, _ in ends]
+    medians: dict[int, float] = {}  # per bin of STALL_JOIN_S: the median gap ending within STALL_WINDOW_S of it
+
+    def around(t: float) -> float:
+        b = int(t / STALL_JOIN_S)
+        if b not in medians:
+            lo = bisect.bisect_left(times, b * STALL_JOIN_S - STALL_WINDOW_S)
+            hi = bisect.bisect_right(times, (b + 1) * STALL_JOIN_S + STALL_WINDOW_S)
+            medians[b] = statistics.median(g for _, g in ends[lo:hi])
+        return medians[b]
+
+    long = [(t, gap, around(t)) for t, gap in ends if gap > STALL_RATIO * around(t)]
+    found, group = [], []
+    for item in [*long, (float("inf"), 0.0, 0.0)]:
+        if group and item[0] - group[-1][0] > STALL_JOIN_S:
+            at = group[0][0]
+            open_streams = sum(first < at - group[0][1] / 2 and last >= at for first, last in spans)
+            if len(group) >= STALL_SHARE * max(open_streams, 1):
+                found.append((at, statistics.median(g for _, g, _ in group) - statistics.median(x for *_, x in group)))
+            group = []
+        group.append(item)
+    return found
 
 
 def target(run: dict, batch1_step_ms: float | None) -> str:
@@ -75,7 +127,7 @@ def notes(runs: list[dict], batch1_step_ms: float | None) -> str:
              "streamed chunks; TPOT: (E2EL - TTFT) / (output - 1)). Targets: " +
              "; ".join(f"{load}: {text}" for load, text in TARGETS.items()) + ".", "",
              "| server | load | done | out tok/s | TTFT mean / p99 ms | TPOT mean ms | ITL median / p90 / p99 ms "
-             "| gaps under 1 ms | target |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| gaps under 1 ms | every stream stopped | target |", "|" + "---|" * 10]  # fmt: skip
     for run in runs:
         s = run["summary"]
         ttft, tpot, itl = s.get("ttft", {}), s.get("tpot", {}), s.get("itl", {})
@@ -84,9 +136,27 @@ def notes(runs: list[dict], batch1_step_ms: float | None) -> str:
             f"| {s['completed']}/{s['completed'] + s['failed']} | {s['output_throughput']:,.0f} "
             f"| {_ms(ttft, 'mean_ms')} / {_ms(ttft, 'p99_ms')} | {_ms(tpot, 'mean_ms')} "
             f"| {_ms(itl, 'median_ms' if 'median_ms' in itl else 'p50_ms')} / {_ms(itl, 'p90_ms')} / "
-            f"{_ms(itl, 'p99_ms')} | {_bunched(run['itls'])} | {target(run, batch1_step_ms)} |"
+            f"{_ms(itl, 'p99_ms')} | {_bunched(run['itls'])} | {_stalled(run['stalls'])} "
+            f"| {target(run, batch1_step_ms)} |"
         )
+    stalled = [run for run in runs if run["stalls"]]
+    if stalled:
+        lines += ["", "Every stream stopped at once (seconds from the load's start, each stop's extra time in ms):"]
+        lines += [
+            f"- {run['config']} {run['load']}: "
+            + ", ".join(f"{at:.2f} s (+{1000 * extra:.0f})" for at, extra in run["stalls"][:40])
+            + (f" and {len(run['stalls']) - 40} more" if len(run["stalls"]) > 40 else "")
+            for run in stalled
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _stalled(found: list | None) -> str:
+    """How often every stream stopped at once (:func:`stalls`) and the time it cost them; "-" for results
+    without send times."""
+    if found is None:
+        return "-"
+    return f"{len(found)} ({1000 * sum(extra for _, extra in found):.0f} ms)" if found else "0"
 
 
 def _bunched(itls: list[float]) -> str:

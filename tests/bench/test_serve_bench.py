@@ -178,14 +178,41 @@ def test_serve_report_checks_each_load_against_its_target(tmp_path):
                               "--batch1-step-ms", "4.8"]) == 0  # fmt: skip
     text = (tmp_path / "out" / "serve_gpu.md").read_text()
     burst = next(line for line in text.splitlines() if "| b2048 (--max-num-batched-tokens 2048) | burst256 |" in line)
-    assert "| 4/4 |" in burst and "| 0% | ITL p99 1.0x the median, TTFT mean 2.00 s: met" in burst
+    # the 100 ms gaps of the two streams that started together stop 2 of the 3 open then; the last stream's,
+    # open alone, stops all there are
+    assert "| 4/4 |" in burst and "| 0% | 2 (180 ms) | ITL p99 1.0x the median, TTFT mean 2.00 s: met" in burst
     big = next(line for line in text.splitlines() if "| b8192 | burst256 |" in line)
     assert "ITL p99 20.0x the median, TTFT mean 3.00 s: not met" in big
     poisson = next(line for line in text.splitlines() if "| poisson16 |" in line)
     # 12 gaps, three of 19 ms, three of 0.5 ms (chunks that came together): p99 19 ms, median 10
-    assert "| 25% | ITL p99 1.9x the median: met" in poisson
+    assert "| 25% | 1 (9 ms) | ITL p99 1.9x the median: met" in poisson
     conc1 = next(line for line in text.splitlines() if "| conc1 |" in line)
     assert "TPOT 1.04x the batch-1 step (4.80 ms): met" in conc1
     assert (tmp_path / "out" / "serve_gpu.png").stat().st_size > 10_000
     with pytest.raises(SystemExit):  # a folder without results
         serve_report.main([str(tmp_path / "out"), "--out", str(tmp_path / "out")])
+
+
+def test_serve_report_finds_the_moments_every_stream_stopped():
+    """Eight streams of 10 ms gaps, sent 5 ms apart: a step of 40 ms at 1.0 s stops every open stream
+    (one stop of 30 ms more than the gaps around it); one stream's own long gap, and streams that
+    had not started, are not a stop; results without send times have none to report."""
+    from benchmarks import serve_report
+
+    requests = []
+    for i in range(8):
+        start, ttft, t, itl = 0.005 * i, 0.1, 0.005 * i + 0.1, []
+        while t < 2.0:
+            gap = 0.04 if abs(t + 0.01 - 1.0) < 0.005 else 0.01  # the one step that took 40 ms
+            if i == 3 and abs(t - 1.5) < 0.005:
+                gap = 0.05  # one stream's own pause
+            itl.append(gap)
+            t += gap
+        requests.append({"start": start, "ttft": ttft, "itl": itl, "error": None})
+    late = {"start": 1.2, "ttft": 0.1, "itl": [0.01] * 50, "error": None}  # opens after the stop
+    found = serve_report.stalls([*requests, late])
+    assert len(found) == 1
+    at, extra = found[0]
+    assert 1.0 <= at <= 1.04 and extra == pytest.approx(0.03, abs=1e-6)
+    assert serve_report.stalls([{k: v for k, v in r.items() if k != "start"} for r in requests]) is None
+    assert serve_report._stalled(found) == "1 (30 ms)" and serve_report._stalled(None) == "-"
