@@ -8,9 +8,9 @@ then waiting ones are admitted while there is a free request slot and budget. A 
 prefills, and no forward computes more than the budget. With ``long_prefill_token_threshold`` (vLLM's
 name and meaning; 0: none) a prompt's share is also at most that many tokens a step: a long prompt
 then joins the running decodes in small chunks (each step barely longer than a decode step), while a
-burst of prompts still fills the budget with several chunks at once. When the pool runs out of pages, the newest
-running sequence is preempted (a decode already scheduled this step is taken back out): its pages go
-back to the pool and it recomputes later from its tokens, which it keeps.
+burst of prompts still fills the budget with several chunks at once. When the pool runs out of pages,
+the newest running sequence is preempted (a decode already scheduled this step is taken back out): its
+pages go back to the pool and it recomputes later from its tokens, which it keeps.
 
 With speculative decoding, ``lookahead(seq)`` (set per step by the engine) adds the tokens a running
 sequence in decode may propose to its share; when the pool cannot hold a sequence's tokens, its own
