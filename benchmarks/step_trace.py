@@ -12,7 +12,8 @@ lazily, the caching allocator's calls to the driver (on a GPU) and the garbage c
 events that stall a step without being part of it.
 
 Printed: the steps over ``--slow`` times the median of their kind (decode-only or mixed), each with the
-events inside it; written: every step as JSON, for a plot or a closer look.
+events inside it; written: every step as JSON, for a plot or a closer look. ``--profile STEP:COUNT``: the
+kernels of those steps by time (``torch.profiler``), printed and written beside ``--out``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,30 @@ def _allocator_counts() -> dict:
     return {k: stats.get(k, 0) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms")}
 
 
+def _start_profiler(cuda: bool):
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    profiler = torch.profiler.profile(activities=activities)
+    profiler.__enter__()
+    return profiler
+
+
+def _report_profile(profiler, cuda: bool, first: int, count: int, out: Path | None) -> None:
+    """The profiled steps' kernels (or host ops, without a GPU) by total time, printed and written beside
+    ``out`` (``.profile.txt``)."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    profiler.__exit__(None, None, None)
+    table = profiler.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40)
+    text = f"steps {first} to {first + count - 1}\n{table}"
+    print(text)
+    if out is not None:
+        out.with_suffix(".profile.txt").write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     from portattn.engine import LLM, SamplingParams
     from portattn.engine.arguments import add_flags, given
@@ -78,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=float("inf"), help="arrivals a second (inf: all at once)")
     parser.add_argument("--range-ratio", type=float, default=0.0)
     parser.add_argument("--slow", type=float, default=1.5, help="steps over this many times their kind's median")
+    parser.add_argument(
+        "--profile", metavar="STEP:COUNT", help="torch.profiler over COUNT steps from step STEP: kernels by time"
+    )
     parser.add_argument("--out", type=Path)
     add_flags(parser, EngineConfig, exclude=("model",))
     args = parser.parse_args(argv)
@@ -101,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     captured = graphs.num_captured if graphs is not None else 0
     cuda = engine.config.device.type == "cuda"
     allocator = _allocator_counts() if cuda else None
+    profile_from, profile_count = map(int, args.profile.split(":")) if args.profile else (-1, 0)
+    profiler = None
     while arrivals or engine.has_unfinished():
         while arrivals and arrivals[-1][0] <= time.perf_counter() - start:
             engine.add_request(arrivals.pop()[1], params)
@@ -110,9 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         prompt, generated = engine.num_prompt_tokens_computed, engine.num_generated_tokens
         running, waiting = len(scheduler.running), len(scheduler.waiting)
         decodes = sum(seq.num_tokens - seq.num_computed <= 1 for seq in scheduler.running)
+        if len(steps) == profile_from:
+            profiler = _start_profiler(cuda)
         began = time.perf_counter()
         engine.step()
         ended = time.perf_counter()
+        if profiler is not None and len(steps) + 1 == profile_from + profile_count:
+            _report_profile(profiler, cuda, profile_from, profile_count, args.out)
+            profiler = None
         if graphs is not None and graphs.num_captured != captured:
             events.append({"t": began - start, "kind": "graph", "what": f"{graphs.num_captured - captured} recorded"})
             captured = graphs.num_captured

@@ -13,9 +13,9 @@ timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --burst 400 --rate 16 
 # The same loads with each prompt's chunk capped at 128 tokens a step (--long-prefill-token-threshold).
 timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-threshold 128 --burst 400 --rate 16 \
   --input-len 512 --range-ratio 0.5 --out $OUT/poisson2048c128.json > $OUT/poisson2048c128.txt 2>&1
-timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-threshold 256 \
-  --out $OUT/burst2048c256.json > $OUT/burst2048c256.txt 2>&1
-for f in burst2048 poisson2048 poisson2048c128 burst2048c256; do echo "== $f"; grep -v "^triton at" $OUT/$f.txt | tail -c 1500; done
+timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-threshold 256 --profile 40:3 \
+  --out $OUT/burst2048c256.json > $OUT/burst2048c256.txt 2>&1  # (and the kernels of three mixed steps)
+for f in burst2048 poisson2048 poisson2048c128 burst2048c256; do echo "== $f"; grep "steps in\|^slow" $OUT/$f.txt | head -20; done
 # MLA decode over an fp8 latent: the plan's tiles and split counts, and 16 heads at 1-16 splits.
 mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 150 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
   > $OUT/probe_log.txt 2>&1
