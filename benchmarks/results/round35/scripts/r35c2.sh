@@ -20,3 +20,6 @@ for f in burst2048 poisson2048 poisson2048c128 burst2048c256; do echo "== $f"; g
 mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 150 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
   > $OUT/probe_log.txt 2>&1
 tail -n 40 $OUT/probe_log.txt
+# Where the 16-head kernel's warpgroup-MMA scores go wrong (one-hot rows; round 34's script, not reached there).
+PYTHONPATH=src:tests timeout 90 python3 benchmarks/results/round34_h200/scripts/fp8_mma_diag.py > $OUT/fp8_mma_diag.txt 2>&1
+tail -n 30 $OUT/fp8_mma_diag.txt
