@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from portattn.engine.forward_batch import ForwardBatch
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts, rel_err
@@ -121,3 +122,29 @@ def test_captured_pieces_of_a_thousand_tokens_and_more_equal_plain_steps(ckpt_ro
     for a, b in zip(got, want):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert rel_err(a.prompt_logits, b.prompt_logits) < 1e-4
+
+
+def test_capped_prompt_chunks_through_pieces_ahead_equal_plain_steps(ckpt_root):
+    """``long_prefill_token_threshold=8`` with captured pieces and asynchronous scheduling (prompts of up to 100
+    tokens in chunks of 8 beside running decodes, launched ahead) gives the greedy tokens of a synchronous engine
+    without pieces or a cap; no eager step computes more than 8 tokens of one prompt."""
+    path = checkpoint("llama", ckpt_root)
+    options = dict(device="cuda", dtype="float32", page_size=16, max_model_len=256, max_num_seqs=8, num_pages=200,
+                   max_num_batched_tokens=64)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = LLM(path, async_scheduling=False, **options).generate(PROMPTS, params, use_tqdm=False)
+    llm = LLM(path, piecewise_graphs=True, long_prefill_token_threshold=8, **options)
+    chunks = []
+    build = ForwardBatch.build
+
+    def record(scheduled, *args, **kwargs):
+        chunks.extend(n for _, n in scheduled)
+        return build(scheduled, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ForwardBatch, "build", staticmethod(record))
+        got = llm.generate(PROMPTS, params, use_tqdm=False)
+    engine = llm.engine
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert max(chunks) == 8 and engine.runner.piecewise.steps > 0
+    assert engine.run_ahead is not None and engine.run_ahead.eager_ahead > 0

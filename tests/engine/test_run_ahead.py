@@ -373,3 +373,14 @@ def test_a_fed_step_launch_reads_nothing_back(ckpt_root):
         sampled = runner.sampled(second)
         results[fed] = [seq.output_token_ids for seq in seqs[:2]] + [sampled[seq] for seq in seqs]
     assert results[True] == results[False]
+
+
+def test_capped_prompt_chunks_ahead_give_the_same_tokens(ckpt_root):
+    """``long_prefill_token_threshold``: prompts in chunks of at most 5 tokens beside running decodes, each
+    chunk launched ahead of the previous step's tokens, give the tokens of synchronous scheduling without a cap."""
+    path = checkpoint("llama", ckpt_root)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 8, 11, 2, 9, 14)]
+    want = run(static(path, ahead=False, max_num_batched_tokens=32), PROMPTS, params)
+    llm = static(path, ahead=True, max_num_batched_tokens=32, long_prefill_token_threshold=5)
+    assert run(llm, PROMPTS, params) == want
+    assert llm.engine.run_ahead.eager_ahead > 5 and llm.engine.run_ahead.eager_fed > 0
