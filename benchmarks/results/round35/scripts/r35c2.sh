@@ -16,6 +16,9 @@ timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-t
 timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --long-prefill-token-threshold 256 --profile 40:3 \
   --out $OUT/burst2048c256.json > $OUT/burst2048c256.txt 2>&1  # (and the kernels of three mixed steps)
 for f in burst2048 poisson2048 poisson2048c128 burst2048c256; do echo "== $f"; grep "steps in\|^slow" $OUT/$f.txt | head -20; done
+# The chunk cap through captured pieces, launched ahead, against plain synchronous steps (GPU test).
+PORTATTN_TEST_ENGINE_DEVICE=cuda PYTHONPATH=src:tests timeout 120 python3 -m pytest -q -p no:cacheprovider \
+  tests/engine/test_piecewise_gpu.py -k capped > $OUT/test_capped.txt 2>&1; tail -n 3 $OUT/test_capped.txt
 # MLA decode over an fp8 latent: the plan's tiles and split counts, and 16 heads at 1-16 splits.
 mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 150 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
   > $OUT/probe_log.txt 2>&1
