@@ -229,6 +229,11 @@ class Engine:
             f"KV cache {tokens:,} tokens ({num_pages} pages of {config.page_size}, {kv}), maximum concurrency "
             f"{tokens / self.max_model_len:.2f}x for {self.max_model_len}-token requests (max_model_len); attention "
             f"backend {self.backend.name}, {config.max_num_batched_tokens} tokens per step"
+            + (
+                f" (at most {config.long_prefill_token_threshold} of one prompt)"
+                if config.long_prefill_token_threshold
+                else ""
+            )
         )
 
     def _eager_reason(self) -> str | None:
