@@ -37,7 +37,7 @@ def load_runs(dirs: list[Path]) -> list[dict]:
             data = json.loads(text)
             done = [r for r in data.get("requests", []) if r.get("error") is None]
             itls = [gap for r in done for gap in r.get("itl", [])]
-            ttfts = [r["ttft"] for r in data.get("requests", []) if r.get("error") is None]
+            ttfts = [r["ttft"] for r in done]
             config = data.get("config", {})
             runs.append({
                 "config": folder.name,
