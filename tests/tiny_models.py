@@ -7,8 +7,10 @@ folders re-export the fixtures."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -107,3 +109,22 @@ def guard_decode_forwards(llm) -> list[int]:
 
     model.forward = guarded
     return decodes
+
+
+@contextlib.contextmanager
+def scheduled_token_counts() -> Iterator[list[int]]:
+    """While inside: the tokens each sequence computes in every step that plans through
+    ``ForwardBatch.build`` (eager and pieced steps; a captured decode step writes its own inputs), appended
+    to the list yielded."""
+    from portattn.engine.forward_batch import ForwardBatch
+
+    counts: list[int] = []
+    build = ForwardBatch.build
+
+    def record(scheduled, *args, **kwargs):
+        counts.extend(n for _, n in scheduled)
+        return build(scheduled, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ForwardBatch, "build", staticmethod(record))
+        yield counts

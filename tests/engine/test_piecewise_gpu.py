@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from portattn.engine.forward_batch import ForwardBatch
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
-from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts, rel_err
+from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts, rel_err, scheduled_token_counts
 
 pytestmark = pytest.mark.skipif(
     ENGINE_DEVICE != "cuda" or not torch.cuda.is_available(),
@@ -134,15 +133,7 @@ def test_capped_prompt_chunks_through_pieces_ahead_equal_plain_steps(ckpt_root):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     want = LLM(path, async_scheduling=False, **options).generate(PROMPTS, params, use_tqdm=False)
     llm = LLM(path, piecewise_graphs=True, long_prefill_token_threshold=8, **options)
-    chunks = []
-    build = ForwardBatch.build
-
-    def record(scheduled, *args, **kwargs):
-        chunks.extend(n for _, n in scheduled)
-        return build(scheduled, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ForwardBatch, "build", staticmethod(record))
+    with scheduled_token_counts() as chunks:
         got = llm.generate(PROMPTS, params, use_tqdm=False)
     engine = llm.engine
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

@@ -13,7 +13,7 @@ from portattn.engine.sampling_params import SamplingParams
 from portattn.engine.scheduler import Scheduler
 from portattn.engine.sequence import Sequence, Status
 from portattn.paging import PageAllocator
-from tiny_models import checkpoint, hf_reference, random_prompts
+from tiny_models import checkpoint, hf_reference, random_prompts, scheduled_token_counts
 
 PROMPTS = random_prompts([3, 9, 17, 26, 31, 40], seed=1)
 MAX_NEW = 16
@@ -268,15 +268,7 @@ def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):
     path = checkpoint("llama", ckpt_root)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     capped = LLM(path, page_size=3, num_pages=200, max_model_len=80, long_prefill_token_threshold=4)
-    chunks = []
-    build = ForwardBatch.build
-
-    def record(scheduled, *args, **kwargs):
-        chunks.extend(n for seq, n in scheduled)
-        return build(scheduled, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ForwardBatch, "build", staticmethod(record))
+    with scheduled_token_counts() as chunks:
         got = [o.token_ids for o in capped.generate(PROMPTS, params, use_tqdm=False)]
     want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
     assert got == want and max(chunks) == 4
