@@ -9,7 +9,12 @@ call returns once the next step is launched, so the calls' times follow the devi
 step scheduled: decodes, prompt tokens, running and waiting sequences. Also logged with their times:
 Triton compiles and cache loads in this process (``triton.knobs.runtime`` hooks), decode graphs recorded
 lazily, the caching allocator's calls to the driver (on a GPU) and the garbage collector's passes: the host
-events that stall a step without being part of it.
+events that stall a step without being part of it. Each step's host time inside the runner's launches
+(``launch_ms``: the eager forward and sampling queued, or a decode graph's replay) is kept apart: a launch
+normally queues work and returns, so one that takes a step's time waited for the device inside it (a
+synchronizing call, or a kernel loaded at its first use, which waits for the work queued before it).
+``--skip-logits-warm-up`` leaves out the warm-up's LM head at every row count (``ModelRunner.warm_logits``),
+to see what it takes out of a load's steps.
 
 Printed: the steps over ``--slow`` times the median of their kind (decode-only or mixed), each with the
 events inside it; written: every step as JSON, for a plot or a closer look. ``--profile STEP:COUNT``: the
@@ -59,6 +64,27 @@ def _hooks(events: list, start: float) -> None:
     gc.callbacks.append(collected)
 
 
+def _time_launches(runner) -> list[float]:
+    """Add the host's seconds inside ``runner``'s launches (eager steps and decode graphs) to the returned
+    one-element list."""
+    spent = [0.0]
+
+    def timed(launch):
+        def wrapper(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - began
+
+        return wrapper
+
+    runner.launch = timed(runner.launch)
+    if runner.graphs is not None:
+        runner.graphs.launch = timed(runner.graphs.launch)
+    return spent
+
+
 def _allocator_counts() -> dict:
     import torch
 
@@ -106,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", metavar="STEP:COUNT", help="torch.profiler over COUNT steps from step STEP: kernels by time"
     )
+    parser.add_argument("--skip-logits-warm-up", action="store_true", help="no LM head warm-up at every row count")
     parser.add_argument("--out", type=Path)
     add_flags(parser, EngineConfig, exclude=("model",))
     args = parser.parse_args(argv)
+    if args.skip_logits_warm_up:
+        from portattn.engine.model_runner import ModelRunner
+
+        ModelRunner.warm_logits = lambda self, max_rows: None
     llm = LLM(**{**given(args, EngineConfig), "model": args.model})
     engine = llm.engine
     vocab = engine.vocab_size
@@ -125,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = engine.scheduler
     start = time.perf_counter()
     _hooks(events, start)
+    launching = _time_launches(engine.runner)
     graphs = engine.runner.graphs
     captured = graphs.num_captured if graphs is not None else 0
     cuda = engine.config.device.type == "cuda"
@@ -142,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         decodes = sum(seq.num_tokens - seq.num_computed <= 1 for seq in scheduler.running)
         if len(steps) == profile_from:
             profiler = _start_profiler(cuda)
+        launched = launching[0]
         began = time.perf_counter()
         engine.step()
         ended = time.perf_counter()
@@ -161,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "t": began - start,
                 "ms": 1e3 * (ended - began),
+                "launch_ms": 1e3 * (launching[0] - launched),
                 "running": running,
                 "waiting": waiting,
                 "decodes": decodes,
@@ -177,12 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(steps)} steps in {total:.2f} s; median decode-only {medians['decode']} ms, mixed {medians['mixed']} ms"
     )
+    waited = [
+        s for s in steps if s["launch_ms"] > 0.5 * (medians["mixed" if s["prompt_tokens"] > 0 else "decode"] or 1e9)
+    ]
+    print(
+        f"launches that waited (over half their kind's median step): {len(waited)}"
+        + "".join(f"\n  at {s['t']:.3f} s: {s['launch_ms']:.1f} ms, decodes {s['decodes']}" for s in waited)
+    )
     for s in steps:
         median = medians["mixed" if s["prompt_tokens"] > 0 else "decode"]
         if median and s["ms"] > args.slow * median:
             inside = [e for e in events if s["t"] <= e["t"] <= s["t"] + s["ms"] / 1e3]
             print(
-                f"slow step at {s['t']:.3f} s: {s['ms']:.1f} ms (median {median:.1f}), decodes {s['decodes']}, "
+                f"slow step at {s['t']:.3f} s: {s['ms']:.1f} ms (median {median:.1f}; launching "
+                f"{s['launch_ms']:.1f}), decodes {s['decodes']}, "
                 f"prompt tokens {s['prompt_tokens']}, running {s['running']}, waiting {s['waiting']}; events: "
                 + ("; ".join(f"{e['kind']} {e['what']}" for e in inside) or "none")
             )

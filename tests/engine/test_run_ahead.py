@@ -384,3 +384,24 @@ def test_capped_prompt_chunks_ahead_give_the_same_tokens(ckpt_root):
     llm = static(path, ahead=True, max_num_batched_tokens=32, long_prefill_token_threshold=5)
     assert run(llm, PROMPTS, params) == want
     assert llm.engine.run_ahead.eager_ahead > 5 and llm.engine.run_ahead.eager_fed > 0
+
+
+def test_warm_up_runs_the_lm_head_at_every_sampled_row_count(ckpt_root, monkeypatch, caplog):
+    """The warm-up (on a GPU: here the device check says so) runs the LM head at each count of rows from 1
+    to ``max_num_seqs``, last, so that no step launched ahead is the first to load a kernel of its count;
+    ``warm_logits`` names what it expects."""
+    from portattn.engine import engine as engine_module
+    from portattn.kernels.triton import compile_ahead
+
+    llm = LLM(checkpoint("llama", ckpt_root), page_size=4, num_pages=300, max_model_len=96, max_num_seqs=5)
+    engine = llm.engine
+    counts = []
+    engine.runner.model.lm_head.register_forward_hook(lambda module, args, out: counts.append(args[0].shape[0]))
+    monkeypatch.setattr(engine_module, "is_gpu", lambda device: True)
+    monkeypatch.setattr(compile_ahead, "log_late_compiles", lambda: None)
+    with caplog.at_level("INFO", logger="portattn"):
+        engine.warm_up()
+    assert counts[-6:] == [1, 1, 2, 3, 4, 5]  # (the last warm-up prompt's decode, then the counts)
+    assert "the LM head at 1 to 5 rows" in caplog.text
+    with pytest.raises(ValueError, match="expected max_rows to be a positive int, got 0"):
+        engine.runner.warm_logits(0)

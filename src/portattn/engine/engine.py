@@ -267,14 +267,16 @@ class Engine:
         uniform_q_len) is planned and captured (its kernels compiled first; with
         ``lazy_graph_capture`` a shape is captured when a step first needs it); then a few throw-away
         prompts (long, short, one token) are prefilled and decoded, so that the first requests find
-        their prefill kernels compiled. Logs how long each part took.
+        their prefill kernels compiled, and the LM head runs at every count of sampled rows a step can
+        have (:meth:`ModelRunner.warm_logits`: the device loads each of its kernels here, not in a
+        request's step). Logs how long each part took.
         """
         graphs, pieces = self.runner.graphs, self.runner.piecewise
         prompts = [n for n in WARM_UP_PROMPTS if n < self.max_model_len - 2] if is_gpu(self.config.device) else []
         if not prompts and graphs is None and pieces is None:
             return
         start = time.perf_counter()
-        steps = len(prompts) + (len(graphs.shapes) if graphs is not None else 0)
+        steps = len(prompts) + bool(prompts) + (len(graphs.shapes) if graphs is not None else 0)
         steps += len(pieces.buckets) if pieces is not None else 0
         if self.speculator is not None:  # the other ranks warm up without it: every rank runs the same steps
             self.speculator.paused = True
@@ -289,6 +291,11 @@ class Engine:
             for i, length in enumerate(prompts):
                 self._warm_up_prompt(i, length, max_tokens=2)
                 bar.update(1)
+            head = time.perf_counter()
+            if prompts:  # (on a GPU)
+                self.runner.warm_logits(self.config.max_num_seqs)
+                bar.update(1)
+            head = time.perf_counter() - head
         if is_gpu(self.config.device):
             from ..kernels.triton.compile_ahead import log_late_compiles
 
@@ -303,14 +310,15 @@ class Engine:
         else:
             done = "planned"
         logger.info(
-            "warm-up: %.1f s (%sdecode shapes: %d %s in %.1f s; %d warm-up prompts in %.1f s)",
+            "warm-up: %.1f s (%sdecode shapes: %d %s in %.1f s; %d warm-up prompts in %.1f s%s)",
             time.perf_counter() - start,
             "" if rehearsed is None else f"kernels compiled ahead in {rehearsed:.1f} s; ",
             shapes,
             done,
             captured - (rehearsed or 0.0),
             len(prompts),
-            time.perf_counter() - start - captured,
+            time.perf_counter() - start - captured - head,
+            f"; the LM head at 1 to {self.config.max_num_seqs} rows in {head:.2f} s" if prompts else "",
         )
 
     def _warm_up_prompt(self, index: int, length: int, max_tokens: int) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..cascade import plan_cascade
-from ..device import upload
+from ..device import synchronize, upload
 from ..models.base import MultimodalModel
 from ..runtime.context import ForwardContext
 from ..runtime.kv_cache import KVPool
@@ -288,6 +288,25 @@ class ModelRunner:
         if len(rows) != hidden.shape[0] or rows != list(range(len(rows))):
             hidden = hidden[upload(rows, torch.int64, hidden.device)]
         return self.model.compute_logits(hidden).float()  # [N, V]
+
+    @torch.inference_mode()
+    def warm_logits(self, max_rows: int) -> None:
+        """The LM head (:meth:`logits`) and the greedy draw once at each count of rows from 1 to
+        ``max_rows``, over hidden states of zeros.
+
+        An eager step samples one row per sequence, any count up to ``max_num_seqs``, and the matrix
+        library chooses the LM head's kernel by that count. A CUDA device loads a kernel the first
+        time it runs (lazy module loading, CUDA's default since 12.2), and the load waits for the
+        work already queued: a step launched ahead of the previous one's tokens (``run_ahead.py``)
+        then waits for that step before the previous one's tokens are read, and every stream stops
+        for one step. Run here, at start-up, the loads leave the requests' steps."""
+        if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
+            raise ValueError(f"expected max_rows to be a positive int, got {max_rows!r}")
+        weight = self.model.lm_head.weight  # [V (this rank's share), H]
+        hidden = torch.zeros((max_rows, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+        for n in range(1, max_rows + 1):
+            torch.argmax(self.logits(hidden[:n], list(range(n))), dim=-1)
+        synchronize(weight.device)
 
     def samples_in_graph(self, scheduled: list[tuple[Sequence, int]], want: LogitRows) -> bool:
         """Whether the step samples inside its captured graph (``graph_sampling.py``): a decode step that
