@@ -3,6 +3,7 @@
 # decoding count passes 64, 80, ..., 240) against the warm-up of the LM head at every row count.
 #   1. step traces of the burst (256 x 1024 + 128, budget 2048, fp8 linears, captured pieces), without the
 #      LM head warm-up and with it (the default now): the slow steps, and the launches that waited;
+#      and without it but with every CUDA module loaded at start;
 #   2. the same burst and Poisson 16 through servers (issue 23 target 3), CONFIGS "budget:cap" (0: no cap).
 #   OUT=... [CONFIGS="2048:128 2560:0 3072:0"] bash benchmarks/results/round36/scripts/r36c1.sh
 W=$OUT
@@ -19,13 +20,17 @@ timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --skip-logits-warm-up 
 echo "trace without warm-up at $((SECONDS-START))" >> $W/times.txt
 timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --out $W/burst_warm.json > $W/burst_warm.txt 2>&1
 echo "trace with warm-up at $((SECONDS-START))" >> $W/times.txt
-for f in burst_nowarm burst_warm; do echo "== $f"; grep -A14 "steps in" $W/$f.txt | head -30; grep "^slow" $W/$f.txt | head -20; done
+# Without the warm-up, every module loaded at start (CUDA_MODULE_LOADING=EAGER): no kernel loads while serving.
+CUDA_MODULE_LOADING=EAGER timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --skip-logits-warm-up \
+  --out $W/burst_eager_loading.json > $W/burst_eager_loading.txt 2>&1
+echo "trace with eager module loading at $((SECONDS-START))" >> $W/times.txt
+for f in burst_nowarm burst_warm burst_eager_loading; do echo "== $f"; grep -A14 "steps in" $W/$f.txt | head -30; grep "^slow" $W/$f.txt | head -20; done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 run() { OUT=$W/$1 LIMIT=$2 timeout -s INT $(( $2 + 30 )) bash scripts/gpu.sh "$3" >> $W/log_$1.txt 2>&1; (cd $W && tar czf $1.tgz $1 log_$1.txt && rm -rf $1 log_$1.txt); }
 export KEEP_CHECKPOINT=/tmp/ck8b LOADS="poisson16 burst256"
 for c in ${CONFIGS:-2048:128 2560:0 3072:0}; do
   budget=${c%:*} cap=${c#*:}
-  [ $((SECONDS-START)) -lt 450 ] || break
+  [ $((SECONDS-START)) -lt 430 ] || break
   PYTHONPATH=/tmp/site SERVE_ARGS="--piecewise-graphs --quantization fp8 --max-num-batched-tokens $budget
     --piecewise-max-tokens $budget --long-prefill-token-threshold $cap" run b${budget}c${cap} 180 "bench serve"
   echo "b${budget}c${cap} done at $((SECONDS-START))" >> $W/times.txt
