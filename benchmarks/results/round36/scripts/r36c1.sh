@@ -18,7 +18,8 @@ F="--device cuda --dtype bfloat16 --page-size 16 --max-num-seqs 256 --max-model-
 timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --skip-logits-warm-up --out $W/burst_nowarm.json \
   > $W/burst_nowarm.txt 2>&1
 echo "trace without warm-up at $((SECONDS-START))" >> $W/times.txt
-timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --out $W/burst_warm.json > $W/burst_warm.txt 2>&1
+timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --profile 40:3 --out $W/burst_warm.json \
+  > $W/burst_warm.txt 2>&1  # (and the kernels of three mixed steps: what a prefill token costs)
 echo "trace with warm-up at $((SECONDS-START))" >> $W/times.txt
 # Without the warm-up, every module loaded at start (CUDA_MODULE_LOADING=EAGER): no kernel loads while serving.
 CUDA_MODULE_LOADING=EAGER timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $F --skip-logits-warm-up \
