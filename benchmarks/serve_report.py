@@ -57,12 +57,14 @@ STALL_SHARE = 0.5  # a stall: long gaps ending together (within STALL_JOIN_S) in
 STALL_JOIN_S = 0.01
 
 
-def stalls(requests: list[dict]) -> list[tuple[float, float]] | None:
+def stalls(requests: list[dict]) -> list[tuple[float, float, int]] | None:
     """The moments every stream stopped at once: long gaps (over ``STALL_RATIO`` times the median gap of
     every stream within ``STALL_WINDOW_S``) that end together in at least ``STALL_SHARE`` of the streams
-    open then. Each as ``(time from the load's start, its median gap less the median around it)``, in
-    seconds: a step that took twice its time, a pause of the server or the engine, which a percentile over
-    all gaps blurs. None for results without the requests' send times (written before they were kept)."""
+    open then. Each as ``(time from the load's start, its median gap less the median around it, the streams
+    that had their first token before it)``, times in seconds: a step that took twice its time, a pause of
+    the server or the engine, which a percentile over all gaps blurs; the count of streams places it in the
+    load (a stop that comes each time the batch passes a size says which size). None for results without
+    the requests' send times (written before they were kept)."""
     if not requests or any("start" not in r for r in requests):
         return None
     ends, spans = [], []  # (time a gap ends, the gap); (first token, last token) of each stream
@@ -76,6 +78,7 @@ def stalls(requests: list[dict]) -> list[tuple[float, float]] | None:
         return []
     ends.sort()
     times = [t for t, _ in ends]
+    firsts = sorted(first for first, _ in spans)
     medians: dict[int, float] = {}  # per bin of STALL_JOIN_S: the median gap ending within STALL_WINDOW_S of it
 
     def around(t: float) -> float:
@@ -93,7 +96,8 @@ def stalls(requests: list[dict]) -> list[tuple[float, float]] | None:
             at = group[0][0]
             open_streams = sum(first < at - group[0][1] / 2 and last >= at for first, last in spans)
             if len(group) >= STALL_SHARE * max(open_streams, 1):
-                found.append((at, statistics.median(g for _, g, _ in group) - statistics.median(x for *_, x in group)))
+                extra = statistics.median(g for _, g, _ in group) - statistics.median(x for *_, x in group)
+                found.append((at, extra, bisect.bisect_left(firsts, at)))
             group = []
         group.append(item)
     return found
@@ -141,10 +145,14 @@ def notes(runs: list[dict], batch1_step_ms: float | None) -> str:
         )
     stalled = [run for run in runs if run["stalls"]]
     if stalled:
-        lines += ["", "Every stream stopped at once (seconds from the load's start, each stop's extra time in ms):"]
+        lines += [
+            "",
+            "Every stream stopped at once (seconds from the load's start; each stop's extra time in ms and the "
+            "streams that had their first token before it):",
+        ]
         lines += [
             f"- {run['config']} {run['load']}: "
-            + ", ".join(f"{at:.2f} s (+{1000 * extra:.0f})" for at, extra in run["stalls"][:40])
+            + ", ".join(f"{at:.2f} s (+{1000 * extra:.0f}, {begun})" for at, extra, begun in run["stalls"][:40])
             + (f" and {len(run['stalls']) - 40} more" if len(run["stalls"]) > 40 else "")
             for run in stalled
         ]
@@ -156,7 +164,7 @@ def _stalled(found: list | None) -> str:
     without send times."""
     if found is None:
         return "-"
-    return f"{len(found)} ({1000 * sum(extra for _, extra in found):.0f} ms)" if found else "0"
+    return f"{len(found)} ({1000 * sum(extra for _, extra, _ in found):.0f} ms)" if found else "0"
 
 
 def _bunched(itls: list[float]) -> str:

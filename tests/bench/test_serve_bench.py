@@ -212,7 +212,7 @@ def test_serve_report_finds_the_moments_every_stream_stopped():
     late = {"start": 1.2, "ttft": 0.1, "itl": [0.01] * 50, "error": None}  # opens after the stop
     found = serve_report.stalls([*requests, late])
     assert len(found) == 1
-    at, extra = found[0]
-    assert 1.0 <= at <= 1.04 and extra == pytest.approx(0.03, abs=1e-6)
+    at, extra, begun = found[0]
+    assert 1.0 <= at <= 1.04 and extra == pytest.approx(0.03, abs=1e-6) and begun == 8  # (not the late stream)
     assert serve_report.stalls([{k: v for k, v in r.items() if k != "start"} for r in requests]) is None
     assert serve_report._stalled(found) == "1 (30 ms)" and serve_report._stalled(None) == "-"
