@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from portattn import to_page_table
@@ -242,24 +244,76 @@ def test_a_step_scheduled_ahead_decodes_the_tokens_in_flight():
     assert scheduler.schedule() == [(b, 1)] and scheduler.num_preemptions == 1 and c.status is Status.WAITING
 
 
-def test_long_prefill_token_threshold_caps_each_prompt_chunk():
-    """``long_prefill_token_threshold``: a prompt (admitted or already running) computes at most that many
-    tokens a step, decodes are not capped, and several capped prompts share what is left of the budget."""
-    size = 4
-    pages = PageManager(PageAllocator(40), ReqToTokenPool(4, 64, size, "cpu"), enable_prefix_caching=False)
-    scheduler = Scheduler(pages, max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=5)
-    greedy = SamplingParams(temperature=0)
-    a, b, c, d = (Sequence(i, [i + 1] * n, greedy) for i, n in enumerate((12, 3, 9, 5)))
-    for seq in (a, b, c, d):
+def capped_scheduler(budget: int, cap: int, lengths, max_num_seqs: int = 4):
+    pages = PageManager(PageAllocator(400), ReqToTokenPool(max_num_seqs, 128, 4, "cpu"), enable_prefix_caching=False)
+    scheduler = Scheduler(pages, max_num_seqs, max_num_batched_tokens=budget, long_prefill_token_threshold=cap)
+    seqs = [Sequence(i, [i + 1] * n, SamplingParams(temperature=0)) for i, n in enumerate(lengths)]
+    for seq in seqs:
         scheduler.add(seq)
-    assert scheduler.schedule() == [(a, 5), (b, 3), (c, 5), (d, 3)]  # d: what the budget leaves
-    for seq, n in ((a, 5), (b, 3), (c, 5), (d, 3)):
+    return scheduler, seqs
+
+
+def test_long_prefill_token_threshold_caps_each_prompt_chunk():
+    """``long_prefill_token_threshold``: where the step has room to spare, a prompt (admitted or already
+    running) computes at most that many tokens a step, decodes are not capped, and several capped prompts
+    share the budget."""
+    scheduler, (a, b, c, d) = capped_scheduler(32, 5, (12, 3, 9, 5))
+    assert scheduler.schedule() == [(a, 5), (b, 3), (c, 5), (d, 5)]  # 18 tokens of 32
+    for seq, n in ((a, 5), (b, 3), (c, 5), (d, 5)):
         seq.num_computed += n
     b.token_ids.append(9)  # b decodes; the others go on in chunks of at most 5
-    assert scheduler.schedule() == [(b, 1), (a, 5), (c, 4), (d, 2)]
+    assert scheduler.schedule() == [(b, 1), (a, 5), (c, 4)]
     wanted = r"long_prefill_token_threshold \(--long-prefill-token-threshold\) to be an int >= 0, got -1"
     with pytest.raises(ValueError, match=wanted):
         LLM("unused", long_prefill_token_threshold=-1)
+
+
+def test_a_full_step_finishes_the_oldest_prompts_instead_of_capping_them():
+    """Where the capped chunks would fill the budget anyway, a prompt whose rest fits in what is left
+    computes it all (oldest first: the step is as long, the first tokens come sooner), while one too long to
+    finish in the step still takes only its capped chunk, so those behind it go on beside it."""
+    scheduler, (a, b, c, d) = capped_scheduler(16, 5, (12, 3, 9, 5))  # capped: 5 + 3 + 5 + 5 >= 16
+    assert scheduler.schedule() == [(a, 12), (b, 3), (c, 1)]
+    scheduler, (a, b, c, d) = capped_scheduler(16, 5, (30, 3, 8, 5))
+    assert scheduler.schedule() == [(a, 5), (b, 3), (c, 8)]  # a cannot finish in 16; c's 8 fill what is left
+    for seq, n in ((a, 5), (b, 3), (c, 8)):
+        seq.num_computed += n
+    b.token_ids.append(9)  # b and c decode next
+    c.token_ids.append(9)
+    assert scheduler.schedule() == [(b, 1), (c, 1), (a, 5), (d, 5)]  # capped: 10 of the 14 left, capped again
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_capped_steps_are_as_long_as_strictly_capped_ones(seed):
+    """Over random queues of prompts and decodes, a step computes exactly the tokens it would if every prompt
+    were capped (the decodes, then the capped chunks, up to the budget); a prompt computes more than the cap
+    only in a full step, and then all that is left of it."""
+    rng = random.Random(seed)
+    budget, cap = rng.randint(4, 64), rng.randint(1, 20)
+    lengths = [rng.randint(1, 90) for _ in range(rng.randint(1, 8))]
+    scheduler, _ = capped_scheduler(budget, cap, lengths, max_num_seqs=6)
+    for _ in range(400):
+        if not scheduler.has_unfinished():
+            break
+        uncomputed = {s: s.num_tokens - s.num_computed for s in scheduler.running}
+        admissible = list(scheduler.waiting)[: scheduler.max_num_seqs - len(scheduler.running)]
+        decodes = sum(n == 1 for n in uncomputed.values())
+        capped = sum(min(n, cap) for n in uncomputed.values() if n > 1)
+        capped += sum(min(s.num_tokens - s.num_computed, cap) for s in admissible)
+        step = scheduler.schedule()
+        total = sum(n for _, n in step)
+        assert total == min(budget, decodes + capped), (budget, cap, lengths)
+        for seq, n in step:
+            pending = seq.num_tokens - seq.num_computed
+            assert n <= cap or (n == pending and total == budget), (budget, cap, lengths, n, pending)
+        for seq, n in step:
+            seq.num_computed += n
+            if seq.num_computed == seq.num_tokens:
+                if seq.num_tokens - len(seq.prompt_token_ids) >= 3:
+                    scheduler.finish(seq, "length")
+                else:
+                    seq.token_ids.append(7)
+    assert not scheduler.has_unfinished()
 
 
 def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):

@@ -110,7 +110,8 @@ class EngineConfig:
         default=0,
         metadata=doc(
             "a prompt computes at most this many tokens a step (0: up to the token budget); small chunks beside "
-            "running decodes keep their inter-token latency even (vLLM's flag and meaning)"
+            "running decodes keep their inter-token latency even (vLLM's flag). Where the capped chunks would "
+            "fill the budget anyway, a prompt whose rest fits in the step computes it all (the step is as long)"
         ),
     )
     enable_prefix_caching: bool = field(

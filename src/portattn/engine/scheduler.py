@@ -6,9 +6,12 @@ stalls them; then the running sequences still prefilling take chunks of what is 
 then waiting ones are admitted while there is a free request slot and budget. A sequence's share is
 ``min(uncomputed tokens, budget left)``, so one forward can mix decodes, prompt chunks and whole
 prefills, and no forward computes more than the budget. With ``long_prefill_token_threshold`` (vLLM's
-name and meaning; 0: none) a prompt's share is also at most that many tokens a step: a long prompt
-then joins the running decodes in small chunks (each step barely longer than a decode step), while a
-burst of prompts still fills the budget with several chunks at once. When the pool runs out of pages,
+name; 0: none) a prompt's share is also at most that many tokens a step: a long prompt then joins the
+running decodes in small chunks (each step barely longer than a decode step). Where the capped chunks
+would fill the budget anyway (a queue of prompts), the cap cannot shorten the step, only spread it over
+more prompts, each of whose first tokens would then come later: a prompt whose remaining tokens fit in
+what is left then computes them all (the step is as long as the capped one; a prompt too long to
+finish still takes its capped chunk, so shorter ones go on beside it). When the pool runs out of pages,
 the newest running sequence is preempted (a decode already scheduled this step is taken back out): its
 pages go back to the pool and it recomputes later from its tokens, which it keeps.
 
@@ -82,13 +85,16 @@ class Scheduler:
             uncomputed[seq] = 1
         decoding = [seq for seq in self.running if uncomputed[seq] == 1]
         prefilling = [seq for seq in self.running if uncomputed[seq] > 1]
+        full = None  # whether capped prompt chunks fill the step (decided at the first prompt)
         for seq in decoding + prefilling:
             if budget <= 0:
                 break
             if seq in preempted:  # preempted for an older sequence's pages
                 continue
             pending = uncomputed[seq]
-            left = pending if pending == 1 else min(pending, self.chunk_cap)
+            if pending > 1 and full is None:
+                full = self._capped_prompts_fill(budget, [uncomputed[s] for s in prefilling if s not in preempted])
+            left = pending if pending == 1 else self._chunk(pending, budget, full)
             n = int(min(left + self._lookahead(seq, pending), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
                 if ahead:
@@ -112,7 +118,9 @@ class Scheduler:
         scheduled = list(chosen.items())
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = self._admit(seq, budget)
+            if full is None:
+                full = self._capped_prompts_fill(budget, [])
+            n = self._admit(seq, budget, full)
             if n is None:
                 break
             scheduled.append((seq, n))
@@ -122,6 +130,31 @@ class Scheduler:
         if not scheduled and self.has_unfinished():
             raise RuntimeError("the page pool cannot hold the oldest sequence on its own; raise num_pages")
         return scheduled
+
+    def _capped_prompts_fill(self, room: float, running_prompts: list[int]) -> bool:
+        """Whether the prompts' chunks, each capped at ``long_prefill_token_threshold``, would fill the
+        ``room`` the decodes leave: the running prompts' uncomputed token counts, then the waiting ones
+        that a free request slot could admit (their uncomputed tokens before any prefix-cache hit)."""
+        if self.chunk_cap == float("inf"):
+            return False
+        slots = max(0, self.max_num_seqs - len(self.running))
+        admissible = (seq.num_tokens - seq.num_computed for seq in list(self.waiting)[:slots])
+        total = 0
+        for pending in (*running_prompts, *admissible):
+            total += min(pending, self.chunk_cap)
+            if total >= room:
+                return True
+        return False
+
+    def _chunk(self, pending: int, budget: float, full: bool) -> int:
+        """The tokens a prompt with ``pending`` uncomputed ones computes this step, ``budget`` left: at most
+        ``long_prefill_token_threshold``, unless the capped chunks fill the step either way (``full``) and the
+        rest of this prompt fits in it. The step is then exactly as long, and the prompts finish oldest first
+        instead of all advancing a chunk at a time (which would delay every first token); a prompt too long to
+        finish still takes only its chunk, so shorter ones behind it go on beside it."""
+        if full and pending <= budget:
+            return pending
+        return int(min(pending, budget, self.chunk_cap))
 
     def _lookahead(self, seq: Sequence, uncomputed: int) -> int:
         """Proposed tokens ``seq`` is scheduled for: only in decode (one token to compute, output started)."""
@@ -141,13 +174,14 @@ class Scheduler:
                 freed += n - uncomputed
         return freed
 
-    def _admit(self, seq: Sequence, budget: float) -> int | None:
+    def _admit(self, seq: Sequence, budget: float, full: bool = False) -> int | None:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
-        tokens; returns how many it computes now, or ``None`` (nothing changed) if the pool is short."""
+        tokens; returns how many it computes now (``full``: as :meth:`_chunk`), or ``None`` (nothing
+        changed) if the pool is short."""
         try:
             seq.req_pool_idx = self.req_pool.alloc()
             cached = self.pages.match_prefix(seq)
-            n = int(min(seq.num_tokens - seq.num_computed, budget, self.chunk_cap))
+            n = self._chunk(seq.num_tokens - seq.num_computed, budget, full)
             if not self.pages.reserve(seq, seq.num_computed + n):
                 self._release(seq)
                 return None
