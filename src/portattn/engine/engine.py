@@ -230,7 +230,7 @@ class Engine:
             f"{tokens / self.max_model_len:.2f}x for {self.max_model_len}-token requests (max_model_len); attention "
             f"backend {self.backend.name}, {config.max_num_batched_tokens} tokens per step"
             + (
-                f" (at most {config.long_prefill_token_threshold} of one prompt)"
+                f" (prompt chunks of at most {config.long_prefill_token_threshold} where the step has room)"
                 if config.long_prefill_token_threshold
                 else ""
             )
