@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from .engine import KERNEL_OPTIONS, apply_kernel_options
+
 
 def _hooks(events: list, start: float) -> None:
     """Record Triton's compiles (and loads from its disk cache) and the collector's passes in ``events``."""
@@ -133,9 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", metavar="STEP:COUNT", help="torch.profiler over COUNT steps from step STEP: kernels by time"
     )
     parser.add_argument("--skip-logits-warm-up", action="store_true", help="no LM head warm-up at every row count")
+    parser.add_argument(
+        "--kernel-options", nargs="*", default=[], choices=sorted(KERNEL_OPTIONS),
+        help="launch options away from their defaults (benchmarks/engine.py says what each does)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path)
     add_flags(parser, EngineConfig, exclude=("model",))
     args = parser.parse_args(argv)
+    apply_kernel_options(args.kernel_options)
     if args.skip_logits_warm_up:
         from portattn.engine.model_runner import ModelRunner
 

@@ -326,6 +326,6 @@ def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):
         got = [o.token_ids for o in capped.generate(PROMPTS, params, use_tqdm=False)]
     want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
     assert got == want and max(chunks) == 4
-    assert capped.engine.describe_load(200).endswith("tokens per step (prompt chunks of at most 4 where the step has room)")
+    assert capped.engine.describe_load(200).endswith("per step (prompt chunks of at most 4 where the step has room)")
     for i in (0, 5):
         assert got[i] == hf_reference(path, tuple(PROMPTS[i]), 8)[0]

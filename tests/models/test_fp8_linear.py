@@ -14,6 +14,8 @@ inputs a scale per token), against float64 references and against the unquantize
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -77,6 +79,67 @@ def test_the_gpu_launch_equals_quantize_rows(shape):
         wrong = ~((got == want) | carry | one_step)
         assert not bool(wrong.any()), (dtype, want[wrong][:8], got[wrong][:8])
         assert float((got == want).float().mean()) > 0.9
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("inter", [48, 1500, 16400])  # the row in registers (a whole block, a padded one); 2 passes
+def test_the_gated_launch_quantizes_as_the_activation_then_the_quantizer(inter, interleaved):
+    """``gated_activation_fp8``: the activation's rows quantized in its own launch, the values and scales of the
+    activation's launch and then the quantizer's, bit for bit (an all-zero row: the smallest scale)."""
+    from portattn.kernels.triton.fused_launch import gated_activation, gated_activation_fp8, quantize_fp8_rows
+
+    g = torch.Generator().manual_seed(inter)
+    gate_up = torch.randn(3, 2 * inter, generator=g) * 3
+    gate_up[1, 2 * inter - 1] = 40.0  # the last up feature: the row's largest product
+    gate_up[2] = 0.0
+    for dtype in [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else []):
+        rows = gate_up.to(DEVICE, dtype)
+        for name in ("silu", "gelu_pytorch_tanh"):
+            q, scale = gated_activation_fp8(name, rows, interleaved, FP8_DTYPE, FP8_MAX, MIN_SCALE)
+            want_q, want_scale = quantize_fp8_rows(gated_activation(name, rows, interleaved), FP8_DTYPE, FP8_MAX,
+                                                   MIN_SCALE)  # fmt: skip
+            assert q.dtype == FP8_DTYPE and q.shape == (3, inter) and scale.shape == (3, 1)
+            assert torch.equal(scale, want_scale) and torch.equal(q.float(), want_q.float()), (dtype, name)
+            assert float(scale[2]) == float(torch.tensor(MIN_SCALE)) and not bool(q[2].float().any())
+        assert float(q[1].float().abs().max()) == FP8_MAX
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+def test_the_mlp_takes_its_down_rows_quantized_by_the_activation(monkeypatch):
+    """Where the fused launches run (a GPU; here the interpreter stands in), the gated MLP's activation launch
+    quantizes the down projection's input: the MLP's output equals, bit for bit, that of the activation's launch
+    followed by the projection's own quantization (``QUANTIZE_IN_ACTIVATION`` off), and the torch code's within
+    fp8's rounding; one-row inputs keep their launches."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import mlp
+    from portattn.models.layers.linear import quantize_linears
+
+    def launches(ops) -> None:  # (in each module that asks for them)
+        for module in ("fused", "activation", "fp8_linear", "mlp"):
+            monkeypatch.setattr(sys.modules[f"portattn.models.layers.{module}"], "fused_ops", lambda t: ops)
+
+    torch.manual_seed(0)
+    layer = mlp.GatedMLP(64, 96)
+    for param in layer.parameters():
+        param.data.normal_(0, 0.1)
+    quantize_linears(layer.to(DEVICE), "fp8")
+    x = torch.randn(5, 64).to(DEVICE)
+    launches(None)
+    torch_code = layer(x)
+    launches(fused_launch)
+    launched = []
+    gated_fp8 = fused_launch.gated_activation_fp8
+    monkeypatch.setattr(fused_launch, "gated_activation_fp8", lambda *a: launched.append(a[1].shape) or gated_fp8(*a))
+    got = layer(x)
+    assert launched == [(5, 192)] and got.shape == (5, 64) and got.dtype == torch.float32
+    monkeypatch.setattr(mlp, "QUANTIZE_IN_ACTIVATION", False)
+    assert torch.equal(got, layer(x)) and len(launched) == 1
+    if not is_triton_interpreter():  # (whose fp8 rounding is off by up to half a power of two: see above)
+        assert float((got - torch_code).abs().max() / torch_code.abs().max()) < 0.05
+    monkeypatch.setattr(mlp, "QUANTIZE_IN_ACTIVATION", True)
+    layer(x[:1])
+    assert len(launched) == 1  # one row: not through it
 
 
 @pytest.mark.parametrize("bias", [False, True])

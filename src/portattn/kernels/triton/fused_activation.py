@@ -3,6 +3,12 @@ up features alternate (``[g0, u0, g1, u1, ...]``), as transformers computes it i
 activation is rounded to the dtype before the product.
 Grid: ``(T, cdiv(I, BLOCK))``.
 
+``gated_activation_fp8_kernel``: the same rows, rounded to the model dtype, then quantized to fp8 with a
+scale each (the next linear layer's input, ``quantization="fp8"``; as ``fp8_quant.quantize_rows_kernel``
+computes it from the stored rows): the activation's output never goes to memory. One program a row; with
+``ONE_BLOCK`` the whole row stays in registers (one read), else two passes (the scale, then the values).
+Grid: ``(T,)``.
+
 ``ACT``: 0 silu, 1 gelu (erf), 2 gelu (tanh approximation).
 """
 
@@ -53,3 +59,56 @@ def gated_activation_kernel(
         u = tl.load(GateUp + row * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
     a = activate(g, ACT).to(Out.dtype.element_ty).to(tl.float32)
     tl.store(Out + row * stride_out + offs, (a * u).to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gated_block(GateUp, row, stride_in, offs, inter, ACT: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """``act(gate) * up`` at features ``offs`` of row ``row``, the activation and the product each rounded to
+    ``GateUp``'s dtype, in float32 (0 past ``inter``)."""
+    mask = offs < inter
+    if INTERLEAVED:
+        pairs = offs[:, None] * 2 + tl.arange(0, 2)[None, :]
+        g, u = tl.split(tl.load(GateUp + row * stride_in + pairs, mask=mask[:, None], other=0.0).to(tl.float32))
+    else:
+        g = tl.load(GateUp + row * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(GateUp + row * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    a = activate(g, ACT).to(GateUp.dtype.element_ty).to(tl.float32)
+    return (a * u).to(GateUp.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def gated_activation_fp8_kernel(
+    GateUp,
+    Out,
+    Scale,
+    inter,
+    stride_in,
+    stride_out,
+    ACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    INTERLEAVED: tl.constexpr = False,
+    ONE_BLOCK: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
+    wait_for_previous(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    if ONE_BLOCK:  # BLOCK >= inter: the row in registers
+        offs = tl.arange(0, BLOCK)
+        y = gated_block(GateUp, row, stride_in, offs, inter, ACT, INTERLEAVED)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_MAX), MIN_SCALE)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
+        tl.store(Out + row * stride_out + offs, q.to(Out.dtype.element_ty), mask=offs < inter)
+    else:
+        top = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, inter, BLOCK):
+            y = gated_block(GateUp, row, stride_in, start + tl.arange(0, BLOCK), inter, ACT, INTERLEAVED)
+            top = tl.maximum(top, tl.abs(y))
+        scale = tl.maximum(tl.math.div_rn(tl.max(top, axis=0), FP8_MAX), MIN_SCALE)
+        for start in range(0, inter, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            y = gated_block(GateUp, row, stride_in, offs, inter, ACT, INTERLEAVED)
+            q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
+            tl.store(Out + row * stride_out + offs, q.to(Out.dtype.element_ty), mask=offs < inter)
+    tl.store(Scale + row, scale)

@@ -19,7 +19,7 @@ from . import compile_ahead
 from .argmax import argmax_chunks_kernel, argmax_merge_kernel
 from .attn_temperature import attn_temperature_kernel
 from .fp8_quant import quantize_rows_kernel
-from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_kernel
+from .fused_activation import GELU, GELU_TANH, SILU, gated_activation_fp8_kernel, gated_activation_kernel
 from .fused_linear import (
     expert_rows_kernel,
     expert_tokens_kernel,
@@ -599,8 +599,33 @@ def gated_activation(name: str, gate_up: torch.Tensor, interleaved: bool = False
     return out.view(*gate_up.shape[:-1], inter)
 
 
+def gated_activation_fp8(
+    name: str, gate_up: torch.Tensor, interleaved: bool, dtype: torch.dtype, fp8_max: float, min_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_fp8_rows(gated_activation(name, gate_up, interleaved), ...)`` in one launch: ``gate_up [T, 2I]``
+    (rows' elements contiguous) -> ``(q [T, I] in dtype, scale [T, 1] float32)``, the same values; the
+    activation's rows are not written."""
+    rows, width = gate_up.shape
+    inter = width // 2
+    out = torch.empty((rows, inter), dtype=dtype, device=gate_up.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=gate_up.device)
+    if rows:
+        one_block = next_pow2(inter) <= GATED_FP8_ONE_BLOCK
+        block = next_pow2(inter) if one_block else GATED_FP8_BLOCK
+        gated_activation_fp8_kernel[(rows,)](
+            gate_up, out, scale, inter, gate_up.stride(0), out.stride(0), ACT=ACTIVATION_CODES[name], BLOCK=block,
+            FP8_MAX=fp8_max, MIN_SCALE=min_scale, INTERLEAVED=interleaved, ONE_BLOCK=one_block,
+            num_warps=max(4, min(16, block // 1024)), **pdl_options(gate_up.device),
+        )  # fmt: skip
+    return out, scale
+
+
 # quantize_fp8_rows: features a loop step (a row's two passes over its features run in one program).
 FP8_QUANT_BLOCK = 1024
+# gated_activation_fp8: rows of up to this many features (a power of two) in registers, one read; wider ones
+# in two passes of GATED_FP8_BLOCK features a step.
+GATED_FP8_ONE_BLOCK = 16384
+GATED_FP8_BLOCK = 2048
 
 
 def quantize_fp8_rows(

@@ -9,7 +9,9 @@ prompts). The product ``(x_q W_q^T)[t, n] * x_scale[t] * weight_scale[n]`` accum
 float32 and comes out in bfloat16 on GPUs (what the row-wise fp8 matmul writes; cast to a float16 or float32
 model's dtype after it), in the model's dtype elsewhere; a bias is added after it. On GPUs the input's
 quantization is one Triton launch (:func:`~portattn.kernels.triton.fused_launch.quantize_fp8_rows`),
-elsewhere :func:`quantize_rows`' torch code.
+elsewhere :func:`quantize_rows`' torch code. The gated MLP's down projection takes its rows quantized by the
+activation's launch (:func:`quantized_gated`, :class:`FP8Rows`): the activation's output is not written in 16
+bits and read back.
 
 What is quantized: the :class:`~.linear.Linear` layers of the decoder (attention's q/k/v and output
 projections, the MLP's gate/up and down projections, an MLA's down projections), whose input and output
@@ -30,6 +32,8 @@ answers are tested (``tests/models/test_gguf.py``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -59,17 +63,46 @@ def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.quantize_fp8_rows(x, FP8_DTYPE, FP8_MAX, MIN_SCALE)
 
 
+class FP8Rows(NamedTuple):
+    """A linear layer's input rows already quantized (:func:`quantize_rows`' pair, made by the launch before
+    the layer: :func:`quantized_gated`) and the dtype the product comes out in."""
+
+    q: torch.Tensor  # [T, K] float8 e4m3
+    scale: torch.Tensor  # [T, 1] float32
+    dtype: torch.dtype
+
+
+def quantized_gated(act_name: str, gate_up: torch.Tensor, interleaved: bool) -> FP8Rows:
+    """``quantize_rows(gated(act, gate_up))`` of ``gate_up [T, 2I]`` as :class:`FP8Rows` (the gated MLP's down
+    projection input): one Triton launch on GPUs, where the activation's rows never go to memory; the torch
+    code elsewhere."""
+    ops = fused_ops(gate_up)
+    if ops is not None and gate_up.stride(-1) == 1:
+        q, scale = ops.gated_activation_fp8(act_name, gate_up, interleaved, FP8_DTYPE, FP8_MAX, MIN_SCALE)
+        return FP8Rows(q, scale, gate_up.dtype)
+    from .activation import activation, gated
+
+    return FP8Rows(*quantize_rows(gated(activation(act_name), gate_up, interleaved)), gate_up.dtype)
+
+
 def fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor | FP8Rows, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """``x W^T + b`` with ``W[n] ~ weight[n] * weight_scale[0, n]`` (``weight [N, K]`` float8, ``weight_scale
-    [1, N]``) and ``x`` quantized per row: ``x [..., K]`` -> ``[..., N]`` in ``x``'s dtype."""
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] == 0:
-        return x.new_empty(*x.shape[:-1], weight.shape[0])
-    q, scale = quantize_input(rows if rows.stride(-1) == 1 else rows.contiguous())
-    out_dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype  # row-wise scales: bfloat16 out on GPUs
-    y = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=out_dtype).to(x.dtype)
+    [1, N]``) and ``x`` quantized per row: ``x [..., K]`` -> ``[..., N]`` in ``x``'s dtype (or rows quantized
+    already, :class:`FP8Rows` ``[T, K]`` -> ``[T, N]`` in their ``dtype``)."""
+    if isinstance(x, FP8Rows):
+        (q, scale), dtype, lead = x[:2], x.dtype, x.q.shape[:-1]
+    else:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] == 0:
+            return x.new_empty(*x.shape[:-1], weight.shape[0])
+        q, scale = quantize_input(rows if rows.stride(-1) == 1 else rows.contiguous())
+        dtype, lead = x.dtype, x.shape[:-1]
+    if q.shape[0] == 0:
+        return torch.empty((0, weight.shape[0]), dtype=dtype, device=q.device)
+    out_dtype = torch.bfloat16 if q.device.type == "cuda" else dtype  # row-wise scales: bfloat16 out on GPUs
+    y = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=out_dtype).to(dtype)
     if bias is not None:
         y = y + bias
-    return y.view(*x.shape[:-1], weight.shape[0])
+    return y.view(*lead, weight.shape[0])

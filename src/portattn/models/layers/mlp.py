@@ -12,12 +12,18 @@ from torch import nn
 
 from ...distributed.group import TPGroup
 from . import linear
-from .activation import activation
+from .activation import Activation, activation
+from .fp8_linear import quantized_gated
+from .fused import fused_ops
 from .linear import MergedLinear, RowParallelLinear, norm_then_linear, project, project_gated, small_linear
 
 # The gate/up weight's layout: rows alternating (a one-row launch's program streams one run of rows;
 # an 8B's gate/up at one row 56 against 59 us on an H200), or False: [gate; up].
 GATE_UP_INTERLEAVED = True
+# quantization="fp8" on GPUs: the activation's launch quantizes the down projection's input rows (True), or the
+# activation writes them in the model dtype and the down projection quantizes them (False; the benchmarks'
+# --kernel-options unfused_fp8_activation).
+QUANTIZE_IN_ACTIVATION = True
 
 
 class GatedMLP(nn.Module):
@@ -48,7 +54,26 @@ class GatedMLP(nn.Module):
         ``norm(x + residual)`` and the return ``(out, x + residual)``: the norm and the activation run
         inside the gate/up projection where they can (:func:`~.linear.norm_then_linear`)."""
         if norm is None:
+            if self._quantizes_in_activation(x):
+                gate_up = self.gate_up_proj(x)
+                return self.down_proj(quantized_gated(self.act.name, gate_up, self.gate_up_proj.interleaved))
             return project(self.down_proj, project_gated(self.gate_up_proj, x, self.act))
         h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
         out = small_linear(self.down_proj, h) if linear.SMALL_DOWN_PROJ else None
         return (self.down_proj(h) if out is None else out), summed
+
+    def _quantizes_in_activation(self, x: torch.Tensor) -> bool:
+        """Whether the activation's launch quantizes the down projection's input (:func:`quantized_gated`): fp8
+        down weights on a GPU, rows of ``x [T, H]`` that the projections take through the vendor's matmul (more
+        than one, none in the fused small-batch launches), an activation the launch knows."""
+        return (
+            QUANTIZE_IN_ACTIVATION
+            and self.down_proj.weight_scale is not None
+            and x.dim() == 2
+            and x.shape[0] > 1
+            and isinstance(self.act, Activation)
+            and fused_ops(x) is not None
+            and self.act.name in fused_ops(x).ACTIVATION_CODES
+            and linear._fp8_tile_ops(self.gate_up_proj, x) is None
+            and type(self.down_proj).forward in (linear.Linear.forward, RowParallelLinear.forward)
+        )
