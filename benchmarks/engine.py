@@ -69,7 +69,8 @@ from portattn.quantization import QUANTIZATIONS
 # through the torch code; "fp8_dot_rows": quantization="fp8"'s steps of up to 16 rows in norm_linear's tensor-core
 # tiles, not one-row steps in row_linear; "fp8_row_words": row_linear over fp8 weights read as words of four values
 # (inline PTX), not in Triton's byte-wise tiles; "unfused_fp8_activation": quantization="fp8"'s gated activation
-# written in the model dtype and quantized by the down projection, not quantized in the activation's launch.
+# written in the model dtype and quantized by the down projection, not quantized in the activation's launch;
+# "unfused_fp8_norm": likewise the norms before the q/k/v and gate/up projections.
 _LAUNCH, _FUSED_LAUNCH = "portattn.kernels.triton.launch", "portattn.kernels.triton.fused_launch"
 _MOE, _LATENT = "portattn.models.layers.moe", "portattn.models.layers.latent_attention"
 KERNEL_OPTIONS = {
@@ -94,6 +95,7 @@ KERNEL_OPTIONS = {
     "fp8_dot_rows": ("portattn.models.layers.linear", "FP8_ROW_LINEAR", False),
     "fp8_row_words": (_FUSED_LAUNCH, "ROW_LINEAR_WORDS", True),
     "unfused_fp8_activation": ("portattn.models.layers.mlp", "QUANTIZE_IN_ACTIVATION", False),
+    "unfused_fp8_norm": ("portattn.models.layers.decoder", "QUANTIZE_IN_NORM", False),
 }  # fmt: skip
 PARTS = ("copy", "decode", "launches", "throughput", "hf", "hf-compile", "coldstart", "cascade", "llama4", "deepseek")
 

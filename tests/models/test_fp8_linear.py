@@ -106,6 +106,33 @@ def test_the_gated_launch_quantizes_as_the_activation_then_the_quantizer(inter, 
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+@pytest.mark.parametrize("mode", ["dtype", "unit_offset", "float32"])
+@pytest.mark.parametrize("hidden", [64, 80, 1000])
+def test_the_norm_launch_quantizes_as_the_norm_then_the_quantizer(hidden, mode):
+    """``add_rmsnorm_fp8``: the residual add and RMSNorm's rows quantized in the norm's own launch: the values,
+    scales and sums of the norm's launch and then the quantizer's, bit for bit, with and without a residual,
+    and with a float32 weight over 16-bit rows (the norm's output float32: nothing rounded before)."""
+    from portattn.kernels.triton.fused_launch import add_rmsnorm, add_rmsnorm_fp8, quantize_fp8_rows
+
+    g = torch.Generator().manual_seed(hidden)
+    x, residual = (torch.randn(5, hidden, generator=g) * 2 for _ in range(2))
+    x[2, 3] = 30.0
+    weight = torch.randn(hidden, generator=g)
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type != "cpu" else [])
+    cases = [(d, d) for d in dtypes] + ([(torch.float16, torch.float32)] if mode == "dtype" else [])
+    for dtype, weight_dtype in cases:
+        rows, res, w = x.to(DEVICE, dtype), residual.to(DEVICE, dtype), weight.to(DEVICE, weight_dtype)
+        for r in (res, None):
+            q, scale, summed = add_rmsnorm_fp8(rows, w, 1e-5, r, mode=mode, dtype=FP8_DTYPE, fp8_max=FP8_MAX,
+                                               min_scale=MIN_SCALE)  # fmt: skip
+            normed, want_summed = add_rmsnorm(rows, w, 1e-5, r, mode=mode)
+            want_q, want_scale = quantize_fp8_rows(normed, FP8_DTYPE, FP8_MAX, MIN_SCALE)
+            assert q.dtype == FP8_DTYPE and q.shape == (5, hidden) and scale.shape == (5, 1)
+            assert torch.equal(scale, want_scale) and torch.equal(q.float(), want_q.float()), (dtype, weight_dtype)
+            assert (summed is None) == (r is None) and (r is None or torch.equal(summed, want_summed))
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 def test_the_mlp_takes_its_down_rows_quantized_by_the_activation(monkeypatch):
     """Where the fused launches run (a GPU; here the interpreter stands in), the gated MLP's activation launch
     quantizes the down projection's input: the MLP's output equals, bit for bit, that of the activation's launch
@@ -262,3 +289,46 @@ def test_captured_fp8_steps_equal_eager_ones(ckpt_root):
     for graph, eager in zip(*outs):
         assert graph.token_ids == eager.token_ids
         assert float((graph.logits - eager.logits).abs().max() / eager.logits.abs().max()) < 2e-2
+
+
+LAUNCHING_MODULES = ["fused", "activation", "fp8_linear", "mlp", "norm", "rotary", "attention", "decoder"]
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_norms_and_activation_quantize_for_the_projections_after_them(family, ckpt_root, monkeypatch):
+    """Where the fused launches run (a GPU; here the interpreter stands in, float32), a model in fp8 has the norms
+    before its q/k/v and gate/up projections and the activation before its down projection quantize their rows:
+    greedy tokens and prompt logits equal bit for bit those of the projections quantizing the rows themselves
+    (``QUANTIZE_IN_NORM``, ``QUANTIZE_IN_ACTIVATION`` off), every launch counted; a mixture's experts keep their
+    path."""
+    from portattn.kernels.triton import fused_launch
+    from portattn.models.layers import decoder, mlp
+
+    if DEVICE.type == "cpu":  # (a GPU's layers take the launches anyway)
+        for module in LAUNCHING_MODULES:
+            monkeypatch.setattr(sys.modules[f"portattn.models.layers.{module}"], "fused_ops", lambda t: fused_launch)
+    counts = {"add_rmsnorm_fp8": 0, "gated_activation_fp8": 0}
+    for name in counts:
+        launch = getattr(fused_launch, name)
+
+        def counted(*args, _launch=launch, _name=name, **kwargs):
+            counts[_name] += 1
+            return _launch(*args, **kwargs)
+
+        monkeypatch.setattr(fused_launch, name, counted)
+    llm = LLM(checkpoint(family, ckpt_root), quantization="fp8", device=DEVICE.type, dtype="float32", page_size=7,
+              num_pages=64, max_model_len=128, max_num_seqs=4, enforce_eager=True)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, return_prompt_logits=True)
+    prompts = random_prompts([9, 17, 5], seed=3)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    layers = len(llm.engine.model.model.layers)
+    mixtures = sum(not isinstance(layer.mlp, mlp.GatedMLP) for layer in llm.engine.model.model.layers)
+    assert counts["add_rmsnorm_fp8"] >= 2 * layers - mixtures and counts["gated_activation_fp8"] >= layers - mixtures
+    monkeypatch.setattr(decoder, "QUANTIZE_IN_NORM", False)
+    monkeypatch.setattr(mlp, "QUANTIZE_IN_ACTIVATION", False)
+    before = dict(counts)
+    want = llm.generate(prompts, params, use_tqdm=False)
+    assert counts == before
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids and torch.equal(a.prompt_logits, b.prompt_logits)

@@ -29,7 +29,7 @@ from .fused_linear import (
     row_linear_kernel,
     row_linear_rotary_kernel,
 )
-from .fused_norm import add_rmsnorm_kernel
+from .fused_norm import add_rmsnorm_fp8_kernel, add_rmsnorm_kernel
 from .fused_rotary import latent_rotary_write_kernel, rotary_kv_write_kernel, rotary_pairs_kernel, rotary_table_kernel
 from .grouped_topk import grouped_topk_kernel
 from .gumbel_max import gumbel_max_kernel
@@ -86,6 +86,37 @@ def add_rmsnorm(
         )  # fmt: skip
     out = out.view(x.shape)
     return out, (residual_out.view(x.shape) if residual is not None else None)
+
+
+def add_rmsnorm_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    *,
+    mode: str,
+    dtype: torch.dtype,
+    fp8_max: float,
+    min_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(q [T, H], scale [T, 1], x + residual)``: :func:`add_rmsnorm`'s rows of ``x, residual [T, H]`` (rows'
+    elements contiguous) quantized as :func:`quantize_fp8_rows` quantizes them, in one launch (the normed rows
+    are not written); ``(q, scale, None)`` without a residual."""
+    hidden = x.shape[-1]
+    rows = x.shape[0]
+    round_to_x = mode != "dtype" or torch.promote_types(weight.dtype, x.dtype) == x.dtype
+    out = torch.empty((rows, hidden), dtype=dtype, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    residual_out = torch.empty_like(x) if residual is not None else None
+    if rows:
+        block = next_pow2(hidden)
+        r, ro = (residual, residual_out) if residual is not None else (x, x)  # (unused without a residual)
+        add_rmsnorm_fp8_kernel[(rows,)](
+            x, r, weight, out, scale, ro, hidden, eps, x.stride(0), r.stride(0), out.stride(0), ro.stride(0),
+            HAS_RESIDUAL=residual is not None, MODE=NORM_MODES[mode], ROUND_TO_X=round_to_x, FP8_MAX=fp8_max,
+            MIN_SCALE=min_scale, BLOCK=block, num_warps=max(1, min(16, block // 256)), **pdl_options(x.device),
+        )  # fmt: skip
+    return out, scale, residual_out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from torch import nn
 from ...backends.base import AttentionSpec
 from ...distributed.group import TPGroup, tp_or_single
 from ...runtime.context import ForwardContext
+from .fp8_linear import FP8Rows
 from .fused import fused_ops
 from .linear import (
     QKVLinear,
@@ -188,8 +189,9 @@ class SelfAttention(nn.Module):
         ``(out, x + residual)``: the norm runs inside the q/k/v projection where it can
         (:func:`~.linear.norm_then_linear`), and where the backend can, the rotation and the cache
         write run in that launch too (:meth:`PagedAttention.forward_projected`)."""
-        if norm is None:
-            return self.attend(positions, project(self.qkv_proj, x), ctx, rotary, table)
+        if norm is None:  # (x: rows quantized by the norm already, FP8Rows, go straight to the vendor's matmul)
+            qkv = self.qkv_proj(x) if isinstance(x, FP8Rows) else project(self.qkv_proj, x)
+            return self.attend(positions, qkv, ctx, rotary, table)
         folds = norm_folds(self.qkv_proj, x, norm, residual) or row_norm_folds(self.qkv_proj, x, norm, residual)
         # (the backend's projecting launches take weights of the rows' dtype: not quantization="fp8"'s)
         if not hasattr(self, "q_norm") and folds is not None and self.qkv_proj.weight_scale is None:

@@ -30,7 +30,9 @@ from torch import nn
 
 from ...runtime.context import ForwardContext
 from .activation import Activation
-from .fused import fused_linear_ops
+from .fp8_linear import FP8Rows
+from .fused import fused_linear_ops, fused_ops
+from .linear import Linear, _fp8_tile_ops
 
 
 class DecoderLayer(nn.Module):
@@ -57,11 +59,15 @@ class DecoderLayer(nn.Module):
         if fuse_attention:  # the norm inside the q/k/v projection (small batches on GPUs)
             h, residual = self.self_attn(positions, x, ctx, rotary, table, norm=self.input_layernorm, residual=residual)
         else:
-            h, residual = self.add_norm(self.input_layernorm, x, residual)
+            quantize = self.quantized_norms[0] and quantizes_in_norm(x, self.self_attn.qkv_proj)
+            h, residual = self.add_norm(self.input_layernorm, x, residual, quantize)
             h = self.self_attn(positions, h, ctx, rotary, table)
         if fuse_mlp:  # the norm and the activation inside the gate/up projection
             return self.mlp(h, norm=self.post_attention_layernorm, residual=residual)
-        h, residual = self.post_attention_layernorm(h, residual)
+        if self.quantized_norms[1] and quantizes_in_norm(h, self.mlp.gate_up_proj):
+            h, residual = self.post_attention_layernorm.quantized(h, residual)
+        else:
+            h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
     @functools.cached_property
@@ -80,12 +86,55 @@ class DecoderLayer(nn.Module):
         mlp = plain(self.mlp, GatedMLP) and plain(self.post_attention_layernorm, RMSNorm)
         return attention, mlp and isinstance(self.mlp.act, Activation)
 
+    @functools.cached_property
+    def quantized_norms(self) -> tuple[bool, bool]:
+        """Whether the input norm and the post-attention norm can quantize their rows for the projection after
+        them (``quantization="fp8"``: :meth:`RMSNorm.quantized`): an RMSNorm before the shared attention block
+        (its fp8 q/k/v projection) and before the shared MLP (its fp8 gate/up projection), neither overridden."""
+        from .attention import SelfAttention
+        from .mlp import GatedMLP
+        from .norm import RMSNorm
+
+        def plain(module, cls) -> bool:
+            return isinstance(module, cls) and type(module).forward is cls.forward
+
+        def fp8(projection) -> bool:
+            return getattr(projection, "weight_scale", None) is not None and type(projection).forward is Linear.forward
+
+        attention = plain(self.self_attn, SelfAttention) and plain(self.input_layernorm, RMSNorm)
+        mlp = plain(self.mlp, GatedMLP) and plain(self.post_attention_layernorm, RMSNorm)
+        return attention and fp8(self.self_attn.qkv_proj), mlp and fp8(self.mlp.gate_up_proj)
+
     @staticmethod
-    def add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(norm(x + residual), x + residual)``; with ``residual`` None, ``x`` is the stream."""
+    def add_norm(
+        norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
+    ) -> tuple[torch.Tensor | FP8Rows, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``; with ``residual`` None, ``x`` is the stream. ``quantize``: the
+        normed rows quantized for an fp8 projection (:meth:`RMSNorm.quantized`)."""
+        if quantize:
+            return norm.quantized(x, residual)
         if residual is None:
             return norm(x), x
         return norm(x, residual)
+
+
+# quantization="fp8" on GPUs: the norms before the q/k/v and gate/up projections quantize their rows in their own
+# launch (True), or write them in the model dtype and the projection quantizes them (False; the benchmarks'
+# --kernel-options unfused_fp8_norm).
+QUANTIZE_IN_NORM = True
+
+
+def quantizes_in_norm(x: torch.Tensor, projection: Linear) -> bool:
+    """Whether a norm over ``x [T, H]`` quantizes its rows for the fp8 ``projection`` after it (where
+    :attr:`DecoderLayer.quantized_norms` says it can): on a GPU, more than one row, none that the projection
+    takes in the fused small-batch launches, ``QUANTIZE_IN_NORM`` on."""
+    return (
+        QUANTIZE_IN_NORM
+        and x.dim() == 2
+        and x.shape[0] > 1
+        and fused_ops(x) is not None
+        and _fp8_tile_ops(projection, x) is None
+    )
 
 
 def run_decoder(

@@ -9,9 +9,10 @@ prompts). The product ``(x_q W_q^T)[t, n] * x_scale[t] * weight_scale[n]`` accum
 float32 and comes out in bfloat16 on GPUs (what the row-wise fp8 matmul writes; cast to a float16 or float32
 model's dtype after it), in the model's dtype elsewhere; a bias is added after it. On GPUs the input's
 quantization is one Triton launch (:func:`~portattn.kernels.triton.fused_launch.quantize_fp8_rows`),
-elsewhere :func:`quantize_rows`' torch code. The gated MLP's down projection takes its rows quantized by the
-activation's launch (:func:`quantized_gated`, :class:`FP8Rows`): the activation's output is not written in 16
-bits and read back.
+elsewhere :func:`quantize_rows`' torch code. In steps of more than one row on GPUs the launch before a
+projection quantizes its rows instead (:class:`FP8Rows`): the norms before the q/k/v and gate/up projections
+(``RMSNorm.quantized``) and the gated activation before the down projection (:func:`quantized_gated`), so that
+those rows are not written in 16 bits and read back.
 
 What is quantized: the :class:`~.linear.Linear` layers of the decoder (attention's q/k/v and output
 projections, the MLP's gate/up and down projections, an MLA's down projections), whose input and output

@@ -12,8 +12,8 @@ from torch import nn
 
 from ...distributed.group import TPGroup
 from . import linear
-from .activation import Activation, activation
-from .fp8_linear import quantized_gated
+from .activation import Activation, activation, gated
+from .fp8_linear import FP8Rows, quantized_gated
 from .fused import fused_ops
 from .linear import MergedLinear, RowParallelLinear, norm_then_linear, project, project_gated, small_linear
 
@@ -48,24 +48,32 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp=tp, reduce=reduce)
 
     def forward(
-        self, x: torch.Tensor, *, norm: nn.Module | None = None, residual: torch.Tensor | None = None
+        self, x: torch.Tensor | FP8Rows, *, norm: nn.Module | None = None, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``x [T, H]`` -> ``[T, H]``; with ``norm`` (the layer's post-attention RMSNorm) the input is
-        ``norm(x + residual)`` and the return ``(out, x + residual)``: the norm and the activation run
-        inside the gate/up projection where they can (:func:`~.linear.norm_then_linear`)."""
+        """``x [T, H]`` (or its rows quantized by the norm before, :class:`FP8Rows`) -> ``[T, H]``; with ``norm``
+        (the layer's post-attention RMSNorm) the input is ``norm(x + residual)`` and the return ``(out, x +
+        residual)``: the norm and the activation run inside the gate/up projection where they can
+        (:func:`~.linear.norm_then_linear`)."""
         if norm is None:
-            if self._quantizes_in_activation(x):
-                gate_up = self.gate_up_proj(x)
-                return self.down_proj(quantized_gated(self.act.name, gate_up, self.gate_up_proj.interleaved))
-            return project(self.down_proj, project_gated(self.gate_up_proj, x, self.act))
+            quantizes = self._quantizes_in_activation(x)
+            if not quantizes and not isinstance(x, FP8Rows):
+                return project(self.down_proj, project_gated(self.gate_up_proj, x, self.act))
+            gate_up = self.gate_up_proj(x)  # (the vendor's matmul: rows quantized by the norm, or many rows)
+            interleaved = self.gate_up_proj.interleaved
+            if quantizes:
+                return self.down_proj(quantized_gated(self.act.name, gate_up, interleaved))
+            return project(self.down_proj, gated(self.act, gate_up, interleaved))
         h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
         out = small_linear(self.down_proj, h) if linear.SMALL_DOWN_PROJ else None
         return (self.down_proj(h) if out is None else out), summed
 
-    def _quantizes_in_activation(self, x: torch.Tensor) -> bool:
+    def _quantizes_in_activation(self, x: torch.Tensor | FP8Rows) -> bool:
         """Whether the activation's launch quantizes the down projection's input (:func:`quantized_gated`): fp8
         down weights on a GPU, rows of ``x [T, H]`` that the projections take through the vendor's matmul (more
-        than one, none in the fused small-batch launches), an activation the launch knows."""
+        than one, none in the fused small-batch launches; or quantized by the norm already), an activation the
+        launch knows."""
+        if isinstance(x, FP8Rows):
+            x = x.q
         return (
             QUANTIZE_IN_ACTIVATION
             and self.down_proj.weight_scale is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, FP8Rows, quantize_input
 from .fused import fused_ops
 
 
@@ -42,6 +43,22 @@ class RMSNorm(nn.Module):
             summed = x + residual
             return self.norm(summed), summed
         return self.norm(x)
+
+    def quantized(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[FP8Rows, torch.Tensor]:
+        """``(quantize_rows(norm(x + residual)), x + residual)`` for ``x, residual [T, H]`` (``residual`` None:
+        ``x`` is the stream): the next linear layer's input in fp8 (``quantization="fp8"``, :class:`FP8Rows` in
+        the norm's output dtype), in one launch on GPUs, where the normed rows are not written in 16 bits."""
+        ops = fused_ops(x)
+        if ops is not None and x.dim() == 2 and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1):
+            dtype = torch.promote_types(self.weight.dtype, x.dtype) if self.mode == "dtype" else x.dtype
+            q, scale, summed = ops.add_rmsnorm_fp8(
+                x, self.weight, self.eps, residual, mode=self.mode, dtype=FP8_DTYPE, fp8_max=FP8_MAX,
+                min_scale=MIN_SCALE,
+            )  # fmt: skip
+            return FP8Rows(q, scale, dtype), (x if residual is None else summed)
+        out, summed = (self(x), x) if residual is None else self(x, residual)
+        rows = out.reshape(-1, out.shape[-1])
+        return FP8Rows(*quantize_input(rows if rows.stride(-1) == 1 else rows.contiguous()), out.dtype), summed
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:
         """The torch reference of the norm alone."""
