@@ -301,11 +301,18 @@ def mla_fp8(out: Path, ceil) -> dict:
     return rows
 
 
-# Split counts timed beside the plan's (4) for the memory-bound 16-head case (None: the bf16 cache's default tiles):
-# the fp8_mma kernel (166 registers, 74 KB of shared memory a 4-warp program) fits 3 programs an SM, so 6 splits
-# of 64 sequences (384 programs) are about one full wave of 132 SMs, 4 splits leave a third of the slots empty.
+# Split counts timed beside the plan's (4) for the memory-bound 16-head case (None: the bf16 cache's default tiles).
+# Programs an SM of the fp8_mma kernel (Triton 3.6's compile, ../benchmarks/results/round33_h200/mla_sass_triton36.txt):
+# at 64 keys 166 registers and 94 KB of shared memory a 4-warp program, 2 an SM (shared memory), so the plan's 4
+# splits of 64 sequences (256 programs) already fill the 264 slots of 132 SMs and more splits only add waves; at 32
+# keys 140 registers and 57 KB (2 stages) or 75 KB (3), 3 an SM (registers): 6 splits (384 programs) fill 396 slots,
+# with half as many bytes a program in flight a step. Which of per-SM concurrency or bytes in flight limits it is
+# what the sweep tells.
 MLA_FP8_SPLIT_COUNTS = (1, 2, 3, 6, 8, 12, 16)
-MLA_FP8_SPLIT_TILES = {16: [None, (16, 64, 4, 2, False, False, True), (16, 64, 4, 3, False, False, True)]}
+MLA_FP8_SPLIT_TILES = {
+    16: [None, (16, 64, 4, 2, False, False, True), (16, 64, 4, 3, False, False, True),
+         (16, 32, 4, 2, False, False, True), (16, 32, 4, 3, False, False, True)],
+}  # fmt: skip
 
 
 # mla_splits: batches, key counts, split counts and tiles (block_h, block_n, warps, stages) of the few-sequence decodes

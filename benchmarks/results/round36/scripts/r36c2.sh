@@ -18,7 +18,7 @@ timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $B $P --out $OUT/poisson_
 for f in poisson poisson_c128 poisson_eager; do echo "== $f"; grep -A12 "steps in" $OUT/$f.txt | head -20; done
 PORTATTN_TEST_ENGINE_DEVICE=cuda PYTHONPATH=src:tests timeout 120 python3 -m pytest -q -p no:cacheprovider \
   tests/engine/test_piecewise_gpu.py -k capped > $OUT/test_capped.txt 2>&1; tail -n 3 $OUT/test_capped.txt
-mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 150 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
+mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 200 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
   > $OUT/probe_log.txt 2>&1
 tail -n 40 $OUT/probe_log.txt
 PYTHONPATH=src:tests timeout 90 python3 benchmarks/results/round34_h200/scripts/fp8_mma_diag.py > $OUT/fp8_mma_diag.txt 2>&1
