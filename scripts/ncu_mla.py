@@ -1,0 +1,71 @@
+"""One MLA decode launch per variant (DeepSeek-V3 latent 512 + 64, 16 heads, B=64 over 4096 keys, page 64), to
+run under Nsight Compute on the GPU machine: where the 16-head kernels' time goes (issue 24 item 1).
+
+    ncu --clock-control none --kernel-name regex:mla_decode --launch-skip 3 --launch-count 1 \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \\
+        --section MemoryWorkloadAnalysis python3 scripts/ncu_mla.py e4m3 --tiles 16,64,4,2 --splits 4
+
+``bf16``: the bf16 cache with the default tiles; ``e4m3``: the e4m3 cache, with ``--tiles h,n,w,s`` through the
+``fp8_mma`` kernel (default: the launcher's own choice). ``--splits`` overrides the plan's split count. Each run
+makes four launches of the decode (three warm-ups, one profiled; the split merge is a kernel of its own);
+``--time`` times graph replays instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from portattn.bench.timing import measure_graph
+from portattn.kernels.triton import mla_decode_launch
+from portattn.kernels.triton.mla_decode_launch import MLATileConfig
+from portattn.kv_quant import quantize_kv
+from portattn.mla import plan_mla_decode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kv", choices=["bf16", "e4m3"])
+    parser.add_argument("--tiles", default=None, help="block_h,block_n,warps,stages (e4m3: the fp8_mma kernel)")
+    parser.add_argument("--splits", type=int, default=None)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    b, L, P, heads = 64, 4096, 64, args.heads
+    gen = torch.Generator(device=dev).manual_seed(0)
+    pages = b * L // P + 4
+    cache = torch.randn(pages, P, 576, device=dev, dtype=torch.bfloat16, generator=gen)
+    table = torch.randperm(pages, device=dev, generator=gen)[: b * L // P].view(b, L // P).to(torch.int32)
+    lens = torch.full((b,), L, device=dev, dtype=torch.int32)
+    qn = torch.randn(b, heads, 512, device=dev, dtype=torch.bfloat16, generator=gen)
+    qr = torch.randn(b, heads, 64, device=dev, dtype=torch.bfloat16, generator=gen)
+    out = torch.empty_like(qn)
+    kv, kv_scale = (cache, 1.0) if args.kv == "bf16" else (quantize_kv(cache, torch.float8_e4m3fn, 0.05), 0.05)
+    tiles = None
+    if args.tiles:
+        h, n, w, s = (int(x) for x in args.tiles.split(","))
+        tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv == "e4m3")
+    meta = plan_mla_decode(table, lens, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L,
+                           num_kv_splits=args.splits)  # fmt: skip
+    splits, partials = meta.num_kv_splits, meta.partials
+
+    def call(_=None):
+        mla_decode_launch.mla_decode_forward(qn, qr, kv, table, lens, out, scale=0.07, num_kv_splits=splits,
+                                             partials=partials, tiles=tiles, kv_scale=kv_scale)  # fmt: skip
+
+    for _ in range(4):
+        call()
+    torch.cuda.synchronize()
+    label = f"{args.kv} heads {heads} splits {splits} tiles {args.tiles or 'default'}"
+    if args.time:
+        t = measure_graph(call, [0, 1], dev)
+        nbytes = b * L * 576 * (2 if args.kv == "bf16" else 1)
+        print(f"{label}: {t.median_ms:.4f} ms (spread {t.spread:.1%}), {nbytes / t.median_ms / 1e9:.2f} TB/s")
+    else:
+        print(label)
+
+
+if __name__ == "__main__":
+    main()
