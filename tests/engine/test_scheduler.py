@@ -244,10 +244,13 @@ def test_a_step_scheduled_ahead_decodes_the_tokens_in_flight():
     assert scheduler.schedule() == [(b, 1)] and scheduler.num_preemptions == 1 and c.status is Status.WAITING
 
 
-def capped_scheduler(budget: int, cap: int, lengths, max_num_seqs: int = 4):
-    pages = PageManager(PageAllocator(400), ReqToTokenPool(max_num_seqs, 128, 4, "cpu"), enable_prefix_caching=False)
+def capped_scheduler(budget: int, cap: int, lengths, max_num_seqs: int = 4, shared: int = 0):
+    """Prompts of ``lengths`` tokens, the first ``shared`` of each alike (prefix caching on where ``shared``)."""
+    pool = ReqToTokenPool(max_num_seqs, 128, 4, "cpu")
+    pages = PageManager(PageAllocator(400), pool, enable_prefix_caching=shared > 0)
     scheduler = Scheduler(pages, max_num_seqs, max_num_batched_tokens=budget, long_prefill_token_threshold=cap)
-    seqs = [Sequence(i, [i + 1] * n, SamplingParams(temperature=0)) for i, n in enumerate(lengths)]
+    tokens = [[99] * min(n, shared) + [i + 1] * (n - min(n, shared)) for i, n in enumerate(lengths)]
+    seqs = [Sequence(i, t, SamplingParams(temperature=0)) for i, t in enumerate(tokens)]
     for seq in seqs:
         scheduler.add(seq)
     return scheduler, seqs
@@ -285,35 +288,74 @@ def test_a_full_step_finishes_the_oldest_prompts_instead_of_capping_them():
 
 @pytest.mark.parametrize("seed", range(40))
 def test_capped_steps_are_as_long_as_strictly_capped_ones(seed):
-    """Over random queues of prompts and decodes, a step computes exactly the tokens it would if every prompt
-    were capped (the decodes, then the capped chunks, up to the budget); a prompt computes more than the cap
-    only in a full step, and then all that is left of it."""
+    """Over random queues of prompts and decodes (odd seeds: prompts sharing a cached prefix), a step computes
+    exactly the tokens it would if every prompt were capped (the decodes, then the capped chunks of what each
+    prompt has left to compute, up to the budget); a prompt computes more than the cap only in a full step, and
+    then all that is left of it."""
+    random_capped_queue(seed)
+
+
+def random_capped_queue(seed: int) -> int:
+    """:func:`test_capped_steps_are_as_long_as_strictly_capped_ones`' run of one seed; the prompt tokens the
+    prefix cache served."""
     rng = random.Random(seed)
     budget, cap = rng.randint(4, 64), rng.randint(1, 20)
     lengths = [rng.randint(1, 90) for _ in range(rng.randint(1, 8))]
-    scheduler, _ = capped_scheduler(budget, cap, lengths, max_num_seqs=6)
+    shared = rng.randint(8, 60) if seed % 2 else 0
+    scheduler, _ = capped_scheduler(budget, cap, lengths, max_num_seqs=6, shared=shared)
+    pages, hits = scheduler.pages, 0
     for _ in range(400):
         if not scheduler.has_unfinished():
             break
         uncomputed = {s: s.num_tokens - s.num_computed for s in scheduler.running}
         admissible = list(scheduler.waiting)[: scheduler.max_num_seqs - len(scheduler.running)]
         decodes = sum(n == 1 for n in uncomputed.values())
-        capped = sum(min(n, cap) for n in uncomputed.values() if n > 1)
-        capped += sum(min(s.num_tokens - s.num_computed, cap) for s in admissible)
         step = scheduler.schedule()
-        total = sum(n for _, n in step)
-        assert total == min(budget, decodes + capped), (budget, cap, lengths)
+        chosen = dict(step)
+        hits += sum(s.num_computed for s in admissible if s in chosen)  # (the prefix cache's tokens)
+        capped = sum(min(n, cap) for n in uncomputed.values() if n > 1)
+        capped += sum(  # an admitted prompt's after its cache hit; one left waiting, what the cache holds now
+            min(s.num_tokens - (s.num_computed if s in chosen else pages.cached_tokens(s)), cap) for s in admissible
+        )
+        total = sum(chosen.values())
+        assert total == min(budget, decodes + capped), (budget, cap, lengths, shared)
         for seq, n in step:
             pending = seq.num_tokens - seq.num_computed
             assert n <= cap or (n == pending and total == budget), (budget, cap, lengths, n, pending)
         for seq, n in step:
             seq.num_computed += n
+            pages.commit(seq)
             if seq.num_computed == seq.num_tokens:
                 if seq.num_tokens - len(seq.prompt_token_ids) >= 3:
                     scheduler.finish(seq, "length")
                 else:
                     seq.token_ids.append(7)
     assert not scheduler.has_unfinished()
+    return hits
+
+
+def test_a_step_counts_what_the_prefix_cache_holds_before_taking_prompts_whole():
+    """Whether the capped chunks fill the step counts each waiting prompt's tokens less its cached prefix: three
+    prompts whose first 24 tokens are cached (2 left each) behind a 30-token one leave a 32-token step room, so
+    the long prompt is capped (counted whole, they would seem to fill it, and it would take all 30)."""
+    scheduler, (first,) = capped_scheduler(32, 8, [25], shared=24)
+    while first.num_computed < first.num_tokens:  # in chunks of 8 (the step has room)
+        ((_, n),) = scheduler.schedule()
+        first.num_computed += n
+        scheduler.pages.commit(first)  # its full pages go to the cache
+    scheduler.finish(first, "stop")
+    long = Sequence(1, [5] * 30, SamplingParams(temperature=0))
+    cached = [Sequence(2 + i, [99] * 24 + [6 + i, 7], SamplingParams(temperature=0)) for i in range(3)]
+    for seq in (long, *cached):
+        scheduler.add(seq)
+    assert [scheduler.pages.cached_tokens(seq) for seq in (long, *cached)] == [0, 24, 24, 24]
+    assert scheduler.schedule() == [(long, 8)] + [(seq, 2) for seq in cached]
+    assert [seq.num_computed for seq in cached] == [24, 24, 24]
+
+
+def test_random_queues_meet_the_prefix_cache():
+    """(The odd seeds of the test above do serve prompts from the prefix cache.)"""
+    assert sum(random_capped_queue(seed) > 0 for seed in range(1, 40, 2)) >= 5
 
 
 def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):

@@ -48,14 +48,11 @@ class PageManager:
 
     # -- prefix cache ------------------------------------------------------------------------
 
-    def match_prefix(self, seq: Sequence) -> int:
-        """Give a fresh sequence the cached pages of its longest cached prefix; returns the tokens covered.
-
-        At least one token is left to compute, so that the step that finishes the prompt has logits.
-        """
-        assert not seq.pages and seq.num_computed == 0
+    def _cached_prefix(self, seq: Sequence) -> tuple[list[bytes], list[int]]:
+        """The keys and pages of a fresh sequence's longest cached prefix (nothing changed), leaving at least
+        one token to compute, so that the step that finishes the prompt has logits."""
         if not self.enable_prefix_caching or seq.params.needs_prompt_logits:
-            return 0
+            return [], []
         size, keys, pages = self.page_size, [], []
         for p in range((seq.num_tokens - 1) // size):
             key = sequence_page_key(seq, keys[-1] if keys else b"", p, size)
@@ -64,6 +61,19 @@ class PageManager:
                 break
             keys.append(key)
             pages.append(page)
+        return keys, pages
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """The tokens :meth:`match_prefix` would give a fresh sequence now; nothing changes."""
+        return len(self._cached_prefix(seq)[1]) * self.page_size
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a fresh sequence the cached pages of its longest cached prefix; returns the tokens covered.
+
+        At least one token is left to compute, so that the step that finishes the prompt has logits.
+        """
+        assert not seq.pages and seq.num_computed == 0
+        keys, pages = self._cached_prefix(seq)
         if not pages:
             return 0
         for key in keys:
@@ -72,7 +82,7 @@ class PageManager:
         refs = self.allocator.ref_count(pages[0])
         try:
             self.allocator.retain(pages)
-            seq.pages, seq.page_hashes, seq.num_computed = pages, keys, len(pages) * size
+            seq.pages, seq.page_hashes, seq.num_computed = pages, keys, len(pages) * self.page_size
         except BaseException:
             if seq.pages is not pages and self.allocator.ref_count(pages[0]) > refs:
                 self.allocator.free(pages)  # retained, not recorded

@@ -134,14 +134,16 @@ class Scheduler:
     def _capped_prompts_fill(self, room: float, running_prompts: list[int]) -> bool:
         """Whether the prompts' chunks, each capped at ``long_prefill_token_threshold``, would fill the
         ``room`` the decodes leave: the running prompts' uncomputed token counts, then the waiting ones
-        that a free request slot could admit (their uncomputed tokens before any prefix-cache hit)."""
+        that a free request slot could admit (their tokens less those the prefix cache holds)."""
         if self.chunk_cap == float("inf"):
             return False
-        slots = max(0, self.max_num_seqs - len(self.running))
-        admissible = (seq.num_tokens - seq.num_computed for seq in list(self.waiting)[:slots])
-        total = 0
-        for pending in (*running_prompts, *admissible):
+        total, slots = 0, max(0, self.max_num_seqs - len(self.running))
+        for pending in running_prompts:
             total += min(pending, self.chunk_cap)
+            if total >= room:
+                return True
+        for seq in list(self.waiting)[:slots]:
+            total += min(seq.num_tokens - self.pages.cached_tokens(seq), self.chunk_cap)
             if total >= room:
                 return True
         return False
