@@ -11,7 +11,7 @@
 #   OUT=... bash benchmarks/results/round37/scripts/r37c3.sh
 export PYTHONPATH=src
 START=$SECONDS
-PYTHONPATH=src:tests timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_fp8_linear.py \
+PORTATTN_TEST_ENGINE_DEVICE=cuda PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -p no:cacheprovider tests/models/test_fp8_linear.py \
   tests/kernels/test_fused_kernels.py > $OUT/tests.txt 2>&1; tail -n 3 $OUT/tests.txt
 [ -f /tmp/ck8b/config.json ] || timeout 240 python3 -m benchmarks.random_checkpoint /tmp/ck8b --shape llama3-8b \
   --device cuda --dtype bfloat16 > $OUT/ckpt_log.txt 2>&1
