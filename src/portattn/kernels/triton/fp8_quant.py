@@ -12,6 +12,18 @@ from .pdl import wait_for_previous
 
 
 @triton.jit
+def row_scale(amax, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """A row's scale from its largest magnitude: ``max(amax / FP8_MAX, MIN_SCALE)`` (IEEE division)."""
+    return tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
+
+
+@triton.jit
+def scaled_to_fp8(x, scale, FP8_MAX: tl.constexpr):
+    """``clamp(x / scale, -FP8_MAX, FP8_MAX)`` (IEEE division; the caller converts it to the fp8 dtype)."""
+    return tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+
+
+@triton.jit
 def quantize_rows_kernel(
     X,
     Out,
@@ -31,10 +43,10 @@ def quantize_rows_kernel(
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(X + row * stride_x + offs, mask=offs < cols, other=0.0).to(tl.float32)
         top = tl.maximum(top, tl.abs(x))
-    scale = tl.maximum(tl.math.div_rn(tl.max(top, axis=0), FP8_MAX), MIN_SCALE)
+    scale = row_scale(tl.max(top, axis=0), FP8_MAX, MIN_SCALE)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(X + row * stride_x + offs, mask=offs < cols, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+        q = scaled_to_fp8(x, scale, FP8_MAX)
         tl.store(Out + row * stride_out + offs, q.to(Out.dtype.element_ty), mask=offs < cols)
     tl.store(Scale + row, scale)

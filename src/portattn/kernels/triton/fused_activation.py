@@ -15,6 +15,7 @@ Grid: ``(T,)``.
 import triton
 import triton.language as tl
 
+from .fp8_quant import row_scale, scaled_to_fp8
 from .pdl import wait_for_previous
 
 SILU, GELU, GELU_TANH = 0, 1, 2
@@ -50,15 +51,8 @@ def gated_activation_kernel(
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < inter
-    if INTERLEAVED:  # one load of the [BLOCK, 2] pairs
-        pairs = offs[:, None] * 2 + tl.arange(0, 2)[None, :]
-        g, u = tl.split(tl.load(GateUp + row * stride_in + pairs, mask=mask[:, None], other=0.0).to(tl.float32))
-    else:
-        g = tl.load(GateUp + row * stride_in + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(GateUp + row * stride_in + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    a = activate(g, ACT).to(Out.dtype.element_ty).to(tl.float32)
-    tl.store(Out + row * stride_out + offs, (a * u).to(Out.dtype.element_ty), mask=mask)
+    y = gated_block(GateUp, row, stride_in, offs, inter, ACT, INTERLEAVED)  # (Out has GateUp's dtype)
+    tl.store(Out + row * stride_out + offs, y.to(Out.dtype.element_ty), mask=offs < inter)
 
 
 @triton.jit
@@ -66,7 +60,7 @@ def gated_block(GateUp, row, stride_in, offs, inter, ACT: tl.constexpr, INTERLEA
     """``act(gate) * up`` at features ``offs`` of row ``row``, the activation and the product each rounded to
     ``GateUp``'s dtype, in float32 (0 past ``inter``)."""
     mask = offs < inter
-    if INTERLEAVED:
+    if INTERLEAVED:  # one load of the [BLOCK, 2] pairs
         pairs = offs[:, None] * 2 + tl.arange(0, 2)[None, :]
         g, u = tl.split(tl.load(GateUp + row * stride_in + pairs, mask=mask[:, None], other=0.0).to(tl.float32))
     else:
@@ -97,18 +91,18 @@ def gated_activation_fp8_kernel(
     if ONE_BLOCK:  # BLOCK >= inter: the row in registers
         offs = tl.arange(0, BLOCK)
         y = gated_block(GateUp, row, stride_in, offs, inter, ACT, INTERLEAVED)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_MAX), MIN_SCALE)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
-        tl.store(Out + row * stride_out + offs, q.to(Out.dtype.element_ty), mask=offs < inter)
+        scale = row_scale(tl.max(tl.abs(y), axis=0), FP8_MAX, MIN_SCALE)
+        tl.store(Out + row * stride_out + offs, scaled_to_fp8(y, scale, FP8_MAX).to(Out.dtype.element_ty),
+                 mask=offs < inter)  # fmt: skip
     else:
         top = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, inter, BLOCK):
             y = gated_block(GateUp, row, stride_in, start + tl.arange(0, BLOCK), inter, ACT, INTERLEAVED)
             top = tl.maximum(top, tl.abs(y))
-        scale = tl.maximum(tl.math.div_rn(tl.max(top, axis=0), FP8_MAX), MIN_SCALE)
+        scale = row_scale(tl.max(top, axis=0), FP8_MAX, MIN_SCALE)
         for start in range(0, inter, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             y = gated_block(GateUp, row, stride_in, offs, inter, ACT, INTERLEAVED)
-            q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
-            tl.store(Out + row * stride_out + offs, q.to(Out.dtype.element_ty), mask=offs < inter)
+            tl.store(Out + row * stride_out + offs, scaled_to_fp8(y, scale, FP8_MAX).to(Out.dtype.element_ty),
+                     mask=offs < inter)  # fmt: skip
     tl.store(Scale + row, scale)

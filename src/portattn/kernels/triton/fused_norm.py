@@ -13,6 +13,7 @@ it from the stored row): the normed row is not written in 16 bits.
 import triton
 import triton.language as tl
 
+from .fp8_quant import row_scale, scaled_to_fp8
 from .pdl import wait_for_previous
 
 
@@ -99,7 +100,6 @@ def add_rmsnorm_fp8_kernel(
     )
     if ROUND_TO_X:  # the norm's output dtype is the input's (else float32: nothing to round)
         y = y.to(X.dtype.element_ty).to(tl.float32)
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_MAX), MIN_SCALE)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_MAX), FP8_MAX)
-    tl.store(Out + row * stride_o + offs, q.to(Out.dtype.element_ty), mask=offs < hidden)
+    scale = row_scale(tl.max(tl.abs(y), axis=0), FP8_MAX, MIN_SCALE)
+    tl.store(Out + row * stride_o + offs, scaled_to_fp8(y, scale, FP8_MAX).to(Out.dtype.element_ty), mask=offs < hidden)
     tl.store(Scale + row, scale)
