@@ -306,12 +306,14 @@ def mla_fp8(out: Path, ceil) -> dict:
 # at 64 keys 166 registers and 94 KB of shared memory a 4-warp program, 2 an SM (shared memory), so the plan's 4
 # splits of 64 sequences (256 programs) already fill the 264 slots of 132 SMs and more splits only add waves; at 32
 # keys 140 registers and 57 KB (2 stages) or 75 KB (3), 3 an SM (registers): 6 splits (384 programs) fill 396 slots,
-# with half as many bytes a program in flight a step. Which of per-SM concurrency or bytes in flight limits it is
-# what the sweep tells.
+# with half as many bytes a program in flight a step; at 32 keys and 2 stages with ptxas held to 128 registers
+# (40 bytes spilled, Triton 3.9) 4 an SM: 8 splits (512 programs) fill 528 slots. Which of per-SM concurrency or
+# bytes in flight limits it is what the sweep tells.
 MLA_FP8_SPLIT_COUNTS = (1, 2, 3, 6, 8, 12, 16)
 MLA_FP8_SPLIT_TILES = {
     16: [None, (16, 64, 4, 2, False, False, True), (16, 64, 4, 3, False, False, True),
-         (16, 32, 4, 2, False, False, True), (16, 32, 4, 3, False, False, True)],
+         (16, 32, 4, 2, False, False, True), (16, 32, 4, 3, False, False, True),
+         (16, 32, 4, 2, False, False, True, False, False, 128)],
 }  # fmt: skip
 
 

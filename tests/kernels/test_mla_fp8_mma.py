@@ -261,3 +261,23 @@ def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
         MLATileConfig(**{**base, **fields})
     with pytest.raises(ValueError, match=r"expected wgmma_scores=False .*wrong outputs on an H200"):
         MLATileConfig(**{**base, "wgmma_scores": True})
+
+
+def test_a_register_limit_reaches_the_launch_and_only_the_mma_tiles_take_one():
+    """``maxnreg`` (ptxas' limit a thread: at 32 keys, 128 registers fit four programs an SM against three,
+    40 bytes spilled; benchmarks/results/round37/NOTES.md) goes into the launch's options; other tiles, or a
+    limit ptxas does not take, are refused."""
+    tiles = MLATileConfig(16, 32, 4, 2, fp8_mma=True, maxnreg=128)
+    case = make_mla_case([3], page_size=64, num_heads=16, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    out = torch.empty_like(case.q_nope)
+    options = dict(q_scale=0.0625, qk_scale_log2=1.0, kv_scale=0.5, num_kv_splits=1, write_partial=False,
+                   write_lse=False, min_split=32, block_n=tiles.block_n, stages=tiles.num_stages)  # fmt: skip
+    args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out, out[:, :, 0],
+            out, out[:, :, 0])  # fmt: skip
+    assert mma.launch_arguments(*args, **options, maxnreg=tiles.maxnreg)[2]["maxnreg"] == 128
+    assert "maxnreg" not in mma.launch_arguments(*args, **options)[2]
+    for fields in ({"fp8_mma": False, "num_stages": 3}, {"maxnreg": 100}, {"maxnreg": 16}):
+        with pytest.raises(ValueError, match="expected maxnreg only with fp8_mma, a multiple of 8 in"):
+            MLATileConfig(**{"block_h": 16, "block_n": 32, "num_warps": 4, "fp8_mma": True, "maxnreg": 128, **fields})

@@ -3,7 +3,7 @@
 # cache 0.90x the bf16 one, 37% of copy in fp8 bytes; both kernels process a 64-key tile every ~3 us an SM).
 # Nsight Compute over one launch of each: the bf16 cache's default (portable) kernel, and the fp8_mma kernel at
 # 64 keys (2 programs an SM by shared memory; the plan's 4 splits) and at 32 keys (3 an SM by registers; 6 and 8
-# splits); then each variant timed by graph replays.
+# splits; and held to 128 registers, 4 an SM, 8 splits); then each variant timed by graph replays.
 #   OUT=... bash benchmarks/results/round37/scripts/r37c4.sh
 export PYTHONPATH=src
 N="ncu --clock-control none --kernel-name regex:mla_decode_(split|fp8_mma) --launch-skip 3 --launch-count 1
@@ -18,8 +18,10 @@ run bf16 "" "bf16"
 run fp8_64x2_s4 "--section SourceCounters" "e4m3 --tiles 16,64,4,2 --splits 4"
 run fp8_32x2_s6 "" "e4m3 --tiles 16,32,4,2 --splits 6"
 run fp8_32x3_s8 "" "e4m3 --tiles 16,32,4,3 --splits 8"
+run fp8_32x2_r128_s8 "" "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 8"
 for v in "bf16" "e4m3 --tiles 16,64,4,2 --splits 4" "e4m3 --tiles 16,32,4,2 --splits 6" \
-         "e4m3 --tiles 16,32,4,2 --splits 8" "e4m3 --tiles 16,32,4,3 --splits 8"; do
+         "e4m3 --tiles 16,32,4,2 --splits 8" "e4m3 --tiles 16,32,4,3 --splits 8" \
+         "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 8" "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 12"; do
   timeout 60 python3 scripts/ncu_mla.py $v --time >> $OUT/times.txt 2>&1
 done
 cat $OUT/times.txt

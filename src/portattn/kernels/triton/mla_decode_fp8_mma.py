@@ -555,15 +555,17 @@ def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, pa
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
-                     stages, wgmma=False):  # fmt: skip
+                     stages, wgmma=False, maxnreg=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
-    ``mla_decode_split_kernel``'s)."""
+    ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice)."""
     batch, num_heads, _ = q_nope.shape
     grid = (-(-num_heads // 16), num_kv_splits, batch)
     args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "num_warps": NUM_WARPS}  # fmt: skip
+    if maxnreg is not None:
+        kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs
 
 

@@ -54,6 +54,7 @@ class MLATileConfig:
     fp8_mma: bool = False  # an e4m3 cache through mla_decode_fp8_mma (Gluon; NVIDIA, compute capability 8.9+)
     wgmma_scores: bool = False  # refused: the fp8_mma kernel's warpgroup-MMA scores gave wrong outputs on an H200
     wide: bool = False  # 64-head blocks through mla_decode_wide (Gluon; NVIDIA, compute capability 9.x)
+    maxnreg: int | None = None  # fp8_mma: registers a thread at most (ptxas; more programs an SM, some spilled)
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -65,6 +66,8 @@ class MLATileConfig:
                 "expected wgmma_scores=False (the fp8_mma kernel's scores by the warpgroup MMA gave wrong outputs on"
                 " an H200, max error 2.7-4.2: benchmarks/results/round34_h200/NOTES.md), got True"
             )
+        if self.maxnreg is not None and (not self.fp8_mma or self.maxnreg not in range(24, 256, 8)):
+            raise ValueError(f"expected maxnreg only with fp8_mma, a multiple of 8 in [24, 248], got {self}")
         if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys
             got = (
                 self.block_h,
@@ -299,7 +302,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages,
+                stages=t.num_stages, maxnreg=t.maxnreg,
             )  # fmt: skip
             return
         if t.wide:
@@ -312,7 +315,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages,
+                stages=t.num_stages, maxnreg=t.maxnreg,
             )  # fmt: skip
             return
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
