@@ -2,7 +2,7 @@
 # Round 36, call 2 (no carry): Poisson 16 req/s (512 +- 50%, 128) step traces, fp8 linears, budget 2048:
 # with captured pieces, without and with each prompt's chunk capped at 128 tokens, and without pieces (every
 # mixed step eager, at any token count: do its launches wait for kernel loads, as the LM head's did?); the
-# capped pieces' GPU test; the MLA fp8 split sweep and the warpgroup-MMA diagnosis (round 35's call 2).
+# capped pieces' GPU test. (The MLA fp8 split sweep and the warpgroup-MMA diagnosis moved to round 37's call 4.)
 #   OUT=... bash benchmarks/results/round36/scripts/r36c2.sh
 export PYTHONPATH=src
 [ -f /tmp/ck8b/config.json ] || timeout 240 python3 -m benchmarks.random_checkpoint /tmp/ck8b --shape llama3-8b \
@@ -18,8 +18,3 @@ timeout 150 python3 -m benchmarks.step_trace /tmp/ck8b $B $P --out $OUT/poisson_
 for f in poisson poisson_c128 poisson_eager; do echo "== $f"; grep -A12 "steps in" $OUT/$f.txt | head -20; done
 PORTATTN_TEST_ENGINE_DEVICE=cuda PYTHONPATH=src:tests timeout 120 python3 -m pytest -q -p no:cacheprovider \
   tests/engine/test_piecewise_gpu.py -k capped > $OUT/test_capped.txt 2>&1; tail -n 3 $OUT/test_capped.txt
-mkdir -p $OUT/probe && PYTHONPATH=src:tests timeout 200 python3 scripts/kernels_probe.py mla-fp8 --out $OUT/probe \
-  > $OUT/probe_log.txt 2>&1
-tail -n 40 $OUT/probe_log.txt
-PYTHONPATH=src:tests timeout 90 python3 benchmarks/results/round34_h200/scripts/fp8_mma_diag.py > $OUT/fp8_mma_diag.txt 2>&1
-tail -n 30 $OUT/fp8_mma_diag.txt
