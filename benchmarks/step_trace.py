@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from portattn.engine import LLM, SamplingParams
     from portattn.engine.arguments import add_flags, given
     from portattn.engine.config import EngineConfig
+    from portattn.engine.sequence import Status
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -170,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     allocator = _allocator_counts() if cuda else None
     profile_from, profile_count = map(int, args.profile.split(":")) if args.profile else (-1, 0)
     profiler = None
+    streams: dict = {}  # sequence -> [time added, tokens seen, time of the last one]
+    ttft: list[float] = []
+    itl: list[float] = []
     while arrivals or engine.has_unfinished():
         while arrivals and arrivals[-1][0] <= time.perf_counter() - start:
-            engine.add_request(arrivals.pop()[1], params)
+            streams[engine.add_request(arrivals.pop()[1], params)] = [time.perf_counter(), 0, 0.0]
         if not engine.has_unfinished():
             time.sleep(max(0.0, arrivals[-1][0] - (time.perf_counter() - start)))
             continue
@@ -185,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         engine.step()
         ended = time.perf_counter()
+        for seq, seen in list(streams.items()):  # the tokens the host has now: first tokens and gaps
+            count = seq.num_output_tokens
+            if count > seen[1]:
+                (ttft if seen[1] == 0 else itl).append(ended - (seen[0] if seen[1] == 0 else seen[2]))
+                itl.extend([0.0] * (count - seen[1] - 1))  # (several in one step)
+                seen[1], seen[2] = count, ended
+            if seq.status is Status.FINISHED:
+                del streams[seq]
         if profiler is not None and len(steps) + 1 == profile_from + profile_count:
             _report_profile(profiler, cuda, profile_from, profile_count, args.out)
             profiler = None
@@ -218,6 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(steps)} steps in {total:.2f} s; median decode-only {medians['decode']} ms, mixed {medians['mixed']} ms"
     )
+    latency = {}
+    if ttft and itl:
+        itl.sort()
+        pick = lambda f: 1e3 * itl[min(len(itl) - 1, int(f * len(itl)))]
+        latency = {"ttft_mean_s": statistics.mean(ttft), "itl_median_ms": pick(0.5), "itl_p90_ms": pick(0.9),
+                   "itl_p99_ms": pick(0.99)}  # fmt: skip
+        print(
+            f"engine alone: TTFT mean {latency['ttft_mean_s']:.3f} s (max {max(ttft):.3f}); ITL median "
+            f"{latency['itl_median_ms']:.1f} ms, p90 {latency['itl_p90_ms']:.1f}, p99 {latency['itl_p99_ms']:.1f} "
+            f"({latency['itl_p99_ms'] / latency['itl_median_ms']:.2f}x the median)"
+        )
     waited = [
         s for s in steps if s["launch_ms"] > 0.5 * (medians["mixed" if s["prompt_tokens"] > 0 else "decode"] or 1e9)
     ]
@@ -239,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         if e["kind"] == "triton":
             print(f"triton at {e['t']:.3f} s: {e['what']}")
     if args.out:
-        args.out.write_text(json.dumps({"medians": medians, "total_s": total, "steps": steps, "events": events}))
+        args.out.write_text(
+            json.dumps({"medians": medians, "latency": latency, "total_s": total, "steps": steps, "events": events})
+        )
     return 0
 
 

@@ -27,4 +27,4 @@ for i in 1 2; do
     --out $OUT/unfused$i.json > $OUT/unfused$i.txt 2>&1
   echo "pair $i done at $((SECONDS-START)) s"
 done
-grep -H "steps in\|launches that waited" $OUT/fused*.txt $OUT/unfused*.txt
+grep -H "steps in\|engine alone\|launches that waited" $OUT/fused*.txt $OUT/unfused*.txt
