@@ -5,7 +5,7 @@
 #      LM head warm-up and with it (the default now): the slow steps, and the launches that waited;
 #      and without it but with every CUDA module loaded at start;
 #   2. the same burst and Poisson 16 through servers (issue 23 target 3), CONFIGS "budget:cap" (0: no cap).
-#   OUT=... [CONFIGS="2560:128 3072:128 2048:0"] bash benchmarks/results/round36/scripts/r36c1.sh
+#   OUT=... [CONFIGS="2048:128 2560:128 3072:128"] bash benchmarks/results/round36/scripts/r36c1.sh
 W=$OUT
 export PYTHONPATH=src
 START=$SECONDS
@@ -29,7 +29,7 @@ for f in burst_nowarm burst_warm burst_eager_loading; do echo "== $f"; grep -A14
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 run() { OUT=$W/$1 LIMIT=$2 timeout -s INT $(( $2 + 30 )) bash scripts/gpu.sh "$3" >> $W/log_$1.txt 2>&1; (cd $W && tar czf $1.tgz $1 log_$1.txt && rm -rf $1 log_$1.txt); }
 export KEEP_CHECKPOINT=/tmp/ck8b LOADS="poisson16 burst256"
-for c in ${CONFIGS:-2560:128 3072:128 2048:0}; do
+for c in ${CONFIGS:-2048:128 2560:128 3072:128}; do
   budget=${c%:*} cap=${c#*:}
   [ $((SECONDS-START)) -lt 430 ] || break
   PYTHONPATH=/tmp/site SERVE_ARGS="--piecewise-graphs --quantization fp8 --max-num-batched-tokens $budget
