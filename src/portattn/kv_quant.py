@@ -21,6 +21,7 @@ from .errors import expect
 # Engine names (``EngineConfig.kv_cache_dtype``) -> cache dtypes; "auto" is the model's dtype.
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
+    "fp8": torch.float8_e4m3fn,  # (vLLM's name for e4m3)
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
@@ -33,7 +34,8 @@ def is_quantized(dtype: torch.dtype) -> bool:
 
 
 def resolve_kv_cache_dtype(name: str | torch.dtype, model_dtype: torch.dtype) -> torch.dtype:
-    """``"auto"`` -> ``model_dtype``; ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (or their torch dtypes) -> fp8."""
+    """``"auto"`` -> ``model_dtype``; ``"fp8_e4m3"`` (or ``"fp8"``, vLLM's name for it) / ``"fp8_e5m2"`` (or their
+    torch dtypes) -> fp8."""
     if isinstance(name, torch.dtype):
         expect(name == model_dtype or name in FP8_DTYPES, f"kv_cache_dtype {model_dtype} or an fp8 dtype", name)
         return name

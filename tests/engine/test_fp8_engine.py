@@ -232,7 +232,7 @@ def test_a_backend_without_fp8_is_refused_at_start_up(ckpt_root, monkeypatch):
     finally:
         registry._CLASSES.pop("no_fp8_engine", None)
         registry._INSTANCES.pop("no_fp8_engine", None)
-    with pytest.raises(ValueError, match=r"expected kv_cache_dtype in \['auto', 'fp8_e4m3', 'fp8_e5m2'\]"):
+    with pytest.raises(ValueError, match=r"expected kv_cache_dtype in \['auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'\]"):
         LLM(checkpoint("qwen3", ckpt_root), kv_cache_dtype="int8")
 
 

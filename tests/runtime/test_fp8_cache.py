@@ -179,8 +179,10 @@ def test_kv_cache_dtype_names():
     assert resolve_kv_cache_dtype("fp8_e4m3", torch.float32) == torch.float8_e4m3fn
     assert resolve_kv_cache_dtype("fp8_e5m2", torch.float16) == torch.float8_e5m2
     assert resolve_kv_cache_dtype(torch.float8_e5m2, torch.float16) == torch.float8_e5m2
-    with pytest.raises(ValueError, match=r"expected kv_cache_dtype in \['auto', 'fp8_e4m3', 'fp8_e5m2'\], got 'fp8'"):
-        resolve_kv_cache_dtype("fp8", torch.float16)
+    assert resolve_kv_cache_dtype("fp8", torch.bfloat16) == torch.float8_e4m3fn  # vLLM's name for e4m3
+    wanted = r"expected kv_cache_dtype in \['auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'\], got 'int8'"
+    with pytest.raises(ValueError, match=wanted):
+        resolve_kv_cache_dtype("int8", torch.float16)
     with pytest.raises(ValueError, match=r"expected kv_cache_dtype torch\.float16 or an fp8 dtype"):
         resolve_kv_cache_dtype(torch.bfloat16, torch.float16)
 

@@ -194,8 +194,8 @@ class EngineConfig:
     kv_cache_dtype: str | torch.dtype = field(
         default="auto",
         metadata=doc(
-            "KV-cache dtype: auto (the model's dtype) or fp8 (half the bytes); fp8 scales per layer from the "
-            "checkpoint's self_attn.k_scale / v_scale, else 1.0",
+            "KV-cache dtype: auto (the model's dtype) or fp8 (half the bytes; fp8 is fp8_e4m3, as in vLLM); fp8 "
+            "scales per layer from the checkpoint's self_attn.k_scale / v_scale, else 1.0",
             choices=KV_CACHE_DTYPES,
         ),
     )

@@ -4,8 +4,9 @@
 #   1. step traces of the burst (256 x 1024 + 128, budget 2048, fp8 linears, captured pieces), without the
 #      LM head warm-up and with it (the default now): the slow steps, and the launches that waited;
 #      and without it but with every CUDA module loaded at start;
-#   2. the same burst and Poisson 16 through servers (issue 23 target 3), CONFIGS "budget:cap" (0: no cap).
-#   OUT=... [CONFIGS="2048:128 2560:128 3072:128"] bash benchmarks/results/round36/scripts/r36c1.sh
+#   2. the same burst and Poisson 16 through servers (issue 23 target 3), CONFIGS "budget:cap[:KV-cache dtype]"
+#      (cap 0: none; an fp8 cache halves the decodes' cache reads in the mixed steps).
+#   OUT=... [CONFIGS="2048:128 2560:128 2048:128:fp8 3072:128"] bash benchmarks/results/round36/scripts/r36c1.sh
 W=$OUT
 export PYTHONPATH=src
 START=$SECONDS
@@ -29,11 +30,12 @@ for f in burst_nowarm burst_warm burst_eager_loading; do echo "== $f"; grep -A14
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 run() { OUT=$W/$1 LIMIT=$2 timeout -s INT $(( $2 + 30 )) bash scripts/gpu.sh "$3" >> $W/log_$1.txt 2>&1; (cd $W && tar czf $1.tgz $1 log_$1.txt && rm -rf $1 log_$1.txt); }
 export KEEP_CHECKPOINT=/tmp/ck8b LOADS="poisson16 burst256"
-for c in ${CONFIGS:-2048:128 2560:128 3072:128}; do
-  budget=${c%:*} cap=${c#*:}
+for c in ${CONFIGS:-2048:128 2560:128 2048:128:fp8 3072:128}; do  # budget:cap[:KV-cache dtype]
+  IFS=: read -r budget cap kv <<< "$c"
   [ $((SECONDS-START)) -lt 430 ] || break
   PYTHONPATH=/tmp/site SERVE_ARGS="--piecewise-graphs --quantization fp8 --max-num-batched-tokens $budget
-    --piecewise-max-tokens $budget --long-prefill-token-threshold $cap" run b${budget}c${cap} 180 "bench serve"
-  echo "b${budget}c${cap} done at $((SECONDS-START))" >> $W/times.txt
+    --piecewise-max-tokens $budget --long-prefill-token-threshold $cap ${kv:+--kv-cache-dtype $kv}" \
+    run b${budget}c${cap}${kv} 180 "bench serve"
+  echo "b${budget}c${cap}${kv} done at $((SECONDS-START))" >> $W/times.txt
 done
 cat $W/times.txt
