@@ -7,6 +7,7 @@
 #   (both folders in .git/info/exclude), call 1 carrying .gguf_a and call 2 .gguf_b on the same warm machine.
 W=$OUT
 START=$SECONDS
+mkdir -p /tmp/gguf_parts && cp .gguf_b/* /tmp/gguf_parts/ 2>/dev/null  # (when this call carries .gguf_b)
 cat /tmp/gguf_parts/part_a? > /tmp/smollm2.gguf && ls -l /tmp/smollm2.gguf >> $W/times.txt
 PYTHONPATH=src timeout 240 python3 -m benchmarks.real_model --model /tmp/smollm2.gguf --dtype bfloat16 \
   --quantization fp8 --out $W/real_model_fp8.json > $W/real_model_fp8_log.txt 2>&1
