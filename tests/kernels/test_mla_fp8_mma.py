@@ -281,3 +281,29 @@ def test_a_register_limit_reaches_the_launch_and_only_the_mma_tiles_take_one():
     for fields in ({"fp8_mma": False, "num_stages": 3}, {"maxnreg": 100}, {"maxnreg": 16}):
         with pytest.raises(ValueError, match="expected maxnreg only with fp8_mma, a multiple of 8 in"):
             MLATileConfig(**{"block_h": 16, "block_n": 32, "num_warps": 4, "fp8_mma": True, "maxnreg": 128, **fields})
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [MLATileConfig(16, 32, 4, 2, fp8_mma=True, maxnreg=128), FP8_MMA_TILES, MLATileConfig(64, 64, 8, 2, wide=True)],
+    ids=["fp8_mma_maxnreg", "fp8_mma", "wide"],
+)
+def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):
+    """``mla_decode_forward`` down to each Gluon kernel's ``launch_arguments`` on any machine (the kernel itself
+    replaced: Gluon is not interpreted): its keywords are those the kernel's launcher takes, and a register limit
+    reaches the launch's options."""
+    from portattn.kernels.triton import mla_decode_launch, mla_decode_wide
+
+    launched = []
+    for module in (mma, mla_decode_wide):
+        monkeypatch.setattr(module, "launch", lambda *a, m=module, **k: launched.append(m.launch_arguments(*a, **k)))
+    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
+    heads = 64 if tiles.wide else 16
+    case = make_mla_case([5, 70], page_size=64, num_heads=heads, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    out = torch.empty_like(case.q_nope)
+    mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                       scale=0.1, num_kv_splits=1, tiles=tiles, kv_scale=0.5)  # fmt: skip
+    ((grid, _, kwargs),) = launched
+    assert grid[2] == 2 and kwargs.get("maxnreg") == tiles.maxnreg

@@ -315,7 +315,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages, maxnreg=t.maxnreg,
+                stages=t.num_stages,
             )  # fmt: skip
             return
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)
