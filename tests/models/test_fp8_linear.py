@@ -132,6 +132,23 @@ def test_the_norm_launch_quantizes_as_the_norm_then_the_quantizer(hidden, mode):
             assert (summed is None) == (r is None) and (r is None or torch.equal(summed, want_summed))
 
 
+def test_a_norm_quantizes_its_rows_as_the_quantizer_would():
+    """``RMSNorm.quantized`` where no launch runs (here): the rows of ``norm(x + residual)`` quantized by
+    :func:`quantize_rows`, in the norm's output dtype, and the sum; without a residual ``x`` is the stream."""
+    from portattn.models.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(5)
+    norm = RMSNorm(48, 1e-5)
+    norm.weight.copy_(torch.randn(48, generator=g))
+    x, residual = torch.randn(4, 48, generator=g), torch.randn(4, 48, generator=g)
+    rows, summed = norm.quantized(x, residual)
+    q, scale = quantize_rows(norm.norm(x + residual))
+    assert torch.equal(summed, x + residual) and rows.dtype == torch.float32
+    assert torch.equal(rows.q.float(), q.float()) and torch.equal(rows.scale, scale)
+    rows, stream = norm.quantized(x)
+    assert stream is x and torch.equal(rows.q.float(), quantize_rows(norm.norm(x))[0].float())
+
+
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton not available here")
 def test_the_mlp_takes_its_down_rows_quantized_by_the_activation(monkeypatch):
     """Where the fused launches run (a GPU; here the interpreter stands in), the gated MLP's activation launch

@@ -28,6 +28,7 @@ undone; a half-done release is completed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Collection
@@ -142,7 +143,7 @@ class Scheduler:
             total += min(pending, self.chunk_cap)
             if total >= room:
                 return True
-        for seq in list(self.waiting)[:slots]:
+        for seq in itertools.islice(self.waiting, slots):
             total += min(seq.num_tokens - self.pages.cached_tokens(seq), self.chunk_cap)
             if total >= room:
                 return True

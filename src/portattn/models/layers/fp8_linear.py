@@ -11,8 +11,8 @@ model's dtype after it), in the model's dtype elsewhere; a bias is added after i
 quantization is one Triton launch (:func:`~portattn.kernels.triton.fused_launch.quantize_fp8_rows`),
 elsewhere :func:`quantize_rows`' torch code. In steps of more than one row on GPUs the launch before a
 projection quantizes its rows instead (:class:`FP8Rows`): the norms before the q/k/v and gate/up projections
-(``RMSNorm.quantized``) and the gated activation before the down projection (:func:`quantized_gated`), so that
-those rows are not written in 16 bits and read back.
+(``RMSNorm.quantized``) and the gated activation before the down projection (``GatedMLP``, through
+``fused_launch.gated_activation_fp8``), so that those rows are not written in 16 bits and read back.
 
 What is quantized: the :class:`~.linear.Linear` layers of the decoder (attention's q/k/v and output
 projections, the MLP's gate/up and down projections, an MLA's down projections), whose input and output
@@ -66,24 +66,11 @@ def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class FP8Rows(NamedTuple):
     """A linear layer's input rows already quantized (:func:`quantize_rows`' pair, made by the launch before
-    the layer: :func:`quantized_gated`) and the dtype the product comes out in."""
+    the layer: the norm's or the gated activation's) and the dtype the product comes out in."""
 
     q: torch.Tensor  # [T, K] float8 e4m3
     scale: torch.Tensor  # [T, 1] float32
     dtype: torch.dtype
-
-
-def quantized_gated(act_name: str, gate_up: torch.Tensor, interleaved: bool) -> FP8Rows:
-    """``quantize_rows(gated(act, gate_up))`` of ``gate_up [T, 2I]`` as :class:`FP8Rows` (the gated MLP's down
-    projection input): one Triton launch on GPUs, where the activation's rows never go to memory; the torch
-    code elsewhere."""
-    ops = fused_ops(gate_up)
-    if ops is not None and gate_up.stride(-1) == 1:
-        q, scale = ops.gated_activation_fp8(act_name, gate_up, interleaved, FP8_DTYPE, FP8_MAX, MIN_SCALE)
-        return FP8Rows(q, scale, gate_up.dtype)
-    from .activation import activation, gated
-
-    return FP8Rows(*quantize_rows(gated(activation(act_name), gate_up, interleaved)), gate_up.dtype)
 
 
 def fp8_linear(

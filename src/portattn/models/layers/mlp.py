@@ -13,7 +13,7 @@ from torch import nn
 from ...distributed.group import TPGroup
 from . import linear
 from .activation import Activation, activation, gated
-from .fp8_linear import FP8Rows, quantized_gated
+from .fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, FP8Rows
 from .fused import fused_ops
 from .linear import MergedLinear, RowParallelLinear, norm_then_linear, project, project_gated, small_linear
 
@@ -55,33 +55,33 @@ class GatedMLP(nn.Module):
         residual)``: the norm and the activation run inside the gate/up projection where they can
         (:func:`~.linear.norm_then_linear`)."""
         if norm is None:
-            quantizes = self._quantizes_in_activation(x)
-            if not quantizes and not isinstance(x, FP8Rows):
+            ops = self._quantizing_ops(x)
+            if ops is None and not isinstance(x, FP8Rows):
                 return project(self.down_proj, project_gated(self.gate_up_proj, x, self.act))
             gate_up = self.gate_up_proj(x)  # (the vendor's matmul: rows quantized by the norm, or many rows)
             interleaved = self.gate_up_proj.interleaved
-            if quantizes:
-                return self.down_proj(quantized_gated(self.act.name, gate_up, interleaved))
-            return project(self.down_proj, gated(self.act, gate_up, interleaved))
+            if ops is None:
+                return project(self.down_proj, gated(self.act, gate_up, interleaved))
+            q, scale = ops.gated_activation_fp8(self.act.name, gate_up, interleaved, FP8_DTYPE, FP8_MAX, MIN_SCALE)
+            return self.down_proj(FP8Rows(q, scale, gate_up.dtype))
         h, summed = norm_then_linear(self.gate_up_proj, x, norm, residual, self.act)
         out = small_linear(self.down_proj, h) if linear.SMALL_DOWN_PROJ else None
         return (self.down_proj(h) if out is None else out), summed
 
-    def _quantizes_in_activation(self, x: torch.Tensor | FP8Rows) -> bool:
-        """Whether the activation's launch quantizes the down projection's input (:func:`quantized_gated`): fp8
-        down weights on a GPU, rows of ``x [T, H]`` that the projections take through the vendor's matmul (more
-        than one, none in the fused small-batch launches; or quantized by the norm already), an activation the
-        launch knows."""
-        if isinstance(x, FP8Rows):
-            x = x.q
-        return (
-            QUANTIZE_IN_ACTIVATION
-            and self.down_proj.weight_scale is not None
-            and x.dim() == 2
-            and x.shape[0] > 1
+    def _quantizing_ops(self, x: torch.Tensor | FP8Rows):
+        """The fused launchers when the activation's launch quantizes the down projection's input
+        (``gated_activation_fp8``), else ``None``: fp8 down weights on a GPU, rows of ``x [T, H]`` that the
+        projections take through the vendor's matmul (more than one, none in the fused small-batch launches; or
+        quantized by the norm already), an activation the launch knows."""
+        rows = x.q if isinstance(x, FP8Rows) else x
+        ops = fused_ops(rows) if QUANTIZE_IN_ACTIVATION and self.down_proj.weight_scale is not None else None
+        fits = (
+            ops is not None
+            and rows.dim() == 2
+            and rows.shape[0] > 1
             and isinstance(self.act, Activation)
-            and fused_ops(x) is not None
-            and self.act.name in fused_ops(x).ACTIVATION_CODES
-            and linear._fp8_tile_ops(self.gate_up_proj, x) is None
+            and self.act.name in ops.ACTIVATION_CODES
+            and linear._fp8_tile_ops(self.gate_up_proj, rows) is None
             and type(self.down_proj).forward in (linear.Linear.forward, RowParallelLinear.forward)
         )
+        return ops if fits else None
