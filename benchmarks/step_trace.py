@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from .engine import KERNEL_OPTIONS, apply_kernel_options
+from .serve import latency_stats
 
 
 def _hooks(events: list, start: float) -> None:
@@ -230,16 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(steps)} steps in {total:.2f} s; median decode-only {medians['decode']} ms, mixed {medians['mixed']} ms"
     )
-    latency = {}
+    latency = {"ttft": latency_stats(ttft), "itl": latency_stats(itl)}  # (as the serving benchmark reports them)
     if ttft and itl:
-        itl.sort()
-        pick = lambda f: 1e3 * itl[min(len(itl) - 1, int(f * len(itl)))]
-        latency = {"ttft_mean_s": statistics.mean(ttft), "itl_median_ms": pick(0.5), "itl_p90_ms": pick(0.9),
-                   "itl_p99_ms": pick(0.99)}  # fmt: skip
+        first, gaps = latency["ttft"], latency["itl"]
         print(
-            f"engine alone: TTFT mean {latency['ttft_mean_s']:.3f} s (max {max(ttft):.3f}); ITL median "
-            f"{latency['itl_median_ms']:.1f} ms, p90 {latency['itl_p90_ms']:.1f}, p99 {latency['itl_p99_ms']:.1f} "
-            f"({latency['itl_p99_ms'] / latency['itl_median_ms']:.2f}x the median)"
+            f"engine alone: TTFT mean {first['mean_ms'] / 1e3:.3f} s (max {max(ttft):.3f}); ITL median "
+            f"{gaps['median_ms']:.1f} ms, p90 {gaps['p90_ms']:.1f}, p99 {gaps['p99_ms']:.1f} "
+            f"({gaps['p99_ms'] / gaps['median_ms']:.2f}x the median)"
         )
     waited = [
         s for s in steps if s["launch_ms"] > 0.5 * (medians["mixed" if s["prompt_tokens"] > 0 else "decode"] or 1e9)
