@@ -11,8 +11,12 @@ shared loads and stores, barriers; with the kernel's registers, stack (spills) a
 
 * the portable kernel (``mla_decode.py``) at its default tiles: 16 heads (bf16 cache; e4m3 with the rows
   loaded twice) and 64-head blocks (bf16: 32-key steps in 3 stages; e4m3: 64 keys in 2);
-* ``mla_decode_fp8_mma`` (16 heads over e4m3; 64 and 32 keys; the warpgroup-MMA scores);
-* ``mla_decode_wide`` (64-head blocks over bf16, e4m3 and e5m2; 64 and 32 keys).
+* ``mla_decode_fp8_mma`` (16 heads over e4m3; 64 and 32 keys; the warpgroup-MMA scores; integer unpacking of
+  the values' bytes, of half of each product's, of all);
+* ``mla_decode_wide`` (64-head blocks over bf16, e4m3 and e5m2; 64 and 32 keys);
+* one ``mma.sync`` of e4m3 operands (``m16n8k32``, Gluon's ``mma_v2``), which sm_90 has no tensor-core instruction
+  for: ptxas converts both operands to float16 (F2FP unpacks) and runs ``HMMA``, so on Hopper only the warpgroup
+  MMA (``QGMMA``) multiplies e4m3 without conversions.
 
 A row's ``per_64_keys`` is its loop's instructions scaled to 64 keys (a 32-key step's twice).
 """
@@ -47,6 +51,8 @@ COUNTED = {
     "STS.128": r"^STS\.128",
     "LDS.U8": r"^LDS\.U8",
     "BAR": r"^BAR\.SYNC",
+    "PRMT": r"^PRMT",
+    "LOP3": r"^LOP3",
 }
 
 
@@ -121,12 +127,14 @@ def gluon() -> list[dict]:
 
     rows = []
     common = {"PAGE_SIZE": 64, "WRITE_PARTIAL": True, "WRITE_LSE": False, "MIN_SPLIT": 64}
-    for keys, wgmma in ((64, False), (32, False), (64, True)):
-        const = {**mma.constexprs(keys, 2, wgmma), **common}
+    for keys, wgmma, alu in ((64, False, (0, 0)), (32, False, (0, 0)), (64, True, (0, 0)), (64, False, (0, 0b1111)),
+                             (64, False, (0b01010, 0b1010)), (64, False, (0b11111, 0b1111))):  # fmt: skip
+        const = {**mma.constexprs(keys, 2, wgmma), **common, "ALU_QK": alu[0], "ALU_PV": alu[1]}
         sig, attrs = signature(mma.mla_decode_fp8_mma_kernel, "*fp8e4nv", const)
         src = GluonASTSource(fn=mma.mla_decode_fp8_mma_kernel, signature=sig, constexprs=const, attrs=attrs)
         kernel = triton.compile(src, target=TARGET, options={"num_warps": mma.NUM_WARPS})
-        rows.append(row(f"fp8_mma, 16 heads, e4m3 ({keys} keys{', wgmma scores' if wgmma else ''})", keys, kernel))
+        variant = ", wgmma scores" if wgmma else f", integer unpacking {alu[0]:#07b} {alu[1]:#06b}" if any(alu) else ""
+        rows.append(row(f"fp8_mma, 16 heads, e4m3 ({keys} keys{variant})", keys, kernel))
     for kv, keys, stages in (("*bf16", 64, 2), ("*fp8e4nv", 64, 2), ("*fp8e5", 64, 2), ("*bf16", 32, 3),
                              ("*fp8e4nv", 32, 3)):  # fmt: skip
         fp8 = kv != "*bf16"
@@ -136,6 +144,42 @@ def gluon() -> list[dict]:
         kernel = triton.compile(src, target=TARGET, options={"num_warps": wide.NUM_WARPS})
         rows.append(row(f"wide, 64-head blocks, {kv[1:]} ({keys} keys, {stages} stages)", keys, kernel))
     return rows
+
+
+def mma_sync_e4m3() -> dict:
+    """One ``mma_v2`` of a 16 x 64 by 64 x 32 product of e4m3 operands, compiled for sm_90: its SASS opcodes."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    @gluon.jit
+    def product(A, B, C, MMA: gl.constexpr):
+        a_layout: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
+        b_layout: gl.constexpr = gl.DotOperandLayout(1, MMA, 4)
+        rows, k_a = gl.arange(0, 16, gl.SliceLayout(1, a_layout)), gl.arange(0, 64, gl.SliceLayout(0, a_layout))
+        k_b, cols = gl.arange(0, 64, gl.SliceLayout(1, b_layout)), gl.arange(0, 32, gl.SliceLayout(0, b_layout))
+        a = gl.load(A + rows[:, None] * 64 + k_a[None, :])
+        b = gl.load(B + k_b[:, None] + cols[None, :] * 64)
+        acc = mma_v2(a, b, gl.zeros([16, 32], gl.float32, MMA))
+        out_rows, out_cols = gl.arange(0, 16, gl.SliceLayout(1, MMA)), gl.arange(0, 32, gl.SliceLayout(0, MMA))
+        gl.store(C + out_rows[:, None] * 32 + out_cols[None, :], acc)
+
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    sig = {"A": "*fp8e4nv", "B": "*fp8e4nv", "C": "*fp32", "MMA": "constexpr"}
+    src = GluonASTSource(fn=product, signature=sig, constexprs={"MMA": mma}, attrs={(i,): [["tt.divisibility", 16]]
+                                                                                     for i in range(3)})  # fmt: skip
+    kernel = triton.compile(src, target=TARGET, options={"num_warps": 4})
+    ptx = re.findall(r"mma\.sync\.aligned\.[\w.]+", kernel.asm["ptx"])
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+    ops = collections.Counter(m.group(1) for m in re.finditer(r"\s+/\*[0-9a-f]{4,}\*/\s+([A-Z][\w.]*)", sass))
+    counts = {k: sum(c for op, c in ops.items() if re.match(rx, op)) for k, rx in COUNTED.items()}
+    print(f"mma.sync e4m3 16x64x32 ({', '.join(sorted(set(ptx)))}): "
+          + "  ".join(f"{k} {v}" for k, v in counts.items() if v), flush=True)  # fmt: skip
+    return {"kernel": "mma.sync e4m3 16x64x32", "ptx": sorted(set(ptx)), **counts}
 
 
 def main() -> int:
@@ -149,6 +193,7 @@ def main() -> int:
     rows = portable()
     try:
         rows += gluon()
+        rows.append(mma_sync_e4m3())
     except ImportError as exc:
         print(f"no Gluon kernels: {exc}")
     if args.out:

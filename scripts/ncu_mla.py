@@ -30,6 +30,18 @@ def main() -> None:
     parser.add_argument("--tiles", default=None, help="block_h,block_n,warps,stages (e4m3: the fp8_mma kernel)")
     parser.add_argument("--splits", type=int, default=None)
     parser.add_argument("--maxnreg", type=int, default=None, help="fp8_mma: registers a thread at most")
+    parser.add_argument(
+        "--alu-scores",
+        type=lambda x: int(x, 0),
+        default=0,
+        help="fp8_mma: mask of the score chunks unpacked by integer instructions (e.g. 0b01010)",
+    )
+    parser.add_argument(
+        "--alu-values",
+        type=lambda x: int(x, 0),
+        default=0,
+        help="fp8_mma: mask of the 16-key value steps unpacked by integer instructions",
+    )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
     args = parser.parse_args()
@@ -47,7 +59,8 @@ def main() -> None:
     tiles = None
     if args.tiles:
         h, n, w, s = (int(x) for x in args.tiles.split(","))
-        tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv == "e4m3", maxnreg=args.maxnreg)
+        tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv == "e4m3", maxnreg=args.maxnreg,
+                              alu_scores=args.alu_scores, alu_values=args.alu_values)  # fmt: skip
     meta = plan_mla_decode(table, lens, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L,
                            num_kv_splits=args.splits)  # fmt: skip
     splits, partials = meta.num_kv_splits, meta.partials
@@ -60,6 +73,8 @@ def main() -> None:
         call()
     torch.cuda.synchronize()
     label = f"{args.kv} heads {heads} splits {splits} tiles {args.tiles or 'default'} maxnreg {args.maxnreg}"
+    if args.alu_scores or args.alu_values:
+        label += f" alu {args.alu_scores:#07b} {args.alu_values:#06b}"
     if args.time:
         t = measure_graph(call, [0, 1], dev)
         nbytes = b * L * 576 * (2 if args.kv == "bf16" else 1)

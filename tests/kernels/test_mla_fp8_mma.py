@@ -87,6 +87,58 @@ def test_a_lanes_scores_bytes_are_contiguous_and_its_pairs_fill_the_banks():
             assert len(starts) == 8
 
 
+def _run_ptx(text: str, word: int) -> tuple[int, int]:
+    """The integer unpacking's PTX (``mov``, ``prmt``, ``shr``, ``and``, ``or`` on .b32) run on one input word:
+    ``($0, $1)``."""
+    regs = {"$2": word}
+
+    def value(operand: str) -> int:
+        return int(operand, 0) if operand[0].isdigit() else regs[operand]
+
+    body = text.strip()[1:-1]  # inside { }
+    for statement in filter(None, (part.strip() for part in body.split(";"))):
+        op, args = statement.split(None, 1)
+        dst, *src = (a.strip() for a in args.split(","))
+        if op == ".reg":
+            continue
+        if op == "mov.b32":
+            regs[dst] = value(src[0])
+        elif op == "prmt.b32":  # default mode: selector nibble i picks byte i of d from {b, a} (a: 0-3, b: 4-7)
+            pool = value(src[0]) | value(src[1]) << 32
+            regs[dst] = sum(((pool >> 8 * (value(src[2]) >> 4 * i & 7)) & 0xFF) << 8 * i for i in range(4))
+        elif op == "shr.b32":
+            regs[dst] = value(src[0]) >> value(src[1])
+        elif op == "and.b32":
+            regs[dst] = value(src[0]) & value(src[1])
+        elif op == "or.b32":
+            regs[dst] = value(src[0]) | value(src[1])
+        else:
+            raise AssertionError(f"an instruction this check does not run: {statement}")
+    return regs["$0"], regs["$1"]
+
+
+def test_integer_unpacking_is_the_conversion_times_a_power_of_two():
+    """Every e4m3 byte, in each of a word's four places, unpacked by the integer instructions as written in the
+    kernel: float16 bits of the byte's value times 2^-8, exactly (subnormals and signed zeros included), byte
+    ``i`` in half ``i`` of the two outputs; the two NaN bytes give +-1.875 (documented)."""
+    text = mma.INT_UNPACK_E4M3.value if hasattr(mma.INT_UNPACK_E4M3, "value") else mma.INT_UNPACK_E4M3
+    every = torch.arange(256, dtype=torch.uint8)
+    expected = (every.view(torch.float8_e4m3fn).to(torch.float32) / mma.INT_UNPACK_SCALE.value).to(torch.float16)
+    expected_bits = expected.view(torch.int16).to(torch.int32) & 0xFFFF
+    nan = {0x7F: 0x3F80, 0xFF: 0xBF80}  # 1.875 * 2^-8 as float16, with the byte's sign
+    generator = torch.Generator().manual_seed(0)
+    for place in range(4):
+        others = torch.randint(0, 256, (256, 4), generator=generator)
+        for byte in range(256):
+            word_bytes = [int(b) for b in others[byte]]
+            word_bytes[place] = byte
+            lo, hi = _run_ptx(text, sum(b << 8 * i for i, b in enumerate(word_bytes)))
+            halves = [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
+            want = nan.get(byte, int(expected_bits[byte]))
+            assert halves[place] == want, (place, hex(byte), hex(halves[place]), hex(want))
+    assert float(expected[0x38]) * mma.INT_UNPACK_SCALE.value == 1.0  # e4m3 0x38 is 1.0
+
+
 CHILD = textwrap.dedent(
     """
     import re, sys
@@ -111,9 +163,11 @@ CHILD = textwrap.dedent(
     fn = mma.mla_decode_fp8_mma_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "KV": "*fp8e4nv", "PageTable": "*i32", "SeqLensK": "*i32",
             "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for block_n, page_size, wgmma in ((64, 64, False), (32, 16, False), (64, 7, False), (64, 64, True)):
+    for block_n, page_size, wgmma, alu in ((64, 64, False, (0, 0)), (32, 16, False, (0, 0)), (64, 7, False, (0, 0)),
+                                           (64, 64, True, (0, 0)), (64, 64, False, (0b01010, 0b1010)),
+                                           (32, 64, False, (0b11111, 0b11))):
         const = {**mma.constexprs(block_n, 2, wgmma), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
-                 "WRITE_LSE": True, "MIN_SPLIT": 256}
+                 "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1]}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
         ptx = compile_(fn, sig, const).asm["ptx"]
@@ -122,8 +176,9 @@ CHILD = textwrap.dedent(
             ("v4", r"ld\\.shared\\.v4\\.b32"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
             ("mma", r"mma\\.sync\\.aligned\\.m16n8k16"), ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"),
             ("wgmma", r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n16k32\\.f32\\.e4m3\\.e4m3"),
-            ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"))}
-        print("kernel", block_n, page_size, "wgmma" if wgmma else "mma",
+            ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"),
+            ("prmt_zero", r"prmt\\.b32 \\S+, \\S+, \\S+, 0x[13]4[0-9a-fA-F]4;"))}
+        print("kernel", block_n, page_size, "wgmma" if wgmma else "mma", f"alu_qk={alu[0]}", f"alu_pv={alu[1]}",
               " ".join(f"{k}={v}" for k, v in counts.items()))
 
     # the tiles' physical layout is Triton's NVMMASharedLayout (Triton 3.6's binding cannot print it)
@@ -173,10 +228,15 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 4
+    assert len(kernels) == 6
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
+        # bytes unpacked by integer instructions (a chunk of 128 latent dims: 32 pairs a lane and 64 keys; the
+        # rope's 16; a 16-key value step's 32): two prmt with zeros a word of four, instead of two cvt
+        alu = (sum((32, 32, 32, 32, 16)[c] for c in range(5) if counts["alu_qk"] >> c & 1) * keys // 64
+               + 32 * bin(counts["alu_pv"]).count("1"))  # fmt: skip
+        assert counts["prmt_zero"] == alu, (block_n, counts)
         # A warp's share of a 64-key step (for 32 keys, half): MMAs 4 x 8 x 2 (scores) + 4 x 2 (rope) + 4 x 16
         # (values); 16-byte loads 4 x 2 x 2 (scores: 2 keys, 32 bytes each per 128 labels) + 2 (rope) + 4 x 4
         # (values: 4 keys of 16 bytes per 16 keys), and 2 of the four warps' row maxima; conversions of byte
@@ -187,7 +247,7 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
         if scores == "wgmma":
             expected = {"v4": 16, "mma": 64, "e4m3": 128, "wgmma": 36}
         else:
-            expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64, "wgmma": 0}
+            expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64 - alu, "wgmma": 0}
         expected |= {"byte": 0, "local": 0}
         assert {k: counts[k] for k in expected} == expected, (block_n, page_size, scores, counts)
         # (with the warpgroup MMA, Triton 3.6 puts one more after the copies' proxy fence)
@@ -224,6 +284,30 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_h
         lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
         check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
                                              tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
+@pytest.mark.parametrize(
+    "block_n, alu_scores, alu_values",
+    [(64, 0, 0b1111), (64, 0b01010, 0b1010), (64, 0b11111, 0b1111), (32, 0b10101, 0b01)],
+)
+@pytest.mark.parametrize("page_size", [64, 7])
+def test_integer_unpacking_against_the_reference_and_the_portable_kernel(block_n, alu_scores, alu_values, page_size):
+    """Some or all of the tile's bytes unpacked by integer instructions (the scores' chunks summed apart and
+    scaled back, the probabilities of those keys scaled up): the same checks as the ``cvt`` form."""
+    lens = [1, page_size, page_size + 1, 65, 300, 0]
+    case = make_mla_case(lens, page_size=page_size, num_heads=40, rank=512, rope_dim=64, device="cuda",
+                         seed=alu_scores + alu_values)  # fmt: skip
+    scale, kv_scale = 0.07, 0.0625
+    kv_cache = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
+    tiles = MLATileConfig(16, block_n, 4, 2, fp8_mma=True, alu_scores=alu_scores, alu_values=alu_values)
+    queries = {"q_nope": case.q_nope.to(torch.bfloat16), "q_rope": case.q_rope.to(torch.bfloat16)}
+    inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
+    dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
+    ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
+    lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+    check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
+                                         tol=tolerance(ref, lowp, torch.bfloat16), lse_rel_tol=1e-4)  # fmt: skip
 
 
 def test_explicit_mma_tiles_name_what_they_need_here():
@@ -263,6 +347,18 @@ def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
         MLATileConfig(**{**base, "wgmma_scores": True})
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{"alu_scores": 32}, {"alu_values": 16}, {"block_n": 32, "alu_values": 4}, {"alu_scores": -1},
+     {"fp8_mma": False, "alu_values": 1}],
+)  # fmt: skip
+def test_integer_unpacking_masks_outside_the_kernel_are_refused(fields):
+    base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
+    MLATileConfig(**{**base, "alu_scores": 31, "alu_values": 15})  # every chunk and step
+    with pytest.raises(ValueError, match="expected alu_scores and alu_values only with fp8_mma, bit masks"):
+        MLATileConfig(**{**base, **fields})
+
+
 def test_a_register_limit_reaches_the_launch_and_only_the_mma_tiles_take_one():
     """``maxnreg`` (ptxas' limit a thread: at 32 keys, 128 registers fit four programs an SM against three,
     40 bytes spilled; benchmarks/results/round37/NOTES.md) goes into the launch's options; other tiles, or a
@@ -285,8 +381,13 @@ def test_a_register_limit_reaches_the_launch_and_only_the_mma_tiles_take_one():
 
 @pytest.mark.parametrize(
     "tiles",
-    [MLATileConfig(16, 32, 4, 2, fp8_mma=True, maxnreg=128), FP8_MMA_TILES, MLATileConfig(64, 64, 8, 2, wide=True)],
-    ids=["fp8_mma_maxnreg", "fp8_mma", "wide"],
+    [
+        MLATileConfig(16, 32, 4, 2, fp8_mma=True, maxnreg=128),
+        FP8_MMA_TILES,
+        MLATileConfig(64, 64, 8, 2, wide=True),
+        MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010),
+    ],
+    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu"],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):
     """``mla_decode_forward`` down to each Gluon kernel's ``launch_arguments`` on any machine (the kernel itself
@@ -307,3 +408,5 @@ def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeyp
                        scale=0.1, num_kv_splits=1, tiles=tiles, kv_scale=0.5)  # fmt: skip
     ((grid, _, kwargs),) = launched
     assert grid[2] == 2 and kwargs.get("maxnreg") == tiles.maxnreg
+    if tiles.fp8_mma:
+        assert (kwargs["ALU_QK"], kwargs["ALU_PV"]) == (tiles.alu_scores, tiles.alu_values)

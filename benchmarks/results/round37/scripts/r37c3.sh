@@ -3,8 +3,8 @@
 # them (the norms before q/k/v and gate/up, the gated activation before down; round 37), on the GPU.
 #   1. their tests: tests/models/test_fp8_linear.py (each launch bit for bit against the norm's or activation's
 #      launch and then the quantizer's, in bf16 too; the MLP and whole models through them against the unfused
-#      path, the MLP against the torch code) and the fused kernels' tests; the Gluon MLA kernels' tests (round 37
-#      fixed the launcher's keywords for the 64-head kernel);
+#      path, the MLP against the torch code) and the fused kernels' tests (the Gluon MLA kernels' tests moved to
+#      round 38's call 1);
 #   2. scripts/fp8_fusion_probe.py: each quantizing launch against the two it replaces at a 2,048-token step's rows
 #      (the activation's row in registers and in two passes), graph replays, bytes against the copy bandwidth;
 #   3. A/B of the burst's steps (256 x 1024 + 128, fp8 linears, captured pieces, budget 2560, chunks capped at 128
@@ -16,8 +16,6 @@ export PYTHONPATH=src
 START=$SECONDS
 PORTATTN_TEST_ENGINE_DEVICE=cuda PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -p no:cacheprovider tests/models/test_fp8_linear.py \
   tests/kernels/test_fused_kernels.py > $OUT/tests.txt 2>&1; tail -n 3 $OUT/tests.txt
-PYTHONPATH=src:tests timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_wide.py \
-  tests/kernels/test_mla_fp8_mma.py -k "not True" > $OUT/tests_mla_gluon.txt 2>&1; tail -n 3 $OUT/tests_mla_gluon.txt
 timeout 120 python3 scripts/fp8_fusion_probe.py --out $OUT > $OUT/fusion_probe.txt 2>&1; cat $OUT/fusion_probe.txt
 [ -f /tmp/ck8b/config.json ] || timeout 240 python3 -m benchmarks.random_checkpoint /tmp/ck8b --shape llama3-8b \
   --device cuda --dtype bfloat16 > $OUT/ckpt_log.txt 2>&1

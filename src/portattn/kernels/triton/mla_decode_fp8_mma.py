@@ -25,6 +25,16 @@ memory in 16-byte loads for both products, with no transpose:
   scores' keys and the values' columns split over four warps. The probabilities go through 2 KB of shared
   memory; the softmax's sum is kept per score element and reduced once at the end; the row maximum across the
   warps takes one barrier (Triton 3.6's own reduction takes three).
+* Optionally (``ALU_QK``, ``ALU_PV``: bit masks over the scores' five 128- or 64-dim chunks and the values'
+  16-key steps) some of the tile's bytes are converted by integer instructions instead of ``cvt`` (F2FP, whose
+  pipe is slower than the integer one on Hopper): a ``prmt`` puts two bytes in the high bytes of two 16-bit
+  halves, a shift and two masks move each byte's exponent and mantissa into float16's fields. That is the
+  value times 2^-8, exactly (subnormals included; e4m3's NaN becomes 1.875): the scores of those chunks are
+  summed apart and multiplied by 256, the probabilities of those keys are stored times 256. Four integer
+  instructions replace each ``cvt`` (Triton 3.9, sm_90, 64 keys: half the conversions moved, 1,329
+  instructions a warp's loop against 939; all, 1,759; 168 registers and 16-24 bytes of stack against 174 and
+  none), so it pays only if the two pipes overlap: which mix is fastest is the probe's question
+  (``MLATileConfig(alu_scores=, alu_values=)``); by default none.
 * With ``WGMMA`` (compute capability 9.x) the scores are instead the transposed product ``c @ q^T`` by Hopper's
   warpgroup MMA in e4m3, straight from the copied bytes; the queries are split into two e4m3 parts (a head's
   largest value scaled to 448, the second part the first's rounding error), so only the values' bytes are
@@ -252,6 +262,31 @@ def _view(buf, SHAPE: gl.constexpr, LAYOUT: gl.constexpr):
         return buf._reinterpret(buf.dtype, SHAPE, LAYOUT)
 
 
+# e4m3 -> float16 times 2^-8 by integer instructions, four values a call (bytes 0-1 -> $0, 2-3 -> $1): each
+# byte moved to the high byte of its 16-bit half (prmt with zeros), then sign | (the 7 other bits >> 1).
+INT_UNPACK_E4M3 = gl.constexpr(
+    "{ .reg .b32 pa, pb, ps, pt, pz; mov.b32 pz, 0; "
+    "prmt.b32 pa, $2, pz, 0x1404; prmt.b32 pb, $2, pz, 0x3424; "
+    "shr.b32 ps, pa, 1; and.b32 ps, ps, 0x3F803F80; and.b32 pt, pa, 0x80008000; or.b32 $0, ps, pt; "
+    "shr.b32 ps, pb, 1; and.b32 ps, ps, 0x3F803F80; and.b32 pt, pb, 0x80008000; or.b32 $1, ps, pt; }"
+)
+INT_UNPACK_SCALE = gl.constexpr(256.0)  # times the integer unpacking's values: the bytes' values
+
+
+@gluon.jit
+def _unpack(x, INT: gl.constexpr):
+    """e4m3 values ``x`` (four consecutive registers hold the 4 bytes of one word: the first pair and the second
+    pair each become a float16 pair) in float16: by ``cvt``, or (``INT``) by integer instructions, times 2^-8."""
+    if INT:
+        return gl.inline_asm_elementwise(INT_UNPACK_E4M3, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+    else:
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4,
+        )  # fmt: skip
+
+
 @gluon.jit
 def _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N: gl.constexpr, MIN_SPLIT: gl.constexpr):
     """The split's keys ``[start, end)``, as ``mla_decode._split_range`` cuts them."""
@@ -430,6 +465,7 @@ def mla_decode_fp8_mma_kernel(
     Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl.constexpr,
     QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
+    ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0,
 ):  # fmt: skip
     A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -501,11 +537,20 @@ def mla_decode_fp8_mma_kernel(
         else:
             c_qk = _view(c_tile, [512, BLOCK_N], C_QK)
             s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
+            s_int = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)  # the chunks unpacked by integer instructions
             for c in gl.static_range(4):
-                b = c_qk.slice(128 * c, 128, dim=0).load(B).to(gl.float16)
-                s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), b, s)
-            b = _view(pe_smem.index(i % STAGES), [64, BLOCK_N], PE_QK).load(B).to(gl.float16)
-            s = mma_v2(qr_smem.load(A), b, s)
+                x = c_qk.slice(128 * c, 128, dim=0).load(B)
+                if (ALU_QK >> c) & 1:
+                    s_int = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), _unpack(x, True), s_int)
+                else:
+                    s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), x.to(gl.float16), s)
+            x = _view(pe_smem.index(i % STAGES), [64, BLOCK_N], PE_QK).load(B)
+            if (ALU_QK >> 4) & 1:
+                s_int = mma_v2(qr_smem.load(A), _unpack(x, True), s_int)
+            else:
+                s = mma_v2(qr_smem.load(A), x.to(gl.float16), s)
+            if ALU_QK != 0:
+                s = s + s_int * INT_UNPACK_SCALE
 
             offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, COLS)
             s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
@@ -515,6 +560,10 @@ def mla_decode_fp8_mma_kernel(
             l_part = l_part * alpha[:, None] + p
             acc = acc * alpha[:, None]
             m_i = m_new
+            if ALU_PV != 0:  # the keys whose values are unpacked times 2^-8: their probabilities times 256
+                step = gl.arange(0, BLOCK_N, COLS) // 16
+                unpacked = (gl.full([BLOCK_N], ALU_PV, gl.int32, COLS) >> step) & 1
+                p = p * gl.where(unpacked != 0, INT_UNPACK_SCALE, 1.0)[None, :]
             p_smem.store(p.to(gl.float16))
         _barrier()
 
@@ -522,11 +571,7 @@ def mla_decode_fp8_mma_kernel(
         for k in gl.static_range(BLOCK_N // 16):
             x = c_pv.slice(16 * k, 16, dim=0).load(PV_LOAD)
             # four values a call: keys k, k + 1 of columns n, n + 32 -> two float16 pairs (k, k + 1)
-            y = gl.inline_asm_elementwise(
-                "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
-                "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-                "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4,
-            )  # fmt: skip
+            y = _unpack(x, ((ALU_PV >> k) & 1) != 0)
             acc = mma_v2(p_smem.slice(16 * k, 16, dim=1).load(A), gl.convert_layout(y, B), acc)
     cp.wait_group(0)
 
@@ -555,15 +600,19 @@ def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, pa
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
-                     stages, wgmma=False, maxnreg=None):  # fmt: skip
+                     stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
-    ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice)."""
+    ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
+    ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks)."""
+    if wgmma and (alu_scores or alu_values):
+        raise ValueError(f"expected no integer unpacking with wgmma scores, got masks {alu_scores}, {alu_values}")
     batch, num_heads, _ = q_nope.shape
     grid = (-(-num_heads // 16), num_kv_splits, batch)
     args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "num_warps": NUM_WARPS}  # fmt: skip
+              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "ALU_QK": alu_scores, "ALU_PV": alu_values,
+              "num_warps": NUM_WARPS}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs

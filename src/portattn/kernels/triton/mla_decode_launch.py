@@ -55,6 +55,10 @@ class MLATileConfig:
     wgmma_scores: bool = False  # refused: the fp8_mma kernel's warpgroup-MMA scores gave wrong outputs on an H200
     wide: bool = False  # 64-head blocks through mla_decode_wide (Gluon; NVIDIA, compute capability 9.x)
     maxnreg: int | None = None  # fp8_mma: registers a thread at most (ptxas; more programs an SM, some spilled)
+    # fp8_mma: bit masks of the scores' five chunks (four of 128 latent dims, the rope) and the values' 16-key
+    # steps whose bytes integer instructions convert instead of cvt (F2FP): the two pipes share the work
+    alu_scores: int = 0
+    alu_values: int = 0
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -68,6 +72,13 @@ class MLATileConfig:
             )
         if self.maxnreg is not None and (not self.fp8_mma or self.maxnreg not in range(24, 256, 8)):
             raise ValueError(f"expected maxnreg only with fp8_mma, a multiple of 8 in [24, 248], got {self}")
+        if (self.alu_scores or self.alu_values) and not (
+            self.fp8_mma and 0 <= self.alu_scores < 32 and 0 <= self.alu_values < 1 << (self.block_n // 16)
+        ):
+            raise ValueError(
+                "expected alu_scores and alu_values only with fp8_mma, bit masks of the 5 score chunks and the"
+                f" block_n / 16 value steps, got {self}"
+            )
         if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys
             got = (
                 self.block_h,
@@ -302,7 +313,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages, maxnreg=t.maxnreg,
+                stages=t.num_stages, maxnreg=t.maxnreg, alu_scores=t.alu_scores, alu_values=t.alu_values,
             )  # fmt: skip
             return
         if t.wide:
