@@ -180,6 +180,9 @@ MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 32, 4, 2, False, 
                       (16, 32, 4, 2, False, False, True, False, False, None, 0b01010, 0b10)],
                  128: [(16, 64, 4, 2, False, False, True), (64, 64, 8, 2, False, True)]}  # fmt: skip
 MLA_WIDE_TILES = [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 2)]  # mla_decode_wide (more than 32 heads)
+# The fp8_mma kernel over an e5m2 cache (its bytes unpacked by prmt alone, no conversion instructions; round 38)
+MLA_E5M2_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 32, 4, 2, False, False, True),
+                       (16, 32, 4, 3, False, False, True)]}  # fmt: skip
 
 
 def fp8(out: Path, ceil) -> dict:
@@ -264,6 +267,7 @@ def mla_fp8(out: Path, ceil) -> dict:
             variants += [(f"{name} wide {t}", kv, s, MLATileConfig(*t, wide=True)) for t in MLA_WIDE_TILES
                          for name, kv, s in (("bf16", cache, 1.0), ("e4m3", c8, 0.05), ("e5m2", c5, 0.05))]  # fmt: skip
         variants += [(f"e4m3 {t}", c8, 0.05, MLATileConfig(*t)) for t in MLA_FP8_TILES[heads]]
+        variants += [(f"e5m2 {t}", c5, 0.05, MLATileConfig(*t)) for t in MLA_E5M2_TILES.get(heads, [])]
         ref = mla_decode_ref(qn[:4], qr[:4], cache, perm[:4], seq[:4], scale=0.07)
         for label, kv, scale, tiles in variants:
             if label.endswith("bf16 dots"):

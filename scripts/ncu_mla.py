@@ -5,10 +5,10 @@ run under Nsight Compute on the GPU machine: where the 16-head kernels' time goe
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \\
         --section MemoryWorkloadAnalysis python3 scripts/ncu_mla.py e4m3 --tiles 16,64,4,2 --splits 4
 
-``bf16``: the bf16 cache with the default tiles; ``e4m3``: the e4m3 cache, with ``--tiles h,n,w,s`` through the
-``fp8_mma`` kernel (default: the launcher's own choice). ``--splits`` overrides the plan's split count. Each run
-makes four launches of the decode (three warm-ups, one profiled; the split merge is a kernel of its own);
-``--time`` times graph replays instead.
+``bf16``: the bf16 cache with the default tiles; ``e4m3`` or ``e5m2``: that cache, with ``--tiles h,n,w,s``
+through the ``fp8_mma`` kernel (default: the launcher's own choice). ``--splits`` overrides the plan's split
+count. Each run makes four launches of the decode (three warm-ups, one profiled; the split merge is a kernel of
+its own); ``--time`` times graph replays instead.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from portattn.mla import plan_mla_decode
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kv", choices=["bf16", "e4m3"])
+    parser.add_argument("kv", choices=["bf16", "e4m3", "e5m2"])
     parser.add_argument("--tiles", default=None, help="block_h,block_n,warps,stages (e4m3: the fp8_mma kernel)")
     parser.add_argument("--splits", type=int, default=None)
     parser.add_argument("--maxnreg", type=int, default=None, help="fp8_mma: registers a thread at most")
@@ -55,11 +55,12 @@ def main() -> None:
     qn = torch.randn(b, heads, 512, device=dev, dtype=torch.bfloat16, generator=gen)
     qr = torch.randn(b, heads, 64, device=dev, dtype=torch.bfloat16, generator=gen)
     out = torch.empty_like(qn)
-    kv, kv_scale = (cache, 1.0) if args.kv == "bf16" else (quantize_kv(cache, torch.float8_e4m3fn, 0.05), 0.05)
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    kv, kv_scale = (cache, 1.0) if args.kv == "bf16" else (quantize_kv(cache, fp8[args.kv], 0.05), 0.05)
     tiles = None
     if args.tiles:
         h, n, w, s = (int(x) for x in args.tiles.split(","))
-        tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv == "e4m3", maxnreg=args.maxnreg,
+        tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv != "bf16", maxnreg=args.maxnreg,
                               alu_scores=args.alu_scores, alu_values=args.alu_values)  # fmt: skip
     meta = plan_mla_decode(table, lens, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L,
                            num_kv_splits=args.splits)  # fmt: skip

@@ -139,6 +139,26 @@ def test_integer_unpacking_is_the_conversion_times_a_power_of_two():
     assert float(expected[0x38]) * mma.INT_UNPACK_SCALE.value == 1.0  # e4m3 0x38 is 1.0
 
 
+def test_e5m2_unpacking_is_the_conversion():
+    """Every e5m2 byte in each of a word's four places, through the kernel's two ``prmt``: the float16 bits of its
+    value (e5m2 is float16's high byte: infinities and NaN included), byte ``i`` in half ``i``."""
+    every = torch.arange(256, dtype=torch.uint8)
+    expected = every.view(torch.float8_e5m2).to(torch.float16)
+    generator = torch.Generator().manual_seed(1)
+    for place in range(4):
+        others = torch.randint(0, 256, (256, 4), generator=generator)
+        for byte in range(256):
+            word_bytes = [int(b) for b in others[byte]]
+            word_bytes[place] = byte
+            lo, hi = _run_ptx(mma.UNPACK_E5M2.value, sum(b << 8 * i for i, b in enumerate(word_bytes)))
+            got = torch.tensor([[lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16][place]], dtype=torch.int32)
+            value = got.to(torch.int16).view(torch.float16)
+            if torch.isnan(expected[byte]):
+                assert torch.isnan(value).item(), hex(byte)
+            else:
+                assert value.item() == expected[byte].item() and got.item() == byte << 8, (place, hex(byte))
+
+
 CHILD = textwrap.dedent(
     """
     import re, sys
@@ -161,13 +181,15 @@ CHILD = textwrap.dedent(
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": mma.NUM_WARPS})
 
     fn = mma.mla_decode_fp8_mma_kernel
-    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "KV": "*fp8e4nv", "PageTable": "*i32", "SeqLensK": "*i32",
+    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32",
             "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for block_n, page_size, wgmma, alu in ((64, 64, False, (0, 0)), (32, 16, False, (0, 0)), (64, 7, False, (0, 0)),
-                                           (64, 64, True, (0, 0)), (64, 64, False, (0b01010, 0b1010)),
-                                           (32, 64, False, (0b11111, 0b11))):
+    for block_n, page_size, wgmma, alu, e5m2 in (
+            (64, 64, False, (0, 0), False), (32, 16, False, (0, 0), False), (64, 7, False, (0, 0), False),
+            (64, 64, True, (0, 0), False), (64, 64, False, (0b01010, 0b1010), False),
+            (32, 64, False, (0b11111, 0b11), False), (64, 64, False, (0, 0), True), (32, 7, False, (0, 0), True)):
+        ptrs["KV"] = "*fp8e5" if e5m2 else "*fp8e4nv"
         const = {**mma.constexprs(block_n, 2, wgmma), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
-                 "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1]}
+                 "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
         ptx = compile_(fn, sig, const).asm["ptx"]
@@ -179,6 +201,7 @@ CHILD = textwrap.dedent(
             ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"),
             ("prmt_zero", r"prmt\\.b32 \\S+, \\S+, \\S+, 0x[13]4[0-9a-fA-F]4;"))}
         print("kernel", block_n, page_size, "wgmma" if wgmma else "mma", f"alu_qk={alu[0]}", f"alu_pv={alu[1]}",
+              f"e5m2={int(e5m2)}",
               " ".join(f"{k}={v}" for k, v in counts.items()))
 
     # the tiles' physical layout is Triton's NVMMASharedLayout (Triton 3.6's binding cannot print it)
@@ -228,7 +251,7 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 6
+    assert len(kernels) == 8
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
@@ -236,6 +259,8 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
         # rope's 16; a 16-key value step's 32): two prmt with zeros a word of four, instead of two cvt
         alu = (sum((32, 32, 32, 32, 16)[c] for c in range(5) if counts["alu_qk"] >> c & 1) * keys // 64
                + 32 * bin(counts["alu_pv"]).count("1"))  # fmt: skip
+        if counts["e5m2"]:  # every pair by a prmt, none by cvt
+            alu = 272 * keys // 64
         assert counts["prmt_zero"] == alu, (block_n, counts)
         # A warp's share of a 64-key step (for 32 keys, half): MMAs 4 x 8 x 2 (scores) + 4 x 2 (rope) + 4 x 16
         # (values); 16-byte loads 4 x 2 x 2 (scores: 2 keys, 32 bytes each per 128 labels) + 2 (rope) + 4 x 4
@@ -310,6 +335,28 @@ def test_integer_unpacking_against_the_reference_and_the_portable_kernel(block_n
                                          tol=tolerance(ref, lowp, torch.bfloat16), lse_rel_tol=1e-4)  # fmt: skip
 
 
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
+@pytest.mark.parametrize("page_size", [64, 16, 7, 1])
+@pytest.mark.parametrize("block_n", [64, 32])
+@pytest.mark.parametrize("num_heads", [16, 40])
+def test_an_e5m2_cache_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads):
+    """The e5m2 form (its bytes unpacked by ``prmt`` alone): the same checks as the e4m3 one, bf16 and fp16 queries."""
+    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
+    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
+                         seed=3 * page_size + block_n)  # fmt: skip
+    scale, kv_scale = 0.07, 0.0625
+    kv_cache = quantize_kv(case.kv_cache, torch.float8_e5m2, kv_scale)
+    tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
+        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
+        dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
+        ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
+        lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+        check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
+                                             tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
+
+
 def test_explicit_mma_tiles_name_what_they_need_here():
     """Asked for where it cannot run (this machine: no GPU, or an interpreter), the launcher says what it needs."""
     if _runs_here():
@@ -377,6 +424,29 @@ def test_a_register_limit_reaches_the_launch_and_only_the_mma_tiles_take_one():
     for fields in ({"fp8_mma": False, "num_stages": 3}, {"maxnreg": 100}, {"maxnreg": 16}):
         with pytest.raises(ValueError, match="expected maxnreg only with fp8_mma, a multiple of 8 in"):
             MLATileConfig(**{"block_h": 16, "block_n": 32, "num_warps": 4, "fp8_mma": True, "maxnreg": 128, **fields})
+
+
+def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
+    """An e5m2 cache launches the kernel's e5m2 form (``E5M2``); the integer unpacking's masks are for e4m3 bytes
+    by ``mma.sync`` only (e5m2's unpacking is already two ``prmt``)."""
+    case = make_mla_case([3], page_size=64, num_heads=16, rank=512, rope_dim=64, device="cpu")
+    inputs = case.inputs()
+    out = torch.empty_like(case.q_nope)
+    options = dict(q_scale=0.0625, qk_scale_log2=1.0, kv_scale=0.5, num_kv_splits=1, write_partial=False,
+                   write_lse=False, min_split=64, block_n=64, stages=2)  # fmt: skip
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kv = quantize_kv(case.kv_cache, dtype, 0.5)
+        args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                out[:, :, 0], out, out[:, :, 0])  # fmt: skip
+        kwargs = mma.launch_arguments(*args, **options)[2]
+        assert (kwargs["E5M2"], kwargs["ALU_QK"], kwargs["ALU_PV"]) == (dtype == torch.float8_e5m2, 0, 0)
+        if dtype == torch.float8_e5m2:
+            with pytest.raises(ValueError, match="expected integer unpacking masks only for e4m3 without wgmma"):
+                mma.launch_arguments(*args, **options, alu_values=1)
+        else:
+            assert mma.launch_arguments(*args, **options, alu_scores=3)[2]["ALU_QK"] == 3
+            with pytest.raises(ValueError, match="expected integer unpacking masks only for e4m3 without wgmma"):
+                mma.launch_arguments(*args, **options, alu_scores=3, wgmma=True)
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Round 38, call 1 (no carry, at most about 9.5 minutes; round 37's call 4 with the integer unpacking added):
 # where the 16-head MLA decode's time goes (issue 24 item 1: the e4m3 cache 0.90x the bf16 one, 37% of copy in
-# fp8 bytes) and whether moving the fp8 kernel's conversions to the integer pipe pays.
-#   1. the Gluon MLA kernels' GPU tests (round 38's integer unpacking against the float64 reference and the
-#      portable kernel; the launcher fix of round 37) - a failure there means the alu rows below are not to be
-#      trusted;
+# fp8 bytes), whether moving the fp8 kernel's conversions to the integer pipe pays, and the same kernel over an e5m2
+# cache (its bytes unpacked by prmt alone: no conversion instructions at all).
+#   1. the Gluon MLA kernels' GPU tests (round 38's integer unpacking and e5m2 form against the float64 reference
+#      and the portable kernel; the launcher fix of round 37) - a failure there means the alu or e5m2 rows below are
+#      not to be trusted;
 #   2. Nsight Compute over one launch each (SpeedOfLight, occupancy, warp states, schedulers, memory, and the
 #      pipes: ComputeWorkloadAnalysis, InstructionStats): the bf16 cache's kernel; fp8_mma at 64 keys, 4 splits;
 #      the same with half the conversions on the integer pipe (scores' chunks 1 and 3, values' steps 1 and 3);
-#      at 32 keys with 6 and 8 splits; held to 128 registers at 8 splits;
-#   3. each variant timed by graph replays (the alu masks: by phase, within each phase, all);
+#      over e5m2 at 64 keys, 4 splits; at 32 keys with 6 and 8 splits; held to 128 registers at 8 splits;
+#   3. each variant timed by graph replays (the alu masks: by phase, within each phase, all; e5m2);
 #   4. the probe's split sweep and tile rows (scripts/kernels_probe.py mla-fp8), then the warpgroup-MMA diagnosis.
 # Each step runs only while the call has time left (540 s guard).
 #   OUT=... bash benchmarks/results/round38/scripts/r38c1.sh
@@ -30,12 +31,14 @@ run() {  # name, ncu extra, script arguments
 run bf16 "" "bf16"
 run fp8_64x2_s4 "--section SourceCounters" "e4m3 --tiles 16,64,4,2 --splits 4"
 run fp8_64x2_s4_alu "" "e4m3 --tiles 16,64,4,2 --splits 4 --alu-scores 0b01010 --alu-values 0b1010"
+run e5m2_64x2_s4 "" "e5m2 --tiles 16,64,4,2 --splits 4"
 run fp8_32x2_s6 "" "e4m3 --tiles 16,32,4,2 --splits 6"
 run fp8_32x2_r128_s8 "" "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 8"
 for v in "bf16" "e4m3 --tiles 16,64,4,2 --splits 4" \
          "e4m3 --tiles 16,64,4,2 --splits 4 --alu-values 0b1111" \
          "e4m3 --tiles 16,64,4,2 --splits 4 --alu-scores 0b01010 --alu-values 0b1010" \
          "e4m3 --tiles 16,64,4,2 --splits 4 --alu-scores 0b11111 --alu-values 0b1111" \
+         "e5m2 --tiles 16,64,4,2 --splits 4" "e5m2 --tiles 16,32,4,2 --splits 6" "e5m2" \
          "e4m3 --tiles 16,32,4,2 --splits 6" "e4m3 --tiles 16,32,4,2 --splits 8" "e4m3 --tiles 16,32,4,3 --splits 8" \
          "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 8" "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 12" \
          "e4m3 --tiles 16,64,4,2 --splits 4"; do

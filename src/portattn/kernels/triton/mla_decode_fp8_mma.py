@@ -1,4 +1,4 @@
-"""MLA decode over an e4m3 latent cache with tensor-core products on relabelled shared-memory views (Gluon).
+"""MLA decode over an fp8 latent cache with tensor-core products on relabelled shared-memory views (Gluon).
 
 The portable kernel (``mla_decode.py``) converts an fp8 latent tile to 16 bits and lets Triton place it for
 both products; for the value product ``p @ c_kv``, which contracts over keys while a latent row holds its
@@ -25,6 +25,10 @@ memory in 16-byte loads for both products, with no transpose:
   scores' keys and the values' columns split over four warps. The probabilities go through 2 KB of shared
   memory; the softmax's sum is kept per score element and reduced once at the end; the row maximum across the
   warps takes one barrier (Triton 3.6's own reduction takes three).
+* Over an e5m2 cache (``E5M2``) no conversion instruction is needed: e5m2 is float16's high byte, so a
+  ``prmt`` with zeros makes a float16 pair of two bytes, exactly (infinities and NaN included), for both
+  products. Compiled for sm_90 the 64-key loop keeps its 939 instructions a warp, the 272 conversions become
+  ``prmt`` (336 in all), 174 registers, no spills; e5m2 needs compute capability 8.0 only.
 * Optionally (``ALU_QK``, ``ALU_PV``: bit masks over the scores' five 128- or 64-dim chunks and the values'
   16-key steps) some of the tile's bytes are converted by integer instructions instead of ``cvt`` (F2FP, whose
   pipe is slower than the integer one on Hopper): a ``prmt`` puts two bytes in the high bytes of two 16-bit
@@ -48,8 +52,9 @@ probabilities' and one Triton 3.6 puts between the next tile's copy and this til
 spills. With ``WGMMA``: 926 (128 conversions, 36 e4m3 warpgroup MMAs, 64 MMAs; 210 registers). The portable
 kernel's takes 1,694 for 64 keys of a bf16 cache and 3,094 of an e4m3 cache (847 and 1,547 a 32-key step, the
 latter with 128 byte-wise shared loads). Requirements (``supports``): NVIDIA compute capability 8.9 or newer
-(the e4m3 conversion; 9.x for ``WGMMA``), a Triton with Gluon, a latent of 512 + 64 (DeepSeek-V2/V3's), an
-e4m3 cache whose rows are 16-byte aligned and contiguous, 16-bit queries. Splits, partial results and the
+(the e4m3 conversion; 8.0 over e5m2; 9.x for ``WGMMA``), a Triton with Gluon, a latent of 512 + 64
+(DeepSeek-V2/V3's), an e4m3 or e5m2 cache (e4m3 with ``WGMMA``) whose rows are 16-byte aligned and contiguous,
+16-bit queries. Splits, partial results and the
 merge are the portable kernel's.
 """
 
@@ -215,12 +220,14 @@ def supports(
     if device.type != "cuda" or torch.version.hip is not None:
         return "an NVIDIA GPU", device if device.type != "cuda" else f"HIP {torch.version.hip}"
     capability = torch.cuda.get_device_capability(device)
-    if capability < (8, 9):
-        return "compute capability 8.9 or newer (the e4m3 conversion)", capability
+    if kv_cache.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or (
+        wgmma and kv_cache.dtype != torch.float8_e4m3fn
+    ):
+        return "an e4m3 cache" + ("" if wgmma else " or an e5m2 one"), kv_cache.dtype
+    if capability < (8, 0) or (kv_cache.dtype == torch.float8_e4m3fn and capability < (8, 9)):
+        return "compute capability 8.9 or newer (the e4m3 conversion; 8.0 for e5m2)", capability
     if wgmma and capability[0] != 9:
         return "compute capability 9.x (the warpgroup MMA)", capability
-    if kv_cache.dtype != torch.float8_e4m3fn:
-        return "an e4m3 cache", kv_cache.dtype
     if q_nope.dtype not in (torch.float16, torch.bfloat16):
         return "float16 or bfloat16 queries", q_nope.dtype
     if q_nope.shape[2] != RANK or kv_cache.shape[2] != RANK + ROPE:
@@ -262,6 +269,8 @@ def _view(buf, SHAPE: gl.constexpr, LAYOUT: gl.constexpr):
         return buf._reinterpret(buf.dtype, SHAPE, LAYOUT)
 
 
+# e5m2 -> float16, exactly (e5m2 is float16's high byte), four values a call (bytes 0-1 -> $0, 2-3 -> $1).
+UNPACK_E5M2 = gl.constexpr("{ .reg .b32 pz; mov.b32 pz, 0; prmt.b32 $0, $2, pz, 0x1404; prmt.b32 $1, $2, pz, 0x3424; }")
 # e4m3 -> float16 times 2^-8 by integer instructions, four values a call (bytes 0-1 -> $0, 2-3 -> $1): each
 # byte moved to the high byte of its 16-bit half (prmt with zeros), then sign | (the 7 other bits >> 1).
 INT_UNPACK_E4M3 = gl.constexpr(
@@ -274,10 +283,13 @@ INT_UNPACK_SCALE = gl.constexpr(256.0)  # times the integer unpacking's values: 
 
 
 @gluon.jit
-def _unpack(x, INT: gl.constexpr):
-    """e4m3 values ``x`` (four consecutive registers hold the 4 bytes of one word: the first pair and the second
-    pair each become a float16 pair) in float16: by ``cvt``, or (``INT``) by integer instructions, times 2^-8."""
-    if INT:
+def _unpack(x, E5M2: gl.constexpr, INT: gl.constexpr):
+    """fp8 values ``x`` (four consecutive registers hold the 4 bytes of one word: the first pair and the second
+    pair each become a float16 pair) in float16: e5m2 by two ``prmt``; e4m3 by ``cvt``, or (``INT``) by integer
+    instructions, times 2^-8."""
+    if E5M2:
+        return gl.inline_asm_elementwise(UNPACK_E5M2, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+    elif INT:
         return gl.inline_asm_elementwise(INT_UNPACK_E4M3, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
     else:
         return gl.inline_asm_elementwise(
@@ -465,7 +477,7 @@ def mla_decode_fp8_mma_kernel(
     Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl.constexpr,
     QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
-    ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0,
+    ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0, E5M2: gl.constexpr = False,
 ):  # fmt: skip
     A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -491,8 +503,8 @@ def mla_decode_fp8_mma_kernel(
         )  # fmt: skip
         max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], Q_SMEM)
-    c_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 512], C_NAT)
-    pe_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 64], PE_NAT)
+    c_smem = gl.allocate_shared_memory(KV.dtype.element_ty, [STAGES, BLOCK_N, 512], C_NAT)
+    pe_smem = gl.allocate_shared_memory(KV.dtype.element_ty, [STAGES, BLOCK_N, 64], PE_NAT)
 
     page_row = PageTable + seq * stride_pt_b
     num_tiles = gl.cdiv(end - start, BLOCK_N)
@@ -541,12 +553,16 @@ def mla_decode_fp8_mma_kernel(
             for c in gl.static_range(4):
                 x = c_qk.slice(128 * c, 128, dim=0).load(B)
                 if (ALU_QK >> c) & 1:
-                    s_int = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), _unpack(x, True), s_int)
+                    s_int = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), _unpack(x, False, True), s_int)
+                elif E5M2:
+                    s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), _unpack(x, True, False), s)
                 else:
                     s = mma_v2(q_smem.slice(128 * c, 128, dim=1).load(A), x.to(gl.float16), s)
             x = _view(pe_smem.index(i % STAGES), [64, BLOCK_N], PE_QK).load(B)
             if (ALU_QK >> 4) & 1:
-                s_int = mma_v2(qr_smem.load(A), _unpack(x, True), s_int)
+                s_int = mma_v2(qr_smem.load(A), _unpack(x, False, True), s_int)
+            elif E5M2:
+                s = mma_v2(qr_smem.load(A), _unpack(x, True, False), s)
             else:
                 s = mma_v2(qr_smem.load(A), x.to(gl.float16), s)
             if ALU_QK != 0:
@@ -571,7 +587,7 @@ def mla_decode_fp8_mma_kernel(
         for k in gl.static_range(BLOCK_N // 16):
             x = c_pv.slice(16 * k, 16, dim=0).load(PV_LOAD)
             # four values a call: keys k, k + 1 of columns n, n + 32 -> two float16 pairs (k, k + 1)
-            y = _unpack(x, ((ALU_PV >> k) & 1) != 0)
+            y = _unpack(x, E5M2, ((ALU_PV >> k) & 1) != 0)
             acc = mma_v2(p_smem.slice(16 * k, 16, dim=1).load(A), gl.convert_layout(y, B), acc)
     cp.wait_group(0)
 
@@ -604,15 +620,19 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
     ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks)."""
-    if wgmma and (alu_scores or alu_values):
-        raise ValueError(f"expected no integer unpacking with wgmma scores, got masks {alu_scores}, {alu_values}")
+    e5m2 = kv_cache.dtype == torch.float8_e5m2
+    if (wgmma or e5m2) and (alu_scores or alu_values):
+        raise ValueError(
+            f"expected integer unpacking masks only for e4m3 without wgmma scores, got masks {alu_scores},"
+            f" {alu_values} over {kv_cache.dtype}{' with wgmma scores' if wgmma else ''}"
+        )
     batch, num_heads, _ = q_nope.shape
     grid = (-(-num_heads // 16), num_kv_splits, batch)
     args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "ALU_QK": alu_scores, "ALU_PV": alu_values,
-              "num_warps": NUM_WARPS}  # fmt: skip
+              "E5M2": e5m2, "num_warps": NUM_WARPS}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs

@@ -27,7 +27,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # loads for both products, mma.sync) where it runs. On an H200 (B=64 over 4096 keys, 16 heads, page 64) it took
 # 0.0968 ms against the portable kernel's 0.1075 over e4m3 (1.11x; the bf16 cache: 0.0875), and its GPU tests
 # pass once the queries' float16 scale is a power of two (benchmarks/results/round34_h200/NOTES.md). The probe
-# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``.
+# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``, also over an e5m2
+# cache (the kernel's e5m2 form, by explicit tiles until a GPU has run it: benchmarks/results/round38/NOTES.md).
 FP8_MMA = True
 # More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
 # between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
@@ -51,7 +52,7 @@ class MLATileConfig:
     num_stages: int = 2
     separate_values: bool = False  # the latent rows loaded again for the value product (see the kernel)
     dequantize_once: bool = False  # an fp8 tile converted once to 16 bits for both products (see the kernel)
-    fp8_mma: bool = False  # an e4m3 cache through mla_decode_fp8_mma (Gluon; NVIDIA, compute capability 8.9+)
+    fp8_mma: bool = False  # an e4m3 or e5m2 cache through mla_decode_fp8_mma (Gluon; NVIDIA, 8.9+, 8.0 for e5m2)
     wgmma_scores: bool = False  # refused: the fp8_mma kernel's warpgroup-MMA scores gave wrong outputs on an H200
     wide: bool = False  # 64-head blocks through mla_decode_wide (Gluon; NVIDIA, compute capability 9.x)
     maxnreg: int | None = None  # fp8_mma: registers a thread at most (ptxas; more programs an SM, some spilled)
