@@ -117,46 +117,43 @@ def _run_ptx(text: str, word: int) -> tuple[int, int]:
     return regs["$0"], regs["$1"]
 
 
-def test_integer_unpacking_is_the_conversion_times_a_power_of_two():
-    """Every e4m3 byte, in each of a word's four places, unpacked by the integer instructions as written in the
-    kernel: float16 bits of the byte's value times 2^-8, exactly (subnormals and signed zeros included), byte
-    ``i`` in half ``i`` of the two outputs; the two NaN bytes give +-1.875 (documented)."""
-    text = mma.INT_UNPACK_E4M3.value if hasattr(mma.INT_UNPACK_E4M3, "value") else mma.INT_UNPACK_E4M3
-    every = torch.arange(256, dtype=torch.uint8)
-    expected = (every.view(torch.float8_e4m3fn).to(torch.float32) / mma.INT_UNPACK_SCALE.value).to(torch.float16)
-    expected_bits = expected.view(torch.int16).to(torch.int32) & 0xFFFF
-    nan = {0x7F: 0x3F80, 0xFF: 0xBF80}  # 1.875 * 2^-8 as float16, with the byte's sign
-    generator = torch.Generator().manual_seed(0)
+def _each_byte_in_each_place(text: str, seed: int):
+    """``(place, byte, the 16-bit half it became)`` for every byte in each of a word's four places (the other
+    three random), through the unpacking PTX ``text``."""
+    generator = torch.Generator().manual_seed(seed)
     for place in range(4):
         others = torch.randint(0, 256, (256, 4), generator=generator)
         for byte in range(256):
             word_bytes = [int(b) for b in others[byte]]
             word_bytes[place] = byte
             lo, hi = _run_ptx(text, sum(b << 8 * i for i, b in enumerate(word_bytes)))
-            halves = [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
-            want = nan.get(byte, int(expected_bits[byte]))
-            assert halves[place] == want, (place, hex(byte), hex(halves[place]), hex(want))
+            yield place, byte, [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16][place]
+
+
+def test_integer_unpacking_is_the_conversion_times_a_power_of_two():
+    """Every e4m3 byte, in each of a word's four places, unpacked by the integer instructions as written in the
+    kernel: float16 bits of the byte's value times 2^-8, exactly (subnormals and signed zeros included), byte
+    ``i`` in half ``i`` of the two outputs; the two NaN bytes give +-1.875 (documented)."""
+    every = torch.arange(256, dtype=torch.uint8)
+    expected = (every.view(torch.float8_e4m3fn).to(torch.float32) / mma.INT_UNPACK_SCALE.value).to(torch.float16)
+    expected_bits = expected.view(torch.int16).to(torch.int32) & 0xFFFF
+    nan = {0x7F: 0x3F80, 0xFF: 0xBF80}  # 1.875 * 2^-8 as float16, with the byte's sign
+    for place, byte, half in _each_byte_in_each_place(mma.INT_UNPACK_E4M3.value, seed=0):
+        want = nan.get(byte, int(expected_bits[byte]))
+        assert half == want, (place, hex(byte), hex(half), hex(want))
     assert float(expected[0x38]) * mma.INT_UNPACK_SCALE.value == 1.0  # e4m3 0x38 is 1.0
 
 
 def test_e5m2_unpacking_is_the_conversion():
     """Every e5m2 byte in each of a word's four places, through the kernel's two ``prmt``: the float16 bits of its
     value (e5m2 is float16's high byte: infinities and NaN included), byte ``i`` in half ``i``."""
-    every = torch.arange(256, dtype=torch.uint8)
-    expected = every.view(torch.float8_e5m2).to(torch.float16)
-    generator = torch.Generator().manual_seed(1)
-    for place in range(4):
-        others = torch.randint(0, 256, (256, 4), generator=generator)
-        for byte in range(256):
-            word_bytes = [int(b) for b in others[byte]]
-            word_bytes[place] = byte
-            lo, hi = _run_ptx(mma.UNPACK_E5M2.value, sum(b << 8 * i for i, b in enumerate(word_bytes)))
-            got = torch.tensor([[lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16][place]], dtype=torch.int32)
-            value = got.to(torch.int16).view(torch.float16)
-            if torch.isnan(expected[byte]):
-                assert torch.isnan(value).item(), hex(byte)
-            else:
-                assert value.item() == expected[byte].item() and got.item() == byte << 8, (place, hex(byte))
+    expected = torch.arange(256, dtype=torch.uint8).view(torch.float8_e5m2).to(torch.float16)
+    for place, byte, half in _each_byte_in_each_place(mma.UNPACK_E5M2.value, seed=1):
+        value = torch.tensor([half], dtype=torch.int32).to(torch.int16).view(torch.float16)
+        if torch.isnan(expected[byte]):
+            assert torch.isnan(value).item(), hex(byte)
+        else:
+            assert value.item() == expected[byte].item() and half == byte << 8, (place, hex(byte))
 
 
 CHILD = textwrap.dedent(
@@ -294,12 +291,14 @@ def _runs_here() -> bool:
 @pytest.mark.parametrize("page_size", [64, 16, 7, 1])  # whole tiles in a page; several pages a tile
 @pytest.mark.parametrize("block_n", [64, 32])
 @pytest.mark.parametrize("num_heads", [16, 5, 40])
-def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads):
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads, kv_dtype):
+    """Both forms (e4m3 by ``cvt``; e5m2 by ``prmt`` alone), bf16 and fp16 queries."""
     lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
     case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
                          seed=page_size + block_n)  # fmt: skip
     scale, kv_scale = 0.07, 0.0625
-    kv_cache = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
+    kv_cache = quantize_kv(case.kv_cache, kv_dtype, kv_scale)
     tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True)
     for dtype in (torch.bfloat16, torch.float16):
         queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
@@ -333,28 +332,6 @@ def test_integer_unpacking_against_the_reference_and_the_portable_kernel(block_n
     lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
     check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
                                          tol=tolerance(ref, lowp, torch.bfloat16), lse_rel_tol=1e-4)  # fmt: skip
-
-
-@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
-@pytest.mark.parametrize("page_size", [64, 16, 7, 1])
-@pytest.mark.parametrize("block_n", [64, 32])
-@pytest.mark.parametrize("num_heads", [16, 40])
-def test_an_e5m2_cache_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads):
-    """The e5m2 form (its bytes unpacked by ``prmt`` alone): the same checks as the e4m3 one, bf16 and fp16 queries."""
-    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
-    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
-                         seed=3 * page_size + block_n)  # fmt: skip
-    scale, kv_scale = 0.07, 0.0625
-    kv_cache = quantize_kv(case.kv_cache, torch.float8_e5m2, kv_scale)
-    tiles = MLATileConfig(block_h=16, block_n=block_n, num_warps=4, num_stages=2, fp8_mma=True)
-    for dtype in (torch.bfloat16, torch.float16):
-        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
-        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
-        dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
-        ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
-        lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
-        check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
-                                             tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
 
 
 def test_explicit_mma_tiles_name_what_they_need_here():
