@@ -42,6 +42,7 @@ def main() -> None:
         default=0,
         help="fp8_mma: mask of the 16-key value steps unpacked by integer instructions",
     )
+    parser.add_argument("--pages-ahead", action="store_true", help="fp8_mma: page ids loaded a step ahead")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
     args = parser.parse_args()
@@ -61,7 +62,8 @@ def main() -> None:
     if args.tiles:
         h, n, w, s = (int(x) for x in args.tiles.split(","))
         tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv != "bf16", maxnreg=args.maxnreg,
-                              alu_scores=args.alu_scores, alu_values=args.alu_values)  # fmt: skip
+                              alu_scores=args.alu_scores, alu_values=args.alu_values,
+                              pages_ahead=args.pages_ahead)  # fmt: skip
     meta = plan_mla_decode(table, lens, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L,
                            num_kv_splits=args.splits)  # fmt: skip
     splits, partials = meta.num_kv_splits, meta.partials
@@ -76,6 +78,8 @@ def main() -> None:
     label = f"{args.kv} heads {heads} splits {splits} tiles {args.tiles or 'default'} maxnreg {args.maxnreg}"
     if args.alu_scores or args.alu_values:
         label += f" alu {args.alu_scores:#07b} {args.alu_values:#06b}"
+    if args.pages_ahead:
+        label += " pages ahead"
     if args.time:
         t = measure_graph(call, [0, 1], dev)
         nbytes = b * L * 576 * (2 if args.kv == "bf16" else 1)

@@ -180,13 +180,16 @@ CHILD = textwrap.dedent(
     fn = mma.mla_decode_fp8_mma_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32",
             "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for block_n, page_size, wgmma, alu, e5m2 in (
-            (64, 64, False, (0, 0), False), (32, 16, False, (0, 0), False), (64, 7, False, (0, 0), False),
-            (64, 64, True, (0, 0), False), (64, 64, False, (0b01010, 0b1010), False),
-            (32, 64, False, (0b11111, 0b11), False), (64, 64, False, (0, 0), True), (32, 7, False, (0, 0), True)):
+    for block_n, page_size, wgmma, alu, e5m2, ahead in (
+            (64, 64, False, (0, 0), False, False), (32, 16, False, (0, 0), False, False),
+            (64, 7, False, (0, 0), False, False), (64, 64, True, (0, 0), False, False),
+            (64, 64, False, (0b01010, 0b1010), False, False), (32, 64, False, (0b11111, 0b11), False, False),
+            (64, 64, False, (0, 0), True, False), (32, 7, False, (0, 0), True, False),
+            (64, 64, False, (0, 0), False, True), (64, 7, False, (0, 0), True, True)):
         ptrs["KV"] = "*fp8e5" if e5m2 else "*fp8e4nv"
         const = {**mma.constexprs(block_n, 2, wgmma), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
-                 "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2}
+                 "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2,
+                 "PAGES_AHEAD": ahead}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
         ptx = compile_(fn, sig, const).asm["ptx"]
@@ -198,7 +201,7 @@ CHILD = textwrap.dedent(
             ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"),
             ("prmt_zero", r"prmt\\.b32 \\S+, \\S+, \\S+, 0x[13]4[0-9a-fA-F]4;"))}
         print("kernel", block_n, page_size, "wgmma" if wgmma else "mma", f"alu_qk={alu[0]}", f"alu_pv={alu[1]}",
-              f"e5m2={int(e5m2)}",
+              f"e5m2={int(e5m2)}", f"ahead={int(ahead)}",
               " ".join(f"{k}={v}" for k, v in counts.items()))
 
     # the tiles' physical layout is Triton's NVMMASharedLayout (Triton 3.6's binding cannot print it)
@@ -248,7 +251,7 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 8
+    assert len(kernels) == 10
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
@@ -312,19 +315,24 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_h
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
 @pytest.mark.parametrize(
-    "block_n, alu_scores, alu_values",
-    [(64, 0, 0b1111), (64, 0b01010, 0b1010), (64, 0b11111, 0b1111), (32, 0b10101, 0b01)],
-)
-@pytest.mark.parametrize("page_size", [64, 7])
-def test_integer_unpacking_against_the_reference_and_the_portable_kernel(block_n, alu_scores, alu_values, page_size):
+    "block_n, fields",
+    [(64, {"alu_values": 0b1111}), (64, {"alu_scores": 0b01010, "alu_values": 0b1010}),
+     (64, {"alu_scores": 0b11111, "alu_values": 0b1111}), (32, {"alu_scores": 0b10101, "alu_values": 0b01}),
+     (64, {"pages_ahead": True}), (32, {"pages_ahead": True, "num_stages": 3})],
+    ids=["alu_values", "alu_half", "alu_all", "alu_32", "pages_ahead", "pages_ahead_32x3"],
+)  # fmt: skip
+@pytest.mark.parametrize("page_size", [64, 7, 1])
+def test_tile_variants_against_the_reference_and_the_portable_kernel(block_n, fields, page_size):
     """Some or all of the tile's bytes unpacked by integer instructions (the scores' chunks summed apart and
-    scaled back, the probabilities of those keys scaled up): the same checks as the ``cvt`` form."""
+    scaled back, the probabilities of those keys scaled up), or each copy's page ids loaded an iteration ahead
+    (the last loads past the sequence, masked): the same checks as the default form."""
     lens = [1, page_size, page_size + 1, 65, 300, 0]
     case = make_mla_case(lens, page_size=page_size, num_heads=40, rank=512, rope_dim=64, device="cuda",
-                         seed=alu_scores + alu_values)  # fmt: skip
+                         seed=len(fields) + page_size)  # fmt: skip
     scale, kv_scale = 0.07, 0.0625
     kv_cache = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
-    tiles = MLATileConfig(16, block_n, 4, 2, fp8_mma=True, alu_scores=alu_scores, alu_values=alu_values)
+    tiles = MLATileConfig(**{"block_h": 16, "block_n": block_n, "num_warps": 4, "num_stages": 2, "fp8_mma": True,
+                             **fields})  # fmt: skip
     queries = {"q_nope": case.q_nope.to(torch.bfloat16), "q_rope": case.q_rope.to(torch.bfloat16)}
     inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
     dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
@@ -374,12 +382,12 @@ def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
 @pytest.mark.parametrize(
     "fields",
     [{"alu_scores": 32}, {"alu_values": 16}, {"block_n": 32, "alu_values": 4}, {"alu_scores": -1},
-     {"fp8_mma": False, "alu_values": 1}],
+     {"fp8_mma": False, "alu_values": 1}, {"fp8_mma": False, "pages_ahead": True}],
 )  # fmt: skip
-def test_integer_unpacking_masks_outside_the_kernel_are_refused(fields):
+def test_integer_unpacking_masks_and_pages_ahead_outside_the_kernel_are_refused(fields):
     base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
     MLATileConfig(**{**base, "alu_scores": 31, "alu_values": 15})  # every chunk and step
-    with pytest.raises(ValueError, match="expected alu_scores and alu_values only with fp8_mma, bit masks"):
+    with pytest.raises(ValueError, match=r"expected (alu_scores and alu_values|pages_ahead) only with fp8_mma"):
         MLATileConfig(**{**base, **fields})
 
 
@@ -432,7 +440,7 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         MLATileConfig(16, 32, 4, 2, fp8_mma=True, maxnreg=128),
         FP8_MMA_TILES,
         MLATileConfig(64, 64, 8, 2, wide=True),
-        MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010),
+        MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010, pages_ahead=True),
     ],
     ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu"],
 )
@@ -457,3 +465,4 @@ def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeyp
     assert grid[2] == 2 and kwargs.get("maxnreg") == tiles.maxnreg
     if tiles.fp8_mma:
         assert (kwargs["ALU_QK"], kwargs["ALU_PV"]) == (tiles.alu_scores, tiles.alu_values)
+        assert kwargs["PAGES_AHEAD"] == tiles.pages_ahead

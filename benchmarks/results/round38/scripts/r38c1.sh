@@ -10,7 +10,7 @@
 #      pipes: ComputeWorkloadAnalysis, InstructionStats): the bf16 cache's kernel; fp8_mma at 64 keys, 4 splits;
 #      the same with half the conversions on the integer pipe (scores' chunks 1 and 3, values' steps 1 and 3);
 #      over e5m2 at 64 keys, 4 splits; at 32 keys with 6 and 8 splits; held to 128 registers at 8 splits;
-#   3. each variant timed by graph replays (the alu masks: by phase, within each phase, all; e5m2);
+#   3. each variant timed by graph replays (the alu masks: by phase, within each phase, all; e5m2; page ids ahead);
 #   4. the probe's split sweep and tile rows (scripts/kernels_probe.py mla-fp8), then the warpgroup-MMA diagnosis.
 # Each step runs only while the call has time left (540 s guard).
 #   OUT=... bash benchmarks/results/round38/scripts/r38c1.sh
@@ -39,6 +39,7 @@ for v in "bf16" "e4m3 --tiles 16,64,4,2 --splits 4" \
          "e4m3 --tiles 16,64,4,2 --splits 4 --alu-scores 0b01010 --alu-values 0b1010" \
          "e4m3 --tiles 16,64,4,2 --splits 4 --alu-scores 0b11111 --alu-values 0b1111" \
          "e5m2 --tiles 16,64,4,2 --splits 4" "e5m2 --tiles 16,32,4,2 --splits 6" "e5m2" \
+         "e4m3 --tiles 16,64,4,2 --splits 4 --pages-ahead" "e5m2 --tiles 16,64,4,2 --splits 4 --pages-ahead" \
          "e4m3 --tiles 16,32,4,2 --splits 6" "e4m3 --tiles 16,32,4,2 --splits 8" "e4m3 --tiles 16,32,4,3 --splits 8" \
          "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 8" "e4m3 --tiles 16,32,4,2 --maxnreg 128 --splits 12" \
          "e4m3 --tiles 16,64,4,2 --splits 4"; do

@@ -39,6 +39,8 @@ memory in 16-byte loads for both products, with no transpose:
   instructions a warp's loop against 939; all, 1,759; 168 registers and 16-24 bytes of stack against 174 and
   none), so it pays only if the two pipes overlap: which mix is fastest is the probe's question
   (``MLATileConfig(alu_scores=, alu_values=)``); by default none.
+* ``PAGES_AHEAD``: each iteration loads the page ids of the next iteration's copy, so that the copy's addresses do
+  not wait for a load (as the GQA decode's ``pages_ahead``, 3% faster there); by default the copy loads its own.
 * With ``WGMMA`` (compute capability 9.x) the scores are instead the transposed product ``c @ q^T`` by Hopper's
   warpgroup MMA in e4m3, straight from the copied bytes; the queries are split into two e4m3 parts (a head's
   largest value scaled to 448, the second part the first's rounding error), so only the values' bytes are
@@ -343,39 +345,46 @@ def _relabelled(labels, BITS: gl.constexpr):
 
 
 @gluon.jit
-def _copy_tile(
-    KV,
-    page_row,
-    stride_pt_p,
-    stride_kv_page,
-    stride_kv_slot,
-    tile_start,
-    end,
-    c_buf,
-    pe_buf,
-    PAGE_SIZE: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    C_COPY: gl.constexpr,
-    PE_COPY: gl.constexpr,
-):
-    """Start copying the latent rows ``[tile_start, tile_start + BLOCK_N)`` (zeros past ``end``)."""
+def _tile_pages(page_row, stride_pt_p, tile_start, end, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+                C_COPY: gl.constexpr, PE_COPY: gl.constexpr, AHEAD: gl.constexpr):  # fmt: skip
+    """The page ids of the rows ``[tile_start, tile_start + BLOCK_N)`` for the latent copy and for the rope's (one
+    id where the tile lies in one page); ``AHEAD``: the tile may start past ``end`` (its loads masked)."""
+    if PAGE_SIZE % BLOCK_N == 0:  # the tile (it starts at a multiple of BLOCK_N) lies in one page
+        if AHEAD:
+            page = gl.load(page_row + (tile_start // PAGE_SIZE) * stride_pt_p, mask=tile_start < end, other=0)
+        else:
+            page = gl.load(page_row + (tile_start // PAGE_SIZE) * stride_pt_p)
+        page_pe = page
+    else:
+        offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, C_COPY))
+        offs_pe = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, PE_COPY))
+        page = gl.load(page_row + (offs_n // PAGE_SIZE) * stride_pt_p, mask=offs_n < end, other=0)
+        page_pe = gl.load(page_row + (offs_pe // PAGE_SIZE) * stride_pt_p, mask=offs_pe < end, other=0)
+    return page, page_pe
+
+
+@gluon.jit
+def _copy_pages(KV, page, page_pe, stride_kv_page, stride_kv_slot, tile_start, end, c_buf, pe_buf,
+                PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr):  # fmt: skip
+    """Start copying the latent rows ``[tile_start, tile_start + BLOCK_N)`` of pages ``page`` / ``page_pe``
+    (:func:`_tile_pages`; zeros past ``end``)."""
     offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, C_COPY))
     offs_pe = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, PE_COPY))
-    n_ok = offs_n < end
-    pe_ok = offs_pe < end
-    if PAGE_SIZE % BLOCK_N == 0:  # the tile (it starts at a multiple of BLOCK_N) lies in one page
-        base = KV + gl.load(page_row + (tile_start // PAGE_SIZE) * stride_pt_p).to(gl.int64) * stride_kv_page
-        rows = base + (offs_n % PAGE_SIZE) * stride_kv_slot
-        rows_pe = base + (offs_pe % PAGE_SIZE) * stride_kv_slot
-    else:
-        page = gl.load(page_row + (offs_n // PAGE_SIZE) * stride_pt_p, mask=n_ok, other=0)
-        rows = KV + page.to(gl.int64) * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_slot
-        page_pe = gl.load(page_row + (offs_pe // PAGE_SIZE) * stride_pt_p, mask=pe_ok, other=0)
-        rows_pe = KV + page_pe.to(gl.int64) * stride_kv_page + (offs_pe % PAGE_SIZE) * stride_kv_slot
+    rows = KV + page.to(gl.int64) * stride_kv_page + (offs_n % PAGE_SIZE) * stride_kv_slot
+    rows_pe = KV + page_pe.to(gl.int64) * stride_kv_page + (offs_pe % PAGE_SIZE) * stride_kv_slot
     cols = gl.arange(0, 512, gl.SliceLayout(0, C_COPY))
-    _async_load(c_buf, rows[:, None] + cols[None, :], mask=n_ok[:, None])
+    _async_load(c_buf, rows[:, None] + cols[None, :], mask=(offs_n < end)[:, None])
     cols_pe = 512 + gl.arange(0, 64, gl.SliceLayout(0, PE_COPY))
-    _async_load(pe_buf, rows_pe[:, None] + cols_pe[None, :], mask=pe_ok[:, None])
+    _async_load(pe_buf, rows_pe[:, None] + cols_pe[None, :], mask=(offs_pe < end)[:, None])
+
+
+@gluon.jit
+def _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, tile_start, end, c_buf, pe_buf,
+               PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr):  # fmt: skip
+    """Start copying the latent rows ``[tile_start, tile_start + BLOCK_N)`` (zeros past ``end``)."""
+    page, page_pe = _tile_pages(page_row, stride_pt_p, tile_start, end, PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY, False)
+    _copy_pages(KV, page, page_pe, stride_kv_page, stride_kv_slot, tile_start, end, c_buf, pe_buf, PAGE_SIZE,
+                BLOCK_N, C_COPY, PE_COPY)  # fmt: skip
 
 
 @gluon.jit
@@ -477,7 +486,7 @@ def mla_decode_fp8_mma_kernel(
     Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl.constexpr,
     QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
-    ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0, E5M2: gl.constexpr = False,
+    ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0, E5M2: gl.constexpr = False, PAGES_AHEAD: gl.constexpr = False,
 ):  # fmt: skip
     A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -513,6 +522,9 @@ def mla_decode_fp8_mma_kernel(
             _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start + j * BLOCK_N, end,
                        c_smem.index(j), pe_smem.index(j), PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY)  # fmt: skip
         cp.commit_group()
+    if PAGES_AHEAD:  # the page ids of the loop's first copy: each iteration loads those of the next one's
+        page_next, page_pe_next = _tile_pages(page_row, stride_pt_p, start + (STAGES - 1) * BLOCK_N, end, PAGE_SIZE,
+                                              BLOCK_N, C_COPY, PE_COPY, True)  # fmt: skip
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
     if WGMMA:
@@ -528,10 +540,18 @@ def mla_decode_fp8_mma_kernel(
         _barrier()  # ... everyone's; and every warp is done with tile i - 1's buffers
         ahead = i + STAGES - 1
         if ahead < num_tiles:
-            _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start + ahead * BLOCK_N, end,
-                       c_smem.index(ahead % STAGES), pe_smem.index(ahead % STAGES), PAGE_SIZE, BLOCK_N, C_COPY,
-                       PE_COPY)  # fmt: skip
+            if PAGES_AHEAD:
+                _copy_pages(KV, page_next, page_pe_next, stride_kv_page, stride_kv_slot, start + ahead * BLOCK_N, end,
+                            c_smem.index(ahead % STAGES), pe_smem.index(ahead % STAGES), PAGE_SIZE, BLOCK_N, C_COPY,
+                            PE_COPY)  # fmt: skip
+            else:
+                _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start + ahead * BLOCK_N, end,
+                           c_smem.index(ahead % STAGES), pe_smem.index(ahead % STAGES), PAGE_SIZE, BLOCK_N, C_COPY,
+                           PE_COPY)  # fmt: skip
         cp.commit_group()
+        if PAGES_AHEAD:  # used by the next iteration's copy: the load's latency hides behind this tile's work
+            page_next, page_pe_next = _tile_pages(page_row, stride_pt_p, start + (ahead + 1) * BLOCK_N, end,
+                                                  PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY, True)  # fmt: skip
         c_tile = c_smem.index(i % STAGES)
         if WGMMA:
             s_t = _scores_t(c_tile, pe_smem.index(i % STAGES), qn_hi, qn_lo, qr_hi, qr_lo, BLOCK_N, ACC_T)
@@ -616,10 +636,10 @@ def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, pa
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
-                     stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0):  # fmt: skip
+                     stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0, pages_ahead=False):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
-    ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks)."""
+    ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``)."""
     e5m2 = kv_cache.dtype == torch.float8_e5m2
     if (wgmma or e5m2) and (alu_scores or alu_values):
         raise ValueError(
@@ -632,7 +652,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "ALU_QK": alu_scores, "ALU_PV": alu_values,
-              "E5M2": e5m2, "num_warps": NUM_WARPS}  # fmt: skip
+              "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "num_warps": NUM_WARPS}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs
