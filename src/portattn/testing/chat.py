@@ -37,6 +37,8 @@ def save_tiny_chat_checkpoint(
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    from .checkpoints import save_quietly
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -78,8 +80,7 @@ def save_tiny_chat_checkpoint(
         eos_token_id=eos,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(path)
+    save_quietly(LlamaForCausalLM(config), path)
     GenerationConfig(bos_token_id=bos, eos_token_id=eos).save_pretrained(path)
     return str(path)
 

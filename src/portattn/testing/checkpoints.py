@@ -238,10 +238,24 @@ def tiny_model(family: str, *, seed: int | None = None, **overrides) -> torch.nn
     return model
 
 
+def save_quietly(model, path: str | Path) -> None:
+    """``model.save_pretrained(path)`` without transformers' "Writing model shards" progress bar (a tiny
+    checkpoint is one shard; the bar would land in a command's or a test's captured output)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def save_tiny_checkpoint(family: str, path: str | Path, *, seed: int | None = None, **overrides) -> str:
     """Save :func:`tiny_model` with ``save_pretrained`` (config.json, model.safetensors) under ``path``;
     returns ``str(path)``."""
-    tiny_model(family, seed=seed, **overrides).save_pretrained(path)
+    save_quietly(tiny_model(family, seed=seed, **overrides), path)
     return str(path)
 
 
