@@ -16,6 +16,7 @@
 # Each step runs only while the call has time left (guards of 420-530 s; the call stays under 600 s).
 #   OUT=... bash benchmarks/results/round38/scripts/r38c1.sh
 export PYTHONPATH=src
+set -f  # the ncu metric regex below is not a file pattern
 START=$SECONDS
 left() { [ $((SECONDS - START)) -lt ${1:-540} ]; }
 PYTHONPATH=src:tests timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_fp8_mma.py \
@@ -33,7 +34,8 @@ done
 cat $OUT/times.txt
 N="ncu --clock-control none --kernel-name regex:mla_decode_(split|fp8_mma) --launch-skip 3 --launch-count 1
    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats
-   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats"
+   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats
+   --metrics regex:sm__(inst_executed_pipe_|pipe_).*avg\.pct_of_peak_sustained_active"
 which ncu > $OUT/ncu_path.txt 2>&1 || echo "no ncu on PATH" >> $OUT/ncu_path.txt
 run() {  # name, ncu extra, script arguments
   left 470 || return
@@ -53,4 +55,5 @@ fi
 left 530 && PYTHONPATH=src:tests timeout $((585 - SECONDS + START)) python3 \
   benchmarks/results/round34_h200/scripts/fp8_mma_diag.py > $OUT/fp8_mma_diag.txt 2>&1
 tail -n 30 $OUT/fp8_mma_diag.txt 2>/dev/null
+python3 benchmarks/results/round38/scripts/summarize.py $OUT > $OUT/summary.txt 2>&1; cat $OUT/summary.txt
 echo "call took $((SECONDS - START)) s"
