@@ -22,7 +22,7 @@ TARGET = 1.6
 
 
 def timings(path: Path) -> list[dict]:
-X
+    """Every timing line of ``times.txt``, in order (a variant timed twice appears twice)."""
     if not path.exists():
         return []
     rows = []
