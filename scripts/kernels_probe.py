@@ -276,7 +276,13 @@ def mla_fp8(out: Path, ceil) -> dict:
             if label.endswith("bf16 dots"):
                 mla_decode_launch.attention_launch.f16_dots_for = lambda q_dtype, kv_dtype: False
             args = (qn, qr, kv, perm, seq, mo)
-            kwargs = {"scale": 0.07, "num_kv_splits": meta.num_kv_splits, "partials": meta.partials, "kv_scale": scale}
+            kwargs = {
+                "scale": 0.07,
+                "num_kv_splits": meta.num_kv_splits,
+                "partials": meta.partials,
+                "kv_scale": scale,
+                "fewer_splits": meta.splits_chosen,
+            }  # the plan's count, as the engine runs it
             kwargs["tiles"] = tiles
             fn = lambda i, args=args, kwargs=kwargs: mla_decode_launch.mla_decode_forward(*args, **kwargs)
             nbytes = b * L * 576 * (2 if kv is cache else 1)

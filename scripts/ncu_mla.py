@@ -44,10 +44,12 @@ def main() -> None:
     )
     parser.add_argument("--pages-ahead", action="store_true", help="fp8_mma: page ids loaded a step ahead")
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=64, help="sequences (each over --keys keys)")
+    parser.add_argument("--keys", type=int, default=4096)
     parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
     args = parser.parse_args()
     dev = torch.device("cuda")
-    b, L, P, heads = 64, 4096, 64, args.heads
+    b, L, P, heads = args.batch, args.keys, 64, args.heads
     gen = torch.Generator(device=dev).manual_seed(0)
     pages = b * L // P + 4
     cache = torch.randn(pages, P, 576, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -70,12 +72,17 @@ def main() -> None:
 
     def call(_=None):
         mla_decode_launch.mla_decode_forward(qn, qr, kv, table, lens, out, scale=0.07, num_kv_splits=splits,
-                                             partials=partials, tiles=tiles, kv_scale=kv_scale)  # fmt: skip
+                                             partials=partials, tiles=tiles, kv_scale=kv_scale,
+                                             fewer_splits=meta.splits_chosen)  # fmt: skip
 
     for _ in range(4):
         call()
     torch.cuda.synchronize()
-    label = f"{args.kv} heads {heads} splits {splits} tiles {args.tiles or 'default'} maxnreg {args.maxnreg}"
+    label = f"{args.kv} B={b} L={L} heads {heads} splits {splits} tiles {args.tiles or 'default'}"
+    if meta.splits_chosen:
+        label += " (the plan's splits: fp8_mma may run fewer)"
+    if args.maxnreg:
+        label += f" maxnreg {args.maxnreg}"
     if args.alu_scores or args.alu_values:
         label += f" alu {args.alu_scores:#07b} {args.alu_values:#06b}"
     if args.pages_ahead:

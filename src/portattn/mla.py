@@ -79,6 +79,7 @@ def plan_mla_decode(
         workspace_bytes=needed,
         partials=None if workspace is None else partial_buffers(workspace, batch, num_heads, splits, kv_lora_rank),
         min_split_keys=MIN_SPLIT_TOKENS if num_kv_splits in (None, -1) else 1,
+        splits_chosen=num_kv_splits in (None, -1),
     )
 
 

@@ -23,7 +23,13 @@ from kernels.mla_checks import check_against_reference_and_portable, run_compile
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_fp8_mma as mma
-from portattn.kernels.triton.mla_decode_launch import FP8_MMA_TILES, MLATileConfig, choose_tiles, mla_decode_forward
+from portattn.kernels.triton.mla_decode_launch import (
+    FP8_MMA_TILES,
+    MLATileConfig,
+    choose_tiles,
+    fp8_mma_splits,
+    mla_decode_forward,
+)
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import mla_decode_ref, tolerance
 
@@ -311,6 +317,65 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_h
         lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
         check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
                                              tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
+
+
+def test_one_program_an_sm_by_split_count():
+    # B=64 sequences of 16 heads on 132 SMs: 2 splits, not the plan's 4 (measured on an H100); never more than given
+    assert [fp8_mma_splits(4, 64, 132), fp8_mma_splits(3, 64, 132), fp8_mma_splits(4, 256, 132)] == [2, 2, 1]
+    assert [fp8_mma_splits(64, 1, 132), fp8_mma_splits(64, 4, 132), fp8_mma_splits(1, 64, 132)] == [64, 33, 1]
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["plan_chosen", "given"])
+def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_kept(given, monkeypatch):
+    """Through ``mla_decode_forward`` (the Gluon kernel and the merge replaced: no GPU here): a split count the plan
+    chose runs at ``fp8_mma_splits`` of it, in the same workspace (the partials' first rows, the merge told the
+    same count); a count given to the plan runs as given."""
+    from portattn.kernels.triton import mla_decode_launch
+    from portattn.mla import plan_mla_decode
+
+    launched, merged = [], []
+
+    class Merge:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: merged.append(args)
+
+    monkeypatch.setattr(mma, "launch", lambda *a, **k: launched.append(mma.launch_arguments(*a, **k)))
+    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
+    monkeypatch.setattr(mla_decode_launch, "compute_units", lambda device: 8)
+    monkeypatch.setattr(mla_decode_launch, "mla_decode_merge_kernel", Merge())
+    case = make_mla_case([300, 500], page_size=64, num_heads=16, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 64, num_heads=16, kv_lora_rank=512,
+                           max_seqlen_k=500, num_kv_splits=8 if given else None)  # fmt: skip
+    assert plan.num_kv_splits == 8 and plan.splits_chosen is not given  # (256 programs wanted; 500 keys: 8)
+    out = torch.empty_like(case.q_nope)
+    mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                       scale=0.1, num_kv_splits=plan.num_kv_splits, partials=plan.partials, tiles=FP8_MMA_TILES,
+                       kv_scale=0.5, min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
+    ((grid, args, _),) = launched
+    splits = 8 if given else 4  # 8 SMs over 2 sequences of one 16-head block
+    assert grid[1] == splits and args[13] == splits and merged[0][6] == splits
+    part_out, part_lse = args[7], args[8]
+    assert part_out.shape == (2, 16, splits, 512) and part_lse.shape == (2, 16, splits)
+    assert part_out.data_ptr() == plan.partials[0].data_ptr() and part_lse.data_ptr() == plan.partials[1].data_ptr()
+    assert merged[0][0] is part_out and merged[0][1] is part_lse
+
+
+@pytest.mark.parametrize("given", [None, 3])
+def test_the_triton_backend_passes_whether_the_plan_chose_the_split_count(given, monkeypatch):
+    from portattn.backends import triton as triton_backend
+    from portattn.mla import plan_mla_decode
+
+    seen = {}
+    monkeypatch.setattr(triton_backend, "mla_decode_forward", lambda *args, **kwargs: seen.update(kwargs))
+    case = make_mla_case([300], page_size=64, num_heads=16, rank=512, rope_dim=64, device="cpu")
+    inputs = case.inputs()
+    plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 64, num_heads=16, kv_lora_rank=512,
+                           max_seqlen_k=300, num_kv_splits=given)  # fmt: skip
+    out = torch.empty_like(case.q_nope)
+    triton_backend.TritonBackend().mla_decode(inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], plan, 0.1, out)
+    assert seen["fewer_splits"] is (given is None) and seen["num_kv_splits"] == plan.num_kv_splits
 
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")

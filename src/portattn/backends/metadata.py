@@ -84,6 +84,9 @@ class MLADecodeMetadata:
     # Keys a split holds at least (the kernel's floor): mla_workspace.MIN_SPLIT_TOKENS where the split count was
     # chosen from the problem, so that a captured graph and an eager step cut a sequence alike; 1 where forced.
     min_split_keys: int = 1
+    # The split count was chosen from the problem (not given): a kernel that runs faster at fewer splits may use
+    # fewer (the workspace holds their partials); a given count is always run as given.
+    splits_chosen: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -452,6 +452,7 @@ class TritonBackend(AttentionBackend):
             lse=lse,
             kv_scale=kv_scale,
             min_split_keys=metadata.min_split_keys,
+            fewer_splits=metadata.splits_chosen,
         )
 
     def merge_attention_states(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...device import is_triton_interpreter
+from ...device import compute_units, is_triton_interpreter
 from ...errors import check_int, expect, fail
 from ...kv_quant import FP8_DTYPES
 from . import launch as attention_launch
@@ -30,6 +30,12 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``, also over an e5m2
 # cache (the kernel's e5m2 form, by explicit tiles until a GPU has run it: benchmarks/results/round38/NOTES.md).
 FP8_MMA = True
+# That kernel runs fastest at about one program an SM: on an H100 (132 SMs; B=64 over 4096 keys, 16 heads, page 64,
+# e4m3) the plan's 4 splits (256 programs, two an SM) took 0.1122 ms, 2 splits (128) 0.0918, 3 splits 0.1053, 1
+# split 0.1272; the bf16 cache's portable kernel 0.1170 at 4 and 0.1139 at 2 (benchmarks/results/round38/NOTES.md).
+# So the launcher runs it at no more splits than fill each SM once (``fp8_mma_splits``); the plan's workspace, sized
+# for its own count, holds the fewer splits' partials.
+FP8_MMA_ONE_PROGRAM_AN_SM = True
 # More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
 # between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
 # page 64) a bf16 cache took 0.190 ms against the portable kernel's 0.360 (1.90x; 385 against 203 TFLOP/s;
@@ -170,6 +176,13 @@ def choose_tiles(
     return MLATileConfig(block_h=64, block_n=32, num_warps=8, num_stages=3)
 
 
+def fp8_mma_splits(num_kv_splits: int, programs_per_split: int, sms: int) -> int:
+    """The split count the ``fp8_mma`` kernel runs at: the plan's ``num_kv_splits`` or fewer, so that the
+    programs (``programs_per_split`` a split: sequences x 16-head blocks) fill each of ``sms`` SMs at most once;
+    at least 1 (``FP8_MMA_ONE_PROGRAM_AN_SM``: measured in benchmarks/results/round38/NOTES.md)."""
+    return max(1, min(num_kv_splits, sms // max(1, programs_per_split)))
+
+
 def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
     """Smaller tiles for a device short of shared memory (the fp8 mma kernel: 32 keys, then none)."""
     if tiles.fp8_mma:
@@ -235,6 +248,7 @@ def mla_decode_forward(
     tiles: MLATileConfig | None = None,
     kv_scale: float = 1.0,
     min_split_keys: int = 1,
+    fewer_splits: bool = False,
 ) -> torch.Tensor:
     """MLA decode of ``q_nope [B, H, R]``, ``q_rope [B, H, Dr]`` over ``kv_cache [N, P, R + Dr]`` into ``out [B, H, R]``.
 
@@ -246,6 +260,8 @@ def mla_decode_forward(
     given, receives the natural-log LSE of each row. ``kv_cache`` is in ``q_nope``'s dtype or fp8;
     its stored rows times ``kv_scale`` are the latent rows. ``min_split_keys``: keys a split holds at
     least (rounded up to the key tile; see ``mla_decode.py``): the plan's ``min_split_keys``.
+    ``fewer_splits``: ``num_kv_splits`` was chosen from the problem (the plan's ``splits_chosen``), so a kernel
+    that runs faster at fewer splits may use fewer (``fp8_mma_splits``); otherwise the count is run as given.
     """
     dtype, device = q_nope.dtype, q_nope.device
     batch, num_heads, rank = q_nope.shape
@@ -283,6 +299,14 @@ def mla_decode_forward(
             tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
                                  fp8_mma=False, wide=False)  # fmt: skip
 
+    if fewer_splits and tiles.fp8_mma and FP8_MMA_ONE_PROGRAM_AN_SM and num_kv_splits > 1:
+        fewer = fp8_mma_splits(num_kv_splits, batch * -(-num_heads // 16), compute_units(device))
+        if fewer < num_kv_splits:
+            if partials is not None:  # the same buffers, cut for fewer splits
+                rows = batch * num_heads * fewer
+                partials = (partials[0].reshape(-1)[: rows * rank].view(batch, num_heads, fewer, rank),
+                            partials[1].reshape(-1)[:rows].view(batch, num_heads, fewer))  # fmt: skip
+            num_kv_splits = fewer
     split = num_kv_splits > 1
     if split and partials is None:
         needed = 4 * batch * num_heads * num_kv_splits * (rank + 1)
