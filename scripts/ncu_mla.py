@@ -43,6 +43,9 @@ def main() -> None:
         help="fp8_mma: mask of the 16-key value steps unpacked by integer instructions",
     )
     parser.add_argument("--pages-ahead", action="store_true", help="fp8_mma: page ids loaded a step ahead")
+    parser.add_argument(
+        "--coalesced-io", action="store_true", help="fp8_mma: queries loaded and output stored 16 bytes a lane"
+    )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64, help="sequences (each over --keys keys)")
     parser.add_argument("--keys", type=int, default=4096)
@@ -65,7 +68,7 @@ def main() -> None:
         h, n, w, s = (int(x) for x in args.tiles.split(","))
         tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv != "bf16", maxnreg=args.maxnreg,
                               alu_scores=args.alu_scores, alu_values=args.alu_values,
-                              pages_ahead=args.pages_ahead)  # fmt: skip
+                              pages_ahead=args.pages_ahead, coalesced_io=args.coalesced_io)  # fmt: skip
     meta = plan_mla_decode(table, lens, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L,
                            num_kv_splits=args.splits)  # fmt: skip
     splits, partials = meta.num_kv_splits, meta.partials
@@ -87,6 +90,8 @@ def main() -> None:
         label += f" alu {args.alu_scores:#07b} {args.alu_values:#06b}"
     if args.pages_ahead:
         label += " pages ahead"
+    if args.coalesced_io:
+        label += " coalesced io"
     if args.time:
         t = measure_graph(call, [0, 1], dev)
         nbytes = b * L * 576 * (2 if args.kv == "bf16" else 1)

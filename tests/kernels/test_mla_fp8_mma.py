@@ -52,6 +52,40 @@ def test_labels_are_bit_permutations(bits):
     assert all(mma.label_of(d, bits) == label for label, d in enumerate(dims))
 
 
+@pytest.mark.parametrize("bits, name", [(mma.QK_BITS[:7], "QK_AXES"), (mma.PE_BITS, "PE_AXES")])
+def test_the_queries_permuted_in_registers_are_under_the_scores_labels(bits, name):
+    """``COALESCED_IO``: a chunk of queries loaded in dim order, reshaped to one axis a bit, permuted by the
+    kernel's order and reshaped back, holds at label ``j`` the dim the scores' view reads there."""
+    import numpy as np
+
+    size = 1 << len(bits)
+    x = np.arange(16 * size).reshape(16, size)
+    axes = mma.constexprs(64, 2)[name]
+    y = x.reshape([16] + [2] * len(bits)).transpose(axes).reshape(16, size)
+    assert (y == x[:, [mma.relabel(j, bits) for j in range(size)]]).all()
+    assert mma.relabel(127, mma.QK_BITS) == 127 and all(b == i for i, b in enumerate(mma.QK_BITS) if i >= 7)
+
+
+def test_the_output_permuted_in_registers_is_in_dim_order_32_floats_a_lane():
+    """``COALESCED_IO``: the values' columns (labels) permuted back to dims by the kernel's order, and the
+    store's layout (``OUT_IO``) is the MMA's output layout so permuted, its registers in dim order."""
+    import numpy as np
+
+    c = mma.constexprs(64, 2)
+    labels = np.arange(512)
+    dims = labels.reshape([1] + [2] * 9).transpose(c["PV_AXES"]).reshape(512)
+    assert (dims == [mma.label_of(d, mma.PV_BITS) for d in range(512)]).all()
+    # the MMA's [16, 512] output layout (m16n8 fragments, four warps along the columns, 16 repeats), its
+    # columns (labels) mapped to dims: the same bases as OUT_IO's, the registers' in another order
+    mma_layout = {"reg": [[0, 1], [8, 0], [0, 32], [0, 64], [0, 128], [0, 256]],
+                  "lane": [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], "warp": [[0, 8], [0, 16]]}  # fmt: skip
+    permuted = {k: [[r, mma.relabel(col, mma.PV_BITS)] for r, col in v] for k, v in mma_layout.items()}
+    out_io = c["OUT_IO"]
+    assert sorted(permuted["reg"]) == sorted(out_io.reg_bases)
+    assert permuted["lane"] == out_io.lane_bases and permuted["warp"] == out_io.warp_bases
+    assert out_io.reg_bases[:5] == [[0, 1], [0, 2], [0, 4], [0, 8], [0, 16]]  # 32 contiguous floats a lane
+
+
 @pytest.mark.parametrize("block_n", [32, 64])
 def test_every_view_reads_the_byte_the_copy_wrote(block_n):
     physical, views = mma.physical_layouts(block_n), mma.shared_views(block_n)
@@ -179,26 +213,33 @@ CHILD = textwrap.dedent(
     def compile_(fn, signature, constexprs):
         sig = {**signature, **{name: "constexpr" for name in constexprs}}
         attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
+                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot", "stride_qn_b",
+                                                          "stride_qn_h", "stride_qr_b", "stride_qr_h")}
         src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": mma.NUM_WARPS})
 
     fn = mma.mla_decode_fp8_mma_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32",
             "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for block_n, page_size, wgmma, alu, e5m2, ahead in (
-            (64, 64, False, (0, 0), False, False), (32, 16, False, (0, 0), False, False),
-            (64, 7, False, (0, 0), False, False), (64, 64, True, (0, 0), False, False),
-            (64, 64, False, (0b01010, 0b1010), False, False), (32, 64, False, (0b11111, 0b11), False, False),
-            (64, 64, False, (0, 0), True, False), (32, 7, False, (0, 0), True, False),
-            (64, 64, False, (0, 0), False, True), (64, 7, False, (0, 0), True, True)):
+    for block_n, page_size, wgmma, alu, e5m2, ahead, coalesced in (
+            (64, 64, False, (0, 0), False, False, False), (32, 16, False, (0, 0), False, False, False),
+            (64, 7, False, (0, 0), False, False, False), (64, 64, True, (0, 0), False, False, False),
+            (64, 64, False, (0b01010, 0b1010), False, False, False),
+            (32, 64, False, (0b11111, 0b11), False, False, False), (64, 64, False, (0, 0), True, False, False),
+            (32, 7, False, (0, 0), True, False, False), (64, 64, False, (0, 0), False, True, False),
+            (64, 7, False, (0, 0), True, True, False), (64, 64, False, (0, 0), False, False, True),
+            (32, 7, False, (0, 0), True, True, True)):
         ptrs["KV"] = "*fp8e5" if e5m2 else "*fp8e4nv"
         const = {**mma.constexprs(block_n, 2, wgmma), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
                  "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2,
-                 "PAGES_AHEAD": ahead}
+                 "PAGES_AHEAD": ahead, "COALESCED_IO": coalesced}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
         ptx = compile_(fn, sig, const).asm["ptx"]
+        # the whole kernel's global accesses (outside the loop: the queries' loads, the partials' stores)
+        io = {name: len(re.findall(rx, ptx)) for name, rx in (
+            ("gld16", r"ld\\.global\\.b16"), ("gldv4", r"ld\\.global\\.v4\\.b32"),
+            ("gst32", r"st\\.global\\.b32"), ("gstv4", r"st\\.global\\.v4\\.b32"))}
         text = key_loop(ptx)
         counts = {name: len(re.findall(rx, text)) for name, rx in (
             ("v4", r"ld\\.shared\\.v4\\.b32"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
@@ -207,8 +248,8 @@ CHILD = textwrap.dedent(
             ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"),
             ("prmt_zero", r"prmt\\.b32 \\S+, \\S+, \\S+, 0x[13]4[0-9a-fA-F]4;"))}
         print("kernel", block_n, page_size, "wgmma" if wgmma else "mma", f"alu_qk={alu[0]}", f"alu_pv={alu[1]}",
-              f"e5m2={int(e5m2)}", f"ahead={int(ahead)}",
-              " ".join(f"{k}={v}" for k, v in counts.items()))
+              f"e5m2={int(e5m2)}", f"ahead={int(ahead)}", f"coalesced={int(coalesced)}",
+              " ".join(f"{k}={v}" for k, v in {**counts, **io}.items()))
 
     # the tiles' physical layout is Triton's NVMMASharedLayout (Triton 3.6's binding cannot print it)
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7):
@@ -257,7 +298,7 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 10
+    assert len(kernels) == 12
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
@@ -283,6 +324,17 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
         assert {k: counts[k] for k in expected} == expected, (block_n, page_size, scores, counts)
         # (with the warpgroup MMA, Triton 3.6 puts one more after the copies' proxy fence)
         assert counts["barriers"] <= (5 if scores == "wgmma" else 4), (block_n, page_size, scores, counts)
+        # Outside the loop: by default every warp loads all 16 x 576 queries two bytes a lane (288 loads a
+        # lane) and each lane stores its 64 output floats one at a time (with the 2 LSE stores); with
+        # COALESCED_IO, 16 bytes a lane: 9 loads (8 x 16 bytes of 128 dims for 8 heads, twice, four chunks;
+        # one of the rope) and 16 stores (64 floats), besides the 3 loads and 2 stores of scalars
+        if scores == "wgmma":
+            continue
+        if counts["coalesced"]:
+            assert {k: counts[k] for k in ("gld16", "gldv4", "gst32", "gstv4")} == {
+                "gld16": 0, "gldv4": 9, "gst32": 2, "gstv4": 16}, counts  # fmt: skip
+        else:
+            assert (counts["gld16"], counts["gst32"], counts["gstv4"]) == (288, 66, 0), counts
     nvmma = [line.split() for line in lines if line.startswith("nvmma ")]
     assert all(line[-1] == "True" for line in nvmma), nvmma  # (absent under Triton 3.6)
     launched = [line.split() for line in lines if line.startswith("launched ")]
@@ -383,8 +435,10 @@ def test_the_triton_backend_passes_whether_the_plan_chose_the_split_count(given,
     "block_n, fields",
     [(64, {"alu_values": 0b1111}), (64, {"alu_scores": 0b01010, "alu_values": 0b1010}),
      (64, {"alu_scores": 0b11111, "alu_values": 0b1111}), (32, {"alu_scores": 0b10101, "alu_values": 0b01}),
-     (64, {"pages_ahead": True}), (32, {"pages_ahead": True, "num_stages": 3})],
-    ids=["alu_values", "alu_half", "alu_all", "alu_32", "pages_ahead", "pages_ahead_32x3"],
+     (64, {"pages_ahead": True}), (32, {"pages_ahead": True, "num_stages": 3}), (64, {"coalesced_io": True}),
+     (32, {"coalesced_io": True, "pages_ahead": True})],
+    ids=["alu_values", "alu_half", "alu_all", "alu_32", "pages_ahead", "pages_ahead_32x3", "coalesced_io",
+         "coalesced_io_32_ahead"],
 )  # fmt: skip
 @pytest.mark.parametrize("page_size", [64, 7, 1])
 def test_tile_variants_against_the_reference_and_the_portable_kernel(block_n, fields, page_size):
@@ -447,12 +501,15 @@ def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
 @pytest.mark.parametrize(
     "fields",
     [{"alu_scores": 32}, {"alu_values": 16}, {"block_n": 32, "alu_values": 4}, {"alu_scores": -1},
-     {"fp8_mma": False, "alu_values": 1}, {"fp8_mma": False, "pages_ahead": True}],
+     {"fp8_mma": False, "alu_values": 1}, {"fp8_mma": False, "pages_ahead": True},
+     {"fp8_mma": False, "coalesced_io": True}],
 )  # fmt: skip
 def test_integer_unpacking_masks_and_pages_ahead_outside_the_kernel_are_refused(fields):
     base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
     MLATileConfig(**{**base, "alu_scores": 31, "alu_values": 15})  # every chunk and step
-    with pytest.raises(ValueError, match=r"expected (alu_scores and alu_values|pages_ahead) only with fp8_mma"):
+    with pytest.raises(
+        ValueError, match=r"expected (alu_scores and alu_values|pages_ahead|coalesced_io) only with fp8_mma"
+    ):
         MLATileConfig(**{**base, **fields})
 
 
@@ -506,8 +563,9 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         FP8_MMA_TILES,
         MLATileConfig(64, 64, 8, 2, wide=True),
         MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010, pages_ahead=True),
+        MLATileConfig(16, 64, 4, 2, fp8_mma=True, coalesced_io=True),
     ],
-    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu"],
+    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu", "fp8_mma_coalesced"],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):
     """``mla_decode_forward`` down to each Gluon kernel's ``launch_arguments`` on any machine (the kernel itself
@@ -531,3 +589,4 @@ def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeyp
     if tiles.fp8_mma:
         assert (kwargs["ALU_QK"], kwargs["ALU_PV"]) == (tiles.alu_scores, tiles.alu_values)
         assert kwargs["PAGES_AHEAD"] == tiles.pages_ahead
+        assert kwargs["COALESCED_IO"] == tiles.coalesced_io

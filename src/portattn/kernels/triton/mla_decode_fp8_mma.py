@@ -41,6 +41,13 @@ memory in 16-byte loads for both products, with no transpose:
   (``MLATileConfig(alu_scores=, alu_values=)``); by default none.
 * ``PAGES_AHEAD``: each iteration loads the page ids of the next iteration's copy, so that the copy's addresses do
   not wait for a load (as the GQA decode's ``pages_ahead``, 3% faster there); by default the copy loads its own.
+* ``COALESCED_IO``: the queries are loaded in dim order, 16 bytes a lane, and their labels given in registers
+  (a reshape to one axis a bit and a permute: no data moves), the output likewise relabelled back to dims and
+  stored 16 bytes a lane. By default each of the four warps loads all 16 x 576 queries in the scores' operand
+  layout, two bytes a lane at relabelled addresses (288 loads a lane, every lane in its own 32-byte sector), and
+  each lane stores its 64 output floats one at a time: 66% of the sectors the kernel asked of memory were
+  excessive in Nsight Compute's count (H100, B=64 over 4096 keys; benchmarks/results/round38/NOTES.md).
+  Compiled for sm_90: 9 loads and 16 stores of 16 bytes a lane instead; the key loop is unchanged.
 * With ``WGMMA`` (compute capability 9.x) the scores are instead the transposed product ``c @ q^T`` by Hopper's
   warpgroup MMA in e4m3, straight from the copied bytes; the queries are split into two e4m3 parts (a head's
   largest value scaled to 448, the second part the first's rounding error), so only the values' bytes are
@@ -99,6 +106,22 @@ def relabel(label: int, bits: tuple[int, ...]) -> int:
 def label_of(dim: int, bits: tuple[int, ...]) -> int:
     """The inverse of :func:`relabel`."""
     return sum(((dim >> i) & 1) << src for i, src in enumerate(bits))
+
+
+def label_axes(bits: tuple[int, ...]) -> tuple[int, ...]:
+    """The ``permute`` order that relabels the last axis of ``[rows, 2, ..., 2]`` (``rows`` then the axis' bits,
+    the highest first): from a tensor indexed by dim to one indexed by label (:func:`relabel`)."""
+    n = len(bits)
+    order = [0] * (n + 1)
+    for j in range(n):
+        order[n - j] = n - bits.index(j)
+    return tuple(order)
+
+
+def dim_axes(bits: tuple[int, ...]) -> tuple[int, ...]:
+    """The inverse of :func:`label_axes`: from a tensor indexed by label to one indexed by dim."""
+    n = len(bits)
+    return (0, *(n - bits[n - k] for k in range(1, n + 1)))
 
 
 def latent_offset(key: int, dim: int, block_n: int) -> int:
@@ -209,6 +232,20 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False) -> dict:
         "QK_BITS": QK_BITS,
         "PE_BITS": PE_BITS,
         "PV_BITS": PV_BITS,
+        # the same relabellings as permutations of a tensor's bits (COALESCED_IO): a 128-dim chunk of the
+        # queries (their labels' bits 7-8 are the dims'), the rope's 64, the output's 512
+        "QK_AXES": label_axes(QK_BITS[:7]),
+        "PE_AXES": label_axes(PE_BITS),
+        "PV_AXES": dim_axes(PV_BITS),
+        # the output relabelled to dims (MMA's registers: dims 16, then head 8, then dims 1-8; lanes dims 32, 64,
+        # heads 1-4; warps dims 128, 256) with its registers in dim order: 32 contiguous floats a lane and row
+        "OUT_IO": gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+            lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[0, 128], [0, 256]],
+            block_bases=[],
+            shape=[16, RANK],
+        ),
         **shared_views(block_n),
     }
 
@@ -388,12 +425,44 @@ def _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, tile_s
 
 
 @gluon.jit
+def _relabel_bits(x, ROWS: gl.constexpr, BITS: gl.constexpr, AXES: gl.constexpr):
+    """``x`` (``[ROWS, 2 ** BITS]``) with its last axis' index bits permuted by ``permute(AXES)`` (no data moves
+    between threads: the registers take the new labels)."""
+    if BITS == 6:
+        y = gl.permute(gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2]), AXES)
+    elif BITS == 7:
+        y = gl.permute(gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2]), AXES)
+    else:
+        y = gl.permute(gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2, 2, 2]), AXES)
+    return gl.reshape(y, [ROWS, 2**BITS])
+
+
+@gluon.jit
 def _queries_f16(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
-                 q_scale, A: gl.constexpr, Q_SMEM: gl.constexpr, QK_BITS: gl.constexpr, PE_BITS: gl.constexpr):  # fmt: skip
-    """The queries times ``q_scale`` in float16 under the scores' labels, in shared memory (nope, rope)."""
+                 q_scale, A: gl.constexpr, Q_SMEM: gl.constexpr, QK_BITS: gl.constexpr, PE_BITS: gl.constexpr,
+                 QK_AXES: gl.constexpr, PE_AXES: gl.constexpr, COALESCED: gl.constexpr):  # fmt: skip
+    """The queries times ``q_scale`` in float16 under the scores' labels, in shared memory (nope, rope).
+    ``COALESCED``: loaded in dim order, 16 bytes a lane, and relabelled in registers; else each warp loads all of
+    them in the scores' operand layout, two bytes a lane at relabelled addresses."""
+    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 512], Q_SMEM)
+    if COALESCED:
+        NOPE_IO: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [8, 128] a pass
+        ROPE_IO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64]
+        offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, NOPE_IO))
+        dims = gl.arange(0, 128, gl.SliceLayout(0, NOPE_IO))
+        q_nope = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + dims[None, :]
+        for c in gl.static_range(4):
+            qn = gl.load(q_nope + 128 * c, mask=offs_h[:, None] < num_heads, other=0.0)
+            qn = (qn.to(gl.float32) * q_scale).to(gl.float16)
+            q_smem.slice(128 * c, 128, dim=1).store(_relabel_bits(qn, BLOCK_H, 7, QK_AXES))
+        offs_hr = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, ROPE_IO))
+        dims_pe = gl.arange(0, 64, gl.SliceLayout(0, ROPE_IO))
+        q_rope = QRope + seq * stride_qr_b + offs_hr[:, None] * stride_qr_h + dims_pe[None, :]
+        qr = (gl.load(q_rope, mask=offs_hr[:, None] < num_heads, other=0.0).to(gl.float32) * q_scale).to(gl.float16)
+        qr_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], Q_SMEM, _relabel_bits(qr, BLOCK_H, 6, PE_AXES))
+        return q_smem, qr_smem
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, A))
     h_ok = offs_h[:, None] < num_heads
-    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 512], Q_SMEM)
     for c in gl.static_range(4):  # a quarter at a time (registers)
         dims = _relabelled(128 * c + gl.arange(0, 128, gl.SliceLayout(0, A)), QK_BITS)
         qn = gl.load(QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + dims[None, :], mask=h_ok, other=0.0)
@@ -485,8 +554,10 @@ def mla_decode_fp8_mma_kernel(
     WGMMA: gl.constexpr, ACC_T: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_LOAD: gl.constexpr,
     Q_SMEM: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl.constexpr,
     QK_BITS: gl.constexpr, PE_BITS: gl.constexpr, PV_BITS: gl.constexpr,
+    QK_AXES: gl.constexpr, PE_AXES: gl.constexpr, PV_AXES: gl.constexpr, OUT_IO: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
     ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0, E5M2: gl.constexpr = False, PAGES_AHEAD: gl.constexpr = False,
+    COALESCED_IO: gl.constexpr = False,
 ):  # fmt: skip
     A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -508,7 +579,7 @@ def mla_decode_fp8_mma_kernel(
     else:  # the queries under the scores' labels, scaled and in float16
         q_smem, qr_smem = _queries_f16(
             QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
-            A, Q_SMEM, QK_BITS, PE_BITS,
+            A, Q_SMEM, QK_BITS, PE_BITS, QK_AXES, PE_AXES, COALESCED_IO,
         )  # fmt: skip
         max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], Q_SMEM)
@@ -615,8 +686,15 @@ def mla_decode_fp8_mma_kernel(
         l_i = gl.convert_layout(gl.sum(l_part, 0), ROWS)
     else:
         l_i = gl.sum(l_part, 1)
-    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
-    dims_o = _relabelled(gl.arange(0, 512, COLS), PV_BITS)
+    if COALESCED_IO:  # the output in dim order (16 bytes a lane: the values' labels 5-8 are dim bits 0-3)
+        acc = gl.convert_layout(_relabel_bits(acc, BLOCK_H, 9, PV_AXES), OUT_IO)  # (the registers reordered)
+        offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, OUT_IO))
+        dims_o = gl.arange(0, 512, gl.SliceLayout(0, OUT_IO))
+        m_i = gl.convert_layout(m_i, gl.SliceLayout(1, OUT_IO))
+        l_i = gl.convert_layout(l_i, gl.SliceLayout(1, OUT_IO))
+    else:
+        offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
+        dims_o = _relabelled(gl.arange(0, 512, COLS), PV_BITS)
     _store_result(acc, m_i, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
                   Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
                   WRITE_LSE)  # fmt: skip
@@ -636,10 +714,12 @@ def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, pa
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
-                     stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0, pages_ahead=False):  # fmt: skip
+                     stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0, pages_ahead=False,
+                     coalesced_io=False):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
-    ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``)."""
+    ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``;
+    ``coalesced_io``: ``COALESCED_IO``)."""
     e5m2 = kv_cache.dtype == torch.float8_e5m2
     if (wgmma or e5m2) and (alu_scores or alu_values):
         raise ValueError(
@@ -652,7 +732,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "ALU_QK": alu_scores, "ALU_PV": alu_values,
-              "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "num_warps": NUM_WARPS}  # fmt: skip
+              "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
+              "num_warps": NUM_WARPS}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs

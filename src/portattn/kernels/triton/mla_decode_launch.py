@@ -67,6 +67,10 @@ class MLATileConfig:
     alu_scores: int = 0
     alu_values: int = 0
     pages_ahead: bool = False  # fp8_mma: each copy's page ids loaded an iteration before it
+    # fp8_mma: the queries loaded and the output stored 16 bytes a lane, relabelled in registers (by default each
+    # warp loads all the queries 2 bytes a lane and the output is stored 4 bytes a lane, every lane in its own
+    # 32-byte sector: 2 of every 3 sectors the kernel asked of memory in Nsight Compute's count)
+    coalesced_io: bool = False
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -87,8 +91,9 @@ class MLATileConfig:
                 "expected alu_scores and alu_values only with fp8_mma, bit masks of the 5 score chunks and the"
                 f" block_n / 16 value steps, got {self}"
             )
-        if self.pages_ahead and not self.fp8_mma:
-            raise ValueError(f"expected pages_ahead only with fp8_mma, got {self}")
+        for name in ("pages_ahead", "coalesced_io"):
+            if getattr(self, name) and not self.fp8_mma:
+                raise ValueError(f"expected {name} only with fp8_mma, got {self}")
         if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys
             got = (
                 self.block_h,
@@ -342,7 +347,7 @@ def mla_decode_forward(
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
                 stages=t.num_stages, maxnreg=t.maxnreg, alu_scores=t.alu_scores, alu_values=t.alu_values,
-                pages_ahead=t.pages_ahead,
+                pages_ahead=t.pages_ahead, coalesced_io=t.coalesced_io,
             )  # fmt: skip
             return
         if t.wide:
