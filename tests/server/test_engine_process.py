@@ -340,3 +340,78 @@ def test_deltas_cross_the_pipe_as_values_with_the_prompt_once():
     error = ValueError("refused")
     sender.call_soon_threadsafe(None, [("c", error)])
     assert messages[-1] == ("items", [("c", error)])
+
+
+class _BlockedPipe:
+    """A pipe end whose sends wait until :attr:`opened` is set (an engine that has not read yet), then record
+    what was sent; ``broken``: every send raises."""
+
+    def __init__(self, broken: bool = False):
+        import threading
+
+        self.opened = threading.Event()
+        self.sent: list = []
+        self.broken = broken
+
+    def send(self, obj) -> None:
+        if self.broken:
+            raise BrokenPipeError("the engine is gone")
+        self.opened.wait(timeout=30)
+        self.sent.append(obj)
+
+
+def test_messages_to_the_engine_never_wait_for_the_pipe_and_go_together():
+    """The server's side queues each message (the event loop never waits for a full pipe: a burst of requests
+    used to stop every stream until the engine's reader had taken them one by one) and its sender thread sends
+    all that queued meanwhile as one list, in order; ``stop`` ends the sending."""
+    import time
+
+    from portattn.server.engine_process import Outbox
+
+    pipe = _BlockedPipe()
+    outbox = Outbox(pipe)
+    messages = [("add", f"r{i}", 1, [[i] * 1024], None) for i in range(100)] + [("abort", "r7"), ("stop",)]
+    start = time.monotonic()
+    assert all(outbox.put(m) for m in messages)  # while the first send waits for the engine
+    assert time.monotonic() - start < 5 and pipe.sent == []
+    pipe.opened.set()
+    outbox.join(timeout=30)
+    assert [m for batch in pipe.sent for m in batch] == messages  # every message, in order
+    assert len(pipe.sent) <= 2  # the one waiting when the rest came, then the rest together
+    assert outbox.put(("add", "late", 1, [], None)) is False  # sending ended with stop
+
+
+def test_a_broken_pipe_ends_the_sending():
+    from portattn.server.engine_process import Outbox
+
+    outbox = Outbox(_BlockedPipe(broken=True))
+    assert outbox.put(("add", "r0", 1, [], None)) is True  # queued before the send failed
+    outbox.join(timeout=30)
+    assert outbox.put(("add", "r1", 1, [], None)) is False
+
+
+def test_the_engines_reader_takes_a_list_a_send_and_wakes_the_step_loop_once():
+    """The engine's side of :class:`Outbox`: each list's adds and aborts go to the step loop's inbox in order,
+    counted as pending, with one wake-up a list; ``stop`` ends the reading."""
+    import queue
+    import threading
+    import types
+
+    from portattn.server.engine_process import _EngineSide, _RemoteStream
+
+    lists = iter([[("add", "r0", 1, ["p0"], "params"), ("add", "r1", 2, ["p1", "p2"], "params"), ("abort", "r0")],
+                  [("stop",), ("add", "after stop", 1, [], None)]])  # fmt: skip
+    side = _EngineSide.__new__(_EngineSide)  # (no engine: only the reader's fields)
+    wakes = []
+    side.conn = types.SimpleNamespace(recv=lambda: next(lists))
+    side.sender = types.SimpleNamespace()
+    side._inbox, side._pending, side._pending_lock = queue.SimpleQueue(), 0, threading.Lock()
+    side._wake = types.SimpleNamespace(set=lambda: wakes.append(side._inbox.qsize()))
+    side.serve()
+    taken = []
+    while not side._inbox.empty():
+        taken.append(side._inbox.get_nowait())
+    assert [(m[0], m[1].request_id, m[1].num_prompts, m[2]) if m[0] == "add" else m for m in taken] == [
+        ("add", "r0", 1, ["p0"]), ("add", "r1", 2, ["p1", "p2"]), ("abort", "r0")]  # fmt: skip
+    assert all(isinstance(m[1], _RemoteStream) for m in taken if m[0] == "add")
+    assert side._pending == 2 and wakes == [3, 3]  # once for the first list, once as it stops
