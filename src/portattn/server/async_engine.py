@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import os
 import queue
 import sys
 import threading
@@ -36,6 +38,11 @@ logger = logging.getLogger("portattn")
 # ITL p99 8.7 / 11.8 / 10.8 ms (1.7x / 2.3x / 2.1x the median), the middle one with the default interval
 # (benchmarks/results/engine_h200/round26/NOTES.md); the engine alone, in one process, 1.6-1.7x.
 SWITCH_INTERVAL_S = 0.0005
+
+# A file to write the engine thread's loop to at shutdown (JSON): each step's time draining the requests added
+# (and how many), stepping, handing the tokens out and publishing the statistics, with the sequences running and
+# waiting, and each idle wait; for finding where a server's stall went (the engine's own process included).
+STEP_TRACE_ENV = "PORTATTN_STEP_TRACE"
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,8 @@ class AsyncEngine:
         # Token texts for log-probabilities, made on the engine thread with the engine's tokenizer
         # (a tokenizer is not shared between threads).
         self._texts = InputProcessor(engine.model, engine.tokenizer, engine.config.model)
+        self._trace_path = os.environ.get(STEP_TRACE_ENV) or None
+        self._trace: list[dict] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -167,6 +176,10 @@ class AsyncEngine:
         if self.alive:  # still in a step: the ranks stop at interpreter exit instead
             logger.warning("the engine thread did not stop within 30 s")
             return
+        if self._trace_path is not None:
+            with open(self._trace_path, "w") as f:
+                json.dump({"steps": self._trace}, f)
+            logger.info("step trace: %d entries written to %s", len(self._trace), self._trace_path)
         self.engine.shutdown()
 
     @property
@@ -222,28 +235,46 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         engine = self.engine
+        trace = self._trace if self._trace_path is not None else None
+        clock = time.perf_counter
         while not self._stop:
-            self._drain()
+            start = clock()
+            added = self._drain()
             if not engine.has_unfinished():
                 self._publish()
                 self._wake.wait()
                 self._wake.clear()
+                if trace is not None:
+                    trace.append({"t": start, "added": added, "idle_ms": (clock() - start) * 1e3})
                 continue
+            drained = clock()
             engine.step()
+            stepped = clock()
             self._emit()
+            emitted = clock()
             self._publish()
+            if trace is not None:
+                trace.append({
+                    "t": start, "added": added, "drain_ms": (drained - start) * 1e3,
+                    "step_ms": (stepped - drained) * 1e3, "emit_ms": (emitted - stepped) * 1e3,
+                    "publish_ms": (clock() - emitted) * 1e3, "running": len(engine.scheduler.running),
+                    "waiting": len(engine.scheduler.waiting),
+                })  # fmt: skip
 
-    def _drain(self) -> None:
+    def _drain(self) -> int:
+        """Add and abort what was submitted since the last step; returns the requests added."""
+        added = 0
         while True:
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return added
             if msg[0] == "add":
                 _, stream, prompts, params = msg
                 with self._pending_lock:
                     self._pending -= 1
                 self._add(stream, prompts, params)
+                added += 1
             else:
                 self._abort(msg[1])
 
