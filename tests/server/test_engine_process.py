@@ -415,3 +415,19 @@ def test_the_engines_reader_takes_a_list_a_send_and_wakes_the_step_loop_once():
         ("add", "r0", 1, ["p0"]), ("add", "r1", 2, ["p1", "p2"]), ("abort", "r0")]  # fmt: skip
     assert all(isinstance(m[1], _RemoteStream) for m in taken if m[0] == "add")
     assert side._pending == 2 and wakes == [3, 3]  # once for the first list, once as it stops
+
+
+def test_the_servers_process_takes_the_gil_within_the_switch_interval_too(model_root):
+    """With the engine in its own process, the server's thread that hands each step's tokens to the event loop
+    asks for the GIL as the engine thread would: the switch interval is shortened there too."""
+    import sys
+
+    from portattn.server.async_engine import SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        with running_server(tiny_checkpoint(model_root), engine_process=True):
+            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(before)

@@ -39,6 +39,15 @@ logger = logging.getLogger("portattn")
 # (benchmarks/results/engine_h200/round26/NOTES.md); the engine alone, in one process, 1.6-1.7x.
 SWITCH_INTERVAL_S = 0.0005
 
+
+def shorten_switch_interval() -> None:
+    """Set the GIL's switch interval to :data:`SWITCH_INTERVAL_S` where it is longer: in the process of the
+    engine's thread, and in the server's process when the engine has its own (there the thread that hands each
+    step's tokens to the event loop asks for the GIL the same way)."""
+    if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
 # A file to write the engine thread's loop to at shutdown (JSON): each step's time draining the requests added
 # (and how many), stepping, handing the tokens out and publishing the statistics, with the sequences running and
 # waiting, and each idle wait; for finding where a server's stall went (the engine's own process included).
@@ -160,10 +169,8 @@ class AsyncEngine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine thread (and shorten the GIL's switch interval to :data:`SWITCH_INTERVAL_S`
-        where it is longer)."""
-        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        """Start the engine thread (and shorten the GIL's switch interval: :func:`shorten_switch_interval`)."""
+        shorten_switch_interval()
         self._thread = threading.Thread(target=self._run, name="portattn-engine", daemon=True)
         self._thread.start()
 

@@ -41,7 +41,7 @@ from ..engine.config import EngineConfig
 from ..engine.engine import Engine
 from ..engine.outputs import CompletionOutput, RequestOutput, RequestState
 from ..engine.parallel.driver import registrations
-from .async_engine import AsyncEngine, Prompt, RequestStream, _put_all
+from .async_engine import AsyncEngine, Prompt, RequestStream, _put_all, shorten_switch_interval
 
 logger = logging.getLogger("portattn")
 
@@ -308,7 +308,9 @@ class EngineProcess:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start taking the engine's messages (the engine steps from its start-up on)."""
+        """Start taking the engine's messages (the engine steps from its start-up on); the GIL's switch interval
+        shortened as beside an engine thread (:func:`~.async_engine.shorten_switch_interval`)."""
+        shorten_switch_interval()
         if self._receiver is None:
             self._receiver = threading.Thread(target=self._receive, name="portattn-engine-receiver", daemon=True)
             self._receiver.start()
