@@ -377,11 +377,13 @@ def test_one_program_an_sm_by_split_count():
     assert [fp8_mma_splits(64, 1, 132), fp8_mma_splits(64, 4, 132), fp8_mma_splits(1, 64, 132)] == [64, 33, 1]
 
 
-@pytest.mark.parametrize("given", [False, True], ids=["plan_chosen", "given"])
-def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_kept(given, monkeypatch):
+@pytest.mark.parametrize("given, strided", [(False, False), (True, False), (False, True)],
+                         ids=["plan_chosen", "given", "strided_partials"])  # fmt: skip
+def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_kept(given, strided, monkeypatch):
     """Through ``mla_decode_forward`` (the Gluon kernel and the merge replaced: no GPU here): a split count the plan
     chose runs at ``fp8_mma_splits`` of it, in the same workspace (the partials' first rows, the merge told the
-    same count); a count given to the plan runs as given."""
+    same count); a count given to the plan runs as given; strided partials (which the kernels would index as
+    contiguous) are refused."""
     from portattn.kernels.triton import mla_decode_launch
     from portattn.mla import plan_mla_decode
 
@@ -401,16 +403,29 @@ def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_ke
     plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 64, num_heads=16, kv_lora_rank=512,
                            max_seqlen_k=500, num_kv_splits=8 if given else None)  # fmt: skip
     assert plan.num_kv_splits == 8 and plan.splits_chosen is not given  # (256 programs wanted; 500 keys: 8)
+    partials = plan.partials
+    if strided:
+        partials = (torch.empty(2, 16, 16, 512)[:, :, ::2], torch.empty(2, 16, 16)[:, :, ::2])
     out = torch.empty_like(case.q_nope)
-    mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
-                       scale=0.1, num_kv_splits=plan.num_kv_splits, partials=plan.partials, tiles=FP8_MMA_TILES,
-                       kv_scale=0.5, min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
+
+    def decode():
+        mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                           scale=0.1, num_kv_splits=plan.num_kv_splits, partials=partials, tiles=FP8_MMA_TILES,
+                           kv_scale=0.5, min_split_keys=plan.min_split_keys,
+                           fewer_splits=plan.splits_chosen)  # fmt: skip
+
+    if strided:
+        with pytest.raises(ValueError, match=r"expected contiguous partials .* got strides \(131072, 8192, 1024, 1\)"):
+            decode()
+        assert launched == []
+        return
+    decode()
     ((grid, args, _),) = launched
     splits = 8 if given else 4  # 8 SMs over 2 sequences of one 16-head block
     assert grid[1] == splits and args[13] == splits and merged[0][6] == splits
     part_out, part_lse = args[7], args[8]
     assert part_out.shape == (2, 16, splits, 512) and part_lse.shape == (2, 16, splits)
-    assert part_out.data_ptr() == plan.partials[0].data_ptr() and part_lse.data_ptr() == plan.partials[1].data_ptr()
+    assert part_out.data_ptr() == partials[0].data_ptr() and part_lse.data_ptr() == partials[1].data_ptr()
     assert merged[0][0] is part_out and merged[0][1] is part_lse
 
 

@@ -304,13 +304,19 @@ def mla_decode_forward(
             tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
                                  fp8_mma=False, wide=False)  # fmt: skip
 
+    if partials is not None and num_kv_splits > 1:  # the kernels write and the merge reads them as contiguous
+        expect(
+            all(p.is_contiguous() for p in partials),
+            "contiguous partials (the kernels index them as [B, H, splits, R] and [B, H, splits] in order)",
+            f"strides {partials[0].stride()} and {partials[1].stride()}",
+        )
     if fewer_splits and tiles.fp8_mma and FP8_MMA_ONE_PROGRAM_AN_SM and num_kv_splits > 1:
         fewer = fp8_mma_splits(num_kv_splits, batch * -(-num_heads // 16), compute_units(device))
         if fewer < num_kv_splits:
-            if partials is not None:  # the same buffers, cut for fewer splits
+            if partials is not None:  # the same buffers' first elements, for fewer splits
                 rows = batch * num_heads * fewer
-                partials = (partials[0].reshape(-1)[: rows * rank].view(batch, num_heads, fewer, rank),
-                            partials[1].reshape(-1)[:rows].view(batch, num_heads, fewer))  # fmt: skip
+                partials = (partials[0].view(-1)[: rows * rank].view(batch, num_heads, fewer, rank),
+                            partials[1].view(-1)[:rows].view(batch, num_heads, fewer))  # fmt: skip
             num_kv_splits = fewer
     split = num_kv_splits > 1
     if split and partials is None:
