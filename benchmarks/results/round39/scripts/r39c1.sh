@@ -15,8 +15,12 @@ set -f
 START=$SECONDS
 left() { [ $((SECONDS - START)) -lt ${1:-540} ]; }
 O=$(mktemp -d)
-PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_fp8_mma.py \
-  -k "reference" > $O/tests.txt 2>&1; tail -n 4 $O/tests.txt
+# (each variant compiles its own kernels: coalesced_io first, then round 38's variants, then the default's cases)
+for k in "coalesced" "variants and not coalesced" "test_against_the_reference"; do
+  left 200 && PYTHONPATH=src:tests timeout $((230 - SECONDS + START)) python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_mla_fp8_mma.py -k "$k" >> $O/tests.txt 2>&1
+  echo "tests -k '$k': $(tail -n 1 $O/tests.txt)"
+done
 T() { left 400 && timeout 40 python3 scripts/ncu_mla.py "$@" --time >> $O/times.txt 2>&1; }
 for b in 64 8 16 32 128; do
   T bf16 --batch $b

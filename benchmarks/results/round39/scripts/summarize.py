@@ -55,7 +55,8 @@ def main(out: str) -> int:
         print("\n".join(lines) if lines else "(no report lines: see the file)")
     tests = folder / "tests.txt"
     if tests.exists():
-        print("\n== tests:", (tests.read_text().strip().splitlines() or ["(empty)"])[-1])
+        lines = [line for line in tests.read_text().splitlines() if re.search(r"\b(passed|failed|error)", line)]
+        print("\n== tests:", *(lines or ["(no summary line)"]), sep="\n")
     return 0
 
 
