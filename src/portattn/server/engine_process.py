@@ -230,9 +230,10 @@ class Outbox:
 
     A message a send costs the engine's reader one wake-up and one take of the GIL, which its step loop holds
     while it launches a step; a burst of requests sent one by one then fills the pipe and blocks the event loop
-    (no stream gets a token meanwhile) until the reader has taken each: with a thread spinning in Python beside
-    the reader, 255 requests of 1,024 token ids took 1.1 s one by one and 48 ms as one list on a 2-core CPU
-    (benchmarks/results/round39/scripts/pipe_burst.py).
+    (no stream gets a token meanwhile) until the reader has taken each. On a 2-core CPU, with a thread spinning in
+    Python beside the reader, 255 requests of 1,024 token ids took 1.6-1.9 s one by one at Python's default switch
+    interval and 38-48 ms as one list; at the engine process's 0.5 ms, 15.5 and 19 ms, the sender blocked 13.7 ms
+    one by one (benchmarks/results/round39/scripts/pipe_burst.py). Here the event loop never waits on the pipe.
     Sending stops after ``stop`` or when the pipe breaks (the server's receiver then tells the streams why)."""
 
     def __init__(self, conn):
