@@ -300,3 +300,33 @@ def test_a_cold_run_with_cached_bytecode_writes_it_first_then_times_a_fresh_trit
     assert [c[2] for c in calls] == [[], ["compiled"]] and row["triton_cache_warm"] and row["bytecode_cached"]
     with pytest.raises(ValueError, match="flags among"):
         bench._cold_run(args, str(tmp_path), "bfloat16-hot")
+
+
+def test_the_step_trace_runs_a_load_with_the_start_ups_objects_frozen(tmp_path, capsys, monkeypatch):
+    """``benchmarks.step_trace`` on the CPU: a small burst's every step written, the first tokens and gaps as the
+    serving benchmark reports them, and the objects alive before the load frozen during it (as the server keeps
+    its start-up's), then unfrozen."""
+    import gc
+    import json
+
+    from benchmarks import step_trace
+    from portattn.testing import save_tiny_checkpoint
+
+    model = save_tiny_checkpoint("llama", tmp_path / "m")
+    frozen_during = []
+    step = step_trace.time.perf_counter
+
+    def counting_clock():  # (called inside the load)
+        frozen_during.append(gc.get_freeze_count())
+        return step()
+
+    out = tmp_path / "trace.json"
+    monkeypatch.setattr(step_trace.time, "perf_counter", counting_clock)
+    argv = [model, "--burst", "3", "--input-len", "9", "--output-len", "4", "--device", "cpu", "--out", str(out)]
+    assert step_trace.main(argv) == 0
+    monkeypatch.undo()
+    trace = json.loads(out.read_text())
+    assert trace["gc_frozen_objects"] > 1000 and max(frozen_during) > 1000  # (frozen ones freed by refcount leave)
+    assert gc.get_freeze_count() == 0
+    assert sum(s["prompt_tokens"] for s in trace["steps"]) == 27 and sum(s["generated"] for s in trace["steps"]) == 12
+    assert trace["latency"]["ttft"]["mean_ms"] > 0 and "engine alone: TTFT mean" in capsys.readouterr().out
