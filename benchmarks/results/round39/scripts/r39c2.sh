@@ -22,6 +22,7 @@ for load in burst256 poisson16; do
   PORTATTN_STEP_TRACE=$W/trace_$load.json LOADS=$load PYTHONPATH=/tmp/site OUT=$W/$load LIMIT=150 \
     SERVE_ARGS="--piecewise-graphs --quantization fp8 --max-num-batched-tokens 2048 --piecewise-max-tokens 2048
     --long-prefill-token-threshold 128" timeout -s INT 180 bash scripts/gpu.sh "bench serve" >> $W/log_$load.txt 2>&1
+  for _ in $(seq 40); do [ -s $W/trace_$load.json ] && break; sleep 1; done  # (written as the engine stops)
   echo "$load done at $((SECONDS-START)) s"
   grep -A3 "^| server" $W/$load/serve_gpu.md 2>/dev/null | tail -n 1
   python3 benchmarks/results/round39/scripts/trace_summary.py $W/trace_$load.json --first 30 2>&1 | head -n 80
