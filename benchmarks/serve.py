@@ -114,7 +114,8 @@ async def one_request(session, url: str, body: dict, api_key) -> RequestResult:
     return result
 
 
-async def run_load(args, base_url: str, model: str, requests: list[BenchRequest]) -> tuple[list, float]:
+async def run_load(args, base_url: str, model: str, requests: list[BenchRequest]) -> tuple[list, float, float]:
+    """The requests' results, the load's duration and its start (``time.perf_counter``)."""
     import aiohttp
 
     url = base_url + args.endpoint
@@ -143,7 +144,7 @@ async def run_load(args, base_url: str, model: str, requests: list[BenchRequest]
         results = await asyncio.gather(*tasks)
         for result in results:
             result.start -= start
-        return results, time.perf_counter() - start
+        return results, time.perf_counter() - start, start
 
 
 def latency_stats(values: list[float]) -> dict:
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         with urllib.request.urlopen(urllib.request.Request(base_url + "/v1/models", headers=headers), timeout=30) as r:
             served = json.loads(r.read())["data"][0]["id"]
         model = served if args.model is None or args.start_server else args.model
-        results, duration = asyncio.run(run_load(args, base_url, model, requests))
+        results, duration, started = asyncio.run(run_load(args, base_url, model, requests))
         summary = summarize(results, duration)
         metrics = server_metrics(base_url)
     finally:
@@ -344,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "server_metrics": metrics,
             "requests": [{**asdict(r), "tpot": r.tpot} for r in results],
+            # the requests' start times are from this; time.perf_counter is the system's monotonic clock on Linux,
+            # as in the engine loop's trace (PORTATTN_STEP_TRACE): the two line up on one machine
+            "load_start_perf_counter_s": started,
         }
         path = Path(args.result_json)
         path.parent.mkdir(parents=True, exist_ok=True)

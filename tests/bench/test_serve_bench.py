@@ -36,11 +36,16 @@ def check_run(path, num_prompts: int, output_len: int) -> dict:
 
 
 def test_bench_against_a_running_server(served, tmp_path, capsys):
+    import time
+
     result = tmp_path / "serve.json"
     args = ["--base-url", served[0], "--num-prompts", "6", "--max-concurrency", "3", "--input-len", "12"]
     args += ["--output-len", "5", "--token-range", "10", "300", "--result-json", str(result)]
+    before = time.perf_counter()
     assert bench.main(args) == 0
     out = check_run(result, 6, 5)
+    # the load's start on the clock the engine loop's trace uses, so that the two line up
+    assert before < out["load_start_perf_counter_s"] < time.perf_counter() - out["summary"]["duration_s"]
     assert [r["input_len"] for r in out["requests"]] == [12] * 6
     assert out["server_metrics"]["portattn:generation_tokens_total"] >= 30
     # The result block, as vLLM's bench serve prints one: load, totals, then each latency.

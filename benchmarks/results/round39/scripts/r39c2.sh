@@ -25,7 +25,8 @@ for load in burst256 poisson16; do
   for _ in $(seq 40); do [ -s $W/trace_$load.json ] && break; sleep 1; done  # (written as the engine stops)
   echo "$load done at $((SECONDS-START)) s"
   grep -A3 "^| server" $W/$load/serve_gpu.md 2>/dev/null | tail -n 1
-  python3 benchmarks/results/round39/scripts/trace_summary.py $W/trace_$load.json --first 30 2>&1 | head -n 80
+  python3 benchmarks/results/round39/scripts/trace_summary.py $W/trace_$load.json --first 30 \
+    --serve $W/$load/1-bench-serve/serve_$load.json > $W/trace_$load.txt 2>&1; head -n 120 $W/trace_$load.txt
 done
 (cd $W && tar czf r39c2.tgz --remove-files burst256 poisson16 log_*.txt 2>/dev/null)
 echo "call took $((SECONDS - START)) s"

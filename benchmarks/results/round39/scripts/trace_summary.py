@@ -2,7 +2,11 @@
 the first request (where a burst's first stop was, round 38), the medians of each part, and every step whose
 parts took over twice their median (with the requests added before it).
 
-    python3 benchmarks/results/round39/scripts/trace_summary.py TRACE.json [--first 40]
+    python3 benchmarks/results/round39/scripts/trace_summary.py TRACE.json [--first 40] [--serve SERVE.json]
+
+``--serve``: the serving benchmark's result of the same load (``benchmarks.serve``, which keeps the load's start on
+the same clock): each moment every stream stopped (``benchmarks.serve_report.stalls``) beside the engine's loop
+rows of the 100 ms before it ended, to tell a stop the engine's steps made from one the server's process made.
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository's root: benchmarks.serve_report
 
 PARTS = ("drain_ms", "step_ms", "emit_ms", "publish_ms")
 
@@ -27,6 +35,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace")
     parser.add_argument("--first", type=int, default=40)
+    parser.add_argument("--serve", help="the serving benchmark's JSON of the same load")
     args = parser.parse_args()
     with open(args.trace) as f:
         rows = json.load(f)["steps"]
@@ -49,7 +58,28 @@ def main() -> int:
     gaps = [(b["t"] - a["t"]) * 1e3 - sum(a.get(p, 0.0) for p in PARTS) - a.get("idle_ms", 0.0)
             for a, b in itertools.pairwise(rows)]  # fmt: skip
     print(f"\ntime between loop rows not in any part: total {sum(gaps):.1f} ms, largest {max(gaps, default=0):.1f} ms")
+    if args.serve:
+        stops_beside_steps(rows, args.serve)
     return 0
+
+
+def stops_beside_steps(rows: list[dict], serve_json: str) -> None:
+    from benchmarks.serve_report import stalls
+
+    with open(serve_json) as f:
+        served = json.load(f)
+    start = served.get("load_start_perf_counter_s")
+    if start is None:
+        print(f"\n{serve_json} has no load_start_perf_counter_s (an older benchmark): no alignment")
+        return
+    found = stalls(served["requests"]) or []
+    print(f"\n{len(found)} moments every stream stopped, each with the engine loop's rows of the 100 ms before")
+    for at, extra, begun in found[:40]:
+        end = start + at
+        print(f"  stop ending at {at:.3f} s (+{extra * 1e3:.0f} ms, {begun} streams begun):")
+        for r in rows:
+            if end - 0.1 <= r["t"] <= end:
+                print("    ", row_text(r, start))
 
 
 if __name__ == "__main__":
