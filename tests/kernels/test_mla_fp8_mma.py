@@ -429,6 +429,39 @@ def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_ke
     assert merged[0][0] is part_out and merged[0][1] is part_lse
 
 
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
+@pytest.mark.parametrize("coalesced_io", [False, True], ids=["default", "coalesced_io"])
+def test_the_plans_split_count_cut_to_one_program_an_sm_against_the_reference(coalesced_io, monkeypatch):
+    """The cut split count on the GPU (the device's SMs taken as 6, so that 3 sequences' plan of several splits
+    is cut to 2): the kernel writes the fewer splits' partials in the front of the plan's workspace and the merge
+    reads them there; the output against the float64 reference over the dequantised cache."""
+    from portattn.kernels.triton import mla_decode_launch
+    from portattn.mla import plan_mla_decode
+
+    monkeypatch.setattr(mla_decode_launch, "compute_units", lambda device: 6)
+    case = make_mla_case([700, 64, 1500], page_size=64, num_heads=16, rank=512, rope_dim=64, device="cuda", seed=9)
+    scale, kv_scale = 0.07, 0.0625
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, kv_scale)
+    inputs = {**case.inputs(), "kv_cache": kv, "q_nope": case.q_nope.bfloat16(), "q_rope": case.q_rope.bfloat16()}
+    plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 64, num_heads=16, kv_lora_rank=512,
+                           max_seqlen_k=1500)  # fmt: skip
+    assert plan.splits_chosen and plan.num_kv_splits > 2, plan.num_kv_splits
+    launched = []
+    real_launch = mma.launch
+    monkeypatch.setattr(mma, "launch", lambda *a, **k: (launched.append(k["num_kv_splits"]), real_launch(*a, **k)))
+    out = torch.full_like(inputs["q_nope"], float("nan"))
+    tiles = MLATileConfig(16, 64, 4, 2, fp8_mma=True, coalesced_io=coalesced_io)
+    mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                       scale=scale, num_kv_splits=plan.num_kv_splits, partials=plan.partials, tiles=tiles,
+                       kv_scale=kv_scale, min_split_keys=plan.min_split_keys, fewer_splits=True)  # fmt: skip
+    assert launched == [2]
+    dequantised = {**inputs, "kv_cache": dequantize_kv(kv, kv_scale, torch.float64)}
+    ref = mla_decode_ref(**dequantised, scale=scale)
+    lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+    err = float((out.double() - ref).abs().max())
+    assert err <= tolerance(ref, lowp, torch.bfloat16), err
+
+
 @pytest.mark.parametrize("given", [None, 3])
 def test_the_triton_backend_passes_whether_the_plan_chose_the_split_count(given, monkeypatch):
     from portattn.backends import triton as triton_backend

@@ -3,7 +3,8 @@
 # Round 38's Nsight Compute report put 66% of the fp8_mma kernel's global sectors down as excessive; compiled for
 # sm_90 the kernel loads the queries two bytes a lane in every warp (288 loads a lane, each lane its own sector)
 # and stores its output four bytes a lane. MLATileConfig(coalesced_io=True) loads and stores 16 bytes a lane.
-#   1. the Gluon MLA kernels' GPU tests: coalesced_io against the float64 reference and the portable kernel, and
+#   1. the Gluon MLA kernels' GPU tests: coalesced_io and the split count cut by round 38's rule (first run on a
+#      GPU) against the float64 reference, and
 #      round 38's variants (e5m2, integer unpacking, page ids ahead), whose outcome was lost then;
 #   2. graph-replay timings: the bf16 cache, e4m3 and e5m2 through fp8_mma at the plan's split count (cut to one
 #      program an SM) with and without coalesced_io, at B = 64 and then 8, 16, 32, 128; at B=64 also splits 4 and 2;
@@ -15,8 +16,9 @@ set -f
 START=$SECONDS
 left() { [ $((SECONDS - START)) -lt ${1:-540} ]; }
 O=$(mktemp -d)
-# (each variant compiles its own kernels: coalesced_io first, then round 38's variants, then the default's cases)
-for k in "coalesced" "variants and not coalesced" "test_against_the_reference"; do
+# (each variant compiles its own kernels: coalesced_io and the cut split count first, then round 38's variants,
+# then the default's cases)
+for k in "coalesced or cut_to_one_program" "variants and not coalesced" "test_against_the_reference"; do
   left 200 && PYTHONPATH=src:tests timeout $((230 - SECONDS + START)) python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_mla_fp8_mma.py -k "$k" >> $O/tests.txt 2>&1
   echo "tests -k '$k': $(tail -n 1 $O/tests.txt)"

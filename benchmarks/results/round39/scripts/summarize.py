@@ -7,30 +7,27 @@ cache without it, the Nsight Compute reports' key lines and the GPU tests' last 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
-TIMING = re.compile(r"^(?P<label>.+): (?P<ms>[0-9.]+) ms \(spread (?P<spread>[0-9.]+)%\), (?P<tbs>[0-9.]+) TB/s$")
 NCU_LINES = re.compile(
     r"^\s*(Duration|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|Warp Cycles Per Issued Instruction"
     r"|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit Rate)\b|excessive (sectors|wavefronts)"
 )
 TARGET = 1.6
+# round 38's reader of scripts/ncu_mla.py's timing lines
+_spec = importlib.util.spec_from_file_location(
+    "round38_summarize", Path(__file__).resolve().parents[2] / "round38" / "scripts" / "summarize.py"
+)
+_round38 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_round38)
 
 
 def timings(path: Path) -> list[dict]:
-    """Every timing line, in order, with its batch size (``B=``) and whether it is the coalesced form."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        m = TIMING.match(line.strip())
-        if m:
-            label = m["label"]
-            batch = int(re.search(r"\bB=(\d+)", label).group(1))
-            rows.append({"label": label, "ms": float(m["ms"]), "spread": m["spread"], "batch": batch})
-    return rows
+    """Every timing line, in order (round 38's reader), with its batch size (``B=``)."""
+    return [{**row, "batch": int(re.search(r"\bB=(\d+)", row["label"]).group(1))} for row in _round38.timings(path)]
 
 
 def main(out: str) -> int:
