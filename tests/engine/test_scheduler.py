@@ -244,11 +244,14 @@ def test_a_step_scheduled_ahead_decodes_the_tokens_in_flight():
     assert scheduler.schedule() == [(b, 1)] and scheduler.num_preemptions == 1 and c.status is Status.WAITING
 
 
-def capped_scheduler(budget: int, cap: int, lengths, max_num_seqs: int = 4, shared: int = 0):
-    """Prompts of ``lengths`` tokens, the first ``shared`` of each alike (prefix caching on where ``shared``)."""
+def capped_scheduler(budget: int, cap: int, lengths, max_num_seqs: int = 4, shared: int = 0, partial: int = 0):
+    """Prompts of ``lengths`` tokens, the first ``shared`` of each alike (prefix caching on where ``shared``), at
+    most ``partial`` of them unfinished a step (0: no limit)."""
     pool = ReqToTokenPool(max_num_seqs, 128, 4, "cpu")
     pages = PageManager(PageAllocator(400), pool, enable_prefix_caching=shared > 0)
-    scheduler = Scheduler(pages, max_num_seqs, max_num_batched_tokens=budget, long_prefill_token_threshold=cap)
+    scheduler = Scheduler(
+        pages, max_num_seqs, budget, long_prefill_token_threshold=cap, max_num_partial_prefills=partial
+    )
     tokens = [[99] * min(n, shared) + [i + 1] * (n - min(n, shared)) for i, n in enumerate(lengths)]
     seqs = [Sequence(i, t, SamplingParams(temperature=0)) for i, t in enumerate(tokens)]
     for seq in seqs:
@@ -334,6 +337,79 @@ def random_capped_queue(seed: int) -> int:
     return hits
 
 
+def advance(step) -> None:
+    """Each scheduled sequence computes its tokens; one that finishes its prompt gets a next token."""
+    for seq, n in step:
+        seq.num_computed += n
+        if seq.num_computed == seq.num_tokens:
+            seq.token_ids.append(9)
+
+
+def test_max_num_partial_prefills_lets_one_prompt_at_a_time_stay_unfinished():
+    """``max_num_partial_prefills=1``: one prompt a step takes a chunk that does not finish it (oldest first);
+    a prompt whose rest fits in its capped share still finishes beside it, and admission stops at the first
+    prompt that would be left unfinished (first come, first served), so later short prompts wait behind it."""
+    scheduler, (a, b, c, d) = capped_scheduler(32, 5, (12, 3, 9, 5), partial=1)
+    step = scheduler.schedule()
+    assert step == [(a, 5), (b, 3)]  # c (9 > 5) would be a second unfinished prompt: it and d wait
+    advance(step)
+    step = scheduler.schedule()
+    assert step == [(b, 1), (a, 5)] and list(scheduler.waiting) == [c, d]
+    advance(step)
+    assert scheduler.schedule() == [(b, 1), (a, 2), (c, 5), (d, 5)]  # a finishes: c may stay unfinished
+    unlimited, (a, b, c, d) = capped_scheduler(32, 5, (12, 3, 9, 5))
+    assert unlimited.schedule() == [(a, 5), (b, 3), (c, 5), (d, 5)]
+
+
+def test_max_num_partial_prefills_keeps_whole_prompts_of_a_full_step():
+    """Whether the capped chunks fill the step is decided as without the limit: where they do, prompts that fit
+    finish whole (they are not partial) and only the prompts left unfinished count against the limit; a running
+    prompt beyond it computes nothing that step."""
+    scheduler, (a, b, c, d) = capped_scheduler(16, 5, (12, 30, 9, 5), partial=1)  # capped: 20 >= 16
+    step = scheduler.schedule()
+    assert step == [(a, 12), (b, 4)]  # b cannot finish: the one unfinished prompt; c waits
+    advance(step)
+    step = scheduler.schedule()
+    assert step == [(a, 1), (b, 5), (c, 9)]  # full (5 + 5 + 5 >= 15): c finishes whole; d's 1 token would not
+    advance(step)
+    scheduler.max_partial = 0  # (none may stay unfinished: b, running, computes nothing; d, whole, is admitted)
+    assert scheduler.schedule() == [(a, 1), (c, 1), (d, 5)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_queues_keep_at_most_the_partial_limit_unfinished(seed):
+    """Over random queues, budgets, caps and limits, no step leaves more than ``max_num_partial_prefills``
+    prompts unfinished after computing part of them, every prompt finishes (the oldest unfinished one always
+    goes on), no step computes more than the budget, and a prompt computes more than the cap only to finish."""
+    rng = random.Random(seed)
+    budget, cap, limit = rng.randint(4, 64), rng.randint(1, 20), rng.randint(1, 3)
+    lengths = [rng.randint(1, 90) for _ in range(rng.randint(1, 8))]
+    scheduler, seqs = capped_scheduler(budget, cap, lengths, max_num_seqs=6, partial=limit)
+    for _ in range(400):
+        if not scheduler.has_unfinished():
+            break
+        step = scheduler.schedule()
+        total = sum(n for _, n in step)
+        left = [n < seq.num_tokens - seq.num_computed for seq, n in step if seq.num_tokens - seq.num_computed > 1]
+        assert sum(left) <= limit and total <= budget, (budget, cap, limit, lengths)
+        for seq, n in step:
+            pending = seq.num_tokens - seq.num_computed
+            assert n <= cap or n == pending, (budget, cap, lengths, n)  # (more than the cap: only a full step's)
+        for seq, n in step:
+            seq.num_computed += n
+            scheduler.pages.commit(seq)
+            if seq.num_computed == seq.num_tokens:
+                if seq.num_tokens - len(seq.prompt_token_ids) >= 3:
+                    scheduler.finish(seq, "length")
+                else:
+                    seq.token_ids.append(7)
+    assert not scheduler.has_unfinished() and all(s.status is Status.FINISHED for s in seqs)
+    with pytest.raises(
+        ValueError, match=r"max_num_partial_prefills \(--max-num-partial-prefills\) to be an int >= 0, got -1"
+    ):
+        LLM("unused", max_num_partial_prefills=-1)
+
+
 def test_a_step_counts_what_the_prefix_cache_holds_before_taking_prompts_whole():
     """Whether the capped chunks fill the step counts each waiting prompt's tokens less its cached prefix: three
     prompts whose first 24 tokens are cached (2 left each) behind a 30-token one leave a 32-token step room, so
@@ -369,5 +445,35 @@ def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):
     want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
     assert got == want and max(chunks) == 4
     assert capped.engine.describe_load(200).endswith("per step (prompt chunks of at most 4 where the step has room)")
+    for i in (0, 5):
+        assert got[i] == hf_reference(path, tuple(PROMPTS[i]), 8)[0]
+
+
+def test_max_num_partial_prefills_gives_the_same_tokens(ckpt_root):
+    """Prompts in chunks of 4 tokens, at most one of them unfinished a step: the uncapped engine's tokens and
+    transformers' greedy ones, with steps where a second prompt would have been left unfinished (so the limit
+    held something back) and none where it was."""
+    path = checkpoint("llama", ckpt_root)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    options = dict(page_size=3, num_pages=200, max_model_len=80, long_prefill_token_threshold=4)
+    unfinished = []
+    schedule = Scheduler._schedule
+
+    def record(self, *args, **kwargs):
+        step = schedule(self, *args, **kwargs)
+        unfinished.append(
+            sum(n < s.num_tokens - s.num_computed for s, n in step or () if s.num_tokens - s.num_computed > 1)
+        )
+        return step
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Scheduler, "_schedule", record)
+        limited = LLM(path, max_num_partial_prefills=1, **options)
+        got = [o.token_ids for o in limited.generate(PROMPTS, params, use_tqdm=False)]
+        limited_steps, unfinished[:] = list(unfinished), []
+        LLM(path, **options).generate(PROMPTS, params, use_tqdm=False)
+    want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
+    assert got == want and max(limited_steps) == 1 and max(unfinished) > 1
+    assert limited.engine.describe_load(200).endswith(", prompts left unfinished a step: at most 1")
     for i in (0, 5):
         assert got[i] == hf_reference(path, tuple(PROMPTS[i]), 8)[0]

@@ -114,6 +114,14 @@ class EngineConfig:
             "fill the budget anyway, a prompt whose rest fits in the step computes it all (the step is as long)"
         ),
     )
+    max_num_partial_prefills: int = field(
+        default=0,
+        metadata=doc(
+            "at most this many prompts compute a chunk that does not finish them in one step, oldest first (0: no "
+            "limit; vLLM's flag, whose default is 1): with long_prefill_token_threshold, prompts arriving together "
+            "enter the running decodes one after another instead of all lengthening the same steps"
+        ),
+    )
     enable_prefix_caching: bool = field(
         default=True, metadata=doc("share full KV-cache pages of equal prefixes between requests")
     )
@@ -277,9 +285,10 @@ class EngineConfig:
         for name in (*sizes, "kv_cache_memory"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        threshold = self.long_prefill_token_threshold
-        if not (isinstance(threshold, int) and not isinstance(threshold, bool) and threshold >= 0):
-            raise ValueError(f"expected {option('long_prefill_token_threshold')} to be an int >= 0, got {threshold!r}")
+        for name in ("long_prefill_token_threshold", "max_num_partial_prefills"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"expected {option(name)} to be an int >= 0, got {value!r}")
         flags = ("enable_prefix_caching", "allow_long_max_model_len", "enforce_eager", "lazy_graph_capture")
         flags += ("piecewise_graphs",)
         for name in (*flags, "enable_cascade_attn"):

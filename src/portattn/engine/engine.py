@@ -164,7 +164,11 @@ class Engine:
         scratch_row = self.req_pool.alloc()
         self.pages = PageManager(self.allocator, self.req_pool, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.pages, config.max_num_seqs, config.max_num_batched_tokens, config.long_prefill_token_threshold
+            self.pages,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.long_prefill_token_threshold,
+            config.max_num_partial_prefills,
         )
         self.runner = ModelRunner(
             self.model,
@@ -232,6 +236,11 @@ class Engine:
             + (
                 f" (prompt chunks of at most {config.long_prefill_token_threshold} where the step has room)"
                 if config.long_prefill_token_threshold
+                else ""
+            )
+            + (
+                f", prompts left unfinished a step: at most {config.max_num_partial_prefills}"
+                if config.max_num_partial_prefills
                 else ""
             )
         )

@@ -11,7 +11,12 @@ running decodes in small chunks (each step barely longer than a decode step). Wh
 would fill the budget anyway (a queue of prompts), the cap cannot shorten the step, only spread it over
 more prompts, each of whose first tokens would then come later: a prompt whose remaining tokens fit in
 what is left then computes them all (the step is as long as the capped one; a prompt too long to
-finish still takes its capped chunk, so shorter ones go on beside it). When the pool runs out of pages,
+finish still takes its capped chunk, so shorter ones go on beside it). With ``max_num_partial_prefills``
+(vLLM's name and meaning; 0: no limit) at most that many prompts compute a chunk that does not finish them in
+one step, oldest first: a prompt beyond them computes only if all it has left fits in its share (it waits
+otherwise, and so does admission), so that prompts arriving together enter the running decodes one after
+another instead of all lengthening the same steps. Whether the capped chunks fill the step is decided without
+this limit: where they would, prompts that fit still finish whole, as above. When the pool runs out of pages,
 the newest running sequence is preempted (a decode already scheduled this step is taken back out): its
 pages go back to the pool and it recomputes later from its tokens, which it keeps.
 
@@ -46,12 +51,14 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int | None,
         long_prefill_token_threshold: int = 0,
+        max_num_partial_prefills: int = 0,
     ):
         self.pages = page_manager
         self.req_pool = page_manager.req_pool
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens  # None: no limit
         self.chunk_cap = long_prefill_token_threshold or float("inf")  # a prompt's tokens a step
+        self.max_partial = max_num_partial_prefills or float("inf")  # prompts a step left unfinished
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -87,6 +94,7 @@ class Scheduler:
         decoding = [seq for seq in self.running if uncomputed[seq] == 1]
         prefilling = [seq for seq in self.running if uncomputed[seq] > 1]
         full = None  # whether capped prompt chunks fill the step (decided at the first prompt)
+        partial = 0  # prompts whose chunk this step does not finish them
         for seq in decoding + prefilling:
             if budget <= 0:
                 break
@@ -96,6 +104,10 @@ class Scheduler:
             if pending > 1 and full is None:
                 full = self._capped_prompts_fill(budget, [uncomputed[s] for s in prefilling if s not in preempted])
             left = pending if pending == 1 else self._chunk(pending, budget, full)
+            if left < pending:  # a partial prefill
+                if partial >= self.max_partial:
+                    continue
+                partial += 1
             n = int(min(left + self._lookahead(seq, pending), budget))
             while not self.pages.reserve(seq, seq.num_computed + n):
                 if ahead:
@@ -121,9 +133,10 @@ class Scheduler:
             seq = self.waiting[0]
             if full is None:
                 full = self._capped_prompts_fill(budget, [])
-            n = self._admit(seq, budget, full)
+            n = self._admit(seq, budget, full, may_be_partial=partial < self.max_partial)
             if n is None:
                 break
+            partial += n < seq.num_tokens - seq.num_computed
             scheduled.append((seq, n))
             budget -= n
         if not scheduled and ahead:
@@ -177,15 +190,16 @@ class Scheduler:
                 freed += n - uncomputed
         return freed
 
-    def _admit(self, seq: Sequence, budget: float, full: bool = False) -> int | None:
+    def _admit(self, seq: Sequence, budget: float, full: bool = False, may_be_partial: bool = True) -> int | None:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
         tokens; returns how many it computes now (``full``: as :meth:`_chunk`), or ``None`` (nothing
-        changed) if the pool is short."""
+        changed) if the pool is short or, unless ``may_be_partial``, those tokens would not finish its prompt."""
         try:
             seq.req_pool_idx = self.req_pool.alloc()
             cached = self.pages.match_prefix(seq)
-            n = self._chunk(seq.num_tokens - seq.num_computed, budget, full)
-            if not self.pages.reserve(seq, seq.num_computed + n):
+            pending = seq.num_tokens - seq.num_computed
+            n = self._chunk(pending, budget, full)
+            if (n < pending and not may_be_partial) or not self.pages.reserve(seq, seq.num_computed + n):
                 self._release(seq)
                 return None
             seq.status = Status.RUNNING
