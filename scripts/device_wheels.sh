@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS="fastapi starlette uvicorn pydantic pydantic_core annotated-types typing-inspection httptools openai distro
-      jiter sniffio gguf"
+      jiter sniffio gguf annotated-doc opentelemetry-api importlib_metadata zipp"
 mkdir -p .whl
 for name in $PKGS; do
   spec=$(.venv/bin/python -c "import importlib.metadata as m; print('$name==' + m.version('$name'))" 2>/dev/null ||

@@ -444,13 +444,15 @@ def test_long_prefill_token_threshold_gives_the_same_tokens(ckpt_root):
         got = [o.token_ids for o in capped.generate(PROMPTS, params, use_tqdm=False)]
     want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
     assert got == want and max(chunks) == 4
-    assert capped.engine.describe_load(200).endswith("per step (prompt chunks of at most 4 where the step has room)")
+    assert capped.engine.describe_load(200).endswith(
+        "per step (prompt chunks of at most 4 where the step has room, 1 left unfinished a step at most)"
+    )
     for i in (0, 5):
         assert got[i] == hf_reference(path, tuple(PROMPTS[i]), 8)[0]
 
 
 def test_max_num_partial_prefills_gives_the_same_tokens(ckpt_root):
-    """Prompts in chunks of 4 tokens, at most one of them unfinished a step: the uncapped engine's tokens and
+    """Prompts in chunks of 4 tokens, at most one of them unfinished a step (the default): the uncapped engine's and
     transformers' greedy ones, with steps where a second prompt would have been left unfinished (so the limit
     held something back) and none where it was."""
     path = checkpoint("llama", ckpt_root)
@@ -468,12 +470,13 @@ def test_max_num_partial_prefills_gives_the_same_tokens(ckpt_root):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Scheduler, "_schedule", record)
-        limited = LLM(path, max_num_partial_prefills=1, **options)
+        limited = LLM(path, **options)  # (the default: 1, vLLM's)
         got = [o.token_ids for o in limited.generate(PROMPTS, params, use_tqdm=False)]
         limited_steps, unfinished[:] = list(unfinished), []
-        LLM(path, **options).generate(PROMPTS, params, use_tqdm=False)
+        unlimited = LLM(path, max_num_partial_prefills=0, **options)
+        unlimited.generate(PROMPTS, params, use_tqdm=False)
     want = [o.token_ids for o in LLM(path, page_size=3, num_pages=200, max_model_len=80).generate(PROMPTS, params)]
     assert got == want and max(limited_steps) == 1 and max(unfinished) > 1
-    assert limited.engine.describe_load(200).endswith(", prompts left unfinished a step: at most 1")
+    assert unlimited.engine.describe_load(200).endswith("per step (prompt chunks of at most 4 where the step has room)")
     for i in (0, 5):
         assert got[i] == hf_reference(path, tuple(PROMPTS[i]), 8)[0]

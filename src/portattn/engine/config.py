@@ -115,11 +115,12 @@ class EngineConfig:
         ),
     )
     max_num_partial_prefills: int = field(
-        default=0,
+        default=1,
         metadata=doc(
-            "at most this many prompts compute a chunk that does not finish them in one step, oldest first (0: no "
-            "limit; vLLM's flag, whose default is 1): with long_prefill_token_threshold, prompts arriving together "
-            "enter the running decodes one after another instead of all lengthening the same steps"
+            "at most this many prompts a step compute a chunk that leaves them unfinished, oldest first (vLLM's "
+            "flag and default; 0: no limit); with long_prefill_token_threshold, prompts that arrive together enter "
+            "the running decodes one after another instead of all lengthening the same steps (without it, at most "
+            "one prompt a step can be left unfinished anyway)"
         ),
     )
     enable_prefix_caching: bool = field(

@@ -234,13 +234,10 @@ class Engine:
             f"{tokens / self.max_model_len:.2f}x for {self.max_model_len}-token requests (max_model_len); attention "
             f"backend {self.backend.name}, {config.max_num_batched_tokens} tokens per step"
             + (
-                f" (prompt chunks of at most {config.long_prefill_token_threshold} where the step has room)"
+                f" (prompt chunks of at most {config.long_prefill_token_threshold} where the step has room"
+                + (f", {n} left unfinished a step at most" if (n := config.max_num_partial_prefills) else "")
+                + ")"
                 if config.long_prefill_token_threshold
-                else ""
-            )
-            + (
-                f", prompts left unfinished a step: at most {config.max_num_partial_prefills}"
-                if config.max_num_partial_prefills
                 else ""
             )
         )

@@ -19,7 +19,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export KEEP_CHECKPOINT=/tmp/ck8b
 BASE="--piecewise-graphs --quantization fp8 --max-num-batched-tokens 2048 --piecewise-max-tokens 2048
   --long-prefill-token-threshold 128"
-for run in burst256 poisson16 poisson16_p1; do
+for run in ${RUNS:-poisson16 poisson16_p1 burst256}; do
   [ $((SECONDS-START)) -lt 450 ] || break
   load=${run%_p1}; extra=""; [ $run = poisson16_p1 ] && extra="--max-num-partial-prefills 1"
   PORTATTN_STEP_TRACE=$W/trace_$run.json LOADS=$load PYTHONPATH=/tmp/site OUT=$W/$run LIMIT=150 \
