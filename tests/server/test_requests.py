@@ -98,6 +98,36 @@ def test_context_length_errors_have_one_wording(served, client):
         client.completions.create(model=None, prompt=long_ids, max_tokens=1)
 
 
+def test_token_id_prompts_are_checked_on_the_event_loop(served, llm, monkeypatch):
+    """Completions of token ids (one or several prompts, no echo) are checked where they are parsed, without the
+    preprocessing thread, with the same answers and the same errors (400 on ``prompt``); text prompts and echo
+    still go through the thread."""
+    from portattn.server.preprocess import Preprocessor
+
+    url, _ = served
+    hops = []
+    run = Preprocessor.run
+
+    async def counted(self, param, fn, *args, **kwargs):
+        hops.append(fn.__name__)
+        return await run(self, param, fn, *args, **kwargs)
+
+    monkeypatch.setattr(Preprocessor, "run", counted)
+    ids = llm.tokenizer(PROMPT)["input_ids"]
+    want = llm.generate([ids], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0].text
+    for prompt in (ids, [ids, ids[:-1]]):
+        status, payload, _ = request(url + "/v1/completions", "POST", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        assert status == 200 and payload["choices"][0]["text"] == want, payload
+    assert hops == []
+    vocab = llm.engine.vocab_size
+    status, payload, _ = request(url + "/v1/completions", "POST", {"prompt": [5, vocab], "max_tokens": 2})
+    assert status == 400 and payload["error"]["param"] == "prompt" and str(vocab) in payload["error"]["message"]
+    assert hops == []
+    request(url + "/v1/completions", "POST", {"prompt": PROMPT, "max_tokens": 2})
+    request(url + "/v1/completions", "POST", {"prompt": ids, "max_tokens": 2, "echo": True})
+    assert hops == ["completion_prompts", "completion_prompts"]
+
+
 def test_tokenize_detokenize_version_ping_and_the_model_by_id(served, llm):
     url, app = served
     tok = llm.tokenizer

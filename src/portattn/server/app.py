@@ -259,7 +259,11 @@ def build_app(server: Server) -> FastAPI:
         arrival = time.perf_counter()
         server.accept(body, "/v1/completions")
         max_tokens = body.max_tokens or 16
-        prompts, echoes = await pre.run("prompt", pre.completion_prompts, body.prompts(), max_tokens, body.echo)
+        given = body.prompts()
+        if body.echo or not pre.ids_only(given):
+            prompts, echoes = await pre.run("prompt", pre.completion_prompts, given, max_tokens, body.echo)
+        else:  # token ids: checked here, so that the requests reach the engine in the order they came
+            prompts, echoes = pre.run_now("prompt", pre.completion_prompts, given, max_tokens, False)
         params = body.sampling_params(max_tokens, body.logprobs)
         server.check_params(params)
         stream = server.submit("cmpl", prompts, params)

@@ -5,6 +5,12 @@ queued behind it, never the streams in flight or ``/health``.
 One thread, because a tokenizer is not safe to share between threads; the engine thread has its
 own. Errors that the request caused (``ValueError``, ``TypeError``, ``RuntimeError`` and Jinja's
 ``TemplateError``, which a template's ``raise_exception`` raises) become 400s naming the field.
+
+Completions whose prompts are all token ids for a text model (without ``echo``) are checked on the event
+loop instead (:meth:`Preprocessor.ids_only`, :meth:`Preprocessor.run_now`): no tokenizer is involved and the
+checks are a few passes in C over the ids, while the hop to the thread and back puts each request behind
+every request that arrives meanwhile. A burst of 256 requests of 1,024 ids (on a CPU) reached the engine
+only once the last of them had been parsed; checked in place, each goes on as it is parsed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import jinja2
 
 from ..engine.engine import Engine
 from ..engine.input_processor import InputProcessor
+from ..errors import all_ints
+from ..models.base import MultimodalModel
 from .async_engine import Prompt
 from .protocol import APIError
 
@@ -53,6 +61,7 @@ class Preprocessor:
         self.processor = processor
         self.engine = engine  # read only: its limits and checks, which touch no engine state
         self.max_model_len = engine.max_model_len
+        self.multimodal = isinstance(processor.model, MultimodalModel)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="portattn-preprocess")
 
     async def run(self, param: str, fn, *args, **kwargs):
@@ -60,6 +69,20 @@ class Preprocessor:
         future = asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
         try:
             return await future
+        except APIError:
+            raise
+        except PREPROCESSING_ERRORS as err:
+            raise APIError(400, _describe(err), param=param, code="invalid_value") from None
+
+    def ids_only(self, prompts: list) -> bool:
+        """Whether ``prompts`` are all token ids for a text model: :meth:`completion_prompts` then needs no
+        tokenizer (without ``echo``) and :meth:`run_now` may run it on the event loop."""
+        return not self.multimodal and all(isinstance(p, list) and all_ints(p) for p in prompts)
+
+    def run_now(self, param: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` here, with :meth:`run`'s errors (for work that needs no tokenizer)."""
+        try:
+            return fn(*args, **kwargs)
         except APIError:
             raise
         except PREPROCESSING_ERRORS as err:
