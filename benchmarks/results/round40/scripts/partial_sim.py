@@ -65,13 +65,15 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--cap", type=int, default=128)
     args = parser.parse_args()
-    requests = json.load(open(args.serve_json))["requests"]
+    with open(args.serve_json) as f:
+        requests = json.load(f)["requests"]
     print(f"{'max_num_partial_prefills':>24} {'ITL median':>10} {'p90':>6} {'p99':>6} {'p99/med':>7} {'TTFT mean':>9}")
     for partial in (0, 1, 2):
         gaps, ttfts = simulate(requests, args.budget, args.cap, partial)
         gaps.sort()
         med, p90, p99 = (gaps[int(q * len(gaps))] * 1e3 for q in (0.5, 0.9, 0.99))
-        print(f"{partial:>24} {med:>10.2f} {p90:>6.2f} {p99:>6.2f} {p99 / med:>7.2f} {sum(ttfts) / len(ttfts) * 1e3:>9.1f}")
+        ttft = sum(ttfts) / len(ttfts) * 1e3
+        print(f"{partial:>24} {med:>10.2f} {p90:>6.2f} {p99:>6.2f} {p99 / med:>7.2f} {ttft:>9.1f}")
 
 
 if __name__ == "__main__":
