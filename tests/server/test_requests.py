@@ -116,7 +116,9 @@ def test_token_id_prompts_are_checked_on_the_event_loop(served, llm, monkeypatch
     ids = llm.tokenizer(PROMPT)["input_ids"]
     want = llm.generate([ids], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0].text
     for prompt in (ids, [ids, ids[:-1]]):
-        status, payload, _ = request(url + "/v1/completions", "POST", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        status, payload, _ = request(
+            url + "/v1/completions", "POST", {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+        )
         assert status == 200 and payload["choices"][0]["text"] == want, payload
     assert hops == []
     vocab = llm.engine.vocab_size
