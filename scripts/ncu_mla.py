@@ -46,6 +46,9 @@ def main() -> None:
     parser.add_argument(
         "--coalesced-io", action="store_true", help="fp8_mma: queries loaded and output stored 16 bytes a lane"
     )
+    parser.add_argument(
+        "--portable", action="store_true", help="the portable kernel's tiles (the launcher's rule without fp8_mma)"
+    )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64, help="sequences (each over --keys keys)")
     parser.add_argument("--keys", type=int, default=4096)
@@ -69,6 +72,10 @@ def main() -> None:
         tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv != "bf16", maxnreg=args.maxnreg,
                               alu_scores=args.alu_scores, alu_values=args.alu_values,
                               pages_ahead=args.pages_ahead, coalesced_io=args.coalesced_io)  # fmt: skip
+    elif args.portable:
+        tiles = mla_decode_launch.choose_tiles(
+            heads, qn.dtype, interpret=False, kv_dtype=kv.dtype, fp8_mma=False, wide=False
+        )
     meta = plan_mla_decode(table, lens, P, num_heads=heads, kv_lora_rank=512, max_seqlen_k=L,
                            num_kv_splits=args.splits)  # fmt: skip
     splits, partials = meta.num_kv_splits, meta.partials
@@ -82,6 +89,8 @@ def main() -> None:
         call()
     torch.cuda.synchronize()
     label = f"{args.kv} B={b} L={L} heads {heads} splits {splits} tiles {args.tiles or 'default'}"
+    if args.portable:
+        label += " portable"
     if meta.splits_chosen:
         label += " (the plan's splits: fp8_mma may run fewer)"
     if args.maxnreg:
