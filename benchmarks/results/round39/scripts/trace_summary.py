@@ -44,10 +44,16 @@ def main() -> int:
         print("no steps")
         return 1
     t0 = next((r["t"] for r in rows if r["added"]), rows[0]["t"])
+    start = load_start(args.serve) if args.serve else None
+    if start is not None:  # the load's own start (the first request added may be the benchmark's warm-up)
+        t0 = start
+        arrivals(rows, start)
     medians = {p: statistics.median(r[p] for r in steps) for p in PARTS}
     print(f"{len(steps)} steps, {sum(r['added'] for r in rows)} requests added; medians (ms): "
           + ", ".join(f"{p} {m:.2f}" for p, m in medians.items()))  # fmt: skip
-    print(f"\nthe first {args.first} rows from the first request on (t from it):")
+    print(
+        f"\nthe first {args.first} rows from {'the load' if start is not None else 'the first request'} on (t from it):"
+    )
     first = [r for r in rows if r["t"] >= t0][: args.first]
     for r in first:
         print(" ", row_text(r, t0))
@@ -61,6 +67,26 @@ def main() -> int:
     if args.serve:
         stops_beside_steps(rows, args.serve)
     return 0
+
+
+def load_start(serve_json: str) -> float | None:
+    with open(serve_json) as f:
+        return json.load(f).get("load_start_perf_counter_s")
+
+
+def arrivals(rows: list[dict], start: float) -> None:
+    """When the load's requests reached the engine's loop: the time each tenth of them had been added by."""
+    added = [(r["t"] - start, r["added"]) for r in rows if r["added"] and r["t"] >= start]
+    total = sum(n for _, n in added)
+    if not total:
+        return
+    marks, seen, want = [], 0, 1
+    for t, n in added:
+        seen += n
+        while want <= 10 and seen >= want * total / 10:
+            marks.append(f"{want * 10}% {t * 1e3:.0f} ms")
+            want += 1
+    print(f"the load's {total} requests reached the engine's loop by (from the load's start): " + ", ".join(marks))
 
 
 def stops_beside_steps(rows: list[dict], serve_json: str) -> None:
