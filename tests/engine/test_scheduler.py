@@ -272,6 +272,8 @@ def test_long_prefill_token_threshold_caps_each_prompt_chunk():
     wanted = r"long_prefill_token_threshold \(--long-prefill-token-threshold\) to be an int >= 0, got -1"
     with pytest.raises(ValueError, match=wanted):
         LLM("unused", long_prefill_token_threshold=-1)
+    with pytest.raises(ValueError, match=r"\(--max-num-partial-prefills\) to be an int >= 0, got -1"):
+        LLM("unused", max_num_partial_prefills=-1)
 
 
 def test_a_full_step_finishes_the_oldest_prompts_instead_of_capping_them():
@@ -378,13 +380,15 @@ def test_max_num_partial_prefills_keeps_whole_prompts_of_a_full_step():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_queues_keep_at_most_the_partial_limit_unfinished(seed):
-    """Over random queues, budgets, caps and limits, no step leaves more than ``max_num_partial_prefills``
-    prompts unfinished after computing part of them, every prompt finishes (the oldest unfinished one always
-    goes on), no step computes more than the budget, and a prompt computes more than the cap only to finish."""
+    """Over random queues (odd seeds: prompts sharing a cached prefix), budgets, caps and limits, no step leaves
+    more than ``max_num_partial_prefills`` prompts unfinished after computing part of them, every prompt finishes
+    (the oldest unfinished one always goes on), no step computes more than the budget, and a prompt computes more
+    than the cap only to finish."""
     rng = random.Random(seed)
     budget, cap, limit = rng.randint(4, 64), rng.randint(1, 20), rng.randint(1, 3)
     lengths = [rng.randint(1, 90) for _ in range(rng.randint(1, 8))]
-    scheduler, seqs = capped_scheduler(budget, cap, lengths, max_num_seqs=6, partial=limit)
+    shared = rng.randint(8, 60) if seed % 2 else 0  # (odd seeds: a cached prefix, which admission counts)
+    scheduler, seqs = capped_scheduler(budget, cap, lengths, max_num_seqs=6, shared=shared, partial=limit)
     for _ in range(400):
         if not scheduler.has_unfinished():
             break
@@ -404,10 +408,6 @@ def test_random_queues_keep_at_most_the_partial_limit_unfinished(seed):
                 else:
                     seq.token_ids.append(7)
     assert not scheduler.has_unfinished() and all(s.status is Status.FINISHED for s in seqs)
-    with pytest.raises(
-        ValueError, match=r"max_num_partial_prefills \(--max-num-partial-prefills\) to be an int >= 0, got -1"
-    ):
-        LLM("unused", max_num_partial_prefills=-1)
 
 
 def test_a_step_counts_what_the_prefix_cache_holds_before_taking_prompts_whole():

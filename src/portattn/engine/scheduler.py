@@ -194,12 +194,15 @@ class Scheduler:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
         tokens; returns how many it computes now (``full``: as :meth:`_chunk`), or ``None`` (nothing
         changed) if the pool is short or, unless ``may_be_partial``, those tokens would not finish its prompt."""
+        if not may_be_partial:  # (decided before anything is taken: it waits every step the limit holds)
+            pending = seq.num_tokens - self.pages.cached_tokens(seq)
+            if self._chunk(pending, budget, full) < pending:
+                return None
         try:
             seq.req_pool_idx = self.req_pool.alloc()
             cached = self.pages.match_prefix(seq)
-            pending = seq.num_tokens - seq.num_computed
-            n = self._chunk(pending, budget, full)
-            if (n < pending and not may_be_partial) or not self.pages.reserve(seq, seq.num_computed + n):
+            n = self._chunk(seq.num_tokens - seq.num_computed, budget, full)
+            if not self.pages.reserve(seq, seq.num_computed + n):
                 self._release(seq)
                 return None
             seq.status = Status.RUNNING

@@ -24,7 +24,6 @@ import jinja2
 
 from ..engine.engine import Engine
 from ..engine.input_processor import InputProcessor
-from ..errors import all_ints
 from ..models.base import MultimodalModel
 from .async_engine import Prompt
 from .protocol import APIError
@@ -77,7 +76,7 @@ class Preprocessor:
     def ids_only(self, prompts: list) -> bool:
         """Whether ``prompts`` are all token ids for a text model: :meth:`completion_prompts` then needs no
         tokenizer (without ``echo``) and :meth:`run_now` may run it on the event loop."""
-        return not self.multimodal and all(isinstance(p, list) and all_ints(p) for p in prompts)
+        return not self.multimodal and all(isinstance(p, list) for p in prompts)  # (the schema's list[int])
 
     def run_now(self, param: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` here, with :meth:`run`'s errors (for work that needs no tokenizer)."""
