@@ -365,17 +365,47 @@ def test_max_num_partial_prefills_lets_one_prompt_at_a_time_stay_unfinished():
 
 def test_max_num_partial_prefills_keeps_whole_prompts_of_a_full_step():
     """Whether the capped chunks fill the step is decided as without the limit: where they do, prompts that fit
-    finish whole (they are not partial) and only the prompts left unfinished count against the limit; a running
-    prompt beyond it computes nothing that step."""
-    scheduler, (a, b, c, d) = capped_scheduler(16, 5, (12, 30, 9, 5), partial=1)  # capped: 20 >= 16
+    finish whole (they are not partial) and only the prompts left unfinished count against the limit; the last
+    prompt the limit lets go unfinished takes all the step has left (no prompt behind it could take a chunk); a
+    running prompt beyond the limit computes nothing that step."""
+    scheduler, (a, b, c, d) = capped_scheduler(16, 5, (12, 30, 12, 5), partial=1)  # capped: 20 >= 16
     step = scheduler.schedule()
     assert step == [(a, 12), (b, 4)]  # b cannot finish: the one unfinished prompt; c waits
     advance(step)
     step = scheduler.schedule()
-    assert step == [(a, 1), (b, 5), (c, 9)]  # full (5 + 5 + 5 >= 15): c finishes whole; d's 1 token would not
+    assert step == [(a, 1), (b, 15)]  # full (5 + 5 + 5 >= 15): b, still the one unfinished, takes the rest
     advance(step)
-    scheduler.max_partial = 0  # (none may stay unfinished: b, running, computes nothing; d, whole, is admitted)
-    assert scheduler.schedule() == [(a, 1), (c, 1), (d, 5)]
+    step = scheduler.schedule()
+    assert step == [(a, 1), (b, 11), (c, 4)]  # b finishes whole (full: 5 + 5 + 5 >= 14), c the unfinished one
+    advance(step)
+    scheduler.max_partial = 0  # (none may stay unfinished: c, running, computes nothing; d, whole, is admitted)
+    assert scheduler.schedule() == [(a, 1), (b, 1), (d, 5)]
+
+
+def test_max_num_partial_prefills_fills_the_steps_of_a_queue_of_long_prompts():
+    """A burst of prompts longer than the room a step has: with one prompt a step left unfinished, every step in
+    which the capped chunks would fill the room computes its whole budget, as without the limit (the unfinished
+    prompt takes what the capped chunks of the prompts behind it would have: else a queue of long prompts would
+    prefill at about one prompt's length a step, whatever the budget)."""
+    for partial in (0, 1):
+        scheduler, seqs = capped_scheduler(16, 3, [24] * 6, max_num_seqs=6, partial=partial)
+        full_steps = 0
+        for _ in range(100):
+            pending = [seq.num_tokens - seq.num_computed for seq in seqs if not seq.token_ids[24:]]
+            if not pending:
+                break
+            step = scheduler.schedule()
+            prompts = [n for seq, n in step if seq.num_tokens - seq.num_computed > 1]
+            room = 16 - sum(1 for seq, _ in step if seq.num_tokens - seq.num_computed == 1)
+            if sum(min(n, 3) for n in pending) >= room:  # the capped chunks fill the step: it is full
+                assert sum(prompts) == room, (partial, step)
+                full_steps += 1
+            unfinished = sum(n < seq.num_tokens - seq.num_computed for seq, n in step if n > 1)
+            assert unfinished <= (partial or 6), (partial, step)
+            advance(step)
+            for seq, _ in step:
+                scheduler.pages.commit(seq)
+        assert not pending and full_steps >= 3, (partial, full_steps)  # (every prompt done; the rule exercised)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -398,7 +428,8 @@ def test_random_queues_keep_at_most_the_partial_limit_unfinished(seed):
         assert sum(left) <= limit and total <= budget, (budget, cap, limit, lengths)
         for seq, n in step:
             pending = seq.num_tokens - seq.num_computed
-            assert n <= cap or n == pending, (budget, cap, lengths, n)  # (more than the cap: only a full step's)
+            # (more than the cap: only to finish, or where the step is then full: the last unfinished prompt's rest)
+            assert n <= cap or n == pending or total == budget, (budget, cap, lengths, n)
         for seq, n in step:
             seq.num_computed += n
             scheduler.pages.commit(seq)

@@ -428,16 +428,21 @@ def _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, tile_s
 def _relabel_bits(x, ROWS: gl.constexpr, BITS: gl.constexpr, AXES: gl.constexpr):
     """``x`` (``[ROWS, 2 ** BITS]``) with its last axis' index bits permuted by ``permute(AXES)`` (no data moves
     between threads: the registers take the new labels)."""
-    # (the order as a tuple of its elements: Triton 3.6's permute takes no constexpr tuple)
+    # (the order written out in the call: Triton 3.6's permute takes neither a constexpr tuple nor a named one)
     if BITS == 6:
-        order: gl.constexpr = (0, AXES[1], AXES[2], AXES[3], AXES[4], AXES[5], AXES[6])
-        y = gl.permute(gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2]), order)
+        y = gl.permute(
+            gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2]), (0, AXES[1], AXES[2], AXES[3], AXES[4], AXES[5], AXES[6])
+        )
     elif BITS == 7:
-        order: gl.constexpr = (0, AXES[1], AXES[2], AXES[3], AXES[4], AXES[5], AXES[6], AXES[7])
-        y = gl.permute(gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2]), order)
+        y = gl.permute(
+            gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2]),
+            (0, AXES[1], AXES[2], AXES[3], AXES[4], AXES[5], AXES[6], AXES[7]),
+        )
     else:
-        order: gl.constexpr = (0, AXES[1], AXES[2], AXES[3], AXES[4], AXES[5], AXES[6], AXES[7], AXES[8], AXES[9])
-        y = gl.permute(gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2, 2, 2]), order)
+        y = gl.permute(
+            gl.reshape(x, [ROWS, 2, 2, 2, 2, 2, 2, 2, 2, 2]),
+            (0, AXES[1], AXES[2], AXES[3], AXES[4], AXES[5], AXES[6], AXES[7], AXES[8], AXES[9]),
+        )
     return gl.reshape(y, [ROWS, 2**BITS])
 
 
