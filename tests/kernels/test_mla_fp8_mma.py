@@ -430,7 +430,7 @@ def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_ke
 
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
-@pytest.mark.parametrize("coalesced_io", [False, True], ids=["default", "coalesced_io"])
+@pytest.mark.parametrize("coalesced_io", [False, True], ids=["two_byte_io", "coalesced_io"])
 def test_the_plans_split_count_cut_to_one_program_an_sm_against_the_reference(coalesced_io, monkeypatch):
     """The cut split count on the GPU (the device's SMs taken as 6, so that 3 sequences' plan of several splits
     is cut to 2): the kernel writes the fewer splits' partials in the front of the plan's workspace and the merge
@@ -483,9 +483,9 @@ def test_the_triton_backend_passes_whether_the_plan_chose_the_split_count(given,
     "block_n, fields",
     [(64, {"alu_values": 0b1111}), (64, {"alu_scores": 0b01010, "alu_values": 0b1010}),
      (64, {"alu_scores": 0b11111, "alu_values": 0b1111}), (32, {"alu_scores": 0b10101, "alu_values": 0b01}),
-     (64, {"pages_ahead": True}), (32, {"pages_ahead": True, "num_stages": 3}), (64, {"coalesced_io": True}),
+     (64, {"pages_ahead": True}), (32, {"pages_ahead": True, "num_stages": 3}), (64, {"coalesced_io": False}),
      (32, {"coalesced_io": True, "pages_ahead": True})],
-    ids=["alu_values", "alu_half", "alu_all", "alu_32", "pages_ahead", "pages_ahead_32x3", "coalesced_io",
+    ids=["alu_values", "alu_half", "alu_all", "alu_32", "pages_ahead", "pages_ahead_32x3", "two_byte_io",
          "coalesced_io_32_ahead"],
 )  # fmt: skip
 @pytest.mark.parametrize("page_size", [64, 7, 1])
@@ -520,10 +520,14 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out)
     with pytest.raises(ValueError, match=r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU) .*fp8_mma=True"):
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=FP8_MMA_TILES)
-    # the rules pick these tiles for e4m3 caches only, never under the interpreter (the launcher's fallback
-    # from them runs on a GPU: benchmarks/results/round32_h200/scripts/r32c1.sh, FP8_MMA on, small latents)
-    assert choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
-    assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
+    # the rules pick these tiles for fp8 caches of up to 16 heads and 16-bit queries, never under the interpreter
+    # (the launcher's fallback from them runs on a GPU: benchmarks/results/round32_h200/scripts/r32c1.sh, FP8_MMA
+    # on, small latents)
+    for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, fp8_mma=True) == FP8_MMA_TILES
+    assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.bfloat16, fp8_mma=True).fp8_mma
+    assert not choose_tiles(32, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
+    assert not choose_tiles(2, torch.float32, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.bfloat16, interpret=True, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
 
 
@@ -611,9 +615,9 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         FP8_MMA_TILES,
         MLATileConfig(64, 64, 8, 2, wide=True),
         MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010, pages_ahead=True),
-        MLATileConfig(16, 64, 4, 2, fp8_mma=True, coalesced_io=True),
+        MLATileConfig(16, 64, 4, 2, fp8_mma=True),
     ],
-    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu", "fp8_mma_coalesced"],
+    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu", "fp8_mma_two_byte_io"],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):
     """``mla_decode_forward`` down to each Gluon kernel's ``launch_arguments`` on any machine (the kernel itself

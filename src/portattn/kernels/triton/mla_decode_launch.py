@@ -27,8 +27,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # loads for both products, mma.sync) where it runs. On an H200 (B=64 over 4096 keys, 16 heads, page 64) it took
 # 0.0968 ms against the portable kernel's 0.1075 over e4m3 (1.11x; the bf16 cache: 0.0875), and its GPU tests
 # pass once the queries' float16 scale is a power of two (benchmarks/results/round34_h200/NOTES.md). The probe
-# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``, also over an e5m2
-# cache (the kernel's e5m2 form, by explicit tiles until a GPU has run it: benchmarks/results/round38/NOTES.md).
+# (``scripts/kernels_probe.py mla-fp8``) times it with ``MLATileConfig(..., fp8_mma=True)``. Its e5m2 form (the
+# byte is float16's high byte) passes the same GPU tests; on an H100 with 16-byte query and output accesses it
+# took 0.0694 ms at B=64 against the portable kernel's 0.1095 over e5m2 (1.67x the bf16 cache's 0.1160;
+# benchmarks/results/round41/NOTES.md), so an e5m2 cache takes it as well.
 FP8_MMA = True
 # That kernel runs fastest at about one program an SM: on an H100 (132 SMs; B=64 over 4096 keys, 16 heads, page 64,
 # e4m3) the plan's 4 splits (256 programs, two an SM) took 0.1122 ms, 2 splits (128) 0.0918, 3 splits 0.1053, 1
@@ -67,9 +69,10 @@ class MLATileConfig:
     alu_scores: int = 0
     alu_values: int = 0
     pages_ahead: bool = False  # fp8_mma: each copy's page ids loaded an iteration before it
-    # fp8_mma: the queries loaded and the output stored 16 bytes a lane, relabelled in registers (by default each
-    # warp loads all the queries 2 bytes a lane and the output is stored 4 bytes a lane, every lane in its own
-    # 32-byte sector: 2 of every 3 sectors the kernel asked of memory in Nsight Compute's count)
+    # fp8_mma: the queries loaded and the output stored 16 bytes a lane, relabelled in registers (FP8_MMA_TILES
+    # has it; without it each warp loads all the queries 2 bytes a lane and the output is stored 4 bytes a lane,
+    # every lane in its own 32-byte sector: 2 of every 3 sectors the kernel asked of memory in Nsight Compute's
+    # count)
     coalesced_io: bool = False
 
     def __post_init__(self):
@@ -123,8 +126,12 @@ class MLATileConfig:
 
 
 # 64 keys a step in two buffers: 94 KB of shared memory and 166 registers a thread compiled for sm_90 (two
-# programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates.
-FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True)
+# programs an SM); 32 keys in 2-3 buffers (57-75 KB) are the probe's other candidates. The queries loaded and the
+# output stored 16 bytes a lane (``coalesced_io``): on an H100 (16 heads over 4096 keys, page 64, e4m3, graph
+# replays) B = 8 / 16 / 32 / 64 / 128 took 0.0182 / 0.0254 / 0.0413 / 0.0689 / 0.1197 ms, 1.47 / 1.60 / 1.59 /
+# 1.69 / 1.82x the bf16 cache, against 0.0925 ms (1.26x) at B=64 with the two-byte loads, and faster than the
+# portable kernel over e4m3 at every batch (benchmarks/results/round41/NOTES.md).
+FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True, coalesced_io=True)
 # 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 222
 # registers a thread compiled for sm_90 by Triton 3.6, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers
 # (189 / 170 KB) are the probe's other candidates.
@@ -154,7 +161,7 @@ def choose_tiles(
     64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
     0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 16 heads
-    over an e4m3 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``
+    over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``
     over a 16-bit cache, ``WIDE_FP8`` over fp8) more than 32 heads take ``WIDE_TILES`` (``mla_decode_wide``);
     the launcher replaces them by these rules' tiles where those kernels cannot run.
     """
@@ -163,7 +170,7 @@ def choose_tiles(
     fp8 = kv_dtype in FP8_DTYPES and dtype != torch.float32
     if (
         (FP8_MMA if fp8_mma is None else fp8_mma)
-        and kv_dtype == torch.float8_e4m3fn
+        and kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         and num_heads <= 16
         and dtype != torch.float32
     ):
