@@ -74,15 +74,19 @@ def _carries_tokens(choice: dict) -> bool:
     return "role" not in choice.get("delta", {})
 
 
-async def one_request(session, url: str, body: dict, api_key) -> RequestResult:
+async def one_request(session, url: str, body: bytes, api_key) -> RequestResult:
+    """One streamed request of ``body`` (JSON, encoded before the load starts: the client's own encoding of a
+    burst's bodies would otherwise delay every request's first byte, and count in its TTFT)."""
     import aiohttp
 
     result = RequestResult()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     start = result.start = time.perf_counter()
     last = None
     try:
-        async with session.post(url, json=body, headers=headers) as resp:
+        async with session.post(url, data=body, headers=headers) as resp:
             if resp.status != 200:
                 result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return result
@@ -124,12 +128,13 @@ async def run_load(args, base_url: str, model: str, requests: list[BenchRequest]
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         warm = BenchRequest(requests[0].prompt, 2)
-        warm_result = await one_request(session, url, request_body(args.endpoint, model, warm), args.api_key)
+        warm_body = json.dumps(request_body(args.endpoint, model, warm)).encode()
+        warm_result = await one_request(session, url, warm_body, args.api_key)
         if warm_result.error:
             raise SystemExit(f"the warm-up request failed: {warm_result.error}")
+        bodies = [json.dumps(request_body(args.endpoint, model, r)).encode() for r in requests]
 
-        async def limited(request: BenchRequest):
-            body = request_body(args.endpoint, model, request)
+        async def limited(body: bytes):
             if gate is None:
                 return await one_request(session, url, body, args.api_key)
             async with gate:
@@ -137,8 +142,8 @@ async def run_load(args, base_url: str, model: str, requests: list[BenchRequest]
 
         tasks = []
         start = time.perf_counter()
-        for request in requests:
-            tasks.append(asyncio.ensure_future(limited(request)))
+        for body in bodies:
+            tasks.append(asyncio.ensure_future(limited(body)))
             if math.isfinite(args.request_rate):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
