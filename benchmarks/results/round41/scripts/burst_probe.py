@@ -1,0 +1,135 @@
+"""Round 40's burst probe with more marks: when the client wrote each body (aiohttp's trace), when the server's
+ASGI application was first called for each request and got its body, besides round 40's ``accept`` and
+``submit``; the bodies are encoded before the load starts (as ``benchmarks.serve`` now does). One clock:
+``time.perf_counter``, the system's monotonic clock. ``max_model_len`` 1024 (the tiny checkpoint's positions).
+
+    python3 burst_probe.py serve MODEL_DIR PORT MARKS.json    # a server (engine in its own process; EP=0: a thread)
+    python3 burst_probe.py client PORT N LENGTH VOCAB MODEL SENDS.json    # N completions of LENGTH random ids
+    python3 burst_probe.py report SENDS.json MARKS.json
+
+The server writes its marks when it gets SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+
+def serve(model: str, port: int, out: str) -> None:
+    import uvicorn
+
+    from portattn.server import app as app_mod
+    from portattn.server import create_app
+
+    marks = []
+    accept, submit = app_mod.Server.accept, app_mod.Server.submit
+
+    def timed_accept(self, *args, **kwargs):
+        marks.append(("accept", time.perf_counter()))
+        return accept(self, *args, **kwargs)
+
+    def timed_submit(self, *args, **kwargs):
+        stream = submit(self, *args, **kwargs)
+        marks.append(("submit", time.perf_counter()))
+        return stream
+
+    app_mod.Server.accept, app_mod.Server.submit = timed_accept, timed_submit
+
+    def write() -> None:
+        with open(out, "w") as f:
+            json.dump(marks, f)
+
+    atexit.register(write)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    app = create_app(
+        model, page_size=16, num_pages=4000, max_num_seqs=256, max_model_len=1024,
+        engine_process=os.environ.get("EP", "1") == "1",
+    )  # fmt: skip
+    inner = app
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http":
+            marks.append(("asgi", time.perf_counter()))
+
+            async def timed_receive():
+                message = await receive()
+                marks.append(("body", time.perf_counter()))
+                return message
+
+            return await inner(scope, timed_receive, send)
+        return await inner(scope, receive, send)
+
+    uvicorn.run(wrapped, host="127.0.0.1", port=port, log_level="warning")
+
+
+async def burst(port: int, n: int, length: int, vocab: int, model: str) -> list[float]:
+    import aiohttp
+
+    rng = random.Random(0)
+    sends = []
+
+    pre = [json.dumps({"model": model, "prompt": [rng.randrange(3, vocab) for _ in range(length)], "max_tokens": 1,
+                       "stream": True, "ignore_eos": True}).encode() for _ in range(n)]  # fmt: skip
+
+    async def one(session) -> None:
+        data = pre.pop()
+        sends.append(time.perf_counter())
+        async with session.post(
+            f"http://127.0.0.1:{port}/v1/completions", data=data, headers={"Content-Type": "application/json"}
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            async for _ in resp.content:
+                break
+
+    sent = []
+
+    async def on_sent(session, ctx, params):
+        sent.append(time.perf_counter())
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(on_sent)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trace_configs=[trace]) as session:
+        await asyncio.gather(*(one(session) for _ in range(n)))
+    t0 = min(sends)
+    ts = sorted(t - t0 for t in sent)
+    print("body written", " ".join(f"{ts[q] * 1e3:.1f}" for q in (0, 1, 2, 10, 50, 128, 200, len(ts) - 1)))
+    return sends
+
+
+def report(sends_path: str, marks_path: str) -> None:
+    with open(sends_path) as f:
+        sends = json.load(f)
+    with open(marks_path) as f:
+        marks = json.load(f)
+    t0 = min(sends)
+    accepted = sorted(t - t0 for kind, t in marks if kind == "accept" and t >= t0)
+    submitted = sorted(t - t0 for kind, t in marks if kind == "submit" and t >= t0)
+    for kind in ("asgi", "body"):
+        ts = sorted(t - t0 for k, t in marks if k == kind and t >= t0)
+        print(kind, " ".join(f"{ts[q] * 1e3:.1f}" for q in (0, 1, 2, 10, 50, 128, 200, len(ts) - 1)))
+    print(f"sent over {(max(sends) - t0) * 1e3:.1f} ms; {len(accepted)} accepted, {len(submitted)} submitted")
+    for q in (0, 1, 2, 10, 50, 128, 200, len(submitted) - 1):
+        print(f"request {q:>3}: accepted {accepted[q] * 1e3:7.1f} ms, submitted {submitted[q] * 1e3:7.1f} ms")
+
+
+def main() -> None:
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "client":
+        port, n, length, vocab = map(int, sys.argv[2:6])
+        sends = asyncio.run(asyncio.wait_for(burst(port, n, length, vocab, sys.argv[6]), 600))
+        with open(sys.argv[7], "w") as f:
+            json.dump(sends, f)
+    else:
+        report(sys.argv[2], sys.argv[3])
+
+
+if __name__ == "__main__":
+    main()
