@@ -1,5 +1,8 @@
 """When a burst's requests reach the server's ``accept`` and ``submit`` (the hand-off to the engine) in the server's
 process, against when the client sent them (one clock: ``time.perf_counter`` is the system's monotonic clock).
+Since round 41 also when the client wrote each body (aiohttp's trace) and when the server's ASGI application was
+first called for each request and got its body; ``PRE_ENCODE=1``: the client's bodies encoded before the load
+starts (as ``benchmarks.serve`` does since then); ``MAX_MODEL_LEN`` (default 2048; the tiny checkpoint: 1024).
 
     python3 burst_probe.py serve MODEL_DIR PORT MARKS.json    # a server (engine in its own process; EP=0: a thread)
     python3 burst_probe.py client PORT N LENGTH VOCAB MODEL SENDS.json    # N completions of LENGTH random ids
@@ -47,10 +50,24 @@ def serve(model: str, port: int, out: str) -> None:
     atexit.register(write)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = create_app(
-        model, page_size=16, num_pages=4000, max_num_seqs=256, max_model_len=2048,
+        model, page_size=16, num_pages=4000, max_num_seqs=256, max_model_len=int(os.environ.get("MAX_MODEL_LEN", 2048)),
         engine_process=os.environ.get("EP", "1") == "1",
     )  # fmt: skip
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    inner = app
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http":
+            marks.append(("asgi", time.perf_counter()))
+
+            async def timed_receive():
+                message = await receive()
+                marks.append(("body", time.perf_counter()))
+                return message
+
+            return await inner(scope, timed_receive, send)
+        return await inner(scope, receive, send)
+
+    uvicorn.run(wrapped, host="127.0.0.1", port=port, log_level="warning")
 
 
 async def burst(port: int, n: int, length: int, vocab: int, model: str) -> list[float]:
@@ -59,18 +76,41 @@ async def burst(port: int, n: int, length: int, vocab: int, model: str) -> list[
     rng = random.Random(0)
     sends = []
 
-    async def one(session) -> None:
-        body = {"model": model, "prompt": [rng.randrange(3, vocab) for _ in range(length)], "max_tokens": 1,
+    def body() -> dict:
+        return {"model": model, "prompt": [rng.randrange(3, vocab) for _ in range(length)], "max_tokens": 1,
                 "stream": True, "ignore_eos": True}  # fmt: skip
+
+    pre = [json.dumps(body()).encode() for _ in range(n)] if os.environ.get("PRE_ENCODE") == "1" else None
+
+    async def one(session) -> None:
+        if pre is not None:
+            given = {"data": pre.pop(), "headers": {"Content-Type": "application/json"}}
+        else:  # (encoded by aiohttp as the request starts, round 40's way)
+            given = {"json": body()}
         sends.append(time.perf_counter())
-        async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions", **given) as resp:
             assert resp.status == 200, await resp.text()
             async for _ in resp.content:
                 break
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    sent = []
+
+    async def on_sent(session, ctx, params):
+        sent.append(time.perf_counter())
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(on_sent)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trace_configs=[trace]) as session:
         await asyncio.gather(*(one(session) for _ in range(n)))
+    t0 = min(sends)
+    ts = sorted(t - t0 for t in sent)
+    print("body written", " ".join(f"{ts[q] * 1e3:.1f}" for q in _ranks(len(ts))))
     return sends
+
+
+def _ranks(n: int) -> list[int]:
+    """The requests printed: the first ones, a few between, the last."""
+    return sorted({q for q in (0, 1, 2, 10, 50, 128, 200) if q < n} | {n - 1})
 
 
 def report(sends_path: str, marks_path: str) -> None:
@@ -81,8 +121,11 @@ def report(sends_path: str, marks_path: str) -> None:
     t0 = min(sends)
     accepted = sorted(t - t0 for kind, t in marks if kind == "accept" and t >= t0)
     submitted = sorted(t - t0 for kind, t in marks if kind == "submit" and t >= t0)
+    for kind in ("asgi", "body"):
+        ts = sorted(t - t0 for k, t in marks if k == kind and t >= t0)
+        print(kind, " ".join(f"{ts[q] * 1e3:.1f}" for q in _ranks(len(ts))))
     print(f"sent over {(max(sends) - t0) * 1e3:.1f} ms; {len(accepted)} accepted, {len(submitted)} submitted")
-    for q in (0, 1, 2, 10, 50, 128, 200, len(submitted) - 1):
+    for q in _ranks(len(submitted)):
         print(f"request {q:>3}: accepted {accepted[q] * 1e3:7.1f} ms, submitted {submitted[q] * 1e3:7.1f} ms")
 
 
