@@ -170,7 +170,8 @@ FP8_AB_CANDIDATE = (128, 4, 2, 2, None, True)
 # relabelled views (mla_decode_fp8_mma: 16 heads a program; its rows are listed first), its scores by the
 # warpgroup MMA in e4m3, (then the 64-head kernel, a register limit and) the masks of the scores' chunks and the
 # values' steps whose bytes integer instructions unpack instead of cvt (F2FP), each copy's page ids a step ahead,
-# the queries loaded and the output stored 16 bytes a lane (coalesced_io, round 39).
+# the queries loaded and the output stored 16 bytes a lane (coalesced_io, round 39; the default since round 41,
+# here also with 3 and 4 buffers: more bytes in flight at one program an SM).
 # The rows: that kernel's tiles (with about half the unpacking moved to the integer pipe, by phase or within each,
 # and all of it; with the page ids ahead) and round 31's one-stage tiles converted once (the other tl variants were
 # timed in rounds 14-27: benchmarks/results/MLA_NOTES.md).
@@ -181,7 +182,9 @@ MLA_FP8_TILES = {16: [(16, 64, 4, 2, False, False, True), (16, 32, 4, 2, False, 
                       (16, 64, 4, 2, False, False, True, False, False, None, 0b11111, 0b1111),
                       (16, 32, 4, 2, False, False, True, False, False, None, 0b01010, 0b10),
                       (16, 64, 4, 2, False, False, True, False, False, None, 0, 0, True),
-                      (16, 64, 4, 2, False, False, True, False, False, None, 0, 0, False, True)],
+                      (16, 64, 4, 2, False, False, True, False, False, None, 0, 0, False, True),
+                      (16, 64, 4, 3, False, False, True, False, False, None, 0, 0, False, True),
+                      (16, 64, 4, 4, False, False, True, False, False, None, 0, 0, False, True)],
                  128: [(16, 64, 4, 2, False, False, True), (64, 64, 8, 2, False, True)]}  # fmt: skip
 MLA_WIDE_TILES = [(64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 8, 2)]  # mla_decode_wide (more than 32 heads)
 # The fp8_mma kernel over an e5m2 cache (its bytes unpacked by prmt alone, no conversion instructions; round 38)
