@@ -103,7 +103,7 @@ class Scheduler:
             pending = uncomputed[seq]
             if pending > 1 and full is None:
                 full = self._capped_prompts_fill(budget, [uncomputed[s] for s in prefilling if s not in preempted])
-            left = pending if pending == 1 else self._chunk(pending, budget, full, partial + 1 >= self.max_partial)
+            left = pending if pending == 1 else self._chunk(pending, budget, full, self.max_partial - partial)
             if left < pending:  # a partial prefill
                 if partial >= self.max_partial:
                     continue
@@ -133,8 +133,7 @@ class Scheduler:
             seq = self.waiting[0]
             if full is None:
                 full = self._capped_prompts_fill(budget, [])
-            n = self._admit(seq, budget, full, may_be_partial=partial < self.max_partial,
-                            last_partial=partial + 1 >= self.max_partial)  # fmt: skip
+            n = self._admit(seq, budget, full, self.max_partial - partial)
             if n is None:
                 break
             partial += n < seq.num_tokens - seq.num_computed
@@ -163,15 +162,16 @@ class Scheduler:
                 return True
         return False
 
-    def _chunk(self, pending: int, budget: float, full: bool, last_partial: bool = False) -> int:
+    def _chunk(self, pending: int, budget: float, full: bool, partial_left: float = float("inf")) -> int:
         """The tokens a prompt with ``pending`` uncomputed ones computes this step, ``budget`` left: at most
         ``long_prefill_token_threshold``, unless the capped chunks fill the step either way (``full``) and the
         rest of this prompt fits in it. The step is then exactly as long, and the prompts finish oldest first
         instead of all advancing a chunk at a time (which would delay every first token); a prompt too long to
         finish still takes only its chunk, so shorter ones behind it go on beside it, unless it is the last
-        prompt ``max_num_partial_prefills`` lets go unfinished (``last_partial``): no prompt behind it could then
-        take a chunk, and it takes all that is left (a step as long as the capped chunks would have made it)."""
-        if full and (pending <= budget or last_partial):
+        prompt ``max_num_partial_prefills`` lets go unfinished (``partial_left``, the prompts it still lets go
+        unfinished this step, at most 1): no prompt behind it could then take a chunk, and it takes all that is
+        left (a step as long as the capped chunks would have made it)."""
+        if full and (pending <= budget or partial_left <= 1):
             return int(min(pending, budget))
         return int(min(pending, budget, self.chunk_cap))
 
@@ -194,19 +194,20 @@ class Scheduler:
         return freed
 
     def _admit(
-        self, seq: Sequence, budget: float, full: bool = False, may_be_partial: bool = True, last_partial: bool = False
+        self, seq: Sequence, budget: float, full: bool = False, partial_left: float = float("inf")
     ) -> int | None:
         """Move the head of ``waiting`` to ``running`` with a request row and pages for its first
-        tokens; returns how many it computes now (``full``: as :meth:`_chunk`), or ``None`` (nothing
-        changed) if the pool is short or, unless ``may_be_partial``, those tokens would not finish its prompt."""
-        if not may_be_partial:  # (decided before anything is taken: it waits every step the limit holds)
+        tokens; returns how many it computes now (``full``, ``partial_left``: as :meth:`_chunk`), or ``None``
+        (nothing changed) if the pool is short or, where no more prompts may be left unfinished this step, those
+        tokens would not finish its prompt."""
+        if partial_left <= 0:  # (decided before anything is taken: it waits every step the limit holds)
             pending = seq.num_tokens - self.pages.cached_tokens(seq)
             if self._chunk(pending, budget, full) < pending:
                 return None
         try:
             seq.req_pool_idx = self.req_pool.alloc()
             cached = self.pages.match_prefix(seq)
-            n = self._chunk(seq.num_tokens - seq.num_computed, budget, full, last_partial)
+            n = self._chunk(seq.num_tokens - seq.num_computed, budget, full, partial_left)
             if not self.pages.reserve(seq, seq.num_computed + n):
                 self._release(seq)
                 return None

@@ -65,13 +65,8 @@ class Preprocessor:
 
     async def run(self, param: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the worker thread; an error the request caused -> 400 on ``param``."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-        try:
-            return await future
-        except APIError:
-            raise
-        except PREPROCESSING_ERRORS as err:
-            raise APIError(400, _describe(err), param=param, code="invalid_value") from None
+        work = functools.partial(self.run_now, param, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     def ids_only(self, prompts: list) -> bool:
         """Whether ``prompts`` are all token ids for a text model: :meth:`completion_prompts` then needs no
@@ -79,7 +74,8 @@ class Preprocessor:
         return not self.multimodal and all(isinstance(p, list) for p in prompts)  # (the schema's list[int])
 
     def run_now(self, param: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` here, with :meth:`run`'s errors (for work that needs no tokenizer)."""
+        """``fn(*args, **kwargs)`` on this thread (for work that needs no tokenizer; :meth:`run` calls it on the
+        worker's); an error the request caused -> 400 on ``param``."""
         try:
             return fn(*args, **kwargs)
         except APIError:
