@@ -24,10 +24,18 @@ from portattn.paging import PageAllocator
 BASE, PER_CHUNK = 6.1e-3, 0.8e-3
 
 
-def simulate(requests: list[dict], budget: int, cap: int, partial: int) -> tuple[list[float], list[float]]:
-    """Every inter-token gap and every TTFT (seconds) of ``requests`` replayed through the scheduler."""
-    pool = ReqToTokenPool(256, 1024, 16, "cpu")
-    scheduler = Scheduler(PageManager(PageAllocator(8192), pool, False), 256, budget, cap, partial)
+def step_cost(prompt_tokens: int, decodes: int) -> float:
+    """Seconds a step takes in this model: ``BASE`` plus ``PER_CHUNK`` for every 128 prompt tokens."""
+    return BASE + PER_CHUNK * prompt_tokens / 128
+
+
+def simulate(requests: list[dict], budget: int, cap: int, partial: int, cost=step_cost):
+    """Every inter-token gap and every TTFT (seconds) of ``requests`` replayed through the scheduler, a step taking
+    ``cost(prompt tokens, decodes)`` seconds."""
+    longest = max(r["input_len"] + r["output_len"] for r in requests)
+    pool = ReqToTokenPool(256, max(1024, longest + 16), 16, "cpu")
+    pages = max(8192, sum(r["input_len"] + r["output_len"] + 15 for r in requests) // 16)
+    scheduler = Scheduler(PageManager(PageAllocator(pages), pool, False), 256, budget, cap, partial)
     order = sorted(range(len(requests)), key=lambda i: requests[i]["start"])
     seqs, last, gaps, ttfts, now, k = {}, {}, [], [], 0.0, 0
     while k < len(order) or scheduler.has_unfinished():
@@ -42,7 +50,7 @@ def simulate(requests: list[dict], budget: int, cap: int, partial: int) -> tuple
             continue
         step = scheduler.schedule()
         prompt_tokens = sum(n for s, n in step if s.num_tokens - s.num_computed > 1)
-        now += BASE + PER_CHUNK * prompt_tokens / 128
+        now += cost(prompt_tokens, sum(1 for s, n in step if s.num_tokens - s.num_computed == 1))
         for seq, n in step:
             seq.num_computed += n
             if seq.num_computed < seq.num_tokens:

@@ -17,7 +17,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > $W/gpu.txt
   --device cuda --dtype bfloat16 > $W/ckpt_log.txt 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export KEEP_CHECKPOINT=/tmp/ck8b
-BASE="--piecewise-graphs --quantization fp8 --max-num-batched-tokens 2048 --piecewise-max-tokens 2048
+B=${BUDGET:-2048}  # (round 41: BUDGET= for other token budgets)
+BASE="--piecewise-graphs --quantization fp8 --max-num-batched-tokens $B --piecewise-max-tokens $B
   --long-prefill-token-threshold 128"
 for run in ${RUNS:-poisson16 poisson16_p1 burst256}; do
   [ $((SECONDS-START)) -lt 450 ] || break
@@ -26,7 +27,7 @@ for run in ${RUNS:-poisson16 poisson16_p1 burst256}; do
     SERVE_ARGS="$BASE $extra" timeout -s INT 180 bash scripts/gpu.sh "bench serve" >> $W/log_$run.txt 2>&1
   for _ in $(seq 40); do [ -s $W/trace_$run.json ] && break; sleep 1; done  # (written as the engine stops)
   echo "$run done at $((SECONDS-START)) s"
-  grep -A3 "^| server" $W/$run/serve_gpu.md 2>/dev/null | tail -n 1
+  grep -A3 "^| server" $W/$run/1-bench-serve/serve_gpu.md 2>/dev/null | tail -n 1
   python3 benchmarks/results/round39/scripts/trace_summary.py $W/trace_$run.json --first 30 \
     --serve $W/$run/1-bench-serve/serve_$load.json > $W/trace_$run.txt 2>&1; head -n 60 $W/trace_$run.txt
 done

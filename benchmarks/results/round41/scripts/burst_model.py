@@ -17,12 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from portattn.engine.page_manager import PageManager
-from portattn.engine.req_pool import ReqToTokenPool
-from portattn.engine.sampling_params import SamplingParams
-from portattn.engine.scheduler import Scheduler
-from portattn.engine.sequence import Sequence
-from portattn.paging import PageAllocator
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "round40/scripts"))
+import partial_sim  # (round 40's replay of a load through the engine's scheduler)
 
 TRACE = Path(__file__).resolve().parents[2] / "round38/gpu_run/call1/burst_warm.json"
 
@@ -39,32 +35,14 @@ def fit(trace: Path) -> np.ndarray:
 
 
 def simulate(coef, budget: int, partial: int, cap: int = 128, n: int = 256, prompt: int = 1024, out: int = 128):
-    """(TTFT mean s, last TTFT s, ITL median ms, ITL p99 ms) of the burst on the model's clock."""
-    pool = ReqToTokenPool(n, prompt + out + 16, 16, "cpu")
-    scheduler = Scheduler(PageManager(PageAllocator(n * (prompt + out) // 16 + 64), pool, False), n, budget, cap,
-                          partial)  # fmt: skip
-    seqs = [Sequence(i, [1 + i % 7] * prompt, SamplingParams(max_tokens=out)) for i in range(n)]
-    for seq in seqs:
-        scheduler.add(seq)
-    now, last, gaps, ttfts = 0.0, {}, [], []
-    while scheduler.has_unfinished():
-        step = scheduler.schedule()
-        prompt_tokens = sum(k for s, k in step if s.num_tokens - s.num_computed > 1)
-        decodes = sum(1 for s, k in step if s.num_tokens - s.num_computed == 1)
-        now += (coef[0] + coef[1] * prompt_tokens + coef[2] * decodes) / 1e3
-        for seq, k in step:
-            seq.num_computed += k
-            if seq.num_computed < seq.num_tokens:
-                continue
-            if seq in last:
-                gaps.append(now - last[seq])
-            else:
-                ttfts.append(now)
-            last[seq] = now
-            if seq.num_tokens - prompt + 1 >= out:
-                scheduler.finish(seq, "length")
-            else:
-                seq.token_ids.append(7)
+    """(TTFT mean s, last TTFT s, ITL median ms, ITL p99 ms) of the burst on the model's clock (round 40's replay
+    of a load through the scheduler, all requests at once, this model's step cost)."""
+    requests = [{"start": 0.0, "input_len": prompt, "output_len": out} for _ in range(n)]
+
+    def cost(tokens: int, decodes: int) -> float:
+        return (coef[0] + coef[1] * tokens + coef[2] * decodes) / 1e3
+
+    gaps, ttfts = partial_sim.simulate(requests, budget, cap, partial, cost)
     gaps.sort()
     return sum(ttfts) / len(ttfts), max(ttfts), gaps[len(gaps) // 2] * 1e3, gaps[int(0.99 * len(gaps))] * 1e3
 
