@@ -103,7 +103,7 @@ def test_the_engine_thread_takes_the_gil_within_the_switch_interval(llm):
 @pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
 def test_the_step_trace_says_where_the_engine_loop_went(model_root, tmp_path, monkeypatch, engine_process):
     """``PORTATTN_STEP_TRACE``: at shutdown the engine's loop (its own process's too) is written out, a row a step
-    with its parts' times and the requests added before it, and a row an idle wait."""
+    with its parts' times, the requests added before it and the prompt tokens it computed, and a row an idle wait."""
     import json
 
     from portattn.server.async_engine import STEP_TRACE_ENV
@@ -114,10 +114,14 @@ def test_the_step_trace_says_where_the_engine_loop_went(model_root, tmp_path, mo
         for _ in range(2):
             status, reply, _ = request(url + "/v1/completions", "POST", {**BODY, "max_tokens": 5})
             assert status == 200, reply
+    prompt_len = reply["usage"]["prompt_tokens"]
     rows = json.loads(path.read_text())["steps"]
     steps = [row for row in rows if "step_ms" in row]
     assert sum(row["added"] for row in rows) == 2 and len(steps) >= 10  # 5 tokens each, one request at a time
     assert all(row["step_ms"] > 0 and row["drain_ms"] >= 0 and row["emit_ms"] >= 0 for row in steps)
     assert all(row["running"] + row["waiting"] <= 1 for row in steps)
+    # the prompt tokens each step computed: the first prompt's whole, the second's less what the prefix cache held
+    assert steps[0]["prompt_tokens"] == prompt_len and all(row["prompt_tokens"] >= 0 for row in steps)
+    assert prompt_len < sum(row["prompt_tokens"] for row in steps) <= 2 * prompt_len
     assert any("idle_ms" in row for row in rows)
     assert [row["t"] for row in rows] == sorted(row["t"] for row in rows)

@@ -255,6 +255,7 @@ class AsyncEngine:
                     trace.append({"t": start, "added": added, "idle_ms": (clock() - start) * 1e3})
                 continue
             drained = clock()
+            prompt_tokens = engine.num_prompt_tokens_computed
             engine.step()
             stepped = clock()
             self._emit()
@@ -266,6 +267,7 @@ class AsyncEngine:
                     "step_ms": (stepped - drained) * 1e3, "emit_ms": (emitted - stepped) * 1e3,
                     "publish_ms": (clock() - emitted) * 1e3, "running": len(engine.scheduler.running),
                     "waiting": len(engine.scheduler.waiting),
+                    "prompt_tokens": engine.num_prompt_tokens_computed - prompt_tokens,
                 })  # fmt: skip
 
     def _drain(self) -> int:

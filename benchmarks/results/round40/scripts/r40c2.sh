@@ -24,7 +24,7 @@ for run in ${RUNS:-poisson16 poisson16_p1 burst256}; do
   [ $((SECONDS-START)) -lt 450 ] || break
   load=${run%_p1}; extra=""; [ $run = poisson16_p1 ] && extra="--max-num-partial-prefills 1"
   PORTATTN_STEP_TRACE=$W/trace_$run.json LOADS=$load PYTHONPATH=/tmp/site OUT=$W/$run LIMIT=150 \
-    SERVE_ARGS="$BASE $extra" timeout -s INT 180 bash scripts/gpu.sh "bench serve" >> $W/log_$run.txt 2>&1
+    SERVE_ARGS="$BASE $extra ${EXTRA:-}" timeout -s INT 180 bash scripts/gpu.sh "bench serve" >> $W/log_$run.txt 2>&1
   for _ in $(seq 40); do [ -s $W/trace_$run.json ] && break; sleep 1; done  # (written as the engine stops)
   echo "$run done at $((SECONDS-START)) s"
   grep -A3 "^| server" $W/$run/1-bench-serve/serve_gpu.md 2>/dev/null | tail -n 1
