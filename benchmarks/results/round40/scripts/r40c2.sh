@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > $W/gpu.txt
   --device cuda --dtype bfloat16 > $W/ckpt_log.txt 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export KEEP_CHECKPOINT=/tmp/ck8b
-B=${BUDGET:-2048}  # (round 41: BUDGET= for other token budgets)
+B=${BUDGET:-2048}  # (round 41: BUDGET= for other token budgets; round 42: EXTRA= for more server flags)
 BASE="--piecewise-graphs --quantization fp8 --max-num-batched-tokens $B --piecewise-max-tokens $B
   --long-prefill-token-threshold 128"
 for run in ${RUNS:-poisson16 poisson16_p1 burst256}; do
