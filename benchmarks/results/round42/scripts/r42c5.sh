@@ -3,6 +3,8 @@
 # (MLATileConfig(wide=True, fp8_products=True)): graph replays at B=64 over 4096 keys against the bf16 cache and the
 # e4m3 cache converted to float16 (the default), each output's error against float64 over the cache as stored;
 # then its GPU tests (tests/kernels/test_mla_wide.py -k e4m3_products).
+# Needs ../fp8_products.patch applied (git apply benchmarks/results/round42/fp8_products.patch): the probe's --wide,
+# --fp8-products and --error and the tests are in it.
 #   OUT=... bash benchmarks/results/round42/scripts/r42c5.sh
 export PYTHONPATH=src
 set -f
