@@ -6,9 +6,10 @@ tiles with a running maximum, the probabilities times 2^8 rounded to e4m3 and su
 the test's: float64 over the cache as stored with the queries rounded in float64 by the same rule. Per sequence: the
 LSE's difference against the bound the probabilities' rounding allows (2^-4 + n 2^-18 over n keys).
 
-With ``--factor 448`` (448 / the row's largest magnitude, the first form) a one-key sequence's LSE is 0.083 off (the
-H100's kernel, on the test's case: 0.084): bfloat16 ratios times 448 land on e4m3's midpoints, and float32's product and float64's fall on
-either side of them. With ``--factor pow2`` (the patch now) the two roundings agree and every LSE is within its bound.
+With ``--factor 448`` (448 / the row's largest magnitude, the first form) a one-key sequence's LSE is 0.083 off
+(the H100's kernel, on the test's case: 0.084): bfloat16 ratios times 448 land on e4m3's midpoints, and float32's
+product and float64's fall on either side of them. With ``--factor pow2`` (the patch now) the two roundings agree
+and every LSE is within its bound.
 
     PYTHONPATH=src:tests python benchmarks/results/round42/scripts/e4m3_products_emulation.py --page-size 1 --heads 100
 """
