@@ -11,8 +11,9 @@ shared loads and stores, barriers; with the kernel's registers, stack (spills) a
 
 * the portable kernel (``mla_decode.py``) at its default tiles: 16 heads (bf16 cache; e4m3 with the rows
   loaded twice) and 64-head blocks (bf16: 32-key steps in 3 stages; e4m3: 64 keys in 2);
-* ``mla_decode_fp8_mma`` (16 heads over e4m3; 64 and 32 keys; the warpgroup-MMA scores; integer unpacking of
-  the values' bytes, of half of each product's, of all; over e5m2, 64 and 32 keys);
+* ``mla_decode_fp8_mma`` (16 heads over e4m3: the default, ``coalesced_io``, then without it: 64 and 32 keys;
+  the warpgroup-MMA scores; integer unpacking of the values' bytes, of half of each product's, of all; over e5m2,
+  64 and 32 keys);
 * ``mla_decode_wide`` (64-head blocks over bf16, e4m3 and e5m2; 64 and 32 keys);
 * one ``mma.sync`` of e4m3 operands (``m16n8k32``, Gluon's ``mma_v2``), which sm_90 has no tensor-core instruction
   for: ptxas converts both operands to float16 (F2FP unpacks) and runs ``HMMA``, so on Hopper only the warpgroup
@@ -127,15 +128,19 @@ def gluon() -> list[dict]:
 
     rows = []
     common = {"PAGE_SIZE": 64, "WRITE_PARTIAL": True, "WRITE_LSE": False, "MIN_SPLIT": 64}
-    for keys, wgmma, alu, e5m2 in ((64, False, (0, 0), False), (32, False, (0, 0), False), (64, True, (0, 0), False),
-                                   (64, False, (0, 0b1111), False), (64, False, (0b01010, 0b1010), False),
-                                   (64, False, (0b11111, 0b1111), False), (64, False, (0, 0), True),
-                                   (32, False, (0, 0), True)):  # fmt: skip
-        const = {**mma.constexprs(keys, 2, wgmma), **common, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2}
+    for keys, wgmma, alu, e5m2, io in ((64, False, (0, 0), False, True), (64, False, (0, 0), False, False),
+                                       (32, False, (0, 0), False, False), (64, True, (0, 0), False, False),
+                                       (64, False, (0, 0b1111), False, False),
+                                       (64, False, (0b01010, 0b1010), False, False),
+                                       (64, False, (0b11111, 0b1111), False, False), (64, False, (0, 0), True, False),
+                                       (32, False, (0, 0), True, False)):  # fmt: skip
+        const = {**mma.constexprs(keys, 2, wgmma), **common, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2,
+                 "PAGES_AHEAD": False, "COALESCED_IO": io}  # fmt: skip
         sig, attrs = signature(mma.mla_decode_fp8_mma_kernel, "*fp8e5" if e5m2 else "*fp8e4nv", const)
         src = GluonASTSource(fn=mma.mla_decode_fp8_mma_kernel, signature=sig, constexprs=const, attrs=attrs)
         kernel = triton.compile(src, target=TARGET, options={"num_warps": mma.NUM_WARPS})
         variant = ", wgmma scores" if wgmma else f", integer unpacking {alu[0]:#07b} {alu[1]:#06b}" if any(alu) else ""
+        variant += ", coalesced_io (the default)" if io else ""
         rows.append(row(f"fp8_mma, 16 heads, {'e5m2' if e5m2 else 'e4m3'} ({keys} keys{variant})", keys, kernel))
     for kv, keys, stages in (("*bf16", 64, 2), ("*fp8e4nv", 64, 2), ("*fp8e5", 64, 2), ("*bf16", 32, 3),
                              ("*fp8e4nv", 32, 3)):  # fmt: skip
