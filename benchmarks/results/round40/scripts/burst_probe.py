@@ -3,6 +3,9 @@ process, against when the client sent them (one clock: ``time.perf_counter`` is 
 Since round 41 also when the client wrote each body (aiohttp's trace) and when the server's ASGI application was
 first called for each request and got its body; ``PRE_ENCODE=1``: the client's bodies encoded before the load
 starts (as ``benchmarks.serve`` does since then); ``MAX_MODEL_LEN`` (default 2048; the tiny checkpoint: 1024).
+Since round 43 the server's process freezes the start-up's objects after the app is built, as ``portattn serve``
+does (``FREEZE=0``: not, as before), and the report counts the garbage collections by generation (how many, how
+long) between the load's start and the last submit.
 
     python3 burst_probe.py serve MODEL_DIR PORT MARKS.json    # a server (engine in its own process; EP=0: a thread)
     python3 burst_probe.py client PORT N LENGTH VOCAB MODEL SENDS.json    # N completions of LENGTH random ids
