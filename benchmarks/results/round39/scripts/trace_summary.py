@@ -1,6 +1,7 @@
 """Read a server's engine-loop trace (``PORTATTN_STEP_TRACE``, written at shutdown): the loop's first steps after
-the first request (where a burst's first stop was, round 38), the medians of each part, and every step whose
-parts took over twice their median (with the requests added before it).
+the first request (where a burst's first stop was, round 38), the medians of each part, every step whose
+parts took over twice their median (with the requests added before it), and (round 43) the steps far longer than
+those around them with the time between them.
 
     python3 benchmarks/results/round39/scripts/trace_summary.py TRACE.json [--first 40] [--serve SERVE.json]
 
@@ -64,9 +65,32 @@ def main() -> int:
     gaps = [(b["t"] - a["t"]) * 1e3 - sum(a.get(p, 0.0) for p in PARTS) - a.get("idle_ms", 0.0)
             for a, b in itertools.pairwise(rows)]  # fmt: skip
     print(f"\ntime between loop rows not in any part: total {sum(gaps):.1f} ms, largest {max(gaps, default=0):.1f} ms")
+    spikes(steps, t0)
     if args.serve:
         stops_beside_steps(rows, args.serve)
     return 0
+
+
+def spikes(steps: list[dict], t0: float) -> None:
+    """Steps over 12 ms and over 2.5 times the median of the ten around them, and the time between groups of them
+    (spikes within 0.3 s of each other grouped): a cause outside the steps' own work recurs at its own period
+    (round 43: call 3 of round 42, every 1.55 s)."""
+    found = []
+    for i, r in enumerate(steps):
+        around = [x["step_ms"] for x in steps[max(0, i - 5) : i] + steps[i + 1 : i + 6]]
+        if around and r["step_ms"] > 12.0 and r["step_ms"] > 2.5 * statistics.median(around):
+            found.append(r)
+    print(f"\n{len(found)} steps over 12 ms and 2.5x the ten around them (t from the start above, step ms):")
+    if not found:
+        return
+    print("  " + " ".join(f"{r['t'] - t0:.2f}:{r['step_ms']:.0f}" for r in found[:60]))
+    groups = [found[0]["t"]]
+    for r in found[1:]:
+        if r["t"] - groups[-1] > 0.3:
+            groups.append(r["t"])
+    between = [b - a for a, b in itertools.pairwise(groups)]
+    if between:
+        print(f"  {len(groups)} groups; between them (s): " + " ".join(f"{x:.2f}" for x in between))
 
 
 def load_start(serve_json: str) -> float | None:
