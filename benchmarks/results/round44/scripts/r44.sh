@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Round 44's device work, for the next session with device time: one part a call, each under 10 minutes. The
 # machine goes back 30 s after a call ends, so issue the calls one after another.
+#   OUT=... bash benchmarks/results/round44/scripts/r44.sh gemm     # no carry
 #   OUT=... bash benchmarks/results/round44/scripts/r44.sh serve    # carry .whl (server wheels only: 64 MiB a call)
 #   OUT=... bash benchmarks/results/round44/scripts/r44.sh mla16    # no carry
 #   OUT=... bash benchmarks/results/round44/scripts/r44.sh mla128   # no carry
+# gemm:   scripts/fp8_gemm_probe.py (no carry, about a minute): the fp8 linears' matmul with and without fast
+#         accumulation at the 8B shape's projections, which set how fast the burst's prefill steps can be.
 # serve:  issue 23 target 3 on the issues' GPU: the burst (256 x 1024 + 128) at budgets 2048 and 3072 and Poisson 16
-#         at 3072 (round 42's r42c3.sh; about 5 minutes); one archive, each server's row and the step traces.
+#         at 3072 (round 42's r42c3.sh; about 5 minutes, at most 10); one archive, each server's row and the traces.
 # mla16:  issue 24 item 1 at 16 heads: the fp8 MLA kernel against the bf16 cache, and its 48 reference cases
 #         (round 41's r42c2.sh; about 6 minutes).
 # mla128: issue 24 item 1 at 128 heads: round 43's pipelined e4m3-products patch applied to the device's copy of the
@@ -14,6 +17,8 @@
 set -f
 R=benchmarks/results
 case "${1:-}" in
+  gemm) PYTHONPATH=src timeout 300 python3 scripts/fp8_gemm_probe.py --out $OUT/fp8_gemm_probe.json 2>&1 |
+           tee $OUT/fp8_gemm_probe.txt ;;
   serve) RUNS="burst256:2048 burst256:3072 poisson16:3072" OUT=$OUT bash $R/round42/scripts/r42c3.sh ;;
   mla16) OUT=$OUT bash $R/round41/scripts/r42c2.sh ;;
   mla128)
@@ -21,5 +26,5 @@ case "${1:-}" in
     git apply $P 2>/dev/null || patch -p1 -s --forward < $P || { echo "the patch did not apply"; exit 1; }
     grep -q "def _e4m3_pipelined" src/portattn/kernels/triton/mla_decode_wide.py || { echo "not patched"; exit 1; }
     PIPELINED=1 OUT=$OUT bash $R/round42/scripts/r42c5.sh ;;
-  *) echo "expected one of serve, mla16, mla128, got '${1:-}'"; exit 2 ;;
+  *) echo "expected one of gemm, serve, mla16, mla128, got '${1:-}'"; exit 2 ;;
 esac
