@@ -79,6 +79,53 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(llm, client):
     assert tokens == {0: text.usage.prompt_tokens + 3, 1: text.usage.prompt_tokens + 3}
 
 
+def test_echo_with_max_tokens_0_gives_the_prompt_alone(llm, served, client):
+    """``max_tokens=0`` with ``echo`` (OpenAI's legacy API, vLLM): the prompt and its log-probabilities, no
+    completion (the token computed after the prompt is left out), finish reason ``length``, no completion
+    tokens in the usage; streamed too. Without ``echo``, or with ``min_tokens``, it is a 400 that says so."""
+    url, _ = served
+    ids = llm.tokenizer(PROMPT)["input_ids"]
+    want = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
+    prompt_want = [e[t].logprob for t, e in zip(ids[1:], want.prompt_logprobs[1:])]
+    got = client.completions.create(model=None, prompt=[ids], max_tokens=0, echo=True, logprobs=2)
+    choice, lp = got.choices[0], got.choices[0].logprobs
+    assert choice.text == llm.tokenizer.decode(ids) and choice.finish_reason == "length"
+    assert lp.tokens[0] == llm.tokenizer.decode([ids[0]]) and "".join(lp.tokens) == choice.text
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.token_logprobs[1:] == pytest.approx(prompt_want, abs=1e-5)
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), 0)
+    text = client.completions.create(model=None, prompt=[PROMPT, "hello"], max_tokens=0, echo=True)
+    assert [c.text for c in text.choices] == [PROMPT, "hello"] and text.choices[0].logprobs is None
+    chunks = client.completions.create(
+        model=None,
+        prompt=PROMPT,
+        max_tokens=0,
+        echo=True,
+        logprobs=1,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    joined, tokens, finish, used = {0: "", 1: ""}, {0: 0, 1: 0}, {}, None
+    for chunk in chunks:
+        used = chunk.usage or used
+        for c in chunk.choices:
+            joined[c.index] += c.text
+            tokens[c.index] += len(c.logprobs.tokens)
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+    prompt_tokens = len(llm.tokenizer(PROMPT)["input_ids"])
+    assert joined == {0: PROMPT, 1: PROMPT} and tokens == {0: prompt_tokens, 1: prompt_tokens}
+    assert finish == {0: "length", 1: "length"} and (used.prompt_tokens, used.completion_tokens) == (prompt_tokens, 0)
+    for body, param, words in (
+        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens", "0 with echo=true"),
+        ({"prompt": PROMPT, "max_tokens": 0, "echo": True, "min_tokens": 1}, "min_tokens", "expected min_tokens 0"),
+    ):
+        status, payload, _ = request(url + "/v1/completions", "POST", body)
+        assert status == 400 and payload["error"]["param"] == param and words in payload["error"]["message"], payload
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}
+    assert request(url + "/v1/chat/completions", "POST", chat)[0] == 400
+
+
 def test_context_length_errors_have_one_wording(served, client):
     url, app = served
     max_len = app.state.server.max_model_len

@@ -258,7 +258,8 @@ def build_app(server: Server) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         arrival = time.perf_counter()
         server.accept(body, "/v1/completions")
-        max_tokens = body.max_tokens or 16
+        # The prompt alone (max_tokens=0 with echo): one token computed, as vLLM does, and left out of the reply.
+        max_tokens = 1 if body.prompt_only else body.max_tokens or 16
         given = body.prompts()
         if body.echo or not pre.ids_only(given):
             prompts, echoes = await pre.run("prompt", pre.completion_prompts, given, max_tokens, body.echo)
@@ -272,13 +273,15 @@ def build_app(server: Server) -> FastAPI:
         server.metrics.labelled(server.metrics.prompt_tokens).inc(prompt_tokens)
         head = {"id": stream.request_id, "object": "text_completion", "created": int(time.time())}
         head["model"] = server.model_name
-        fmt = CompletionFormat(params.n, echoes if body.echo else None, body.prompt_logprobs is not None)
+        fmt = CompletionFormat(
+            params.n, echoes if body.echo else None, body.prompt_logprobs is not None, prompt_only=body.prompt_only
+        )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return sse(completion_chunks(stream, timing, head, fmt, prompt_tokens, include_usage))
         await _collect(stream, timing, request)
         choices = [choice for i, state in enumerate(stream.states) for choice in fmt.choices(i, state.output())]
-        completion_tokens = sum(s.num_output_tokens for st in stream.states for s in st.seqs)
+        completion_tokens = 0 if body.prompt_only else sum(s.num_output_tokens for st in stream.states for s in st.seqs)
         return {**head, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
     @app.post("/v1/chat/completions")

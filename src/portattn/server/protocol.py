@@ -138,9 +138,16 @@ class CompletionRequest(_Sampling):
     # a prompt of 1,024 ids take 106 us to validate instead of 12 (a CPU core; the error for a prompt of no
     # listed type still names the string first).
     prompt: str | list[int] | list[str] | list[list[int]]
+    # 0 with ``echo``: the prompt alone (its log-probabilities with ``logprobs``), as OpenAI's legacy API and vLLM
+    max_tokens: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=128)
+
+    @property
+    def prompt_only(self) -> bool:
+        """``max_tokens=0`` with ``echo``: the reply holds the prompt and no completion."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
@@ -156,6 +163,20 @@ class CompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(
+                400,
+                "expected max_tokens >= 1, or 0 with echo=true (the prompt alone), got 0",
+                param="max_tokens",
+                code="invalid_value",
+            )
+        if self.prompt_only and self.min_tokens:
+            raise APIError(
+                400,
+                f"expected min_tokens 0 with max_tokens=0 (the prompt alone), got {self.min_tokens}",
+                param="min_tokens",
+                code="invalid_value",
+            )
         if self.stream and self.best_of is not None and self.best_of > self.n:
             raise APIError(400, "best_of above n cannot be streamed", param="best_of", code="invalid_value")
 

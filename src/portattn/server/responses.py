@@ -55,10 +55,15 @@ def sse(events: AsyncIterator[dict]) -> StreamingResponse:
 
 class CompletionFormat:
     """Choices of ``/v1/completions``: ``index = prompt * n + choice``, text offsets kept per choice
-    across a stream's chunks, and with ``echo`` the prompt before a choice's first text."""
+    across a stream's chunks, and with ``echo`` the prompt before a choice's first text. ``prompt_only``
+    (``max_tokens=0`` with ``echo``): the prompt alone, the token computed after it left out, finish reason
+    ``length``."""
 
-    def __init__(self, n: int, echoes: list[Echo] | None, prompt_logprobs: bool):
+    def __init__(self, n: int, echoes: list[Echo] | None, prompt_logprobs: bool, *, prompt_only: bool = False):
+        if prompt_only and echoes is None:
+            raise ValueError("expected the echoed prompts with prompt_only, got none")
         self.n = n
+        self.prompt_only = prompt_only
         self.echoes = echoes
         self.prompt_logprobs = prompt_logprobs  # the request asked for the prompt_logprobs field
         self.offsets: dict[int, int] = {}
@@ -72,7 +77,7 @@ class CompletionFormat:
 
     def choice(self, prompt: int, out: RequestOutput, c: CompletionOutput) -> dict:
         index = prompt * self.n + c.index
-        text, echoed_logprobs = c.text, None
+        text, echoed_logprobs = ("" if self.prompt_only else c.text), None
         if self.echoes and index not in self.echoed:
             self.echoed.add(index)
             echo = self.echoes[prompt]
@@ -81,15 +86,20 @@ class CompletionFormat:
                 entries = self.prompt_entries[prompt]  # a stream sends them once per prompt
                 echoed_logprobs = _echoed_logprobs(echo, out.prompt_token_ids, entries)
                 self.offsets[index] = echoed_logprobs.pop("end")
-        logprobs = _completion_logprobs(c, self.offsets, index)
-        if echoed_logprobs is not None:
-            logprobs = {key: echoed_logprobs[key] + logprobs[key] for key in logprobs}
+        if self.prompt_only:
+            logprobs = None if c.logprobs is None else echoed_logprobs or _no_logprobs()
+            finish_reason, stop_reason = ("length" if c.finish_reason is not None else None), None
+        else:
+            logprobs = _completion_logprobs(c, self.offsets, index)
+            if echoed_logprobs is not None:
+                logprobs = {key: echoed_logprobs[key] + logprobs[key] for key in logprobs}
+            finish_reason, stop_reason = c.finish_reason, c.stop_reason
         choice = {
             "index": index,
             "text": text,
             "logprobs": logprobs,
-            "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
         }
         if self.prompt_logprobs and out.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(out)
@@ -107,7 +117,8 @@ async def completion_chunks(
             for choice in fmt.choices(i, out):
                 yield {**head, "choices": [choice]}
         if include_usage:
-            yield {**head, "choices": [], "usage": usage(prompt_tokens, timing.completion_tokens)}
+            completion_tokens = 0 if fmt.prompt_only else timing.completion_tokens
+            yield {**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
     finally:
         stream.abort()
         timing.close()
@@ -160,11 +171,16 @@ def _lp(value: float) -> float:
     return max(value, _MIN_LOGPROB)
 
 
+def _no_logprobs() -> dict:
+    """The legacy completions format's log-probabilities of no token."""
+    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+
 def _completion_logprobs(c: CompletionOutput, offsets: dict[int, int], index: int) -> dict | None:
     """The legacy completions format: parallel lists per token, ``text_offset`` into the choice's text."""
     if c.logprobs is None:
         return None
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    out = _no_logprobs()
     offset = offsets.get(index, 0)
     for token, entry in zip(c.token_ids, c.logprobs):
         offset = _append(out, entry[token], entry, offset)
