@@ -1,5 +1,6 @@
 """The request bodies' models (``portattn.server.protocol``) on their own: each form a completion's prompt may
-take comes out as that form, and the union's order that keeps token ids cheap to validate."""
+take comes out as that form, the union's order that keeps token ids cheap to validate, and NaN or infinities
+refused as not finite."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import typing
 import pytest
 from pydantic import ValidationError
 
-from portattn.server.protocol import CompletionRequest
+from portattn.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
 @pytest.mark.parametrize(
@@ -37,3 +38,14 @@ def test_token_ids_are_tried_before_lists_of_strings_and_a_wrong_type_names_the_
     with pytest.raises(ValidationError) as info:
         CompletionRequest.model_validate({"prompt": 5})
     assert info.value.errors()[0]["msg"] == "Input should be a valid string"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "min_p", "repetition_penalty"])
+def test_nan_and_infinities_are_refused_as_not_finite(field, value):
+    chat = {"messages": [{"role": "user"}]}
+    for model, body in ((CompletionRequest, {"prompt": "hi"}), (ChatCompletionRequest, chat)):
+        with pytest.raises(ValidationError) as info:
+            model.model_validate({**body, field: value})
+        error = info.value.errors()[0]
+        assert error["loc"] == (field,) and error["msg"] == "Input should be a finite number", error

@@ -42,7 +42,9 @@ class APIError(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and infinities (JSON's extensions, which Python's json reads) are refused as such: NaN against a bound
+    # would otherwise be told it is below it
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     def unknown_fields(self) -> list[str]:
         """The names of fields the model does not declare (kept in ``model_extra``)."""
