@@ -33,7 +33,7 @@ case "${1:-}" in
     git apply $P 2>/dev/null || patch -p1 -s --forward < $P || { echo "the patch did not apply"; exit 1; }
     grep -q "FAST_ACCUM_ABOVE_ROWS" src/portattn/models/layers/fp8_linear.py || { echo "not patched"; exit 1; }
     PYTHONPATH=src:tests PORTATTN_TEST_ENGINE_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider \
-      tests/models/test_fp8_linear.py 2>&1 | tail -n 3
+      tests/models/test_fp8_linear.py -k "dequantized_operands or agrees or captured" 2>&1 | tail -n 3
     NAME=r44fast RUNS="burst256:3072 poisson16:3072" OUT=$OUT bash $R/round42/scripts/r42c3.sh ;;
   mla16) OUT=$OUT bash $R/round41/scripts/r42c2.sh ;;
   mla32)
