@@ -27,7 +27,7 @@ R=benchmarks/results
 case "${1:-}" in
   gemm) PYTHONPATH=src timeout 300 python3 scripts/fp8_gemm_probe.py --out $OUT/fp8_gemm_probe.json 2>&1 |
            tee $OUT/fp8_gemm_probe.txt ;;
-  serve) RUNS="burst256:2048 burst256:3072 poisson16:3072" OUT=$OUT bash $R/round42/scripts/r42c3.sh ;;
+  serve) RUNS=${RUNS:-"burst256:2048 burst256:3072 poisson16:3072"} OUT=$OUT bash $R/round42/scripts/r42c3.sh ;;
   serve_fast)
     P=$R/round44/fp8_fast_accum.patch
     git apply $P 2>/dev/null || patch -p1 -s --forward < $P || { echo "the patch did not apply"; exit 1; }
