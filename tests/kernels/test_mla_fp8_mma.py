@@ -520,13 +520,14 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out)
     with pytest.raises(ValueError, match=r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU) .*fp8_mma=True"):
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=FP8_MMA_TILES)
-    # the rules pick these tiles for fp8 caches of up to 16 heads and 16-bit queries, never under the interpreter
+    # the rules pick these tiles for fp8 caches of up to 32 heads and 16-bit queries, never under the interpreter
     # (the launcher's fallback from them runs on a GPU: benchmarks/results/round32_h200/scripts/r32c1.sh, FP8_MMA
     # on, small latents)
     for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        assert choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, fp8_mma=True) == FP8_MMA_TILES
+        for heads in (2, 16, 32):
+            assert choose_tiles(heads, torch.bfloat16, interpret=False, kv_dtype=kv_dtype) == FP8_MMA_TILES
     assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.bfloat16, fp8_mma=True).fp8_mma
-    assert not choose_tiles(32, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
+    assert not choose_tiles(33, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.float32, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.bfloat16, interpret=True, kv_dtype=torch.float8_e4m3fn, fp8_mma=True).fp8_mma
 

@@ -38,6 +38,12 @@ FP8_MMA = True
 # So the launcher runs it at no more splits than fill each SM once (``fp8_mma_splits``); the plan's workspace, sized
 # for its own count, holds the fewer splits' partials.
 FP8_MMA_ONE_PROGRAM_AN_SM = True
+# Up to this many heads take it (16-head blocks; DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 /
+# 128 over 4096 keys, page 64, e4m3) 32 heads took 0.1089 / 0.1699 ms against the bf16 cache's 0.2080 / 0.3943
+# (1.91x / 2.32x) and the portable kernel's 0.2476 / 0.4724 over e4m3; 64 heads took 0.1680 / 0.3292 against
+# 0.1221 / 0.2118 over bf16 and 0.1320 / 0.2341 by the wide kernel over e4m3, so more heads keep their tiles
+# (benchmarks/results/round44/NOTES.md).
+FP8_MMA_MAX_HEADS = 32
 # More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
 # between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
 # page 64) a bf16 cache took 0.190 ms against the portable kernel's 0.360 (1.90x; 385 against 203 TFLOP/s;
@@ -160,7 +166,7 @@ def choose_tiles(
     (``separate_values``: both loads then go through the software pipeline), and 64-head blocks take
     64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
-    0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 16 heads
+    0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 32 heads
     over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``
     over a 16-bit cache, ``WIDE_FP8`` over fp8) more than 32 heads take ``WIDE_TILES`` (``mla_decode_wide``);
     the launcher replaces them by these rules' tiles where those kernels cannot run.
@@ -171,7 +177,7 @@ def choose_tiles(
     if (
         (FP8_MMA if fp8_mma is None else fp8_mma)
         and kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-        and num_heads <= 16
+        and num_heads <= FP8_MMA_MAX_HEADS
         and dtype != torch.float32
     ):
         return FP8_MMA_TILES  # the launcher takes the portable tiles where the kernel cannot run
