@@ -122,9 +122,13 @@ def _runs_here() -> bool:
     return torch.cuda.is_available() and not is_triton_interpreter() and torch.cuda.get_device_capability()[0] == 9
 
 
-# (page size, keys a step, stages, heads, cache): whole tiles in a page (64), several pages a tile (16, 7, 1); one
-# head block, a partial one (40), a full and a partial one (100); each cache dtype at both tile shapes
+# (page size, keys a step, stages, heads, cache): whole tiles in a page (64), several pages a tile (16, 7, 3, 1); one
+# head block, a partial one (40; 17 and 32, which the default gives it), a full and a partial one (100); each cache
+# dtype at both tile shapes
 CASES = [
+    (3, 64, 2, 17, "same"),
+    (64, 32, 3, 32, "same"),
+    (7, 64, 2, 32, torch.float8_e4m3fn),
     (64, 64, 2, 128, "same"),
     (7, 64, 2, 40, torch.float8_e4m3fn),
     (16, 64, 2, 100, torch.float8_e5m2),
@@ -159,7 +163,7 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stage
 
 def test_explicit_wide_tiles_name_what_they_need_here():
     """Asked for where it cannot run (this machine: no Hopper GPU, or an interpreter), the launcher says what it
-    needs; ``wide=True`` picks the tiles for more than 32 heads of 16-bit queries over any cache, never
+    needs; ``wide=True`` picks the tiles for more than 16 heads of 16-bit queries over any cache, never
     interpreted."""
     if _runs_here():
         pytest.skip("the kernel runs here")
@@ -172,15 +176,17 @@ def test_explicit_wide_tiles_name_what_they_need_here():
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=WIDE_TILES)
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
         assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_TILES
-    assert not choose_tiles(32, torch.bfloat16, interpret=False, wide=True).wide
+    assert choose_tiles(17, torch.bfloat16, interpret=False, wide=True) == WIDE_TILES
+    assert not choose_tiles(16, torch.bfloat16, interpret=False, wide=True).wide
     assert not choose_tiles(128, torch.float32, interpret=False, wide=True).wide
     assert not choose_tiles(128, torch.bfloat16, interpret=True, wide=True).wide
     assert not choose_tiles(128, torch.bfloat16, interpret=False, wide=False).wide
 
 
-def test_by_default_more_than_32_heads_take_the_kernel(monkeypatch):
-    """``WIDE`` picks the kernel over bf16 and fp16 caches, ``WIDE_FP8`` over fp8 ones (both on); an explicit
-    ``wide`` overrides both."""
+def test_by_default_more_than_16_heads_take_the_kernel(monkeypatch):
+    """``WIDE`` picks the kernel over bf16 and fp16 caches for more than 16 heads (``WIDE_MIN_HEADS``: 17-32 heads
+    fill part of a block and still ran 1.6-1.7x faster than the portable kernel's 32-head blocks), ``WIDE_FP8``
+    over fp8 ones past the ``fp8_mma`` kernel's 32 (both on); an explicit ``wide`` overrides both."""
     from portattn.kernels.triton import mla_decode_launch as launch
 
     bf16, e4m3, e5m2 = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
@@ -188,7 +194,13 @@ def test_by_default_more_than_32_heads_take_the_kernel(monkeypatch):
     assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
     assert choose_tiles(40, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_TILES
-    assert choose_tiles(32, bf16, interpret=False) == MLATileConfig(32, 32, 8, 3)
+    assert launch.WIDE_MIN_HEADS == 16
+    assert choose_tiles(32, bf16, interpret=False) == WIDE_TILES
+    assert choose_tiles(17, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
+    assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == launch.FP8_MMA_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_TILES
+    assert choose_tiles(32, bf16, interpret=False, wide=False) == MLATileConfig(32, 32, 8, 3)
     assert choose_tiles(128, bf16, interpret=False, wide=False) == MLATileConfig(64, 32, 8, 3)
     monkeypatch.setattr(launch, "WIDE_FP8", False)
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2) == MLATileConfig(64, 64, 8, 2)

@@ -24,7 +24,14 @@ from portattn.device import is_triton_interpreter
 from portattn.engine.llm import LLM
 from portattn.engine.sampling_params import SamplingParams
 from portattn.models import loader
-from portattn.models.layers.fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, fp8_linear, quantize_rows
+from portattn.models.layers.fp8_linear import (
+    FAST_ACCUM_ABOVE_ROWS,
+    FP8_DTYPE,
+    FP8_MAX,
+    MIN_SCALE,
+    fp8_linear,
+    quantize_rows,
+)
 from portattn.models.layers.linear import quantizable_linears
 from portattn.quantization import check_quantization
 from tiny_models import ENGINE_DEVICE, checkpoint, random_prompts
@@ -206,6 +213,21 @@ def test_fp8_linear_is_the_product_of_its_dequantized_operands(bias):
     one = fp8_linear(x[0, :1], weight, weight_scale.t().contiguous(), b)
     assert one.shape == (1, 48) and float((one.double() - want[:1]).abs().max() / want.abs().max()) < tol
     assert fp8_linear(x[:0, 0], weight, weight_scale.t().contiguous(), b).shape == (0, 48)
+
+
+def test_fp8_linear_over_many_rows_is_the_product_of_its_dequantized_operands():
+    """Above ``FAST_ACCUM_ABOVE_ROWS`` rows a GPU's fp8 matmul keeps its sums in the tensor cores' accumulator
+    (``use_fast_accum``): over K = 4096 the result stays within the bfloat16 output's rounding (about 1.7e-3 of the
+    norm) and the accumulator's own, against float64 over the quantized operands."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(FAST_ACCUM_ABOVE_ROWS + 72, 4096, generator=g).to(DEVICE)
+    w = (torch.randn(256, 4096, generator=g) * 0.02).to(DEVICE)
+    weight, weight_scale = quantize_rows(w)
+    got = fp8_linear(x, weight, weight_scale.t().contiguous(), None)
+    qx, sx = quantize_rows(x)
+    want = (qx.double() * sx.double()) @ (weight.double() * weight_scale.double()).t()
+    rel = float((got.double() - want).norm() / want.norm())
+    assert rel < (4e-3 if DEVICE.type == "cuda" else 1e-6), rel
 
 
 QUANTIZED = {  # family -> the projections quantized in each decoder layer

@@ -28,7 +28,9 @@ def main() -> None:
     path = sys.argv[1]
     if not hasattr(fp8_linear, "FAST_ACCUM_ABOVE_ROWS"):
         raise SystemExit("expected round 44's fp8_fast_accum.patch applied")
-    options = dict(device="cuda", dtype="bfloat16", max_model_len=2048, chunked_prefill_size=2048)
+    options = dict(
+        device="cuda", dtype="bfloat16", max_model_len=2048, chunked_prefill_size=2048, gpu_memory_utilization=0.3
+    )
     text = " ".join([PARAGRAPH] + [p.split("\n\n", 1)[1] for p in prompt_sets.read("repetitive")[::5]])
     plain = LLM(path, **options)
     ids = plain.processor.tokenize(text)

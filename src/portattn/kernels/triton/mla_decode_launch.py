@@ -39,17 +39,21 @@ FP8_MMA = True
 # for its own count, holds the fewer splits' partials.
 FP8_MMA_ONE_PROGRAM_AN_SM = True
 # Up to this many heads take it (16-head blocks; DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 /
-# 128 over 4096 keys, page 64, e4m3) 32 heads took 0.1089 / 0.1699 ms against the bf16 cache's 0.2080 / 0.3943
-# (1.91x / 2.32x) and the portable kernel's 0.2476 / 0.4724 over e4m3; 64 heads took 0.1680 / 0.3292 against
-# 0.1221 / 0.2118 over bf16 and 0.1320 / 0.2341 by the wide kernel over e4m3, so more heads keep their tiles
-# (benchmarks/results/round44/NOTES.md).
+# 128 over 4096 keys, page 64, e4m3) 32 heads took 0.1086 / 0.1752 ms against the wide kernel's 0.1316 / 0.2429
+# over e4m3 and the portable kernel's 0.2476 / 0.4724; the bf16 cache takes 0.1299 / 0.2344 there (the wide
+# kernel: 1.20x / 1.34x). 64 heads took 0.1680 / 0.3292 against 0.1320 / 0.2341 by the wide kernel over e4m3, so
+# more heads keep their tiles (benchmarks/results/round44/NOTES.md, round45/NOTES.md).
 FP8_MMA_MAX_HEADS = 32
-# More than 32 heads over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the scores split by keys
-# between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over 4096 keys, 128 heads,
-# page 64) a bf16 cache took 0.190 ms against the portable kernel's 0.360 (1.90x; 385 against 203 TFLOP/s;
-# benchmarks/results/round34_h200/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``) times it with
-# ``MLATileConfig(64, ..., wide=True)``.
+# More than this many heads (WIDE_MIN_HEADS) over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the
+# scores split by keys between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over
+# 4096 keys, 128 heads, page 64) a bf16 cache took 0.190 ms against the portable kernel's 0.360 (1.90x; 385 against
+# 203 TFLOP/s; benchmarks/results/round34_h200/NOTES.md). 17-32 heads fill part of one block and still gain: on an
+# H100 (B=64 / 128 over 4096 keys) 17 heads took 0.1233 / 0.2257 ms against the portable kernel's 0.2027 / 0.3854,
+# 32 heads 0.1299 / 0.2344 against 0.2102 / 0.4011 (1.6-1.7x); 16 heads keep the portable kernel's one 16-head
+# block (0.1133 at B=64; benchmarks/results/round45/NOTES.md). The probe (``scripts/kernels_probe.py mla-fp8``)
+# times it with ``MLATileConfig(64, ..., wide=True)``.
 WIDE = True
+WIDE_MIN_HEADS = 16
 # The same over an fp8 cache (e4m3, e5m2): 0.246 ms there against the portable kernel's 0.413 (1.68x; 0.77x of
 # itself over bf16: the step is compute-bound and the conversion adds work). Its GPU tests pass once the queries'
 # float16 scale is a power of two (``launch.f16_query_scale``; before, their rounding moved the LSE by 1.1e-3).
@@ -168,7 +172,8 @@ def choose_tiles(
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
     0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 32 heads
     over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``
-    over a 16-bit cache, ``WIDE_FP8`` over fp8) more than 32 heads take ``WIDE_TILES`` (``mla_decode_wide``);
+    over a 16-bit cache, ``WIDE_FP8`` over fp8) the other cases of more than 16 heads (``WIDE_MIN_HEADS``) take
+    ``WIDE_TILES`` (``mla_decode_wide``);
     the launcher replaces them by these rules' tiles where those kernels cannot run.
     """
     if interpret:
@@ -181,7 +186,11 @@ def choose_tiles(
         and dtype != torch.float32
     ):
         return FP8_MMA_TILES  # the launcher takes the portable tiles where the kernel cannot run
-    if (wide if wide is not None else WIDE_FP8 if fp8 else WIDE) and num_heads > 32 and dtype != torch.float32:
+    if (
+        (wide if wide is not None else WIDE_FP8 if fp8 else WIDE)
+        and num_heads > WIDE_MIN_HEADS
+        and dtype != torch.float32
+    ):
         return WIDE_TILES  # likewise
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)

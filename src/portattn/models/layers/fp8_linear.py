@@ -44,6 +44,9 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # The smallest scale: an all-zero tensor quantizes to zeros instead of dividing by zero.
 MIN_SCALE = 1e-12
+# Above this many rows the fp8 matmul keeps its sums in the tensor cores' accumulator (``use_fast_accum``), as
+# vLLM's CUTLASS fp8 GEMM on sm_90 does above 128 rows.
+FAST_ACCUM_ABOVE_ROWS = 128
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +93,9 @@ def fp8_linear(
     if q.shape[0] == 0:
         return torch.empty((0, weight.shape[0]), dtype=dtype, device=q.device)
     out_dtype = torch.bfloat16 if q.device.type == "cuda" else dtype  # row-wise scales: bfloat16 out on GPUs
-    y = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=out_dtype).to(dtype)
+    fast = q.shape[0] > FAST_ACCUM_ABOVE_ROWS  # (a GPU's fp8 MMA sums in its own precision; the CPU ignores it)
+    y = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=out_dtype, use_fast_accum=fast)
+    y = y.to(dtype)
     if bias is not None:
         y = y + bias
     return y.view(*lead, weight.shape[0])
