@@ -210,6 +210,43 @@ def test_by_default_more_than_16_heads_take_the_kernel(monkeypatch):
     assert choose_tiles(128, bf16, interpret=False) == MLATileConfig(64, 32, 8, 3)
 
 
+@pytest.mark.parametrize("given", [False, True], ids=["plan_chosen", "given"])
+def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_kept(given, monkeypatch):
+    """Through ``mla_decode_forward`` (the Gluon kernel and the merge replaced: no GPU here), 32 heads over a bf16
+    cache: a split count the plan chose (for the portable kernel's smaller blocks) runs at no more splits than fill
+    each SM once with 64-head blocks, in the same workspace; a count given to the plan runs as given."""
+    from portattn.kernels.triton import mla_decode_launch
+    from portattn.mla import plan_mla_decode
+
+    launched, merged = [], []
+
+    class Merge:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: merged.append(args)
+
+    monkeypatch.setattr(wide, "launch", lambda *a, **k: launched.append(wide.launch_arguments(*a, **k)))
+    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
+    monkeypatch.setattr(mla_decode_launch, "compute_units", lambda device: 6)
+    monkeypatch.setattr(mla_decode_launch, "mla_decode_merge_kernel", Merge())
+    case = make_mla_case([300, 500], page_size=64, num_heads=32, rank=512, rope_dim=64, device="cpu")
+    inputs = {**case.inputs(), "q_nope": case.q_nope.bfloat16(), "q_rope": case.q_rope.bfloat16()}
+    kv = case.kv_cache.bfloat16()
+    plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 64, num_heads=32, kv_lora_rank=512,
+                           max_seqlen_k=500, num_kv_splits=8 if given else None)  # fmt: skip
+    assert plan.num_kv_splits == 8 and plan.splits_chosen is not given  # (256 programs wanted; 500 keys: 8)
+    out = torch.empty_like(inputs["q_nope"])
+    mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                       scale=0.1, num_kv_splits=plan.num_kv_splits, partials=plan.partials, tiles=WIDE_TILES,
+                       min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
+    ((grid, args, _),) = launched
+    splits = 8 if given else 3  # 6 SMs over 2 sequences of one 64-head block
+    assert grid == (1, splits, 2) and merged[0][6] == splits
+    part_out, part_lse = args[7], args[8]
+    assert part_out.shape == (2, 32, splits, 512) and part_lse.shape == (2, 32, splits)
+    assert part_out.data_ptr() == plan.partials[0].data_ptr() and part_lse.data_ptr() == plan.partials[1].data_ptr()
+    assert merged[0][0] is part_out and merged[0][1] is part_lse
+
+
 def test_the_default_tiles_fit_hoppers_shared_memory():
     assert wide.shared_bytes(WIDE_TILES.block_n, WIDE_TILES.num_stages, fp8=False) <= HOPPER_SHARED
     assert wide.shared_bytes(WIDE_TILES.block_n, WIDE_TILES.num_stages, fp8=True) <= HOPPER_SHARED

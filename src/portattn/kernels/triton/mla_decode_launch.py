@@ -54,6 +54,13 @@ FP8_MMA_MAX_HEADS = 32
 # times it with ``MLATileConfig(64, ..., wide=True)``.
 WIDE = True
 WIDE_MIN_HEADS = 16
+# Like the fp8_mma kernel, the wide one runs at no more splits than fill each SM once where the plan chose the
+# count: the plan aims at 256 programs under 64 heads (the portable kernel's smaller blocks), and on an H100 (bf16,
+# 4096 keys) 17 / 32 / 48 heads at 8 sequences took 0.0204 / 0.0257 / 0.0287 ms at 16 splits against 0.0350 /
+# 0.0395 / 0.0434 at the plan's 32, at 64 sequences 0.1112 / 0.1151 / 0.1188 at 2 against 0.1199 / 0.1275 / 0.1344
+# at 4, at 128 sequences 0.2050 / 0.2071 / 0.2094 at 1 against 0.2163 / 0.2253 / 0.2318 at 2
+# (benchmarks/results/round45/NOTES.md). From 64 heads the plan's count already fills each SM about once.
+WIDE_ONE_PROGRAM_AN_SM = True
 # The same over an fp8 cache (e4m3, e5m2): 0.246 ms there against the portable kernel's 0.413 (1.68x; 0.77x of
 # itself over bf16: the step is compute-bound and the conversion adds work). Its GPU tests pass once the queries'
 # float16 scale is a power of two (``launch.f16_query_scale``; before, their rounding moved the LSE by 1.1e-3).
@@ -204,9 +211,10 @@ def choose_tiles(
 
 
 def fp8_mma_splits(num_kv_splits: int, programs_per_split: int, sms: int) -> int:
-    """The split count the ``fp8_mma`` kernel runs at: the plan's ``num_kv_splits`` or fewer, so that the
-    programs (``programs_per_split`` a split: sequences x 16-head blocks) fill each of ``sms`` SMs at most once;
-    at least 1 (``FP8_MMA_ONE_PROGRAM_AN_SM``: measured in benchmarks/results/round38/NOTES.md)."""
+    """The split count the ``fp8_mma`` and wide kernels run at: the plan's ``num_kv_splits`` or fewer, so that the
+    programs (``programs_per_split`` a split: sequences x head blocks of 16 or 64) fill each of ``sms`` SMs at most
+    once; at least 1 (``FP8_MMA_ONE_PROGRAM_AN_SM``, ``WIDE_ONE_PROGRAM_AN_SM``: measured in
+    benchmarks/results/round38/NOTES.md and round45/NOTES.md)."""
     return max(1, min(num_kv_splits, sms // max(1, programs_per_split)))
 
 
@@ -332,8 +340,9 @@ def mla_decode_forward(
             "contiguous partials (the kernels index them as [B, H, splits, R] and [B, H, splits] in order)",
             f"strides {partials[0].stride()} and {partials[1].stride()}",
         )
-    if fewer_splits and tiles.fp8_mma and FP8_MMA_ONE_PROGRAM_AN_SM and num_kv_splits > 1:
-        fewer = fp8_mma_splits(num_kv_splits, batch * -(-num_heads // 16), compute_units(device))
+    one_wave = (tiles.fp8_mma and FP8_MMA_ONE_PROGRAM_AN_SM) or (tiles.wide and WIDE_ONE_PROGRAM_AN_SM)
+    if fewer_splits and one_wave and num_kv_splits > 1:
+        fewer = fp8_mma_splits(num_kv_splits, batch * -(-num_heads // tiles.block_h), compute_units(device))
         if fewer < num_kv_splits:
             if partials is not None:  # the same buffers' first elements, for fewer splits
                 rows = batch * num_heads * fewer
