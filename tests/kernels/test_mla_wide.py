@@ -26,7 +26,7 @@ from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_wide as wide
 from portattn.kernels.triton.mla_decode_launch import WIDE_TILES, MLATileConfig, choose_tiles, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv
-from portattn.testing import mla_decode_ref, tolerance
+from portattn.testing import max_error, mla_decode_ref, tolerance
 
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
@@ -245,6 +245,45 @@ def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_ke
     assert part_out.shape == (2, 32, splits, 512) and part_lse.shape == (2, 32, splits)
     assert part_out.data_ptr() == plan.partials[0].data_ptr() and part_lse.data_ptr() == plan.partials[1].data_ptr()
     assert merged[0][0] is part_out and merged[0][1] is part_lse
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 9.x (no Gluon interpreter)")
+def test_fewer_splits_than_the_plan_chose_give_the_reference(monkeypatch):
+    """On the GPU: 40 sequences of 32 heads over up to 1,100 keys, bf16: the plan chooses 7 splits, the launcher
+    runs the wide kernel at no more than fill each SM once (3 on 132 SMs), and the output and LSE are the
+    float64 reference's within the bf16 tolerance, as at the plan's 7 run as given."""
+    from portattn.kernels.triton import mla_decode_launch
+    from portattn.mla import plan_mla_decode
+
+    grids = []
+    real = wide.launch_arguments
+
+    def spy(*args, **kwargs):
+        launched = real(*args, **kwargs)
+        grids.append(launched[0])
+        return launched
+
+    monkeypatch.setattr(wide, "launch_arguments", spy)
+    lens = [1100 - 27 * i for i in range(40)]
+    case = make_mla_case(lens, page_size=16, num_heads=32, rank=512, rope_dim=64, device="cuda", seed=45)
+    inputs = {**case.inputs(), "q_nope": case.q_nope.bfloat16(), "q_rope": case.q_rope.bfloat16()}
+    kv = case.kv_cache.bfloat16()
+    ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": kv.double()}, scale=0.07, return_lse=True)
+    lowp = mla_decode_ref(**{**inputs, "kv_cache": kv}, scale=0.07, upcast=False)
+    tol = tolerance(ref, lowp, torch.bfloat16)
+    for given in (False, True):
+        plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 16, num_heads=32, kv_lora_rank=512,
+                               max_seqlen_k=max(lens), num_kv_splits=7 if given else None)  # fmt: skip
+        assert plan.num_kv_splits == 7 and plan.splits_chosen is not given
+        out = torch.full_like(inputs["q_nope"], float("nan"))
+        lse = torch.full((40, 32), float("nan"), device="cuda")
+        mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out,
+                           scale=0.07, num_kv_splits=plan.num_kv_splits, partials=plan.partials, lse=lse,
+                           min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
+        sms = mla_decode_launch.compute_units(torch.device("cuda"))
+        assert grids[-1] == (1, 7 if given else min(7, sms // 40), 40)
+        assert max_error(out, ref) <= tol, (given, max_error(out, ref), tol)
+        assert max_error(lse, ref_lse) <= 1e-4 * float(ref_lse.abs().max()), given
 
 
 def test_the_default_tiles_fit_hoppers_shared_memory():

@@ -8,6 +8,7 @@
 #   OUT=... bash benchmarks/results/round45/scripts/r45.sh g3      # carry .gguf_3: the copy alone
 #   OUT=... bash benchmarks/results/round45/scripts/r45.sh g4      # carry .gguf_4: the real model, fast accumulation
 #   OUT=... bash benchmarks/results/round45/scripts/r45.sh mla64   # no carry: 64 heads with round 43's e4m3 products
+#   OUT=... bash benchmarks/results/round45/scripts/r45.sh verify  # no carry: the wide kernel's new rules, timed, tested
 set -f
 R=benchmarks/results
 part() { nvidia-smi --query-gpu=name --format=csv,noheader; mkdir -p /tmp/gg && cp "$1"/part /tmp/gg/p"${1#.gguf_}" && ls -l /tmp/gg; }
@@ -46,5 +47,12 @@ case "${1:-}" in
       T e4m3 --heads 64 --batch $b --wide --fp8-products --pipelined --tiles 64,64,8,2
       T e4m3 --heads 64 --batch $b --wide --fp8-products --pipelined --tiles 64,64,8,3
     done ;;
-  *) echo "expected one of serve, g1, g2, g3, g4, mla64, got '${1:-}'"; exit 2 ;;
+  verify)
+    export PYTHONPATH=src
+    for h in 17 32 48 128; do for b in 1 8 64 128; do
+      timeout 60 python3 scripts/ncu_mla.py bf16 --heads $h --batch $b --time 2>&1 | tail -n 1
+    done; done | tee $OUT/wide_default_after.txt
+    PYTHONPATH=src:tests timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_wide.py \
+      tests/ops/test_mla.py 2>&1 | tail -n 4 | tee $OUT/tests.txt ;;
+  *) echo "expected one of serve, g1, g2, g3, g4, mla64, verify, got '${1:-}'"; exit 2 ;;
 esac
