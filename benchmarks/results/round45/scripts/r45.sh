@@ -49,7 +49,7 @@ case "${1:-}" in
     done ;;
   verify)
     export PYTHONPATH=src
-    for h in 17 32 48; do for b in 8 64 128; do
+    for h in ${HEADS:-17 32 48}; do for b in ${BATCHES:-8 64 128}; do
       timeout 60 python3 scripts/ncu_mla.py bf16 --heads $h --batch $b --time 2>&1 | tail -n 1
     done; done | tee $OUT/wide_default_after.txt
     PYTHONPATH=src:tests timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_wide.py 2>&1 |
