@@ -41,8 +41,9 @@ FP8_MMA_ONE_PROGRAM_AN_SM = True
 # Up to this many heads take it (16-head blocks; DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 /
 # 128 over 4096 keys, page 64, e4m3) 32 heads took 0.1086 / 0.1752 ms against the wide kernel's 0.1316 / 0.2429
 # over e4m3 and the portable kernel's 0.2476 / 0.4724; the bf16 cache takes 0.1299 / 0.2344 there (the wide
-# kernel: 1.20x / 1.34x). 64 heads took 0.1680 / 0.3292 against 0.1320 / 0.2341 by the wide kernel over e4m3, so
-# more heads keep their tiles (benchmarks/results/round44/NOTES.md, round45/NOTES.md).
+# kernel: 1.20x / 1.34x; about 1.05x / 1.19x at its fewer splits, below). 64 heads took 0.1680 / 0.3292 against
+# 0.1320 / 0.2341 by the wide kernel over e4m3, so more heads keep their tiles (benchmarks/results/round44/NOTES.md,
+# round45/NOTES.md).
 FP8_MMA_MAX_HEADS = 32
 # More than this many heads (WIDE_MIN_HEADS) over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the
 # scores split by keys between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over
