@@ -1,6 +1,7 @@
 """What the Gluon MLA kernels' tests share: the GPU check of a kernel's tiles against the float64 reference and the
-portable kernel, and, for the sm_90 compile in a child process, a launch's arguments compiled as Triton's runtime
-binds them, the key loop of a kernel's PTX and the child process that runs the compile."""
+portable kernel, the launches and merges recorded through the launcher on any machine, and, for the sm_90 compile
+in a child process, a launch's arguments compiled as Triton's runtime binds them, the key loop of a kernel's PTX
+and the child process that runs the compile."""
 
 from __future__ import annotations
 
@@ -43,6 +44,25 @@ def check_against_reference_and_portable(
         assert torch.equal(torch.isfinite(lse), finite), where
         assert max_error(lse[finite], ref_lse[finite]) <= lse_rel_tol * float(ref_lse[finite].abs().max()), where
         assert torch.equal(out[-1], torch.zeros_like(out[-1])), where  # no keys: zeros
+
+
+def record_launches(monkeypatch, module, compute_units: int) -> tuple[list, list]:
+    """Through ``mla_decode_forward`` without a GPU: ``module``'s launch (a Gluon MLA kernel's) and the split merge
+    replaced by recorders, the Gluon tiles taken on any machine, ``compute_units`` SMs. Returns ``(launched,
+    merged)``: each launch's ``(grid, args, kwargs)`` and each merge's arguments."""
+    from portattn.kernels.triton import mla_decode_launch
+
+    launched, merged = [], []
+
+    class Merge:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: merged.append(args)
+
+    monkeypatch.setattr(module, "launch", lambda *a, **k: launched.append(module.launch_arguments(*a, **k)))
+    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
+    monkeypatch.setattr(mla_decode_launch, "compute_units", lambda device: compute_units)
+    monkeypatch.setattr(mla_decode_launch, "mla_decode_merge_kernel", Merge())
+    return launched, merged
 
 
 def compile_as_launched(module, heads: int, fn):

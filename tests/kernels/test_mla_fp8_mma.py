@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from kernels.mla_checks import check_against_reference_and_portable, run_compile_child
+from kernels.mla_checks import check_against_reference_and_portable, record_launches, run_compile_child
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_fp8_mma as mma
@@ -384,19 +384,9 @@ def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_ke
     chose runs at ``fp8_mma_splits`` of it, in the same workspace (the partials' first rows, the merge told the
     same count); a count given to the plan runs as given; strided partials (which the kernels would index as
     contiguous) are refused."""
-    from portattn.kernels.triton import mla_decode_launch
     from portattn.mla import plan_mla_decode
 
-    launched, merged = [], []
-
-    class Merge:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: merged.append(args)
-
-    monkeypatch.setattr(mma, "launch", lambda *a, **k: launched.append(mma.launch_arguments(*a, **k)))
-    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
-    monkeypatch.setattr(mla_decode_launch, "compute_units", lambda device: 8)
-    monkeypatch.setattr(mla_decode_launch, "mla_decode_merge_kernel", Merge())
+    launched, merged = record_launches(monkeypatch, mma, compute_units=8)
     case = make_mla_case([300, 500], page_size=64, num_heads=16, rank=512, rope_dim=64, device="cpu")
     kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
     inputs = case.inputs()

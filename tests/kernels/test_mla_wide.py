@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from kernels.mla_checks import check_against_reference_and_portable, run_compile_child
+from kernels.mla_checks import check_against_reference_and_portable, record_launches, run_compile_child
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_wide as wide
@@ -215,19 +215,9 @@ def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_ke
     """Through ``mla_decode_forward`` (the Gluon kernel and the merge replaced: no GPU here), 32 heads over a bf16
     cache: a split count the plan chose (for the portable kernel's smaller blocks) runs at no more splits than fill
     each SM once with 64-head blocks, in the same workspace; a count given to the plan runs as given."""
-    from portattn.kernels.triton import mla_decode_launch
     from portattn.mla import plan_mla_decode
 
-    launched, merged = [], []
-
-    class Merge:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: merged.append(args)
-
-    monkeypatch.setattr(wide, "launch", lambda *a, **k: launched.append(wide.launch_arguments(*a, **k)))
-    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
-    monkeypatch.setattr(mla_decode_launch, "compute_units", lambda device: 6)
-    monkeypatch.setattr(mla_decode_launch, "mla_decode_merge_kernel", Merge())
+    launched, merged = record_launches(monkeypatch, wide, compute_units=6)
     case = make_mla_case([300, 500], page_size=64, num_heads=32, rank=512, rope_dim=64, device="cpu")
     inputs = {**case.inputs(), "q_nope": case.q_nope.bfloat16(), "q_rope": case.q_rope.bfloat16()}
     kv = case.kv_cache.bfloat16()
