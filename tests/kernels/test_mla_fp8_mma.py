@@ -210,32 +210,33 @@ CHILD = textwrap.dedent(
     from kernels.mla_checks import key_loop
     from portattn.kernels.triton import mla_decode_fp8_mma as mma
 
-    def compile_(fn, signature, constexprs):
+    def compile_(fn, signature, constexprs, warps=mma.NUM_WARPS):
         sig = {**signature, **{name: "constexpr" for name in constexprs}}
         attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                  if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot", "stride_qn_b",
                                                           "stride_qn_h", "stride_qr_b", "stride_qr_h")}
         src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": mma.NUM_WARPS})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
     fn = mma.mla_decode_fp8_mma_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32",
             "Out": "*bf16", "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for block_n, page_size, wgmma, alu, e5m2, ahead, coalesced in (
-            (64, 64, False, (0, 0), False, False, False), (32, 16, False, (0, 0), False, False, False),
-            (64, 7, False, (0, 0), False, False, False), (64, 64, True, (0, 0), False, False, False),
-            (64, 64, False, (0b01010, 0b1010), False, False, False),
-            (32, 64, False, (0b11111, 0b11), False, False, False), (64, 64, False, (0, 0), True, False, False),
-            (32, 7, False, (0, 0), True, False, False), (64, 64, False, (0, 0), False, True, False),
-            (64, 7, False, (0, 0), True, True, False), (64, 64, False, (0, 0), False, False, True),
-            (32, 7, False, (0, 0), True, True, True)):
+    for block_n, page_size, wgmma, alu, e5m2, ahead, coalesced, groups in (
+            (64, 64, False, (0, 0), False, False, False, 1), (32, 16, False, (0, 0), False, False, False, 1),
+            (64, 7, False, (0, 0), False, False, False, 1), (64, 64, True, (0, 0), False, False, False, 1),
+            (64, 64, False, (0b01010, 0b1010), False, False, False, 1),
+            (32, 64, False, (0b11111, 0b11), False, False, False, 1), (64, 64, False, (0, 0), True, False, False, 1),
+            (32, 7, False, (0, 0), True, False, False, 1), (64, 64, False, (0, 0), False, True, False, 1),
+            (64, 7, False, (0, 0), True, True, False, 1), (64, 64, False, (0, 0), False, False, True, 1),
+            (32, 7, False, (0, 0), True, True, True, 1), (64, 64, False, (0, 0), False, False, True, 2),
+            (64, 1, False, (0, 0), True, False, True, 2), (32, 7, False, (0, 0), False, True, True, 2)):
         ptrs["KV"] = "*fp8e5" if e5m2 else "*fp8e4nv"
-        const = {**mma.constexprs(block_n, 2, wgmma), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
+        const = {**mma.constexprs(block_n, 2, wgmma, groups), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
                  "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2,
                  "PAGES_AHEAD": ahead, "COALESCED_IO": coalesced}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
-        ptx = compile_(fn, sig, const).asm["ptx"]
+        ptx = compile_(fn, sig, const, mma.warps(groups)).asm["ptx"]
         # the whole kernel's global accesses (outside the loop: the queries' loads, the partials' stores)
         io = {name: len(re.findall(rx, ptx)) for name, rx in (
             ("gld16", r"ld\\.global\\.b16"), ("gldv4", r"ld\\.global\\.v4\\.b32"),
@@ -245,10 +246,10 @@ CHILD = textwrap.dedent(
             ("v4", r"ld\\.shared\\.v4\\.b32"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
             ("mma", r"mma\\.sync\\.aligned\\.m16n8k16"), ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"),
             ("wgmma", r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n16k32\\.f32\\.e4m3\\.e4m3"),
-            ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"),
+            ("local", r"\\b(?:ld|st)\\.local"), ("barriers", r"\\bbar\\.sync"), ("copies", r"cp\\.async\\.cg"),
             ("prmt_zero", r"prmt\\.b32 \\S+, \\S+, \\S+, 0x[13]4[0-9a-fA-F]4;"))}
         print("kernel", block_n, page_size, "wgmma" if wgmma else "mma", f"alu_qk={alu[0]}", f"alu_pv={alu[1]}",
-              f"e5m2={int(e5m2)}", f"ahead={int(ahead)}", f"coalesced={int(coalesced)}",
+              f"e5m2={int(e5m2)}", f"ahead={int(ahead)}", f"coalesced={int(coalesced)}", f"groups={groups}",
               " ".join(f"{k}={v}" for k, v in {**counts, **io}.items()))
 
     # the tiles' physical layout is Triton's NVMMASharedLayout (Triton 3.6's binding cannot print it)
@@ -298,7 +299,7 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 12
+    assert len(kernels) == 15
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
@@ -322,6 +323,10 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
             expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64 - alu, "wgmma": 0}
         expected |= {"byte": 0, "local": 0}
         assert {k: counts[k] for k in expected} == expected, (block_n, page_size, scores, counts)
+        # Two head groups (32 heads on eight warps): each warp's share as with one, the tile's copy split over
+        # twice the warps (64 keys: 16 latent and 2 rope copies of 16 bytes a lane, 8 and 1 with eight warps)
+        if keys == 64 and scores != "wgmma":
+            assert counts["copies"] == 18 // counts["groups"], (block_n, page_size, counts)
         # (with the warpgroup MMA, Triton 3.6 puts one more after the copies' proxy fence)
         assert counts["barriers"] <= (5 if scores == "wgmma" else 4), (block_n, page_size, scores, counts)
         # Outside the loop: by default every warp loads all 16 x 576 queries two bytes a lane (288 loads a
@@ -367,6 +372,49 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_h
         dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, kv_scale, torch.float64)}
         ref, ref_lse = mla_decode_ref(**dequantised, scale=scale, return_lse=True)
         lowp = mla_decode_ref(**dequantised, scale=scale, upcast=False)
+        check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
+                                             tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
+
+
+def test_two_head_groups_share_the_columns_and_split_the_heads():
+    """``head_groups=2`` (32 heads on eight warps): the MMA's third warp bit picks the heads 16-31, the values'
+    fragments are the same for both groups (a zero warp basis), and the row maxima and the output's store
+    layouts cover 32 heads; the warpgroup-MMA scores take one group only."""
+    one, two = mma.constexprs(64, 2), mma.constexprs(64, 2, head_groups=2)
+    assert (one["BLOCK_H"], one["WARPS"], two["BLOCK_H"], two["WARPS"]) == (16, 4, 32, 8) and mma.warps(2) == 8
+    assert two["PV_LOAD"].warp_bases == [*one["PV_LOAD"].warp_bases, [0, 0]]
+    for name, shape in (("ROWS_4", [32, 4]), ("OUT_IO", [32, 512])):
+        assert two[name].warp_bases == [*one[name].warp_bases, [16, 0]] and list(two[name].shape) == shape
+        assert two[name].reg_bases == one[name].reg_bases and two[name].lane_bases == one[name].lane_bases
+    with pytest.raises(ValueError, match="expected one head group with wgmma, got 2"):
+        mma.constexprs(64, 2, True, 2)
+    with pytest.raises(ValueError, match="1 or 2 head groups, got 64, 2 and 4"):
+        mma.constexprs(64, 2, False, 4)
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
+@pytest.mark.parametrize("page_size", [64, 7, 1])
+@pytest.mark.parametrize("block_n, num_heads", [(64, 32), (64, 17), (32, 40)])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_32_head_blocks_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads, kv_dtype):
+    """Two 16-head groups a program over one copy of each tile (eight warps): one full block, a partial one (17),
+    a full and a partial one (40), bf16 and fp16 queries, the same checks as 16-head blocks."""
+    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
+    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
+                         seed=page_size + num_heads)  # fmt: skip
+    scale, kv_scale = 0.07, 0.0625
+    kv_cache = quantize_kv(case.kv_cache, kv_dtype, kv_scale)
+    dequantised = dequantize_kv(kv_cache, kv_scale, torch.float64)
+    tiles = MLATileConfig(32, block_n, 8, 2, fp8_mma=True, coalesced_io=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        inputs = {
+            **case.inputs(),
+            "kv_cache": kv_cache,
+            "q_nope": case.q_nope.to(dtype),
+            "q_rope": case.q_rope.to(dtype),
+        }
+        ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": dequantised}, scale=scale, return_lse=True)
+        lowp = mla_decode_ref(**{**inputs, "kv_cache": dequantised}, scale=scale, upcast=False)
         check_against_reference_and_portable(inputs, tiles, scale=scale, kv_scale=kv_scale, ref=ref, ref_lse=ref_lse,
                                              tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
 
@@ -527,16 +575,19 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     [
         {"block_h": 64},
         {"num_warps": 8},
+        {"block_h": 32},
         {"block_n": 128},
         {"num_stages": 1},
         {"separate_values": True},
     ],
 )
 def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
-    """The kernel's shape is fixed (16 heads, four warps, 32 or 64 keys): other tiles would be ignored."""
+    """The kernel's shapes are fixed (16 heads on four warps or 32 on eight, 32 or 64 keys): other tiles would be
+    ignored."""
     base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
-    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads, 4 warps"):
+    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads on 4 warps or 32 on 8"):
         MLATileConfig(**{**base, **fields})
+    MLATileConfig(**{**base, "block_h": 32, "num_warps": 8})
     with pytest.raises(ValueError, match=r"expected wgmma_scores=False .*wrong outputs on an H200"):
         MLATileConfig(**{**base, "wgmma_scores": True})
 
@@ -607,8 +658,9 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         MLATileConfig(64, 64, 8, 2, wide=True),
         MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010, pages_ahead=True),
         MLATileConfig(16, 64, 4, 2, fp8_mma=True),
+        MLATileConfig(32, 64, 8, 2, fp8_mma=True, coalesced_io=True),
     ],
-    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu", "fp8_mma_two_byte_io"],
+    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu", "fp8_mma_two_byte_io", "fp8_mma_32_heads"],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):
     """``mla_decode_forward`` down to each Gluon kernel's ``launch_arguments`` on any machine (the kernel itself
@@ -620,7 +672,7 @@ def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeyp
     for module in (mma, mla_decode_wide):
         monkeypatch.setattr(module, "launch", lambda *a, m=module, **k: launched.append(m.launch_arguments(*a, **k)))
     monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda *args: None)
-    heads = 64 if tiles.wide else 16
+    heads = 64 if tiles.wide else 40
     case = make_mla_case([5, 70], page_size=64, num_heads=heads, rank=512, rope_dim=64, device="cpu")
     kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
     inputs = case.inputs()
@@ -629,7 +681,9 @@ def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeyp
                        scale=0.1, num_kv_splits=1, tiles=tiles, kv_scale=0.5)  # fmt: skip
     ((grid, _, kwargs),) = launched
     assert grid[2] == 2 and kwargs.get("maxnreg") == tiles.maxnreg
+    assert grid[0] == -(-heads // tiles.block_h) and kwargs["num_warps"] == tiles.num_warps
     if tiles.fp8_mma:
         assert (kwargs["ALU_QK"], kwargs["ALU_PV"]) == (tiles.alu_scores, tiles.alu_values)
         assert kwargs["PAGES_AHEAD"] == tiles.pages_ahead
         assert kwargs["COALESCED_IO"] == tiles.coalesced_io
+        assert kwargs["BLOCK_H"] == tiles.block_h and kwargs["WARPS"] == tiles.num_warps

@@ -9,6 +9,7 @@
 #   OUT=... bash benchmarks/results/round45/scripts/r45.sh g4      # carry .gguf_4: the real model, fast accumulation
 #   OUT=... bash benchmarks/results/round45/scripts/r45.sh mla64   # no carry: 64 heads with round 43's e4m3 products
 #   OUT=... bash benchmarks/results/round45/scripts/r45.sh verify  # no carry: the wide kernel's new rules, timed, tested
+#   OUT=... bash benchmarks/results/round45/scripts/r45.sh mma32   # no carry: fp8_mma in 32-head blocks, timed, tested
 set -f
 R=benchmarks/results
 part() { nvidia-smi --query-gpu=name --format=csv,noheader; mkdir -p /tmp/gg && cp "$1"/part /tmp/gg/p"${1#.gguf_}" && ls -l /tmp/gg; }
@@ -54,5 +55,15 @@ case "${1:-}" in
     done; done | tee $OUT/wide_default_after.txt
     PYTHONPATH=src:tests timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_wide.py 2>&1 |
       tail -n 4 | tee $OUT/tests.txt ;;
-  *) echo "expected one of serve, g1, g2, g3, g4, mla64, verify, got '${1:-}'"; exit 2 ;;
+  mma32)
+    export PYTHONPATH=src
+    for h in 32 17; do for b in 64 128; do
+      for form in "bf16" "e4m3" "e4m3 --tiles 32,64,8,2 --coalesced-io" "e4m3 --tiles 32,64,8,3 --coalesced-io" \
+                  "e5m2 --tiles 32,64,8,2 --coalesced-io"; do
+        timeout 60 python3 scripts/ncu_mla.py $form --heads $h --batch $b --time 2>&1 | tail -n 1
+      done
+    done; done | tee $OUT/mma32.txt
+    PYTHONPATH=src:tests timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_fp8_mma.py \
+      -k "32_head_blocks or launcher_passes" 2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
+  *) echo "expected one of serve, g1, g2, g3, g4, mla64, verify, mma32, got '${1:-}'"; exit 2 ;;
 esac

@@ -22,9 +22,12 @@ memory in 16-byte loads for both products, with no transpose:
   tests/kernels/test_mla_fp8_mma.py).
 * The products are ``mma.sync`` m16n8k16 in float16 with float32 accumulation: the queries are scaled by
   ``q_scale`` and converted to float16 as in the portable kernel's ``F16_DOTS``; 16 heads a program, the
-  scores' keys and the values' columns split over four warps. The probabilities go through 2 KB of shared
-  memory; the softmax's sum is kept per score element and reduced once at the end; the row maximum across the
-  warps takes one barrier (Triton 3.6's own reduction takes three).
+  scores' keys and the values' columns split over four warps. With two head groups (``BLOCK_H`` 32, eight
+  warps: ``constexprs(..., head_groups=2)``) the MMA's third warp bit picks the heads 16-31: each warp does one
+  group's work as with 16 heads, and the tile is copied once for both groups (half the copies a warp). The
+  probabilities go through 2 KB of shared memory (4 KB with two groups); the softmax's sum is kept per score
+  element and reduced once at the end; the row maximum across the warps takes one barrier (Triton 3.6's own
+  reduction takes three).
 * Over an e5m2 cache (``E5M2``) no conversion instruction is needed: e5m2 is float16's high byte, so a
   ``prmt`` with zeros makes a float16 pair of two bytes, exactly (infinities and NaN included), for both
   products. Compiled for sm_90 the 64-key loop keeps its 939 instructions a warp, the 272 conversions become
@@ -182,24 +185,33 @@ def shared_views(block_n: int) -> dict[str, gl.SharedLinearLayout]:
 
 
 @functools.cache
-def constexprs(block_n: int, stages: int, wgmma: bool = False) -> dict:
+def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int = 1) -> dict:
     """The kernel's layout arguments for ``block_n`` keys a step and ``stages`` buffers; ``wgmma``: the scores
-    by Hopper's warpgroup MMA in e4m3 (64 keys a step)."""
-    if block_n not in (32, 64) or stages < 2 or (wgmma and block_n != 64):
+    by Hopper's warpgroup MMA in e4m3 (64 keys a step); ``head_groups``: 16-head groups a program (1 or 2), each
+    on four warps of its own that read the same tile (``warps(head_groups)`` in all)."""
+    if block_n not in (32, 64) or stages < 2 or (wgmma and block_n != 64) or head_groups not in (1, 2):
         raise ValueError(
-            f"expected 32 or 64 keys a step (64 with wgmma) and at least 2 stages, got {block_n} and {stages}"
+            "expected 32 or 64 keys a step (64 with wgmma), at least 2 stages and 1 or 2 head groups, got"
+            f" {block_n}, {stages} and {head_groups}"
         )
-    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS], instr_shape=[16, 8])
+    if wgmma and head_groups != 1:
+        raise ValueError(f"expected one head group with wgmma, got {head_groups}")
+    nw = warps(head_groups)
+    group_warp = [[16, 0]] if head_groups == 2 else []  # the warp bit that picks a program's head group
+    # (the MMA's warps: the lowest two bits along the columns, as with one group, the next along the heads)
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[head_groups, NUM_WARPS], instr_shape=[16, 8])
     # The values' 16-key operand in the B fragment's elements, its registers ordered so that four in a row are
     # bytes j, j + 1 of two keys (one prmt of their words); the same elements as DotOperandLayout(1, mma, 2).
     pv_load = gl.DistributedLinearLayout(
         reg_bases=[[1, 0], [0, 32], [0, 64], [0, 128], [0, 256], [8, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
-        warp_bases=[[0, 8], [0, 16]],
+        warp_bases=[[0, 8], [0, 16]] + [[0, 0]] * (head_groups - 1),  # both groups read the same fragments
         block_bases=[],
         shape=[16, RANK],
     )
     return {
+        "BLOCK_H": 16 * head_groups,
+        "WARPS": nw,
         "BLOCK_N": block_n,
         "STAGES": stages,
         "WGMMA": wgmma,
@@ -207,8 +219,8 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False) -> dict:
         # the scores transposed ([keys, heads]) as the warpgroup MMA leaves them: each warp 16 keys
         "ACC_T": gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 16, 32]),
         "PV_LOAD": pv_load,
-        "C_COPY": gl.BlockedLayout([1, 16], [1, 32], [NUM_WARPS, 1], [1, 0]),
-        "PE_COPY": gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS, 1], [1, 0]),
+        "C_COPY": gl.BlockedLayout([1, 16], [1, 32], [nw, 1], [1, 0]),
+        "PE_COPY": gl.BlockedLayout([1, 16], [8, 4], [nw, 1], [1, 0]),
         "Q_LOAD": gl.BlockedLayout([1, 8], [4, 8], [1, NUM_WARPS], [1, 0]),
         "Q_SMEM": gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
         "C_NAT": gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2),
@@ -217,9 +229,9 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False) -> dict:
         "ROWS_4": gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [8, 0]],
             lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[0, 0], [0, 0]],
+            warp_bases=[[0, 0], [0, 0], *group_warp],
             block_bases=[],
-            shape=[16, 4],
+            shape=[16 * head_groups, 4],
         ),
         # the same maxima [warps, heads] as every lane of a head's column of ACC_T holds them
         "COLS_4": gl.DistributedLinearLayout(
@@ -242,12 +254,17 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False) -> dict:
         "OUT_IO": gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
             lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[0, 128], [0, 256]],
+            warp_bases=[[0, 128], [0, 256], *group_warp],
             block_bases=[],
-            shape=[16, RANK],
+            shape=[16 * head_groups, RANK],
         ),
         **shared_views(block_n),
     }
+
+
+def warps(head_groups: int = 1) -> int:
+    """Warps a program of ``head_groups`` 16-head groups runs on."""
+    return NUM_WARPS * head_groups
 
 
 def supports(
@@ -449,14 +466,15 @@ def _relabel_bits(x, ROWS: gl.constexpr, BITS: gl.constexpr, AXES: gl.constexpr)
 @gluon.jit
 def _queries_f16(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
                  q_scale, A: gl.constexpr, Q_SMEM: gl.constexpr, QK_BITS: gl.constexpr, PE_BITS: gl.constexpr,
-                 QK_AXES: gl.constexpr, PE_AXES: gl.constexpr, COALESCED: gl.constexpr):  # fmt: skip
+                 QK_AXES: gl.constexpr, PE_AXES: gl.constexpr, COALESCED: gl.constexpr, BLOCK_H: gl.constexpr,
+                 WARPS: gl.constexpr):  # fmt: skip
     """The queries times ``q_scale`` in float16 under the scores' labels, in shared memory (nope, rope).
     ``COALESCED``: loaded in dim order, 16 bytes a lane, and relabelled in registers; else each warp loads all of
     them in the scores' operand layout, two bytes a lane at relabelled addresses."""
     q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 512], Q_SMEM)
     if COALESCED:
-        NOPE_IO: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # [8, 128] a pass
-        ROPE_IO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64]
+        NOPE_IO: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # [2 * WARPS, 128] a pass
+        ROPE_IO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])  # [4 * WARPS, 64]
         offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, NOPE_IO))
         dims = gl.arange(0, 128, gl.SliceLayout(0, NOPE_IO))
         q_nope = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + dims[None, :]
@@ -542,7 +560,7 @@ def _col_max(s_t, max_smem, ROWS: gl.constexpr, ROWS_4: gl.constexpr, COLS_4: gl
 
 
 @gluon.jit
-def _row_max(s, max_smem, BLOCK_N: gl.constexpr, ROWS_4: gl.constexpr):
+def _row_max(s, max_smem, BLOCK_N: gl.constexpr, ROWS_4: gl.constexpr, BLOCK_H: gl.constexpr):
     """The maximum of each row of ``s`` (its keys split over the four warps) with one barrier: each warp's own
     maximum through shared memory (the caller's barrier at the top of the step keeps the buffer free)."""
     parts = gl.max(gl.max(gl.reshape(s, [BLOCK_H, BLOCK_N // 32, 4, 8]), 3), 1)  # [heads, warps], in-warp
@@ -566,7 +584,7 @@ def mla_decode_fp8_mma_kernel(
     QK_AXES: gl.constexpr, PE_AXES: gl.constexpr, PV_AXES: gl.constexpr, OUT_IO: gl.constexpr,
     C_NAT: gl.constexpr, C_QK: gl.constexpr, C_PV: gl.constexpr, PE_NAT: gl.constexpr, PE_QK: gl.constexpr,
     ALU_QK: gl.constexpr = 0, ALU_PV: gl.constexpr = 0, E5M2: gl.constexpr = False, PAGES_AHEAD: gl.constexpr = False,
-    COALESCED_IO: gl.constexpr = False,
+    COALESCED_IO: gl.constexpr = False, BLOCK_H: gl.constexpr = 16, WARPS: gl.constexpr = 4,
 ):  # fmt: skip
     A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -588,7 +606,7 @@ def mla_decode_fp8_mma_kernel(
     else:  # the queries under the scores' labels, scaled and in float16
         q_smem, qr_smem = _queries_f16(
             QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
-            A, Q_SMEM, QK_BITS, PE_BITS, QK_AXES, PE_AXES, COALESCED_IO,
+            A, Q_SMEM, QK_BITS, PE_BITS, QK_AXES, PE_AXES, COALESCED_IO, BLOCK_H, WARPS,
         )  # fmt: skip
         max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], Q_SMEM)
@@ -670,7 +688,7 @@ def mla_decode_fp8_mma_kernel(
 
             offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, COLS)
             s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
-            m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_4))  # finite: every tile holds a key
+            m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_4, BLOCK_H))  # finite: every tile holds a key
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(s - m_new[:, None])
             l_part = l_part * alpha[:, None] + p
@@ -724,11 +742,11 @@ def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, pa
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
                      stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0, pages_ahead=False,
-                     coalesced_io=False):  # fmt: skip
+                     coalesced_io=False, head_groups=1):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
     ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``;
-    ``coalesced_io``: ``COALESCED_IO``)."""
+    ``coalesced_io``: ``COALESCED_IO``; ``head_groups``: 16-head groups a program, 1 or 2)."""
     e5m2 = kv_cache.dtype == torch.float8_e5m2
     if (wgmma or e5m2) and (alu_scores or alu_values):
         raise ValueError(
@@ -736,13 +754,13 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
             f" {alu_values} over {kv_cache.dtype}{' with wgmma scores' if wgmma else ''}"
         )
     batch, num_heads, _ = q_nope.shape
-    grid = (-(-num_heads // 16), num_kv_splits, batch)
+    grid = (-(-num_heads // (16 * head_groups)), num_kv_splits, batch)
     args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma), "ALU_QK": alu_scores, "ALU_PV": alu_values,
-              "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
-              "num_warps": NUM_WARPS}  # fmt: skip
+              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma, head_groups), "ALU_QK": alu_scores,
+              "ALU_PV": alu_values, "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
+              "num_warps": warps(head_groups)}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs

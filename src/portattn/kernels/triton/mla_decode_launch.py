@@ -115,7 +115,7 @@ class MLATileConfig:
         for name in ("pages_ahead", "coalesced_io"):
             if getattr(self, name) and not self.fp8_mma:
                 raise ValueError(f"expected {name} only with fp8_mma, got {self}")
-        if self.fp8_mma:  # the Gluon kernel's fixed shape: 16 heads, four warps, 32 or 64 keys
+        if self.fp8_mma:  # the Gluon kernel's shapes: 16 heads on four warps or 32 on eight, 32 or 64 keys
             got = (
                 self.block_h,
                 self.num_warps,
@@ -124,9 +124,9 @@ class MLATileConfig:
                 self.separate_values,
                 self.dequantize_once,
             )
-            if got[:2] != (16, 4) or self.block_n not in (32, 64) or self.num_stages < 2 or any(got[4:]):
+            if got[:2] not in ((16, 4), (32, 8)) or self.block_n not in (32, 64) or self.num_stages < 2 or any(got[4:]):
                 raise ValueError(
-                    "expected fp8_mma tiles of 16 heads, 4 warps, 32 or 64 keys, at least 2 stages, no"
+                    "expected fp8_mma tiles of 16 heads on 4 warps or 32 on 8, 32 or 64 keys, at least 2 stages, no"
                     f" separate_values or dequantize_once, got {self}"
                 )
         if self.wide and (
@@ -385,7 +385,7 @@ def mla_decode_forward(
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
                 stages=t.num_stages, maxnreg=t.maxnreg, alu_scores=t.alu_scores, alu_values=t.alu_values,
-                pages_ahead=t.pages_ahead, coalesced_io=t.coalesced_io,
+                pages_ahead=t.pages_ahead, coalesced_io=t.coalesced_io, head_groups=t.block_h // 16,
             )  # fmt: skip
             return
         if t.wide:
