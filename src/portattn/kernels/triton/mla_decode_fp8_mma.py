@@ -743,7 +743,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
                      stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0, pages_ahead=False,
                      coalesced_io=False, head_groups=1):  # fmt: skip
-    """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16, splits, sequences]`` (the arguments as
+    """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16 a group, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
     ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``;
     ``coalesced_io``: ``COALESCED_IO``; ``head_groups``: 16-head groups a program, 1 or 2)."""
