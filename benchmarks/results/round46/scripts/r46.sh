@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Round 46's device calls, issued one after another on a warm machine.
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh first   # no carry: round 45's verify and mma32 in one call
+#   OUT=... bash benchmarks/results/round46/scripts/r46.sh default32 # no carry: 32-head fp8_mma tiles as the default
+#   OUT=... bash benchmarks/results/round46/scripts/r46.sh serve   # carry .whl: issue 23 target 3 (burst, Poisson 16)
 set -f
 R=benchmarks/results
 case "${1:-}" in
@@ -9,5 +11,19 @@ case "${1:-}" in
     mkdir -p $OUT/verify $OUT/mma32
     OUT=$OUT/verify bash $R/round45/scripts/r45.sh verify
     OUT=$OUT/mma32 bash $R/round45/scripts/r45.sh mma32 ;;
-  *) echo "expected one of first, got '${1:-}'"; exit 2 ;;
+  default32)
+    nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+    git apply $R/round46/fp8_mma_32_default.patch || { echo "the patch did not apply"; exit 1; }
+    export PYTHONPATH=src
+    for h in 17 32; do for b in 8 64 128; do for form in bf16 e4m3 e5m2; do
+      timeout 60 python3 scripts/ncu_mla.py $form --heads $h --batch $b --time 2>&1 | tail -n 1
+    done; done; done | tee $OUT/default32.txt
+    for b in 64 128; do for form in "bf16" "e4m3" "e4m3 --tiles 32,64,8,2 --coalesced-io"; do
+      timeout 60 python3 scripts/ncu_mla.py $form --heads 64 --batch $b --time 2>&1 | tail -n 1
+    done; done | tee $OUT/heads64.txt
+    PYTHONPATH=src:tests timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_mla_fp8_mma.py \
+      tests/kernels/test_mla_wide.py tests/ops/test_mla.py 2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
+  serve)
+    OUT=$OUT bash $R/round45/scripts/r45.sh serve ;;
+  *) echo "expected one of first, default32, serve, got '${1:-}'"; exit 2 ;;
 esac
