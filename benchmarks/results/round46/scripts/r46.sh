@@ -3,9 +3,20 @@
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh first   # no carry: round 45's verify and mma32 in one call
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh default32 # no carry: 32-head fp8_mma tiles as the default
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh serve   # carry .whl: issue 23 target 3 (burst, Poisson 16)
+#   OUT=... bash benchmarks/results/round46/scripts/r46.sh auto    # carry .whl: the next of these not yet run on this
+#                                                                   # warm machine (an H200 serves first), then stops
 set -f
 R=benchmarks/results
 case "${1:-}" in
+  auto)
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    steps="first default32"; case "$gpu" in *H200*) steps="serve first default32" ;; esac
+    for step in $steps; do
+      [ -e /tmp/r46_done_$step ] && continue
+      echo "$gpu: $step" | tee $OUT/step.txt; touch /tmp/r46_done_$step
+      OUT=$OUT bash $0 $step; exit $?
+    done
+    echo "$gpu: every step has run" ;;
   first)
     nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee $OUT/gpu.txt
     mkdir -p $OUT/verify $OUT/mma32
@@ -25,5 +36,5 @@ case "${1:-}" in
       tests/kernels/test_mla_wide.py tests/ops/test_mla.py 2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
   serve)
     OUT=$OUT bash $R/round45/scripts/r45.sh serve ;;
-  *) echo "expected one of first, default32, serve, got '${1:-}'"; exit 2 ;;
+  *) echo "expected one of auto, first, default32, serve, got '${1:-}'"; exit 2 ;;
 esac
