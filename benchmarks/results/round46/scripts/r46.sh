@@ -29,8 +29,8 @@ case "${1:-}" in
     for h in 17 32; do for b in 8 64 128; do for form in bf16 e4m3 e5m2; do
       timeout 60 python3 scripts/ncu_mla.py $form --heads $h --batch $b --time 2>&1 | tail -n 1
     done; done; done | tee $OUT/default32.txt
-    for b in 64 128; do for form in "bf16" "e4m3" "e4m3 --tiles 32,64,8,2 --coalesced-io"; do
-      timeout 60 python3 scripts/ncu_mla.py $form --heads 64 --batch $b --time 2>&1 | tail -n 1
+    for hb in 64:64 64:128 128:64; do for form in "bf16" "e4m3" "e4m3 --tiles 32,64,8,2 --coalesced-io"; do
+      timeout 60 python3 scripts/ncu_mla.py $form --heads ${hb%:*} --batch ${hb#*:} --time 2>&1 | tail -n 1
     done; done | tee $OUT/heads64.txt
     PYTHONPATH=src:tests timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_mla_fp8_mma.py \
       tests/kernels/test_mla_wide.py tests/ops/test_mla.py 2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
