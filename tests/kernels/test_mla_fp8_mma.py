@@ -229,7 +229,8 @@ CHILD = textwrap.dedent(
             (32, 7, False, (0, 0), True, False, False, 1), (64, 64, False, (0, 0), False, True, False, 1),
             (64, 7, False, (0, 0), True, True, False, 1), (64, 64, False, (0, 0), False, False, True, 1),
             (32, 7, False, (0, 0), True, True, True, 1), (64, 64, False, (0, 0), False, False, True, 2),
-            (64, 1, False, (0, 0), True, False, True, 2), (32, 7, False, (0, 0), False, True, True, 2)):
+            (64, 1, False, (0, 0), True, False, True, 2), (32, 7, False, (0, 0), False, True, True, 2),
+            (64, 64, False, (0, 0), False, False, True, 4), (32, 7, False, (0, 0), True, False, True, 4)):
         ptrs["KV"] = "*fp8e5" if e5m2 else "*fp8e4nv"
         const = {**mma.constexprs(block_n, 2, wgmma, groups), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
                  "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2,
@@ -299,7 +300,7 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 15
+    assert len(kernels) == 17
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
@@ -323,10 +324,12 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
             expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64 - alu, "wgmma": 0}
         expected |= {"byte": 0, "local": 0}
         assert {k: counts[k] for k in expected} == expected, (block_n, page_size, scores, counts)
-        # Two head groups (32 heads on eight warps): each warp's share as with one, the tile's copy split over
-        # twice the warps (64 keys: 16 latent and 2 rope copies of 16 bytes a lane, 8 and 1 with eight warps)
+        # Two or four head groups (32 heads on eight warps, 64 on sixteen): each warp's share as with one, the
+        # tile's copy split over the warps (64 keys: 16 latent and 2 rope copies of 16 bytes a lane; 8 and 1 with
+        # eight warps; 4 and 1 with sixteen, the rope's 4 KB being less than one copy of 16 bytes a lane)
         if keys == 64 and scores != "wgmma":
-            assert counts["copies"] == 18 // counts["groups"], (block_n, page_size, counts)
+            groups = counts["groups"]
+            assert counts["copies"] == 16 // groups + -(-2 // groups), (block_n, page_size, counts)
         # (with the warpgroup MMA, Triton 3.6 puts one more after the copies' proxy fence)
         assert counts["barriers"] <= (5 if scores == "wgmma" else 4), (block_n, page_size, scores, counts)
         # Outside the loop: by default every warp loads all 16 x 576 queries two bytes a lane (288 loads a
@@ -376,10 +379,11 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, num_h
                                              tol=tolerance(ref, lowp, dtype), lse_rel_tol=1e-4)  # fmt: skip
 
 
-def test_two_head_groups_share_the_columns_and_split_the_heads():
+def test_two_or_four_head_groups_share_the_columns_and_split_the_heads():
     """``head_groups=2`` (32 heads on eight warps): the MMA's third warp bit picks the heads 16-31, the values'
     fragments are the same for both groups (a zero warp basis), and the row maxima and the output's store
-    layouts cover 32 heads; the warpgroup-MMA scores take one group only."""
+    layouts cover 32 heads; four groups take the fourth warp bit for heads 32-63; the warpgroup-MMA scores take one
+    group only."""
     one, two = mma.constexprs(64, 2), mma.constexprs(64, 2, head_groups=2)
     assert (one["BLOCK_H"], one["WARPS"], two["BLOCK_H"], two["WARPS"]) == (16, 4, 32, 8) and mma.warps(2) == 8
     assert two["PV_LOAD"].warp_bases == [*one["PV_LOAD"].warp_bases, [0, 0]]
@@ -388,24 +392,32 @@ def test_two_head_groups_share_the_columns_and_split_the_heads():
         assert two[name].reg_bases == one[name].reg_bases and two[name].lane_bases == one[name].lane_bases
     with pytest.raises(ValueError, match="expected one head group with wgmma, got 2"):
         mma.constexprs(64, 2, True, 2)
-    with pytest.raises(ValueError, match="1 or 2 head groups, got 64, 2 and 4"):
-        mma.constexprs(64, 2, False, 4)
+    four = mma.constexprs(64, 2, head_groups=4)
+    assert (four["BLOCK_H"], four["WARPS"], mma.warps(4)) == (64, 16, 16)
+    assert four["PV_LOAD"].warp_bases == [*one["PV_LOAD"].warp_bases, [0, 0], [0, 0]]
+    for name, shape in (("ROWS_4", [64, 4]), ("OUT_IO", [64, 512])):
+        assert four[name].warp_bases == [*one[name].warp_bases, [16, 0], [32, 0]] and list(four[name].shape) == shape
+    with pytest.raises(ValueError, match="1, 2 or 4 head groups, got 64, 2 and 3"):
+        mma.constexprs(64, 2, False, 3)
 
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
 @pytest.mark.parametrize("page_size", [64, 7, 1])
-@pytest.mark.parametrize("block_n, num_heads", [(64, 32), (64, 17), (32, 40)])
+@pytest.mark.parametrize("block_h, block_n, num_heads", [(32, 64, 32), (32, 64, 17), (32, 32, 40), (64, 64, 64),
+                                                     (64, 32, 40), (64, 64, 128)])  # fmt: skip
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
-def test_32_head_blocks_against_the_reference_and_the_portable_kernel(page_size, block_n, num_heads, kv_dtype):
-    """Two 16-head groups a program over one copy of each tile (eight warps): one full block, a partial one (17),
-    a full and a partial one (40), bf16 and fp16 queries, the same checks as 16-head blocks."""
+def test_32_and_64_head_blocks_against_the_reference_and_the_portable_kernel(page_size, block_h, block_n, num_heads,
+                                                                           kv_dtype):  # fmt: skip
+    """Two or four 16-head groups a program over one copy of each tile (eight or sixteen warps): one full block, a
+    partial one (17, 40 in 64), a full and a partial one (40 in 32), two full ones (128), bf16 and fp16 queries, the
+    same checks as 16-head blocks."""
     lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
     case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
                          seed=page_size + num_heads)  # fmt: skip
     scale, kv_scale = 0.07, 0.0625
     kv_cache = quantize_kv(case.kv_cache, kv_dtype, kv_scale)
     dequantised = dequantize_kv(kv_cache, kv_scale, torch.float64)
-    tiles = MLATileConfig(32, block_n, 8, 2, fp8_mma=True, coalesced_io=True)
+    tiles = MLATileConfig(block_h, block_n, block_h // 4, 2, fp8_mma=True, coalesced_io=True)
     for dtype in (torch.bfloat16, torch.float16):
         inputs = {
             **case.inputs(),
@@ -582,12 +594,13 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     ],
 )
 def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
-    """The kernel's shapes are fixed (16 heads on four warps or 32 on eight, 32 or 64 keys): other tiles would be
-    ignored."""
+    """The kernel's shapes are fixed (16 heads on four warps, 32 on eight or 64 on sixteen, 32 or 64 keys): other
+    tiles would be ignored."""
     base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
-    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads on 4 warps or 32 on 8"):
+    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads on 4 warps, 32 on 8 or 64 on 16"):
         MLATileConfig(**{**base, **fields})
     MLATileConfig(**{**base, "block_h": 32, "num_warps": 8})
+    MLATileConfig(**{**base, "block_h": 64, "num_warps": 16})
     with pytest.raises(ValueError, match=r"expected wgmma_scores=False .*wrong outputs on an H200"):
         MLATileConfig(**{**base, "wgmma_scores": True})
 
@@ -659,8 +672,17 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         MLATileConfig(16, 64, 4, 2, fp8_mma=True, alu_scores=0b01010, alu_values=0b1010, pages_ahead=True),
         MLATileConfig(16, 64, 4, 2, fp8_mma=True),
         MLATileConfig(32, 64, 8, 2, fp8_mma=True, coalesced_io=True),
+        MLATileConfig(64, 32, 16, 3, fp8_mma=True, coalesced_io=True),
     ],
-    ids=["fp8_mma_maxnreg", "fp8_mma", "wide", "fp8_mma_alu", "fp8_mma_two_byte_io", "fp8_mma_32_heads"],
+    ids=[
+        "fp8_mma_maxnreg",
+        "fp8_mma",
+        "wide",
+        "fp8_mma_alu",
+        "fp8_mma_two_byte_io",
+        "fp8_mma_32_heads",
+        "fp8_mma_64_heads",
+    ],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):
     """``mla_decode_forward`` down to each Gluon kernel's ``launch_arguments`` on any machine (the kernel itself

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Round 46's device calls, issued one after another on a warm machine.
-#   OUT=... bash benchmarks/results/round46/scripts/r46.sh first   # no carry: round 45's verify and mma32 in one call
+#   OUT=... bash benchmarks/results/round46/scripts/r46.sh first   # no carry: fp8 MLA tiles of 32 and 64 heads, timed, tested
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh default32 # no carry: 32-head fp8_mma tiles as the default
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh serve   # carry .whl: issue 23 target 3 (burst, Poisson 16)
 #   OUT=... bash benchmarks/results/round46/scripts/r46.sh auto    # carry .whl: the next of these not yet run on this
@@ -19,9 +19,12 @@ case "${1:-}" in
     echo "$gpu: every step has run" ;;
   first)
     nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee $OUT/gpu.txt
-    mkdir -p $OUT/verify $OUT/mma32
-    OUT=$OUT/verify bash $R/round45/scripts/r45.sh verify
-    OUT=$OUT/mma32 bash $R/round45/scripts/r45.sh mma32 ;;
+    # the timings alone on the GPU, then the tests: the 32- and 64-head fp8_mma tiles, the wide kernel's split cut
+    PYTHONPATH=src timeout 340 python3 $R/round46/scripts/mla_many.py $R/round46/scripts/mla_cases.txt 300 2>&1 |
+      grep -v Warning | tee $OUT/mla_times.txt
+    PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_fp8_mma.py \
+      tests/kernels/test_mla_wide.py -k "head_blocks or launcher_passes or fewer_splits or wide" 2>&1 | tail -n 12 |
+      tee $OUT/tests.txt ;;
   default32)
     nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
     git apply $R/round46/fp8_mma_32_default.patch || { echo "the patch did not apply"; exit 1; }

@@ -24,8 +24,9 @@ memory in 16-byte loads for both products, with no transpose:
   ``q_scale`` and converted to float16 as in the portable kernel's ``F16_DOTS``; 16 heads a program, the
   scores' keys and the values' columns split over four warps. With two head groups (``BLOCK_H`` 32, eight
   warps: ``constexprs(..., head_groups=2)``) the MMA's third warp bit picks the heads 16-31: each warp does one
-  group's work as with 16 heads, and the tile is copied once for both groups (half the copies a warp). The
-  probabilities go through 2 KB of shared memory (4 KB with two groups); the softmax's sum is kept per score
+  group's work as with 16 heads, and the tile is copied once for both groups (half the copies a warp). Four
+  groups (``BLOCK_H`` 64, sixteen warps: 128 registers a thread at most, so ptxas spills some) read it once for
+  64 heads. The probabilities go through 2 KB of shared memory a group; the softmax's sum is kept per score
   element and reduced once at the end; the row maximum across the warps takes one barrier (Triton 3.6's own
   reduction takes three).
 * Over an e5m2 cache (``E5M2``) no conversion instruction is needed: e5m2 is float16's high byte, so a
@@ -187,25 +188,27 @@ def shared_views(block_n: int) -> dict[str, gl.SharedLinearLayout]:
 @functools.cache
 def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int = 1) -> dict:
     """The kernel's layout arguments for ``block_n`` keys a step and ``stages`` buffers; ``wgmma``: the scores
-    by Hopper's warpgroup MMA in e4m3 (64 keys a step); ``head_groups``: 16-head groups a program (1 or 2), each
-    on four warps of its own that read the same tile (``warps(head_groups)`` in all)."""
-    if block_n not in (32, 64) or stages < 2 or (wgmma and block_n != 64) or head_groups not in (1, 2):
+    by Hopper's warpgroup MMA in e4m3 (64 keys a step); ``head_groups``: 16-head groups a program (1, 2 or 4),
+    each on four warps of its own that read the same tile (``warps(head_groups)`` in all)."""
+    if block_n not in (32, 64) or stages < 2 or (wgmma and block_n != 64) or head_groups not in (1, 2, 4):
         raise ValueError(
-            "expected 32 or 64 keys a step (64 with wgmma), at least 2 stages and 1 or 2 head groups, got"
+            "expected 32 or 64 keys a step (64 with wgmma), at least 2 stages and 1, 2 or 4 head groups, got"
             f" {block_n}, {stages} and {head_groups}"
         )
     if wgmma and head_groups != 1:
         raise ValueError(f"expected one head group with wgmma, got {head_groups}")
     nw = warps(head_groups)
-    group_warp = [[16, 0]] if head_groups == 2 else []  # the warp bit that picks a program's head group
-    # (the MMA's warps: the lowest two bits along the columns, as with one group, the next along the heads)
+    # the warp bits that pick a program's head group (the MMA's warps: the lowest two bits along the columns, as
+    # with one group, the next along the heads)
+    group_warp = [[16 << i, 0] for i in range(head_groups.bit_length() - 1)]
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[head_groups, NUM_WARPS], instr_shape=[16, 8])
     # The values' 16-key operand in the B fragment's elements, its registers ordered so that four in a row are
     # bytes j, j + 1 of two keys (one prmt of their words); the same elements as DotOperandLayout(1, mma, 2).
     pv_load = gl.DistributedLinearLayout(
         reg_bases=[[1, 0], [0, 32], [0, 64], [0, 128], [0, 256], [8, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
-        warp_bases=[[0, 8], [0, 16]] + [[0, 0]] * (head_groups - 1),  # both groups read the same fragments
+        # every group reads the same fragments
+        warp_bases=[[0, 8], [0, 16]] + [[0, 0]] * (head_groups.bit_length() - 1),
         block_bases=[],
         shape=[16, RANK],
     )
@@ -746,7 +749,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16 a group, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
     ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``;
-    ``coalesced_io``: ``COALESCED_IO``; ``head_groups``: 16-head groups a program, 1 or 2)."""
+    ``coalesced_io``: ``COALESCED_IO``; ``head_groups``: 16-head groups a program, 1, 2 or 4)."""
     e5m2 = kv_cache.dtype == torch.float8_e5m2
     if (wgmma or e5m2) and (alu_scores or alu_values):
         raise ValueError(

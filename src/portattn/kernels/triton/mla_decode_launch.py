@@ -115,7 +115,7 @@ class MLATileConfig:
         for name in ("pages_ahead", "coalesced_io"):
             if getattr(self, name) and not self.fp8_mma:
                 raise ValueError(f"expected {name} only with fp8_mma, got {self}")
-        if self.fp8_mma:  # the Gluon kernel's shapes: 16 heads on four warps or 32 on eight, 32 or 64 keys
+        if self.fp8_mma:  # the Gluon kernel's shapes: 16 heads on four warps, 32 on eight or 64 on 16; 32 or 64 keys
             got = (
                 self.block_h,
                 self.num_warps,
@@ -124,10 +124,11 @@ class MLATileConfig:
                 self.separate_values,
                 self.dequantize_once,
             )
-            if got[:2] not in ((16, 4), (32, 8)) or self.block_n not in (32, 64) or self.num_stages < 2 or any(got[4:]):
+            shape = got[:2] in ((16, 4), (32, 8), (64, 16))
+            if not shape or self.block_n not in (32, 64) or self.num_stages < 2 or any(got[4:]):
                 raise ValueError(
-                    "expected fp8_mma tiles of 16 heads on 4 warps or 32 on 8, 32 or 64 keys, at least 2 stages, no"
-                    f" separate_values or dequantize_once, got {self}"
+                    "expected fp8_mma tiles of 16 heads on 4 warps, 32 on 8 or 64 on 16, 32 or 64 keys, at least 2"
+                    f" stages, no separate_values or dequantize_once, got {self}"
                 )
         if self.wide and (
             (self.block_h, self.num_warps) != (64, 8)
