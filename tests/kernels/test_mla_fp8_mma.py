@@ -24,6 +24,7 @@ from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_fp8_mma as mma
 from portattn.kernels.triton.mla_decode_launch import (
+    FP8_MMA_32_HEAD_TILES,
     FP8_MMA_TILES,
     MLATileConfig,
     choose_tiles,
@@ -31,7 +32,7 @@ from portattn.kernels.triton.mla_decode_launch import (
     mla_decode_forward,
 )
 from portattn.kv_quant import dequantize_kv, quantize_kv
-from portattn.testing import mla_decode_ref, tolerance
+from portattn.testing import max_error, mla_decode_ref, tolerance
 
 
 def _coords(bases: list[list[int]], offset: int) -> tuple[int, ...]:
@@ -437,6 +438,51 @@ def test_one_program_an_sm_by_split_count():
     assert [fp8_mma_splits(64, 1, 132), fp8_mma_splits(64, 4, 132), fp8_mma_splits(1, 64, 132)] == [64, 33, 1]
 
 
+@pytest.mark.parametrize("batch, head_blocks, warps", [(31, 2, 4), (32, 1, 8)])
+def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, head_blocks, warps, monkeypatch):
+    """Through ``mla_decode_forward`` with its own tiles (the Gluon kernel replaced: no GPU here): 32 heads of fewer
+    than ``FP8_MMA_32_HEAD_MIN_BATCH`` sequences run in two 16-head blocks on four warps, of more in one 32-head
+    block on eight."""
+    from portattn.kernels.triton import mla_decode_launch
+
+    launched, _ = record_launches(monkeypatch, mma, compute_units=132)
+    monkeypatch.setattr(mla_decode_launch, "is_triton_interpreter", lambda: False)
+    case = make_mla_case([5] * batch, page_size=16, num_heads=32, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    mla_decode_forward(inputs["q_nope"].to(torch.bfloat16), inputs["q_rope"].to(torch.bfloat16), kv,
+                       inputs["page_table"], inputs["seq_lens"], torch.empty_like(case.q_nope, dtype=torch.bfloat16),
+                       scale=0.1, num_kv_splits=1, kv_scale=0.5)  # fmt: skip
+    ((grid, _, kwargs),) = launched
+    assert (grid[0], grid[2], kwargs["num_warps"], kwargs["BLOCK_H"]) == (head_blocks, batch, warps, 4 * warps)
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_dtype):
+    """The launcher's own tiles (one 32-head block: 40 sequences) at the plan's split count, cut to fill each SM
+    once, against the float64 reference."""
+    from portattn.mla import plan_mla_decode
+
+    lens = [1, 63, 64, 65, 300, 1000, 7, 0] * 5
+    case = make_mla_case(lens, page_size=16, num_heads=24, rank=512, rope_dim=64, device="cuda", seed=24)
+    kv_cache = quantize_kv(case.kv_cache, kv_dtype, 0.0625)
+    inputs = {**case.inputs(), "kv_cache": kv_cache}
+    inputs |= {"q_nope": case.q_nope.to(torch.bfloat16), "q_rope": case.q_rope.to(torch.bfloat16)}
+    dequantised = {**inputs, "kv_cache": dequantize_kv(kv_cache, 0.0625, torch.float64)}
+    ref = mla_decode_ref(**dequantised, scale=0.07)
+    tol = tolerance(ref, mla_decode_ref(**dequantised, scale=0.07, upcast=False), torch.bfloat16)
+    plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 16, num_heads=24, kv_lora_rank=512,
+                           max_seqlen_k=1000)  # fmt: skip
+    assert choose_tiles(24, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, batch=40) == FP8_MMA_32_HEAD_TILES
+    out = torch.full_like(inputs["q_nope"], float("nan"))
+    mla_decode_forward(*(inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")), out,
+                       scale=0.07, num_kv_splits=plan.num_kv_splits, partials=plan.partials, kv_scale=0.0625,
+                       min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
+    err = max_error(out, ref)
+    assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
+
+
 @pytest.mark.parametrize("given, strided", [(False, False), (True, False), (False, True)],
                          ids=["plan_chosen", "given", "strided_partials"])  # fmt: skip
 def test_the_plans_split_count_is_cut_to_one_program_an_sm_and_a_given_one_is_kept(given, strided, monkeypatch):
@@ -570,12 +616,19 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     args = (inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"], out)
     with pytest.raises(ValueError, match=r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU) .*fp8_mma=True"):
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=FP8_MMA_TILES)
-    # the rules pick these tiles for fp8 caches of up to 32 heads and 16-bit queries, never under the interpreter
-    # (the launcher's fallback from them runs on a GPU: benchmarks/results/round32_h200/scripts/r32c1.sh, FP8_MMA
-    # on, small latents)
+    # the rules pick these tiles for fp8 caches of up to 16 heads and 16-bit queries, 32-head tiles for 17-32 heads,
+    # never under the interpreter (the launcher's fallback from them runs on a GPU:
+    # benchmarks/results/round32_h200/scripts/r32c1.sh, FP8_MMA on, small latents)
     for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        for heads in (2, 16, 32):
+        for heads in (2, 16):
             assert choose_tiles(heads, torch.bfloat16, interpret=False, kv_dtype=kv_dtype) == FP8_MMA_TILES
+        for heads in (17, 32):
+            tiles = choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype)
+            assert tiles == FP8_MMA_32_HEAD_TILES == MLATileConfig(32, 64, 8, 2, fp8_mma=True, coalesced_io=True)
+            # fewer sequences than FP8_MMA_32_HEAD_MIN_BATCH keep 16-head blocks; 16 heads keep them at any batch
+            for batch, expected in ((31, FP8_MMA_TILES), (32, FP8_MMA_32_HEAD_TILES), (1024, FP8_MMA_32_HEAD_TILES)):
+                assert choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=batch) == expected
+            assert choose_tiles(16, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=64) == FP8_MMA_TILES
     assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.bfloat16, fp8_mma=True).fp8_mma
     assert not choose_tiles(33, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma
     assert not choose_tiles(2, torch.float32, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma

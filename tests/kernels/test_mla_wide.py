@@ -198,7 +198,7 @@ def test_by_default_more_than_16_heads_take_the_kernel(monkeypatch):
     assert choose_tiles(32, bf16, interpret=False) == WIDE_TILES
     assert choose_tiles(17, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
     assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)
-    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == launch.FP8_MMA_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == launch.FP8_MMA_32_HEAD_TILES
     assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_TILES
     assert choose_tiles(32, bf16, interpret=False, wide=False) == MLATileConfig(32, 32, 8, 3)
     assert choose_tiles(128, bf16, interpret=False, wide=False) == MLATileConfig(64, 32, 8, 3)

@@ -26,18 +26,17 @@ case "${1:-}" in
       tests/kernels/test_mla_wide.py -k "head_blocks or launcher_passes or fewer_splits or wide" 2>&1 | tail -n 12 |
       tee $OUT/tests.txt ;;
   default32)
+    # the 32-head tiles as the default for 17-32 heads of 32 sequences or more (FP8_MMA_32_HEAD_MIN_BATCH; the
+    # tree as committed; round46/fp8_mma_32_default.patch was this call's first form, without the batch rule)
     nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-    git apply $R/round46/fp8_mma_32_default.patch || { echo "the patch did not apply"; exit 1; }
-    export PYTHONPATH=src
-    for h in 17 32; do for b in 8 64 128; do for form in bf16 e4m3 e5m2; do
-      timeout 60 python3 scripts/ncu_mla.py $form --heads $h --batch $b --time 2>&1 | tail -n 1
-    done; done; done | tee $OUT/default32.txt
-    for hb in 64:64 64:128 128:64; do for form in "bf16" "e4m3" "e4m3 --tiles 32,64,8,2 --coalesced-io"; do
-      timeout 60 python3 scripts/ncu_mla.py $form --heads ${hb%:*} --batch ${hb#*:} --time 2>&1 | tail -n 1
-    done; done | tee $OUT/heads64.txt
-    PYTHONPATH=src:tests timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_mla_fp8_mma.py \
-      tests/kernels/test_mla_wide.py tests/ops/test_mla.py 2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
+    PYTHONPATH=src timeout 150 python3 $R/round46/scripts/mla_many.py $R/round46/scripts/mla_cases_default.txt 120 \
+      2>&1 | grep -v Warning | tee $OUT/mla_default_times.txt
+    PYTHONPATH=src:tests timeout 280 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mla_fp8_mma.py \
+      tests/ops/test_mla.py -k "test_mla or default or head_blocks" 2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
+  batch)
+    PYTHONPATH=src timeout 150 python3 $R/round46/scripts/mla_many.py $R/round46/scripts/mla_cases_batch.txt 120 \
+      2>&1 | grep -v Warning | tee $OUT/mla_batch_times.txt ;;
   serve)
     OUT=$OUT bash $R/round45/scripts/r45.sh serve ;;
-  *) echo "expected one of auto, first, default32, serve, got '${1:-}'"; exit 2 ;;
+  *) echo "expected one of auto, first, default32, batch, serve, got '${1:-}'"; exit 2 ;;
 esac

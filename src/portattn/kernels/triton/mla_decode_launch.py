@@ -38,12 +38,12 @@ FP8_MMA = True
 # So the launcher runs it at no more splits than fill each SM once (``fp8_mma_splits``); the plan's workspace, sized
 # for its own count, holds the fewer splits' partials.
 FP8_MMA_ONE_PROGRAM_AN_SM = True
-# Up to this many heads take it (16-head blocks; DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 /
-# 128 over 4096 keys, page 64, e4m3) 32 heads took 0.1086 / 0.1752 ms against the wide kernel's 0.1316 / 0.2429
-# over e4m3 and the portable kernel's 0.2476 / 0.4724; the bf16 cache takes 0.1299 / 0.2344 there (the wide
-# kernel: 1.20x / 1.34x; about 1.05x / 1.19x at its fewer splits, below). 64 heads took 0.1680 / 0.3292 against
-# 0.1320 / 0.2341 by the wide kernel over e4m3, so more heads keep their tiles (benchmarks/results/round44/NOTES.md,
-# round45/NOTES.md).
+# Up to this many heads take it (DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 / 128 over 4096
+# keys, page 64, e4m3) 32 heads took 0.1086 / 0.1752 ms in 16-head blocks against the wide kernel's 0.1316 / 0.2429
+# over e4m3 and the portable kernel's 0.2476 / 0.4724 (benchmarks/results/round44/NOTES.md, round45/NOTES.md).
+# 64 heads took 0.1680 / 0.3292 in 16-head blocks, 0.1658 / 0.3284 in 32-head blocks and 0.2044 / 0.3380 in
+# 64-head blocks (sixteen warps, some registers spilled) against 0.1306 / 0.2352 by the wide kernel over e4m3, so
+# more heads keep its tiles (round46/NOTES.md).
 FP8_MMA_MAX_HEADS = 32
 # More than this many heads (WIDE_MIN_HEADS) over a 16-bit cache take mla_decode_wide's kernel (64-head blocks, the
 # scores split by keys between two warpgroups instead of computed by both) where it runs. On an H200 (B=64 over
@@ -151,6 +151,15 @@ class MLATileConfig:
 # 1.69 / 1.82x the bf16 cache, against 0.0925 ms (1.26x) at B=64 with the two-byte loads, and faster than the
 # portable kernel over e4m3 at every batch (benchmarks/results/round41/NOTES.md).
 FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True, coalesced_io=True)
+# 17-32 heads of at least FP8_MMA_32_HEAD_MIN_BATCH sequences: two 16-head groups a program on eight warps over
+# one copy of each tile, so the cache is read once rather than by two 16-head blocks (115 KB of shared memory and
+# 164 registers a thread compiled for sm_90). On an H100 (e4m3 over 4096 keys, page 64; 16-head tiles / these, ms)
+# 32 heads took 0.0635 / 0.0596 at B=32, 0.1097 / 0.1011 at 64, 0.1734 / 0.1681 at 128; 17 heads 0.0605 /
+# 0.0536, 0.1090 / 0.0948, 0.1677 / 0.1707. Fewer sequences run more splits, whose partials cost more than the
+# second read saves: B=8 took 0.0229 / 0.0268 (32 heads), 0.0208 / 0.0218 (17); B=16 0.0375 / 0.0385 and 0.0345 /
+# 0.0330 (benchmarks/results/round46/NOTES.md). The bf16 cache took 0.0670, 0.1184 and 0.2140 at 32 heads.
+FP8_MMA_32_HEAD_TILES = dataclasses.replace(FP8_MMA_TILES, block_h=32, num_warps=8)
+FP8_MMA_32_HEAD_MIN_BATCH = 32
 # 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 222
 # registers a thread compiled for sm_90 by Triton 3.6, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers
 # (189 / 170 KB) are the probe's other candidates.
@@ -165,6 +174,7 @@ def choose_tiles(
     kv_dtype: torch.dtype | None = None,
     fp8_mma: bool | None = None,
     wide: bool | None = None,
+    batch: int | None = None,
 ) -> MLATileConfig:
     """Tiles from the problem (``dtype``: the queries'; ``kv_dtype``: the cache's, default the same).
 
@@ -180,7 +190,8 @@ def choose_tiles(
     64-key tiles in 2 stages (half the bytes of the 16-bit tiles that did not fit). On an H200 (B=64
     over 4096 keys, page 64, e4m3) 16 heads took 0.109 ms so against 0.145, 128 heads 0.411 against
     0.559 (benchmarks/results/round14_h200/NOTES.md). With ``fp8_mma`` (default ``FP8_MMA``) up to 32 heads
-    over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``), and with ``wide`` (default ``WIDE``
+    over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``; ``FP8_MMA_32_HEAD_TILES`` from 17
+    heads, unless ``batch``, the sequences, is under ``FP8_MMA_32_HEAD_MIN_BATCH``), and with ``wide`` (default ``WIDE``
     over a 16-bit cache, ``WIDE_FP8`` over fp8) the other cases of more than 16 heads (``WIDE_MIN_HEADS``) take
     ``WIDE_TILES`` (``mla_decode_wide``);
     the launcher replaces them by these rules' tiles where those kernels cannot run.
@@ -194,7 +205,9 @@ def choose_tiles(
         and num_heads <= FP8_MMA_MAX_HEADS
         and dtype != torch.float32
     ):
-        return FP8_MMA_TILES  # the launcher takes the portable tiles where the kernel cannot run
+        # the launcher takes the portable tiles where the kernel cannot run
+        few = num_heads <= 16 or (batch is not None and batch < FP8_MMA_32_HEAD_MIN_BATCH)
+        return FP8_MMA_TILES if few else FP8_MMA_32_HEAD_TILES
     if (
         (wide if wide is not None else WIDE_FP8 if fp8 else WIDE)
         and num_heads > WIDE_MIN_HEADS
@@ -326,7 +339,8 @@ def mla_decode_forward(
         return out
     chosen = tiles is None
     if chosen:
-        tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype)
+        tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
+                             batch=batch)  # fmt: skip
     if tiles.fp8_mma or tiles.wide:
         lacking = gluon_lacks(tiles, q_nope, q_rope, kv_cache, out)
         flag = "wide" if tiles.wide else "fp8_mma"
