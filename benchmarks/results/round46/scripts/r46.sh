@@ -10,7 +10,7 @@ R=benchmarks/results
 case "${1:-}" in
   auto)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
-    steps="first default32"; case "$gpu" in *H200*) steps="serve first default32" ;; esac
+    steps=${STEPS:-"first default32"}; case "$gpu" in *H200*) steps="serve $steps" ;; esac
     for step in $steps; do
       [ -e /tmp/r46_done_$step ] && continue
       echo "$gpu: $step" | tee $OUT/step.txt; touch /tmp/r46_done_$step
