@@ -231,14 +231,17 @@ CHILD = textwrap.dedent(
             (64, 7, False, (0, 0), True, True, False, 1), (64, 64, False, (0, 0), False, False, True, 1),
             (32, 7, False, (0, 0), True, True, True, 1), (64, 64, False, (0, 0), False, False, True, 2),
             (64, 1, False, (0, 0), True, False, True, 2), (32, 7, False, (0, 0), False, True, True, 2),
-            (64, 64, False, (0, 0), False, False, True, 4), (32, 7, False, (0, 0), True, False, True, 4)):
+            (64, 64, False, (0, 0), False, False, True, 4), (32, 7, False, (0, 0), True, False, True, 4),
+            (64, 64, False, (0, 0), False, False, True, -2), (32, 7, False, (0, 0), True, False, True, -2)):
         ptrs["KV"] = "*fp8e5" if e5m2 else "*fp8e4nv"
-        const = {**mma.constexprs(block_n, 2, wgmma, groups), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
+        # (groups -2: two groups on four warps, group_regs)
+        const = {**mma.constexprs(block_n, 2, wgmma, abs(groups), groups < 0), "PAGE_SIZE": page_size,
+                 "WRITE_PARTIAL": True,
                  "WRITE_LSE": True, "MIN_SPLIT": 256, "ALU_QK": alu[0], "ALU_PV": alu[1], "E5M2": e5m2,
                  "PAGES_AHEAD": ahead, "COALESCED_IO": coalesced}
         sig = {name: ptrs.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale") else "i32")
                for name in fn.arg_names if name not in const}
-        ptx = compile_(fn, sig, const, mma.warps(groups)).asm["ptx"]
+        ptx = compile_(fn, sig, const, const["WARPS"]).asm["ptx"]
         # the whole kernel's global accesses (outside the loop: the queries' loads, the partials' stores)
         io = {name: len(re.findall(rx, ptx)) for name, rx in (
             ("gld16", r"ld\\.global\\.b16"), ("gldv4", r"ld\\.global\\.v4\\.b32"),
@@ -301,7 +304,7 @@ CHILD = textwrap.dedent(
 def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts(tmp_path):
     lines = run_compile_child(tmp_path, CHILD, "compile_mla_fp8_mma", timeout=300)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 17
+    assert len(kernels) == 19
     for _, block_n, page_size, scores, *fields in kernels:
         counts = {k: int(v) for k, v in (field.split("=") for field in fields)}
         keys = int(block_n)
@@ -321,6 +324,8 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
         # the next tile's copy and this tile's reads.
         if scores == "wgmma":
             expected = {"v4": 16, "mma": 64, "e4m3": 128, "wgmma": 36}
+        elif counts["groups"] < 0:  # two groups on four warps: each fragment converted once for both groups' MMAs
+            expected = {"v4": 34 * keys // 64 + 4, "mma": 272 * keys // 64, "e4m3": 272 * keys // 64 - alu, "wgmma": 0}
         else:
             expected = {"v4": 34 * keys // 64 + 2, "mma": 136 * keys // 64, "e4m3": 272 * keys // 64 - alu, "wgmma": 0}
         expected |= {"byte": 0, "local": 0}
@@ -329,8 +334,8 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
         # tile's copy split over the warps (64 keys: 16 latent and 2 rope copies of 16 bytes a lane; 8 and 1 with
         # eight warps; 4 and 1 with sixteen, the rope's 4 KB being less than one copy of 16 bytes a lane)
         if keys == 64 and scores != "wgmma":
-            groups = counts["groups"]
-            assert counts["copies"] == 16 // groups + -(-2 // groups), (block_n, page_size, counts)
+            warp_groups = max(counts["groups"], 1)
+            assert counts["copies"] == 16 // warp_groups + -(-2 // warp_groups), (block_n, page_size, counts)
         # (with the warpgroup MMA, Triton 3.6 puts one more after the copies' proxy fence)
         assert counts["barriers"] <= (5 if scores == "wgmma" else 4), (block_n, page_size, scores, counts)
         # Outside the loop: by default every warp loads all 16 x 576 queries two bytes a lane (288 loads a
@@ -339,9 +344,10 @@ def test_the_kernel_compiles_for_hopper_with_16_byte_loads_and_no_bank_conflicts
         # one of the rope) and 16 stores (64 floats), besides the 3 loads and 2 stores of scalars
         if scores == "wgmma":
             continue
-        if counts["coalesced"]:
+        if counts["coalesced"]:  # (two groups on four warps: each lane loads and stores twice as much)
+            per_lane = 2 if counts["groups"] < 0 else 1
             assert {k: counts[k] for k in ("gld16", "gldv4", "gst32", "gstv4")} == {
-                "gld16": 0, "gldv4": 9, "gst32": 2, "gstv4": 16}, counts  # fmt: skip
+                "gld16": 0, "gldv4": 9 * per_lane, "gst32": 2 * per_lane, "gstv4": 16 * per_lane}, counts  # fmt: skip
         else:
             assert (counts["gld16"], counts["gst32"], counts["gstv4"]) == (288, 66, 0), counts
     nvmma = [line.split() for line in lines if line.startswith("nvmma ")]
@@ -400,25 +406,34 @@ def test_two_or_four_head_groups_share_the_columns_and_split_the_heads():
         assert four[name].warp_bases == [*one[name].warp_bases, [16, 0], [32, 0]] and list(four[name].shape) == shape
     with pytest.raises(ValueError, match="1, 2 or 4 head groups, got 64, 2 and 3"):
         mma.constexprs(64, 2, False, 3)
+    # two groups on four warps (group_regs): the heads 16-31 a register bit, the warps' bits as with one group
+    regs = mma.constexprs(64, 2, head_groups=2, group_regs=True)
+    assert (regs["BLOCK_H"], regs["WARPS"], mma.warps(2, True)) == (32, 4, 4)
+    assert regs["PV_LOAD"].warp_bases == one["PV_LOAD"].warp_bases
+    for name in ("ROWS_4", "OUT_IO"):
+        assert regs[name].warp_bases == one[name].warp_bases and regs[name].reg_bases == [*one[name].reg_bases, [16, 0]]
+    with pytest.raises(ValueError, match="expected two head groups with group_regs, got 4"):
+        mma.constexprs(64, 2, False, 4, True)
 
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
 @pytest.mark.parametrize("page_size", [64, 7, 1])
-@pytest.mark.parametrize("block_h, block_n, num_heads", [(32, 64, 32), (32, 64, 17), (32, 32, 40), (64, 64, 64),
-                                                     (64, 32, 40), (64, 64, 128)])  # fmt: skip
+@pytest.mark.parametrize("block_h, warps, block_n, num_heads", [
+    (32, 8, 64, 32), (32, 8, 64, 17), (32, 8, 32, 40), (64, 16, 64, 64), (64, 16, 32, 40), (64, 16, 64, 128),
+    (32, 4, 64, 32), (32, 4, 32, 17), (32, 4, 32, 40)])  # fmt: skip
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
-def test_32_and_64_head_blocks_against_the_reference_and_the_portable_kernel(page_size, block_h, block_n, num_heads,
-                                                                           kv_dtype):  # fmt: skip
-    """Two or four 16-head groups a program over one copy of each tile (eight or sixteen warps): one full block, a
-    partial one (17, 40 in 64), a full and a partial one (40 in 32), two full ones (128), bf16 and fp16 queries, the
-    same checks as 16-head blocks."""
+def test_32_and_64_head_blocks_against_the_reference_and_the_portable_kernel(page_size, block_h, warps, block_n,
+                                                                           num_heads, kv_dtype):  # fmt: skip
+    """Two or four 16-head groups a program over one copy of each tile (eight or sixteen warps; two groups on four
+    warps: ``group_regs``): one full block, a partial one (17, 40 in 64), a full and a partial one (40 in 32), two
+    full ones (128), bf16 and fp16 queries, the same checks as 16-head blocks."""
     lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
     case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
                          seed=page_size + num_heads)  # fmt: skip
     scale, kv_scale = 0.07, 0.0625
     kv_cache = quantize_kv(case.kv_cache, kv_dtype, kv_scale)
     dequantised = dequantize_kv(kv_cache, kv_scale, torch.float64)
-    tiles = MLATileConfig(block_h, block_n, block_h // 4, 2, fp8_mma=True, coalesced_io=True)
+    tiles = MLATileConfig(block_h, block_n, warps, 2, fp8_mma=True, coalesced_io=True)
     for dtype in (torch.bfloat16, torch.float16):
         inputs = {
             **case.inputs(),
@@ -640,20 +655,21 @@ def test_explicit_mma_tiles_name_what_they_need_here():
     [
         {"block_h": 64},
         {"num_warps": 8},
-        {"block_h": 32},
+        {"block_h": 32, "num_warps": 16},
         {"block_n": 128},
         {"num_stages": 1},
         {"separate_values": True},
     ],
 )
 def test_mma_tiles_outside_the_kernels_shape_are_refused(fields):
-    """The kernel's shapes are fixed (16 heads on four warps, 32 on eight or 64 on sixteen, 32 or 64 keys): other
-    tiles would be ignored."""
+    """The kernel's shapes are fixed (16 heads on four warps, 32 on four or eight, 64 on sixteen, 32 or 64 keys):
+    other tiles would be ignored."""
     base = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2, "fp8_mma": True}
-    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads on 4 warps, 32 on 8 or 64 on 16"):
+    with pytest.raises(ValueError, match="expected fp8_mma tiles of 16 heads on 4 warps, 32 on 4 or 8, 64 on 16"):
         MLATileConfig(**{**base, **fields})
     MLATileConfig(**{**base, "block_h": 32, "num_warps": 8})
     MLATileConfig(**{**base, "block_h": 64, "num_warps": 16})
+    MLATileConfig(**{**base, "block_h": 32})
     with pytest.raises(ValueError, match=r"expected wgmma_scores=False .*wrong outputs on an H200"):
         MLATileConfig(**{**base, "wgmma_scores": True})
 
@@ -726,6 +742,7 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         MLATileConfig(16, 64, 4, 2, fp8_mma=True),
         MLATileConfig(32, 64, 8, 2, fp8_mma=True, coalesced_io=True),
         MLATileConfig(64, 32, 16, 3, fp8_mma=True, coalesced_io=True),
+        MLATileConfig(32, 32, 4, 3, fp8_mma=True, coalesced_io=True),
     ],
     ids=[
         "fp8_mma_maxnreg",
@@ -735,6 +752,7 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         "fp8_mma_two_byte_io",
         "fp8_mma_32_heads",
         "fp8_mma_64_heads",
+        "fp8_mma_32_heads_4_warps",
     ],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):

@@ -24,7 +24,10 @@ memory in 16-byte loads for both products, with no transpose:
   ``q_scale`` and converted to float16 as in the portable kernel's ``F16_DOTS``; 16 heads a program, the
   scores' keys and the values' columns split over four warps. With two head groups (``BLOCK_H`` 32, eight
   warps: ``constexprs(..., head_groups=2)``) the MMA's third warp bit picks the heads 16-31: each warp does one
-  group's work as with 16 heads, and the tile is copied once for both groups (half the copies a warp). Four
+  group's work as with 16 heads, and the tile is copied once for both groups (half the copies a warp). With
+  ``group_regs`` the two groups share four warps instead (the heads 16-31 a register bit of the MMA's layout): each
+  warp converts its fragments of the tile once for both groups' MMAs, so a program converts and loads half as
+  much a head (254 registers at 64 keys a step, 221 at 32, no spills). Four
   groups (``BLOCK_H`` 64, sixteen warps: 128 registers a thread at most, so ptxas spills some) read it once for
   64 heads. The probabilities go through 2 KB of shared memory a group; the softmax's sum is kept per score
   element and reduced once at the end; the row maximum across the warps takes one barrier (Triton 3.6's own
@@ -186,10 +189,11 @@ def shared_views(block_n: int) -> dict[str, gl.SharedLinearLayout]:
 
 
 @functools.cache
-def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int = 1) -> dict:
+def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int = 1, group_regs: bool = False) -> dict:
     """The kernel's layout arguments for ``block_n`` keys a step and ``stages`` buffers; ``wgmma``: the scores
     by Hopper's warpgroup MMA in e4m3 (64 keys a step); ``head_groups``: 16-head groups a program (1, 2 or 4),
-    each on four warps of its own that read the same tile (``warps(head_groups)`` in all)."""
+    each on four warps of its own that read the same tile (``warps(head_groups)`` in all), or with ``group_regs``
+    (two groups) both on the same four warps, each warp's fragments of the tile converted once for both."""
     if block_n not in (32, 64) or stages < 2 or (wgmma and block_n != 64) or head_groups not in (1, 2, 4):
         raise ValueError(
             "expected 32 or 64 keys a step (64 with wgmma), at least 2 stages and 1, 2 or 4 head groups, got"
@@ -197,18 +201,23 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int 
         )
     if wgmma and head_groups != 1:
         raise ValueError(f"expected one head group with wgmma, got {head_groups}")
-    nw = warps(head_groups)
+    if group_regs and head_groups != 2:
+        raise ValueError(f"expected two head groups with group_regs, got {head_groups}")
+    nw = warps(head_groups, group_regs)
     # the warp bits that pick a program's head group (the MMA's warps: the lowest two bits along the columns, as
     # with one group, the next along the heads)
     group_warp = [[16 << i, 0] for i in range(head_groups.bit_length() - 1)]
-    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[head_groups, NUM_WARPS], instr_shape=[16, 8])
+    group_reg = []
+    if group_regs:
+        group_warp, group_reg = [], group_warp
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[nw // NUM_WARPS, NUM_WARPS], instr_shape=[16, 8])
     # The values' 16-key operand in the B fragment's elements, its registers ordered so that four in a row are
     # bytes j, j + 1 of two keys (one prmt of their words); the same elements as DotOperandLayout(1, mma, 2).
     pv_load = gl.DistributedLinearLayout(
         reg_bases=[[1, 0], [0, 32], [0, 64], [0, 128], [0, 256], [8, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
         # every group reads the same fragments
-        warp_bases=[[0, 8], [0, 16]] + [[0, 0]] * (head_groups.bit_length() - 1),
+        warp_bases=[[0, 8], [0, 16]] + [[0, 0]] * len(group_warp),
         block_bases=[],
         shape=[16, RANK],
     )
@@ -230,7 +239,7 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int 
         "PE_NAT": gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2),
         # the four warps' row maxima [heads, warps] as every lane of a row's mma fragment holds them
         "ROWS_4": gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [8, 0]],
+            reg_bases=[[0, 1], [0, 2], [8, 0], *group_reg],
             lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
             warp_bases=[[0, 0], [0, 0], *group_warp],
             block_bases=[],
@@ -255,7 +264,7 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int 
         # the output relabelled to dims (MMA's registers: dims 16, then head 8, then dims 1-8; lanes dims 32, 64,
         # heads 1-4; warps dims 128, 256) with its registers in dim order: 32 contiguous floats a lane and row
         "OUT_IO": gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0], *group_reg],
             lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
             warp_bases=[[0, 128], [0, 256], *group_warp],
             block_bases=[],
@@ -265,9 +274,9 @@ def constexprs(block_n: int, stages: int, wgmma: bool = False, head_groups: int 
     }
 
 
-def warps(head_groups: int = 1) -> int:
-    """Warps a program of ``head_groups`` 16-head groups runs on."""
-    return NUM_WARPS * head_groups
+def warps(head_groups: int = 1, group_regs: bool = False) -> int:
+    """Warps a program of ``head_groups`` 16-head groups runs on (``group_regs``: all groups on four)."""
+    return NUM_WARPS if group_regs else NUM_WARPS * head_groups
 
 
 def supports(
@@ -745,11 +754,12 @@ def arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, pa
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
                      stages, wgmma=False, maxnreg=None, alu_scores=0, alu_values=0, pages_ahead=False,
-                     coalesced_io=False, head_groups=1):  # fmt: skip
+                     coalesced_io=False, head_groups=1, group_regs=False):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 16 a group, splits, sequences]`` (the arguments as
     ``mla_decode_split_kernel``'s; ``maxnreg``: ptxas' register limit a thread, None for its own choice;
     ``alu_scores``, ``alu_values``: the ``ALU_QK`` and ``ALU_PV`` masks; ``pages_ahead``: ``PAGES_AHEAD``;
-    ``coalesced_io``: ``COALESCED_IO``; ``head_groups``: 16-head groups a program, 1, 2 or 4)."""
+    ``coalesced_io``: ``COALESCED_IO``; ``head_groups``: 16-head groups a program, 1, 2 or 4; ``group_regs``: two
+    groups on four warps, as :func:`constexprs`)."""
     e5m2 = kv_cache.dtype == torch.float8_e5m2
     if (wgmma or e5m2) and (alu_scores or alu_values):
         raise ValueError(
@@ -761,9 +771,9 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma, head_groups), "ALU_QK": alu_scores,
+              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma, head_groups, group_regs), "ALU_QK": alu_scores,
               "ALU_PV": alu_values, "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
-              "num_warps": warps(head_groups)}  # fmt: skip
+              "num_warps": warps(head_groups, group_regs)}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs

@@ -115,7 +115,9 @@ class MLATileConfig:
         for name in ("pages_ahead", "coalesced_io"):
             if getattr(self, name) and not self.fp8_mma:
                 raise ValueError(f"expected {name} only with fp8_mma, got {self}")
-        if self.fp8_mma:  # the Gluon kernel's shapes: 16 heads on four warps, 32 on eight or 64 on 16; 32 or 64 keys
+        if (
+            self.fp8_mma
+        ):  # the Gluon kernel's shapes: 16 heads on four warps, 32 on four or eight, 64 on 16; 32 or 64 keys
             got = (
                 self.block_h,
                 self.num_warps,
@@ -124,10 +126,10 @@ class MLATileConfig:
                 self.separate_values,
                 self.dequantize_once,
             )
-            shape = got[:2] in ((16, 4), (32, 8), (64, 16))
+            shape = got[:2] in ((16, 4), (32, 4), (32, 8), (64, 16))
             if not shape or self.block_n not in (32, 64) or self.num_stages < 2 or any(got[4:]):
                 raise ValueError(
-                    "expected fp8_mma tiles of 16 heads on 4 warps, 32 on 8 or 64 on 16, 32 or 64 keys, at least 2"
+                    "expected fp8_mma tiles of 16 heads on 4 warps, 32 on 4 or 8, 64 on 16, 32 or 64 keys, at least 2"
                     f" stages, no separate_values or dequantize_once, got {self}"
                 )
         if self.wide and (
@@ -401,6 +403,7 @@ def mla_decode_forward(
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
                 stages=t.num_stages, maxnreg=t.maxnreg, alu_scores=t.alu_scores, alu_values=t.alu_values,
                 pages_ahead=t.pages_ahead, coalesced_io=t.coalesced_io, head_groups=t.block_h // 16,
+                group_regs=t.num_warps * 4 < t.block_h,
             )  # fmt: skip
             return
         if t.wide:
