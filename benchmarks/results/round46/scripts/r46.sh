@@ -37,8 +37,8 @@ case "${1:-}" in
   regs)
     # two 16-head groups on four warps (group_regs), timed, then their GPU tests and the default path's
     nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-    PYTHONPATH=src timeout ${T1:-110} python3 $R/round46/scripts/mla_many.py $R/round46/scripts/mla_cases_regs.txt \
-      ${T1:-110} 2>&1 | grep -v Warning | tee $OUT/mla_regs_times.txt
+    PYTHONPATH=src timeout $(( ${T1:-100} + 15 )) python3 $R/round46/scripts/mla_many.py $R/round46/scripts/mla_cases_regs.txt \
+      ${T1:-100} 2>&1 | grep -v Warning | tee $OUT/mla_regs_times.txt
     PYTHONPATH=src:tests timeout ${T2:-130} python3 -m pytest -q -p no:cacheprovider $(cat $R/round46/scripts/regs_tests.txt) \
       tests/kernels/test_mla_fp8_mma.py::test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference \
       2>&1 | tail -n 6 | tee $OUT/tests.txt ;;
