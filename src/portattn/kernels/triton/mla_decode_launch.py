@@ -115,9 +115,8 @@ class MLATileConfig:
         for name in ("pages_ahead", "coalesced_io"):
             if getattr(self, name) and not self.fp8_mma:
                 raise ValueError(f"expected {name} only with fp8_mma, got {self}")
-        if (
-            self.fp8_mma
-        ):  # the Gluon kernel's shapes: 16 heads on four warps, 32 on four or eight, 64 on 16; 32 or 64 keys
+        # the Gluon kernels' shapes: fp8_mma's 16 heads on four warps, 32 on four or eight, 64 on 16; 32 or 64 keys
+        if self.fp8_mma:
             got = (
                 self.block_h,
                 self.num_warps,
