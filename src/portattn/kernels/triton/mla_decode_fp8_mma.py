@@ -771,8 +771,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     args = arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, q_scale,
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma, head_groups, group_regs), "ALU_QK": alu_scores,
-              "ALU_PV": alu_values, "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
+              "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma, head_groups, group_regs),
+              "ALU_QK": alu_scores, "ALU_PV": alu_values, "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
               "num_warps": warps(head_groups, group_regs)}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
