@@ -474,10 +474,13 @@ def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, h
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
-def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_dtype):
+def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_dtype, monkeypatch):
     """The launcher's own tiles (one 32-head block: 40 sequences) at the plan's split count, cut to fill each SM
-    once, against the float64 reference."""
+    once, against the float64 reference; the kernel's launch is watched, so a fallback to other tiles fails."""
     from portattn.mla import plan_mla_decode
+
+    launched, real_launch = [], mma.launch
+    monkeypatch.setattr(mma, "launch", lambda *a, **k: (launched.append(k), real_launch(*a, **k)))
 
     lens = [1, 63, 64, 65, 300, 1000, 7, 0] * 5
     case = make_mla_case(lens, page_size=16, num_heads=24, rank=512, rope_dim=64, device="cuda", seed=24)
@@ -494,6 +497,7 @@ def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_d
     mla_decode_forward(*(inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")), out,
                        scale=0.07, num_kv_splits=plan.num_kv_splits, partials=plan.partials, kv_scale=0.0625,
                        min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
+    assert [(k["head_groups"], k["group_regs"]) for k in launched] == [(2, False)]
     err = max_error(out, ref)
     assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
 
