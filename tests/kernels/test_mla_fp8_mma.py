@@ -453,11 +453,11 @@ def test_one_program_an_sm_by_split_count():
     assert [fp8_mma_splits(64, 1, 132), fp8_mma_splits(64, 4, 132), fp8_mma_splits(1, 64, 132)] == [64, 33, 1]
 
 
-@pytest.mark.parametrize("batch, head_blocks, warps", [(31, 2, 4), (32, 1, 8)])
-def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, head_blocks, warps, monkeypatch):
+@pytest.mark.parametrize("batch, head_blocks", [(15, 2), (16, 1)])
+def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, head_blocks, monkeypatch):
     """Through ``mla_decode_forward`` with its own tiles (the Gluon kernel replaced: no GPU here): 32 heads of fewer
-    than ``FP8_MMA_32_HEAD_MIN_BATCH`` sequences run in two 16-head blocks on four warps, of more in one 32-head
-    block on eight."""
+    than ``FP8_MMA_32_HEAD_MIN_BATCH`` sequences run in two 16-head blocks, of more in one 32-head block; both on
+    four warps."""
     from portattn.kernels.triton import mla_decode_launch
 
     launched, _ = record_launches(monkeypatch, mma, compute_units=132)
@@ -469,7 +469,7 @@ def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, h
                        inputs["page_table"], inputs["seq_lens"], torch.empty_like(case.q_nope, dtype=torch.bfloat16),
                        scale=0.1, num_kv_splits=1, kv_scale=0.5)  # fmt: skip
     ((grid, _, kwargs),) = launched
-    assert (grid[0], grid[2], kwargs["num_warps"], kwargs["BLOCK_H"]) == (head_blocks, batch, warps, 4 * warps)
+    assert (grid[0], grid[2], kwargs["num_warps"], kwargs["BLOCK_H"]) == (head_blocks, batch, 4, 32 // head_blocks)
 
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
@@ -497,7 +497,7 @@ def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_d
     mla_decode_forward(*(inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")), out,
                        scale=0.07, num_kv_splits=plan.num_kv_splits, partials=plan.partials, kv_scale=0.0625,
                        min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen)  # fmt: skip
-    assert [(k["head_groups"], k["group_regs"]) for k in launched] == [(2, False)]
+    assert [(k["head_groups"], k["group_regs"]) for k in launched] == [(2, True)]
     err = max_error(out, ref)
     assert err <= tol, f"max error {err:.3e} > tolerance {tol:.3e}"
 
@@ -643,9 +643,9 @@ def test_explicit_mma_tiles_name_what_they_need_here():
             assert choose_tiles(heads, torch.bfloat16, interpret=False, kv_dtype=kv_dtype) == FP8_MMA_TILES
         for heads in (17, 32):
             tiles = choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype)
-            assert tiles == FP8_MMA_32_HEAD_TILES == MLATileConfig(32, 64, 8, 2, fp8_mma=True, coalesced_io=True)
+            assert tiles == FP8_MMA_32_HEAD_TILES == MLATileConfig(32, 64, 4, 2, fp8_mma=True, coalesced_io=True)
             # fewer sequences than FP8_MMA_32_HEAD_MIN_BATCH keep 16-head blocks; 16 heads keep them at any batch
-            for batch, expected in ((31, FP8_MMA_TILES), (32, FP8_MMA_32_HEAD_TILES), (1024, FP8_MMA_32_HEAD_TILES)):
+            for batch, expected in ((15, FP8_MMA_TILES), (16, FP8_MMA_32_HEAD_TILES), (1024, FP8_MMA_32_HEAD_TILES)):
                 assert choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=batch) == expected
             assert choose_tiles(16, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=64) == FP8_MMA_TILES
     assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.bfloat16, fp8_mma=True).fp8_mma
@@ -747,6 +747,7 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         MLATileConfig(32, 64, 8, 2, fp8_mma=True, coalesced_io=True),
         MLATileConfig(64, 32, 16, 3, fp8_mma=True, coalesced_io=True),
         MLATileConfig(32, 32, 4, 3, fp8_mma=True, coalesced_io=True),
+        FP8_MMA_32_HEAD_TILES,
     ],
     ids=[
         "fp8_mma_maxnreg",
@@ -757,6 +758,7 @@ def test_the_launch_tells_the_cache_format_and_refuses_masks_it_cannot_use():
         "fp8_mma_32_heads",
         "fp8_mma_64_heads",
         "fp8_mma_32_heads_4_warps",
+        "fp8_mma_32_head_default",
     ],
 )
 def test_the_launcher_passes_each_gluon_kernel_only_what_it_takes(tiles, monkeypatch):

@@ -152,15 +152,18 @@ class MLATileConfig:
 # 1.69 / 1.82x the bf16 cache, against 0.0925 ms (1.26x) at B=64 with the two-byte loads, and faster than the
 # portable kernel over e4m3 at every batch (benchmarks/results/round41/NOTES.md).
 FP8_MMA_TILES = MLATileConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, fp8_mma=True, coalesced_io=True)
-# 17-32 heads of at least FP8_MMA_32_HEAD_MIN_BATCH sequences: two 16-head groups a program on eight warps over
-# one copy of each tile, so the cache is read once rather than by two 16-head blocks (115 KB of shared memory and
-# 164 registers a thread compiled for sm_90). On an H100 (e4m3 over 4096 keys, page 64; 16-head tiles / these, ms)
-# 32 heads took 0.0635 / 0.0596 at B=32, 0.1097 / 0.1011 at 64, 0.1734 / 0.1681 at 128; 17 heads 0.0605 /
-# 0.0536, 0.1090 / 0.0948, 0.1677 / 0.1707. Fewer sequences run more splits, whose partials cost more than the
-# second read saves: B=8 took 0.0229 / 0.0268 (32 heads), 0.0208 / 0.0218 (17); B=16 0.0375 / 0.0385 and 0.0345 /
-# 0.0330 (benchmarks/results/round46/NOTES.md). The bf16 cache took 0.0670, 0.1184 and 0.2140 at 32 heads.
-FP8_MMA_32_HEAD_TILES = dataclasses.replace(FP8_MMA_TILES, block_h=32, num_warps=8)
-FP8_MMA_32_HEAD_MIN_BATCH = 32
+# 17-32 heads of at least FP8_MMA_32_HEAD_MIN_BATCH sequences: two 16-head groups a program on four warps
+# (``group_regs``: the heads 16-31 are a register bit of the MMA's layout), so each warp loads and converts a tile's
+# fragments once for both groups and the cache is read once (254 registers a thread compiled for sm_90, no spills).
+# On an H100 (e4m3 over 4096 keys, page 64, graph replays; ms) 32 heads took 0.0354 / 0.0537 / 0.0856 / 0.0875 /
+# 0.1461 / 0.1506 at B = 16 / 32 / 48 / 64 / 96 / 128, against 0.0368 / 0.0586 / 0.0963 / 0.0995 / 0.1655 /
+# 0.1702 for the earlier default (16-head blocks under 32 sequences, two groups on eight warps from 32) and 0.0408
+# / 0.0656 / 0.0982 / 0.1150 / 0.1814 / 0.2068 for the bf16 cache; 17 heads 0.0305 / 0.0475 / 0.0844 / 0.1490 at
+# B = 16 / 32 / 64 / 128 (bf16 cache 0.0384 / 0.0625 / 0.1119 / 0.2051). Eight sequences run more splits, whose
+# partials cost more than the single read saves: 0.0255 against 0.0224 for 16-head blocks
+# (benchmarks/results/round47/NOTES.md).
+FP8_MMA_32_HEAD_TILES = dataclasses.replace(FP8_MMA_TILES, block_h=32)
+FP8_MMA_32_HEAD_MIN_BATCH = 16
 # 64 keys a step in two buffers: 229,888 bytes of shared memory (Hopper's limit is 232,448) and 222
 # registers a thread compiled for sm_90 by Triton 3.6, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers
 # (189 / 170 KB) are the probe's other candidates.
