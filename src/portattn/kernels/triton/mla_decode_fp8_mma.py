@@ -27,9 +27,9 @@ memory in 16-byte loads for both products, with no transpose:
   group's work as with 16 heads, and the tile is copied once for both groups (half the copies a warp). With
   ``group_regs`` the two groups share four warps instead (the heads 16-31 a register bit of the MMA's layout): each
   warp converts its fragments of the tile once for both groups' MMAs, so a program converts and loads half as
-  much a head (254 registers at 64 keys a step, 221 at 32, no spills). Four
-  groups (``BLOCK_H`` 64, sixteen warps: 128 registers a thread at most, so ptxas spills some) read it once for
-  64 heads. The probabilities go through 2 KB of shared memory a group; the softmax's sum is kept per score
+  much a head (254 registers at 64 keys a step, 221 at 32, no spills; the launcher's default for 17-32 heads).
+  Four groups (``BLOCK_H`` 64, sixteen warps: 128 registers a thread at most, so ptxas spills some) read it once
+  for 64 heads. The probabilities go through 2 KB of shared memory a group; the softmax's sum is kept per score
   element and reduced once at the end; the row maximum across the warps takes one barrier (Triton 3.6's own
   reduction takes three).
 * Over an e5m2 cache (``E5M2``) no conversion instruction is needed: e5m2 is float16's high byte, so a
@@ -772,7 +772,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, **constexprs(block_n, stages, wgmma, head_groups, group_regs),
-              "ALU_QK": alu_scores, "ALU_PV": alu_values, "E5M2": e5m2, "PAGES_AHEAD": pages_ahead, "COALESCED_IO": coalesced_io,
+              "ALU_QK": alu_scores, "ALU_PV": alu_values, "E5M2": e5m2, "PAGES_AHEAD": pages_ahead,
+              "COALESCED_IO": coalesced_io,
               "num_warps": warps(head_groups, group_regs)}  # fmt: skip
     if maxnreg is not None:
         kwargs["maxnreg"] = maxnreg
