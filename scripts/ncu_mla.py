@@ -49,6 +49,10 @@ def main() -> None:
     parser.add_argument(
         "--portable", action="store_true", help="the portable kernel's tiles (the launcher's rule without fp8_mma)"
     )
+    parser.add_argument("--wide", action="store_true", help="the wide kernel's tiles (64-head blocks, 64 keys)")
+    parser.add_argument(
+        "--producer", action="store_true", help="the wide kernel's warp-specialized form (a producer warpgroup)"
+    )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64, help="sequences (each over --keys keys)")
     parser.add_argument("--keys", type=int, default=4096)
@@ -72,6 +76,8 @@ def main() -> None:
         tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv != "bf16", maxnreg=args.maxnreg,
                               alu_scores=args.alu_scores, alu_values=args.alu_values,
                               pages_ahead=args.pages_ahead, coalesced_io=args.coalesced_io)  # fmt: skip
+    elif args.wide or args.producer:
+        tiles = MLATileConfig(64, 64, 8, 2, wide=True, producer=args.producer)
     elif args.portable:
         tiles = mla_decode_launch.choose_tiles(
             heads, qn.dtype, interpret=False, kv_dtype=kv.dtype, fp8_mma=False, wide=False
@@ -91,6 +97,8 @@ def main() -> None:
     label = f"{args.kv} B={b} L={L} heads {heads} splits {splits} tiles {args.tiles or 'default'}"
     if args.portable:
         label += " portable"
+    if args.wide or args.producer:
+        label += " wide" + (" producer" if args.producer else "")
     if meta.splits_chosen:
         label += " (the plan's splits: fp8_mma may run fewer)"
     if args.maxnreg:

@@ -118,6 +118,77 @@ def test_the_kernel_compiles_for_hopper_with_one_set_of_score_mmas_and_no_spills
     assert launched and launched[0][1:6] == ["2", "2", "3", "*fp8e4nv", "fp32"], lines
 
 
+WS_CHILD = textwrap.dedent(
+    """
+    import os, re, subprocess, sys
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon._runtime import GluonASTSource
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from portattn.kernels.triton import mla_decode_wide as wide
+
+    fn = wide.mla_decode_wide_ws_kernel
+    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
+            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
+    for kv, block_n, page_size in (("*bf16", 64, 64), ("*fp8e4nv", 64, 7), ("*fp8e5", 32, 16)):
+        fp8 = kv != "*bf16"
+        const = {**wide.constexprs(block_n, 2, fp8, producer=True), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
+                 "WRITE_LSE": True, "MIN_SPLIT": 256, "DOT": gl.float16 if fp8 else gl.bfloat16}
+        sig = {name: {**ptrs, "KV": kv}.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale")
+               else "i32") for name in fn.arg_names if name not in const}
+        sig |= {name: "constexpr" for name in const}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
+        try:
+            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                                    target=GPUTarget("cuda", 90, 32),
+                                    options={"num_warps": wide.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG})
+        except (FileNotFoundError, RuntimeError) as exc:
+            if "ptxas" in str(exc):
+                print("no ptxas:", exc); sys.exit(3)
+            raise
+        ptx = kernel.asm["ptx"]
+        counts = {name: len(re.findall(rx, ptx)) for name, rx in (
+            ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n{block_n // 2}k16"),
+            ("values", r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n256k16"),
+            ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"), ("copies", r"cp\\.async\\.cg"),
+            ("waits", r"mbarrier\\.try_wait"), ("arrives", r"mbarrier\\.arrive"))}
+        regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
+        print("kernel", kv, block_n, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
+              f"regs={','.join(map(str, regs))}", " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+    """
+)
+
+
+def test_the_warp_specialized_form_compiles_for_hopper_with_a_producer_warpgroup(tmp_path):
+    """``mla_decode_wide_ws_kernel`` compiled for sm_90: twelve warps (the producer's four beside the consumers'
+    eight), ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` and the consumers the rest of
+    ``PRODUCER_MAXNREG``, the consumers' products once a tile, an fp8 tile converted by the producer (no copies
+    then), a 16-bit one copied by ``cp.async``, the slots' mbarriers waited and arrived on, within Hopper's shared
+    memory."""
+    lines = run_compile_child(tmp_path, WS_CHILD, "compile_mla_wide_ws", timeout=600)
+    kernels = [line.split() for line in lines if line.startswith("kernel ")]
+    assert len(kernels) == 3, lines
+    consumers = (wide.PRODUCER_MAXNREG * 12 - wide.PRODUCER_REGS.value * wide.PRODUCER_WARPS.value) // 8
+    for _, kv, block_n, *fields in kernels:
+        counts = dict(field.split("=") for field in fields)
+        keys, fp8 = int(block_n), kv != "*bf16"
+        assert counts["warps"] == "12" and int(counts["shared"]) <= HOPPER_SHARED, (kv, counts)
+        assert int(counts["shared"]) >= wide.shared_bytes(keys, 2, fp8, producer=True), (kv, counts)
+        assert {str(wide.PRODUCER_REGS.value), str(consumers)} <= set(counts["regs"].split(",")), (kv, counts)
+        assert (counts["scores"], counts["values"]) == ("36", str(keys // 16)), (kv, counts)
+        assert int(counts["waits"]) >= 2 and int(counts["arrives"]) >= 2, (kv, counts)
+        if fp8:
+            assert counts["copies"] == "0", (kv, counts)
+        else:
+            assert int(counts["copies"]) > 0 and counts["e4m3"] == "0", (kv, counts)
+        if kv == "*fp8e4nv":
+            # each value once, in pairs, by the producer's lanes
+            assert counts["e4m3"] == str(keys * 576 // 2 // (32 * wide.PRODUCER_WARPS.value)), (kv, counts)
+
 def _runs_here() -> bool:
     return torch.cuda.is_available() and not is_triton_interpreter() and torch.cuda.get_device_capability()[0] == 9
 
@@ -139,13 +210,14 @@ CASES = [
 
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 9.x (no Gluon interpreter)")
+@pytest.mark.parametrize("producer", [False, True], ids=["plain", "producer"])
 @pytest.mark.parametrize(("page_size", "block_n", "stages", "num_heads", "cache"), CASES)
-def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stages, num_heads, cache):
+def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stages, num_heads, cache, producer):
     lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
     case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
                          seed=page_size + block_n)  # fmt: skip
     scale, kv_scale = 0.07, (1.0 if cache == "same" else 0.0625)
-    tiles = MLATileConfig(block_h=64, block_n=block_n, num_warps=8, num_stages=stages, wide=True)
+    tiles = MLATileConfig(block_h=64, block_n=block_n, num_warps=8, num_stages=stages, wide=True, producer=producer)
     for dtype in (torch.bfloat16, torch.float16):
         queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
         if cache == "same":

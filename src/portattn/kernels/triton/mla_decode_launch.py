@@ -92,6 +92,9 @@ class MLATileConfig:
     # every lane in its own 32-byte sector: 2 of every 3 sectors the kernel asked of memory in Nsight Compute's
     # count)
     coalesced_io: bool = False
+    # wide: warp-specialized, a producer warpgroup loads each tile (an fp8 one converted to float16) into a two-slot
+    # ring of 16-bit tiles while the two consuming warpgroups attend the other slot's
+    producer: bool = False
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -115,6 +118,8 @@ class MLATileConfig:
         for name in ("pages_ahead", "coalesced_io"):
             if getattr(self, name) and not self.fp8_mma:
                 raise ValueError(f"expected {name} only with fp8_mma, got {self}")
+        if self.producer and not self.wide:
+            raise ValueError(f"expected producer only with wide, got {self}")
         # the Gluon kernels' shapes: fp8_mma's 16 heads on four warps, 32 on four or eight, 64 on 16; 32 or 64 keys
         if self.fp8_mma:
             got = (
@@ -418,7 +423,7 @@ def mla_decode_forward(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=q_scale, qk_scale_log2=qk_scale_log2, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                stages=t.num_stages,
+                stages=t.num_stages, producer=t.producer,
             )  # fmt: skip
             return
         grid = (-(-num_heads // t.block_h), num_kv_splits, batch)

@@ -41,19 +41,28 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
-from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _copy_tile, _key_range, _store_result, arguments
+from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _copy_tile, _key_range, _store_result, _tile_pages, arguments
 
 BLOCK_H = gl.constexpr(64)
 NUM_WARPS = 8
+PRODUCER_WARPS = gl.constexpr(4)  # the warp-specialized form's loading (and converting) warpgroup
+# its registers a thread; the consumers take the rest of PRODUCER_MAXNREG x 12 warps (208 a thread)
+PRODUCER_REGS = gl.constexpr(88)
+PRODUCER_MAXNREG = 168
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @functools.cache
-def constexprs(block_n: int, stages: int, fp8: bool) -> dict:
+def constexprs(block_n: int, stages: int, fp8: bool, producer: bool = False) -> dict:
     """The kernel's layout arguments for ``block_n`` keys a step, ``stages`` buffers and an fp8 (``fp8``) or a
-    16-bit cache."""
+    16-bit cache (``producer``: the warp-specialized form's, with its loads' layouts)."""
     if block_n not in (32, 64) or stages < 2:
         raise ValueError(f"expected 32 or 64 keys a step and at least 2 stages, got {block_n} and {stages}")
     bits = 8 if fp8 else 16
@@ -62,7 +71,13 @@ def constexprs(block_n: int, stages: int, fp8: bool) -> dict:
     def nvmma(row_bytes: int, width: int) -> gl.NVMMASharedLayout:
         return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=width, rank=2)
 
+    loads = {  # the producer's loads, 16 bytes a lane: a [keys, 128] chunk of the latent, the rope [keys, 64]
+        "LD": gl.BlockedLayout([1, per_lane], [32 * per_lane // 128, 128 // per_lane], [PRODUCER_WARPS.value, 1], [1, 0]),
+        "LD_PE": gl.BlockedLayout([1, per_lane], [32 * per_lane // ROPE, ROPE // per_lane], [PRODUCER_WARPS.value, 1],
+                                  [1, 0]),
+    }  # fmt: skip
     return {
+        **(loads if producer else {}),
         "BLOCK_N": block_n,
         "STAGES": stages,
         "CONVERT": fp8,
@@ -99,10 +114,13 @@ def constexprs(block_n: int, stages: int, fp8: bool) -> dict:
     }
 
 
-def shared_bytes(block_n: int, stages: int, fp8: bool) -> int:
-    """Shared memory of the kernel's buffers (queries, tiles, probabilities, row maxima), before Triton's scratch."""
+def shared_bytes(block_n: int, stages: int, fp8: bool, producer: bool = False) -> int:
+    """Shared memory of the kernel's buffers (queries, tiles, probabilities, row maxima; ``producer``: the
+    warp-specialized form's ring and barriers instead of the copies), before Triton's scratch."""
     tile = block_n * (RANK + ROPE)
     queries, probabilities, maxima = 2 * BLOCK_H.value * (RANK + ROPE), 2 * BLOCK_H.value * block_n, 4 * 2 * 64
+    if producer:
+        return queries + 2 * 2 * tile + probabilities + maxima + 4 * 8
     copied = stages * tile * (1 if fp8 else 2)
     return queries + copied + (2 * tile if fp8 else 0) + probabilities + maxima
 
@@ -160,6 +178,32 @@ def _row_max(s, max_smem, BLOCK_N: gl.constexpr, ROWS_2: gl.constexpr):
     max_smem.store(parts)
     _barrier()
     return gl.convert_layout(gl.max(max_smem.load(ROWS_2), 1), gl.SliceLayout(1, s.type.layout))
+
+
+@gluon.jit
+def _attend(qn_smem, qr_smem, c_tile, pe_tile, p_smem, max_smem, acc, m_i, l_wg, tile_start, end, qk_scale_log2,
+            BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, ROWS_2: gl.constexpr,
+            ROWS_WG: gl.constexpr):  # fmt: skip
+    """One tile's scores, online softmax and value product: ``(acc, m_i, l_wg)`` updated (the tile's keys from
+    ``tile_start``, those from ``end`` masked)."""
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+    s = warpgroup_mma(qn_smem, c_tile.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s])
+    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
+    s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_2))  # finite: every tile holds a key
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)  # in-warp
+    l_wg = l_wg * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS_WG))[:, None] + part
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
+    p_smem.store(p.to(p_smem.dtype))
+    fence_async_shared()
+    _barrier()  # both warpgroups' probabilities
+    acc = warpgroup_mma(p_smem, c_tile, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    return acc, m_new, l_wg
 
 
 @gluon.jit
@@ -229,26 +273,130 @@ def mla_decode_wide_kernel(
             c_tile = c_raw.index(i % STAGES)
             pe_tile = pe_raw.index(i % STAGES)
 
-        s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
-        s = warpgroup_mma(qn_smem, c_tile.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s])
-        offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
-        s = gl.where(offs_n[None, :] < end, s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_2))  # finite: every tile holds a key
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)  # in-warp
-        l_wg = l_wg * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS_WG))[:, None] + part
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
-        m_i = m_new
-        p_smem.store(p.to(DOT))
-        fence_async_shared()
-        _barrier()  # both warpgroups' probabilities
-        acc = warpgroup_mma(p_smem, c_tile, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
+        acc, m_i, l_wg = _attend(qn_smem, qr_smem, c_tile, pe_tile, p_smem, max_smem, acc, m_i, l_wg,
+                                 start + i * BLOCK_N, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2,
+                                 ROWS_WG)  # fmt: skip
     cp.wait_group(0)
 
+    l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
+    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
+    dims_o = gl.arange(0, 512, gl.SliceLayout(0, O_MMA))
+    _store_result(acc, m_o, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
+                  Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
+                  WRITE_LSE)  # fmt: skip
+
+
+@gluon.jit
+def _produce(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start, end, c_ring, pe_ring, ready, empty,
+             PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LD: gl.constexpr, LD_PE: gl.constexpr):  # fmt: skip
+    """The warp-specialized form's producer: each tile into the two-slot ring (``ready`` / ``empty``: a slot's
+    barriers). An fp8 tile is loaded into registers (16 bytes a lane, a [keys, 128] chunk at a time, two chunks in
+    flight), converted to the products' 16 bits and stored; a 16-bit tile is copied by ``cp.async``."""
+    DOT: gl.constexpr = c_ring.dtype
+    rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, LD))
+    rows_pe = gl.arange(0, BLOCK_N, gl.SliceLayout(1, LD_PE))
+    cols = gl.arange(0, 128, gl.SliceLayout(0, LD))[None, :]
+    cols_pe = 512 + gl.arange(0, 64, gl.SliceLayout(0, LD_PE))[None, :]
+    for i in range(gl.cdiv(end - start, BLOCK_N)):
+        tile = start + i * BLOCK_N
+        slot = i % 2
+        empty_phase = ((i // 2) & 1) ^ 1  # the consumers are done with the slot's last tile
+        c_tile = c_ring.index(slot)
+        if KV.dtype.element_ty == DOT:
+            mbarrier.wait(empty.index(slot), empty_phase)
+            _copy_tile(KV, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, tile, end, c_tile,
+                       pe_ring.index(slot), PAGE_SIZE, BLOCK_N, LD, LD_PE)  # fmt: skip
+            cp.commit_group()
+            cp.wait_group(0)
+        else:
+            page, page_pe = _tile_pages(page_row, stride_pt_p, tile, end, PAGE_SIZE, BLOCK_N, LD, LD_PE, False)
+            offs = tile + rows
+            offs_pe = tile + rows_pe
+            ptr = (KV + page.to(gl.int64) * stride_kv_page + (offs % PAGE_SIZE) * stride_kv_slot)[:, None] + cols
+            ptr_pe = (KV + page_pe.to(gl.int64) * stride_kv_page + (offs_pe % PAGE_SIZE) * stride_kv_slot)[:, None]
+            ok = (offs < end)[:, None]
+            a = gl.load(ptr, mask=ok, other=0.0)
+            b = gl.load(ptr + 128, mask=ok, other=0.0)
+            pe = gl.load(ptr_pe + cols_pe, mask=(offs_pe < end)[:, None], other=0.0)
+            mbarrier.wait(empty.index(slot), empty_phase)
+            c_tile.slice(0, 128, dim=1).store(a.to(DOT))
+            a = gl.load(ptr + 256, mask=ok, other=0.0)
+            c_tile.slice(128, 128, dim=1).store(b.to(DOT))
+            b = gl.load(ptr + 384, mask=ok, other=0.0)
+            pe_ring.index(slot).store(pe.to(DOT))
+            c_tile.slice(256, 128, dim=1).store(a.to(DOT))
+            c_tile.slice(384, 128, dim=1).store(b.to(DOT))
+        fence_async_shared()  # the tile before the tensor cores read it
+        mbarrier.arrive(ready.index(slot), count=1)
+
+
+@gluon.jit
+def _consume(qn_smem, qr_smem, c_ring, pe_ring, p_smem, max_smem, ready, empty, start, end, qk_scale_log2,
+             BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, ROWS_2: gl.constexpr,
+             ROWS_WG: gl.constexpr):  # fmt: skip
+    """The warp-specialized form's two consuming warpgroups: each tile of the ring attended as the plain form's
+    step, the slot released once both warpgroups' value products are done."""
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_MMA))
+    l_wg = gl.zeros([BLOCK_H, 2], gl.float32, ROWS_WG)  # the softmax's sum, per warpgroup
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, O_MMA)
+    for i in range(gl.cdiv(end - start, BLOCK_N)):
+        slot = i % 2
+        mbarrier.wait(ready.index(slot), (i // 2) & 1)
+        acc, m_i, l_wg = _attend(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), p_smem, max_smem, acc,
+                                 m_i, l_wg, start + i * BLOCK_N, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2,
+                                 ROWS_WG)  # fmt: skip
+        _barrier()  # both warpgroups' value products
+        mbarrier.arrive(empty.index(slot), count=1)
+    return acc, m_i, l_wg
+
+
+@gluon.jit
+def mla_decode_wide_ws_kernel(
+    QNope, QRope, KV, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
+    q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
+    stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+    stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
+    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+    PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
+    DOT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT: gl.constexpr,
+    S_MMA: gl.constexpr, O_MMA: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_LOAD: gl.constexpr,
+    CVT: gl.constexpr, CVT_PE: gl.constexpr, C_RAW: gl.constexpr, PE_RAW: gl.constexpr, C_16: gl.constexpr,
+    PE_16: gl.constexpr, P_16: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, LD: gl.constexpr,
+    LD_PE: gl.constexpr,
+):  # fmt: skip
+    """The warp-specialized form: a producer warpgroup loads, converts and stores each tile into a two-slot ring of
+    16-bit tiles, the two consuming warpgroups (the default partition) run the plain form's step over it."""
+    head_block = gl.program_id(0)
+    split = gl.program_id(1)
+    seq = gl.program_id(2).to(gl.int64)
+    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    qn_smem, qr_smem = _queries(
+        QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
+        DOT, Q_LOAD, C_16, PE_16,
+    )  # fmt: skip
+    p_smem = gl.allocate_shared_memory(DOT, [BLOCK_H, BLOCK_N], P_16)
+    max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    c_ring = gl.allocate_shared_memory(DOT, [2, BLOCK_N, 512], C_16)
+    pe_ring = gl.allocate_shared_memory(DOT, [2, BLOCK_N, 64], PE_16)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(2):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
+    fence_async_shared()  # the queries' stores before the tensor cores read them
+    _barrier()
+
+    acc, m_i, l_wg = gl.warp_specialize(
+        [
+            (_consume, (qn_smem, qr_smem, c_ring, pe_ring, p_smem, max_smem, ready, empty, start, end,
+                        qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2, ROWS_WG)),
+            (_produce, (KV, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page, stride_kv_slot, start, end,
+                        c_ring, pe_ring, ready, empty, PAGE_SIZE, BLOCK_N, LD, LD_PE)),
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGS],
+    )  # fmt: skip
     l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
     m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
     offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
@@ -263,9 +411,10 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split, block_n,
-                     stages):  # fmt: skip
+                     stages, producer=False):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
-    ``mla_decode_split_kernel``'s; an fp8 cache: ``q_scale`` and the products in float16)."""
+    ``mla_decode_split_kernel``'s; an fp8 cache: ``q_scale`` and the products in float16; ``producer``: those of
+    the warp-specialized form, ``mla_decode_wide_ws_kernel``)."""
     batch, num_heads, _ = q_nope.shape
     fp8 = kv_cache.dtype in FP8
     grid = (-(-num_heads // BLOCK_H.value), num_kv_splits, batch)
@@ -273,11 +422,13 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      qk_scale_log2, kv_scale, num_kv_splits)  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
               "MIN_SPLIT": min_split, "DOT": gl.float16 if fp8 else _GL_DTYPES[q_nope.dtype],
-              **constexprs(block_n, stages, fp8), "num_warps": NUM_WARPS}  # fmt: skip
+              **constexprs(block_n, stages, fp8, producer), "num_warps": NUM_WARPS}  # fmt: skip
+    if producer:
+        kwargs["maxnreg"] = PRODUCER_MAXNREG  # the registers setmaxnreg shares between the partitions
     return grid, args, kwargs
 
 
-def launch(*args, **kwargs) -> None:
+def launch(*args, producer: bool = False, **kwargs) -> None:
     """Launch the kernel (arguments as :func:`launch_arguments`)."""
-    grid, args, kwargs = launch_arguments(*args, **kwargs)
-    mla_decode_wide_kernel[grid](*args, **kwargs)
+    grid, args, kwargs = launch_arguments(*args, producer=producer, **kwargs)
+    (mla_decode_wide_ws_kernel if producer else mla_decode_wide_kernel)[grid](*args, **kwargs)
