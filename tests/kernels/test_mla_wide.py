@@ -24,7 +24,13 @@ from kernels.mla_checks import check_against_reference_and_portable, record_laun
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_wide as wide
-from portattn.kernels.triton.mla_decode_launch import WIDE_TILES, MLATileConfig, choose_tiles, mla_decode_forward
+from portattn.kernels.triton.mla_decode_launch import (
+    WIDE_FP8_TILES,
+    WIDE_TILES,
+    MLATileConfig,
+    choose_tiles,
+    mla_decode_forward,
+)
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import max_error, mla_decode_ref, tolerance
 
@@ -189,6 +195,7 @@ def test_the_warp_specialized_form_compiles_for_hopper_with_a_producer_warpgroup
             # each value once, in pairs, by the producer's lanes
             assert counts["e4m3"] == str(keys * 576 // 2 // (32 * wide.PRODUCER_WARPS.value)), (kv, counts)
 
+
 def _runs_here() -> bool:
     return torch.cuda.is_available() and not is_triton_interpreter() and torch.cuda.get_device_capability()[0] == 9
 
@@ -246,8 +253,9 @@ def test_explicit_wide_tiles_name_what_they_need_here():
     needs = r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU|compute capability 9\.x).*wide=True"
     with pytest.raises(ValueError, match=needs):
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=WIDE_TILES)
-    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
-        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_TILES
+    assert choose_tiles(128, torch.bfloat16, interpret=False, wide=True) == WIDE_TILES
+    for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_FP8_TILES
     assert choose_tiles(17, torch.bfloat16, interpret=False, wide=True) == WIDE_TILES
     assert not choose_tiles(16, torch.bfloat16, interpret=False, wide=True).wide
     assert not choose_tiles(128, torch.float32, interpret=False, wide=True).wide
@@ -258,25 +266,27 @@ def test_explicit_wide_tiles_name_what_they_need_here():
 def test_by_default_more_than_16_heads_take_the_kernel(monkeypatch):
     """``WIDE`` picks the kernel over bf16 and fp16 caches for more than 16 heads (``WIDE_MIN_HEADS``: 17-32 heads
     fill part of a block and still ran 1.6-1.7x faster than the portable kernel's 32-head blocks), ``WIDE_FP8``
-    over fp8 ones past the ``fp8_mma`` kernel's 32 (both on); an explicit ``wide`` overrides both."""
+    over fp8 ones past the ``fp8_mma`` kernel's 32 in its warp-specialized form (``WIDE_FP8_TILES``; both on); an
+    explicit ``wide`` overrides both."""
     from portattn.kernels.triton import mla_decode_launch as launch
 
     bf16, e4m3, e5m2 = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
     assert launch.WIDE and launch.WIDE_FP8
     assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
     assert choose_tiles(40, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_FP8_TILES
+    assert MLATileConfig(64, 64, 8, 2, wide=True, producer=True) == WIDE_FP8_TILES
     assert launch.WIDE_MIN_HEADS == 16
     assert choose_tiles(32, bf16, interpret=False) == WIDE_TILES
     assert choose_tiles(17, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
     assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)
     assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == launch.FP8_MMA_32_HEAD_TILES
-    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_FP8_TILES
     assert choose_tiles(32, bf16, interpret=False, wide=False) == MLATileConfig(32, 32, 8, 3)
     assert choose_tiles(128, bf16, interpret=False, wide=False) == MLATileConfig(64, 32, 8, 3)
     monkeypatch.setattr(launch, "WIDE_FP8", False)
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2) == MLATileConfig(64, 64, 8, 2)
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_FP8_TILES
     assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
     monkeypatch.setattr(launch, "WIDE", False)
     assert choose_tiles(128, bf16, interpret=False) == MLATileConfig(64, 32, 8, 3)
