@@ -207,6 +207,20 @@ def _attend(qn_smem, qr_smem, c_tile, pe_tile, p_smem, max_smem, acc, m_i, l_wg,
 
 
 @gluon.jit
+def _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
+            PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr,
+            WRITE_LSE: gl.constexpr, O_MMA: gl.constexpr):  # fmt: skip
+    """The program's result: the warpgroups' sums added, the output normalised and stored (``_store_result``)."""
+    l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
+    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
+    dims_o = gl.arange(0, 512, gl.SliceLayout(0, O_MMA))
+    _store_result(acc, m_o, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
+                  Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
+                  WRITE_LSE)  # fmt: skip
+
+
+@gluon.jit
 def mla_decode_wide_kernel(
     QNope, QRope, KV, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
@@ -278,13 +292,8 @@ def mla_decode_wide_kernel(
                                  ROWS_WG)  # fmt: skip
     cp.wait_group(0)
 
-    l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
-    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
-    dims_o = gl.arange(0, 512, gl.SliceLayout(0, O_MMA))
-    _store_result(acc, m_o, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
-                  Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
-                  WRITE_LSE)  # fmt: skip
+    _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
+            PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, O_MMA)  # fmt: skip
 
 
 @gluon.jit
@@ -397,13 +406,8 @@ def mla_decode_wide_ws_kernel(
         [PRODUCER_WARPS],
         [PRODUCER_REGS],
     )  # fmt: skip
-    l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
-    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
-    dims_o = gl.arange(0, 512, gl.SliceLayout(0, O_MMA))
-    _store_result(acc, m_o, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
-                  Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
-                  WRITE_LSE)  # fmt: skip
+    _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
+            PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, O_MMA)  # fmt: skip
 
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
