@@ -21,12 +21,12 @@ case "${1:-}" in
   all)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1); echo "$gpu" | tee $OUT/gpu.txt
     case "$gpu" in *H200*) OUT=$OUT bash $0 serve; exit $? ;; esac
-    PYTHONPATH=src:tests timeout 230 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_mla_wide.py \
+    PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_mla_wide.py \
       2>&1 | tail -n 8 | tee $OUT/tests.txt
     PYTHONPATH=src timeout 100 python3 $R/round46/scripts/mla_many.py $R/round48/scripts/default_cases.txt 90 2>&1 |
       grep -v Warning | tee $OUT/default_times.txt
-    PYTHONPATH=src timeout 130 python3 $R/round46/scripts/mla_many.py $R/round48/scripts/ws_cases2.txt 120 2>&1 |
+    PYTHONPATH=src timeout 100 python3 $R/round46/scripts/mla_many.py $R/round48/scripts/ws_cases2.txt 90 2>&1 |
       grep -v Warning | tee $OUT/ws_times2.txt
-    T1=60 OUT=$OUT bash $R/round47/scripts/r47.sh splits ;;
+    T1=50 OUT=$OUT bash $R/round47/scripts/r47.sh splits ;;
   *) echo "expected one of ws, splits, serve, all, got '${1:-}'"; exit 2 ;;
 esac
