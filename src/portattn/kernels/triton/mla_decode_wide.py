@@ -76,8 +76,7 @@ def constexprs(block_n: int, stages: int, fp8: bool, producer: bool = False) -> 
         "LD_PE": gl.BlockedLayout([1, per_lane], [32 * per_lane // ROPE, ROPE // per_lane], [PRODUCER_WARPS.value, 1],
                                   [1, 0]),
     }  # fmt: skip
-    return {
-        **(loads if producer else {}),
+    layouts = {
         "BLOCK_N": block_n,
         "STAGES": stages,
         "CONVERT": fp8,
@@ -112,6 +111,10 @@ def constexprs(block_n: int, stages: int, fp8: bool, producer: bool = False) -> 
             shape=[64, 2],
         ),
     }
+    if producer:  # the copy's and the conversion's layouts are the producer's loads there
+        unused = ("STAGES", "CONVERT", "C_COPY", "PE_COPY", "CVT", "CVT_PE", "C_RAW", "PE_RAW")
+        return {**{k: v for k, v in layouts.items() if k not in unused}, **loads}
+    return layouts
 
 
 def shared_bytes(block_n: int, stages: int, fp8: bool, producer: bool = False) -> int:
@@ -368,11 +371,9 @@ def mla_decode_wide_ws_kernel(
     stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
     stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
-    DOT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT: gl.constexpr,
-    S_MMA: gl.constexpr, O_MMA: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr, Q_LOAD: gl.constexpr,
-    CVT: gl.constexpr, CVT_PE: gl.constexpr, C_RAW: gl.constexpr, PE_RAW: gl.constexpr, C_16: gl.constexpr,
-    PE_16: gl.constexpr, P_16: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, LD: gl.constexpr,
-    LD_PE: gl.constexpr,
+    DOT: gl.constexpr, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr,
+    C_16: gl.constexpr, PE_16: gl.constexpr, P_16: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr,
+    LD: gl.constexpr, LD_PE: gl.constexpr,
 ):  # fmt: skip
     """The warp-specialized form: a producer warpgroup loads, converts and stores each tile into a two-slot ring of
     16-bit tiles, the two consuming warpgroups (the default partition) run the plain form's step over it."""
