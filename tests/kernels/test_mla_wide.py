@@ -26,6 +26,7 @@ from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_wide as wide
 from portattn.kernels.triton.mla_decode_launch import (
     WIDE_FP8_TILES,
+    WIDE_PRODUCER_TILES,
     WIDE_TILES,
     MLATileConfig,
     choose_tiles,
@@ -171,20 +172,21 @@ WS_CHILD = textwrap.dedent(
 
 def test_the_warp_specialized_form_compiles_for_hopper_with_a_producer_warpgroup(tmp_path):
     """``mla_decode_wide_ws_kernel`` compiled for sm_90: twelve warps (the producer's four beside the consumers'
-    eight), ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` and the consumers the rest of
-    ``PRODUCER_MAXNREG``, the consumers' products once a tile, an fp8 tile converted by the producer (no copies
-    then), a 16-bit one copied by ``cp.async``, the slots' mbarriers waited and arrived on, within Hopper's shared
-    memory."""
+    eight), ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` (``PRODUCER_REGS_FP8`` over fp8) and the
+    consumers the rest of ``PRODUCER_MAXNREG``, the consumers' products once a tile, an fp8 tile converted by the
+    producer (no copies then), a 16-bit one copied by ``cp.async``, the slots' mbarriers waited and arrived on,
+    within Hopper's shared memory."""
     lines = run_compile_child(tmp_path, WS_CHILD, "compile_mla_wide_ws", timeout=600)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
     assert len(kernels) == 3, lines
-    consumers = (wide.PRODUCER_MAXNREG * 12 - wide.PRODUCER_REGS.value * wide.PRODUCER_WARPS.value) // 8
     for _, kv, block_n, *fields in kernels:
         counts = dict(field.split("=") for field in fields)
         keys, fp8 = int(block_n), kv != "*bf16"
+        producer = (wide.PRODUCER_REGS_FP8 if fp8 else wide.PRODUCER_REGS).value
+        consumers = (wide.PRODUCER_MAXNREG * 12 - producer * wide.PRODUCER_WARPS.value) // 8
         assert counts["warps"] == "12" and int(counts["shared"]) <= HOPPER_SHARED, (kv, counts)
         assert int(counts["shared"]) >= wide.shared_bytes(keys, 2, fp8, producer=True), (kv, counts)
-        assert {str(wide.PRODUCER_REGS.value), str(consumers)} <= set(counts["regs"].split(",")), (kv, counts)
+        assert {str(producer), str(consumers)} <= set(counts["regs"].split(",")), (kv, counts)
         assert (counts["scores"], counts["values"]) == ("36", str(keys // 16)), (kv, counts)
         assert int(counts["waits"]) >= 2 and int(counts["arrives"]) >= 2, (kv, counts)
         if fp8:
@@ -253,10 +255,10 @@ def test_explicit_wide_tiles_name_what_they_need_here():
     needs = r"expected (a GPU without TRITON_INTERPRET|an NVIDIA GPU|compute capability 9\.x).*wide=True"
     with pytest.raises(ValueError, match=needs):
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=WIDE_TILES)
-    assert choose_tiles(128, torch.bfloat16, interpret=False, wide=True) == WIDE_TILES
+    assert choose_tiles(128, torch.bfloat16, interpret=False, wide=True) == WIDE_PRODUCER_TILES
     for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_FP8_TILES
-    assert choose_tiles(17, torch.bfloat16, interpret=False, wide=True) == WIDE_TILES
+        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_PRODUCER_TILES
+    assert choose_tiles(17, torch.bfloat16, interpret=False, wide=True) == WIDE_PRODUCER_TILES
     assert not choose_tiles(16, torch.bfloat16, interpret=False, wide=True).wide
     assert not choose_tiles(128, torch.float32, interpret=False, wide=True).wide
     assert not choose_tiles(128, torch.bfloat16, interpret=True, wide=True).wide
@@ -266,28 +268,29 @@ def test_explicit_wide_tiles_name_what_they_need_here():
 def test_by_default_more_than_16_heads_take_the_kernel(monkeypatch):
     """``WIDE`` picks the kernel over bf16 and fp16 caches for more than 16 heads (``WIDE_MIN_HEADS``: 17-32 heads
     fill part of a block and still ran 1.6-1.7x faster than the portable kernel's 32-head blocks), ``WIDE_FP8``
-    over fp8 ones past the ``fp8_mma`` kernel's 32 in its warp-specialized form (``WIDE_FP8_TILES``; both on); an
-    explicit ``wide`` overrides both."""
+    over fp8 ones past the ``fp8_mma`` kernel's 32, both in its warp-specialized form (``WIDE_PRODUCER_TILES``,
+    also named ``WIDE_FP8_TILES``; both on); an explicit ``wide`` overrides both."""
     from portattn.kernels.triton import mla_decode_launch as launch
 
     bf16, e4m3, e5m2 = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
     assert launch.WIDE and launch.WIDE_FP8
-    assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
-    assert choose_tiles(40, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_FP8_TILES
-    assert MLATileConfig(64, 64, 8, 2, wide=True, producer=True) == WIDE_FP8_TILES
+    assert choose_tiles(128, bf16, interpret=False) == WIDE_PRODUCER_TILES
+    assert choose_tiles(40, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_PRODUCER_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_PRODUCER_TILES
+    assert MLATileConfig(64, 64, 8, 2, wide=True, producer=True) == WIDE_PRODUCER_TILES == WIDE_FP8_TILES
+    assert MLATileConfig(64, 64, 8, 2, wide=True) == WIDE_TILES  # the plain form, when asked for
     assert launch.WIDE_MIN_HEADS == 16
-    assert choose_tiles(32, bf16, interpret=False) == WIDE_TILES
-    assert choose_tiles(17, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_TILES
+    assert choose_tiles(32, bf16, interpret=False) == WIDE_PRODUCER_TILES
+    assert choose_tiles(17, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_PRODUCER_TILES
     assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)
     assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == launch.FP8_MMA_32_HEAD_TILES
-    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_FP8_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_PRODUCER_TILES
     assert choose_tiles(32, bf16, interpret=False, wide=False) == MLATileConfig(32, 32, 8, 3)
     assert choose_tiles(128, bf16, interpret=False, wide=False) == MLATileConfig(64, 32, 8, 3)
     monkeypatch.setattr(launch, "WIDE_FP8", False)
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2) == MLATileConfig(64, 64, 8, 2)
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_FP8_TILES
-    assert choose_tiles(128, bf16, interpret=False) == WIDE_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_PRODUCER_TILES
+    assert choose_tiles(128, bf16, interpret=False) == WIDE_PRODUCER_TILES
     monkeypatch.setattr(launch, "WIDE", False)
     assert choose_tiles(128, bf16, interpret=False) == MLATileConfig(64, 32, 8, 3)
 

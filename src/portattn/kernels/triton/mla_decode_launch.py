@@ -173,12 +173,14 @@ FP8_MMA_32_HEAD_MIN_BATCH = 16
 # registers a thread compiled for sm_90 by Triton 3.6, over a bfloat16 or an e4m3 cache; 32 keys in 3 buffers
 # (189 / 170 KB) are the probe's other candidates.
 WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wide=True)
-# Over an fp8 cache the warp-specialized form (``producer``): a producer warpgroup converts each tile to float16
-# into a two-slot ring while the consumers attend the other slot, so the conversion leaves the consumers' step. On
-# an H100 (B=64 over 4096 keys, page 64, graph replays) 128 heads over e4m3 took 0.1884 ms against 0.2404 for the
-# plain form (the bf16 cache's plain form: 0.1904), 64 heads 0.1167 against 0.1322 (bf16: 0.1234); e5m2 at 128
-# heads 0.1877 (benchmarks/results/round48/NOTES.md).
-WIDE_FP8_TILES = dataclasses.replace(WIDE_TILES, producer=True)
+# The warp-specialized form (``producer``) is the default: a producer warpgroup loads each tile (over fp8 converting
+# it to float16) into a two-slot ring while the consumers attend the other slot. On an H100 (B=64 over 4096 keys,
+# page 64, graph replays) 128 heads over e4m3 took 0.1811 ms against 0.2404 for the plain form, 64 heads 0.1087
+# against 0.1322; over bf16 the form took 0.1668-0.1816 ms at 128 heads against 0.1877-0.2027 for the plain one,
+# 0.0922 against 0.1083 at B=32, 0.3618-0.3664 against 0.3766 at B=128, and from 24 to 64 heads the same time
+# within 1-2%, 0.2177 against 0.2298 at B=128 (benchmarks/results/round48/NOTES.md, round49/NOTES.md).
+WIDE_PRODUCER_TILES = dataclasses.replace(WIDE_TILES, producer=True)
+WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while only fp8 caches took it
 
 
 def choose_tiles(
@@ -208,7 +210,7 @@ def choose_tiles(
     over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``; ``FP8_MMA_32_HEAD_TILES`` from 17
     heads, unless ``batch``, the sequences, is under ``FP8_MMA_32_HEAD_MIN_BATCH``), and with ``wide`` (default ``WIDE``
     over a 16-bit cache, ``WIDE_FP8`` over fp8) the other cases of more than 16 heads (``WIDE_MIN_HEADS``) take
-    ``WIDE_TILES`` (``mla_decode_wide``; ``WIDE_FP8_TILES``, its warp-specialized form, over fp8);
+    ``WIDE_PRODUCER_TILES`` (``mla_decode_wide``'s warp-specialized form; ``WIDE_TILES``, the plain one, when asked);
     the launcher replaces them by these rules' tiles where those kernels cannot run.
     """
     if interpret:
@@ -228,7 +230,7 @@ def choose_tiles(
         and num_heads > WIDE_MIN_HEADS
         and dtype != torch.float32
     ):
-        return WIDE_FP8_TILES if fp8 else WIDE_TILES  # likewise
+        return WIDE_PRODUCER_TILES  # likewise
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)
     if fp8 and num_heads > 32:
