@@ -176,9 +176,10 @@ WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wi
 # The warp-specialized form (``producer``) is the default: a producer warpgroup loads each tile (over fp8 converting
 # it to float16) into a two-slot ring while the consumers attend the other slot. On an H100 (B=64 over 4096 keys,
 # page 64, graph replays) 128 heads over e4m3 took 0.1811 ms against 0.2404 for the plain form, 64 heads 0.1087
-# against 0.1322; over bf16 the form took 0.1668-0.1816 ms at 128 heads against 0.1877-0.2027 for the plain one,
-# 0.0922 against 0.1083 at B=32, 0.3618-0.3664 against 0.3766 at B=128, and from 24 to 64 heads the same time
-# within 1-2%, 0.2177 against 0.2298 at B=128 (benchmarks/results/round48/NOTES.md, round49/NOTES.md).
+# against 0.1322; over bf16 the form took 0.1616-0.1940 ms at 128 heads (median of seven 0.1723, spreads up to
+# 20%) against 0.1877-0.2027 for the plain one (median 0.1895), 0.0922 against 0.1083 at B=32, 0.3468-0.3664
+# against 0.3767 at B=128; from 17 to 64 heads the same time within 1-2% at B=64, and 0.2177 against 0.2298 at 64
+# heads and B=128 (benchmarks/results/round48/NOTES.md, round49/NOTES.md).
 WIDE_PRODUCER_TILES = dataclasses.replace(WIDE_TILES, producer=True)
 WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while only fp8 caches took it
 
