@@ -178,6 +178,25 @@ def _queries(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
 
 
 @gluon.jit
+def _program(QNope, QRope, SeqLensK, num_heads, num_kv_splits, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+             q_scale, MIN_SPLIT: gl.constexpr, DOT: gl.constexpr, BLOCK_N: gl.constexpr, Q_LOAD: gl.constexpr,
+             C_16: gl.constexpr, PE_16: gl.constexpr, P_16: gl.constexpr):  # fmt: skip
+    """What both forms' programs start from: their head block, split and sequence, the split's keys, the queries
+    in shared memory and the probabilities' and row maxima's buffers."""
+    head_block = gl.program_id(0)
+    split = gl.program_id(1)
+    seq = gl.program_id(2).to(gl.int64)
+    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    qn_smem, qr_smem = _queries(
+        QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
+        DOT, Q_LOAD, C_16, PE_16,
+    )  # fmt: skip
+    p_smem = gl.allocate_shared_memory(DOT, [BLOCK_H, BLOCK_N], P_16)
+    max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    return head_block, split, seq, start, end, qn_smem, qr_smem, p_smem, max_smem
+
+
+@gluon.jit
 def _row_max(s, max_smem, BLOCK_N: gl.constexpr, ROWS_2: gl.constexpr):
     """The maximum of each row of ``s`` (its keys split between the two warpgroups) with one barrier: each
     warpgroup's own maximum through shared memory (the barrier at the top of the step keeps the buffer free)."""
@@ -241,18 +260,10 @@ def mla_decode_wide_kernel(
     PE_16: gl.constexpr, P_16: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr,
 ):  # fmt: skip
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
-    head_block = gl.program_id(0)
-    split = gl.program_id(1)
-    seq = gl.program_id(2).to(gl.int64)
-
-    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
-
-    qn_smem, qr_smem = _queries(
-        QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
-        DOT, Q_LOAD, C_16, PE_16,
+    head_block, split, seq, start, end, qn_smem, qr_smem, p_smem, max_smem = _program(
+        QNope, QRope, SeqLensK, num_heads, num_kv_splits, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+        q_scale, MIN_SPLIT, DOT, BLOCK_N, Q_LOAD, C_16, PE_16, P_16,
     )  # fmt: skip
-    p_smem = gl.allocate_shared_memory(DOT, [BLOCK_H, BLOCK_N], P_16)
-    max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     c_raw = gl.allocate_shared_memory(KV.dtype.element_ty, [STAGES, BLOCK_N, 512], C_RAW)
     pe_raw = gl.allocate_shared_memory(KV.dtype.element_ty, [STAGES, BLOCK_N, 64], PE_RAW)
     if CONVERT:  # the 16-bit tile both products read
@@ -381,16 +392,10 @@ def mla_decode_wide_ws_kernel(
 ):  # fmt: skip
     """The warp-specialized form: a producer warpgroup loads, converts and stores each tile into a two-slot ring of
     16-bit tiles, the two consuming warpgroups (the default partition) run the plain form's step over it."""
-    head_block = gl.program_id(0)
-    split = gl.program_id(1)
-    seq = gl.program_id(2).to(gl.int64)
-    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
-    qn_smem, qr_smem = _queries(
-        QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h, q_scale,
-        DOT, Q_LOAD, C_16, PE_16,
+    head_block, split, seq, start, end, qn_smem, qr_smem, p_smem, max_smem = _program(
+        QNope, QRope, SeqLensK, num_heads, num_kv_splits, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+        q_scale, MIN_SPLIT, DOT, BLOCK_N, Q_LOAD, C_16, PE_16, P_16,
     )  # fmt: skip
-    p_smem = gl.allocate_shared_memory(DOT, [BLOCK_H, BLOCK_N], P_16)
-    max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     c_ring = gl.allocate_shared_memory(DOT, [2, BLOCK_N, 512], C_16)
     pe_ring = gl.allocate_shared_memory(DOT, [2, BLOCK_N, 64], PE_16)
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
