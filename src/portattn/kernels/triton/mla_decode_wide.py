@@ -74,8 +74,23 @@ def constexprs(block_n: int, stages: int, fp8: bool, producer: bool = False) -> 
     def nvmma(row_bytes: int, width: int) -> gl.NVMMASharedLayout:
         return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=width, rank=2)
 
-    loads = {  # the producer's loads, 16 bytes a lane: a [keys, 128] chunk of the latent, the rope [keys, 64]
-        "LD": gl.BlockedLayout([1, per_lane], [32 * per_lane // 128, 128 // per_lane], [PRODUCER_WARPS.value, 1], [1, 0]),
+    # the producer's loads, 16 bytes a lane: a [keys, 128] chunk of the latent, the rope [keys, 64]. Over fp8 a lane's
+    # 16 bytes become 32 in float16, two 16-byte stores; a quarter-warp's lanes take 64 bytes of two keys each (in
+    # the swizzled tile their chunks differ; 128 bytes of one key would share four chunks and take two wavefronts),
+    # and each key's 128 bytes are still one warp's load (the lanes' bits: 16 bytes, 32, a key, 64 bytes, a key; the
+    # four warps' 4 and 8 keys: PRODUCER_WARPS)
+    if fp8:
+        ld = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8]] + [[rows, 0] for rows in (16, 32) if rows < block_n],
+            lane_bases=[[0, 16], [0, 32], [1, 0], [0, 64], [2, 0]],
+            warp_bases=[[4, 0], [8, 0]],
+            block_bases=[],
+            shape=[block_n, 128],
+        )
+    else:
+        ld = gl.BlockedLayout([1, per_lane], [32 * per_lane // 128, 128 // per_lane], [PRODUCER_WARPS.value, 1], [1, 0])
+    loads = {
+        "LD": ld,
         "LD_PE": gl.BlockedLayout([1, per_lane], [32 * per_lane // ROPE, ROPE // per_lane], [PRODUCER_WARPS.value, 1],
                                   [1, 0]),
     }  # fmt: skip
