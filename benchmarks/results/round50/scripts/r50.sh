@@ -60,6 +60,6 @@ case "${1:-}" in
         /tmp/ncu_text/ncu_$name.txt | tr -s ' ' | tr '\n' ';')"
     done
     python3 benchmarks/results/round50/scripts/stalls.py /tmp/ncu_text > $OUT/stalls.txt 2>&1
-    (cd /tmp/ncu_text && tar czf $OUT/ncu_text.tgz ncu_*.txt && gzip -c sass_e4m3_64.csv > $OUT/sass_e4m3_64.csv.gz) ;;
+    (cd /tmp/ncu_text && tar czf $OUT/ncu_text.tgz ncu_*.txt && tar czf $OUT/sass.tgz sass_*.csv) ;;
   *) echo "expected one of serve, prefetch, conflict, ab, ncu, ncu_import, got '${1:-}'"; exit 2 ;;
 esac
