@@ -28,6 +28,13 @@ SASS instructions a warp over a bf16 cache and 693 over an e4m3 one (the portabl
 1,688, and 1,449 with 360 bytes a thread spilled), 222 registers, 229,888 bytes of shared memory (Hopper's
 limit: 232,448), five barriers a step (seven converting).
 
+The warp-specialized form (``mla_decode_wide_ws_kernel``, ``MLATileConfig(..., producer=True)``: the launcher's
+default) adds a producer warpgroup beside the two consuming ones. It loads each tile into a two-slot ring of
+16-bit tiles, with a ``ready`` and an ``empty`` mbarrier a slot. A 16-bit tile is copied by ``cp.async``; an fp8
+one is loaded into registers, converted to float16 and stored, its lanes laid out so that those stores are free
+of bank conflicts. The consumers run the plain form's step (``_attend``) over each ready slot. ``setmaxnreg``
+gives the producer ``PRODUCER_REGS`` (``PRODUCER_REGS_FP8`` over fp8) and the consumers the rest.
+
 Requirements (:func:`supports`): NVIDIA compute capability 9.x, a Triton with Gluon's Hopper operations, a
 latent of 512 + 64 (DeepSeek-V2/V3's), 16-bit queries, a cache in the queries' dtype or fp8 whose rows are
 16-byte aligned and contiguous. Splits, partial results and the merge are the portable kernel's.
