@@ -12,6 +12,7 @@ poisoned fixture (NaN in every slot no sequence owns, an out-of-range page id in
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from portattn.kernels.triton.mla_decode_launch import (
     choose_tiles,
     fp8_mma_splits,
     mla_decode_forward,
+    programs_an_sm,
 )
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import max_error, mla_decode_ref, tolerance
@@ -451,6 +453,32 @@ def test_one_program_an_sm_by_split_count():
     # B=64 sequences of 16 heads on 132 SMs: 2 splits, not the plan's 4 (measured on an H100); never more than given
     assert [fp8_mma_splits(4, 64, 132), fp8_mma_splits(3, 64, 132), fp8_mma_splits(4, 256, 132)] == [2, 2, 1]
     assert [fp8_mma_splits(64, 1, 132), fp8_mma_splits(64, 4, 132), fp8_mma_splits(1, 64, 132)] == [64, 33, 1]
+
+
+@pytest.mark.parametrize("tiles, splits", [(FP8_MMA_TILES, 1), (FP8_MMA_32_HEAD_TILES, 4)], ids=["16_head", "32_head"])
+def test_32_head_blocks_on_four_warps_are_cut_to_two_programs_an_sm(tiles, splits, monkeypatch):
+    """Through ``mla_decode_forward`` (the Gluon kernel and the merge replaced: no GPU here): 2 sequences of 32 heads
+    on 4 SMs at the plan's 8 splits run 16-head blocks (4 programs a split) at 1 split, one program an SM, and
+    32-head blocks on four warps (2 a split, 254 registers a thread) at 4, two programs an SM."""
+    from portattn.mla import plan_mla_decode
+
+    assert [programs_an_sm(FP8_MMA_TILES), programs_an_sm(FP8_MMA_32_HEAD_TILES)] == [1, 2]
+    assert programs_an_sm(replace(FP8_MMA_32_HEAD_TILES, num_warps=8)) == 1  # each warp one group's work
+    launched, merged = record_launches(monkeypatch, mma, compute_units=4)
+    case = make_mla_case([300, 500], page_size=64, num_heads=32, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    plan = plan_mla_decode(inputs["page_table"], inputs["seq_lens"], 64, num_heads=32, kv_lora_rank=512,
+                           max_seqlen_k=500)  # fmt: skip
+    assert plan.num_kv_splits == 8 and plan.splits_chosen
+    mla_decode_forward(inputs["q_nope"], inputs["q_rope"], kv, inputs["page_table"], inputs["seq_lens"],
+                       torch.empty_like(case.q_nope), scale=0.1, num_kv_splits=plan.num_kv_splits,
+                       partials=plan.partials, tiles=tiles, kv_scale=0.5, min_split_keys=plan.min_split_keys,
+                       fewer_splits=True)  # fmt: skip
+    ((grid, args, kwargs),) = launched
+    assert grid[1] == splits and args[13] == splits
+    assert [m[6] for m in merged] == ([] if splits == 1 else [splits])  # no merge of one split
+    assert grid[0] == 32 // tiles.block_h
 
 
 @pytest.mark.parametrize("batch, head_blocks", [(15, 2), (16, 1)])

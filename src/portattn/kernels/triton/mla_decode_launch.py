@@ -38,6 +38,14 @@ FP8_MMA = True
 # So the launcher runs it at no more splits than fill each SM once (``fp8_mma_splits``); the plan's workspace, sized
 # for its own count, holds the fewer splits' partials.
 FP8_MMA_ONE_PROGRAM_AN_SM = True
+# ... except its 32-head blocks on four warps (``group_regs``: 254 registers a thread, so two programs of four warps
+# take the SM's 65,536): latency-bound with one warp a scheduler, they run faster at two programs an SM. On an H100
+# (e4m3 over 4096 keys, page 64, graph replays, two runs each; ms) B=64 took at 4 splits against 2: 17 heads 0.0784 /
+# 0.0783 against 0.0853 / 0.0840, 20 heads 0.0816 / 0.0816 against 0.0878 / 0.0868, 24 heads 0.0847 / 0.0842 against
+# 0.0894 / 0.0885, 28 heads 0.0874 / 0.0859 against 0.0906 / 0.0900, 32 heads 0.0900 / 0.0893 against 0.0914 /
+# 0.0904 (3 splits: 0.098-0.104); 20 heads at B=128 0.1490 / 0.1491 at 1 split against 0.1401 / 0.1403 at 2, at B=32
+# 0.0510 / 0.0507 at 4 against 0.0500 / 0.0502 at 8 (benchmarks/results/round51/NOTES.md).
+FP8_MMA_32_HEAD_PROGRAMS_AN_SM = 2
 # Up to this many heads take it (DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 / 128 over 4096
 # keys, page 64, e4m3) 32 heads took 0.1086 / 0.1752 ms in 16-head blocks against the wide kernel's 0.1316 / 0.2429
 # over e4m3 and the portable kernel's 0.2476 / 0.4724 (benchmarks/results/round44/NOTES.md, round45/NOTES.md).
@@ -245,10 +253,18 @@ def choose_tiles(
 
 def fp8_mma_splits(num_kv_splits: int, programs_per_split: int, sms: int) -> int:
     """The split count the ``fp8_mma`` and wide kernels run at: the plan's ``num_kv_splits`` or fewer, so that the
-    programs (``programs_per_split`` a split: sequences x head blocks of 16 or 64) fill each of ``sms`` SMs at most
-    once; at least 1 (``FP8_MMA_ONE_PROGRAM_AN_SM``, ``WIDE_ONE_PROGRAM_AN_SM``: measured in
-    benchmarks/results/round38/NOTES.md and round45/NOTES.md)."""
+    programs (``programs_per_split`` a split: sequences x head blocks of 16, 32 or 64) fill each of ``sms`` SMs at
+    most once (``sms``: the SMs times the programs an SM, :func:`programs_an_sm`); at least 1
+    (``FP8_MMA_ONE_PROGRAM_AN_SM``, ``WIDE_ONE_PROGRAM_AN_SM``: measured in benchmarks/results/round38/NOTES.md and
+    round45/NOTES.md)."""
     return max(1, min(num_kv_splits, sms // max(1, programs_per_split)))
+
+
+def programs_an_sm(tiles: MLATileConfig) -> int:
+    """The programs an SM that :func:`fp8_mma_splits` fills: ``FP8_MMA_32_HEAD_PROGRAMS_AN_SM`` for the ``fp8_mma``
+    kernel's 32-head blocks on four warps (``group_regs``), else 1."""
+    group_regs = tiles.fp8_mma and tiles.num_warps * 4 < tiles.block_h
+    return FP8_MMA_32_HEAD_PROGRAMS_AN_SM if group_regs else 1
 
 
 def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
@@ -376,7 +392,8 @@ def mla_decode_forward(
         )
     one_wave = (tiles.fp8_mma and FP8_MMA_ONE_PROGRAM_AN_SM) or (tiles.wide and WIDE_ONE_PROGRAM_AN_SM)
     if fewer_splits and one_wave and num_kv_splits > 1:
-        fewer = fp8_mma_splits(num_kv_splits, batch * -(-num_heads // tiles.block_h), compute_units(device))
+        sms = compute_units(device) * programs_an_sm(tiles)
+        fewer = fp8_mma_splits(num_kv_splits, batch * -(-num_heads // tiles.block_h), sms)
         if fewer < num_kv_splits:
             if partials is not None:  # the same buffers' first elements, for fewer splits
                 rows = batch * num_heads * fewer
