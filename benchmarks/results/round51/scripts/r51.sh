@@ -7,6 +7,7 @@
 #   OUT=... bash benchmarks/results/round51/scripts/r51.sh ncu     # Nsight Compute: the packed and the earlier producer
 #   OUT=... bash benchmarks/results/round51/scripts/r51.sh splits  # 17-32 heads over e4m3 at one and two programs an SM
 #   OUT=... bash benchmarks/results/round51/scripts/r51.sh final   # the committed tree: GPU tests, the default path timed
+#   OUT=... bash benchmarks/results/round51/scripts/r51.sh splits16  # 16 heads over fp8 at one and two programs an SM
 set -f
 R=benchmarks/results
 case "${1:-}" in
@@ -91,5 +92,12 @@ case "${1:-}" in
       PYTHONPATH=src timeout 110 python3 $R/round46/scripts/mla_many.py $R/round51/scripts/final_cases.txt 100 2>&1 |
         grep -v Warning | tee -a $OUT/final_times.txt
     done ;;
-  *) echo "expected one of alt, packed, cg, ncu, splits, final, got '${1:-}'"; exit 2 ;;
+  splits16)  # the committed tree: 16 heads over fp8 at one and two programs an SM
+    nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+    for round in 1 2; do
+      echo "== round $round" | tee -a $OUT/splits16_times.txt
+      PYTHONPATH=src timeout 75 python3 $R/round46/scripts/mla_many.py $R/round51/scripts/splits16_cases.txt 65 2>&1 |
+        grep -v Warning | tee -a $OUT/splits16_times.txt
+    done ;;
+  *) echo "expected one of alt, packed, cg, ncu, splits, final, splits16, got '${1:-}'"; exit 2 ;;
 esac

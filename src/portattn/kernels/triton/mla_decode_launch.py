@@ -44,7 +44,8 @@ FP8_MMA_ONE_PROGRAM_AN_SM = True
 # 0.0783 against 0.0853 / 0.0840, 20 heads 0.0816 / 0.0816 against 0.0878 / 0.0868, 24 heads 0.0847 / 0.0842 against
 # 0.0894 / 0.0885, 28 heads 0.0874 / 0.0859 against 0.0906 / 0.0900, 32 heads 0.0900 / 0.0893 against 0.0914 /
 # 0.0904 (3 splits: 0.098-0.104); 20 heads at B=128 0.1490 / 0.1491 at 1 split against 0.1401 / 0.1403 at 2, at B=32
-# 0.0510 / 0.0507 at 4 against 0.0500 / 0.0502 at 8 (benchmarks/results/round51/NOTES.md).
+# 0.0510 / 0.0507 at 4 against 0.0500 / 0.0502 at 8. The 16-head blocks (166 registers) stay faster at one program an
+# SM: at 64 sequences 0.0687 / 0.0686 ms at 2 splits against 0.0707 / 0.0707 at 4 (benchmarks/results/round51/NOTES.md).
 FP8_MMA_32_HEAD_PROGRAMS_AN_SM = 2
 # Up to this many heads take it (DeepSeek-V3's 128 heads over 8 or 4 GPUs). On an H100 (B=64 / 128 over 4096
 # keys, page 64, e4m3) 32 heads took 0.1086 / 0.1752 ms in 16-head blocks against the wide kernel's 0.1316 / 0.2429
