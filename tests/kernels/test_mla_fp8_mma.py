@@ -475,7 +475,7 @@ def test_32_head_blocks_on_four_warps_are_cut_to_two_programs_an_sm(tiles, split
                        torch.empty_like(case.q_nope), scale=0.1, num_kv_splits=plan.num_kv_splits,
                        partials=plan.partials, tiles=tiles, kv_scale=0.5, min_split_keys=plan.min_split_keys,
                        fewer_splits=True)  # fmt: skip
-    ((grid, args, kwargs),) = launched
+    ((grid, args, _),) = launched
     assert grid[1] == splits and args[13] == splits
     assert [m[6] for m in merged] == ([] if splits == 1 else [splits])  # no merge of one split
     assert grid[0] == 32 // tiles.block_h
