@@ -60,5 +60,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "sass_*.csv"))):
         print(f"    opcodes: {share(ops, n or 1, 10)}")
     for r in sorted(rows, key=lambda r: -number(r[samples]))[:25]:
         why = collections.Counter({c[6:]: number(r[c]) for c in reasons})
-        print(f"  {r['Address']:>16} {number(r[samples]) / total:6.1%}  {share(why, sum(why.values()) or 1, 2):<34}"
-              f" {r['Source'].strip()[:80]}")
+        print(
+            f"  {r['Address']:>16} {number(r[samples]) / total:6.1%}  {share(why, sum(why.values()) or 1, 2):<34}"
+            f" {r['Source'].strip()[:80]}"
+        )
