@@ -8,6 +8,8 @@
 #   OUT=... bash benchmarks/results/round51/scripts/r51.sh splits  # 17-32 heads over e4m3 at one and two programs an SM
 #   OUT=... bash benchmarks/results/round51/scripts/r51.sh final   # the committed tree: GPU tests, the default path timed
 #   OUT=... bash benchmarks/results/round51/scripts/r51.sh splits16  # 16 heads over fp8 at one and two programs an SM
+#   OUT=... bash benchmarks/results/round51/scripts/r51.sh alone   # both forms' consumers alone (the patch applied);
+#                                                               # SIDES=PA_NOCONSUME=1: their producers alone
 set -f
 R=benchmarks/results
 case "${1:-}" in
@@ -99,5 +101,12 @@ case "${1:-}" in
       PYTHONPATH=src timeout 75 python3 $R/round46/scripts/mla_many.py $R/round51/scripts/splits16_cases.txt 65 2>&1 |
         grep -v Warning | tee -a $OUT/splits16_times.txt
     done ;;
-  *) echo "expected one of alt, packed, cg, ncu, splits, final, splits16, got '${1:-}'"; exit 2 ;;
+  alone)  # scripts/alternating_consumers_v2_noload.patch applied: each form's consumers alone, then with the loads
+    nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+    for side in ${SIDES:-PA_NOLOAD=1 PA_NOLOAD=0}; do  # PA_NOCONSUME=1 (alternating_consumers_v2_alone.patch): the producer
+      echo "== $side" | tee -a $OUT/alone_times.txt
+      env $side PYTHONPATH=src timeout 75 python3 $R/round46/scripts/mla_many.py $R/round51/scripts/alone_cases.txt \
+        65 2>&1 | grep -v Warning | tee -a $OUT/alone_times.txt
+    done ;;
+  *) echo "expected one of alt, packed, cg, ncu, splits, final, splits16, alone, got '${1:-}'"; exit 2 ;;
 esac
