@@ -254,10 +254,10 @@ def choose_tiles(
 
 def fp8_mma_splits(num_kv_splits: int, programs_per_split: int, sms: int) -> int:
     """The split count the ``fp8_mma`` and wide kernels run at: the plan's ``num_kv_splits`` or fewer, so that the
-    programs (``programs_per_split`` a split: sequences x head blocks of 16, 32 or 64) fill each of ``sms`` SMs at
-    most once (``sms``: the SMs times the programs an SM, :func:`programs_an_sm`); at least 1
-    (``FP8_MMA_ONE_PROGRAM_AN_SM``, ``WIDE_ONE_PROGRAM_AN_SM``: measured in benchmarks/results/round38/NOTES.md and
-    round45/NOTES.md)."""
+    programs (``programs_per_split`` a split: sequences x head blocks of 16, 32 or 64) number at most ``sms`` (the
+    launcher passes the SMs times :func:`programs_an_sm`); at least 1 (``FP8_MMA_ONE_PROGRAM_AN_SM``,
+    ``WIDE_ONE_PROGRAM_AN_SM``: measured in benchmarks/results/round38/NOTES.md, round45/NOTES.md and
+    round51/NOTES.md)."""
     return max(1, min(num_kv_splits, sms // max(1, programs_per_split)))
 
 
