@@ -261,11 +261,16 @@ def fp8_mma_splits(num_kv_splits: int, programs_per_split: int, sms: int) -> int
     return max(1, min(num_kv_splits, sms // max(1, programs_per_split)))
 
 
+def _group_regs(tiles: MLATileConfig) -> bool:
+    """Whether ``tiles`` give the ``fp8_mma`` kernel more 16-head groups than warps (the groups a register bit of the
+    MMA's layout: ``FP8_MMA_32_HEAD_TILES``)."""
+    return tiles.fp8_mma and tiles.num_warps * 4 < tiles.block_h
+
+
 def programs_an_sm(tiles: MLATileConfig) -> int:
     """The programs an SM that :func:`fp8_mma_splits` fills: ``FP8_MMA_32_HEAD_PROGRAMS_AN_SM`` for the ``fp8_mma``
     kernel's 32-head blocks on four warps (``group_regs``), else 1."""
-    group_regs = tiles.fp8_mma and tiles.num_warps * 4 < tiles.block_h
-    return FP8_MMA_32_HEAD_PROGRAMS_AN_SM if group_regs else 1
+    return FP8_MMA_32_HEAD_PROGRAMS_AN_SM if _group_regs(tiles) else 1
 
 
 def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
@@ -437,7 +442,7 @@ def mla_decode_forward(
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
                 stages=t.num_stages, maxnreg=t.maxnreg, alu_scores=t.alu_scores, alu_values=t.alu_values,
                 pages_ahead=t.pages_ahead, coalesced_io=t.coalesced_io, head_groups=t.block_h // 16,
-                group_regs=t.num_warps * 4 < t.block_h,
+                group_regs=_group_regs(t),
             )  # fmt: skip
             return
         if t.wide:
