@@ -54,7 +54,7 @@ case "${1:-}" in
     grep -E 'Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Warp Cycles Per Issued' \
       /tmp/ncu52/ncu_fp8s.txt | tee $OUT/ncu_summary.txt
     python3 $R/round50/scripts/stalls.py /tmp/ncu52 > $OUT/stalls.txt 2>&1
-    (cd /tmp/ncu52 && tar czf $OUT/ncu_text.tgz ncu_*.txt) ;;
+    (cd /tmp/ncu52 && tar czf $OUT/ncu_text.tgz ncu_fp8s.txt) ;;  # by name: set -f keeps globs from expanding
   final)  # the committed tree: the fp8-scores form's GPU tests, the MLA op's, then final_cases.txt timed twice
     nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
     PYTHONPATH=src:tests timeout ${T2:-200} python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_mla_wide_fp8.py \
