@@ -9,6 +9,7 @@
 #   OUT=... bash benchmarks/results/round52/scripts/r52.sh ncu  # Nsight Compute of the fp8-scores form, 64 heads
 #   OUT=... bash benchmarks/results/round52/scripts/r52.sh final  # GPU tests, then final_cases.txt timed twice
 #   OUT=... bash benchmarks/results/round52/scripts/r52.sh final2  # the fp8-scores tests (errors printed), timed
+#   OUT=... bash benchmarks/results/round52/scripts/r52.sh next  # prepared, not run: the fp8-values form's tests, timed
 set -f
 R=benchmarks/results
 case "${1:-}" in
@@ -73,5 +74,15 @@ case "${1:-}" in
       PYTHONPATH=src timeout 60 python3 $R/round46/scripts/mla_many.py $R/round52/scripts/final2_cases.txt 50 2>&1 |
         grep -v Warning | tee -a $OUT/final2_times.txt
     done ;;
-  *) echo "expected one of alone, fp8s, errors, ncu, final, final2, got '${1:-}'"; exit 2 ;;
+  next)  # prepared for the next session, not run: fp8_scores_form, power_of_two_scale and fp8_values patches
+          # applied; the form's tests (errors printed), then next_cases.txt timed twice
+    nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+    PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -s -p no:cacheprovider -rf tests/kernels/test_mla_wide_fp8.py \
+      2>&1 | grep -v Warning | grep -E "splits:|splits [0-9]:|passed|failed|Error" | tee $OUT/tests.txt
+    for round in 1 2; do
+      echo "== round $round" | tee -a $OUT/next_times.txt
+      PYTHONPATH=src timeout 90 python3 $R/round46/scripts/mla_many.py $R/round52/scripts/next_cases.txt 80 2>&1 |
+        grep -v Warning | tee -a $OUT/next_times.txt
+    done ;;
+  *) echo "expected one of alone, fp8s, errors, ncu, final, final2, next, got '${1:-}'"; exit 2 ;;
 esac
