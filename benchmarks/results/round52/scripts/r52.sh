@@ -65,24 +65,17 @@ case "${1:-}" in
       PYTHONPATH=src timeout ${T3:-100} python3 $R/round46/scripts/mla_many.py $R/round52/scripts/final_cases.txt \
         $(( ${T3:-100} - 10 )) 2>&1 | grep -v Warning | tee -a $OUT/final_times.txt
     done ;;
-  final2)  # the fp8-scores form's GPU tests (their errors printed), then final2_cases.txt timed twice
-    nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-    PYTHONPATH=src:tests timeout 150 python3 -m pytest -q -s -p no:cacheprovider -rf tests/kernels/test_mla_wide_fp8.py \
-      2>&1 | grep -v Warning | grep -E "splits:|passed|failed|Error" | tee $OUT/tests.txt
-    for round in 1 2; do
-      echo "== round $round" | tee -a $OUT/final2_times.txt
-      PYTHONPATH=src timeout 60 python3 $R/round46/scripts/mla_many.py $R/round52/scripts/final2_cases.txt 50 2>&1 |
-        grep -v Warning | tee -a $OUT/final2_times.txt
-    done ;;
-  next)  # prepared for the next session, not run: fp8_scores_form, power_of_two_scale and fp8_values patches
-          # applied; the form's tests (errors printed), then next_cases.txt timed twice
+  final2|next)  # the fp8-scores form's tests (errors printed), then the mode's cases timed twice. final2 (call 10):
+                # final2_cases.txt; next (prepared for the next session, not run): fp8_scores_form,
+                # power_of_two_scale and fp8_values patches applied, next_cases.txt
     nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
     PYTHONPATH=src:tests timeout 200 python3 -m pytest -q -s -p no:cacheprovider -rf tests/kernels/test_mla_wide_fp8.py \
-      2>&1 | grep -v Warning | grep -E "splits:|splits [0-9]:|passed|failed|Error" | tee $OUT/tests.txt
+      2>&1 | grep -v Warning | grep -E "splits:|passed|failed|Error" | tee $OUT/tests.txt
+    L=$([ $1 = next ] && echo 90 || echo 60)  # seconds a round (call 10 ran final2 at 60)
     for round in 1 2; do
-      echo "== round $round" | tee -a $OUT/next_times.txt
-      PYTHONPATH=src timeout 90 python3 $R/round46/scripts/mla_many.py $R/round52/scripts/next_cases.txt 80 2>&1 |
-        grep -v Warning | tee -a $OUT/next_times.txt
+      echo "== round $round" | tee -a $OUT/$1_times.txt
+      PYTHONPATH=src timeout $L python3 $R/round46/scripts/mla_many.py $R/round52/scripts/$1_cases.txt $(( L - 10 )) \
+        2>&1 | grep -v Warning | tee -a $OUT/$1_times.txt
     done ;;
   *) echo "expected one of alone, fp8s, errors, ncu, final, final2, next, got '${1:-}'"; exit 2 ;;
 esac
