@@ -51,15 +51,25 @@ def main() -> None:
     )
     parser.add_argument("--wide", action="store_true", help="the wide kernel's tiles (64-head blocks, 64 keys)")
     parser.add_argument(
-        "--producer", action="store_true", help="the wide kernel's warp-specialized form (a producer warpgroup)"
+        "--producer",
+        action="store_true",
+        help="the wide kernel's warp-specialized form (a producer warpgroup; over fp8 the default takes --fp8-scores)",
     )
+    parser.add_argument(
+        "--fp8-scores",
+        action="store_true",
+        help="its fp8-scores form (mla_decode_wide_fp8; an fp8 cache; the default there above 32 heads)",
+    )
+    parser.add_argument("--fp8-values", action="store_true", help="with --fp8-scores: the value product in fp8")
+    parser.add_argument("--ring", type=int, default=2, help="with --fp8-scores: fp8 tiles in flight (2: its default)")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64, help="sequences (each over --keys keys)")
     parser.add_argument("--keys", type=int, default=4096)
+    parser.add_argument("--page", type=int, default=64, help="keys a page")
     parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
     args = parser.parse_args()
     dev = torch.device("cuda")
-    b, L, P, heads = args.batch, args.keys, 64, args.heads
+    b, L, P, heads = args.batch, args.keys, args.page, args.heads
     gen = torch.Generator(device=dev).manual_seed(0)
     pages = b * L // P + 4
     cache = torch.randn(pages, P, 576, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -76,8 +86,9 @@ def main() -> None:
         tiles = MLATileConfig(h, n, w, s, fp8_mma=args.kv != "bf16", maxnreg=args.maxnreg,
                               alu_scores=args.alu_scores, alu_values=args.alu_values,
                               pages_ahead=args.pages_ahead, coalesced_io=args.coalesced_io)  # fmt: skip
-    elif args.wide or args.producer:
-        tiles = MLATileConfig(64, 64, 8, 2, wide=True, producer=args.producer)
+    elif args.wide or args.producer or args.fp8_scores:
+        forms = {"producer": args.producer or args.fp8_scores, "fp8_scores": args.fp8_scores}
+        tiles = MLATileConfig(64, 64, 8, args.ring, wide=True, fp8_values=args.fp8_values, **forms)
     elif args.portable:
         tiles = mla_decode_launch.choose_tiles(
             heads, qn.dtype, interpret=False, kv_dtype=kv.dtype, fp8_mma=False, wide=False
@@ -95,10 +106,12 @@ def main() -> None:
         call()
     torch.cuda.synchronize()
     label = f"{args.kv} B={b} L={L} heads {heads} splits {splits} tiles {args.tiles or 'default'}"
+    label += f" page {P}" if P != 64 else ""
     if args.portable:
         label += " portable"
-    if args.wide or args.producer:
-        label += " wide" + (" producer" if args.producer else "")
+    if args.wide or args.producer or args.fp8_scores:
+        label += " wide" + (" fp8 scores" if args.fp8_scores else " producer" if args.producer else "")
+        label += (" fp8 values" if args.fp8_values else "") + (f" ring {args.ring}" if args.ring > 2 else "")
     if meta.splits_chosen:
         label += " (the plan's splits: fp8_mma may run fewer)"
     if args.maxnreg:

@@ -75,6 +75,10 @@ WIDE_ONE_PROGRAM_AN_SM = True
 # itself over bf16: the step is compute-bound and the conversion adds work). Its GPU tests pass once the queries'
 # float16 scale is a power of two (``launch.f16_query_scale``; before, their rounding moved the LSE by 1.1e-3).
 WIDE_FP8 = True
+# Over an fp8 cache the wide kernel takes its fp8-scores form (``WIDE_FP8_SCORES_TILES``: mla_decode_wide_fp8, the
+# queries rounded to e4m3 per head row, the scores an fp8 product) where it runs; off, its warp-specialized 16-bit
+# form (``WIDE_PRODUCER_TILES``). 17-32 heads take the fp8_mma kernel before either (FP8_MMA).
+WIDE_FP8_SCORES = True
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,13 @@ class MLATileConfig:
     # wide: warp-specialized, a producer warpgroup loads each tile (an fp8 one converted to float16) into a two-slot
     # ring of 16-bit tiles while the two consuming warpgroups attend the other slot's
     producer: bool = False
+    # wide, warp-specialized, over an fp8 cache: the queries in e4m3 (a scale a head) and the scores an fp8 product
+    # of the cache's tiles as they lie (mla_decode_wide_fp8), copied by cp.async into a ring of fp8 tiles
+    fp8_scores: bool = False
+    # fp8_scores: the value product in fp8 too (the values transposed into fp8 buffers by the producer, the
+    # probabilities times 256 in e4m3); num_stages > 2: that many fp8 tiles in flight (else 3), with one values
+    # buffer (else two where they fit: fp8 values)
+    fp8_values: bool = False
 
     def __post_init__(self):
         for name in ("block_h", "block_n"):
@@ -129,6 +140,10 @@ class MLATileConfig:
                 raise ValueError(f"expected {name} only with fp8_mma, got {self}")
         if self.producer and not self.wide:
             raise ValueError(f"expected producer only with wide, got {self}")
+        if self.fp8_scores and not self.producer:
+            raise ValueError(f"expected fp8_scores only with wide and producer (a warp-specialized form), got {self}")
+        if self.fp8_values and not self.fp8_scores:
+            raise ValueError(f"expected fp8_values only with fp8_scores, got {self}")
         # the Gluon kernels' shapes: fp8_mma's 16 heads on four warps, 32 on four or eight, 64 on 16; 32 or 64 keys
         if self.fp8_mma:
             got = (
@@ -190,7 +205,17 @@ WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wi
 # against 0.3767 at B=128; from 17 to 64 heads the same time within 1-2% at B=64, and 0.2177 against 0.2298 at 64
 # heads and B=128 (benchmarks/results/round48/NOTES.md, round49/NOTES.md).
 WIDE_PRODUCER_TILES = dataclasses.replace(WIDE_TILES, producer=True)
-WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while only fp8 caches took it
+WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while fp8 caches took it (now WIDE_FP8_SCORES_TILES)
+# The fp8-scores form (``fp8_scores``, mla_decode_wide_fp8) is the default over an fp8 cache (``WIDE_FP8_SCORES``):
+# the tiles copied by cp.async into a ring of three fp8 slots, the queries rounded to e4m3 per head row by a power
+# of two, the scores an fp8 warpgroup product summed into float32 every 128 dims, the values a float16 product. On
+# an H100 (B=64 over 4096 keys, page 64, graph replays, two runs each; ms) 64 heads over e4m3 took 0.0980 / 0.0982
+# against 0.1056 / 0.1053 for WIDE_PRODUCER_TILES and 0.1263 / 0.1261 for the bf16 cache (1.29x the bf16 cache
+# against 1.20x), 128 heads 0.1664 / 0.1655 against 0.1687 / 0.1702 and 0.1653 / 0.1703 (about 1.0x); 48 heads
+# 0.0922 (one-level sums) against 0.1001-0.1014 and 0.1199 (benchmarks/results/round52/NOTES.md, round53/NOTES.md).
+# At 32 heads it tied the fp8_mma kernel and at 17 it was slower, so 17-32 heads keep that. The value product in
+# fp8 (``fp8_values``) was slower: 64 heads 0.1069 / 0.1054, 128 heads 0.1804 / 0.1796.
+WIDE_FP8_SCORES_TILES = dataclasses.replace(WIDE_PRODUCER_TILES, fp8_scores=True)
 
 
 def choose_tiles(
@@ -202,6 +227,7 @@ def choose_tiles(
     fp8_mma: bool | None = None,
     wide: bool | None = None,
     batch: int | None = None,
+    fp8_scores: bool | None = None,
 ) -> MLATileConfig:
     """Tiles from the problem (``dtype``: the queries'; ``kv_dtype``: the cache's, default the same).
 
@@ -220,7 +246,9 @@ def choose_tiles(
     over an e4m3 or e5m2 cache take ``FP8_MMA_TILES`` (``mla_decode_fp8_mma``; ``FP8_MMA_32_HEAD_TILES`` from 17
     heads, unless ``batch``, the sequences, is under ``FP8_MMA_32_HEAD_MIN_BATCH``), and with ``wide`` (default ``WIDE``
     over a 16-bit cache, ``WIDE_FP8`` over fp8) the other cases of more than 16 heads (``WIDE_MIN_HEADS``) take
-    ``WIDE_PRODUCER_TILES`` (``mla_decode_wide``'s warp-specialized form; ``WIDE_TILES``, the plain one, when asked);
+    ``WIDE_PRODUCER_TILES`` (``mla_decode_wide``'s warp-specialized form; ``WIDE_TILES``, the plain one, when asked),
+    over an fp8 cache ``WIDE_FP8_SCORES_TILES`` instead (its fp8-scores form, ``mla_decode_wide_fp8``: queries
+    rounded to e4m3) unless ``fp8_scores`` (default ``WIDE_FP8_SCORES``; ignored over a 16-bit cache) is false;
     the launcher replaces them by these rules' tiles where those kernels cannot run.
     """
     if interpret:
@@ -240,6 +268,8 @@ def choose_tiles(
         and num_heads > WIDE_MIN_HEADS
         and dtype != torch.float32
     ):
+        if fp8 and (WIDE_FP8_SCORES if fp8_scores is None else fp8_scores):
+            return WIDE_FP8_SCORES_TILES  # likewise
         return WIDE_PRODUCER_TILES  # likewise
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)
@@ -284,13 +314,18 @@ def _shrink(tiles: MLATileConfig) -> MLATileConfig | None:
 
 def gluon_lacks(tiles: MLATileConfig, q_nope, q_rope, kv_cache, out) -> tuple[str, object] | None:
     """``None`` when the Gluon kernel of ``tiles`` (``fp8_mma``: ``mla_decode_fp8_mma``, ``wide``:
-    ``mla_decode_wide``) can run the problem here, else ``(what it needs, what it got)``."""
+    ``mla_decode_wide``, with ``fp8_scores`` ``mla_decode_wide_fp8``, which needs an fp8 cache) can run the problem
+    here, else ``(what it needs, what it got)``."""
+    if tiles.fp8_scores and kv_cache.dtype not in FP8_DTYPES:
+        return "an fp8 cache (e4m3 or e5m2)", kv_cache.dtype
     if is_triton_interpreter():
         return "a GPU without TRITON_INTERPRET (Gluon kernels are not interpreted)", "TRITON_INTERPRET=1"
     try:
         if tiles.wide:
             from . import mla_decode_wide
 
+            if tiles.fp8_scores:
+                from . import mla_decode_wide_fp8  # noqa: F401  (its own Gluon imports)
             return mla_decode_wide.supports(q_nope, q_rope, kv_cache, out)
         from . import mla_decode_fp8_mma
     except ImportError as exc:  # a Triton without Gluon's NVIDIA operations
@@ -383,7 +418,7 @@ def mla_decode_forward(
                              batch=batch)  # fmt: skip
     if tiles.fp8_mma or tiles.wide:
         lacking = gluon_lacks(tiles, q_nope, q_rope, kv_cache, out)
-        flag = "wide" if tiles.wide else "fp8_mma"
+        flag = "fp8_scores" if tiles.fp8_scores else "wide" if tiles.wide else "fp8_mma"
         if lacking and not chosen:
             fail(f"{lacking[0]} for MLATileConfig({flag}=True) (tiles without it run anywhere)", lacking[1])
         if lacking:
@@ -443,6 +478,17 @@ def mla_decode_forward(
                 stages=t.num_stages, maxnreg=t.maxnreg, alu_scores=t.alu_scores, alu_values=t.alu_values,
                 pages_ahead=t.pages_ahead, coalesced_io=t.coalesced_io, head_groups=t.block_h // 16,
                 group_regs=_group_regs(t),
+            )  # fmt: skip
+            return
+        if t.fp8_scores:
+            from . import mla_decode_wide_fp8
+
+            ring = t.num_stages if t.num_stages > 2 else mla_decode_wide_fp8.RING
+            mla_decode_wide_fp8.launch(
+                q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                q_scale=1.0, qk_scale_log2=scale * kv_scale * LOG2E, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
+                write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
+                fp8_values=t.fp8_values, ring=ring, value_bufs=2 if t.fp8_values and ring == 3 else 1,
             )  # fmt: skip
             return
         if t.wide:
