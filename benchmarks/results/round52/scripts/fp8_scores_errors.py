@@ -5,8 +5,8 @@ form's against the reference of its own e4m3 queries (and its LSE's), and the fp
 cache's reference against the dequantized one's)."""
 
 import torch
-from kernels.test_mla_wide_fp8 import fp8_queries
 
+from kernels.test_mla_wide_fp8 import fp8_queries
 from ops.test_mla import make_mla_case
 from portattn.kernels.triton.mla_decode_launch import WIDE_PRODUCER_TILES, MLATileConfig, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv

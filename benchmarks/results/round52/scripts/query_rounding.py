@@ -3,8 +3,8 @@
 float64 references whose queries are rounded to nearest (``fp8_queries``), toward zero, and through float16 first."""
 
 import torch
-from kernels.test_mla_wide_fp8 import FP8_SCORES_TILES
 
+from kernels.test_mla_wide_fp8 import FP8_SCORES_TILES
 from ops.test_mla import make_mla_case
 from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv
