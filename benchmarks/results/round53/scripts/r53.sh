@@ -12,8 +12,8 @@ case "${1:-}" in
       tail -n 80 | tee $OUT/tests.txt
     for round in 1 2; do
       echo "== round $round" | tee -a $OUT/tma_times.txt
-      PYTHONPATH=src timeout ${T3:-100} python3 $R/round53/scripts/tma_many.py $R/round53/scripts/${2:-tma_cases.txt} \
-        $(( ${T3:-100} - 10 )) 2>&1 | grep -v Warning | tee -a $OUT/tma_times.txt
+      PYTHONPATH=src timeout ${T3:-90} python3 $R/round53/scripts/tma_many.py $R/round53/scripts/${2:-tma_cases.txt} \
+        $(( ${T3:-90} - 10 )) 2>&1 | grep -v Warning | tee -a $OUT/tma_times.txt
     done ;;
   *) echo "expected tma, got '${1:-}'"; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
-"""``round46/scripts/mla_many.py`` with one more kind of line: a case after ``cp.async`` runs with
-``mla_decode_wide_fp8.TMA = False`` (the fp8-scores form's tiles copied by cp.async, not TMA):
-``python3 tma_many.py CASES SECONDS``."""
+"""``round46/scripts/mla_many.py`` with two prefixes a line may take: ``cp.async`` runs the case with
+``mla_decode_wide_fp8.TMA = False`` (the fp8-scores form's tiles copied by cp.async; TMA otherwise), ``pipe`` with
+``PIPELINED = True`` (fp8 values in two buffers: the consumers pipelined): ``python3 tma_many.py CASES SECONDS``."""
 
 import shlex
 import sys
@@ -24,10 +24,12 @@ for line in cases:
         print(f"{line}: not run (past {limit:.0f} s)", flush=True)
         continue
     words = shlex.split(line)
-    mla_decode_wide_fp8.TMA = words[0] != "cp.async"
-    if not mla_decode_wide_fp8.TMA:
-        words = words[1:]
-    print("cp.async copies: " if not mla_decode_wide_fp8.TMA else "", end="")
+    prefixes = set()
+    while words[0] in ("cp.async", "pipe"):
+        prefixes.add(words.pop(0))
+    mla_decode_wide_fp8.TMA = "cp.async" not in prefixes
+    mla_decode_wide_fp8.PIPELINED = "pipe" in prefixes
+    print("".join(f"{p}: " for p in sorted(prefixes)), end="")
     sys.argv = ["ncu_mla.py", *words, "--time"]
     try:
         ncu_mla.main()

@@ -48,6 +48,8 @@ from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _copy_tile, _key_range, ar
 from .mla_decode_wide import BLOCK_H, FP8, NUM_WARPS, PRODUCER_MAXNREG, PRODUCER_WARPS, _finish, _row_max, constexprs
 
 RING = 3  # fp8 tiles in flight, by default
+# fp8 values in two buffers: the consumers pipelined (tile t+1's scores and softmax beside tile t's value product)
+PIPELINED = False
 TMA = False  # the tiles copied by TMA where the cache allows (``tma_rows``), else by cp.async (not yet the default)
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
@@ -299,6 +301,77 @@ def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_s
 
 
 @gluon.jit
+def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
+    """A tile's fp8 scores, issued (the latent's sums promoted every ``PROMOTE_EVERY`` dims; the rope's one sum)."""
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+    s = warpgroup_mma(qn_smem, c_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=PROMOTE_EVERY)
+    return warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=64)
+
+
+@gluon.jit
+def _probabilities(s, tile_start, end, scale, m_i, max_smem, empty_bar, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr,
+                   ROWS_2: gl.constexpr):  # fmt: skip
+    """A tile's online softmax: ``(p, alpha, m_new)``; its ring slot released (``empty_bar``) once both warpgroups'
+    scores are read."""
+    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
+    s = gl.where(offs_n[None, :] < end, s * scale[:, None], float("-inf"))
+    m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_2))  # a barrier: both warpgroups' scores done
+    mbarrier.arrive(empty_bar, count=1)
+    return gl.exp2(s - m_new[:, None]), gl.exp2(m_i - m_new), m_new
+
+
+@gluon.jit
+def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem, ready, empty, v_ready,
+                       v_empty, start, end, qk_scale_log2, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr,
+                       O_MMA: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """The consumers with fp8 values in two buffers, pipelined: tile t+1's scores and tile t's value product issued
+    together, tile t+1's softmax while that product runs (the probabilities in two buffers)."""
+    scale = gl.convert_layout(row_scale, gl.SliceLayout(1, S_MMA)) * qk_scale_log2
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_MMA))
+    l_wg = gl.zeros([BLOCK_H, 2], gl.float32, ROWS_WG)
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, O_MMA)
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    if num_tiles > 0:
+        mbarrier.wait(ready.index(0), 0)
+        s = _issue_scores(qn_smem, qr_smem, c_ring.index(0), pe_ring.index(0), BLOCK_N, S_MMA)
+        s = warpgroup_mma_wait(0, deps=[s])
+        p, alpha, m_i = _probabilities(s, start, end, scale, m_i, max_smem, empty.index(0), BLOCK_N, S_MMA, ROWS_2)
+        l_wg = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)
+        p_bufs.index(0).store((p * P_FP8_SCALE).to(p_bufs.dtype))
+        fence_async_shared()
+        _barrier()  # both warpgroups' probabilities
+    for t in range(num_tiles - 1):
+        nxt = t + 1
+        slot = nxt % RING
+        mbarrier.wait(ready.index(slot), (nxt // RING) & 1)
+        s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
+        buf = t % 2
+        mbarrier.wait(v_ready.index(buf), (t // 2) & 1)
+        acc = warpgroup_mma(p_bufs.index(buf), v_bufs.index(buf).permute((1, 0)), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s])  # the scores (issued first); the value product runs on
+        p, alpha, m_new = _probabilities(s, start + nxt * BLOCK_N, end, scale, m_i, max_smem, empty.index(slot),
+                                         BLOCK_N, S_MMA, ROWS_2)  # fmt: skip
+        part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)
+        l_wg = l_wg * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS_WG))[:, None] + part
+        p_bufs.index(nxt % 2).store((p * P_FP8_SCALE).to(p_bufs.dtype))
+        fence_async_shared()
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _barrier()  # both warpgroups' value products of tile t, and their probabilities of tile t + 1
+        mbarrier.arrive(v_empty.index(buf), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
+        m_i = m_new
+    if num_tiles > 0:
+        last = num_tiles - 1
+        buf = last % 2
+        mbarrier.wait(v_ready.index(buf), (last // 2) & 1)
+        acc = warpgroup_mma(p_bufs.index(buf), v_bufs.index(buf).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _barrier()
+        mbarrier.arrive(v_empty.index(buf), count=1)
+    return acc, m_i, l_wg
+
+
+@gluon.jit
 def mla_decode_wide_fp8_kernel(
     QNope, QRope, KV, CDesc, PeDesc, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
@@ -310,7 +383,7 @@ def mla_decode_wide_fp8_kernel(
     P_S: gl.constexpr, V_S: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, C_8: gl.constexpr,
     PE_8: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
     TSTORE: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr, FP8_VALUES: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, TMA: gl.constexpr, TMA_ROWS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, TMA: gl.constexpr, TMA_ROWS: gl.constexpr, PIPE: gl.constexpr,
 ):  # fmt: skip
     """A producer warpgroup copies fp8 tiles and converts their values; the two consuming warpgroups (the default
     partition) take fp8 scores and float16 value products."""
@@ -324,7 +397,8 @@ def mla_decode_wide_fp8_kernel(
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
     if FP8_VALUES:
         v_bufs = gl.allocate_shared_memory(KV.dtype.element_ty, [V_BUFS, 512, BLOCK_N], V_S)
-        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], P_S)
+        if not PIPE:
+            p_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], P_S)
     else:
         v_bufs = gl.allocate_shared_memory(gl.float16, [V_BUFS, BLOCK_N, 512], V_S)
         p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], P_S)
@@ -342,18 +416,35 @@ def mla_decode_wide_fp8_kernel(
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
-    acc, m_i, l_wg = gl.warp_specialize(
-        [
-            (_consume, (qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_smem, ready, empty,
-                        v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2, ROWS_WG, RING,
-                        V_BUFS, FP8_VALUES)),
-            (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page, stride_kv_slot,
-                        start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty, PAGE_SIZE, BLOCK_N,
-                        C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA, TMA_ROWS)),
-        ],
-        [PRODUCER_WARPS],
-        [PRODUCER_REGS],
-    )  # fmt: skip
+    if PIPE:  # fp8 values in two buffers, the probabilities in two
+        p_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
+        acc, m_i, l_wg = gl.warp_specialize(
+            [
+                (_consume_pipelined, (qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem, ready,
+                                      empty, v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA,
+                                      ROWS_2, ROWS_WG, RING)),
+                (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page,
+                            stride_kv_slot, start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty,
+                            PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA,
+                            TMA_ROWS)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        acc, m_i, l_wg = gl.warp_specialize(
+            [
+                (_consume, (qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_smem, ready, empty,
+                            v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2, ROWS_WG, RING,
+                            V_BUFS, FP8_VALUES)),
+                (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page,
+                            stride_kv_slot, start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty,
+                            PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA,
+                            TMA_ROWS)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )  # fmt: skip
     if FP8_VALUES:
         kv_scale = kv_scale / P_FP8_SCALE
     _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
@@ -374,9 +465,15 @@ def tma_rows(kv_cache, block_n: int) -> int | None:
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split,
-                     block_n, fp8_values=False, ring=RING, value_bufs=1, tma=None):  # fmt: skip
+                     block_n, fp8_values=False, ring=RING, value_bufs=1, tma=None, pipelined=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
-    ``mla_decode_wide.launch_arguments``'; ``tma``: the copies by TMA, None where :func:`tma_rows` allows)."""
+    ``mla_decode_wide.launch_arguments``'; ``tma``: the copies by TMA, None where :func:`tma_rows` allows and
+    ``TMA``; ``pipelined``: the consumers pipelined, fp8 values in two buffers only, None where ``PIPELINED``)."""
+    two_fp8_buffers = fp8_values and value_bufs == 2
+    if pipelined and not two_fp8_buffers:
+        raise ValueError(f"expected fp8 values in two buffers for pipelined consumers, got fp8_values={fp8_values},"
+                         f" value_bufs={value_bufs}")  # fmt: skip
+    pipelined = PIPELINED and two_fp8_buffers if pipelined is None else pipelined
     if kv_cache.dtype not in FP8:
         raise ValueError(f"expected an fp8 cache (e4m3 or e5m2) for fp8 scores, got {kv_cache.dtype}")
     rows = tma_rows(kv_cache, block_n)
@@ -398,7 +495,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                        TensorDescriptor(kv_cache, shape, strides, [rows, ROPE], const["PE_8"])]  # fmt: skip
     args[3:3] = descriptors
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **const, "TMA": tma, "TMA_ROWS": rows or 8, "num_warps": NUM_WARPS,
+              "MIN_SPLIT": min_split, **const, "TMA": tma, "TMA_ROWS": rows or 8, "PIPE": pipelined,
+              "num_warps": NUM_WARPS,
               "maxnreg": PRODUCER_MAXNREG}  # fmt: skip
     return grid, tuple(args), kwargs
 
