@@ -109,7 +109,8 @@ class MLATileConfig:
     # ring of 16-bit tiles while the two consuming warpgroups attend the other slot's
     producer: bool = False
     # wide, warp-specialized, over an fp8 cache: the queries in e4m3 (a scale a head) and the scores an fp8 product
-    # of the cache's tiles as they lie (mla_decode_wide_fp8), copied by cp.async into a ring of fp8 tiles
+    # of the cache's tiles as they lie (mla_decode_wide_fp8), copied by TMA (where the pages allow) or cp.async into a
+    # ring of fp8 tiles
     fp8_scores: bool = False
     # fp8_scores: the value product in fp8 too (the values transposed into fp8 buffers by the producer, the
     # probabilities times 256 in e4m3); num_stages > 2: that many fp8 tiles in flight (else 3), with one values
@@ -207,14 +208,16 @@ WIDE_TILES = MLATileConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, wi
 WIDE_PRODUCER_TILES = dataclasses.replace(WIDE_TILES, producer=True)
 WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while fp8 caches took it (now WIDE_FP8_SCORES_TILES)
 # The fp8-scores form (``fp8_scores``, mla_decode_wide_fp8) is the default over an fp8 cache (``WIDE_FP8_SCORES``):
-# the tiles copied by cp.async into a ring of three fp8 slots, the queries rounded to e4m3 per head row by a power
-# of two, the scores an fp8 warpgroup product summed into float32 every 128 dims, the values a float16 product. On
-# an H100 (B=64 over 4096 keys, page 64, graph replays, two runs each; ms) 64 heads over e4m3 took 0.0980 / 0.0982
-# against 0.1056 / 0.1053 for WIDE_PRODUCER_TILES and 0.1263 / 0.1261 for the bf16 cache (1.29x the bf16 cache
-# against 1.20x), 128 heads 0.1664 / 0.1655 against 0.1687 / 0.1702 and 0.1653 / 0.1703 (about 1.0x); 48 heads
-# 0.0922 (one-level sums) against 0.1001-0.1014 and 0.1199 (benchmarks/results/round52/NOTES.md, round53/NOTES.md).
-# At 32 heads it tied the fp8_mma kernel and at 17 it was slower, so 17-32 heads keep that. The value product in
-# fp8 (``fp8_values``) was slower: 64 heads 0.1069 / 0.1054, 128 heads 0.1804 / 0.1796.
+# the tiles copied (TMA loads where the pages allow, else cp.async) into a ring of three fp8 slots, the queries
+# rounded to e4m3 per head row by a power of two, the scores an fp8 warpgroup product summed into float32 every 128
+# dims, the values a float16 product. On an H100 (B=64 over 4096 keys, graph replays, two runs each; ms) 64 heads
+# over e4m3 took 0.0958-0.0960 with TMA copies (0.0973-0.0982 by cp.async) against 0.1249-0.1255 for the bf16
+# cache (1.30-1.31x; WIDE_PRODUCER_TILES 0.1053-0.1056, 1.20x), at page 16 0.0965-0.0976 against 0.1284-0.1288
+# (1.32-1.33x; WIDE_PRODUCER_TILES 0.1138), 40 and 48 heads 1.32x, 128 heads 0.1626-0.1647 against 0.1707-0.1770
+# (1.04-1.09x; WIDE_PRODUCER_TILES about 1.0x) (benchmarks/results/round53/NOTES.md). At 32 heads it tied the
+# fp8_mma kernel and at 17 it was slower (round 52), so 17-32 heads keep that. The value product in fp8
+# (``fp8_values``) was slower: 64 heads 0.1069 / 0.1054, 128 heads 0.1804 / 0.1796 (pipelined: 0.0996-0.1000,
+# 0.1712-0.1722).
 WIDE_FP8_SCORES_TILES = dataclasses.replace(WIDE_PRODUCER_TILES, fp8_scores=True)
 
 

@@ -10,15 +10,25 @@ only what has to be converted:
   magnitude into [128, 256): exact products, so the rounding is the e4m3 cast's alone), and the scores
   ``[64 heads, BLOCK_N keys]`` are an fp8 product of those queries and the cache's tile as it lies (e4m3, or e5m2:
   the products take either operand), the row's scale folded into the softmax's.
-* The producer warpgroup copies each tile by ``cp.async`` (16 bytes a lane, no registers held) into a ring of
-  ``RING`` fp8 slots, and converts the tile's latent (the values, 512 dims) into one float16 buffer that the
-  value product reads; the warpgroup MMA takes an fp8 operand only K-major, which the values ``[keys, dims]``
-  are not.
+* The producer warpgroup copies each tile into a ring of ``RING`` fp8 slots, and converts the tile's latent (the
+  values, 512 dims) into one float16 buffer that the value product reads; the warpgroup MMA takes an fp8 operand
+  only K-major, which the values ``[keys, dims]`` are not. The copies are TMA loads where the cache allows
+  (:func:`tma_rows`: a tile in whole pages of 8+ keys, or pages of whole tiles, rows back to back): one
+  descriptor of all the cache's rows, a page's share of a tile a box, the slot's mbarrier completed by their
+  bytes; a page no key needs takes id -1, outside the descriptor (TMA fills zeros), and rows past the sequence's
+  end (whatever a page holds there) are masked in the scores and stored as zeros by the conversion. Otherwise
+  ``cp.async`` (16 bytes a lane, zeros past the end). On an H100 (64 sequences over 4096 keys) TMA copies took
+  0.0958-0.0965 ms against 0.0973-0.1163 by ``cp.async`` at 64 heads (page 64 and 16), 0.1626-0.1639 against
+  0.1646-0.1923 at 128 (benchmarks/results/round53/NOTES.md).
 * The two consuming warpgroups run the wide kernel's step: the scores split by keys between them, the values by
   latent dims, the row maximum through shared memory.
 * With ``fp8_values`` the value product is fp8 too: the producer transposes each tile's latent bytes into
   ``[512 dims, keys]`` buffers (K-major: 32 KB a 64-key tile instead of 64, so two fit beside a three-slot ring,
-  or one beside four), and the probabilities go to e4m3 times ``P_FP8_SCALE`` (a relative 2^-4 each).
+  or one beside four), and the probabilities go to e4m3 times ``P_FP8_SCALE`` (a relative 2^-4 each). With two
+  values buffers the consumers may run pipelined (``PIPELINED``): tile t+1's scores issued with tile t's value
+  product, and its softmax while that product runs. Both are off by default: at 64 heads the fp8 value product
+  took 0.1054-0.1069 ms, pipelined 0.0996-0.1000, against 0.0958-0.0982 for float16 values (128 heads:
+  0.1796-0.1804, 0.1712-0.1722, 0.1626-0.1664).
 
 Precision: the scores carry the queries' e4m3 rounding (3 mantissa bits, as the cache's own) and the tensor
 cores' fp8 accumulation; the values and probabilities are float16 products as in the other forms. The GPU tests
@@ -50,7 +60,7 @@ from .mla_decode_wide import BLOCK_H, FP8, NUM_WARPS, PRODUCER_MAXNREG, PRODUCER
 RING = 3  # fp8 tiles in flight, by default
 # fp8 values in two buffers: the consumers pipelined (tile t+1's scores and softmax beside tile t's value product)
 PIPELINED = False
-TMA = False  # the tiles copied by TMA where the cache allows (``tma_rows``), else by cp.async (not yet the default)
+TMA = True  # the tiles copied by TMA where the cache allows (``tma_rows``), else by cp.async
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
