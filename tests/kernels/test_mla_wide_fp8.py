@@ -55,6 +55,25 @@ def test_fp8_scores_tiles_are_warp_specialized_wide_tiles():
         MLATileConfig(64, 64, 8, 2, producer=True, fp8_scores=True)
 
 
+def test_tma_copies_where_a_tile_is_whole_pages_or_a_page_whole_tiles():
+    """``tma_rows``: one page's share of a tile a copy where pages of 8+ keys make whole tiles or tiles whole pages
+    and the cache's rows lie back to back, 16-byte aligned; None (cp.async copies) otherwise."""
+
+    def cache(page_size, pages=4, width=576, pad=0):
+        rows = torch.zeros(pages, page_size, width + pad, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        return rows[..., :width]
+
+    got = {page: wide_fp8.tma_rows(cache(page), 64) for page in (1, 3, 4, 7, 8, 16, 24, 32, 48, 64, 128, 192)}
+    assert got == {1: None, 3: None, 4: None, 7: None, 8: 8, 16: 16, 24: None, 32: 32, 48: None, 64: 64, 128: 64,
+                   192: 64}  # fmt: skip
+    assert wide_fp8.tma_rows(cache(16), 32) == 16 and wide_fp8.tma_rows(cache(64), 32) == 32
+    assert wide_fp8.tma_rows(cache(64, pad=16), 64) == 64  # padded rows, still 16-byte strides
+    assert wide_fp8.tma_rows(cache(64, pad=8), 64) is None  # 584-byte rows
+    assert wide_fp8.tma_rows(cache(64, width=512), 64) is None  # another latent
+    pages_apart = torch.zeros(4, 2, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)[:, 0]
+    assert wide_fp8.tma_rows(pages_apart, 64) is None  # pages not back to back
+
+
 def test_fp8_scores_name_what_they_need():
     """Asked for over a 16-bit cache (or where Gluon cannot run), the launcher says what the form needs."""
     case = make_mla_case([3], page_size=4, num_heads=2, rank=512, rope_dim=64, device="cpu")
