@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import textwrap
+import types
 
 import pytest
 import torch
@@ -219,6 +220,31 @@ FP8_SCORES_CASES = [
 ]
 
 
+SCALE, KV_SCALE = 0.07, 0.0625  # the GPU tests' softmax scale and fp8 cache scale
+
+
+def quantized_cases(page_size: int, block_n: int, num_heads: int, cache: torch.dtype, device: str = "cuda"):
+    """The GPU tests' problems: the poisoned fixture over an fp8 ``cache`` (lengths 1, P-1, P, P+1, 63-65, 300 and
+    0), once for bf16 and once for fp16 queries, each with the float64 reference of its e4m3 queries (``ref``,
+    ``ref_lse``), the 16-bit math's tolerance about it (``tol``) and ``drift``: what a relative error of
+    ``LSE_REL_TOL`` in every score (the tensor cores' fp8 sums) moves it by."""
+    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
+    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device=device,
+                         seed=page_size + block_n)  # fmt: skip
+    kv_cache = quantize_kv(case.kv_cache, cache, KV_SCALE)
+    exact = dequantize_kv(kv_cache, KV_SCALE, torch.float64)
+    for dtype in (torch.bfloat16, torch.float16):
+        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
+        q8 = dict(zip(("q_nope", "q_rope"), fp8_queries(**queries)))
+        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
+        ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": exact, **q8}, scale=SCALE, return_lse=True)
+        lowp = mla_decode_ref(**{**inputs, "kv_cache": exact.to(dtype), **{k: v.to(dtype) for k, v in q8.items()}},
+                              scale=SCALE, upcast=False)  # fmt: skip
+        drift = max_error(mla_decode_ref(**{**inputs, "kv_cache": exact, **q8}, scale=SCALE * (1 + LSE_REL_TOL)), ref)
+        yield types.SimpleNamespace(case=case, dtype=dtype, inputs=inputs, q8=q8, exact=exact, ref=ref,
+                                    ref_lse=ref_lse, tol=tolerance(ref, lowp, dtype), drift=drift)  # fmt: skip
+
+
 def copies(kv_cache: torch.Tensor, block_n: int) -> tuple[bool, ...]:
     """The ``TMA`` settings a test runs the form with: both where the cache allows TMA copies, else cp.async."""
     return (True, False) if wide_fp8.tma_rows(kv_cache, block_n) else (False,)
@@ -233,26 +259,12 @@ def test_fp8_scores_against_the_reference_of_their_queries(page_size, block_n, n
     for the sequence without keys; the LSE within ``LSE_REL_TOL`` of the largest. Against the reference of
     the unquantized queries, the queries' e4m3 rounding costs at most 1.5 times what the cache's own rounding does
     (the warp-specialized form's error, which rounds the queries to 16 bits, added)."""
-    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
-    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
-                         seed=page_size + block_n)  # fmt: skip
-    scale, kv_scale = 0.07, 0.0625
     tiles = MLATileConfig(64, block_n, 8, 2, wide=True, producer=True, fp8_scores=True)
-    kv_cache = quantize_kv(case.kv_cache, cache, kv_scale)
-    exact = dequantize_kv(kv_cache, kv_scale, torch.float64)
-    batch = len(lens)
-    for dtype in (torch.bfloat16, torch.float16):
-        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
-        q8 = dict(zip(("q_nope", "q_rope"), fp8_queries(**queries)))
-        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
-        ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": exact, **q8}, scale=scale, return_lse=True)
-        lowp = mla_decode_ref(**{**inputs, "kv_cache": exact.to(dtype), **{k: v.to(dtype) for k, v in q8.items()}},
-                              scale=scale, upcast=False)  # fmt: skip
-        tol = tolerance(ref, lowp, dtype)
-        # a score off by LSE_REL_TOL of its size (the tensor cores' fp8 sums): as every score scaled by 1 + that
-        drift = max_error(mla_decode_ref(**{**inputs, "kv_cache": exact, **q8}, scale=scale * (1 + LSE_REL_TOL)), ref)
-        plain_ref = mla_decode_ref(**{**inputs, "kv_cache": exact}, scale=scale)  # the unquantized queries
-        cache_ref = mla_decode_ref(**{**inputs, "kv_cache": case.kv_cache.double()}, scale=scale)
+    for c in quantized_cases(page_size, block_n, num_heads, cache):
+        dtype, inputs, ref, ref_lse, batch = c.dtype, c.inputs, c.ref, c.ref_lse, len(c.inputs["seq_lens"])
+        kv_cache, queries = inputs["kv_cache"], {k: inputs[k] for k in ("q_nope", "q_rope")}
+        plain_ref = mla_decode_ref(**{**inputs, "kv_cache": c.exact}, scale=SCALE)  # the unquantized queries
+        cache_ref = mla_decode_ref(**{**inputs, "kv_cache": c.case.kv_cache.double()}, scale=SCALE)
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         for splits, tma in itertools.product((1, 3), copies(kv_cache, block_n)):
             monkeypatch.setattr(wide_fp8, "TMA", tma)
@@ -261,8 +273,8 @@ def test_fp8_scores_against_the_reference_of_their_queries(page_size, block_n, n
             for name, t in (("fp8 scores", tiles), ("producer", WIDE_PRODUCER_TILES)):
                 out = torch.full_like(queries["q_nope"], float("nan"))
                 lse = torch.full((batch, num_heads), float("nan"), device="cuda")
-                mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse,
-                                   tiles=t, kv_scale=kv_scale)  # fmt: skip
+                mla_decode_forward(*args, out, scale=SCALE, num_kv_splits=splits, workspace=workspace, lse=lse,
+                                   tiles=t, kv_scale=KV_SCALE)  # fmt: skip
                 got[name] = out, lse
             out, lse = got["fp8 scores"]
             where = (f"{dtype}, {cache}, page {page_size}, {block_n} keys, {num_heads} heads, {splits} splits,"
@@ -276,7 +288,7 @@ def test_fp8_scores_against_the_reference_of_their_queries(page_size, block_n, n
                 "unquantized": max_error(out, plain_ref),  # what the queries' e4m3 rounding costs ...
             }
             allowed = {
-                "error": tol + drift,
+                "error": c.tol + c.drift,
                 "lse": LSE_REL_TOL,
                 # ... next to what the cache's own rounding costs
                 "unquantized": max_error(got["producer"][0], plain_ref) + 1.5 * max_error(plain_ref, cache_ref),
@@ -324,24 +336,13 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
     on the poisoned fixture: each output element within the 16-bit tolerance, the fp8 sums' drift and the bound
     of its probabilities' e4m3 rounding (:func:`value_magnitudes`); the LSE (summed from float32 probabilities)
     within ``LSE_REL_TOL``; zeros for the sequence without keys."""
-    lens = [1, max(page_size - 1, 1), page_size, page_size + 1, 63, 64, 65, 300, 0]
-    case = make_mla_case(lens, page_size=page_size, num_heads=num_heads, rank=512, rope_dim=64, device="cuda",
-                         seed=page_size + block_n)  # fmt: skip
-    scale, kv_scale, heads = 0.07, 0.0625, num_heads
+    heads = num_heads
     tiles = MLATileConfig(64, block_n, 8, ring, wide=True, producer=True, fp8_scores=True, fp8_values=True)
-    kv_cache = quantize_kv(case.kv_cache, cache, kv_scale)
-    exact = dequantize_kv(kv_cache, kv_scale, torch.float64)
-    batch = len(lens)
-    for dtype in (torch.bfloat16, torch.float16):
-        queries = {"q_nope": case.q_nope.to(dtype), "q_rope": case.q_rope.to(dtype)}
-        q8 = dict(zip(("q_nope", "q_rope"), fp8_queries(**queries)))
-        inputs = {**case.inputs(), "kv_cache": kv_cache, **queries}
-        ref, ref_lse = mla_decode_ref(**{**inputs, "kv_cache": exact, **q8}, scale=scale, return_lse=True)
-        lowp = mla_decode_ref(**{**inputs, "kv_cache": exact.to(dtype), **{k: v.to(dtype) for k, v in q8.items()}},
-                              scale=scale, upcast=False)  # fmt: skip
-        drift = max_error(mla_decode_ref(**{**inputs, "kv_cache": exact, **q8}, scale=scale * (1 + LSE_REL_TOL)), ref)
-        weighted, plain = value_magnitudes(inputs, q8, exact, scale)
-        allowed = tolerance(ref, lowp, dtype) + drift + 2.0**-4 * weighted + 2.0**-18 * plain
+    for c in quantized_cases(page_size, block_n, num_heads, cache):
+        dtype, inputs, ref, ref_lse, batch = c.dtype, c.inputs, c.ref, c.ref_lse, len(c.inputs["seq_lens"])
+        kv_cache, queries = inputs["kv_cache"], {k: inputs[k] for k in ("q_nope", "q_rope")}
+        weighted, plain = value_magnitudes(inputs, c.q8, c.exact, SCALE)
+        allowed = c.tol + c.drift + 2.0**-4 * weighted + 2.0**-18 * plain
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         pipelined = (True, False) if ring == 2 else (False,)  # two values buffers (ring 3): pipelined or not
         for splits, tma, pipe in itertools.product((1, 3), copies(kv_cache, block_n), pipelined):
@@ -350,8 +351,8 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
             workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
             out = torch.full_like(queries["q_nope"], float("nan"))
             lse = torch.full((batch, num_heads), float("nan"), device="cuda")
-            mla_decode_forward(*args, out, scale=scale, num_kv_splits=splits, workspace=workspace, lse=lse,
-                               tiles=tiles, kv_scale=kv_scale)  # fmt: skip
+            mla_decode_forward(*args, out, scale=SCALE, num_kv_splits=splits, workspace=workspace, lse=lse,
+                               tiles=tiles, kv_scale=KV_SCALE)  # fmt: skip
             where = (f"{dtype}, {cache}, page {page_size}, {block_n} keys, {heads} heads, ring {ring}, {splits} splits,"
                      f" {'TMA' if tma else 'cp.async'}{', pipelined' if pipe else ''}")  # fmt: skip
             finite = torch.isfinite(ref_lse)

@@ -69,6 +69,11 @@ PRODUCER_MAXNREG = 168
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def nvmma(row_bytes: int, width: int) -> gl.NVMMASharedLayout:
+    """The warpgroup MMA's shared layout of rows of ``row_bytes`` bytes, ``width``-bit elements."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=width, rank=2)
+
+
 @functools.cache
 def constexprs(block_n: int, stages: int, fp8: bool, producer: bool = False) -> dict:
     """The kernel's layout arguments for ``block_n`` keys a step, ``stages`` buffers and an fp8 (``fp8``) or a
@@ -77,9 +82,6 @@ def constexprs(block_n: int, stages: int, fp8: bool, producer: bool = False) -> 
         raise ValueError(f"expected 32 or 64 keys a step and at least 2 stages, got {block_n} and {stages}")
     bits = 8 if fp8 else 16
     per_lane = 128 // bits  # 16 bytes a lane
-
-    def nvmma(row_bytes: int, width: int) -> gl.NVMMASharedLayout:
-        return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=width, rank=2)
 
     # the producer's loads, 16 bytes a lane: a [keys, 128] chunk of the latent, the rope [keys, 64]. Over fp8 a lane's
     # 16 bytes become 32 in float16, two 16-byte stores; a quarter-warp's lanes take 64 bytes of two keys each (in

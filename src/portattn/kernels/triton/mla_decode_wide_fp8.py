@@ -55,7 +55,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _copy_tile, _key_range, arguments
-from .mla_decode_wide import BLOCK_H, FP8, NUM_WARPS, PRODUCER_MAXNREG, PRODUCER_WARPS, _finish, _row_max, constexprs
+from .mla_decode_wide import (
+    BLOCK_H,
+    FP8,
+    NUM_WARPS,
+    PRODUCER_MAXNREG,
+    PRODUCER_WARPS,
+    _finish,
+    _row_max,
+    constexprs,
+    nvmma,
+)
 
 RING = 3  # fp8 tiles in flight, by default
 # fp8 values in two buffers: the consumers pipelined (tile t+1's scores and softmax beside tile t's value product)
@@ -95,10 +105,6 @@ def fp8_scores_constexprs(block_n: int, fp8_values: bool = False, ring: int = RI
                          f" {value_bufs}")  # fmt: skip
     base = constexprs(block_n, 2, True)
     w = PRODUCER_WARPS.value
-
-    def nvmma(row_bytes: int, width: int) -> gl.NVMMASharedLayout:
-        return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=width, rank=2)
-
     return {
         "BLOCK_N": block_n,
         "S_MMA": gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, block_n // 2, 32]),
@@ -262,6 +268,27 @@ def _produce(KV, CDesc, PeDesc, page_row, stride_pt_p, stride_kv_page, stride_kv
 
 
 @gluon.jit
+def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
+    """A tile's fp8 scores, issued (the latent's sums promoted every ``PROMOTE_EVERY`` dims; the rope's one sum)."""
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+    s = warpgroup_mma(qn_smem, c_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=PROMOTE_EVERY)
+    return warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=64)
+
+
+@gluon.jit
+def _probabilities(s, tile_start, end, scale, m_i, max_smem, empty_bar, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr,
+                   ROWS_2: gl.constexpr):  # fmt: skip
+    """A tile's online softmax: ``(p, alpha, m_new)``; its ring slot released (``empty_bar``) once both warpgroups'
+    scores are read."""
+    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
+    s = gl.where(offs_n[None, :] < end, s * scale[:, None], float("-inf"))
+    m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_2))  # a barrier: both warpgroups' scores done
+    mbarrier.arrive(empty_bar, count=1)
+    alpha = gl.exp2(m_i - m_new)
+    return gl.exp2(s - m_new[:, None]), alpha, m_new
+
+
+@gluon.jit
 def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_smem, ready, empty, v_ready, v_empty,
              start, end, qk_scale_log2, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
              ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr,
@@ -275,19 +302,10 @@ def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_s
     for t in range(gl.cdiv(end - start, BLOCK_N)):
         slot = t % RING
         mbarrier.wait(ready.index(slot), (t // RING) & 1)
-        s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
-        s = warpgroup_mma(qn_smem, c_ring.index(slot).permute((1, 0)), s, is_async=True,
-                          max_num_imprecise_acc=PROMOTE_EVERY)  # fmt: skip
-        # the rope: 64 dims, one sum
-        s = warpgroup_mma(qr_smem, pe_ring.index(slot).permute((1, 0)), s, is_async=True,
-                          max_num_imprecise_acc=64)  # fmt: skip
+        s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
         s = warpgroup_mma_wait(0, deps=[s])
-        offs_n = start + t * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
-        s = gl.where(offs_n[None, :] < end, s * scale[:, None], float("-inf"))
-        m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_2))  # a barrier: both warpgroups' scores done
-        mbarrier.arrive(empty.index(slot), count=1)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
+        p, alpha, m_new = _probabilities(s, start + t * BLOCK_N, end, scale, m_i, max_smem, empty.index(slot),
+                                         BLOCK_N, S_MMA, ROWS_2)  # fmt: skip
         part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)  # in-warp
         l_wg = l_wg * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS_WG))[:, None] + part
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
@@ -308,26 +326,6 @@ def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_s
         mbarrier.arrive(v_empty.index(buf), count=1)
         m_i = m_new
     return acc, m_i, l_wg
-
-
-@gluon.jit
-def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
-    """A tile's fp8 scores, issued (the latent's sums promoted every ``PROMOTE_EVERY`` dims; the rope's one sum)."""
-    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
-    s = warpgroup_mma(qn_smem, c_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=PROMOTE_EVERY)
-    return warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=64)
-
-
-@gluon.jit
-def _probabilities(s, tile_start, end, scale, m_i, max_smem, empty_bar, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr,
-                   ROWS_2: gl.constexpr):  # fmt: skip
-    """A tile's online softmax: ``(p, alpha, m_new)``; its ring slot released (``empty_bar``) once both warpgroups'
-    scores are read."""
-    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
-    s = gl.where(offs_n[None, :] < end, s * scale[:, None], float("-inf"))
-    m_new = gl.maximum(m_i, _row_max(s, max_smem, BLOCK_N, ROWS_2))  # a barrier: both warpgroups' scores done
-    mbarrier.arrive(empty_bar, count=1)
-    return gl.exp2(s - m_new[:, None]), gl.exp2(m_i - m_new), m_new
 
 
 @gluon.jit
@@ -382,6 +380,24 @@ def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_b
 
 
 @gluon.jit
+def _consumers(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem, ready, empty, v_ready, v_empty,
+               start, end, qk_scale_log2, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
+               ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr,
+               FP8_VALUES: gl.constexpr, PIPE: gl.constexpr):  # fmt: skip
+    """The consuming warpgroups' partition: pipelined (``PIPE``: fp8 values in two buffers, ``p_bufs`` two) or
+    not (``p_bufs`` one)."""
+    if PIPE:
+        acc, m_i, l_wg = _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem,
+                                            ready, empty, v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N,
+                                            S_MMA, O_MMA, ROWS_2, ROWS_WG, RING)  # fmt: skip
+    else:
+        acc, m_i, l_wg = _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs.index(0), max_smem,
+                                  ready, empty, v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA,
+                                  ROWS_2, ROWS_WG, RING, V_BUFS, FP8_VALUES)  # fmt: skip
+    return acc, m_i, l_wg
+
+
+@gluon.jit
 def mla_decode_wide_fp8_kernel(
     QNope, QRope, KV, CDesc, PeDesc, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
@@ -405,13 +421,13 @@ def mla_decode_wide_fp8_kernel(
                                                stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8)  # fmt: skip
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
+    P_BUFS: gl.constexpr = 2 if PIPE else 1  # the probabilities' buffers
     if FP8_VALUES:
         v_bufs = gl.allocate_shared_memory(KV.dtype.element_ty, [V_BUFS, 512, BLOCK_N], V_S)
-        if not PIPE:
-            p_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], P_S)
+        p_bufs = gl.allocate_shared_memory(gl.float8e4nv, [P_BUFS, BLOCK_H, BLOCK_N], P_S)
     else:
         v_bufs = gl.allocate_shared_memory(gl.float16, [V_BUFS, BLOCK_N, 512], V_S)
-        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], P_S)
+        p_bufs = gl.allocate_shared_memory(gl.float16, [P_BUFS, BLOCK_H, BLOCK_N], P_S)
     max_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
@@ -426,35 +442,18 @@ def mla_decode_wide_fp8_kernel(
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
-    if PIPE:  # fp8 values in two buffers, the probabilities in two
-        p_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
-        acc, m_i, l_wg = gl.warp_specialize(
-            [
-                (_consume_pipelined, (qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem, ready,
-                                      empty, v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA,
-                                      ROWS_2, ROWS_WG, RING)),
-                (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page,
-                            stride_kv_slot, start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty,
-                            PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA,
-                            TMA_ROWS)),
-            ],
-            [PRODUCER_WARPS],
-            [PRODUCER_REGS],
-        )  # fmt: skip
-    else:
-        acc, m_i, l_wg = gl.warp_specialize(
-            [
-                (_consume, (qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_smem, ready, empty,
-                            v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2, ROWS_WG, RING,
-                            V_BUFS, FP8_VALUES)),
-                (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page,
-                            stride_kv_slot, start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty,
-                            PAGE_SIZE, BLOCK_N, C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA,
-                            TMA_ROWS)),
-            ],
-            [PRODUCER_WARPS],
-            [PRODUCER_REGS],
-        )  # fmt: skip
+    acc, m_i, l_wg = gl.warp_specialize(
+        [
+            (_consumers, (qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem, ready, empty,
+                          v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA, ROWS_2, ROWS_WG, RING,
+                          V_BUFS, FP8_VALUES, PIPE)),
+            (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page, stride_kv_slot,
+                        start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty, PAGE_SIZE, BLOCK_N,
+                        C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA, TMA_ROWS)),
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGS],
+    )  # fmt: skip
     if FP8_VALUES:
         kv_scale = kv_scale / P_FP8_SCALE
     _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
