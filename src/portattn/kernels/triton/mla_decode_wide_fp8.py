@@ -68,9 +68,13 @@ from .mla_decode_wide import (
 )
 
 RING = 3  # fp8 tiles in flight, by default
-# fp8 values in two buffers: the consumers pipelined (tile t+1's scores and softmax beside tile t's value product)
+# the consumers pipelined (tile t+1's scores and softmax beside tile t's value product; the probabilities in two
+# buffers)
 PIPELINED = False
 TMA = True  # the tiles copied by TMA where the cache allows (``tma_rows``), else by cp.async
+# fp8 values: the launch goes to mla_decode_seesaw_fp8 (the consuming warpgroups on alternate tiles), where the
+# cache takes TMA copies
+SEESAW = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
@@ -141,10 +145,12 @@ def shared_bytes(block_n: int, fp8_values: bool = False, ring: int = RING, value
 
 @gluon.jit
 def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
-                 q_scale, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr):  # fmt: skip
+                 q_scale, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
+                 RELOAD: gl.constexpr = False):  # fmt: skip
     """The queries times ``q_scale`` in e4m3, each row by its own power of two (its largest magnitude to [128,
     256)), in shared memory as the warpgroup MMA reads them (nope, rope), and the rows' scales (what a row's fp8
-    values are multiplied by)."""
+    values are multiplied by). ``RELOAD``: the second pass loads the queries again (volatile loads, which the
+    compiler does not merge with the first pass's) rather than keeping them in registers."""
     ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
     h_ok = offs_h[:, None] < num_heads
@@ -167,7 +173,7 @@ def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_q
     to_fp8 = to_fp8[:, None]
     qn_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_8)
     for c in gl.static_range(4):
-        qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0)
+        qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0, volatile=RELOAD)
         qn_smem.slice(128 * c, 128, dim=1).store((qn.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
     qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 64], PE_8, (qr * to_fp8).to(gl.float8e4nv))
     return qn_smem, qr_smem, row_scale
@@ -289,6 +295,25 @@ def _probabilities(s, tile_start, end, scale, m_i, max_smem, empty_bar, BLOCK_N:
 
 
 @gluon.jit
+def _store_probabilities(p, p_smem, FP8_VALUES: gl.constexpr):
+    """A tile's probabilities into shared memory: e4m3 times ``P_FP8_SCALE`` (fp8 values), else float16."""
+    if FP8_VALUES:
+        p_smem.store((p * P_FP8_SCALE).to(p_smem.dtype))
+    else:
+        p_smem.store(p.to(p_smem.dtype))
+
+
+@gluon.jit
+def _issue_values(p_smem, v_buf, acc, FP8_VALUES: gl.constexpr):
+    """A tile's value product, issued: fp8 values lie ``[dims, keys]`` (K-major, as the fp8 product needs)."""
+    if FP8_VALUES:
+        acc = warpgroup_mma(p_smem, v_buf.permute((1, 0)), acc, is_async=True)
+    else:
+        acc = warpgroup_mma(p_smem, v_buf, acc, is_async=True)
+    return acc
+
+
+@gluon.jit
 def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_smem, ready, empty, v_ready, v_empty,
              start, end, qk_scale_log2, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
              ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr,
@@ -309,18 +334,12 @@ def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_s
         part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)  # in-warp
         l_wg = l_wg * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS_WG))[:, None] + part
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_MMA))[:, None]
-        if FP8_VALUES:
-            p_smem.store((p * P_FP8_SCALE).to(p_smem.dtype))
-        else:
-            p_smem.store(p.to(p_smem.dtype))
+        _store_probabilities(p, p_smem, FP8_VALUES)
         fence_async_shared()
         _barrier()  # both warpgroups' probabilities
         buf = t % V_BUFS
         mbarrier.wait(v_ready.index(buf), (t // V_BUFS) & 1)
-        if FP8_VALUES:  # the values [dims, keys]: K-major as the fp8 product needs
-            acc = warpgroup_mma(p_smem, v_bufs.index(buf).permute((1, 0)), acc, is_async=True)
-        else:
-            acc = warpgroup_mma(p_smem, v_bufs.index(buf), acc, is_async=True)
+        acc = _issue_values(p_smem, v_bufs.index(buf), acc, FP8_VALUES)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _barrier()  # both warpgroups' value products
         mbarrier.arrive(v_empty.index(buf), count=1)
@@ -331,9 +350,10 @@ def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_s
 @gluon.jit
 def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem, ready, empty, v_ready,
                        v_empty, start, end, qk_scale_log2, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr,
-                       O_MMA: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr):  # fmt: skip
-    """The consumers with fp8 values in two buffers, pipelined: tile t+1's scores and tile t's value product issued
-    together, tile t+1's softmax while that product runs (the probabilities in two buffers)."""
+                       O_MMA: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr,
+                       V_BUFS: gl.constexpr, FP8_VALUES: gl.constexpr):  # fmt: skip
+    """The consumers pipelined: tile t+1's scores and tile t's value product issued together, tile t+1's softmax
+    while that product runs (the probabilities in two buffers; the values fp8 in two buffers, or float16 in one)."""
     scale = gl.convert_layout(row_scale, gl.SliceLayout(1, S_MMA)) * qk_scale_log2
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_MMA))
     l_wg = gl.zeros([BLOCK_H, 2], gl.float32, ROWS_WG)
@@ -345,7 +365,7 @@ def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_b
         s = warpgroup_mma_wait(0, deps=[s])
         p, alpha, m_i = _probabilities(s, start, end, scale, m_i, max_smem, empty.index(0), BLOCK_N, S_MMA, ROWS_2)
         l_wg = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)
-        p_bufs.index(0).store((p * P_FP8_SCALE).to(p_bufs.dtype))
+        _store_probabilities(p, p_bufs.index(0), FP8_VALUES)
         fence_async_shared()
         _barrier()  # both warpgroups' probabilities
     for t in range(num_tiles - 1):
@@ -353,15 +373,15 @@ def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_b
         slot = nxt % RING
         mbarrier.wait(ready.index(slot), (nxt // RING) & 1)
         s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
-        buf = t % 2
-        mbarrier.wait(v_ready.index(buf), (t // 2) & 1)
-        acc = warpgroup_mma(p_bufs.index(buf), v_bufs.index(buf).permute((1, 0)), acc, is_async=True)
+        buf = t % V_BUFS
+        mbarrier.wait(v_ready.index(buf), (t // V_BUFS) & 1)
+        acc = _issue_values(p_bufs.index(t % 2), v_bufs.index(buf), acc, FP8_VALUES)
         s = warpgroup_mma_wait(1, deps=[s])  # the scores (issued first); the value product runs on
         p, alpha, m_new = _probabilities(s, start + nxt * BLOCK_N, end, scale, m_i, max_smem, empty.index(slot),
                                          BLOCK_N, S_MMA, ROWS_2)  # fmt: skip
         part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)
         l_wg = l_wg * gl.convert_layout(alpha, gl.SliceLayout(1, ROWS_WG))[:, None] + part
-        p_bufs.index(nxt % 2).store((p * P_FP8_SCALE).to(p_bufs.dtype))
+        _store_probabilities(p, p_bufs.index(nxt % 2), FP8_VALUES)
         fence_async_shared()
         acc = warpgroup_mma_wait(0, deps=[acc])
         _barrier()  # both warpgroups' value products of tile t, and their probabilities of tile t + 1
@@ -370,9 +390,9 @@ def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_b
         m_i = m_new
     if num_tiles > 0:
         last = num_tiles - 1
-        buf = last % 2
-        mbarrier.wait(v_ready.index(buf), (last // 2) & 1)
-        acc = warpgroup_mma(p_bufs.index(buf), v_bufs.index(buf).permute((1, 0)), acc, is_async=True)
+        buf = last % V_BUFS
+        mbarrier.wait(v_ready.index(buf), (last // V_BUFS) & 1)
+        acc = _issue_values(p_bufs.index(last % 2), v_bufs.index(buf), acc, FP8_VALUES)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _barrier()
         mbarrier.arrive(v_empty.index(buf), count=1)
@@ -384,12 +404,11 @@ def _consumers(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max
                start, end, qk_scale_log2, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
                ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr,
                FP8_VALUES: gl.constexpr, PIPE: gl.constexpr):  # fmt: skip
-    """The consuming warpgroups' partition: pipelined (``PIPE``: fp8 values in two buffers, ``p_bufs`` two) or
-    not (``p_bufs`` one)."""
+    """The consuming warpgroups' partition: pipelined (``PIPE``: ``p_bufs`` two) or not (``p_bufs`` one)."""
     if PIPE:
         acc, m_i, l_wg = _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs, max_smem,
                                             ready, empty, v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N,
-                                            S_MMA, O_MMA, ROWS_2, ROWS_WG, RING)  # fmt: skip
+                                            S_MMA, O_MMA, ROWS_2, ROWS_WG, RING, V_BUFS, FP8_VALUES)  # fmt: skip
     else:
         acc, m_i, l_wg = _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_bufs.index(0), max_smem,
                                   ready, empty, v_ready, v_empty, start, end, qk_scale_log2, BLOCK_N, S_MMA, O_MMA,
@@ -477,12 +496,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      block_n, fp8_values=False, ring=RING, value_bufs=1, tma=None, pipelined=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
     ``mla_decode_wide.launch_arguments``'; ``tma``: the copies by TMA, None where :func:`tma_rows` allows and
-    ``TMA``; ``pipelined``: the consumers pipelined, fp8 values in two buffers only, None where ``PIPELINED``)."""
-    two_fp8_buffers = fp8_values and value_bufs == 2
-    if pipelined and not two_fp8_buffers:
-        raise ValueError(f"expected fp8 values in two buffers for pipelined consumers, got fp8_values={fp8_values},"
-                         f" value_bufs={value_bufs}")  # fmt: skip
-    pipelined = PIPELINED and two_fp8_buffers if pipelined is None else pipelined
+    ``TMA``; ``pipelined``: the consumers pipelined, None where ``PIPELINED``)."""
+    pipelined = PIPELINED if pipelined is None else pipelined
     if kv_cache.dtype not in FP8:
         raise ValueError(f"expected an fp8 cache (e4m3 or e5m2) for fp8 scores, got {kv_cache.dtype}")
     rows = tma_rows(kv_cache, block_n)
@@ -512,5 +527,9 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
 
 def launch(*args, **kwargs) -> None:
     """Launch the kernel (arguments as :func:`launch_arguments`)."""
+    if SEESAW and kwargs.get("fp8_values") and tma_rows(args[2], kwargs["block_n"]) and kwargs["block_n"] == 64:
+        from . import mla_decode_seesaw_fp8
+
+        return mla_decode_seesaw_fp8.launch(*args, **kwargs)
     grid, args, kwargs = launch_arguments(*args, **kwargs)
     mla_decode_wide_fp8_kernel[grid](*args, **kwargs)

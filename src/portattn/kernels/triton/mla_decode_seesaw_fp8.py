@@ -1,0 +1,394 @@
+"""MLA decode for 64-head blocks over an fp8 latent cache, the consuming warpgroups on alternate tiles (Gluon).
+
+The fp8-scores form (``mla_decode_wide_fp8.py``) splits each tile's scores by keys between its two consuming
+warpgroups (``m64n32`` products, each re-reading all the queries from shared memory) and its values by latent dims,
+so the warpgroups meet twice a tile (the row maximum, the probabilities) and run each step's scores, softmax and
+value product one after another. Here the tiles go in pairs ``(a, b)``, as FlashMLA's "seesaw" schedule does
+(github.com/deepseek-ai/FlashMLA, docs/20250422-new-kernel-deep-dive.md):
+
+* The left warpgroup (the default partition) takes tile ``a``'s scores ``[64 heads, 64 keys]`` (an ``m64n64``
+  fp8 product), the right one (a worker partition) tile ``b``'s, at the same time.
+* Each owns half the output, 256 latent dims (128 accumulator registers a thread), and adds both tiles' value
+  products to it: fp8 ones (``m64n256k32``), the producer having transposed each tile's latent bytes to ``[dims,
+  keys]`` (K-major, as the fp8 product needs) and the probabilities going to e4m3 times ``P_FP8_SCALE``.
+* The left publishes ``m0 = max(m, rowmax(a))`` and ``p_a = exp2(s_a - m0)``; the right takes ``m1 = max(m0,
+  rowmax(b))`` and ``p_b = exp2(s_b - m1)`` and publishes them. Each accumulator is scaled to ``m0``, takes
+  ``p_a``'s product, is scaled by ``exp2(m0 - m1)`` and takes ``p_b``'s. The softmax's sums are kept per warpgroup
+  and added at the end.
+* A producer warpgroup copies the tiles by TMA into a ring of ``RING`` fp8 slots (``mla_decode_wide_fp8``'s copies:
+  the cache must allow them, ``tma_rows``) and transposes each tile's latent into one of two value buffers (one a
+  pair's tile).
+
+The queries are rounded to e4m3 per head row by a power of two, the scores summed into float32 every
+``PROMOTE_EVERY`` dims, as in the fp8-scores form; the precision is that form's with fp8 values.
+
+Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits, partial results and the merge are
+the portable kernel's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
+from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, nvmma
+from .mla_decode_wide_fp8 import (
+    P_FP8_SCALE,
+    _convert_values,
+    _issue_scores,
+    _issue_tile,
+    _queries_fp8,
+    tma_rows,
+)
+
+BLOCK_N = gl.constexpr(64)  # keys a tile
+RING = 3  # fp8 tiles in flight
+HALF = gl.constexpr(256)  # the latent dims a consuming warpgroup accumulates
+# registers a thread: the producer's (TMA copies and the transposition) and the right warpgroup's; the left takes
+# what remains of PRODUCER_MAXNREG x 12 warps
+PRODUCER_REGS = gl.constexpr(56)
+CONSUMER_REGS = gl.constexpr(224)
+NUM_WARPS = 4  # the default partition: the left warpgroup
+
+
+@functools.cache
+def seesaw_constexprs(ring: int = RING) -> dict:
+    """The kernel's layout arguments (each partition one warpgroup)."""
+    if ring < 2:
+        raise ValueError(f"expected 2+ ring slots, got {ring}")
+    w = PRODUCER_WARPS.value
+    return {
+        "S_MMA": gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N.value, 32]),
+        "O_MMA": gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]),
+        "Q_LOAD": gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0]),
+        "C_8": nvmma(RANK, 8),
+        "PE_8": nvmma(ROPE, 8),
+        "P_S": nvmma(BLOCK_N.value, 8),  # [heads, keys] e4m3
+        "V_S": nvmma(BLOCK_N.value, 8),  # [dims, keys] fp8
+        # the producer's transposition of a [keys, 128] fp8 chunk (mla_decode_wide_fp8's)
+        "TLOAD": gl.BlockedLayout([4, 4], [8, 4], [1, w], [1, 0]),
+        "TSTORE": gl.BlockedLayout([4, 4], [4, 8], [w, 1], [1, 0]),
+        "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
+        "RING": ring,
+    }
+
+
+def shared_bytes(ring: int = RING) -> int:
+    """Shared memory of the kernel's buffers, before Triton's scratch."""
+    queries, tile = BLOCK_H.value * (RANK + ROPE), BLOCK_N.value * (RANK + ROPE)
+    values, probabilities = 2 * RANK * BLOCK_N.value, 4 * BLOCK_H.value * BLOCK_N.value
+    return queries + ring * tile + values + probabilities + 4 * 5 * BLOCK_H.value + 8 * (2 * ring + 11)
+
+
+@gluon.jit
+def _masked_scores(s, tile_start, end, scale, S_MMA: gl.constexpr):
+    """A tile's scores in base 2, keys from ``end`` on at -inf."""
+    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
+    return gl.where(offs_n[None, :] < end, s * scale[:, None], float("-inf"))
+
+
+@gluon.jit
+def _publish_probabilities(p, p_smem, bar):
+    """A tile's probabilities (times ``P_FP8_SCALE``, e4m3) into shared memory for either warpgroup's product,
+    ``bar`` arrived once every lane's stores are visible to the tensor cores."""
+    p_smem.store((p * P_FP8_SCALE).to(p_smem.dtype))
+    fence_async_shared()
+    _barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _scaled(acc, factor, O_MMA: gl.constexpr):
+    return acc * gl.convert_layout(factor, gl.SliceLayout(1, O_MMA))[:, None]
+
+
+@gluon.jit
+def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
+                 num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
+                 stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
+                 O_MMA: gl.constexpr):  # fmt: skip
+    """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
+    dims normalised and stored."""
+    l_x.slice(SIDE * BLOCK_H, BLOCK_H).store(l_i)
+    _barrier()
+    mbarrier.arrive(l_done, count=1)
+    mbarrier.wait(l_done, 0)
+    l_i = l_i + l_x.slice((1 - SIDE) * BLOCK_H, BLOCK_H).load(gl.SliceLayout(1, S_MMA))
+    rows: gl.constexpr = gl.SliceLayout(1, O_MMA)
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, rows)
+    dims = SIDE * HALF + gl.arange(0, HALF, gl.SliceLayout(0, O_MMA))
+    _store_result(acc, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), offs_h, dims, seq, split, start,
+                  end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
+                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
+
+
+@gluon.jit
+def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready, vt_empty,
+          m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
+          num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
+          stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
+          O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """The left warpgroup: each pair's tile ``a`` (its scores, ``m0`` and ``p_a`` published), both tiles' products
+    into dims [0, 256)."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
+    scale = scale_smem.load(ROWS) * qk_scale_log2
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for i in range(gl.cdiv(num_tiles, 2)):
+        a = 2 * i
+        slot = a % RING
+        mbarrier.wait(ready.index(slot), (a // RING) & 1)
+        s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
+        s = warpgroup_mma_wait(0, deps=[s])
+        _barrier()  # every warp's share of the product read the slot
+        mbarrier.arrive(empty.index(slot), count=1)
+        s = _masked_scores(s, start + a * BLOCK_N, end, scale, S_MMA)
+        m0 = gl.maximum(m_i, gl.max(s, 1))  # finite: every tile holds a key
+        m_x.slice(0, BLOCK_H).store(m0)
+        _barrier()
+        mbarrier.arrive(m0_ready, count=1)
+        p = gl.exp2(s - m0[:, None])
+        alpha = gl.exp2(m_i - m0)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        _publish_probabilities(p, p_a.index(i % 2), pa_ready.index(i % 2))
+        acc = _scaled(acc, alpha, O_MMA)
+        mbarrier.wait(vt_ready.index(0), i & 1)
+        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(0, HALF, dim=0).permute((1, 0)), acc, is_async=True)
+        m_i = m0
+        if a + 1 < num_tiles:  # tile b: rescaled to m1, its probabilities the right warpgroup's
+            mbarrier.wait(m1_ready, i & 1)
+            m1 = m_x.slice(BLOCK_H, BLOCK_H).load(ROWS)
+            beta = gl.exp2(m0 - m1)
+            l_i = l_i * beta
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            acc = _scaled(acc, beta, O_MMA)
+            mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
+            mbarrier.wait(vt_ready.index(1), i & 1)
+            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(0, HALF, dim=0).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
+            m_i = m1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _barrier()  # every warp's products done with the value buffers
+        mbarrier.arrive(vt_empty.index(0), count=1)
+        if a + 1 < num_tiles:
+            mbarrier.arrive(vt_empty.index(1), count=1)
+    _finish_half(acc, m_i, l_i, l_x, l_done, 0, head_block, seq, split, start, end, num_heads, num_kv_splits,
+                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
+
+
+@gluon.jit
+def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready, vt_empty,
+           m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
+           num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
+           stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
+           O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """The right warpgroup: each pair's tile ``b`` (its scores, ``m1`` and ``p_b`` published), both tiles' products
+    into dims [256, 512)."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
+    scale = scale_smem.load(ROWS) * qk_scale_log2
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for i in range(gl.cdiv(num_tiles, 2)):
+        b = 2 * i + 1
+        has_b = b < num_tiles
+        s = gl.full([BLOCK_H, BLOCK_N], float("-inf"), gl.float32, S_MMA)
+        m_b = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+        if has_b:
+            slot = b % RING
+            mbarrier.wait(ready.index(slot), (b // RING) & 1)
+            s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
+            s = warpgroup_mma_wait(0, deps=[s])
+            _barrier()
+            mbarrier.arrive(empty.index(slot), count=1)
+            s = _masked_scores(s, start + b * BLOCK_N, end, scale, S_MMA)
+            m_b = gl.max(s, 1)
+        mbarrier.wait(m0_ready, i & 1)
+        m0 = m_x.slice(0, BLOCK_H).load(ROWS)
+        m1 = gl.maximum(m0, m_b)
+        alpha = gl.exp2(m_i - m0)
+        l_i = l_i * alpha
+        if has_b:
+            m_x.slice(BLOCK_H, BLOCK_H).store(m1)
+            _barrier()
+            mbarrier.arrive(m1_ready, count=1)
+            p = gl.exp2(s - m1[:, None])
+            l_i = l_i * gl.exp2(m0 - m1) + gl.sum(p, 1)
+            _publish_probabilities(p, p_b.index(i % 2), pb_ready.index(i % 2))
+        acc = _scaled(acc, alpha, O_MMA)
+        mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
+        mbarrier.wait(vt_ready.index(0), i & 1)
+        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(HALF, HALF, dim=0).permute((1, 0)), acc,
+                            is_async=True)  # fmt: skip
+        if has_b:
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            acc = _scaled(acc, gl.exp2(m0 - m1), O_MMA)
+            mbarrier.wait(vt_ready.index(1), i & 1)
+            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(HALF, HALF, dim=0).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _barrier()
+        mbarrier.arrive(vt_empty.index(0), count=1)
+        if has_b:
+            mbarrier.arrive(vt_empty.index(1), count=1)
+        m_i = m1
+    _finish_half(acc, m_i, l_i, l_x, l_done, 1, head_block, seq, split, start, end, num_heads, num_kv_splits,
+                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
+
+
+@gluon.jit
+def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
+             PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
+             TSTORE: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
+    tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
+    once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for j in gl.static_range(RING):
+        if j < num_tiles:
+            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
+                        pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+    for t in range(num_tiles):
+        slot = t % RING
+        tile_start = start + t * BLOCK_N
+        mbarrier.wait(ready.index(slot), (t // RING) & 1)
+        buf = t % 2
+        mbarrier.wait(vt_empty.index(buf), ((t // 2) & 1) ^ 1)
+        if tile_start + BLOCK_N > end:
+            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, TSTORE, True, True)
+        else:
+            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, TSTORE, True,
+                            False)  # fmt: skip
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(vt_ready.index(buf), count=1)
+        mbarrier.wait(empty.index(slot), (t // RING) & 1)
+        ahead = t + RING
+        if ahead < num_tiles:
+            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + ahead * BLOCK_N, end, c_ring.index(slot),
+                        pe_ring.index(slot), ready.index(slot), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+
+
+@gluon.jit
+def mla_decode_seesaw_kernel(
+    QNope, QRope, KV, CDesc, PeDesc, PageTable, SeqLensK, Out, Lse, PartOut, PartLse,
+    q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
+    stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+    stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
+    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+    PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
+    S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
+    P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, TSTORE: gl.constexpr, CVT: gl.constexpr,
+    RING: gl.constexpr, TMA_ROWS: gl.constexpr,
+):  # fmt: skip
+    """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
+    head_block = gl.program_id(0)
+    split = gl.program_id(1)
+    seq = gl.program_id(2).to(gl.int64)
+    start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                               stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
+                                               True)  # fmt: skip
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
+    c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
+    pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
+    vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
+    p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
+    p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
+    m_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # m0, m1
+    l_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # the sums, left and right
+    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    vt_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    vt_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pa_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pb_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    m0_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    m1_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    l_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(RING):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
+    for j in gl.static_range(2):
+        mbarrier.init(vt_ready.index(j), count=1)
+        mbarrier.init(vt_empty.index(j), count=2)  # both warpgroups' products
+        mbarrier.init(pa_ready.index(j), count=1)
+        mbarrier.init(pb_ready.index(j), count=1)
+    mbarrier.init(m0_ready, count=1)
+    mbarrier.init(m1_ready, count=1)
+    mbarrier.init(l_done, count=2)
+    fence_async_shared()  # the queries' stores before the tensor cores read them
+    _barrier()
+
+    gl.warp_specialize(
+        [
+            (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+            (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+            (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, TSTORE, RING)),
+        ],
+        [4, PRODUCER_WARPS],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+def supports(kv_cache) -> str | None:
+    """None where the kernel can take ``kv_cache`` (fp8, TMA copies), else what it needs."""
+    if kv_cache.dtype not in FP8:
+        return f"expected an fp8 cache (e4m3 or e5m2), got {kv_cache.dtype}"
+    if tma_rows(kv_cache, BLOCK_N.value) is None:
+        return (f"expected a cache TMA can copy (see mla_decode_wide_fp8.tma_rows), got shape {tuple(kv_cache.shape)},"
+                f" strides {kv_cache.stride()}")  # fmt: skip
+    return None
+
+
+def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
+                     q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split,
+                     ring=RING, **_):  # fmt: skip
+    """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
+    ``mla_decode_wide_fp8.launch_arguments``'; its tile options do not apply)."""
+    need = supports(kv_cache)
+    if need:
+        raise ValueError(need)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, num_heads, _ = q_nope.shape
+    grid = (-(-num_heads // BLOCK_H.value), num_kv_splits, batch)
+    args = list(arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                          q_scale, qk_scale_log2, kv_scale, num_kv_splits))  # fmt: skip
+    const = seesaw_constexprs(ring)
+    rows = tma_rows(kv_cache, BLOCK_N.value)
+    shape, strides = [kv_cache.shape[0] * kv_cache.shape[1], RANK + ROPE], [kv_cache.stride(1), 1]
+    args[3:3] = [TensorDescriptor(kv_cache, shape, strides, [rows, RANK], const["C_8"]),
+                 TensorDescriptor(kv_cache, shape, strides, [rows, ROPE], const["PE_8"])]  # fmt: skip
+    kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
+              "MIN_SPLIT": min_split, **const, "TMA_ROWS": rows, "num_warps": NUM_WARPS,
+              "maxnreg": PRODUCER_MAXNREG}  # fmt: skip
+    return grid, tuple(args), kwargs
+
+
+def launch(*args, **kwargs) -> None:
+    """Launch the kernel (arguments as :func:`launch_arguments`)."""
+    grid, args, kwargs = launch_arguments(*args, **kwargs)
+    mla_decode_seesaw_kernel[grid](*args, **kwargs)

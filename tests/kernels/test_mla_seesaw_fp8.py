@@ -1,0 +1,108 @@
+"""The seesaw MLA kernel over an fp8 cache (``mla_decode_seesaw_fp8``): what it needs, and its code compiled for
+Hopper on any machine. Its results are checked on the GPU by ``test_mla_wide_fp8.py``'s fp8-values test, which runs
+it (``SEESAW``) wherever TMA copies 64-key tiles."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from kernels.mla_checks import run_compile_child
+from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
+
+HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
+
+
+def test_seesaw_names_what_it_needs():
+    """A 16-bit cache, or pages TMA cannot copy as 64-key tiles, are refused with what the kernel expects."""
+    assert "expected an fp8 cache" in seesaw.supports(torch.zeros(4, 64, 576, dtype=torch.bfloat16))
+    fp8 = torch.zeros(4, 7, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 7 keys a page: no whole tiles
+    assert "expected a cache TMA can copy" in seesaw.supports(fp8)
+    assert seesaw.supports(torch.zeros(4, 64, 576, dtype=torch.uint8).view(torch.float8_e5m2)) is None
+    with pytest.raises(ValueError, match="expected a cache TMA can copy"):
+        seesaw.launch_arguments(*[None] * 2, fp8, *[None] * 6, q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0,
+                                num_kv_splits=1, write_partial=False, write_lse=False, min_split=0)  # fmt: skip
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, re, subprocess, sys
+    try:
+        import torch
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon._runtime import GluonASTSource
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        from triton.runtime.jit import mangle_type
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
+
+    CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    fn = seesaw.mla_decode_seesaw_kernel
+    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
+            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
+    for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
+        const = {**seesaw.seesaw_constexprs(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
+                 "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
+        sig = {name: {**ptrs, "KV": kv}.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale")
+               else "i32") for name in fn.arg_names if name not in const}
+        dtype = torch.float8_e4m3fn if kv == "*fp8e4nv" else torch.float8_e5m2
+        rows = torch.empty(64, 576, dtype=torch.uint8).view(dtype)
+        for name, width, layout in (("CDesc", 512, const["C_8"]), ("PeDesc", 64, const["PE_8"])):
+            sig[name] = mangle_type(TensorDescriptor(rows, [64, 576], [576, 1], [min(page_size, 64), width], layout))
+        sig |= {name: "constexpr" for name in const}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
+        try:
+            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                                    target=GPUTarget("cuda", 90, 32),
+                                    options={"num_warps": seesaw.NUM_WARPS, "maxnreg": 168})
+        except (FileNotFoundError, RuntimeError) as exc:
+            if "ptxas" in str(exc):
+                print("no ptxas:", exc); sys.exit(3)
+            raise
+        ptx = kernel.asm["ptx"]
+        b = "e4m3" if kv == "*fp8e4nv" else "e5m2"
+        counts = {name: len(re.findall(rx, ptx)) for name, rx in (
+            ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.{b}"),
+            ("values", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n256k32\\.f32\\.e4m3\\.{b}"),
+            ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
+            ("copies", r"cp\\.async\\.cg\\.shared\\.global"))}
+        regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
+        stack = -1  # unknown without cuobjdump
+        if os.path.exists(CUOBJDUMP):
+            path = os.path.join(os.environ["OUT_DIR"], "kernel.cubin")
+            with open(path, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+            stack = int(re.search(r"STACK:(\\d+)", usage).group(1))
+        print("kernel", kv, page_size, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
+              f"stack={stack}", f"regs={','.join(map(str, regs))}", " ".join(f"{k}={v}" for k, v in counts.items()),
+              flush=True)
+    """
+)
+
+
+def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
+    """Twelve warps (the left and right consuming warpgroups, the producer), ``setmaxnreg`` giving the producer
+    ``PRODUCER_REGS`` and the right warpgroup ``CONSUMER_REGS``; a pair's scores as one ``m64n64`` fp8 product a
+    warpgroup (16 + 2 MMAs of K 32, the cache's own type against e4m3 queries), its values as two ``m64n256k32``
+    ones a tile a warpgroup (no float16 product); TMA copies of each page's latent and rope at the first ``RING``
+    tiles' sites and the loop's, no ``cp.async``; within Hopper's shared memory; spills at most a few scalars."""
+    lines = run_compile_child(tmp_path, CHILD, "compile_mla_seesaw_fp8", timeout=900)
+    kernels = [line.split() for line in lines if line.startswith("kernel ")]
+    assert len(kernels) == 2, lines
+    for _, kv, page_size, *fields in kernels:
+        counts = {k: int(v) if k != "regs" else v for k, v in (field.split("=") for field in fields)}
+        where = (kv, page_size, counts)
+        assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
+        regs = {str(seesaw.PRODUCER_REGS.value), str(seesaw.CONSUMER_REGS.value)}
+        assert regs <= set(counts["regs"].split(",")), where
+        assert (counts["scores"], counts["values"]) == (2 * 18, 2 * 2 * 2), where
+        assert counts["wgmma"] == counts["scores"] + counts["values"], where
+        pages = 64 // min(int(page_size), 64)
+        assert counts["tma"] == (seesaw.RING + 1) * pages * 2 and counts["copies"] == 0, where
+        assert counts["stack"] <= 64, where
