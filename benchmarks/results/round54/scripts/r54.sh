@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Round 54's device calls (round53/scripts/alone.patch applied in the tree: PA_* unset, the kernel is the default's).
-#   OUT=... bash benchmarks/results/round54/scripts/r54.sh first  # the fp8-scores form's GPU tests (errors
-#       printed), cases.txt timed once, then alone_cases.txt once for each side in SIDES (';' between them: the
-#       producer alone, the consumers alone, the step without the values' conversion)
+# Round 54's device calls.
+#   OUT=... bash benchmarks/results/round54/scripts/r54.sh first  # cases.txt timed once, the fp8-scores form's
+#       GPU tests (errors printed), then (alone.patch applied to the tree) alone_cases.txt once for each side in
+#       SIDES (';' between them: the producer alone, the consumers alone, the step without the values' conversion)
 #   OUT=... bash benchmarks/results/round54/scripts/r54.sh time [CASES] [ROUNDS]  # CASES (default cases.txt) timed
 set -f
 R=benchmarks/results
@@ -13,11 +13,12 @@ many() {  # CASES SECONDS: the cases timed (many.py: the prefixes cp.async, pipe
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 case "${1:-}" in
   first)
+    many cases.txt ${T3:-90} | tee $OUT/times.txt
     PYTHONPATH=src:tests timeout ${T2:-200} python3 -m pytest -q -s -x -p no:cacheprovider -rf -k "not compiles" \
       tests/kernels/test_mla_wide_fp8.py 2>&1 | grep -v Warning | grep -E "splits|passed|failed|Error|error" |
       tail -n 150 > $OUT/tests.txt
     tail -n 3 $OUT/tests.txt
-    many cases.txt ${T3:-90} | tee $OUT/times.txt
+    patch -p1 < $S/alone.patch
     IFS=';' read -ra sides <<< "${SIDES:-PA_NOCONSUME=1;PA_NOLOAD=1;PA_NOCONVERT=1}"
     for side in "${sides[@]}"; do
       echo "== $side" | tee -a $OUT/alone_times.txt
