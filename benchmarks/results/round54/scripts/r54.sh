@@ -4,6 +4,9 @@
 #       GPU tests (errors printed), then (alone.patch applied to the tree) alone_cases.txt once for each side in
 #       SIDES (';' between them: the producer alone, the consumers alone, the step without the values' conversion)
 #   OUT=... bash benchmarks/results/round54/scripts/r54.sh time [CASES] [ROUNDS]  # CASES (default cases.txt) timed
+#   OUT=... bash benchmarks/results/round54/scripts/r54.sh last  # the fp8-values tests of the cases new this round
+#       (the seesaw kernel at page 16 and 8), then Nsight Compute of the producer alone (alone.patch, PA_NOCONSUME=1),
+#       64 heads over e4m3
 set -f
 R=benchmarks/results
 S=$R/round54/scripts
@@ -29,5 +32,19 @@ case "${1:-}" in
       echo "== round $round" | tee -a $OUT/times.txt
       many ${2:-cases.txt} ${T3:-90} | tee -a $OUT/times.txt
     done ;;
-  *) echo "expected first or time, got '${1:-}'"; exit 2 ;;
+  last)
+    PYTHONPATH=src:tests timeout ${T2:-100} python3 -m pytest -q -s -p no:cacheprovider -rf \
+      -k "fp8_values and (16-64-100 or 8-64-40)" tests/kernels/test_mla_wide_fp8.py 2>&1 | grep -v Warning |
+      grep -E "splits|passed|failed|Error|error" | tee $OUT/tests_last.txt | tail -n 3
+    patch -p1 < $S/alone.patch > /dev/null
+    N="ncu --clock-control none --kernel-name regex:mla_decode_wide --launch-skip 3 --launch-count 1
+       --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters
+       --import-source no"
+    mkdir -p /tmp/ncu54
+    PA_NOCONSUME=1 PYTHONPATH=src timeout ${T:-150} $N -o /tmp/ncu54/producer -f python3 scripts/ncu_mla.py e4m3 \
+      --heads 64 --fp8-scores > /dev/null 2>&1
+    ncu --import /tmp/ncu54/producer.ncu-rep > $OUT/ncu_producer.txt 2>&1
+    ncu --import /tmp/ncu54/producer.ncu-rep --page source --csv --print-source sass > $OUT/sass_producer.csv 2>&1
+    grep -E 'Duration|DRAM Throughput|Mem Busy|Max Bandwidth|Warp Cycles Per Issued' $OUT/ncu_producer.txt ;;
+  *) echo "expected first, time or last, got '${1:-}'"; exit 2 ;;
 esac

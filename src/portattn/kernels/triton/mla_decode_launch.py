@@ -487,7 +487,13 @@ def mla_decode_forward(
             from . import mla_decode_wide_fp8
 
             ring = t.num_stages if t.num_stages > 2 else mla_decode_wide_fp8.RING
-            mla_decode_wide_fp8.launch(
+            form = mla_decode_wide_fp8
+            if mla_decode_wide_fp8.SEESAW and t.fp8_values and t.block_n == 64:
+                from . import mla_decode_seesaw_fp8
+
+                if mla_decode_seesaw_fp8.supports(kv_cache) is None:
+                    form = mla_decode_seesaw_fp8
+            form.launch(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=1.0, qk_scale_log2=scale * kv_scale * LOG2E, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,

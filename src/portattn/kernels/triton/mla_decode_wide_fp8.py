@@ -72,8 +72,8 @@ RING = 3  # fp8 tiles in flight, by default
 # buffers)
 PIPELINED = False
 TMA = True  # the tiles copied by TMA where the cache allows (``tma_rows``), else by cp.async
-# fp8 values: the launch goes to mla_decode_seesaw_fp8 (the consuming warpgroups on alternate tiles), where the
-# cache takes TMA copies
+# fp8 values in 64-key tiles: the launcher takes mla_decode_seesaw_fp8 (the consuming warpgroups on alternate tiles)
+# instead, where the cache takes TMA copies
 SEESAW = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
@@ -527,9 +527,5 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
 
 def launch(*args, **kwargs) -> None:
     """Launch the kernel (arguments as :func:`launch_arguments`)."""
-    if SEESAW and kwargs.get("fp8_values") and tma_rows(args[2], kwargs["block_n"]) and kwargs["block_n"] == 64:
-        from . import mla_decode_seesaw_fp8
-
-        return mla_decode_seesaw_fp8.launch(*args, **kwargs)
     grid, args, kwargs = launch_arguments(*args, **kwargs)
     mla_decode_wide_fp8_kernel[grid](*args, **kwargs)
