@@ -5,8 +5,8 @@
 #       SIDES (';' between them: the producer alone, the consumers alone, the step without the values' conversion)
 #   OUT=... bash benchmarks/results/round54/scripts/r54.sh time [CASES] [ROUNDS]  # CASES (default cases.txt) timed
 #   OUT=... bash benchmarks/results/round54/scripts/r54.sh last  # the fp8-values tests of the cases new this round
-#       (the seesaw kernel at page 16 and 8), then Nsight Compute of the producer alone (alone.patch, PA_NOCONSUME=1),
-#       64 heads over e4m3
+#       (the seesaw kernel at page 16 and 8), the producer's copies alone timed (alone.patch, PA_NOCONSUME=1 and
+#       PA_NOCONVERT=1), then Nsight Compute of the producer alone (PA_NOCONSUME=1), 64 heads over e4m3
 set -f
 R=benchmarks/results
 S=$R/round54/scripts
@@ -37,6 +37,9 @@ case "${1:-}" in
       -k "fp8_values and (16-64-100 or 8-64-40)" tests/kernels/test_mla_wide_fp8.py 2>&1 | grep -v Warning |
       grep -E "splits|passed|failed|Error|error" | tee $OUT/tests_last.txt | tail -n 3
     patch -p1 < $S/alone.patch > /dev/null
+    echo "== PA_NOCONSUME=1 PA_NOCONVERT=1" | tee $OUT/copy_times.txt
+    env PA_NOCONSUME=1 PA_NOCONVERT=1 bash -c "$(declare -f many); R=$R S=$S; many copy_cases.txt 40" |
+      tee -a $OUT/copy_times.txt
     N="ncu --clock-control none --kernel-name regex:mla_decode_wide --launch-skip 3 --launch-count 1
        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters
        --import-source no"
