@@ -40,6 +40,7 @@ case "${1:-}" in
     echo "== PA_NOCONSUME=1 PA_NOCONVERT=1" | tee $OUT/copy_times.txt
     env PA_NOCONSUME=1 PA_NOCONVERT=1 bash -c "$(declare -f many); R=$R S=$S; many copy_cases.txt 40" |
       tee -a $OUT/copy_times.txt
+    [ "${NCU:-1}" = 1 ] || exit 0  # NCU=0: no profile
     N="ncu --clock-control none --kernel-name regex:mla_decode_wide --launch-skip 3 --launch-count 1
        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters
        --import-source no"
