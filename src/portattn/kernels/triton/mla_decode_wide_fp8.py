@@ -28,7 +28,9 @@ only what has to be converted:
   values buffers the consumers may run pipelined (``PIPELINED``): tile t+1's scores issued with tile t's value
   product, and its softmax while that product runs. Both are off by default: at 64 heads the fp8 value product
   took 0.1054-0.1069 ms, pipelined 0.0996-0.1000, against 0.0958-0.0982 for float16 values (128 heads:
-  0.1796-0.1804, 0.1712-0.1722, 0.1626-0.1664).
+  0.1796-0.1804, 0.1712-0.1722, 0.1626-0.1664). Pipelined consumers over float16 values (one buffer) were slower
+  still (0.1028 ms at 64 heads, 0.1785 at 128; benchmarks/results/round54/NOTES.md): tile t+1's conversion waits
+  for tile t's value product, and tile t+1's product for that conversion.
 
 Precision: the scores carry the queries' e4m3 rounding (3 mantissa bits, as the cache's own) and the tensor
 cores' fp8 accumulation; the values and probabilities are float16 products as in the other forms. The GPU tests
