@@ -62,6 +62,7 @@ def main() -> None:
     )
     parser.add_argument("--fp8-values", action="store_true", help="with --fp8-scores: the value product in fp8")
     parser.add_argument("--ring", type=int, default=2, help="with --fp8-scores: fp8 tiles in flight (2: its default)")
+    parser.add_argument("--block-n", type=int, default=64, help="with --wide or --fp8-scores: keys a tile (32 or 64)")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64, help="sequences (each over --keys keys)")
     parser.add_argument("--keys", type=int, default=4096)
@@ -88,7 +89,7 @@ def main() -> None:
                               pages_ahead=args.pages_ahead, coalesced_io=args.coalesced_io)  # fmt: skip
     elif args.wide or args.producer or args.fp8_scores:
         forms = {"producer": args.producer or args.fp8_scores, "fp8_scores": args.fp8_scores}
-        tiles = MLATileConfig(64, 64, 8, args.ring, wide=True, fp8_values=args.fp8_values, **forms)
+        tiles = MLATileConfig(64, args.block_n, 8, args.ring, wide=True, fp8_values=args.fp8_values, **forms)
     elif args.portable:
         tiles = mla_decode_launch.choose_tiles(
             heads, qn.dtype, interpret=False, kv_dtype=kv.dtype, fp8_mma=False, wide=False
@@ -112,6 +113,7 @@ def main() -> None:
     if args.wide or args.producer or args.fp8_scores:
         label += " wide" + (" fp8 scores" if args.fp8_scores else " producer" if args.producer else "")
         label += (" fp8 values" if args.fp8_values else "") + (f" ring {args.ring}" if args.ring > 2 else "")
+        label += f" {args.block_n} keys" if args.block_n != 64 else ""
     if meta.splits_chosen:
         label += " (the plan's splits: fp8_mma may run fewer)"
     if args.maxnreg:
