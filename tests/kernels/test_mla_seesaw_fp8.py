@@ -21,9 +21,13 @@ def test_seesaw_names_what_it_needs():
     fp8 = torch.zeros(4, 7, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 7 keys a page: no whole tiles
     assert "expected a cache TMA can copy" in seesaw.supports(fp8)
     assert seesaw.supports(torch.zeros(4, 64, 576, dtype=torch.uint8).view(torch.float8_e5m2)) is None
+    rest = {"q_scale": 1.0, "qk_scale_log2": 1.0, "kv_scale": 1.0, "num_kv_splits": 1, "write_partial": False,
+            "write_lse": False, "min_split": 0}  # fmt: skip
     with pytest.raises(ValueError, match="expected a cache TMA can copy"):
-        seesaw.launch_arguments(*[None] * 2, fp8, *[None] * 6, q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0,
-                                num_kv_splits=1, write_partial=False, write_lse=False, min_split=0)  # fmt: skip
+        seesaw.launch_arguments(*[None] * 2, fp8, *[None] * 6, **rest)
+    whole = torch.zeros(4, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"expected a ring of at most 3 slots \(Hopper's shared memory\), got 4"):
+        seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, ring=4)
 
 
 CHILD = textwrap.dedent(

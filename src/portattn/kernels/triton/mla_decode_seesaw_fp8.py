@@ -58,6 +58,7 @@ HALF = gl.constexpr(256)  # the latent dims a consuming warpgroup accumulates
 PRODUCER_REGS = gl.constexpr(56)
 CONSUMER_REGS = gl.constexpr(224)
 NUM_WARPS = 4  # the default partition: the left warpgroup
+HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
@@ -371,6 +372,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     need = supports(kv_cache)
     if need:
         raise ValueError(need)
+    if shared_bytes(ring) > HOPPER_SHARED:
+        raise ValueError(f"expected a ring of at most {RING} slots (Hopper's shared memory), got {ring}")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, num_heads, _ = q_nope.shape
