@@ -1,7 +1,7 @@
 """What the Gluon MLA kernels' tests share: the GPU check of a kernel's tiles against the float64 reference and the
 portable kernel, the launches and merges recorded through the launcher on any machine, and, for the sm_90 compile
 in a child process, a launch's arguments compiled as Triton's runtime binds them, the key loop of a kernel's PTX
-and the child process that runs the compile."""
+the sm_90 compile of a kernel's signature and its stack bytes, and the child process that runs the compile."""
 
 from __future__ import annotations
 
@@ -128,6 +128,58 @@ def key_loop(ptx: str) -> str:
 
 
 SKIP = 3  # a compile child's exit status when this Triton cannot compile for CUDA here
+SCALES = ("q_scale", "qk_scale_log2", "kv_scale")  # the MLA kernels' float32 arguments
+
+
+def compile_for_hopper(fn, ptrs: dict, constexprs: dict, options: dict, descriptors: dict | None = None):
+    """The Gluon kernel ``fn`` compiled for sm_90 from its signature: ``ptrs`` the pointers' types, the scales
+    float32, every other runtime argument int32, ``descriptors`` the mangled types of its tensor descriptors; the
+    pointers and the cache's strides 16-byte aligned, as the launches bind them. Exits the child process with
+    :data:`SKIP` where this Triton has no ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {name: ptrs.get(name) or ("fp32" if name in SCALES else "i32") for name in fn.arg_names
+           if name not in constexprs}  # fmt: skip
+    sig |= (descriptors or {}) | {name: "constexpr" for name in constexprs}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}  # fmt: skip
+    try:
+        return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options=options)  # fmt: skip
+    except (FileNotFoundError, RuntimeError) as exc:
+        if "ptxas" in str(exc):
+            print("no ptxas:", exc)
+            sys.exit(SKIP)
+        raise
+
+
+def cache_descriptors(kv: str, rows_a_copy: int, constexprs: dict) -> dict:
+    """The mangled types of the TMA descriptors of the latent and rope (``CDesc``, ``PeDesc``: boxes of
+    ``rows_a_copy`` rows, the layouts ``C_8`` and ``PE_8``) over an fp8 cache of type ``kv`` (``*fp8e4nv`` or
+    ``*fp8e5``) of 64 rows (a launch's own shape and strides)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    rows = torch.empty(64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn if kv == "*fp8e4nv" else torch.float8_e5m2)
+    return {name: mangle_type(TensorDescriptor(rows, [64, 576], [576, 1], [rows_a_copy, width], constexprs[layout]))
+            for name, width, layout in (("CDesc", 512, "C_8"), ("PeDesc", 64, "PE_8"))}  # fmt: skip
+
+
+def stack_bytes(kernel) -> int:
+    """The compiled kernel's stack bytes a thread (its spills, from cuobjdump), -1 where Triton ships no cuobjdump
+    (the cubin is written to ``OUT_DIR``)."""
+    import triton
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        return -1
+    path = os.path.join(os.environ["OUT_DIR"], "kernel.cubin")
+    with open(path, "wb") as f:
+        f.write(kernel.asm["cubin"])
+    usage = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
 def run_compile_child(tmp_path, source: str, name: str, timeout: int) -> list[str]:

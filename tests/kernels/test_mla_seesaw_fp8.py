@@ -32,42 +32,22 @@ def test_seesaw_names_what_it_needs():
 
 CHILD = textwrap.dedent(
     """
-    import os, re, subprocess, sys
+    import re, sys
     try:
-        import torch
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.experimental.gluon._runtime import GluonASTSource
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        from triton.runtime.jit import mangle_type
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 (Gluon's Hopper API)
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import cache_descriptors, compile_for_hopper, stack_bytes
     from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
 
-    CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    fn = seesaw.mla_decode_seesaw_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
             "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
         const = {**seesaw.seesaw_constexprs(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
-        sig = {name: {**ptrs, "KV": kv}.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale")
-               else "i32") for name in fn.arg_names if name not in const}
-        dtype = torch.float8_e4m3fn if kv == "*fp8e4nv" else torch.float8_e5m2
-        rows = torch.empty(64, 576, dtype=torch.uint8).view(dtype)
-        for name, width, layout in (("CDesc", 512, const["C_8"]), ("PeDesc", 64, const["PE_8"])):
-            sig[name] = mangle_type(TensorDescriptor(rows, [64, 576], [576, 1], [min(page_size, 64), width], layout))
-        sig |= {name: "constexpr" for name in const}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
-        try:
-            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                                    target=GPUTarget("cuda", 90, 32),
-                                    options={"num_warps": seesaw.NUM_WARPS, "maxnreg": 168})
-        except (FileNotFoundError, RuntimeError) as exc:
-            if "ptxas" in str(exc):
-                print("no ptxas:", exc); sys.exit(3)
-            raise
+        kernel = compile_for_hopper(seesaw.mla_decode_seesaw_kernel, {**ptrs, "KV": kv}, const,
+                                    {"num_warps": seesaw.NUM_WARPS, "maxnreg": seesaw.PRODUCER_MAXNREG},
+                                    cache_descriptors(kv, min(page_size, 64), const))
         ptx = kernel.asm["ptx"]
         b = "e4m3" if kv == "*fp8e4nv" else "e5m2"
         counts = {name: len(re.findall(rx, ptx)) for name, rx in (
@@ -76,16 +56,9 @@ CHILD = textwrap.dedent(
             ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
             ("copies", r"cp\\.async\\.cg\\.shared\\.global"))}
         regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
-        stack = -1  # unknown without cuobjdump
-        if os.path.exists(CUOBJDUMP):
-            path = os.path.join(os.environ["OUT_DIR"], "kernel.cubin")
-            with open(path, "wb") as f:
-                f.write(kernel.asm["cubin"])
-            usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-            stack = int(re.search(r"STACK:(\\d+)", usage).group(1))
         print("kernel", kv, page_size, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
-              f"stack={stack}", f"regs={','.join(map(str, regs))}", " ".join(f"{k}={v}" for k, v in counts.items()),
-              flush=True)
+              f"stack={stack_bytes(kernel)}", f"regs={','.join(map(str, regs))}",
+              " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
     """
 )
 

@@ -40,19 +40,14 @@ HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute 
 
 CHILD = textwrap.dedent(
     """
-    import os, re, subprocess, sys
+    import re, sys
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon._runtime import GluonASTSource
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
-    from kernels.mla_checks import key_loop
+    from kernels.mla_checks import compile_for_hopper, key_loop, stack_bytes
     from portattn.kernels.triton import mla_decode_wide as wide
 
-    TARGET = GPUTarget("cuda", 90, 32)
-    CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     fn = wide.mla_decode_wide_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
             "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
@@ -61,18 +56,7 @@ CHILD = textwrap.dedent(
         fp8 = kv != "*bf16"
         const = {**wide.constexprs(block_n, stages, fp8), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
                  "WRITE_LSE": True, "MIN_SPLIT": 256, "DOT": gl.float16 if fp8 else gl.bfloat16}
-        sig = {name: {**ptrs, "KV": kv}.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale")
-               else "i32") for name in fn.arg_names if name not in const}
-        sig |= {name: "constexpr" for name in const}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
-        try:
-            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=TARGET,
-                                    options={"num_warps": wide.NUM_WARPS})
-        except (FileNotFoundError, RuntimeError) as exc:
-            if "ptxas" in str(exc):
-                print("no ptxas:", exc); sys.exit(3)
-            raise
+        kernel = compile_for_hopper(fn, {**ptrs, "KV": kv}, const, {"num_warps": wide.NUM_WARPS})
         text = key_loop(kernel.asm["ptx"])
         scores = rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n{block_n // 2}k16\\.f32\\.(?:bf16|f16)"
         counts = {name: len(re.findall(rx, text)) for name, rx in (
@@ -80,15 +64,8 @@ CHILD = textwrap.dedent(
             ("copies", r"cp\\.async\\.cg\\.shared\\.global(?:\\.L2::\\w+)? \\[[^]]+\\], \\[[^]]+\\], (?:16|0x10)"),
             ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"), ("byte", r"ld\\.shared\\.(?:u8|b8|s8)"),
             ("barriers", r"\\bbar\\.sync"))}
-        stack = -1  # unknown without cuobjdump
-        if os.path.exists(CUOBJDUMP):
-            path = os.path.join(os.environ["OUT_DIR"], "kernel.cubin")
-            with open(path, "wb") as f:
-                f.write(kernel.asm["cubin"])
-            usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-            stack = int(re.search(r"STACK:(\\d+)", usage).group(1))
-        print("kernel", kv, block_n, stages, page_size, f"shared={kernel.metadata.shared}", f"stack={stack}",
-              " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+        print("kernel", kv, block_n, stages, page_size, f"shared={kernel.metadata.shared}",
+              f"stack={stack_bytes(kernel)}", " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
 
     # as a launch binds them: the runtime's binder and packing over real (CPU) tensors, then the compile
     from kernels.mla_checks import compile_as_launched
@@ -128,14 +105,12 @@ def test_the_kernel_compiles_for_hopper_with_one_set_of_score_mmas_and_no_spills
 
 WS_CHILD = textwrap.dedent(
     """
-    import os, re, subprocess, sys
+    import re, sys
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon._runtime import GluonASTSource
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import compile_for_hopper
     from portattn.kernels.triton import mla_decode_wide as wide
 
     fn = wide.mla_decode_wide_ws_kernel
@@ -145,19 +120,8 @@ WS_CHILD = textwrap.dedent(
         fp8 = kv != "*bf16"
         const = {**wide.constexprs(block_n, 2, fp8, producer=True), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True,
                  "WRITE_LSE": True, "MIN_SPLIT": 256, "DOT": gl.float16 if fp8 else gl.bfloat16}
-        sig = {name: {**ptrs, "KV": kv}.get(name) or ("fp32" if name in ("q_scale", "qk_scale_log2", "kv_scale")
-               else "i32") for name in fn.arg_names if name not in const}
-        sig |= {name: "constexpr" for name in const}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
-        try:
-            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                                    target=GPUTarget("cuda", 90, 32),
-                                    options={"num_warps": wide.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG})
-        except (FileNotFoundError, RuntimeError) as exc:
-            if "ptxas" in str(exc):
-                print("no ptxas:", exc); sys.exit(3)
-            raise
+        kernel = compile_for_hopper(fn, {**ptrs, "KV": kv}, const,
+                                    {"num_warps": wide.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG})
         ptx = kernel.asm["ptx"]
         counts = {name: len(re.findall(rx, ptx)) for name, rx in (
             ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n{block_n // 2}k16"),

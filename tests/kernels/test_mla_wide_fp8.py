@@ -94,17 +94,15 @@ def test_fp8_scores_name_what_they_need():
 
 CHILD = textwrap.dedent(
     """
-    import os, re, subprocess, sys
+    import re, sys
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.experimental.gluon._runtime import GluonASTSource
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 (Gluon's Hopper API)
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import cache_descriptors, compile_for_hopper, stack_bytes
     from portattn.kernels.triton import mla_decode_wide as wide
     from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
 
-    CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     fn = wide_fp8.mla_decode_wide_fp8_kernel
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
             "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
@@ -116,28 +114,9 @@ CHILD = textwrap.dedent(
         const = {**wide_fp8.fp8_scores_constexprs(block_n, bool(values), ring, bufs), "PAGE_SIZE": page_size,
                  "WRITE_PARTIAL": True, "WRITE_LSE": True, "MIN_SPLIT": 256, "TMA": bool(tma),
                  "TMA_ROWS": min(page_size, block_n) if tma else 8, "PIPE": bool(pipe)}
-        sig = {name: {**ptrs, "KV": kv, "CDesc": kv, "PeDesc": kv}.get(name) or ("fp32" if name in ("q_scale",
-               "qk_scale_log2", "kv_scale") else "i32") for name in fn.arg_names if name not in const}
-        if tma:  # the descriptors of a cache of 64 rows (their shape is the launch's)
-            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-            from triton.runtime.jit import mangle_type
-            import torch
-            dtype = torch.float8_e4m3fn if kv == "*fp8e4nv" else torch.float8_e5m2
-            rows = torch.empty(64, 576, dtype=torch.uint8).view(dtype)
-            for name, width, layout in (("CDesc", 512, const["C_8"]), ("PeDesc", 64, const["PE_8"])):
-                rows_a_copy = min(page_size, block_n)
-                sig[name] = mangle_type(TensorDescriptor(rows, [64, 576], [576, 1], [rows_a_copy, width], layout))
-        sig |= {name: "constexpr" for name in const}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if sig[name].startswith("*") or name in ("stride_kv_page", "stride_kv_slot")}
-        try:
-            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                                    target=GPUTarget("cuda", 90, 32),
-                                    options={"num_warps": wide.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG})
-        except (FileNotFoundError, RuntimeError) as exc:
-            if "ptxas" in str(exc):
-                print("no ptxas:", exc); sys.exit(3)
-            raise
+        descriptors = cache_descriptors(kv, min(page_size, block_n), const) if tma else {}
+        kernel = compile_for_hopper(fn, {**ptrs, "KV": kv, "CDesc": kv, "PeDesc": kv}, const,
+                                    {"num_warps": wide.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG}, descriptors)
         ptx = kernel.asm["ptx"]
         b = "e4m3" if kv == "*fp8e4nv" else "e5m2"
         counts = {name: len(re.findall(rx, ptx)) for name, rx in (
@@ -148,15 +127,8 @@ CHILD = textwrap.dedent(
             ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
             ("waits", r"mbarrier\\.try_wait"))}
         regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
-        stack = -1  # unknown without cuobjdump
-        if os.path.exists(CUOBJDUMP):
-            path = os.path.join(os.environ["OUT_DIR"], "kernel.cubin")
-            with open(path, "wb") as f:
-                f.write(kernel.asm["cubin"])
-            usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-            stack = int(re.search(r"STACK:(\\d+)", usage).group(1))
         print("kernel", kv, block_n, page_size, values, ring, bufs, tma, pipe, f"warps={kernel.metadata.num_warps}",
-              f"shared={kernel.metadata.shared}", f"stack={stack}", f"regs={','.join(map(str, regs))}",
+              f"shared={kernel.metadata.shared}", f"stack={stack_bytes(kernel)}", f"regs={','.join(map(str, regs))}",
               " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
     """
 )
