@@ -16,7 +16,8 @@ HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute 
 
 
 def test_seesaw_names_what_it_needs():
-    """A 16-bit cache, or pages TMA cannot copy as 64-key tiles, are refused with what the kernel expects."""
+    """A 16-bit cache, pages TMA cannot copy as 64-key tiles, a ring past shared memory and another form's options
+    are refused with what the kernel expects."""
     assert "expected an fp8 cache" in seesaw.supports(torch.zeros(4, 64, 576, dtype=torch.bfloat16))
     fp8 = torch.zeros(4, 7, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 7 keys a page: no whole tiles
     assert "expected a cache TMA can copy" in seesaw.supports(fp8)
@@ -28,6 +29,10 @@ def test_seesaw_names_what_it_needs():
     whole = torch.zeros(4, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"expected a ring of at most 3 slots \(Hopper's shared memory\), got 4"):
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, ring=4)
+    with pytest.raises(ValueError, match=r"expected 64-key tiles, fp8 values, .* got block_n=32, fp8_values=True"):
+        seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, block_n=32)
+    with pytest.raises(ValueError, match="pipelined=True"):
+        seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, pipelined=True)
 
 
 CHILD = textwrap.dedent(

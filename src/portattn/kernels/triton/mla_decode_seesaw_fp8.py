@@ -366,9 +366,14 @@ def supports(kv_cache) -> str | None:
 
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split,
-                     ring=RING, **_):  # fmt: skip
+                     block_n=BLOCK_N.value, fp8_values=True, ring=RING, value_bufs=None, tma=None,
+                     pipelined=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
-    ``mla_decode_wide_fp8.launch_arguments``'; its tile options do not apply)."""
+    ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
+    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
+    if block_n != BLOCK_N.value or not fp8_values or tma is False or pipelined:
+        raise ValueError(f"expected 64-key tiles, fp8 values, TMA copies and no pipelined consumers, got block_n="
+                         f"{block_n}, fp8_values={fp8_values}, tma={tma}, pipelined={pipelined}")  # fmt: skip
     need = supports(kv_cache)
     if need:
         raise ValueError(need)
