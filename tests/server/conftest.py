@@ -40,13 +40,15 @@ def one_thread():
 
 
 @contextlib.contextmanager
-def running_server(model: str, **kwargs):
-    """``(base url, app)`` of a server on 127.0.0.1, stopped on exit."""
+def running_server(model: str | None, app=None, **kwargs):
+    """``(base url, app)`` of a server on 127.0.0.1, stopped on exit: ``app`` if given, else one made for
+    ``model``."""
     import uvicorn
 
     from portattn.server import create_app
 
-    app = create_app(model, **{**ENGINE, **kwargs})
+    if app is None:
+        app = create_app(model, **{**ENGINE, **kwargs})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -61,10 +61,15 @@ def test_the_engine_process_answers_as_the_engine_thread(model_root):
     model = tiny_checkpoint(model_root)
     with running_server(model, served_model_name="m") as (url, _):
         want = answers(url)
-    with running_server(model, served_model_name="m", engine_process=True) as (url, app):
+    from portattn.server import create_app
+
+    app = create_app(model, **{**ENGINE, "served_model_name": "m", "engine_process": True})
+    # the statistics the facade waited for, read before the server starts it (then the engine's loop publishes
+    # its own): no step and no engine-thread CPU time (the statistics line's share starts after)
+    first = app.state.server.engine.stats
+    assert (first.steps, first.engine_cpu_s) == (0, 0.0)
+    with running_server(None, app=app) as (url, app):
         engine = app.state.server.engine
-        first = engine.stats  # before any step: no engine-thread CPU time (the statistics line's share starts after)
-        assert (first.steps, first.engine_cpu_s) == (0, 0.0)
         got = answers(url)
         assert wait_until(lambda: engine.stats.generation_tokens > 0 and engine.stats.running == 0)
         status, metrics, _ = request(f"{url}/metrics")
