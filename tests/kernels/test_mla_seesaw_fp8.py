@@ -87,4 +87,6 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert counts["wgmma"] == counts["scores"] + counts["values"], where
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (seesaw.RING + 1) * pages * 2 and counts["copies"] == 0, where
-        assert counts["stack"] <= 64, where
+        # Triton 3.9 keeps 40 bytes; 3.6 (the GPU machine's) 120-128: a few addresses reloaded once a pair, no
+        # accumulator (the queries' two merged passes spilled 488 before _queries_fp8(RELOAD=True))
+        assert counts["stack"] <= 128, where
