@@ -61,6 +61,16 @@ def main() -> None:
         help="its fp8-scores form (mla_decode_wide_fp8; an fp8 cache; the default there above 32 heads)",
     )
     parser.add_argument("--fp8-values", action="store_true", help="with --fp8-scores: the value product in fp8")
+    parser.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="with --fp8-scores: the consumers pipelined (mla_decode_wide_fp8.PIPELINED)",
+    )
+    parser.add_argument(
+        "--seesaw",
+        action="store_true",
+        help="with --fp8-scores --fp8-values: the seesaw kernel (mla_decode_wide_fp8.SEESAW; mla_decode_seesaw_fp8)",
+    )
     parser.add_argument("--ring", type=int, default=2, help="with --fp8-scores: fp8 tiles in flight (2: its default)")
     parser.add_argument("--block-n", type=int, default=64, help="with --wide or --fp8-scores: keys a tile (32 or 64)")
     parser.add_argument("--heads", type=int, default=16)
@@ -69,6 +79,15 @@ def main() -> None:
     parser.add_argument("--page", type=int, default=64, help="keys a page")
     parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
     args = parser.parse_args()
+    if (args.pipelined or args.seesaw) and not args.fp8_scores:
+        parser.error("--pipelined and --seesaw are forms of --fp8-scores")
+    if args.seesaw and not args.fp8_values:
+        parser.error("--seesaw takes fp8 values (--fp8-values)")
+    if args.pipelined or args.seesaw:
+        from portattn.kernels.triton import mla_decode_wide_fp8
+
+        mla_decode_wide_fp8.PIPELINED = args.pipelined
+        mla_decode_wide_fp8.SEESAW = args.seesaw
     dev = torch.device("cuda")
     b, L, P, heads = args.batch, args.keys, args.page, args.heads
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -114,6 +133,7 @@ def main() -> None:
         label += " wide" + (" fp8 scores" if args.fp8_scores else " producer" if args.producer else "")
         label += (" fp8 values" if args.fp8_values else "") + (f" ring {args.ring}" if args.ring > 2 else "")
         label += f" {args.block_n} keys" if args.block_n != 64 else ""
+        label += " pipelined" if args.pipelined else " seesaw" if args.seesaw else ""
     if meta.splits_chosen:
         label += " (the plan's splits: fp8_mma may run fewer)"
     if args.maxnreg:
