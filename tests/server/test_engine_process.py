@@ -67,8 +67,8 @@ def test_the_engine_process_answers_as_the_engine_thread(model_root):
     # the statistics the facade waited for, read before the server starts it (then the engine's loop publishes
     # its own): no step and no engine-thread CPU time (the statistics line's share starts after)
     first = app.state.server.engine.stats
-    assert (first.steps, first.engine_cpu_s) == (0, 0.0)
-    with running_server(None, app=app) as (url, app):
+    with running_server(None, app=app) as (url, app):  # (asserted inside: the server stops the engine's process)
+        assert (first.steps, first.engine_cpu_s) == (0, 0.0)
         engine = app.state.server.engine
         got = answers(url)
         assert wait_until(lambda: engine.stats.generation_tokens > 0 and engine.stats.running == 0)
