@@ -18,7 +18,7 @@ case "${1:-}" in
   all)
     OUT=$OUT T3=${T3:-150} bash $S4/r54.sh time next_cases.txt 1
     OUT=$OUT NCU=${NCU:-1} T2=${T2:-85} T=${T:-120} bash $S4/r54.sh last
-    patch -p1 < $S5/seesaw_alone.patch > /dev/null
+    patch -N -p1 < $S5/seesaw_alone.patch > /dev/null  # -N: already applied on a warm machine, left
     echo "== PA_NOLOAD=1" | tee $OUT/alone_times.txt
     PA_NOLOAD=1 PYTHONPATH=src timeout ${T4:-70} python3 $S4/many.py $S5/alone_cases.txt $(( ${T4:-70} - 8 )) 2>&1 |
       grep -v Warning | tee -a $OUT/alone_times.txt ;;
