@@ -167,6 +167,21 @@ def cache_descriptors(kv: str, rows_a_copy: int, constexprs: dict) -> dict:
             for name, width, layout in (("CDesc", 512, "C_8"), ("PeDesc", 64, "PE_8"))}  # fmt: skip
 
 
+def serialized_mma_notes(kernel) -> list[str] | None:
+    """ptxas's notes (C7510-C7519) that it serialized the kernel's warpgroup MMAs (each waited for before the next
+    is issued), from its PTX compiled again with ``-v`` for sm_90a; None where Triton ships no ptxas."""
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return None
+    path = os.path.join(os.environ["OUT_DIR"], "kernel.ptx")
+    with open(path, "w") as f:
+        f.write(kernel.asm["ptx"])
+    done = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"], capture_output=True, text=True)
+    return [line for line in (done.stdout + done.stderr).splitlines() if re.search(r"C751\d.*serialized", line)]
+
+
 def stack_bytes(kernel) -> int:
     """The compiled kernel's stack bytes a thread (its spills, from cuobjdump), -1 where Triton ships no cuobjdump
     (the cubin is written to ``OUT_DIR``)."""

@@ -87,6 +87,9 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert counts["wgmma"] == counts["scores"] + counts["values"], where
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (seesaw.RING + 1) * pages * 2 and counts["copies"] == 0, where
-        # Triton 3.9 keeps 40 bytes; 3.6 (the GPU machine's) 120-128: a few addresses reloaded once a pair, no
-        # accumulator (the queries' two merged passes spilled 488 before _queries_fp8(RELOAD=True))
-        assert counts["stack"] <= 128, where
+        # Triton 3.9 keeps 168 bytes, 3.6 (the GPU machine's) 176: the scores' three partial sums (32 registers a
+        # thread each, mla_decode_wide_fp8._issue_scores) beside the output's 128 leave too few registers, and ptxas
+        # serializes this kernel's products (its note C7512); with the products promoting (max_num_imprecise_acc)
+        # it kept 40 and 120-128 bytes, the products serialized too (C7514). The queries' two merged passes spilled
+        # 488 before _queries_fp8(RELOAD=True)
+        assert counts["stack"] <= 192, where

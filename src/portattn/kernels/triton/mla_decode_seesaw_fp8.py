@@ -47,6 +47,7 @@ from .mla_decode_wide_fp8 import (
     _issue_scores,
     _issue_tile,
     _queries_fp8,
+    _scores,
     tma_rows,
 )
 
@@ -151,7 +152,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
         slot = a % RING
         mbarrier.wait(ready.index(slot), (a // RING) & 1)
         s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
-        s = warpgroup_mma_wait(0, deps=[s])
+        s = _scores(s, 0)
         _barrier()  # every warp's share of the product read the slot
         mbarrier.arrive(empty.index(slot), count=1)
         s = _masked_scores(s, start + a * BLOCK_N, end, scale, S_MMA)
@@ -212,7 +213,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
             slot = b % RING
             mbarrier.wait(ready.index(slot), (b // RING) & 1)
             s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
-            s = warpgroup_mma_wait(0, deps=[s])
+            s = _scores(s, 0)
             _barrier()
             mbarrier.arrive(empty.index(slot), count=1)
             s = _masked_scores(s, start + b * BLOCK_N, end, scale, S_MMA)

@@ -80,9 +80,15 @@ SEESAW = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
-# the LSE's error against the float64 reference of the same queries fell from 1.1e-4-1.4e-3 to 5e-5-2.1e-4, for
-# 4% of the step's time (benchmarks/results/round52/NOTES.md)
-PROMOTE_EVERY = gl.constexpr(128)
+# the LSE's error against the float64 reference of the same queries fell from 1.1e-4-1.4e-3 (no promotion) to
+# 5e-5-2.1e-4 (every 128 dims; benchmarks/results/round52/NOTES.md). Each partial sum is its own product's
+# accumulator, added once all are done (_issue_scores, _scores): asking the product to promote
+# (``max_num_imprecise_acc``) made Triton add each partial sum right after issuing its product, an instruction
+# reading an unfinished product's registers, and ptxas then serialized every product of the kernel (its note C7514,
+# "wgmma.mma_async instructions are serialized"); with five accumulators a tile (every 128 dims) ptxas serialized
+# them too, for want of registers (C7512); three compile without (benchmarks/results/round56/NOTES.md).
+PROMOTE_EVERY = gl.constexpr(256)
+assert 2 * PROMOTE_EVERY.value == RANK  # _issue_scores' two halves of the latent
 # the producer's registers a thread (copies and the values' conversion); the consumers take the rest of
 # PRODUCER_MAXNREG x 12 warps
 PRODUCER_REGS_FP8_SCORES = gl.constexpr(88)
@@ -277,10 +283,23 @@ def _produce(KV, CDesc, PeDesc, page_row, stride_pt_p, stride_kv_page, stride_kv
 
 @gluon.jit
 def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
-    """A tile's fp8 scores, issued (the latent's sums promoted every ``PROMOTE_EVERY`` dims; the rope's one sum)."""
-    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
-    s = warpgroup_mma(qn_smem, c_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=PROMOTE_EVERY)
-    return warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), s, is_async=True, max_num_imprecise_acc=64)
+    """A tile's fp8 scores, issued as three partial sums, each an fp8 product into its own accumulator: the
+    latent's two halves (``PROMOTE_EVERY`` dims each) and the rope; :func:`_scores` adds them in float32."""
+    zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+    lo = warpgroup_mma(qn_smem.slice(0, PROMOTE_EVERY, dim=1), c_tile.slice(0, PROMOTE_EVERY, dim=1).permute((1, 0)),
+                       zero, use_acc=False, is_async=True)  # fmt: skip
+    hi = warpgroup_mma(qn_smem.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1),
+                       c_tile.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1).permute((1, 0)), zero, use_acc=False,
+                       is_async=True)  # fmt: skip
+    return lo, hi, warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _scores(parts, PENDING: gl.constexpr):
+    """A tile's scores from :func:`_issue_scores`' partial sums, once done (``PENDING``: how many products issued
+    after them may still run), added in float32."""
+    lo, hi, rope = warpgroup_mma_wait(PENDING, deps=parts)
+    return (lo + hi) + rope
 
 
 @gluon.jit
@@ -330,7 +349,7 @@ def _consume(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_smem, max_s
         slot = t % RING
         mbarrier.wait(ready.index(slot), (t // RING) & 1)
         s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
-        s = warpgroup_mma_wait(0, deps=[s])
+        s = _scores(s, 0)
         p, alpha, m_new = _probabilities(s, start + t * BLOCK_N, end, scale, m_i, max_smem, empty.index(slot),
                                          BLOCK_N, S_MMA, ROWS_2)  # fmt: skip
         part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)  # in-warp
@@ -364,7 +383,7 @@ def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_b
     if num_tiles > 0:
         mbarrier.wait(ready.index(0), 0)
         s = _issue_scores(qn_smem, qr_smem, c_ring.index(0), pe_ring.index(0), BLOCK_N, S_MMA)
-        s = warpgroup_mma_wait(0, deps=[s])
+        s = _scores(s, 0)
         p, alpha, m_i = _probabilities(s, start, end, scale, m_i, max_smem, empty.index(0), BLOCK_N, S_MMA, ROWS_2)
         l_wg = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)
         _store_probabilities(p, p_bufs.index(0), FP8_VALUES)
@@ -378,7 +397,7 @@ def _consume_pipelined(qn_smem, qr_smem, row_scale, c_ring, pe_ring, v_bufs, p_b
         buf = t % V_BUFS
         mbarrier.wait(v_ready.index(buf), (t // V_BUFS) & 1)
         acc = _issue_values(p_bufs.index(t % 2), v_bufs.index(buf), acc, FP8_VALUES)
-        s = warpgroup_mma_wait(1, deps=[s])  # the scores (issued first); the value product runs on
+        s = _scores(s, 1)  # the scores (issued first); the value product runs on
         p, alpha, m_new = _probabilities(s, start + nxt * BLOCK_N, end, scale, m_i, max_smem, empty.index(slot),
                                          BLOCK_N, S_MMA, ROWS_2)  # fmt: skip
         part = gl.convert_layout(gl.sum(gl.reshape(p, [BLOCK_H, 2, BLOCK_N // 2]), 2), ROWS_WG)
