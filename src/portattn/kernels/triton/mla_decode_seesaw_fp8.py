@@ -44,7 +44,7 @@ from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, nvm
 from .mla_decode_wide_fp8 import (
     P_FP8_SCALE,
     _convert_values,
-    _issue_scores,
+    _issue_scores_folded,
     _issue_tile,
     _queries_fp8,
     _scores,
@@ -151,7 +151,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
         a = 2 * i
         slot = a % RING
         mbarrier.wait(ready.index(slot), (a // RING) & 1)
-        s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
+        s = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
         s = _scores(s, 0)
         _barrier()  # every warp's share of the product read the slot
         mbarrier.arrive(empty.index(slot), count=1)
@@ -212,7 +212,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
         if has_b:
             slot = b % RING
             mbarrier.wait(ready.index(slot), (b // RING) & 1)
-            s = _issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
+            s = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
             s = _scores(s, 0)
             _barrier()
             mbarrier.arrive(empty.index(slot), count=1)

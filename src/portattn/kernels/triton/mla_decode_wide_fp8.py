@@ -295,11 +295,27 @@ def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MM
 
 
 @gluon.jit
+def _issue_scores_folded(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
+    """:func:`_issue_scores` in two partial sums, the rope's products going on in the latent's second half's
+    accumulator: for a kernel with fewer registers to spare."""
+    zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+    lo = warpgroup_mma(qn_smem.slice(0, PROMOTE_EVERY, dim=1), c_tile.slice(0, PROMOTE_EVERY, dim=1).permute((1, 0)),
+                       zero, use_acc=False, is_async=True)  # fmt: skip
+    hi = warpgroup_mma(qn_smem.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1),
+                       c_tile.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1).permute((1, 0)), zero, use_acc=False,
+                       is_async=True)  # fmt: skip
+    return lo, warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), hi, is_async=True)
+
+
+@gluon.jit
 def _scores(parts, PENDING: gl.constexpr):
-    """A tile's scores from :func:`_issue_scores`' partial sums, once done (``PENDING``: how many products issued
-    after them may still run), added in float32."""
-    lo, hi, rope = warpgroup_mma_wait(PENDING, deps=parts)
-    return (lo + hi) + rope
+    """A tile's scores from :func:`_issue_scores`' (or ``_issue_scores_folded``'s) partial sums, once done
+    (``PENDING``: how many products issued after them may still run), added in float32."""
+    parts = warpgroup_mma_wait(PENDING, deps=parts)
+    s = parts[0]
+    for k in gl.static_range(1, len(parts)):
+        s = s + parts[k]
+    return s
 
 
 @gluon.jit
