@@ -5,7 +5,8 @@ import collections
 import csv
 import sys
 
-rows = list(csv.reader(open(sys.argv[1])))
+with open(sys.argv[1]) as f:
+    rows = list(csv.reader(f))
 head = rows[1]
 col = {name: i for i, name in enumerate(head)}
 stalls = [n for n in head if n.startswith("stall_") and "Not Issued" not in n]
@@ -38,9 +39,11 @@ for g, c in sorted(by_region.items()):
     if c["samples"] < 0.01 * total:
         continue
     top = sorted(((c[s], s) for s in stalls), reverse=True)[:6]
-    print(f"region {g}: samples {c['samples'] / total:.1%}, executed {c['executed']:.0f}, smem wavefronts "
-          f"{c['smem_wavefronts']:.0f} (excess {c['smem_excess']:.0f}); " +
-          ", ".join(f"{s[6:]} {v / c['samples']:.0%}" for v, s in top))
+    print(
+        f"region {g}: samples {c['samples'] / total:.1%}, executed {c['executed']:.0f}, smem wavefronts "
+        f"{c['smem_wavefronts']:.0f} (excess {c['smem_excess']:.0f}); "
+        + ", ".join(f"{s[6:]} {v / c['samples']:.0%}" for v, s in top)
+    )
 print()
 top_n = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 ranked = sorted(range(len(body)), key=lambda i: -num(body[i], "Warp Stall Sampling (All Samples)"))[:top_n]
@@ -48,5 +51,7 @@ for i in ranked:
     r = body[i]
     s = num(r, "Warp Stall Sampling (All Samples)")
     main = sorted(((num(r, n), n) for n in stalls), reverse=True)[:2]
-    print(f"{r[col['Address']]} r{regions[i]} {s / total:5.1%} {r[col['Source']][:60]:60s} " +
-          ", ".join(f"{n[6:]} {v / max(s, 1):.0%}" for v, n in main))
+    print(
+        f"{r[col['Address']]} r{regions[i]} {s / total:5.1%} {r[col['Source']][:60]:60s} "
+        + ", ".join(f"{n[6:]} {v / max(s, 1):.0%}" for v, n in main)
+    )

@@ -139,7 +139,10 @@ def fp8_scores_constexprs(block_n: int, fp8_values: bool = False, ring: int = RI
         # conversion of a [keys, 128] chunk of the latent
         "C_COPY": gl.BlockedLayout([1, 16], [1, 32], [w, 1], [1, 0]),
         "PE_COPY": gl.BlockedLayout([1, 16], [8, 4], [w, 1], [1, 0]),
-        "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
+        # eight values a lane: the 16-byte stores of a quarter warp (one phase of shared memory) fill one 128-byte
+        # line of the float16 buffer, each a bank group of its own (sixteen a lane put a quarter warp's stores
+        # two to a bank group: twice the wavefronts; benchmarks/results/round56/NOTES.md)
+        "CVT": gl.BlockedLayout([1, 8], [2, 16], [w, 1], [1, 0]),
         "PRODUCER_REGS": PRODUCER_REGS_FP8_SCORES,
     }
 
