@@ -86,7 +86,6 @@ if "seesaw" in which:
         "WRITE_LSE": True,
         "MIN_SPLIT": 256,
         "TMA_ROWS": 64,
-        **({"EARLY": False} if "EARLY" in seesaw.mla_decode_seesaw_kernel.arg_names else {}),
     }
     k = compile_for_hopper(
         seesaw.mla_decode_seesaw_kernel,
