@@ -209,7 +209,7 @@ WIDE_PRODUCER_TILES = dataclasses.replace(WIDE_TILES, producer=True)
 WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while fp8 caches took it (now WIDE_FP8_SCORES_TILES)
 # The fp8-scores form (``fp8_scores``, mla_decode_wide_fp8) is the default over an fp8 cache (``WIDE_FP8_SCORES``):
 # the tiles copied (TMA loads where the pages allow, else cp.async) into a ring of three fp8 slots, the queries
-# rounded to e4m3 per head row by a power of two, the scores an fp8 warpgroup product summed into float32 every 128
+# rounded to e4m3 per head row by a power of two, the scores an fp8 warpgroup product summed into float32 every 256
 # dims, the values a float16 product. On an H100 (B=64 over 4096 keys, graph replays, two runs each; ms) 64 heads
 # over e4m3 took 0.0958-0.0960 with TMA copies (0.0973-0.0982 by cp.async) against 0.1249-0.1255 for the bf16
 # cache (1.30-1.31x; WIDE_PRODUCER_TILES 0.1053-0.1056, 1.20x), at page 16 0.0965-0.0976 against 0.1284-0.1288
@@ -217,7 +217,10 @@ WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while fp8 caches took it (now W
 # (1.04-1.09x; WIDE_PRODUCER_TILES about 1.0x) (benchmarks/results/round53/NOTES.md). At 32 heads it tied the
 # fp8_mma kernel and at 17 it was slower (round 52), so 17-32 heads keep that. The value product in fp8
 # (``fp8_values``) was slower: 64 heads 0.1069 / 0.1054, 128 heads 0.1804 / 0.1796 (pipelined: 0.0996-0.1000,
-# 0.1712-0.1722).
+# 0.1712-0.1722). Round 56 removed ptxas's serialization of the form's products (the scores' promotion) and the
+# producer's bank conflicts: 64 heads 0.0876-0.0891 against 0.1246-0.1247 (1.40-1.42x), 128 heads 0.1447-0.1448
+# against 0.1662-0.1667 (1.15x); at 32 heads 0.0870 against the fp8_mma kernel's 0.0893 (before the producer's
+# change), at 17 0.0814 against 0.0782, so 17-32 heads still keep fp8_mma (benchmarks/results/round56/NOTES.md).
 WIDE_FP8_SCORES_TILES = dataclasses.replace(WIDE_PRODUCER_TILES, fp8_scores=True)
 
 
