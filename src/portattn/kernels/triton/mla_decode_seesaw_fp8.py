@@ -19,8 +19,11 @@ value product one after another. Here the tiles go in pairs ``(a, b)``, as Flash
   the cache must allow them, ``tma_rows``) and transposes each tile's latent into one of two value buffers (one a
   pair's tile).
 
-The queries are rounded to e4m3 per head row by a power of two, the scores summed into float32 every
-``PROMOTE_EVERY`` dims, as in the fp8-scores form; the precision is that form's with fp8 values.
+The queries are rounded to e4m3 per head row by a power of two, as in the fp8-scores form; the scores are two partial
+sums added in float32 (the latent's first ``PROMOTE_EVERY`` dims; its second and the rope,
+``_issue_scores_folded``): the form's three 32-register accumulators beside the 128-register output leave ptxas
+too few registers, and it then serializes every product of the kernel. Its GPU tests (round 56: pages 64, 16 and 8)
+passed with the errors of the fp8-scores form with fp8 values.
 
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits, partial results and the merge are
 the portable kernel's.
