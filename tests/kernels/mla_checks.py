@@ -169,16 +169,18 @@ def cache_descriptors(kv: str, rows_a_copy: int, constexprs: dict) -> dict:
 
 def serialized_mma_notes(kernel) -> list[str] | None:
     """ptxas's notes (C7510-C7519) that it serialized the kernel's warpgroup MMAs (each waited for before the next
-    is issued), from its PTX compiled again with ``-v`` for sm_90a; None where Triton ships no ptxas."""
-    import triton
+    is issued), from its PTX compiled again with ``-v`` for sm_90a by the ptxas Triton compiles it with; None where
+    there is none. Fails where ptxas fails, so that a note is never missed for want of a run."""
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
+    ptxas = get_ptxas(90).path
+    if not ptxas or not os.path.exists(ptxas):
         return None
     path = os.path.join(os.environ["OUT_DIR"], "kernel.ptx")
     with open(path, "w") as f:
         f.write(kernel.asm["ptx"])
     done = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"], capture_output=True, text=True)
+    assert done.returncode == 0, f"{ptxas} failed: {done.stderr[-1000:]}"
     return [line for line in (done.stdout + done.stderr).splitlines() if re.search(r"C751\d.*serialized", line)]
 
 

@@ -10,13 +10,15 @@ import tempfile
 
 sys.path.insert(0, "tests")
 import triton
+from triton.backends.nvidia.compiler import get_ptxas
 
 from kernels.mla_checks import cache_descriptors, compile_for_hopper
 from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
 from portattn.kernels.triton import mla_decode_wide as wide
 from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+PTXAS = get_ptxas(90).path  # the one Triton compiles sm_90 with (3.9: ptxas-blackwell)
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 ptrs = {
     "QNope": "*bf16",
     "QRope": "*bf16",
@@ -40,9 +42,7 @@ def report(name, kernel):
     out = subprocess.run([PTXAS, "-arch=sm_90a", "-v", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True)
     notes = [l for l in (out.stdout + out.stderr).splitlines() if re.search(r"C75\d\d", l)]
     _write(f"/tmp/r56/{name}.ptx", kernel.asm["ptx"])
-    sass = subprocess.run(
-        [PTXAS.replace("ptxas", "cuobjdump"), "-sass", f.name + ".cubin"], capture_output=True, text=True
-    ).stdout
+    sass = subprocess.run([CUOBJDUMP, "-sass", f.name + ".cubin"], capture_output=True, text=True).stdout
     _write(f"/tmp/r56/{name}.sass", sass)
     lines = [l.split(";")[0].split("*/")[-1].strip() for l in sass.splitlines() if "/*" in l and ";" in l]
     mma = [i for i, l in enumerate(lines) if "GMMA" in l]
