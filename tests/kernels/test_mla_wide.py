@@ -110,7 +110,7 @@ WS_CHILD = textwrap.dedent(
         from triton.experimental.gluon import language as gl
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
-    from kernels.mla_checks import compile_for_hopper
+    from kernels.mla_checks import compile_for_hopper, serialized_mma_notes
     from portattn.kernels.triton import mla_decode_wide as wide
 
     fn = wide.mla_decode_wide_ws_kernel
@@ -129,8 +129,10 @@ WS_CHILD = textwrap.dedent(
             ("e4m3", r"cvt\\.rn\\.f16x2\\.e4m3x2"), ("copies", r"cp\\.async\\.cg"),
             ("waits", r"mbarrier\\.try_wait"), ("arrives", r"mbarrier\\.arrive"))}
         regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
+        notes = serialized_mma_notes(kernel)
         print("kernel", kv, block_n, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
-              f"regs={','.join(map(str, regs))}", " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+              f"regs={','.join(map(str, regs))}", " ".join(f"{k}={v}" for k, v in counts.items()),
+              f"serialized={-1 if notes is None else len(notes)}", flush=True)
     """
 )
 
@@ -140,7 +142,7 @@ def test_the_warp_specialized_form_compiles_for_hopper_with_a_producer_warpgroup
     eight), ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` (``PRODUCER_REGS_FP8`` over fp8) and the
     consumers the rest of ``PRODUCER_MAXNREG``, the consumers' products once a tile, an fp8 tile converted by the
     producer (no copies then), a 16-bit one copied by ``cp.async``, the slots' mbarriers waited and arrived on,
-    within Hopper's shared memory."""
+    within Hopper's shared memory, no product serialized by ptxas."""
     lines = run_compile_child(tmp_path, WS_CHILD, "compile_mla_wide_ws", timeout=600)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
     assert len(kernels) == 3, lines
@@ -154,6 +156,7 @@ def test_the_warp_specialized_form_compiles_for_hopper_with_a_producer_warpgroup
         assert {str(producer), str(consumers)} <= set(counts["regs"].split(",")), (kv, counts)
         assert (counts["scores"], counts["values"]) == ("36", str(keys // 16)), (kv, counts)
         assert int(counts["waits"]) >= 2 and int(counts["arrives"]) >= 2, (kv, counts)
+        assert int(counts["serialized"]) <= 0, (kv, counts)  # ptxas issues the products back to back (-1: no ptxas)
         if fp8:
             assert counts["copies"] == "0", (kv, counts)
         else:
