@@ -290,15 +290,23 @@ def _produce(KV, CDesc, PeDesc, page_row, stride_pt_p, stride_kv_page, stride_kv
 
 
 @gluon.jit
-def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
-    """A tile's fp8 scores, issued as three partial sums, each an fp8 product into its own accumulator: the
-    latent's two halves (``PROMOTE_EVERY`` dims each) and the rope; :func:`_scores` adds them in float32."""
-    zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+def _issue_latent_halves(qn_smem, c_tile, zero):
+    """The latent's two halves of a tile's fp8 scores (``PROMOTE_EVERY`` dims each), issued into accumulators of
+    their own (``zero``: their shape and layout)."""
     lo = warpgroup_mma(qn_smem.slice(0, PROMOTE_EVERY, dim=1), c_tile.slice(0, PROMOTE_EVERY, dim=1).permute((1, 0)),
                        zero, use_acc=False, is_async=True)  # fmt: skip
     hi = warpgroup_mma(qn_smem.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1),
                        c_tile.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1).permute((1, 0)), zero, use_acc=False,
                        is_async=True)  # fmt: skip
+    return lo, hi
+
+
+@gluon.jit
+def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
+    """A tile's fp8 scores, issued as three partial sums, each an fp8 product into its own accumulator: the
+    latent's two halves and the rope; :func:`_scores` adds them in float32."""
+    zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
+    lo, hi = _issue_latent_halves(qn_smem, c_tile, zero)
     return lo, hi, warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
@@ -306,12 +314,7 @@ def _issue_scores(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MM
 def _issue_scores_folded(qn_smem, qr_smem, c_tile, pe_tile, BLOCK_N: gl.constexpr, S_MMA: gl.constexpr):
     """:func:`_issue_scores` in two partial sums, the rope's products going on in the latent's second half's
     accumulator: for a kernel with fewer registers to spare."""
-    zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA)
-    lo = warpgroup_mma(qn_smem.slice(0, PROMOTE_EVERY, dim=1), c_tile.slice(0, PROMOTE_EVERY, dim=1).permute((1, 0)),
-                       zero, use_acc=False, is_async=True)  # fmt: skip
-    hi = warpgroup_mma(qn_smem.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1),
-                       c_tile.slice(PROMOTE_EVERY, PROMOTE_EVERY, dim=1).permute((1, 0)), zero, use_acc=False,
-                       is_async=True)  # fmt: skip
+    lo, hi = _issue_latent_halves(qn_smem, c_tile, gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_MMA))
     return lo, warpgroup_mma(qr_smem, pe_tile.permute((1, 0)), hi, is_async=True)
 
 
