@@ -1,7 +1,8 @@
 """What the Gluon MLA kernels' tests share: the GPU check of a kernel's tiles against the float64 reference and the
 portable kernel, the launches and merges recorded through the launcher on any machine, and, for the sm_90 compile
-in a child process, a launch's arguments compiled as Triton's runtime binds them, the key loop of a kernel's PTX
-the sm_90 compile of a kernel's signature and its stack bytes, and the child process that runs the compile."""
+in a child process, a launch's arguments compiled as Triton's runtime binds them, the key loop of a kernel's PTX,
+the sm_90 compile of a kernel's signature, its stack bytes and ptxas's notes on serialized warpgroup MMAs, and the
+child process that runs the compile."""
 
 from __future__ import annotations
 

@@ -58,6 +58,15 @@ def report(name, kernel):
 
 which = sys.argv[1:] or ["fp8", "seesaw", "bf16"]
 os.makedirs("/tmp/r56", exist_ok=True)
+
+
+def compile_fp8(fn, const, num_warps):
+    """``fn`` over an e4m3 cache of 64-key pages, its tiles copied by TMA, 12 warps under the producer's limit."""
+    return compile_for_hopper(fn, {**ptrs, "KV": "*fp8e4nv", "CDesc": "*fp8e4nv", "PeDesc": "*fp8e4nv"}, const,
+                              {"num_warps": num_warps, "maxnreg": wide.PRODUCER_MAXNREG},
+                              cache_descriptors("*fp8e4nv", 64, const))  # fmt: skip
+
+
 if "fp8" in which:
     for tma, values, pipe in ((1, 0, 0), (1, 1, 1)):
         const = {
@@ -70,14 +79,7 @@ if "fp8" in which:
             "TMA_ROWS": 64,
             "PIPE": bool(pipe),
         }
-        k = compile_for_hopper(
-            wide_fp8.mla_decode_wide_fp8_kernel,
-            {**ptrs, "KV": "*fp8e4nv", "CDesc": "*fp8e4nv", "PeDesc": "*fp8e4nv"},
-            const,
-            {"num_warps": wide.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG},
-            cache_descriptors("*fp8e4nv", 64, const),
-        )
-        report(f"fp8scores_v{values}_p{pipe}", k)
+        report(f"fp8scores_v{values}_p{pipe}", compile_fp8(wide_fp8.mla_decode_wide_fp8_kernel, const, wide.NUM_WARPS))
 if "seesaw" in which:
     const = {
         **seesaw.seesaw_constexprs(),
@@ -87,14 +89,7 @@ if "seesaw" in which:
         "MIN_SPLIT": 256,
         "TMA_ROWS": 64,
     }
-    k = compile_for_hopper(
-        seesaw.mla_decode_seesaw_kernel,
-        {**ptrs, "KV": "*fp8e4nv", "CDesc": "*fp8e4nv", "PeDesc": "*fp8e4nv"},
-        const,
-        {"num_warps": seesaw.NUM_WARPS, "maxnreg": wide.PRODUCER_MAXNREG},
-        cache_descriptors("*fp8e4nv", 64, const),
-    )
-    report("seesaw", k)
+    report("seesaw", compile_fp8(seesaw.mla_decode_seesaw_kernel, const, seesaw.NUM_WARPS))
 if "bf16" in which:
     from triton.experimental.gluon import language as gl
 
