@@ -483,11 +483,13 @@ def test_32_head_blocks_on_four_warps_are_cut_to_two_programs_an_sm(tiles, split
 
 @pytest.mark.parametrize("batch, head_blocks", [(15, 2), (16, 1)])
 def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, head_blocks, monkeypatch):
-    """Through ``mla_decode_forward`` with its own tiles (the Gluon kernel replaced: no GPU here): 32 heads of fewer
-    than ``FP8_MMA_32_HEAD_MIN_BATCH`` sequences run in two 16-head blocks, of more in one 32-head block; both on
-    four warps."""
+    """Through ``mla_decode_forward`` with its own tiles (the Gluon kernel replaced: no GPU here; the wide kernel's
+    fp8 forms, the default from ``WIDE_FP8_MIN_BATCH`` sequences, declined): 32 heads of fewer than
+    ``FP8_MMA_32_HEAD_MIN_BATCH`` sequences run in two 16-head blocks, of more in one 32-head block; both on four
+    warps."""
     from portattn.kernels.triton import mla_decode_launch
 
+    monkeypatch.setattr(mla_decode_launch, "WIDE_FP8_SCORES", False)
     launched, _ = record_launches(monkeypatch, mma, compute_units=132)
     monkeypatch.setattr(mla_decode_launch, "is_triton_interpreter", lambda: False)
     case = make_mla_case([5] * batch, page_size=16, num_heads=32, rank=512, rope_dim=64, device="cpu")
@@ -504,8 +506,12 @@ def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, h
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_dtype, monkeypatch):
     """The launcher's own tiles (one 32-head block: 40 sequences) at the plan's split count, cut to fill each SM
-    once, against the float64 reference; the kernel's launch is watched, so a fallback to other tiles fails."""
+    once, against the float64 reference; the kernel's launch is watched, so a fallback to other tiles fails. (The
+    wide kernel's fp8 forms, the default from ``WIDE_FP8_MIN_BATCH`` sequences, declined.)"""
+    from portattn.kernels.triton import mla_decode_launch
     from portattn.mla import plan_mla_decode
+
+    monkeypatch.setattr(mla_decode_launch, "WIDE_FP8_SCORES", False)
 
     launched, real_launch = [], mma.launch
     monkeypatch.setattr(mma, "launch", lambda *a, **k: (launched.append(k), real_launch(*a, **k)))
@@ -670,11 +676,15 @@ def test_explicit_mma_tiles_name_what_they_need_here():
         for heads in (2, 16):
             assert choose_tiles(heads, torch.bfloat16, interpret=False, kv_dtype=kv_dtype) == FP8_MMA_TILES
         for heads in (17, 32):
-            tiles = choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype)
+            tiles = choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype, fp8_mma=True)
             assert tiles == FP8_MMA_32_HEAD_TILES == MLATileConfig(32, 64, 4, 2, fp8_mma=True, coalesced_io=True)
             # fewer sequences than FP8_MMA_32_HEAD_MIN_BATCH keep 16-head blocks; 16 heads keep them at any batch
             for batch, expected in ((15, FP8_MMA_TILES), (16, FP8_MMA_32_HEAD_TILES), (1024, FP8_MMA_32_HEAD_TILES)):
-                assert choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=batch) == expected
+                got = choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=batch, fp8_mma=True)
+                assert got == expected
+            # by default fewer sequences than WIDE_FP8_MIN_BATCH (more take the wide kernel's fp8 forms:
+            # test_mla_fp8_scores_default.py)
+            assert choose_tiles(heads, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=7) == FP8_MMA_TILES
             assert choose_tiles(16, torch.float16, interpret=False, kv_dtype=kv_dtype, batch=64) == FP8_MMA_TILES
     assert not choose_tiles(2, torch.bfloat16, interpret=False, kv_dtype=torch.bfloat16, fp8_mma=True).fp8_mma
     assert not choose_tiles(33, torch.bfloat16, interpret=False, kv_dtype=torch.float8_e5m2, fp8_mma=True).fp8_mma

@@ -89,10 +89,11 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert counts["wgmma"] == counts["scores"] + counts["values"], where
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (seesaw.RING + 1) * pages * 2 and counts["copies"] == 0, where
-        # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 8 bytes, 3.6, the GPU machine's: 40).
+        # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 8 bytes, 3.6, the GPU machine's: 72, and
+        # 40 before the values' transposition by rows and the output's columns relabelled, value_columns).
         # The scores in two partial sums (_issue_scores_folded): with three, ptxas had too few registers and
         # serialized every product (its note C7512, 168-176 bytes of stack); promoting within the product
         # (max_num_imprecise_acc) serialized them too (C7514). The queries' two merged passes spilled 488 bytes
         # before _queries_fp8(RELOAD=True)
-        assert counts["stack"] <= 64, where
+        assert counts["stack"] <= 80, where
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask

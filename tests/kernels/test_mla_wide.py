@@ -27,6 +27,7 @@ from portattn.kernels.triton import mla_decode_wide as wide
 from portattn.kernels.triton.mla_decode_launch import (
     WIDE_FP8_SCORES_TILES,
     WIDE_FP8_TILES,
+    WIDE_FP8_VALUES_TILES,
     WIDE_PRODUCER_TILES,
     WIDE_TILES,
     MLATileConfig,
@@ -270,7 +271,7 @@ def test_against_the_reference_and_the_portable_kernel(page_size, block_n, stage
 def test_explicit_wide_tiles_name_what_they_need_here():
     """Asked for where it cannot run (this machine: no Hopper GPU, or an interpreter), the launcher says what it
     needs; ``wide=True`` picks the tiles for more than 16 heads of 16-bit queries over any cache (over fp8 its
-    fp8-scores form, unless ``fp8_scores=False``), never interpreted."""
+    fp8-scores form with fp8 values, unless ``fp8_scores=False``), never interpreted."""
     if _runs_here():
         pytest.skip("the kernel runs here")
     case = make_mla_case([3], page_size=4, num_heads=2, rank=512, rope_dim=64, device="cpu")
@@ -282,7 +283,7 @@ def test_explicit_wide_tiles_name_what_they_need_here():
         mla_decode_forward(*args, scale=0.1, num_kv_splits=1, tiles=WIDE_TILES)
     assert choose_tiles(128, torch.bfloat16, interpret=False, wide=True) == WIDE_PRODUCER_TILES
     for kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_FP8_SCORES_TILES
+        assert choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True) == WIDE_FP8_VALUES_TILES
         tiles = choose_tiles(128, torch.bfloat16, interpret=False, kv_dtype=kv_dtype, wide=True, fp8_scores=False)
         assert tiles == WIDE_PRODUCER_TILES
     assert choose_tiles(17, torch.bfloat16, interpret=False, wide=True) == WIDE_PRODUCER_TILES
@@ -296,28 +297,32 @@ def test_by_default_more_than_16_heads_take_the_kernel(monkeypatch):
     """``WIDE`` picks the kernel over bf16 and fp16 caches for more than 16 heads (``WIDE_MIN_HEADS``: 17-32 heads
     fill part of a block and still ran 1.6-1.7x faster than the portable kernel's 32-head blocks), ``WIDE_FP8``
     over fp8 ones past the ``fp8_mma`` kernel's 32, both in its warp-specialized form (``WIDE_PRODUCER_TILES``,
-    also named ``WIDE_FP8_TILES``; both on), over fp8 its fp8-scores form (``WIDE_FP8_SCORES_TILES``,
-    ``WIDE_FP8_SCORES`` on); an explicit ``wide`` overrides both."""
+    also named ``WIDE_FP8_TILES``; both on), over fp8 its fp8-scores form with fp8 values
+    (``WIDE_FP8_VALUES_TILES``, ``WIDE_FP8_SCORES`` and ``WIDE_FP8_VALUES`` on; from 17 heads where the batch is not
+    known or holds ``WIDE_FP8_MIN_BATCH`` sequences); an explicit ``wide`` overrides both."""
     from portattn.kernels.triton import mla_decode_launch as launch
 
     bf16, e4m3, e5m2 = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2
     assert launch.WIDE and launch.WIDE_FP8
     assert choose_tiles(128, bf16, interpret=False) == WIDE_PRODUCER_TILES
     assert choose_tiles(40, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_PRODUCER_TILES
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_FP8_SCORES_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3) == WIDE_FP8_VALUES_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e4m3, fp8_values=False) == WIDE_FP8_SCORES_TILES
     assert MLATileConfig(64, 64, 8, 2, wide=True, producer=True) == WIDE_PRODUCER_TILES == WIDE_FP8_TILES
     assert MLATileConfig(64, 64, 8, 2, wide=True) == WIDE_TILES  # the plain form, when asked for
     assert launch.WIDE_MIN_HEADS == 16
     assert choose_tiles(32, bf16, interpret=False) == WIDE_PRODUCER_TILES
     assert choose_tiles(17, torch.float16, interpret=False, kv_dtype=torch.float16) == WIDE_PRODUCER_TILES
     assert choose_tiles(16, bf16, interpret=False) == MLATileConfig(16, 32, 4, 3)
-    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == launch.FP8_MMA_32_HEAD_TILES
-    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_FP8_SCORES_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3) == WIDE_FP8_VALUES_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, batch=4) == launch.FP8_MMA_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=True) == launch.FP8_MMA_32_HEAD_TILES
+    assert choose_tiles(32, bf16, interpret=False, kv_dtype=e4m3, fp8_mma=False) == WIDE_FP8_VALUES_TILES
     assert choose_tiles(32, bf16, interpret=False, wide=False) == MLATileConfig(32, 32, 8, 3)
     assert choose_tiles(128, bf16, interpret=False, wide=False) == MLATileConfig(64, 32, 8, 3)
     monkeypatch.setattr(launch, "WIDE_FP8", False)
     assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2) == MLATileConfig(64, 64, 8, 2)
-    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_FP8_SCORES_TILES
+    assert choose_tiles(128, bf16, interpret=False, kv_dtype=e5m2, wide=True) == WIDE_FP8_VALUES_TILES
     assert choose_tiles(128, bf16, interpret=False) == WIDE_PRODUCER_TILES
     monkeypatch.setattr(launch, "WIDE", False)
     assert choose_tiles(128, bf16, interpret=False) == MLATileConfig(64, 32, 8, 3)

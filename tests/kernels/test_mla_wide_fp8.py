@@ -183,6 +183,65 @@ def test_the_kernel_compiles_for_hopper_with_fp8_scores_and_no_spills(tmp_path):
         assert counts["serialized"] <= 0, where
 
 
+TRANSPOSITION_CHILD = textwrap.dedent(
+    """
+    import os, re, subprocess, sys
+    try:
+        import triton
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import compile_for_hopper
+    from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
+
+    @gluon.jit
+    def transpose(X, BLOCK_N: gl.constexpr, C_8: gl.constexpr, V_S: gl.constexpr, CVT: gl.constexpr,
+                  TLOAD: gl.constexpr):
+        tile = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_N, 512], C_8)
+        values = gl.allocate_shared_memory(gl.float8e4nv, [512, BLOCK_N], V_S)
+        wide_fp8._convert_values(tile, values, 0, BLOCK_N, BLOCK_N, CVT, TLOAD, True, False)
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        print("no cuobjdump"); sys.exit(3)
+    for block_n in (64, 32):
+        const = {k: v for k, v in wide_fp8.fp8_scores_constexprs(block_n, True, 3, 2).items()
+                 if k in ("BLOCK_N", "C_8", "V_S", "CVT", "TLOAD")}
+        kernel = compile_for_hopper(transpose, {"X": "*fp8e4nv"}, const, {"num_warps": 4})
+        path = os.path.join(os.environ["OUT_DIR"], f"transpose{block_n}.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+        ops = re.findall(r"/\\*[0-9a-f]{4}\\*/\\s+(?:@!?P\\d\\s+)?([A-Z0-9]+(?:\\.[A-Z0-9]+)*)", sass)
+        count = lambda prefix: sum(op.startswith(prefix) for op in ops)
+        print("transpose", block_n, f"ldsm={count('LDSM')}", f"sts128={count('STS.128')}", f"sts64={count('STS.64')}",
+              f"shfl={count('SHFL')}", f"stsm={count('STSM')}", f"bar={count('BAR')}", flush=True)
+    """
+)
+
+
+def test_the_fp8_values_transposition_stays_in_each_threads_registers(tmp_path):
+    """The producer's transposition of a tile's latent for fp8 values (``_convert_values`` with ``TLOAD``), compiled
+    for sm_90 on its own: each [keys, 128] chunk loaded by ldmatrix (a warp a key's 128 bytes), its bytes
+    regrouped in each thread's registers (no shuffle) and stored 16 bytes a row at 64 keys (8 at 32).
+    Round 56's layouts exchanged lanes' bytes with 16 shuffles a chunk and stored by ``stmatrix``, their loads and
+    stores at 4x and 2x the shared-memory wavefronts needed."""
+    lines = run_compile_child(tmp_path, TRANSPOSITION_CHILD, "compile_mla_transpose", timeout=600)
+    found = {int(line.split()[1]): dict(f.split("=") for f in line.split()[2:]) for line in lines
+             if line.startswith("transpose ")}  # fmt: skip
+    assert sorted(found) == [32, 64], lines
+    for block_n, counts in found.items():
+        counts = {k: int(v) for k, v in counts.items()}
+        chunk_bytes_a_thread = block_n * 128 // 128  # four warps
+        stores = (counts["sts128"], counts["sts64"])
+        assert stores == ((4 * 4, 0) if block_n == 64 else (0, 4 * 4)), (block_n, counts)
+        assert counts["ldsm"] == 4 * chunk_bytes_a_thread // 16, (block_n, counts)  # 16 bytes a lane each
+        assert (counts["shfl"], counts["stsm"]) == (0, 0), (block_n, counts)
+        # Triton 3.9 puts no barrier between the four chunks; 3.6 (the GPU machine's) one between each two
+        assert counts["bar"] <= 3, (block_n, counts)
+
+
 # (page size, keys a step, heads, cache): whole tiles in a page and several pages a tile; a partial head block (17,
 # 40), a full one (64) and a full and a partial one (100); both fp8 caches at both tile shapes
 # The scores' fp8 products are summed by the tensor cores keeping about 14 bits (their sums added into float32 every

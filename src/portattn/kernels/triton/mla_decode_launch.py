@@ -222,6 +222,29 @@ WIDE_FP8_TILES = WIDE_PRODUCER_TILES  # its name while fp8 caches took it (now W
 # against 0.1662-0.1667 (1.15x); at 32 heads 0.0870 against the fp8_mma kernel's 0.0893 (before the producer's
 # change), at 17 0.0814 against 0.0782, so 17-32 heads still keep fp8_mma (benchmarks/results/round56/NOTES.md).
 WIDE_FP8_SCORES_TILES = dataclasses.replace(WIDE_PRODUCER_TILES, fp8_scores=True)
+# Since round 57 the default over an fp8 cache adds the value product in fp8 (``WIDE_FP8_VALUES_TILES``,
+# ``WIDE_FP8_VALUES``) where each program has many tiles: the seesaw kernel (mla_decode_seesaw_fp8,
+# ``mla_decode_wide_fp8.SEESAW``) where the cache takes TMA copies, else the fp8-scores form with fp8 values. Its
+# producer's transposition of the values now reads rows and regroups bytes in registers
+# (``mla_decode_wide_fp8.transposing_load``). On an H100 (4096 keys, page 64, graph replays; ms) 128 heads at 64
+# sequences took 0.1079 against WIDE_FP8_SCORES_TILES' 0.1455 and the bf16 cache's 0.1658 (1.54x), 32 heads 0.0789
+# against 0.0808 and 0.1190 (1.51x), 17 heads 0.0738 against 0.0786 and 0.1147 (1.55x), 48 heads 0.0839 against
+# 0.0845, 64 heads 0.0878-0.0901 against 0.0885-0.0889 and 0.1261-0.1264 (1.40-1.44x); 32 heads at 128 sequences
+# 0.1178 against 0.1463; on an H200 128 heads at 64 sequences 0.1126 against 0.1458 and 0.1677 (1.49x), 64 heads
+# 0.0795 against 0.0857. With few tiles a program the seesaw kernel's pairs cost more than they save: 128 heads at
+# 32 sequences 0.0796 against 0.0854, at 16 0.0522 against 0.0513, at 8 0.0386 against 0.0337; 32 heads at 32
+# sequences 0.0494 against 0.0472 (benchmarks/results/round57/NOTES.md). So fp8 values are the default from
+# ``WIDE_FP8_VALUES_MIN_BLOCKS`` programs a split (sequences x 64-head blocks; the launcher then runs about one
+# program an SM, so more of them mean more keys each). The probabilities are rounded to e4m3 for that product (a
+# relative 2^-4 each, within the GPU tests' bound).
+WIDE_FP8_VALUES = True
+WIDE_FP8_VALUES_MIN_BLOCKS = 64
+WIDE_FP8_VALUES_TILES = dataclasses.replace(WIDE_FP8_SCORES_TILES, fp8_values=True)
+# 17-32 heads over an fp8 cache take the wide kernel's fp8 forms too from this many sequences (fewer: the fp8_mma
+# kernel). On an H100 (4096 keys) the fp8-scores form took 0.0206 ms at 32 heads and 8 sequences against fp8_mma's
+# 0.0230, 0.0312 at 16 sequences against 0.0450, 0.0808 at 64 against 0.0901 (17 heads: 0.0786 against 0.0780); on an
+# H200 0.0200 at 8 sequences against 0.0230, one sequence 0.0177 against 0.0168 (benchmarks/results/round57/NOTES.md).
+WIDE_FP8_MIN_BATCH = 8
 
 
 def choose_tiles(
@@ -234,6 +257,7 @@ def choose_tiles(
     wide: bool | None = None,
     batch: int | None = None,
     fp8_scores: bool | None = None,
+    fp8_values: bool | None = None,
 ) -> MLATileConfig:
     """Tiles from the problem (``dtype``: the queries'; ``kv_dtype``: the cache's, default the same).
 
@@ -253,29 +277,36 @@ def choose_tiles(
     heads, unless ``batch``, the sequences, is under ``FP8_MMA_32_HEAD_MIN_BATCH``), and with ``wide`` (default ``WIDE``
     over a 16-bit cache, ``WIDE_FP8`` over fp8) the other cases of more than 16 heads (``WIDE_MIN_HEADS``) take
     ``WIDE_PRODUCER_TILES`` (``mla_decode_wide``'s warp-specialized form; ``WIDE_TILES``, the plain one, when asked),
-    over an fp8 cache ``WIDE_FP8_SCORES_TILES`` instead (its fp8-scores form, ``mla_decode_wide_fp8``: queries
-    rounded to e4m3) unless ``fp8_scores`` (default ``WIDE_FP8_SCORES``; ignored over a 16-bit cache) is false;
-    the launcher replaces them by these rules' tiles where those kernels cannot run.
+    over an fp8 cache ``WIDE_FP8_VALUES_TILES`` instead (its fp8-scores form, ``mla_decode_wide_fp8``: queries
+    rounded to e4m3, and the value product in fp8: the seesaw kernel where the cache takes TMA copies) unless
+    ``fp8_scores`` (default ``WIDE_FP8_SCORES``; ignored over a 16-bit cache) is false, ``WIDE_FP8_SCORES_TILES``
+    (float16 values) where ``fp8_values`` (default ``WIDE_FP8_VALUES``, and false for fewer than
+    ``WIDE_FP8_VALUES_MIN_BLOCKS`` sequences x 64-head blocks) is false. Where those tiles are the choice,
+    17-32 heads take them too, rather than ``fp8_mma``'s, from ``WIDE_FP8_MIN_BATCH`` sequences (``batch`` None:
+    not known, taken as many) unless ``fp8_mma`` is true. The launcher replaces them by these rules' tiles where
+    those kernels cannot run.
     """
     if interpret:
         return MLATileConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
     fp8 = kv_dtype in FP8_DTYPES and dtype != torch.float32
+    wide = wide if wide is not None else WIDE_FP8 if fp8 else WIDE
+    wide_fp8 = fp8 and wide and num_heads > WIDE_MIN_HEADS and (WIDE_FP8_SCORES if fp8_scores is None else fp8_scores)
     if (
         (FP8_MMA if fp8_mma is None else fp8_mma)
         and kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         and num_heads <= FP8_MMA_MAX_HEADS
         and dtype != torch.float32
+        and not (wide_fp8 and fp8_mma is None and (batch is None or batch >= WIDE_FP8_MIN_BATCH))
     ):
         # the launcher takes the portable tiles where the kernel cannot run
         few = num_heads <= 16 or (batch is not None and batch < FP8_MMA_32_HEAD_MIN_BATCH)
         return FP8_MMA_TILES if few else FP8_MMA_32_HEAD_TILES
-    if (
-        (wide if wide is not None else WIDE_FP8 if fp8 else WIDE)
-        and num_heads > WIDE_MIN_HEADS
-        and dtype != torch.float32
-    ):
-        if fp8 and (WIDE_FP8_SCORES if fp8_scores is None else fp8_scores):
-            return WIDE_FP8_SCORES_TILES  # likewise
+    if wide and num_heads > WIDE_MIN_HEADS and dtype != torch.float32:
+        if wide_fp8:  # likewise
+            values = WIDE_FP8_VALUES if fp8_values is None else fp8_values
+            if fp8_values is None and batch is not None and batch * -(-num_heads // 64) < WIDE_FP8_VALUES_MIN_BLOCKS:
+                values = False  # few tiles a program
+            return WIDE_FP8_VALUES_TILES if values else WIDE_FP8_SCORES_TILES
         return WIDE_PRODUCER_TILES  # likewise
     if num_heads <= 16 or dtype == torch.float32:
         return MLATileConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, separate_values=fp8)

@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
-from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, nvmma
+from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, nvmma, value_columns
 from .mla_decode_wide_fp8 import (
     P_FP8_SCALE,
     _convert_values,
@@ -53,6 +53,7 @@ from .mla_decode_wide_fp8 import (
     _queries_fp8,
     _scores,
     tma_rows,
+    transposing_load,
 )
 
 BLOCK_N = gl.constexpr(64)  # keys a tile
@@ -80,9 +81,7 @@ def seesaw_constexprs(ring: int = RING) -> dict:
         "PE_8": nvmma(ROPE, 8),
         "P_S": nvmma(BLOCK_N.value, 8),  # [heads, keys] e4m3
         "V_S": nvmma(BLOCK_N.value, 8),  # [dims, keys] fp8
-        # the producer's transposition of a [keys, 128] fp8 chunk (mla_decode_wide_fp8's)
-        "TLOAD": gl.BlockedLayout([4, 4], [8, 4], [1, w], [1, 0]),
-        "TSTORE": gl.BlockedLayout([4, 4], [4, 8], [w, 1], [1, 0]),
+        "TLOAD": transposing_load(BLOCK_N.value),  # the producer's transposition (mla_decode_wide_fp8's)
         "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
         "RING": ring,
     }
@@ -129,9 +128,10 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
     mbarrier.arrive(l_done, count=1)
     mbarrier.wait(l_done, 0)
     l_i = l_i + l_x.slice((1 - SIDE) * BLOCK_H, BLOCK_H).load(gl.SliceLayout(1, S_MMA))
-    rows: gl.constexpr = gl.SliceLayout(1, O_MMA)
+    acc = value_columns(acc, HALF)  # the buffers' rows to dims
+    rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, rows)
-    dims = SIDE * HALF + gl.arange(0, HALF, gl.SliceLayout(0, O_MMA))
+    dims = SIDE * HALF + gl.arange(0, HALF, gl.SliceLayout(0, acc.type.layout))
     _store_result(acc, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), offs_h, dims, seq, split, start,
                   end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
@@ -259,7 +259,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
 @gluon.jit
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             TSTORE: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+             RING: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
@@ -275,9 +275,9 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
         buf = t % 2
         mbarrier.wait(vt_empty.index(buf), ((t // 2) & 1) ^ 1)
         if tile_start + BLOCK_N > end:
-            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, TSTORE, True, True)
+            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True, True)
         else:
-            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, TSTORE, True,
+            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True,
                             False)  # fmt: skip
         fence_async_shared()
         _barrier()
@@ -298,7 +298,7 @@ def mla_decode_seesaw_kernel(
     stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
-    P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, TSTORE: gl.constexpr, CVT: gl.constexpr,
+    P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
@@ -352,7 +352,7 @@ def mla_decode_seesaw_kernel(
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, TSTORE, RING)),
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],

@@ -256,15 +256,39 @@ def _attend(qn_smem, qr_smem, c_tile, pe_tile, p_smem, max_smem, acc, m_i, l_wg,
     return acc, m_new, l_wg
 
 
+@gluon.constexpr_function
+def columns_first(layout):
+    """``layout`` (a 2-D ``DistributedLinearLayout``) with its register bases along the columns first, the lowest
+    first: a thread's consecutive columns in consecutive registers, which Triton stores as vectors."""
+    regs = sorted(layout.reg_bases, key=lambda base: (base[1] == 0, base[1] or base[0]))
+    return gl.DistributedLinearLayout(regs, layout.lane_bases, layout.warp_bases, layout.block_bases, layout.shape)
+
+
+@gluon.jit
+def value_columns(acc, COLUMNS: gl.constexpr):
+    """A value product's output ``[heads, COLUMNS]`` whose columns are the rows of transposed fp8 values
+    (``mla_decode_wide_fp8``'s fp8 values: in each 128-row chunk, row ``32 s + q`` holds dim ``4 q + s``, so that
+    the transposition's lanes store consecutive rows, ``mla_decode_wide_fp8.transposing_load``), its columns put in
+    the dims' order: the registers relabelled and reordered in each thread, no data moved between threads. (A
+    thread's eight consecutive dims were 32 registers apart: stored one by one, each a sector of its own, they took
+    0.026 ms more at 64 heads on an H100, benchmarks/results/round57/NOTES.md.)"""
+    acc = gl.reshape(acc, [acc.shape[0], COLUMNS // 128, 4, 32])
+    acc = gl.reshape(gl.permute(acc, (0, 1, 3, 2)), [acc.shape[0], COLUMNS])
+    return gl.convert_layout(acc, columns_first(acc.type.layout))
+
+
 @gluon.jit
 def _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
             PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr,
-            WRITE_LSE: gl.constexpr, O_MMA: gl.constexpr):  # fmt: skip
-    """The program's result: the warpgroups' sums added, the output normalised and stored (``_store_result``)."""
-    l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, O_MMA))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_MMA))
-    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_MMA))
-    dims_o = gl.arange(0, 512, gl.SliceLayout(0, O_MMA))
+            WRITE_LSE: gl.constexpr, O_MMA: gl.constexpr, VALUE_ROWS: gl.constexpr = False):  # fmt: skip
+    """The program's result: the warpgroups' sums added, the output normalised and stored (``_store_result``;
+    ``VALUE_ROWS``: the output's columns are the rows of transposed fp8 values, :func:`value_columns`)."""
+    if VALUE_ROWS:
+        acc = value_columns(acc, 512)
+    l_i = gl.convert_layout(gl.sum(l_wg, 1), gl.SliceLayout(1, acc.type.layout))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, acc.type.layout))
+    offs_ho = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, acc.type.layout))
+    dims_o = gl.arange(0, 512, gl.SliceLayout(0, acc.type.layout))
     _store_result(acc, m_o, l_i, offs_ho, dims_o, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out,
                   Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
                   WRITE_LSE)  # fmt: skip

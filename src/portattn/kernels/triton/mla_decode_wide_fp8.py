@@ -81,7 +81,7 @@ PIPELINED = False
 TMA = True  # the tiles copied by TMA where the cache allows (``tma_rows``), else by cp.async
 # fp8 values in 64-key tiles: the launcher takes mla_decode_seesaw_fp8 (the consuming warpgroups on alternate tiles)
 # instead, where the cache takes TMA copies
-SEESAW = False
+SEESAW = True
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
@@ -113,6 +113,26 @@ else:
         tma.async_copy_global_to_shared(desc, coord, bar, smem)
 
 
+def transposing_load(block_n: int, warps: int = PRODUCER_WARPS.value) -> gl.DistributedLinearLayout:
+    """How the producer loads a ``[block_n keys, 128 dims]`` fp8 chunk to transpose it (fp8 values): a warp reads a
+    key's 128 bytes (4 a lane: one row of the swizzled tile, one wavefront), each thread ``block_n / warps`` keys of
+    its 4 dims, the warps apart by keys. Transposed in registers (:func:`_convert_values`), a thread's keys of each
+    dim are one 16-byte store (8 bytes for 32-key tiles) into the values buffer's row of that dim, and the lanes of
+    a quarter warp write consecutive rows (``mla_decode_wide.value_columns``): in the 64-byte swizzled rows of
+    64-key tiles, eight bank groups. Triton's ``gl.bank_conflicts`` finds no conflict in the load nor, at 64 keys,
+    the store (at 32 keys one a wavefront), against 3 and 1 for round 56's layouts, whose exchange also took 16
+    shuffles a chunk (benchmarks/results/round57/NOTES.md)."""
+    keys = block_n.bit_length() - 1
+    per_warp = keys - (warps.bit_length() - 1)
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2]] + [[1 << i, 0] for i in range(per_warp)],
+        lane_bases=[[0, 4], [0, 8], [0, 16], [0, 32], [0, 64]],
+        warp_bases=[[1 << i, 0] for i in range(per_warp, keys)],
+        block_bases=[],
+        shape=[block_n, 128],
+    )
+
+
 @functools.cache
 def fp8_scores_constexprs(block_n: int, fp8_values: bool = False, ring: int = RING, value_bufs: int = 1) -> dict:
     """The layout arguments for ``block_n`` keys a step, ``ring`` fp8 tiles in flight and ``value_bufs`` buffers of
@@ -132,10 +152,7 @@ def fp8_scores_constexprs(block_n: int, fp8_values: bool = False, ring: int = RI
         else base["O_MMA"],
         "P_S": nvmma(block_n, 8) if fp8_values else base["P_16"],
         "V_S": nvmma(block_n, 8) if fp8_values else base["C_16"],  # [512, keys] fp8, or [keys, 512] float16
-        # the producer's transposition of a [keys, 128] fp8 chunk: 4 x 4 bytes a lane, loaded along dims and
-        # stored along keys
-        "TLOAD": gl.BlockedLayout([4, 4], [8, 4], [1, w], [1, 0]),
-        "TSTORE": gl.BlockedLayout([4, 4], [4, 8], [w, 1], [1, 0]),
+        "TLOAD": transposing_load(block_n),
         "RING": ring,
         "V_BUFS": value_bufs,
         "FP8_VALUES": fp8_values,
@@ -213,7 +230,7 @@ def _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, tile_start, end, c_buf, pe
 
 @gluon.jit
 def _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-                    TSTORE: gl.constexpr, FP8_VALUES: gl.constexpr, ZERO_TAIL: gl.constexpr):  # fmt: skip
+                    FP8_VALUES: gl.constexpr, ZERO_TAIL: gl.constexpr):  # fmt: skip
     """The tile's latent into the value buffer: float16, or (``FP8_VALUES``) the fp8 bytes transposed to ``[dims,
     keys]``. ``ZERO_TAIL``: rows from ``end`` on may hold anything (TMA copies whole pages), so a tile that reaches
     past ``end`` stores zeros there (scores masked to -inf give probabilities of 0, and 0 x NaN is NaN)."""
@@ -223,7 +240,9 @@ def _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N: gl.constexpr, CVT: 
             if ZERO_TAIL:
                 keys = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, TLOAD))
                 x = gl.where((keys < end)[:, None], x, gl.zeros_like(x))
-            v_buf.slice(128 * c, 128, dim=0).store(gl.convert_layout(gl.permute(x, (1, 0)), TSTORE))
+            # the chunk's dim 4 q + s to its row 32 s + q (value_columns), each lane's bytes regrouped in its registers
+            x = gl.reshape(gl.permute(gl.reshape(gl.permute(x, (1, 0)), [32, 4, BLOCK_N]), (1, 0, 2)), [128, BLOCK_N])
+            v_buf.slice(128 * c, 128, dim=0).store(x)
         else:
             x = c_tile.slice(128 * c, 128, dim=1).load(CVT).to(v_buf.dtype)
             if ZERO_TAIL:
@@ -236,7 +255,7 @@ def _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N: gl.constexpr, CVT: 
 def _produce(KV, CDesc, PeDesc, page_row, stride_pt_p, stride_kv_page, stride_kv_slot, start, end, c_ring, pe_ring,
              v_bufs, ready, empty, v_ready, v_empty, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
              C_COPY: gl.constexpr, PE_COPY: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             TSTORE: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr, FP8_VALUES: gl.constexpr,
+             RING: gl.constexpr, V_BUFS: gl.constexpr, FP8_VALUES: gl.constexpr,
              TMA: gl.constexpr, TMA_ROWS: gl.constexpr):  # fmt: skip
     """The producer: tiles copied ``RING`` ahead into the fp8 ring (``ready[slot]`` once landed, refilled after
     ``empty[slot]``: the consumers' scores of it), each tile's latent converted to float16 (or, ``FP8_VALUES``,
@@ -269,9 +288,9 @@ def _produce(KV, CDesc, PeDesc, page_row, stride_pt_p, stride_kv_page, stride_kv
         mbarrier.wait(v_empty.index(buf), ((t // V_BUFS) & 1) ^ 1)  # the value product of tile t - V_BUFS
         v_buf = v_bufs.index(buf)
         if TMA and tile_start + BLOCK_N > end:
-            _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N, CVT, TLOAD, TSTORE, FP8_VALUES, True)
+            _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N, CVT, TLOAD, FP8_VALUES, True)
         else:
-            _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N, CVT, TLOAD, TSTORE, FP8_VALUES, False)
+            _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N, CVT, TLOAD, FP8_VALUES, False)
         fence_async_shared()
         _barrier()
         mbarrier.arrive(v_ready.index(buf), count=1)
@@ -476,7 +495,7 @@ def mla_decode_wide_fp8_kernel(
     BLOCK_N: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_16: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, ROWS_2: gl.constexpr, ROWS_WG: gl.constexpr, C_8: gl.constexpr,
     PE_8: gl.constexpr, C_COPY: gl.constexpr, PE_COPY: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-    TSTORE: gl.constexpr, RING: gl.constexpr, V_BUFS: gl.constexpr, FP8_VALUES: gl.constexpr,
+    RING: gl.constexpr, V_BUFS: gl.constexpr, FP8_VALUES: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, TMA: gl.constexpr, TMA_ROWS: gl.constexpr, PIPE: gl.constexpr,
 ):  # fmt: skip
     """A producer warpgroup copies fp8 tiles and converts their values; the two consuming warpgroups (the default
@@ -517,7 +536,7 @@ def mla_decode_wide_fp8_kernel(
                           V_BUFS, FP8_VALUES, PIPE)),
             (_produce, (KV, CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, stride_kv_page, stride_kv_slot,
                         start, end, c_ring, pe_ring, v_bufs, ready, empty, v_ready, v_empty, PAGE_SIZE, BLOCK_N,
-                        C_COPY, PE_COPY, CVT, TLOAD, TSTORE, RING, V_BUFS, FP8_VALUES, TMA, TMA_ROWS)),
+                        C_COPY, PE_COPY, CVT, TLOAD, RING, V_BUFS, FP8_VALUES, TMA, TMA_ROWS)),
         ],
         [PRODUCER_WARPS],
         [PRODUCER_REGS],
@@ -525,7 +544,8 @@ def mla_decode_wide_fp8_kernel(
     if FP8_VALUES:
         kv_scale = kv_scale / P_FP8_SCALE
     _finish(acc, m_i, l_wg, head_block, seq, split, start, end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut,
-            PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, O_MMA)  # fmt: skip
+            PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, O_MMA,
+            FP8_VALUES)  # fmt: skip
 
 
 def tma_rows(kv_cache, block_n: int) -> int | None:
