@@ -10,7 +10,13 @@ per-layer call (planning done once, outside the timing), then
   the time, and its ratio to the device-to-device copy bandwidth measured in the same run;
 * TFLOP/s: ``2·B·H·L·(R + Dr)`` (scores) + ``2·B·H·L·R`` (values), and its ratio to a bf16
   8192³ matrix product measured in the same run;
-* the torch reference backend's time on the small cases.
+* the torch reference backend's time on the small cases;
+* with ``--fp8``, the default tiles over e4m3 and e5m2 caches of the same rows (quantized with one scale), timed
+  the same way: their time, their ratio to the bf16 cache's, TB/s counted in fp8 bytes with its share of the copy
+  bandwidth, and their output's largest difference from the bf16 cache's (relative to its largest value).
+
+Each call runs as the Triton backend runs it: at the plan's split count, cut to about one program an SM where the
+plan chose it (``fewer_splits``).
 
 ``--sweep`` also times other tile shapes and split counts per case (page size 64) and reports
 the best. Timing and ceilings are the package's (``timing.measure``, ``ceilings``); cases whose
@@ -34,6 +40,7 @@ from .ceilings import measure_ceilings
 from .timing import measure, num_input_sets
 
 RANK, ROPE = 512, 64
+FP8_CACHES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # --fp8
 PAGE_SIZES = (64, 1)
 BATCHES = (64, 128)
 HEADS = (16, 128)
@@ -45,9 +52,9 @@ SWEEP_PAGE_SIZES = (64,)
 QUEUED_CALLS = 10  # tiles behave alike at every page size; sweeping one keeps compiles few
 
 
-def case_cost(batch: int, heads: int, length: int, page_size: int) -> tuple[int, int]:
-    """(fewest bytes, flops) of one decode call."""
-    latent = batch * length * (RANK + ROPE) * 2
+def case_cost(batch: int, heads: int, length: int, page_size: int, cache_bytes: int = 2) -> tuple[int, int]:
+    """(fewest bytes, flops) of one decode call (``cache_bytes``: a latent value's)."""
+    latent = batch * length * (RANK + ROPE) * cache_bytes
     queries = batch * heads * (RANK + ROPE) * 2
     out = batch * heads * RANK * 2
     table = batch * math.ceil(length / page_size) * 4
@@ -67,7 +74,9 @@ def sweep_variants(heads: int, splits: int) -> list[tuple[object, int]]:
     return variants
 
 
-def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, device) -> dict:
+def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, device, fp8_pools=None) -> dict:
+    """One case's timings (``fp8_pools``: ``{name: (rows, kv_scale)}`` of fp8 caches of ``pool``'s rows, timed with
+    the default tiles beside the bf16 cache)."""
     from ..kernels.triton.mla_decode_launch import choose_tiles, mla_decode_forward
 
     pages_per_seq = length // page_size
@@ -97,13 +106,13 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
     default_plan = plan_for(None)
     default_tiles = choose_tiles(heads, torch.bfloat16, interpret=False)
 
-    def time_variant(tiles, splits) -> tuple[dict, torch.Tensor | None]:
+    def time_variant(tiles, splits, kv=cache, kv_scale=1.0) -> tuple[dict, torch.Tensor | None]:
         out = torch.full_like(q_nope, float("nan"))
-        partials = plan_for(splits).partials
+        plan = plan_for(splits)
         row = {"tiles": vars(tiles or default_tiles), "num_kv_splits": splits}
         fn = lambda table: mla_decode_forward(
-            q_nope, q_rope, cache, table, seq_lens_k, out, scale=scale, num_kv_splits=splits, partials=partials,
-            tiles=tiles,
+            q_nope, q_rope, kv, table, seq_lens_k, out, scale=scale, num_kv_splits=splits, partials=plan.partials,
+            tiles=tiles, kv_scale=kv_scale, fewer_splits=plan.splits_chosen,
         )  # fmt: skip
         try:
             single_ms = measure(fn, tables, device, burst=0).median_ms
@@ -120,6 +129,17 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
 
     result = {"batch": batch, "heads": heads, "length": length, "page_size": page_size, "bytes": nbytes, "flops": flops}
     result["default"], out = time_variant(None, default_plan.num_kv_splits)
+    for name, (rows, kv_scale) in (fp8_pools or {}).items():
+        kv = rows.view(-1, page_size, RANK + ROPE)
+        row, got = time_variant(None, default_plan.num_kv_splits, kv, kv_scale)
+        row["tiles"] = vars(choose_tiles(heads, torch.bfloat16, interpret=False, kv_dtype=kv.dtype, batch=batch))
+        if "ms" in row:
+            row["tb_s"] = case_cost(batch, heads, length, page_size, cache_bytes=1)[0] / row["ms"] / 1e9
+            if "ms" in result["default"]:
+                row["speedup_vs_bf16"] = result["default"]["ms"] / row["ms"]
+            if out is not None and got is not None:
+                row["max_rel_diff_vs_bf16"] = _rel(got, out)
+        result[name] = row
     if torch_check and batch * length <= TORCH_MAX_TOKENS:
         backend = TorchBackend()
         torch_out = torch.empty_like(q_nope)
@@ -156,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time other tiles and split counts")
     parser.add_argument("--label", default="", help="a free-form device description stored in the JSON")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch reference backend")
+    parser.add_argument("--fp8", action="store_true", help="also time e4m3 and e5m2 caches of the same rows")
     args = parser.parse_args(argv)
     device = default_device()
     if not is_gpu(device):
@@ -167,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ceilings: copy {copy_gb_s:.0f} GB/s (read + write), bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
     max_tokens = max(BATCHES) * max(LENGTHS)
     pool = torch.randn(max_tokens, RANK + ROPE, dtype=torch.bfloat16, device=device)  # latent rows
+    fp8_pools = {}
+    if args.fp8:
+        from ..kv_quant import quantize_kv
+
+        kv_scale = float(pool.abs().max()) / 240.0  # the largest row value to 240: within e4m3's and e5m2's ranges
+        for name, dtype in FP8_CACHES.items():
+            fp8_pools[name] = (quantize_kv(pool, dtype, kv_scale), kv_scale)
     results = []
     for page_size in PAGE_SIZES:
         for batch in BATCHES:
@@ -174,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 for length in LENGTHS:
                     res = run_case(
                         pool, batch, heads, length, page_size, sweep=args.sweep, torch_check=not args.no_torch,
-                        gen=gen, device=device,
+                        gen=gen, device=device, fp8_pools=fp8_pools,
                     )  # fmt: skip
                     results.append(res)
                     print(_row(res, copy_gb_s, mm_tflops), flush=True)
@@ -217,12 +245,23 @@ def _row(res: dict, copy_gb_s: float, mm_tflops: float) -> str:
     if "best" in res:
         b = res["best"]
         text += f"  best {b['ms']:.3f} ms tiles={tuple(b['tiles'].values())} S={b['num_kv_splits']}"
+    for name in FP8_CACHES:
+        f = res.get(name)
+        if f is not None:
+            text += f"  {name} " + (
+                f"{f['ms']:.3f} ms (x{f.get('speedup_vs_bf16', float('nan')):.2f}, "
+                f"{100 * f['tb_s'] * 1e3 / copy_gb_s:.0f}% copy)"
+                if "ms" in f
+                else f"error: {f['error']}"
+            )
     return text
 
 
 def _table(results: list[dict], copy_gb_s: float, mm_tflops: float) -> str:
     columns = ["P", "B", "H", "L", "splits", "ms", "1 call ms", "TB/s", "% copy", "TFLOP/s", "% matmul", "torch ms"]
     columns.append("best ms (tiles, S)")
+    fp8 = [name for name in FP8_CACHES if any(name in res for res in results)]
+    columns += [f"{name} {what}" for name in fp8 for what in ("ms", "x bf16", "% copy")]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for res in results:
         d = res["default"]
@@ -237,8 +276,16 @@ def _table(results: list[dict], copy_gb_s: float, mm_tflops: float) -> str:
             f"| {d['ms']:.3f} | {d['single_call_ms']:.3f} | {d['tb_s']:.2f} | {100 * d['tb_s'] * 1e3 / copy_gb_s:.0f} "
             f"| {d['tflop_s']:.0f} "
             f"| {100 * d['tflop_s'] / mm_tflops:.0f} | {torch_text} | {best_text} |"
+            + "".join(_fp8_cells(res.get(name, {}), copy_gb_s) for name in fp8)
         )
     return "\n".join(lines)
+
+
+def _fp8_cells(row: dict, copy_gb_s: float) -> str:
+    if "ms" not in row:
+        return " error | | |"
+    speedup = row.get("speedup_vs_bf16", float("nan"))
+    return f" {row['ms']:.3f} | {speedup:.2f} | {100 * row['tb_s'] * 1e3 / copy_gb_s:.0f} |"
 
 
 if __name__ == "__main__":
