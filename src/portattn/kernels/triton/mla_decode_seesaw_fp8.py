@@ -26,6 +26,12 @@ too few registers, and it then serializes every product of the kernel. Its GPU t
 passed with the outputs' errors of the fp8-scores form with fp8 values (at most 0.63 of their bound) and LSE errors
 of 1.7e-4 to 2.1e-4 of the largest (that form: 1.6e-4 to 1.9e-4; allowed 5e-4).
 
+Since round 57 its producer's transposition is free of bank conflicts (``mla_decode_wide_fp8.transposing_load``;
+the output's columns relabelled back by ``mla_decode_wide.value_columns``) and it is the launcher's default over fp8
+caches where each program has many tiles: on an H100 (64 sequences over 4096 keys, page 64) 128 heads took 0.1079
+ms (1.54x the bf16 cache), 32 heads 0.0789 (1.51x), 17 heads 0.0738 (1.55x); with few tiles a program its pairs
+cost more than they save (benchmarks/results/round57/NOTES.md).
+
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits, partial results and the merge are
 the portable kernel's.
 """

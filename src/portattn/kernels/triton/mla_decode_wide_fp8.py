@@ -26,9 +26,13 @@ only what has to be converted:
   ``[512 dims, keys]`` buffers (K-major: 32 KB a 64-key tile instead of 64, so two fit beside a three-slot ring,
   or one beside four), and the probabilities go to e4m3 times ``P_FP8_SCALE`` (a relative 2^-4 each). With two
   values buffers the consumers may run pipelined (``PIPELINED``): tile t+1's scores issued with tile t's value
-  product, and its softmax while that product runs. Both are off by default: at 64 heads the fp8 value product
-  took 0.1054-0.1069 ms, pipelined 0.0996-0.1000, against 0.0958-0.0982 for float16 values (128 heads:
-  0.1796-0.1804, 0.1712-0.1722, 0.1626-0.1664). Pipelined consumers over float16 values (one buffer) were slower
+  product, and its softmax while that product runs. Until round 57 both were slower: at 64 heads the fp8 value
+  product took 0.1054-0.1069 ms, pipelined 0.0996-0.1000, against 0.0958-0.0982 for float16 values (128 heads:
+  0.1796-0.1804, 0.1712-0.1722, 0.1626-0.1664). The transposition now reads rows and regroups bytes in registers
+  (:func:`transposing_load`, the values' rows permuted, ``mla_decode_wide.value_columns``), and fp8 values are the
+  launcher's default where each program has many tiles (``mla_decode_launch.WIDE_FP8_VALUES_TILES``), in the seesaw
+  kernel (``SEESAW``) where TMA copies the cache: on an H100 (64 sequences over 4096 keys) 128 heads took 0.1079 ms
+  against 0.1455 for float16 values and 0.1658 for the bf16 cache (benchmarks/results/round57/NOTES.md). Pipelined consumers over float16 values (one buffer) were slower
   still (0.1028 ms at 64 heads, 0.1785 at 128; benchmarks/results/round54/NOTES.md): tile t+1's conversion waits
   for tile t's value product, and tile t+1's product for that conversion.
 
