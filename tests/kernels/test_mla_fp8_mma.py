@@ -502,6 +502,34 @@ def test_by_default_32_heads_of_enough_sequences_take_one_32_head_block(batch, h
     assert (grid[0], grid[2], kwargs["num_warps"], kwargs["BLOCK_H"]) == (head_blocks, batch, 4, 32 // head_blocks)
 
 
+def test_where_the_wide_kernel_cannot_run_17_to_32_heads_fall_back_to_this_kernel(monkeypatch):
+    """24 heads of 16 sequences over e4m3 (the rules' choice: the wide kernel's fp8-scores form) on a GPU without
+    the warpgroup MMA (compute capability 8.9, where this kernel runs): the launcher takes this kernel's 32-head
+    tiles, not the portable kernel's."""
+    from portattn.kernels.triton import mla_decode_launch
+
+    launched, _ = record_launches(monkeypatch, mma, compute_units=132)
+    hopper = ("compute capability 9.x (the warpgroup MMA)", (8, 9))
+    monkeypatch.setattr(mla_decode_launch, "gluon_lacks", lambda tiles, *args: hopper if tiles.wide else None)
+    monkeypatch.setattr(mla_decode_launch, "is_triton_interpreter", lambda: False)
+    chosen, real_choose = [], mla_decode_launch.choose_tiles
+
+    def choose(*args, **kwargs):
+        chosen.append(real_choose(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(mla_decode_launch, "choose_tiles", choose)
+    case = make_mla_case([5] * 16, page_size=16, num_heads=24, rank=512, rope_dim=64, device="cpu")
+    kv = quantize_kv(case.kv_cache, torch.float8_e4m3fn, 0.5)
+    inputs = case.inputs()
+    mla_decode_forward(inputs["q_nope"].to(torch.bfloat16), inputs["q_rope"].to(torch.bfloat16), kv,
+                       inputs["page_table"], inputs["seq_lens"], torch.empty_like(case.q_nope, dtype=torch.bfloat16),
+                       scale=0.1, num_kv_splits=1, kv_scale=0.5)  # fmt: skip
+    assert chosen == [mla_decode_launch.WIDE_FP8_SCORES_TILES, FP8_MMA_32_HEAD_TILES]
+    ((grid, _, kwargs),) = launched
+    assert (grid[0], grid[2], kwargs["BLOCK_H"]) == (1, 16, 32)  # one 32-head block a sequence
+
+
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 8.9+ (no Gluon interpreter)")
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 def test_the_default_tiles_of_24_heads_over_40_sequences_give_the_reference(kv_dtype, monkeypatch):

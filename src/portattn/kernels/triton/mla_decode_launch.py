@@ -458,6 +458,10 @@ def mla_decode_forward(
         flag = "fp8_scores" if tiles.fp8_scores else "wide" if tiles.wide else "fp8_mma"
         if lacking and not chosen:
             fail(f"{lacking[0]} for MLATileConfig({flag}=True) (tiles without it run anywhere)", lacking[1])
+        if lacking and tiles.wide:  # the rules without the wide kernel: 17-32 heads over fp8 may take fp8_mma's
+            tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
+                                 wide=False, batch=batch)  # fmt: skip
+            lacking = gluon_lacks(tiles, q_nope, q_rope, kv_cache, out) if tiles.fp8_mma else None
         if lacking:
             tiles = choose_tiles(num_heads, dtype, interpret=is_triton_interpreter(), kv_dtype=kv_cache.dtype,
                                  fp8_mma=False, wide=False)  # fmt: skip
