@@ -269,9 +269,10 @@ def value_columns(acc, COLUMNS: gl.constexpr):
     """A value product's output ``[heads, COLUMNS]`` whose columns are the rows of transposed fp8 values
     (``mla_decode_wide_fp8``'s fp8 values: in each 128-row chunk, row ``32 s + q`` holds dim ``4 q + s``, so that
     the transposition's lanes store consecutive rows, ``mla_decode_wide_fp8.transposing_load``), its columns put in
-    the dims' order: the registers relabelled and reordered in each thread, no data moved between threads. (A
-    thread's eight consecutive dims were 32 registers apart: stored one by one, each a sector of its own, they took
-    0.026 ms more at 64 heads on an H100, benchmarks/results/round57/NOTES.md.)"""
+    the dims' order: the registers relabelled and reordered in each thread, no data moved between threads. (Only
+    relabelled, a thread's consecutive dims lay 16 registers apart or more, and Triton stored them one float at a
+    time, each lane in a sector of its own: 0.026 ms more at 64 heads on an H100,
+    benchmarks/results/round57/NOTES.md.)"""
     acc = gl.reshape(acc, [acc.shape[0], COLUMNS // 128, 4, 32])
     acc = gl.reshape(gl.permute(acc, (0, 1, 3, 2)), [acc.shape[0], COLUMNS])
     return gl.convert_layout(acc, columns_first(acc.type.layout))
