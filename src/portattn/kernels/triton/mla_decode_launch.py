@@ -304,7 +304,8 @@ def choose_tiles(
     if wide and num_heads > WIDE_MIN_HEADS and dtype != torch.float32:
         if wide_fp8:  # likewise
             values = WIDE_FP8_VALUES if fp8_values is None else fp8_values
-            if fp8_values is None and batch is not None and batch * -(-num_heads // 64) < WIDE_FP8_VALUES_MIN_BLOCKS:
+            blocks = -(-num_heads // WIDE_FP8_VALUES_TILES.block_h)  # a sequence's programs a split
+            if fp8_values is None and batch is not None and batch * blocks < WIDE_FP8_VALUES_MIN_BLOCKS:
                 values = False  # few tiles a program
             return WIDE_FP8_VALUES_TILES if values else WIDE_FP8_SCORES_TILES
         return WIDE_PRODUCER_TILES  # likewise

@@ -32,19 +32,21 @@ only what has to be converted:
   (:func:`transposing_load`, the values' rows permuted, ``mla_decode_wide.value_columns``), and fp8 values are the
   launcher's default where each program has many tiles (``mla_decode_launch.WIDE_FP8_VALUES_TILES``), in the seesaw
   kernel (``SEESAW``) where TMA copies the cache: on an H100 (64 sequences over 4096 keys) 128 heads took 0.1079 ms
-  against 0.1455 for float16 values and 0.1658 for the bf16 cache (benchmarks/results/round57/NOTES.md). Pipelined consumers over float16 values (one buffer) were slower
-  still (0.1028 ms at 64 heads, 0.1785 at 128; benchmarks/results/round54/NOTES.md): tile t+1's conversion waits
-  for tile t's value product, and tile t+1's product for that conversion.
+  against 0.1455 for float16 values and 0.1658 for the bf16 cache (benchmarks/results/round57/NOTES.md).
+  Pipelined consumers over float16 values (one buffer) were slower still (0.1028 ms at 64 heads, 0.1785 at 128;
+  benchmarks/results/round54/NOTES.md): tile t+1's conversion waits for tile t's value product, and tile t+1's
+  product for that conversion.
 
 Since round 56 (benchmarks/results/round56/NOTES.md) no product of the kernel waits for the one before (ptxas had
 serialized them all: the scores' promotion read unfinished products' registers) and the producer's float16 stores
-take one wavefront a line: on an H100 (64 sequences over 4096 keys, page 64) 64 heads took 0.0876-0.0891 ms, 1.40-1.42x
-the bf16 cache, and 128 heads 0.1447-0.1448 ms, 1.15x.
+take one wavefront a line: on an H100 (64 sequences over 4096 keys, page 64) 64 heads took 0.0876-0.0891 ms,
+1.40-1.42x the bf16 cache, and 128 heads 0.1447-0.1448 ms, 1.15x.
 
 Precision: the scores carry the queries' e4m3 rounding (3 mantissa bits, as the cache's own) and the tensor
-cores' fp8 accumulation; the values and probabilities are float16 products as in the other forms. The GPU tests
-hold the output to a reference whose queries are quantized the same way, and compare its error against the
-error the fp8 cache itself brings.
+cores' fp8 accumulation. With float16 values the value product is a float16 one as in the other forms; with fp8
+values the probabilities are rounded to e4m3 (times ``P_FP8_SCALE``, a relative 2^-4 each). The GPU tests hold the
+output to a reference whose queries are quantized the same way (with fp8 values, within a bound that adds the
+probabilities' rounding), and compare its error against the error the fp8 cache itself brings.
 
 Requirements as ``mla_decode_wide.supports`` with an fp8 cache. Splits, partial results and the merge are the
 portable kernel's.
