@@ -186,3 +186,16 @@ def test_the_mla_benchmark_counts_fp8_bytes_and_reports_fp8_caches_beside_bf16()
     header, _, line = mla._table([res], copy_gb_s=3000.0, mm_tflops=600.0).splitlines()
     assert header.endswith("| e4m3 ms | e4m3 x bf16 | e4m3 % copy | e5m2 ms | e5m2 x bf16 | e5m2 % copy |")
     assert line.endswith("| 0.125 | 1.60 | 40 | error | | |")
+
+
+def test_the_mla_benchmarks_case_lists_take_comma_separated_positive_integers():
+    """``--heads 17,32,64`` and the like; anything else is refused naming what was expected and what came."""
+    import argparse
+
+    from portattn.bench import mla
+
+    assert mla._ints("17,32,64") == (17, 32, 64)
+    assert mla._ints("4096") == (4096,)
+    for bad in ("", "17,,32", "0,4", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"positive integers, got {bad!r}"):
+            mla._ints(bad)

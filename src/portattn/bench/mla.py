@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="a free-form device description stored in the JSON")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch reference backend")
     parser.add_argument("--fp8", action="store_true", help="also time e4m3 and e5m2 caches of the same rows")
+    parser.add_argument("--page-sizes", type=_ints, default=PAGE_SIZES, help="comma-separated (default %(default)s)")
+    parser.add_argument("--batches", type=_ints, default=BATCHES, help="comma-separated (default %(default)s)")
+    parser.add_argument("--heads", type=_ints, default=HEADS, help="comma-separated (default %(default)s)")
+    parser.add_argument("--lengths", type=_ints, default=LENGTHS, help="comma-separated (default %(default)s)")
     args = parser.parse_args(argv)
     device = default_device()
     if not is_gpu(device):
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = measure_ceilings(device)
     copy_gb_s, mm_tflops = ceilings.copy_tb_s * 1e3, ceilings.matmul_tflop_s
     print(f"ceilings: copy {copy_gb_s:.0f} GB/s (read + write), bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
-    max_tokens = max(BATCHES) * max(LENGTHS)
+    max_tokens = max(args.batches) * max(args.lengths)
     pool = torch.randn(max_tokens, RANK + ROPE, dtype=torch.bfloat16, device=device)  # latent rows
     fp8_pools = {}
     if args.fp8:
@@ -196,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, dtype in FP8_CACHES.items():
             fp8_pools[name] = (quantize_kv(pool, dtype, kv_scale), kv_scale)
     results = []
-    for page_size in PAGE_SIZES:
-        for batch in BATCHES:
-            for heads in HEADS:
-                for length in LENGTHS:
+    for page_size in args.page_sizes:
+        for batch in args.batches:
+            for heads in args.heads:
+                for length in args.lengths:
                     res = run_case(
                         pool, batch, heads, length, page_size, sweep=args.sweep, torch_check=not args.no_torch,
                         gen=gen, device=device, fp8_pools=fp8_pools,
@@ -211,6 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(_table(results, copy_gb_s, mm_tflops))
     return 0
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
 
 
 def _write(path: str, label: str, ceilings, results: list[dict]) -> None:
