@@ -171,21 +171,26 @@ def test_no_guarded_case_is_slower_than_the_committed_baseline():
 
 def test_the_mla_benchmark_counts_fp8_bytes_and_reports_fp8_caches_beside_bf16():
     """``portattn.bench.mla --fp8``: an fp8 cache's latent counts a byte a value, and each case's row and table give
-    the fp8 caches' time, ratio to the bf16 cache's and share of the copy bandwidth (or their error)."""
+    the fp8 caches' device time, time with the calls launched from the host, ratio to the bf16 cache's and share of
+    the copy bandwidth (or their error)."""
     from portattn.bench import mla
 
     bf16, flops = mla.case_cost(64, 128, 4096, 64)
     fp8, fp8_flops = mla.case_cost(64, 128, 4096, 64, cache_bytes=1)
     assert bf16 - fp8 == 64 * 4096 * 576 and flops == fp8_flops
-    default = {"tiles": {}, "num_kv_splits": 1, "ms": 0.2, "single_call_ms": 0.25, "tb_s": 1.5, "tflop_s": 300.0}
-    e4m3 = {"tiles": {}, "num_kv_splits": 1, "ms": 0.125, "tb_s": 1.2, "speedup_vs_bf16": 1.6}
+    default = {"tiles": {}, "num_kv_splits": 1, "ms": 0.2, "queued_ms": 0.21, "single_call_ms": 0.25, "tb_s": 1.5,
+               "tflop_s": 300.0}  # fmt: skip
+    e4m3 = {"tiles": {}, "num_kv_splits": 1, "ms": 0.125, "queued_ms": 0.15, "tb_s": 1.2, "speedup_vs_bf16": 1.6}
     res = {"batch": 64, "heads": 128, "length": 4096, "page_size": 64, "default": default, "e4m3": e4m3,
            "e5m2": {"error": "ValueError: no"}}  # fmt: skip
     row = mla._row(res, copy_gb_s=3000.0, mm_tflops=600.0)
-    assert "e4m3 0.125 ms (x1.60, 40% copy)" in row and "e5m2 error: ValueError: no" in row
+    assert "e4m3 0.125 ms (x1.60, 40% copy; queued 0.150)" in row and "e5m2 error: ValueError: no" in row
+    assert "0.200 ms (queued 0.210)" in row
     header, _, line = mla._table([res], copy_gb_s=3000.0, mm_tflops=600.0).splitlines()
-    assert header.endswith("| e4m3 ms | e4m3 x bf16 | e4m3 % copy | e5m2 ms | e5m2 x bf16 | e5m2 % copy |")
-    assert line.endswith("| 0.125 | 1.60 | 40 | error | | |")
+    assert "| ms | queued ms | 1 call ms |" in header
+    assert header.endswith("| e4m3 ms | e4m3 queued ms | e4m3 x bf16 | e4m3 % copy | e5m2 ms | e5m2 queued ms |"
+                           " e5m2 x bf16 | e5m2 % copy |")  # fmt: skip
+    assert "| 0.200 | 0.210 | 0.250 |" in line and line.endswith("| 0.125 | 0.150 | 1.60 | 40 | error | | | |")
 
 
 def test_the_mla_benchmarks_case_lists_take_comma_separated_positive_integers():

@@ -4,8 +4,12 @@ DeepSeek-V3 shapes (bf16, kv_lora_rank 512, rope 64) over uniform decode batches
 L keys each, pages placed at random in one pool. Every case reports the median time of the
 per-layer call (planning done once, outside the timing), then
 
-* ms: per call, with ``QUEUED_CALLS`` calls queued back to back (as the layers of a forward run);
-  ``single_call_ms``: one call on an idle device, host launch latency included;
+* ms: per call, the device's time, from CUDA-graph replays of 20 calls (``timing.measure_graph``: as an engine's
+  captured decode step runs them); ``queued_ms``: with ``QUEUED_CALLS`` calls launched back to back from the host
+  (eager layers), where the host's launch cost shows once it exceeds the device's time (the fp8 forms' Gluon
+  launches: 0.15 ms of host time a call on the GPU machine's host against 0.09 of device time at 64 heads,
+  benchmarks/results/round58/NOTES.md); ``single_call_ms``: one call on an idle device, host launch latency
+  included;
 * TB/s: the fewest bytes the call must move (latent rows once, queries, page table, output) over
   the time, and its ratio to the device-to-device copy bandwidth measured in the same run;
 * TFLOP/s: ``2·B·H·L·(R + Dr)`` (scores) + ``2·B·H·L·R`` (values), and its ratio to a bf16
@@ -37,7 +41,7 @@ from ..backends.torch_ref import TorchBackend
 from ..device import default_device, is_gpu
 from ..mla import plan_mla_decode
 from .ceilings import measure_ceilings
-from .timing import measure, num_input_sets
+from .timing import measure, measure_graph, num_input_sets
 
 RANK, ROPE = 512, 64
 FP8_CACHES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # --fp8
@@ -116,13 +120,15 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
         )  # fmt: skip
         try:
             single_ms = measure(fn, tables, device, burst=0).median_ms
-            ms = measure(fn, tables, device, runs=20, burst=QUEUED_CALLS).median_ms
+            queued_ms = measure(fn, tables, device, runs=20, burst=QUEUED_CALLS).median_ms
+            ms = measure_graph(fn, tables, device).median_ms
             fn(page_table)  # the output of the first table, for the error columns
         except Exception as exc:  # a tile shape that does not build on this device is reported, not fatal
             return row | {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}, None
         return row | {
             "ms": ms,
             "single_call_ms": single_ms,
+            "queued_ms": queued_ms,
             "tb_s": nbytes / ms / 1e9,
             "tflop_s": flops / ms / 1e9,
         }, out
@@ -250,7 +256,7 @@ def _row(res: dict, copy_gb_s: float, mm_tflops: float) -> str:
     if "ms" not in d:
         return f"{head} error: {d['error']}"
     text = (
-        f"{head} S={d['num_kv_splits']:<3} {d['ms']:8.3f} ms {d['tb_s']:6.2f} TB/s "
+        f"{head} S={d['num_kv_splits']:<3} {d['ms']:8.3f} ms (queued {d['queued_ms']:.3f}) {d['tb_s']:6.2f} TB/s "
         f"({100 * d['tb_s'] * 1e3 / copy_gb_s:4.0f}% copy) {d['tflop_s']:6.1f} TFLOP/s "
         f"({100 * d['tflop_s'] / mm_tflops:4.0f}% mm)"
     )
@@ -264,7 +270,7 @@ def _row(res: dict, copy_gb_s: float, mm_tflops: float) -> str:
         if f is not None:
             text += f"  {name} " + (
                 f"{f['ms']:.3f} ms (x{f.get('speedup_vs_bf16', float('nan')):.2f}, "
-                f"{100 * f['tb_s'] * 1e3 / copy_gb_s:.0f}% copy)"
+                f"{100 * f['tb_s'] * 1e3 / copy_gb_s:.0f}% copy; queued {f['queued_ms']:.3f})"
                 if "ms" in f
                 else f"error: {f['error']}"
             )
@@ -272,10 +278,11 @@ def _row(res: dict, copy_gb_s: float, mm_tflops: float) -> str:
 
 
 def _table(results: list[dict], copy_gb_s: float, mm_tflops: float) -> str:
-    columns = ["P", "B", "H", "L", "splits", "ms", "1 call ms", "TB/s", "% copy", "TFLOP/s", "% matmul", "torch ms"]
+    columns = ["P", "B", "H", "L", "splits", "ms", "queued ms", "1 call ms", "TB/s", "% copy", "TFLOP/s", "% matmul",
+               "torch ms"]  # fmt: skip
     columns.append("best ms (tiles, S)")
     fp8 = [name for name in FP8_CACHES if any(name in res for res in results)]
-    columns += [f"{name} {what}" for name in fp8 for what in ("ms", "x bf16", "% copy")]
+    columns += [f"{name} {what}" for name in fp8 for what in ("ms", "queued ms", "x bf16", "% copy")]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for res in results:
         d = res["default"]
@@ -287,7 +294,8 @@ def _table(results: list[dict], copy_gb_s: float, mm_tflops: float) -> str:
         torch_text = f"{res['torch_ms']:.2f}" if "torch_ms" in res else ""
         lines.append(
             f"| {res['page_size']} | {res['batch']} | {res['heads']} | {res['length']} | {d['num_kv_splits']} "
-            f"| {d['ms']:.3f} | {d['single_call_ms']:.3f} | {d['tb_s']:.2f} | {100 * d['tb_s'] * 1e3 / copy_gb_s:.0f} "
+            f"| {d['ms']:.3f} | {d['queued_ms']:.3f} | {d['single_call_ms']:.3f} | {d['tb_s']:.2f} "
+            f"| {100 * d['tb_s'] * 1e3 / copy_gb_s:.0f} "
             f"| {d['tflop_s']:.0f} "
             f"| {100 * d['tflop_s'] / mm_tflops:.0f} | {torch_text} | {best_text} |"
             + "".join(_fp8_cells(res.get(name, {}), copy_gb_s) for name in fp8)
@@ -297,9 +305,9 @@ def _table(results: list[dict], copy_gb_s: float, mm_tflops: float) -> str:
 
 def _fp8_cells(row: dict, copy_gb_s: float) -> str:
     if "ms" not in row:
-        return " error | | |"
+        return " error | | | |"
     speedup = row.get("speedup_vs_bf16", float("nan"))
-    return f" {row['ms']:.3f} | {speedup:.2f} | {100 * row['tb_s'] * 1e3 / copy_gb_s:.0f} |"
+    return f" {row['ms']:.3f} | {row['queued_ms']:.3f} | {speedup:.2f} | {100 * row['tb_s'] * 1e3 / copy_gb_s:.0f} |"
 
 
 if __name__ == "__main__":

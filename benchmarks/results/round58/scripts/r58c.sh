@@ -6,8 +6,9 @@
 set -f
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 PYTHONPATH=src timeout ${T1:-200} python3 -m portattn.bench.mla --fp8 --no-torch --out $OUT/mla_fp8_heads.json \
-  --page-sizes 64 --batches 64,8 --heads 17,32,64,128 --lengths 4096 \
+  --page-sizes 64 --batches ${BATCHES:-64,8} --heads ${HEADS:-17,32,64,128} --lengths 4096 \
   --label "$(cat $OUT/gpu.txt), round 58" 2>&1 | grep -v Warning | tee $OUT/mla_fp8_heads.txt
+[ "${T2:-120}" = 0 ] && exit 0
 N="ncu --clock-control none --kernel-name regex:mla_decode_seesaw --launch-skip 3 --launch-count 1
    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis
    --section ComputeWorkloadAnalysis --section Occupancy"
