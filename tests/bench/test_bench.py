@@ -204,3 +204,14 @@ def test_the_mla_benchmarks_case_lists_take_comma_separated_positive_integers():
     for bad in ("", "17,,32", "0,4", "x"):
         with pytest.raises(argparse.ArgumentTypeError, match=f"positive integers, got {bad!r}"):
             mla._ints(bad)
+
+
+def test_the_mla_benchmarks_pool_holds_every_cases_pages_at_every_page_size():
+    """Lengths that are no multiple of a page size take a partly filled last page; the pool divides into pages of
+    every page size and holds the largest batch's pages."""
+    from portattn.bench import mla
+
+    assert mla.pool_rows(mla.BATCHES, mla.LENGTHS, mla.PAGE_SIZES) == 128 * 32768  # the default grid, as before
+    rows = mla.pool_rows((3, 8), (1000, 64), (64, 7))
+    assert rows % 64 == 0 and rows % 7 == 0
+    assert rows // 64 >= 8 * -(-1000 // 64) and rows // 7 >= 8 * -(-1000 // 7)

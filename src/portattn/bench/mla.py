@@ -83,7 +83,7 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
     the default tiles beside the bf16 cache)."""
     from ..kernels.triton.mla_decode_launch import choose_tiles, mla_decode_forward
 
-    pages_per_seq = length // page_size
+    pages_per_seq = -(-length // page_size)  # the last page partly filled where L is no multiple of P
     cache = pool.view(-1, page_size, RANK + ROPE)  # [N, P, R + Dr]
     nbytes, flops = case_cost(batch, heads, length, page_size)
     tables = [  # random physical placement, a different one per input set
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = measure_ceilings(device)
     copy_gb_s, mm_tflops = ceilings.copy_tb_s * 1e3, ceilings.matmul_tflop_s
     print(f"ceilings: copy {copy_gb_s:.0f} GB/s (read + write), bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
-    max_tokens = max(args.batches) * max(args.lengths)
-    pool = torch.randn(max_tokens, RANK + ROPE, dtype=torch.bfloat16, device=device)  # latent rows
+    rows = pool_rows(args.batches, args.lengths, args.page_sizes)
+    pool = torch.randn(rows, RANK + ROPE, dtype=torch.bfloat16, device=device)  # latent rows
     fp8_pools = {}
     if args.fp8:
         from ..kv_quant import quantize_kv
@@ -221,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(_table(results, copy_gb_s, mm_tflops))
     return 0
+
+
+def pool_rows(batches: tuple[int, ...], lengths: tuple[int, ...], page_sizes: tuple[int, ...]) -> int:
+    """Latent rows of the pool every case draws its pages from: the largest batch's sequences in whole pages of any
+    page size, a multiple of every page size (the pool is viewed as pages of each)."""
+    whole = math.lcm(*page_sizes)
+    longest = max(-(-length // page) * page for length in lengths for page in page_sizes)
+    return -(-max(batches) * longest // whole) * whole
 
 
 def _ints(text: str) -> tuple[int, ...]:
