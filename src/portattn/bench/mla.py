@@ -249,6 +249,7 @@ def _write(path: str, label: str, ceilings, results: list[dict]) -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": "bfloat16",
+        "timing": "graph",  # ms: graph replays (as python -m portattn.bench --graph); queued_ms: host bursts
         "kv_lora_rank": RANK,
         "rope_dim": ROPE,
         "ceilings": {"copy_gb_s": ceilings.copy_tb_s * 1e3, "matmul_bf16_tflop_s": ceilings.matmul_tflop_s},
