@@ -78,6 +78,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=4096)
     parser.add_argument("--page", type=int, default=64, help="keys a page")
     parser.add_argument("--time", action="store_true", help="time graph replays instead (median ms)")
+    parser.add_argument(
+        "--resident", action="store_true", help="every sequence reads the same pages (the L2 holds them all)"
+    )
     args = parser.parse_args()
     if (args.pipelined or args.seesaw) and not args.fp8_scores:
         parser.error("--pipelined and --seesaw are forms of --fp8-scores")
@@ -94,6 +97,8 @@ def main() -> None:
     pages = b * L // P + 4
     cache = torch.randn(pages, P, 576, device=dev, dtype=torch.bfloat16, generator=gen)
     table = torch.randperm(pages, device=dev, generator=gen)[: b * L // P].view(b, L // P).to(torch.int32)
+    if args.resident:
+        table = table[:1].expand(b, -1).contiguous()
     lens = torch.full((b,), L, device=dev, dtype=torch.int32)
     qn = torch.randn(b, heads, 512, device=dev, dtype=torch.bfloat16, generator=gen)
     qr = torch.randn(b, heads, 64, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -142,6 +147,8 @@ def main() -> None:
         label += f" alu {args.alu_scores:#07b} {args.alu_values:#06b}"
     if args.pages_ahead:
         label += " pages ahead"
+    if args.resident:
+        label += " resident"
     if args.coalesced_io:
         label += " coalesced io"
     if args.time:
