@@ -35,6 +35,25 @@ def test_seesaw_names_what_it_needs():
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, pipelined=True)
 
 
+def test_seesaw_with_values_from_registers_names_what_it_needs():
+    """``mla_decode_seesaw_vregs`` refuses what the seesaw kernel refuses, and a ring past shared memory (its ring
+    takes the value buffers' place: 4 slots by default, also where the launcher asks for the other forms' 3)."""
+    from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
+
+    assert vregs.supports is seesaw.supports
+    assert vregs.shared_bytes(vregs.RING) <= HOPPER_SHARED < vregs.shared_bytes(vregs.RING + 1)
+    rest = {"q_scale": 1.0, "qk_scale_log2": 1.0, "kv_scale": 1.0, "num_kv_splits": 1, "write_partial": False,
+            "write_lse": False, "min_split": 0}  # fmt: skip
+    fp8 = torch.zeros(4, 7, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="expected a cache TMA can copy"):
+        vregs.launch_arguments(*[None] * 2, fp8, *[None] * 6, **rest)
+    whole = torch.zeros(4, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"expected a ring of at most 4 slots \(Hopper's shared memory\), got 5"):
+        vregs.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, ring=5)
+    with pytest.raises(ValueError, match=r"expected 64-key tiles, fp8 values, .* got block_n=32, fp8_values=True"):
+        vregs.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, block_n=32)
+
+
 CHILD = textwrap.dedent(
     """
     import re, sys
@@ -96,4 +115,68 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # (max_num_imprecise_acc) serialized them too (C7514). The queries' two merged passes spilled 488 bytes
         # before _queries_fp8(RELOAD=True)
         assert counts["stack"] <= 80, where
+        assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
+
+
+CHILD_VREGS = textwrap.dedent(
+    """
+    import re, sys
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 (Gluon's Hopper API)
+    except ImportError as exc:
+        print("no compiler:", exc); sys.exit(3)
+    from kernels.mla_checks import cache_descriptors, compile_for_hopper, serialized_mma_notes, stack_bytes
+    from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
+
+    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
+            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
+    for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
+        const = {**vregs.vregs_constexprs(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
+                 "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
+        kernel = compile_for_hopper(vregs.mla_decode_seesaw_vregs_kernel, {**ptrs, "KV": kv}, const,
+                                    {"num_warps": vregs.NUM_WARPS, "maxnreg": vregs.PRODUCER_MAXNREG},
+                                    cache_descriptors(kv, min(page_size, 64), const))
+        ptx = kernel.asm["ptx"]
+        b = "e4m3" if kv == "*fp8e4nv" else "e5m2"
+        counts = {name: len(re.findall(rx, ptx)) for name, rx in (
+            # the scores' operands both in shared memory (descriptors), the values' first in registers
+            ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.{b}\\s+{{[^}}]*}},\\s*%rd"),
+            ("values", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
+            ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
+            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"))}
+        regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
+        notes = serialized_mma_notes(kernel)
+        print("kernel", kv, page_size, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
+              f"stack={stack_bytes(kernel)}", f"regs={','.join(map(str, regs))}",
+              " ".join(f"{k}={v}" for k, v in counts.items()), f"serialized={-1 if notes is None else len(notes)}",
+              flush=True)
+    """
+)
+
+
+def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_path):
+    """``mla_decode_seesaw_vregs``: twelve warps, ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` and the
+    right warpgroup ``CONSUMER_REGS``; a pair's scores as in the seesaw kernel (16 + 2 ``m64n64k32`` fp8 products a
+    warpgroup, both operands in shared memory), its values as ``m64n64k32`` products whose first operand (the
+    cache's bytes) is in registers: 4 a 32-key half of a tile, two halves, two tiles, two warpgroups; no byte-wise
+    shared loads (each thread loads 8 dims of a key at once and regroups them in its registers); TMA copies at the
+    first ``RING`` tiles' sites and the loop's, no ``cp.async``; within Hopper's shared memory; no product serialized
+    by ptxas, a few scalars of stack."""
+    from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
+
+    lines = run_compile_child(tmp_path, CHILD_VREGS, "compile_mla_seesaw_vregs", timeout=900)
+    kernels = [line.split() for line in lines if line.startswith("kernel ")]
+    assert len(kernels) == 2, lines
+    for _, kv, page_size, *fields in kernels:
+        counts = {k: int(v) if k != "regs" else v for k, v in (field.split("=") for field in fields)}
+        where = (kv, page_size, counts)
+        assert counts["warps"] == 12 and vregs.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
+        regs = {str(vregs.PRODUCER_REGS.value), str(vregs.CONSUMER_REGS.value)}
+        assert regs <= set(counts["regs"].split(",")), where
+        assert (counts["scores"], counts["values"]) == (2 * 18, 2 * 2 * 2 * 4), where
+        assert counts["wgmma"] == counts["scores"] + counts["values"], where
+        assert counts["byte_loads"] <= 1, where  # one: the partitions' dispatch (warp_specialize) reads a byte
+        pages = 64 // min(int(page_size), 64)
+        assert counts["tma"] == (vregs.RING + 1) * pages * 2 and counts["copies"] == 0, where
+        assert counts["stack"] <= 64, where  # Triton 3.6: 48-56 bytes, as the seesaw kernel's (the queries)
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask

@@ -532,6 +532,8 @@ def mla_decode_forward(
 
                 if mla_decode_seesaw_fp8.supports(kv_cache) is None:
                     form = mla_decode_seesaw_fp8
+                    if mla_decode_wide_fp8.SEESAW_VREGS:
+                        from . import mla_decode_seesaw_vregs as form
             form.launch(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=1.0, qk_scale_log2=scale * kv_scale * LOG2E, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
