@@ -5,6 +5,10 @@ set -f
 export PYTHONUNBUFFERED=1
 S=benchmarks/results/round60/scripts
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-PYTHONPATH=src:tests timeout 170 python3 $S/check_vregs.py "fp8_values and (64-64-64 or 8-64-40)" 2>&1 \
+PYTHONPATH=src:tests timeout 110 python3 $S/check_vregs.py "fp8_values and 64-64-64" 2>&1 \
   | grep -v Warning | grep "seesaw\|passed\|failed\|Error\|error" | tail -n 60 | tee $OUT/tests.txt
-PYTHONPATH=src timeout 180 python3 $S/many.py $S/cases1.txt 170 2>&1 | grep -v Warning | tee $OUT/times.txt
+CASES=$S/cases1.txt
+if ! grep -q "passed\|failed" $OUT/tests.txt; then  # the tests did not finish (a hang?): time the others only
+  grep -v "^vregs" $S/cases1.txt > /tmp/cases.txt; CASES=/tmp/cases.txt
+fi
+PYTHONPATH=src timeout 125 python3 $S/many.py $CASES 110 2>&1 | grep -v Warning | tee $OUT/times.txt
