@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 60, call 2 (the first that ran of this script): the seesaw kernel with its value products read from registers (mla_decode_seesaw_vregs):
+# Round 60 (did not run: no machine started): the seesaw kernel with its value products read from registers (mla_decode_seesaw_vregs):
 # the fp8-values GPU test's seesaw forms, then cases1.txt timed.
 set -f
 export PYTHONUNBUFFERED=1
