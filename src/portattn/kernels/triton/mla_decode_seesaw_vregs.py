@@ -119,8 +119,8 @@ def _half_tile_values(c_ring, slot, h: gl.constexpr, side: gl.constexpr, tile_st
 
 
 @gluon.jit
-def _value_product(acc, c_ring, slot, p_buf, parity, side: gl.constexpr, tile_start, end, empty_bar, V_LOAD: gl.constexpr,
-                   V_DOT: gl.constexpr):  # fmt: skip
+def _value_product(acc, c_ring, slot, p_buf, parity, side: gl.constexpr, tile_start, end, empty_bar,
+                   V_LOAD: gl.constexpr, V_DOT: gl.constexpr):  # fmt: skip
     """``acc + V^T P^T`` of a tile issued (two products of 32 keys, each operand 16 registers a thread, the second
     loaded while the first runs); the slot's ``empty_bar`` arrived once both are read."""
     v0 = _half_tile_values(c_ring, slot, 0, side, tile_start, end, V_LOAD, V_DOT)
@@ -362,12 +362,12 @@ def mla_decode_seesaw_vregs_kernel(
 
     gl.warp_specialize(
         [
-            (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_left, ready, empty, m0_ready,
-                     m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
+            (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_left, ready, empty,
+                     m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
                      num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
                      stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, OT_MMA, V_LOAD, V_DOT, RING)),
-            (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_right, ready, empty, m0_ready,
-                      m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
+            (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_right, ready, empty,
+                      m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
                       num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
                       stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, OT_MMA, V_LOAD, V_DOT, RING)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring,
