@@ -126,7 +126,7 @@ CHILD_VREGS = textwrap.dedent(
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
     from kernels.mla_checks import cache_descriptors, compile_for_hopper, serialized_mma_notes, stack_bytes
-    from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
+    from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw, mla_decode_seesaw_vregs as vregs
 
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
             "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
@@ -134,7 +134,7 @@ CHILD_VREGS = textwrap.dedent(
         const = {**vregs.vregs_constexprs(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
         kernel = compile_for_hopper(vregs.mla_decode_seesaw_vregs_kernel, {**ptrs, "KV": kv}, const,
-                                    {"num_warps": vregs.NUM_WARPS, "maxnreg": vregs.PRODUCER_MAXNREG},
+                                    {"num_warps": vregs.NUM_WARPS, "maxnreg": seesaw.PRODUCER_MAXNREG},
                                     cache_descriptors(kv, min(page_size, 64), const))
         ptx = kernel.asm["ptx"]
         b = "e4m3" if kv == "*fp8e4nv" else "e5m2"

@@ -382,27 +382,42 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
     TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
+    check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
+    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
+                      seesaw_constexprs(ring), NUM_WARPS)  # fmt: skip
+
+
+def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
+    """Refuse what a seesaw kernel does not run, with what it expects: another tile or form, a cache TMA cannot copy
+    (:func:`supports`), a ring of ``ring`` slots (``ring_bytes`` of shared memory) past Hopper's shared memory."""
     if block_n != BLOCK_N.value or not fp8_values or tma is False or pipelined:
         raise ValueError(f"expected 64-key tiles, fp8 values, TMA copies and no pipelined consumers, got block_n="
                          f"{block_n}, fp8_values={fp8_values}, tma={tma}, pipelined={pipelined}")  # fmt: skip
     need = supports(kv_cache)
     if need:
         raise ValueError(need)
-    if shared_bytes(ring) > HOPPER_SHARED:
-        raise ValueError(f"expected a ring of at most {RING} slots (Hopper's shared memory), got {ring}")
+    if ring_bytes > HOPPER_SHARED:
+        raise ValueError(f"expected a ring of at most {max_ring} slots (Hopper's shared memory), got {ring}")
+
+
+def tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, scalars,
+               write_partial, write_lse, min_split, const, num_warps):  # fmt: skip
+    """``(grid, args, kwargs)`` of a seesaw kernel's launch: the portable kernel's arguments with the TMA descriptors
+    of the cache's latent and rope (layouts ``C_8``, ``PE_8`` of ``const``) after its first three; ``scalars`` are
+    ``(q_scale, qk_scale_log2, kv_scale, num_kv_splits)``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, num_heads, _ = q_nope.shape
-    grid = (-(-num_heads // BLOCK_H.value), num_kv_splits, batch)
+    grid = (-(-num_heads // BLOCK_H.value), scalars[3], batch)
     args = list(arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-                          q_scale, qk_scale_log2, kv_scale, num_kv_splits))  # fmt: skip
-    const = seesaw_constexprs(ring)
+                          *scalars))  # fmt: skip
     rows = tma_rows(kv_cache, BLOCK_N.value)
     shape, strides = [kv_cache.shape[0] * kv_cache.shape[1], RANK + ROPE], [kv_cache.stride(1), 1]
     args[3:3] = [TensorDescriptor(kv_cache, shape, strides, [rows, RANK], const["C_8"]),
                  TensorDescriptor(kv_cache, shape, strides, [rows, ROPE], const["PE_8"])]  # fmt: skip
     kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **const, "TMA_ROWS": rows, "num_warps": NUM_WARPS,
+              "MIN_SPLIT": min_split, **const, "TMA_ROWS": rows, "num_warps": num_warps,
               "maxnreg": PRODUCER_MAXNREG}  # fmt: skip
     return grid, tuple(args), kwargs
 

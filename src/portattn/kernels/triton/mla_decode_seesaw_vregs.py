@@ -32,10 +32,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
-from .mla_decode_seesaw_fp8 import _masked_scores, supports
-from .mla_decode_wide import BLOCK_H, PRODUCER_MAXNREG, PRODUCER_WARPS, columns_first, nvmma
-from .mla_decode_wide_fp8 import P_FP8_SCALE, _issue_scores_folded, _issue_tile, _queries_fp8, _scores, tma_rows
+from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result
+from .mla_decode_seesaw_fp8 import _masked_scores, check_form, supports, tma_launch
+from .mla_decode_wide import BLOCK_H, PRODUCER_WARPS, columns_first, nvmma
+from .mla_decode_wide_fp8 import P_FP8_SCALE, _issue_scores_folded, _issue_tile, _queries_fp8, _scores
 
 BLOCK_N = gl.constexpr(64)  # keys a tile
 RING = 4  # fp8 tiles in flight
@@ -44,7 +44,6 @@ HALF_N = gl.constexpr(32)  # the keys of a value product
 PRODUCER_REGS = gl.constexpr(24)  # TMA copies only
 CONSUMER_REGS = gl.constexpr(240)
 NUM_WARPS = 4  # the default partition: the left warpgroup
-HOPPER_SHARED = 232_448
 
 __all__ = ["launch", "launch_arguments", "shared_bytes", "supports", "vregs_constexprs"]
 
@@ -384,30 +383,11 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                      pipelined=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch (the arguments as ``mla_decode_seesaw_fp8.launch_arguments``'; the
     ring's slots are this kernel's ``RING`` where ``ring`` is None or the other forms' 3)."""
-    if block_n != BLOCK_N.value or not fp8_values or tma is False or pipelined:
-        raise ValueError(f"expected 64-key tiles, fp8 values, TMA copies and no pipelined consumers, got block_n="
-                         f"{block_n}, fp8_values={fp8_values}, tma={tma}, pipelined={pipelined}")  # fmt: skip
-    need = supports(kv_cache)
-    if need:
-        raise ValueError(need)
     ring = RING if ring in (None, 3) else ring
-    if shared_bytes(ring) > HOPPER_SHARED:
-        raise ValueError(f"expected a ring of at most {RING} slots (Hopper's shared memory), got {ring}")
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    batch, num_heads, _ = q_nope.shape
-    grid = (-(-num_heads // BLOCK_H.value), num_kv_splits, batch)
-    args = list(arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-                          q_scale, qk_scale_log2, kv_scale, num_kv_splits))  # fmt: skip
-    const = vregs_constexprs(ring)
-    rows = tma_rows(kv_cache, BLOCK_N.value)
-    shape, strides = [kv_cache.shape[0] * kv_cache.shape[1], RANK + ROPE], [kv_cache.stride(1), 1]
-    args[3:3] = [TensorDescriptor(kv_cache, shape, strides, [rows, RANK], const["C_8"]),
-                 TensorDescriptor(kv_cache, shape, strides, [rows, ROPE], const["PE_8"])]  # fmt: skip
-    kwargs = {"PAGE_SIZE": kv_cache.shape[1], "WRITE_PARTIAL": write_partial, "WRITE_LSE": write_lse,
-              "MIN_SPLIT": min_split, **const, "TMA_ROWS": rows, "num_warps": NUM_WARPS,
-              "maxnreg": PRODUCER_MAXNREG}  # fmt: skip
-    return grid, tuple(args), kwargs
+    check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
+    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
+                      vregs_constexprs(ring), NUM_WARPS)  # fmt: skip
 
 
 def launch(*args, **kwargs) -> None:
