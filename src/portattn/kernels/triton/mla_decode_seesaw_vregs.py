@@ -11,12 +11,13 @@ which take the value buffers' shared memory; a slot is released once both warpgr
 
 A thread's registers of the operand hold the output rows ``m = r + 8 a + 16 w + 64 b`` (``r`` its lane's row, ``a``
 and ``b`` register bits, ``w`` its warp); row ``m`` is the latent dim ``a + 2 b + 8 r + 64 w`` of the warpgroup's
-half (:func:`_dim_of_row`), so a thread's eight dims of a key are one 8-byte load, and the output's rows are put back
+half (:func:`_values`), so a thread's eight dims of a key are one 8-byte load, and the output's rows are put back
 in the dims' order in registers before the store.
 
 The softmax is the seesaw kernel's (the left warpgroup's tile ``a`` sets ``m0``, the right's tile ``b`` ``m1``);
-the output is rescaled by head, which is its column here, so each warpgroup reads the row maxima it needs from the
-shared buffer they are published in. Requirements, splits and merge as ``mla_decode_seesaw_fp8``'s.
+the output is rescaled by head, which is its column here, so each warpgroup passes its factors through a small
+shared buffer of its own to the output's layout (:func:`_by_head`). Requirements, splits and merge as
+``mla_decode_seesaw_fp8``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result
@@ -84,7 +84,8 @@ def shared_bytes(ring: int = RING) -> int:
     """Shared memory of the kernel's buffers, before Triton's scratch."""
     queries, tile = BLOCK_H.value * (RANK + ROPE), BLOCK_N.value * (RANK + ROPE)
     probabilities = 4 * BLOCK_H.value * BLOCK_N.value
-    return queries + ring * tile + probabilities + 4 * 5 * BLOCK_H.value + 8 * (2 * ring + 7)
+    floats = 9 * BLOCK_H.value  # the row scales; m0, m1; both sums; each warpgroup's two factors
+    return queries + ring * tile + probabilities + 4 * floats + 8 * (2 * ring + 7)
 
 
 @gluon.jit
@@ -120,8 +121,10 @@ def _half_tile_values(c_ring, slot, h: gl.constexpr, side: gl.constexpr, tile_st
 @gluon.jit
 def _value_product(acc, c_ring, slot, p_buf, parity, side: gl.constexpr, tile_start, end, empty_bar,
                    V_LOAD: gl.constexpr, V_DOT: gl.constexpr):  # fmt: skip
-    """``acc + V^T P^T`` of a tile issued (two products of 32 keys, each operand 16 registers a thread, the second
-    loaded while the first runs); the slot's ``empty_bar`` arrived once both are read."""
+    """``acc + V^T P^T`` of a tile, done on return: two products of 32 keys (each operand 16 registers a thread),
+    the second's operand loaded while the first runs and the second waited for at once (with both in flight, ptxas
+    serialized every product of the kernel for want of registers); the slot's ``empty_bar`` arrived once both are
+    read."""
     v0 = _half_tile_values(c_ring, slot, 0, side, tile_start, end, V_LOAD, V_DOT)
     acc = warpgroup_mma(v0, p_buf.index(2 * parity).permute((1, 0)), acc, is_async=True)
     v1 = _half_tile_values(c_ring, slot, 1, side, tile_start, end, V_LOAD, V_DOT)
@@ -215,7 +218,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_x
         _publish_halves(p, p_a, i % 2, pa_ready.index(i % 2))
         acc = _by_head(acc, alpha, f_x.slice(0, BLOCK_H), HEADS)
         acc = _value_product(acc, c_ring, slot, p_a, i % 2, 0, start + a * BLOCK_N, end,
-                                     empty.index(slot), V_LOAD, V_DOT)  # fmt: skip
+                             empty.index(slot), V_LOAD, V_DOT)  # fmt: skip
         m_i = m0
         if a + 1 < num_tiles:  # tile b: rescaled to m1, its probabilities the right warpgroup's
             b = a + 1
@@ -223,14 +226,12 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_x
             m1 = m_x.slice(BLOCK_H, BLOCK_H).load(ROWS)
             beta = gl.exp2(m0 - m1)
             l_i = l_i * beta
-            acc = warpgroup_mma_wait(0, deps=[acc])
             acc = _by_head(acc, beta, f_x.slice(BLOCK_H, BLOCK_H), HEADS)
             mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
             mbarrier.wait(ready.index(b % RING), (b // RING) & 1)
             acc = _value_product(acc, c_ring, b % RING, p_b, i % 2, 0, start + b * BLOCK_N, end,
-                                         empty.index(b % RING), V_LOAD, V_DOT)  # fmt: skip
+                                 empty.index(b % RING), V_LOAD, V_DOT)  # fmt: skip
             m_i = m1
-        acc = warpgroup_mma_wait(0, deps=[acc])
     _finish_half(acc, m_i, l_i, l_x, l_done, 0, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
                  WRITE_PARTIAL, WRITE_LSE, S_MMA)  # fmt: skip
@@ -281,13 +282,11 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, f_
         mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
         mbarrier.wait(ready.index(a % RING), (a // RING) & 1)
         acc = _value_product(acc, c_ring, a % RING, p_a, i % 2, 1, start + a * BLOCK_N, end,
-                                     empty.index(a % RING), V_LOAD, V_DOT)  # fmt: skip
+                             empty.index(a % RING), V_LOAD, V_DOT)  # fmt: skip
         if has_b:
-            acc = warpgroup_mma_wait(0, deps=[acc])
             acc = _by_head(acc, beta, f_x.slice(BLOCK_H, BLOCK_H), HEADS)
             acc = _value_product(acc, c_ring, b % RING, p_b, i % 2, 1, start + b * BLOCK_N, end,
-                                         empty.index(b % RING), V_LOAD, V_DOT)  # fmt: skip
-        acc = warpgroup_mma_wait(0, deps=[acc])
+                                 empty.index(b % RING), V_LOAD, V_DOT)  # fmt: skip
         m_i = m1
     _finish_half(acc, m_i, l_i, l_x, l_done, 1, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
