@@ -62,23 +62,29 @@ CHILD = textwrap.dedent(
     except ImportError as exc:
         print("no compiler:", exc); sys.exit(3)
     from kernels.mla_checks import cache_descriptors, compile_for_hopper, serialized_mma_notes, stack_bytes
-    from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
+    from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw, mla_decode_seesaw_vregs as vregs
 
+    KERNEL, CONSTEXPRS, NUM_WARPS = {KERNEL}
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
             "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
-        const = {**seesaw.seesaw_constexprs(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
+        const = {**CONSTEXPRS(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
-        kernel = compile_for_hopper(seesaw.mla_decode_seesaw_kernel, {**ptrs, "KV": kv}, const,
-                                    {"num_warps": seesaw.NUM_WARPS, "maxnreg": seesaw.PRODUCER_MAXNREG},
+        kernel = compile_for_hopper(KERNEL, {**ptrs, "KV": kv}, const,
+                                    {"num_warps": NUM_WARPS, "maxnreg": seesaw.PRODUCER_MAXNREG},
                                     cache_descriptors(kv, min(page_size, 64), const))
         ptx = kernel.asm["ptx"]
         b = "e4m3" if kv == "*fp8e4nv" else "e5m2"
         counts = {name: len(re.findall(rx, ptx)) for name, rx in (
-            ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.{b}"),
+            # the scores: e4m3 queries against the cache, both operands in shared memory (descriptors)
+            ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.{b}\\s+{{[^}}]*}},\\s*%rd"),
+            # the values: e4m3 probabilities against transposed values in shared memory (seesaw) ...
             ("values", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n256k32\\.f32\\.e4m3\\.{b}"),
+            # ... or the cache's bytes in registers against the probabilities (vregs)
+            ("register_values",
+             rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
             ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
-            ("copies", r"cp\\.async\\.cg\\.shared\\.global"))}
+            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"))}
         regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
         notes = serialized_mma_notes(kernel)
         print("kernel", kv, page_size, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
@@ -89,17 +95,25 @@ CHILD = textwrap.dedent(
 )
 
 
+def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
+    """``(cache, page size, counts)`` of ``kernel`` (``seesaw`` or ``vregs``) compiled for sm_90 over an e4m3 cache
+    of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
+    name = {"seesaw": "mla_decode_seesaw_kernel", "vregs": "mla_decode_seesaw_vregs_kernel"}[kernel]
+    spec = f"{kernel}.{name}, {kernel}.{kernel}_constexprs, {kernel}.NUM_WARPS"
+    lines = run_compile_child(tmp_path, CHILD.replace("{KERNEL}", spec), f"compile_mla_{kernel}", timeout=900)
+    kernels = [line.split() for line in lines if line.startswith("kernel ")]
+    assert len(kernels) == 2, lines
+    return [(kv, page_size, {k: int(v) if k != "regs" else v for k, v in (f.split("=") for f in fields)})
+            for _, kv, page_size, *fields in kernels]  # fmt: skip
+
+
 def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
     """Twelve warps (the left and right consuming warpgroups, the producer), ``setmaxnreg`` giving the producer
     ``PRODUCER_REGS`` and the right warpgroup ``CONSUMER_REGS``; a pair's scores as one ``m64n64`` fp8 product a
     warpgroup (16 + 2 MMAs of K 32, the cache's own type against e4m3 queries), its values as two ``m64n256k32``
     ones a tile a warpgroup (no float16 product); TMA copies of each page's latent and rope at the first ``RING``
     tiles' sites and the loop's, no ``cp.async``; within Hopper's shared memory; spills at most a few scalars."""
-    lines = run_compile_child(tmp_path, CHILD, "compile_mla_seesaw_fp8", timeout=900)
-    kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 2, lines
-    for _, kv, page_size, *fields in kernels:
-        counts = {k: int(v) if k != "regs" else v for k, v in (field.split("=") for field in fields)}
+    for kv, page_size, counts in compiled_counts(tmp_path, "seesaw"):
         where = (kv, page_size, counts)
         assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
         regs = {str(seesaw.PRODUCER_REGS.value), str(seesaw.CONSUMER_REGS.value)}
@@ -118,42 +132,6 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
 
 
-CHILD_VREGS = textwrap.dedent(
-    """
-    import re, sys
-    try:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 (Gluon's Hopper API)
-    except ImportError as exc:
-        print("no compiler:", exc); sys.exit(3)
-    from kernels.mla_checks import cache_descriptors, compile_for_hopper, serialized_mma_notes, stack_bytes
-    from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw, mla_decode_seesaw_vregs as vregs
-
-    ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
-            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
-    for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
-        const = {**vregs.vregs_constexprs(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
-                 "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
-        kernel = compile_for_hopper(vregs.mla_decode_seesaw_vregs_kernel, {**ptrs, "KV": kv}, const,
-                                    {"num_warps": vregs.NUM_WARPS, "maxnreg": seesaw.PRODUCER_MAXNREG},
-                                    cache_descriptors(kv, min(page_size, 64), const))
-        ptx = kernel.asm["ptx"]
-        b = "e4m3" if kv == "*fp8e4nv" else "e5m2"
-        counts = {name: len(re.findall(rx, ptx)) for name, rx in (
-            # the scores' operands both in shared memory (descriptors), the values' first in registers
-            ("scores", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.{b}\\s+{{[^}}]*}},\\s*%rd"),
-            ("values", rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
-            ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
-            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"))}
-        regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
-        notes = serialized_mma_notes(kernel)
-        print("kernel", kv, page_size, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
-              f"stack={stack_bytes(kernel)}", f"regs={','.join(map(str, regs))}",
-              " ".join(f"{k}={v}" for k, v in counts.items()), f"serialized={-1 if notes is None else len(notes)}",
-              flush=True)
-    """
-)
-
-
 def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_path):
     """``mla_decode_seesaw_vregs``: twelve warps, ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` and the
     right warpgroup ``CONSUMER_REGS``; a pair's scores as in the seesaw kernel (16 + 2 ``m64n64k32`` fp8 products a
@@ -164,17 +142,13 @@ def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_pa
     by ptxas, a few scalars of stack."""
     from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
 
-    lines = run_compile_child(tmp_path, CHILD_VREGS, "compile_mla_seesaw_vregs", timeout=900)
-    kernels = [line.split() for line in lines if line.startswith("kernel ")]
-    assert len(kernels) == 2, lines
-    for _, kv, page_size, *fields in kernels:
-        counts = {k: int(v) if k != "regs" else v for k, v in (field.split("=") for field in fields)}
+    for kv, page_size, counts in compiled_counts(tmp_path, "vregs"):
         where = (kv, page_size, counts)
         assert counts["warps"] == 12 and vregs.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
         regs = {str(vregs.PRODUCER_REGS.value), str(vregs.CONSUMER_REGS.value)}
         assert regs <= set(counts["regs"].split(",")), where
-        assert (counts["scores"], counts["values"]) == (2 * 18, 2 * 2 * 2 * 4), where
-        assert counts["wgmma"] == counts["scores"] + counts["values"], where
+        assert (counts["scores"], counts["register_values"], counts["values"]) == (36, 2 * 2 * 2 * 4, 0), where
+        assert counts["wgmma"] == counts["scores"] + counts["register_values"], where
         assert counts["byte_loads"] <= 1, where  # one: the partitions' dispatch (warp_specialize) reads a byte
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (vregs.RING + 1) * pages * 2 and counts["copies"] == 0, where
