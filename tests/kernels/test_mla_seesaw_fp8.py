@@ -85,6 +85,14 @@ CHILD = textwrap.dedent(
              rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
             ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
             ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"))}
+        counts["transposes"] = ptx.count("prmt.b32 t0,")  # vregs' 4x4 byte transposes (_TRANSPOSE_4X4)
+        # the blocks whose register products take their operands as the transposes leave them: no byte shuffled
+        # or selected outside the inline assembly
+        counts["plain_blocks"] = 0
+        for block in re.split(r"\\n\\$L__BB\\d+_\\d+:", ptx):
+            if re.search(r"wgmma\\.mma_async[^\\n]*\\},\\s*\\{", block):
+                outside = re.sub(r"// begin inline asm.*?// end inline asm", "", block, flags=re.S)
+                counts["plain_blocks"] += not re.search(r"\\b(prmt|selp)\\.b", outside)
         regs = sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))
         notes = serialized_mma_notes(kernel)
         print("kernel", kv, page_size, f"warps={kernel.metadata.num_warps}", f"shared={kernel.metadata.shared}",
@@ -147,7 +155,13 @@ def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_pa
         assert counts["warps"] == 12 and vregs.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
         regs = {str(vregs.PRODUCER_REGS.value), str(vregs.CONSUMER_REGS.value)}
         assert regs <= set(counts["regs"].split(",")), where
-        assert (counts["scores"], counts["register_values"], counts["values"]) == (36, 2 * 2 * 2 * 4, 0), where
+        # 4 a 32-key half, two halves, the tiles within the sequence and the last (their own branch), two tiles, two
+        # warpgroups
+        assert (counts["scores"], counts["register_values"], counts["values"]) == (36, 2 * 2 * 2 * 2 * 4, 0), where
+        # the transposes: 4 a half's operand (16 registers), as many halves as above; the products of the tiles
+        # within the sequence (one block a tile a warpgroup) take their registers from them as they are (joined by a
+        # branch between tail and not, the operand's bytes went through 3 prmt each: 96 a tile, not 64)
+        assert counts["transposes"] == 2 * 2 * 2 * 2 * 4 and counts["plain_blocks"] >= 4, where
         assert counts["wgmma"] == counts["scores"] + counts["register_values"], where
         assert counts["byte_loads"] <= 1, where  # one: the partitions' dispatch (warp_specialize) reads a byte
         pages = 64 // min(int(page_size), 64)

@@ -88,6 +88,38 @@ def shared_bytes(ring: int = RING) -> int:
     return queries + ring * tile + probabilities + 4 * floats + 8 * (2 * ring + 7)
 
 
+# A 4x4 byte transpose: $4..$7 hold four dims of keys 0..3 each, $0..$3 the four keys of dims 0..3 each.
+_TRANSPOSE_4X4 = gl.constexpr("""{
+.reg .b32 t<4>;
+prmt.b32 t0, $4, $5, 0x5140;
+prmt.b32 t1, $6, $7, 0x5140;
+prmt.b32 t2, $4, $5, 0x7362;
+prmt.b32 t3, $6, $7, 0x7362;
+prmt.b32 $0, t0, t1, 0x5410;
+prmt.b32 $1, t0, t1, 0x7632;
+prmt.b32 $2, t2, t3, 0x5410;
+prmt.b32 $3, t2, t3, 0x7632;
+}""")
+
+
+@gluon.jit
+def _keys_together(x):
+    """``x`` (``[32 keys, 256 dims]`` as :func:`values_load` lays it) with each thread's bytes regrouped so that
+    each register holds four keys of a dim (two ``prmt`` a register): the four keys' tensors go through
+    :data:`_TRANSPOSE_4X4` four dims at a time, and the results are relabelled (a dim's position among its four is
+    its key's, and the tensor's is the dim's)."""
+    y = gl.permute(gl.reshape(x, [2, 2, 2, 2, 2, HALF]), (0, 1, 2, 5, 3, 4))  # [k16 k8 k4, dims, k2 k1]
+    k_even, k_odd = gl.split(y)
+    k0, k2 = gl.split(k_even)
+    k1, k3 = gl.split(k_odd)
+    d0, d1, d2, d3 = gl.inline_asm_elementwise(
+        _TRANSPOSE_4X4, "=r,=r,=r,=r,r,r,r,r", [k0, k1, k2, k3], (x.dtype,) * 4, is_pure=True, pack=4
+    )
+    j = gl.join(gl.join(d0, d1), gl.join(d2, d3))  # [k16 k8 k4, 4 c + e, j0, j1]: key e of dim 4 c + j
+    j = gl.reshape(j, [2, 2, 2, HALF // 4, 2, 2, 2, 2])
+    return gl.reshape(gl.permute(j, (0, 1, 2, 4, 5, 3, 7, 6)), [HALF_N, HALF])
+
+
 @gluon.jit
 def _values(c_tile, side: gl.constexpr, key0, end, ZERO_TAIL: gl.constexpr, V_LOAD: gl.constexpr,
             V_DOT: gl.constexpr):  # fmt: skip
@@ -98,6 +130,7 @@ def _values(c_tile, side: gl.constexpr, key0, end, ZERO_TAIL: gl.constexpr, V_LO
     if ZERO_TAIL:
         keys = key0 + gl.arange(0, HALF_N, gl.SliceLayout(1, V_LOAD))
         x = gl.where((keys < end)[:, None], x, gl.zeros_like(x))
+    x = _keys_together(x)
     # dim d = a + 2 b + 8 r + 64 w (bits, lowest first: a b0 b1 r0 r1 r2 w0 w1) to row m = r + 8 a + 16 w + 64 b
     # (bits m0..m7 = r0 r1 r2 a w0 w1 b0 b1); reshaped, the highest bit first: [w1 w0 r2 r1 r0 b1 b0 a, keys]
     y = gl.reshape(gl.permute(x, (1, 0)), [2, 2, 2, 2, 2, 2, 2, 2, HALF_N])
@@ -106,16 +139,21 @@ def _values(c_tile, side: gl.constexpr, key0, end, ZERO_TAIL: gl.constexpr, V_LO
 
 
 @gluon.jit
-def _half_tile_values(c_ring, slot, h: gl.constexpr, side: gl.constexpr, tile_start, end, V_LOAD: gl.constexpr,
-                      V_DOT: gl.constexpr):  # fmt: skip
+def _half_tile_values(c_ring, slot, h: gl.constexpr, side: gl.constexpr, tile_start, end, ZERO_TAIL: gl.constexpr,
+                      V_LOAD: gl.constexpr, V_DOT: gl.constexpr):  # fmt: skip
     """:func:`_values` of keys ``[32 h, 32 h + 32)`` of the tile in ring slot ``slot``."""
     c_tile = c_ring.index(slot).slice(h * HALF_N, HALF_N, dim=0)
-    key0 = tile_start + h * HALF_N
-    if key0 + HALF_N > end:
-        v = _values(c_tile, side, key0, end, True, V_LOAD, V_DOT)
-    else:
-        v = _values(c_tile, side, key0, end, False, V_LOAD, V_DOT)
-    return v
+    return _values(c_tile, side, tile_start + h * HALF_N, end, ZERO_TAIL, V_LOAD, V_DOT)
+
+
+@gluon.jit
+def _tile_value_product(acc, c_ring, slot, p_buf, parity, side: gl.constexpr, tile_start, end,
+                        ZERO_TAIL: gl.constexpr, V_LOAD: gl.constexpr, V_DOT: gl.constexpr):  # fmt: skip
+    """:func:`_value_product`'s two products."""
+    v0 = _half_tile_values(c_ring, slot, 0, side, tile_start, end, ZERO_TAIL, V_LOAD, V_DOT)
+    acc = warpgroup_mma(v0, p_buf.index(2 * parity).permute((1, 0)), acc, is_async=True)
+    v1 = _half_tile_values(c_ring, slot, 1, side, tile_start, end, ZERO_TAIL, V_LOAD, V_DOT)
+    return warpgroup_mma(v1, p_buf.index(2 * parity + 1).permute((1, 0)), acc)
 
 
 @gluon.jit
@@ -124,11 +162,12 @@ def _value_product(acc, c_ring, slot, p_buf, parity, side: gl.constexpr, tile_st
     """``acc + V^T P^T`` of a tile, done on return: two products of 32 keys (each operand 16 registers a thread),
     the second's operand loaded while the first runs and the second waited for at once (with both in flight, ptxas
     serialized every product of the kernel for want of registers); the slot's ``empty_bar`` arrived once both are
-    read."""
-    v0 = _half_tile_values(c_ring, slot, 0, side, tile_start, end, V_LOAD, V_DOT)
-    acc = warpgroup_mma(v0, p_buf.index(2 * parity).permute((1, 0)), acc, is_async=True)
-    v1 = _half_tile_values(c_ring, slot, 1, side, tile_start, end, V_LOAD, V_DOT)
-    acc = warpgroup_mma(v1, p_buf.index(2 * parity + 1).permute((1, 0)), acc)
+    read. The tile past the sequence's end is the other branch: a branch that chose between operands would join
+    them byte by byte and cost the regrouping's savings."""
+    if tile_start + BLOCK_N > end:
+        acc = _tile_value_product(acc, c_ring, slot, p_buf, parity, side, tile_start, end, True, V_LOAD, V_DOT)
+    else:
+        acc = _tile_value_product(acc, c_ring, slot, p_buf, parity, side, tile_start, end, False, V_LOAD, V_DOT)
     _barrier()  # every warp's values read the slot
     mbarrier.arrive(empty_bar, count=1)
     return acc
