@@ -5,9 +5,10 @@ fp8 warpgroup product takes its shared-memory operands K-major only, and the con
 that transposition. Here each consuming warpgroup computes its half of the output transposed, ``O^T = V^T P^T``
 (``[256 dims, 64 heads]``, ``m64n64k32`` products): ``V^T`` is the product's register operand, each thread loading
 the bytes it needs from the tile as the ring slot holds it (8 dims of a key a load) and regrouping them in its
-registers to the four keys of a dim each register of the operand holds (``prmt``); ``P^T`` is the probabilities'
-``[heads, keys]`` buffer as it lies, K-major. The producer only copies tiles (TMA) into a ring of ``RING`` slots,
-which take the value buffers' shared memory; a slot is released once both warpgroups have read their values of it.
+registers to the four keys of a dim each register of the operand holds (a 4x4 byte transpose, two ``prmt`` a
+register); ``P^T`` is the probabilities' ``[heads, keys]`` buffer as it lies, K-major. The producer only copies
+tiles (TMA) into a ring of ``RING`` slots, which take the value buffers' shared memory; a slot is released once both
+warpgroups have read their values of it.
 
 A thread's registers of the operand hold the output rows ``m = r + 8 a + 16 w + 64 b`` (``r`` its lane's row, ``a``
 and ``b`` register bits, ``w`` its warp); row ``m`` is the latent dim ``a + 2 b + 8 r + 64 w`` of the warpgroup's
