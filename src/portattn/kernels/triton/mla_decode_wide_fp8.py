@@ -88,7 +88,8 @@ TMA = True  # the tiles copied by TMA where the cache allows (``tma_rows``), els
 # fp8 values in 64-key tiles: the launcher takes mla_decode_seesaw_fp8 (the consuming warpgroups on alternate tiles)
 # instead, where the cache takes TMA copies
 SEESAW = True
-# the seesaw kernel's value products read from registers (mla_decode_seesaw_vregs: no transposition by the producer)
+# the seesaw kernel's value products read from registers (mla_decode_seesaw_vregs: no transposition by the producer);
+# on an H200 1-3% faster at one split, 5-15% slower with more (benchmarks/results/round61/NOTES.md)
 SEESAW_VREGS = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
