@@ -163,8 +163,9 @@ def _value_product(acc, c_ring, slot, p_buf, parity, side: gl.constexpr, tile_st
     """``acc + V^T P^T`` of a tile, done on return: two products of 32 keys (each operand 16 registers a thread),
     the second's operand loaded while the first runs and the second waited for at once (with both in flight, ptxas
     serialized every product of the kernel for want of registers); the slot's ``empty_bar`` arrived once both are
-    read. The tile past the sequence's end is the other branch: a branch that chose between operands would join
-    them byte by byte and cost the regrouping's savings."""
+    read. The tile that reaches past the sequence's end (its last) takes the other branch, both halves masked: a
+    branch that chose between masked and unmasked operands would join them byte by byte before the products and
+    cost the regrouping's savings."""
     if tile_start + BLOCK_N > end:
         acc = _tile_value_product(acc, c_ring, slot, p_buf, parity, side, tile_start, end, True, V_LOAD, V_DOT)
     else:
