@@ -532,7 +532,9 @@ def mla_decode_forward(
 
                 if mla_decode_seesaw_fp8.supports(kv_cache) is None:
                     form = mla_decode_seesaw_fp8
-                    if mla_decode_wide_fp8.SEESAW_VREGS:
+                    if mla_decode_wide_fp8.TWIN:
+                        from . import mla_decode_twin_fp8 as form
+                    elif mla_decode_wide_fp8.SEESAW_VREGS:
                         from . import mla_decode_seesaw_vregs as form
             form.launch(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,

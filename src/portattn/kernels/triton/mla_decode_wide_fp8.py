@@ -91,6 +91,9 @@ SEESAW = True
 # the seesaw kernel's value products read from registers (mla_decode_seesaw_vregs: no transposition by the producer);
 # on an H200 1-3% faster at one split, 5-15% slower with more (benchmarks/results/round61/NOTES.md)
 SEESAW_VREGS = False
+# instead of the seesaw kernel, mla_decode_twin_fp8 (each consuming warpgroup computes every tile's scores and runs
+# its own softmax: nothing crosses between them)
+TWIN = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
