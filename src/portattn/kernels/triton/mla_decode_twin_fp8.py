@@ -238,4 +238,3 @@ def launch(*args, **kwargs) -> None:
     """Launch the kernel (arguments as :func:`launch_arguments`)."""
     grid, args, kwargs = launch_arguments(*args, **kwargs)
     mla_decode_twin_kernel[grid](*args, **kwargs)
-
