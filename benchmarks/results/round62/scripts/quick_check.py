@@ -1,4 +1,5 @@
-"""The fp8-values GPU test's check for the twin kernel (``mla_decode_twin_fp8``), pipelined and not: page 64
+"""The fp8-values GPU test's check for the twin kernel (``mla_decode_twin_fp8``) pipelined, not, and with its
+probabilities in registers: page 64
 e4m3 with 64 heads, page 16 e5m2 with 100 heads, 1 and 3 splits: ``python3 quick_check.py`` (with ``tests``
 importable)."""
 
@@ -12,7 +13,7 @@ from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
 from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
 from portattn.testing import max_error
 
-FORMS = {"twin, pipelined": (True, True), "twin": (True, False)}
+FORMS = {"twin, pipelined": (True, False), "twin": (False, False), "twin, probabilities in registers": (False, True)}
 wide_fp8.SEESAW = True
 failures = 0
 for page_size, heads, cache in ((64, 64, torch.float8_e4m3fn), (16, 100, torch.float8_e5m2)):
@@ -24,7 +25,8 @@ for page_size, heads, cache in ((64, 64, torch.float8_e4m3fn), (16, 100, torch.f
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         outs = {}
         for splits, name in itertools.product((1, 3), FORMS):
-            wide_fp8.TWIN, twin.PIPELINED = FORMS[name]
+            wide_fp8.TWIN = True
+            twin.PIPELINED, twin.P_REGS = FORMS[name]
             workspace = torch.empty(4 * batch * heads * splits * 513, dtype=torch.uint8, device="cuda")
             out = torch.full_like(inputs["q_nope"], float("nan"))
             lse = torch.full((batch, heads), float("nan"), device="cuda")
@@ -43,5 +45,9 @@ for page_size, heads, cache in ((64, 64, torch.float8_e4m3fn), (16, 100, torch.f
                   f"LSE {lse_error:.3e}{'' if ok else '  FAILED'}", flush=True)  # fmt: skip
         for splits in (1, 3):
             apart = max_error(outs[splits, "twin, pipelined"], outs[splits, "twin"])
-            print(f"  {splits} splits: the twin kernel pipelined and not differ by at most {apart:.3e}")
+            regs = max_error(outs[splits, "twin, probabilities in registers"], outs[splits, "twin"])
+            print(
+                f"  {splits} splits: the twin kernel pipelined and not differ by at most {apart:.3e}, with the "
+                f"probabilities in registers and not by {regs:.3e}"
+            )
 print(f"{failures} failures")

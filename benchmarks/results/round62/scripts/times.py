@@ -1,6 +1,6 @@
 """Graph-replay timings of ``scripts/ncu_mla.py`` cases, one a line: ``python3 times.py CASES SECONDS``. Prefixes:
 ``seesaw`` (the seesaw kernel), ``twin`` (``mla_decode_wide_fp8.TWIN``: ``mla_decode_twin_fp8``, pipelined),
-``twinplain`` (the twin kernel not pipelined)."""
+``twinplain`` (the twin kernel not pipelined), ``twinregs`` (not pipelined, its probabilities in registers)."""
 
 import shlex
 import sys
@@ -24,10 +24,11 @@ for line in cases:
         print(f"{line}: not run (past {limit:.0f} s)", flush=True)
         continue
     words = shlex.split(line)
-    form = words.pop(0) if words[0] in ("seesaw", "twin", "twinplain") else ""
+    form = words.pop(0) if words[0] in ("seesaw", "twin", "twinplain", "twinregs") else ""
     mla_decode_wide_fp8.SEESAW = bool(form)
     mla_decode_wide_fp8.TWIN = form.startswith("twin")
     mla_decode_twin_fp8.PIPELINED = form == "twin"
+    mla_decode_twin_fp8.P_REGS = form == "twinregs"
     print(f"{form}: " if form else "", end="")
     sys.argv = ["ncu_mla.py", *words, "--time"]
     try:

@@ -49,7 +49,7 @@ from .mla_decode_seesaw_fp8 import (
     tma_launch,
 )
 from .mla_decode_wide import BLOCK_H, PRODUCER_WARPS, value_columns
-from .mla_decode_wide_fp8 import P_FP8_SCALE, _issue_scores_folded, _queries_fp8, _scores
+from .mla_decode_wide_fp8 import P_FP8_SCALE, _issue_scores_folded, _queries_fp8, _scores, keys_as_operand
 
 BLOCK_N = gl.constexpr(64)  # keys a tile
 RING = 3  # fp8 tiles in flight
@@ -59,14 +59,20 @@ CONSUMER_REGS = gl.constexpr(224)
 NUM_WARPS = 4  # the default partition: the left warpgroup
 # tile t + 1's scores issued before tile t's value product, its softmax beside that product
 PIPELINED = True
+# the probabilities stay in registers as the value product's operand (the values' keys reordered to match,
+# mla_decode_wide_fp8.keys_as_operand), not stored into shared memory. Only without PIPELINED: with it ptxas has too
+# few registers and serializes the products (its note C7512)
+P_REGS = False
 
 __all__ = ["HOPPER_SHARED", "PIPELINED", "launch", "launch_arguments", "shared_bytes", "supports", "twin_constexprs"]
 
 
 @functools.cache
-def twin_constexprs(ring: int = RING, pipelined: bool = True) -> dict:
-    """The kernel's layout arguments (the seesaw kernel's: each partition one warpgroup) and its overlap."""
-    return {**seesaw_constexprs(ring), "PIPELINED": pipelined}
+def twin_constexprs(ring: int = RING, pipelined: bool = True, p_regs: bool = False) -> dict:
+    """The kernel's layout arguments (the seesaw kernel's: each partition one warpgroup), its overlap and where its
+    probabilities go (``p_regs``: the value product's register operand, ``P_DOT``)."""
+    const = seesaw_constexprs(ring)
+    return {**const, "P_DOT": gl.DotOperandLayout(0, const["O_MMA"], 4), "PIPELINED": pipelined, "P_REGS": p_regs}
 
 
 def shared_bytes(ring: int = RING) -> int:
@@ -85,34 +91,42 @@ def _issue_tile_scores(t, qn_smem, qr_smem, c_ring, pe_ring, ready, S_MMA: gl.co
 
 
 @gluon.jit
-def _softmax(s, t, m_i, l_i, start, end, scale, p_buf, empty, S_MMA: gl.constexpr, RING: gl.constexpr):
-    """Tile ``t``'s online softmax from its finished scores: its ring slot released (this warpgroup's share), its
-    probabilities stored into ``p_buf`` for the tensor cores; ``(m_new, l_new, alpha)``."""
+def _softmax(s, t, m_i, l_i, start, end, scale, p_buf, empty, S_MMA: gl.constexpr, P_DOT: gl.constexpr,
+             RING: gl.constexpr, P_REGS: gl.constexpr):  # fmt: skip
+    """Tile ``t``'s online softmax from its finished scores: its ring slot released (this warpgroup's share);
+    ``(m_new, l_new, alpha, probabilities)``, the probabilities (times ``P_FP8_SCALE``, e4m3) the value product's
+    register operand, keys reordered (``P_REGS``), or stored into ``p_buf`` for the tensor cores."""
     _barrier()  # every warp of the warpgroup has its scores: the slot's bytes are read
     mbarrier.arrive(empty.index(t % RING), count=1)
     s = _masked_scores(s, start + t * BLOCK_N, end, scale, S_MMA)
     m_new = gl.maximum(m_i, gl.max(s, 1))  # finite: every tile holds a key
     p = gl.exp2(s - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
-    p_buf.store((p * P_FP8_SCALE).to(p_buf.dtype))
-    fence_async_shared()
-    _barrier()  # every warp's probabilities stored before the product reads them
-    return m_new, l_i * alpha + gl.sum(p, 1), alpha
+    l_new = l_i * alpha + gl.sum(p, 1)
+    p8 = (p * P_FP8_SCALE).to(gl.float8e4nv)
+    if P_REGS:
+        return m_new, l_new, alpha, gl.convert_layout(keys_as_operand(p8, 1), P_DOT)
+    else:
+        p_buf.store(p8)
+        fence_async_shared()
+        _barrier()  # every warp's probabilities stored before the product reads them
+        return m_new, l_new, alpha, p_buf
 
 
 @gluon.jit
-def _issue_values(t, SIDE: gl.constexpr, p_bufs, vt, vt_ready, acc):
-    """Tile ``t``'s value product into this warpgroup's half of the output, issued once its values are
-    transposed."""
+def _issue_values(t, SIDE: gl.constexpr, p, vt, vt_ready, acc):
+    """Tile ``t``'s value product (probabilities ``p``, registers or shared memory) into this warpgroup's half of
+    the output, issued once its values are transposed."""
     buf = t % 2
     mbarrier.wait(vt_ready.index(buf), (t // 2) & 1)
-    return warpgroup_mma(p_bufs.index(2 * SIDE + buf), vt.index(buf).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)),
-                         acc, is_async=True)  # fmt: skip
+    return warpgroup_mma(p, vt.index(buf).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc, is_async=True)
 
 
 @gluon.jit
 def _values_done(t, acc, vt_empty):
-    """Wait for this warpgroup's value products; tile ``t``'s value buffer released (its share)."""
+    """Wait for this warpgroup's value products; tile ``t``'s value buffer released (its share). (Probabilities in
+    registers are not among the wait's operands, which take no 8-bit tensor: ptxas keeps a product's registers
+    until its wait, or serializes the products, which the compile test would see.)"""
     acc = warpgroup_mma_wait(0, deps=[acc])
     _barrier()  # every warp's products are done with the buffer
     mbarrier.arrive(vt_empty.index(t % 2), count=1)
@@ -123,8 +137,8 @@ def _values_done(t, acc, vt_empty):
 def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_bufs, ready, empty, vt_ready,
              vt_empty, head_block, seq, split, start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse,
              PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr,
-             WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, RING: gl.constexpr,
-             PIPELINED: gl.constexpr):  # fmt: skip
+             WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, P_DOT: gl.constexpr,
+             RING: gl.constexpr, PIPELINED: gl.constexpr, P_REGS: gl.constexpr):  # fmt: skip
     """A consuming warpgroup: every tile's scores and softmax, and its value products into dims ``[256 SIDE, 256
     SIDE + 256)``."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -136,23 +150,25 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
     if PIPELINED:
         if num_tiles > 0:
             s = _scores(_issue_tile_scores(0, qn_smem, qr_smem, c_ring, pe_ring, ready, S_MMA, RING), 0)
-            m_i, l_i, alpha = _softmax(s, 0, m_i, l_i, start, end, scale, p_bufs.index(2 * SIDE), empty, S_MMA,
-                                       RING)  # fmt: skip
+            m_i, l_i, alpha, p = _softmax(s, 0, m_i, l_i, start, end, scale, p_bufs.index(2 * SIDE), empty, S_MMA,
+                                          P_DOT, RING, P_REGS)  # fmt: skip
             for t in range(num_tiles - 1):
                 parts = _issue_tile_scores(t + 1, qn_smem, qr_smem, c_ring, pe_ring, ready, S_MMA, RING)
-                acc = _issue_values(t, SIDE, p_bufs, vt, vt_ready, acc)
+                acc = _issue_values(t, SIDE, p, vt, vt_ready, acc)
                 s = _scores(parts, 1)  # tile t's value product may still run
-                m_i, l_i, alpha = _softmax(s, t + 1, m_i, l_i, start, end, scale,
-                                           p_bufs.index(2 * SIDE + (t + 1) % 2), empty, S_MMA, RING)  # fmt: skip
+                m_i, l_i, alpha, p_next = _softmax(s, t + 1, m_i, l_i, start, end, scale,
+                                                   p_bufs.index(2 * SIDE + (t + 1) % 2), empty, S_MMA, P_DOT, RING,
+                                                   P_REGS)  # fmt: skip
                 acc = _scaled(_values_done(t, acc, vt_empty), alpha, O_MMA)
-            acc = _issue_values(num_tiles - 1, SIDE, p_bufs, vt, vt_ready, acc)
+                p = p_next
+            acc = _issue_values(num_tiles - 1, SIDE, p, vt, vt_ready, acc)
             acc = _values_done(num_tiles - 1, acc, vt_empty)
     else:
         for t in range(num_tiles):
             s = _scores(_issue_tile_scores(t, qn_smem, qr_smem, c_ring, pe_ring, ready, S_MMA, RING), 0)
-            m_i, l_i, alpha = _softmax(s, t, m_i, l_i, start, end, scale, p_bufs.index(2 * SIDE + t % 2), empty,
-                                       S_MMA, RING)  # fmt: skip
-            acc = _issue_values(t, SIDE, p_bufs, vt, vt_ready, _scaled(acc, alpha, O_MMA))
+            m_i, l_i, alpha, p = _softmax(s, t, m_i, l_i, start, end, scale, p_bufs.index(2 * SIDE + t % 2), empty,
+                                          S_MMA, P_DOT, RING, P_REGS)  # fmt: skip
+            acc = _issue_values(t, SIDE, p, vt, vt_ready, _scaled(acc, alpha, O_MMA))
             acc = _values_done(t, acc, vt_empty)
     acc = value_columns(acc, HALF)  # the buffers' rows to dims
     rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
@@ -173,8 +189,8 @@ def mla_decode_twin_kernel(
     stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
-    P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
-    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PIPELINED: gl.constexpr,
+    P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr, P_DOT: gl.constexpr,
+    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PIPELINED: gl.constexpr, P_REGS: gl.constexpr,
 ):  # fmt: skip
     """The two consuming warpgroups (the left the default partition) and the producer (a worker)."""
     head_block = gl.program_id(0)
@@ -208,13 +224,13 @@ def mla_decode_twin_kernel(
             (_consume, (0, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_bufs, ready, empty, vt_ready, vt_empty,
                         head_block, seq, split, start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out,
                         Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
-                        WRITE_LSE, S_MMA, O_MMA, RING, PIPELINED)),
+                        WRITE_LSE, S_MMA, O_MMA, P_DOT, RING, PIPELINED, P_REGS)),
             (_consume, (1, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_bufs, ready, empty, vt_ready, vt_empty,
                         head_block, seq, split, start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out,
                         Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL,
-                        WRITE_LSE, S_MMA, O_MMA, RING, PIPELINED)),
+                        WRITE_LSE, S_MMA, O_MMA, P_DOT, RING, PIPELINED, P_REGS)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, P_REGS)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -231,7 +247,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      twin_constexprs(ring, PIPELINED), NUM_WARPS)  # fmt: skip
+                      twin_constexprs(ring, PIPELINED, P_REGS), NUM_WARPS)  # fmt: skip
 
 
 def launch(*args, **kwargs) -> None:
