@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1
 S=benchmarks/results/round62/scripts
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 PYTHONPATH=src:tests timeout 200 python3 $S/quick_check.py 2>&1 | grep -v Warning | tee $OUT/check.txt
-PYTHONPATH=src timeout 170 python3 $S/times.py $S/cases.txt 150 2>&1 | grep -v Warning | tee $OUT/times.txt
+PYTHONPATH=src timeout 220 python3 $S/times.py $S/cases.txt 200 2>&1 | grep -v Warning | tee $OUT/times.txt
 A="--fp8 --no-torch --page-sizes 64 --batches 64 --heads 17,64,128 --lengths 4096"
 for form in on; do
   PYTHONPATH=src timeout 90 python3 $S/bench_twin.py $form $A --label "$(cat $OUT/gpu.txt), twin $form" \
