@@ -76,13 +76,6 @@ def main() -> None:
         action="store_true",
         help="with --seesaw: its value products read from registers (mla_decode_wide_fp8.SEESAW_VREGS)",
     )
-    parser.add_argument(
-        "--twin",
-        choices=["pipelined", "plain", "regs"],
-        default=None,
-        help="with --seesaw: the twin kernel instead (mla_decode_wide_fp8.TWIN; mla_decode_twin_fp8), pipelined, "
-        "not, or not with its probabilities in registers",
-    )
     parser.add_argument("--ring", type=int, default=2, help="with --fp8-scores: fp8 tiles in flight (2: its default)")
     parser.add_argument("--block-n", type=int, default=64, help="with --wide or --fp8-scores: keys a tile (32 or 64)")
     parser.add_argument("--heads", type=int, default=16)
@@ -98,8 +91,8 @@ def main() -> None:
         parser.error("--pipelined and --seesaw are forms of --fp8-scores")
     if args.seesaw and not args.fp8_values:
         parser.error("--seesaw takes fp8 values (--fp8-values)")
-    if (args.vregs or args.twin) and not args.seesaw:
-        parser.error("--vregs and --twin are forms of --seesaw")
+    if args.vregs and not args.seesaw:
+        parser.error("--vregs is a form of --seesaw")
     if args.pipelined or args.seesaw:
         from portattn.kernels.triton import mla_decode_wide_fp8
 
@@ -107,12 +100,6 @@ def main() -> None:
         mla_decode_wide_fp8.SEESAW = args.seesaw
         if args.vregs:  # else as set (round 60's many.py sets it by its cases' prefixes)
             mla_decode_wide_fp8.SEESAW_VREGS = True
-        if args.twin:  # else as set (round 62's times.py sets it by its cases' prefixes)
-            from portattn.kernels.triton import mla_decode_twin_fp8
-
-            mla_decode_wide_fp8.TWIN = True
-            mla_decode_twin_fp8.PIPELINED = args.twin == "pipelined"
-            mla_decode_twin_fp8.P_REGS = args.twin == "regs"
     dev = torch.device("cuda")
     b, L, P, heads = args.batch, args.keys, args.page, args.heads
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -161,7 +148,6 @@ def main() -> None:
         label += (" fp8 values" if args.fp8_values else "") + (f" ring {args.ring}" if args.ring > 2 else "")
         label += f" {args.block_n} keys" if args.block_n != 64 else ""
         label += " pipelined" if args.pipelined else " seesaw" if args.seesaw else ""
-        label += f" twin {args.twin}" if args.twin else ""
     if meta.splits_chosen:
         label += " (the plan's splits: fp8_mma may run fewer)"
     if args.maxnreg:

@@ -63,7 +63,6 @@ CHILD = textwrap.dedent(
         print("no compiler:", exc); sys.exit(3)
     from kernels.mla_checks import cache_descriptors, compile_for_hopper, serialized_mma_notes, stack_bytes
     from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw, mla_decode_seesaw_vregs as vregs
-    from portattn.kernels.triton import mla_decode_twin_fp8 as twin
 
     KERNEL, CONSTEXPRS, NUM_WARPS = {KERNEL}
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
@@ -105,10 +104,9 @@ CHILD = textwrap.dedent(
 
 
 def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
-    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``vregs`` or ``twin``) compiled for sm_90 over an
-    e4m3 cache of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
-    name = {"seesaw": "mla_decode_seesaw_kernel", "vregs": "mla_decode_seesaw_vregs_kernel",
-            "twin": "mla_decode_twin_kernel"}[kernel]  # fmt: skip
+    """``(cache, page size, counts)`` of ``kernel`` (``seesaw`` or ``vregs``) compiled for sm_90 over an e4m3 cache
+    of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
+    name = {"seesaw": "mla_decode_seesaw_kernel", "vregs": "mla_decode_seesaw_vregs_kernel"}[kernel]
     spec = f"{kernel}.{name}, {kernel}.{kernel}_constexprs, {kernel}.NUM_WARPS"
     lines = run_compile_child(tmp_path, CHILD.replace("{KERNEL}", spec), f"compile_mla_{kernel}", timeout=900)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
@@ -169,27 +167,4 @@ def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_pa
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (vregs.RING + 1) * pages * 2 and counts["copies"] == 0, where
         assert counts["stack"] <= 64, where  # Triton 3.6: 48-56 bytes, as the seesaw kernel's (the queries)
-        assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
-
-
-def test_the_twin_kernel_compiles_for_hopper(tmp_path):
-    """``mla_decode_twin_fp8`` (pipelined, its default): twelve warps, ``setmaxnreg`` giving the producer
-    ``PRODUCER_REGS`` and the right warpgroup ``CONSUMER_REGS``; every tile's scores in each warpgroup (16 + 2
-    ``m64n64k32`` fp8 products, at the first tile's site and the loop's: 72) and its values as two ``m64n256k32``
-    products a warpgroup at the loop's site and the last tile's (8); TMA copies as the seesaw kernel's; within
-    Hopper's shared memory; no product serialized by ptxas, no accumulator spilled."""
-    from portattn.kernels.triton import mla_decode_twin_fp8 as twin
-
-    for kv, page_size, counts in compiled_counts(tmp_path, "twin"):
-        where = (kv, page_size, counts)
-        assert counts["warps"] == 12 and twin.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
-        regs = {str(twin.PRODUCER_REGS.value), str(twin.CONSUMER_REGS.value)}
-        assert regs <= set(counts["regs"].split(",")), where
-        assert (counts["scores"], counts["values"]) == (2 * 2 * 18, 2 * 2 * 2), where
-        assert counts["wgmma"] == counts["scores"] + counts["values"], where
-        pages = 64 // min(int(page_size), 64)
-        assert counts["tma"] == (twin.RING + 1) * pages * 2 and counts["copies"] == 0, where
-        # Triton 3.6 (the GPU machine's): 24 bytes, a few scalars; Triton 3.9: 160, addresses and scalars (an
-        # accumulator spilled would take 128 a thread or more)
-        assert counts["stack"] <= 160, where
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask

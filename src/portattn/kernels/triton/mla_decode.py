@@ -213,11 +213,7 @@ def mla_decode_merge_kernel(
     SPLIT_ALIGN: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr = 1,
 ):
-    """One head of one sequence: its splits' partial outputs weighted by their LSEs, ``SPLIT_CHUNK`` splits a load
-    (one round trip to memory for that many: a loop of one split a step waited for each split's LSE and then its
-    partial, in turn)."""
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     num_keys = tl.load(SeqLensK + seq)
@@ -226,22 +222,18 @@ def mla_decode_merge_kernel(
 
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < KV_LORA_RANK
-    offs_s = tl.arange(0, SPLIT_CHUNK)
     row0 = (seq * num_heads + head) * num_kv_splits
     m = float("-inf")
     denom = 0.0
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s0 in range(0, num_active, SPLIT_CHUNK):
-        s_ok = s0 + offs_s < num_active
-        rows = row0 + s0 + offs_s
-        lse = tl.load(PartLse + rows, mask=s_ok, other=float("-inf"))
-        part = tl.load(PartOut + rows[:, None] * KV_LORA_RANK + offs_r[None, :], mask=s_ok[:, None] & r_ok[None, :],
-                       other=0.0)  # fmt: skip
-        m_new = tl.maximum(m, tl.max(lse, 0))  # finite: the chunk holds an active split
+    for split in range(0, num_active):
+        lse = tl.load(PartLse + row0 + split)
+        part = tl.load(PartOut + (row0 + split) * KV_LORA_RANK + offs_r, mask=r_ok, other=0.0)
+        m_new = tl.maximum(m, lse)
         alpha = tl.exp2(m - m_new)
-        weight = tl.exp2(lse - m_new)  # 0 past the active splits
-        denom = denom * alpha + tl.sum(weight, 0)
-        acc = acc * alpha + tl.sum(weight[:, None] * part, 0)
+        weight = tl.exp2(lse - m_new)
+        denom = denom * alpha + weight
+        acc = acc * alpha + weight * part
         m = m_new
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(Out + seq * stride_o_b + head * stride_o_h + offs_r * stride_o_d, out.to(Out.dtype.element_ty), mask=r_ok)

@@ -245,9 +245,6 @@ WIDE_FP8_VALUES_TILES = dataclasses.replace(WIDE_FP8_SCORES_TILES, fp8_values=Tr
 # 0.0230, 0.0312 at 16 sequences against 0.0450, 0.0808 at 64 against 0.0901 (17 heads: 0.0786 against 0.0780); on an
 # H200 0.0200 at 8 sequences against 0.0230, one sequence 0.0177 against 0.0168 (benchmarks/results/round57/NOTES.md).
 WIDE_FP8_MIN_BATCH = 8
-# The split merge loads this many splits of a head at once (fewer where the call has fewer; 8 of 512 float32 dims
-# are 32 registers a thread of its 4 warps).
-MERGE_SPLIT_CHUNK = 8
 
 
 def choose_tiles(
@@ -535,9 +532,7 @@ def mla_decode_forward(
 
                 if mla_decode_seesaw_fp8.supports(kv_cache) is None:
                     form = mla_decode_seesaw_fp8
-                    if mla_decode_wide_fp8.TWIN:
-                        from . import mla_decode_twin_fp8 as form
-                    elif mla_decode_wide_fp8.SEESAW_VREGS:
+                    if mla_decode_wide_fp8.SEESAW_VREGS:
                         from . import mla_decode_seesaw_vregs as form
             form.launch(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
@@ -593,7 +588,7 @@ def mla_decode_forward(
             num_heads, num_kv_splits,
             *out.stride(), *lse_buf.stride(),
             KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n, WRITE_LSE=lse is not None,
-            MIN_SPLIT=min_split_keys, SPLIT_CHUNK=min(next_pow2(num_kv_splits), MERGE_SPLIT_CHUNK),
+            MIN_SPLIT=min_split_keys,
             num_warps=4,
         )  # fmt: skip
     return out

@@ -265,11 +265,10 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
 @gluon.jit
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             RING: gl.constexpr, KEYS_REORDERED: gl.constexpr = False):  # fmt: skip
+             RING: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
-    once both warpgroups' products of that buffer's last tile are done (``vt_empty``); ``KEYS_REORDERED``: its keys
-    in ``mla_decode_wide_fp8.keys_as_operand``'s order."""
+    once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for j in gl.static_range(RING):
         if j < num_tiles:
@@ -282,11 +281,10 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
         buf = t % 2
         mbarrier.wait(vt_empty.index(buf), ((t // 2) & 1) ^ 1)
         if tile_start + BLOCK_N > end:
-            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True, True,
-                            KEYS_REORDERED)  # fmt: skip
+            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True, True)
         else:
-            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True, False,
-                            KEYS_REORDERED)  # fmt: skip
+            _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True,
+                            False)  # fmt: skip
         fence_async_shared()
         _barrier()
         mbarrier.arrive(vt_ready.index(buf), count=1)

@@ -91,9 +91,6 @@ SEESAW = True
 # the seesaw kernel's value products read from registers (mla_decode_seesaw_vregs: no transposition by the producer);
 # on an H200 1-3% faster at one split, 5-15% slower with more (benchmarks/results/round61/NOTES.md)
 SEESAW_VREGS = False
-# instead of the seesaw kernel, mla_decode_twin_fp8 (each consuming warpgroup computes every tile's scores and runs
-# its own softmax: nothing crosses between them)
-TWIN = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
@@ -241,38 +238,17 @@ def _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, tile_start, end, c_buf, pe
 
 
 @gluon.jit
-def keys_as_operand(x, KEYS_AXIS: gl.constexpr):
-    """``x`` with its 64 keys (along ``KEYS_AXIS``, 0 or 1 of two) reordered: key ``k`` goes to ``k`` with its bits
-    1-2 moved up to 2-3 and its bit 3 down to 1. A warpgroup product's ``[rows, 64]`` accumulator holds, in each
-    thread, the columns that are, so reordered, the columns of the next product's register operand ``[rows, K 64]``
-    of 8-bit elements (``DotOperandLayout(0, ..., 4)``): a thread's columns ``2 q + c + 8 j`` of the accumulator
-    (``q`` its lane in a quad) are ``4 q + ...`` of the operand. Reordering the probabilities' keys so, and the
-    values' keys the same way, leaves their product unchanged and moves no byte between threads."""
-    if KEYS_AXIS == 0:
-        n: gl.constexpr = x.shape[1]
-        return gl.reshape(gl.permute(gl.reshape(x, [2, 2, 2, 4, 2, n]), (0, 1, 3, 2, 4, 5)), [64, n])
-    else:
-        m: gl.constexpr = x.shape[0]
-        return gl.reshape(gl.permute(gl.reshape(x, [m, 2, 2, 2, 4, 2]), (0, 1, 2, 4, 3, 5)), [m, 64])
-
-
-@gluon.jit
 def _convert_values(c_tile, v_buf, tile_start, end, BLOCK_N: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-                    FP8_VALUES: gl.constexpr, ZERO_TAIL: gl.constexpr,
-                    KEYS_REORDERED: gl.constexpr = False):  # fmt: skip
+                    FP8_VALUES: gl.constexpr, ZERO_TAIL: gl.constexpr):  # fmt: skip
     """The tile's latent into the value buffer: float16, or (``FP8_VALUES``) the fp8 bytes transposed to ``[dims,
     keys]``. ``ZERO_TAIL``: rows from ``end`` on may hold anything (TMA copies whole pages), so a tile that reaches
-    past ``end`` stores zeros there (scores masked to -inf give probabilities of 0, and 0 x NaN is NaN).
-    ``KEYS_REORDERED`` (fp8 values, 64 keys): the keys in :func:`keys_as_operand`'s order (within each thread's
-    16 keys: its stores unchanged)."""
+    past ``end`` stores zeros there (scores masked to -inf give probabilities of 0, and 0 x NaN is NaN)."""
     for c in gl.static_range(4):  # a [keys, 128] chunk at a time (registers)
         if FP8_VALUES:  # [keys, dims] -> [dims, keys], the bytes as they are
             x = c_tile.slice(128 * c, 128, dim=1).load(TLOAD)
             if ZERO_TAIL:
                 keys = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, TLOAD))
                 x = gl.where((keys < end)[:, None], x, gl.zeros_like(x))
-            if KEYS_REORDERED:
-                x = keys_as_operand(x, 0)
             # the chunk's dim 4 q + s to its row 32 s + q (value_columns), each lane's bytes regrouped in its registers
             x = gl.reshape(gl.permute(gl.reshape(gl.permute(x, (1, 0)), [32, 4, BLOCK_N]), (1, 0, 2)), [128, BLOCK_N])
             v_buf.slice(128 * c, 128, dim=0).store(x)
