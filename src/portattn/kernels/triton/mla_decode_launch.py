@@ -247,23 +247,25 @@ WIDE_FP8_VALUES_TILES = dataclasses.replace(WIDE_FP8_SCORES_TILES, fp8_values=Tr
 WIDE_FP8_MIN_BATCH = 8
 # The seesaw kernel merges its splits itself: the last of a sequence's programs to finish (counted on a zeroed
 # counter of each sequence, head block and consuming warpgroup, which it sets back to 0) reads the partials back
-# and stores the output, and no merge kernel runs (mla_decode_seesaw_fp8._merge_if_last).
+# and stores the output, and no merge kernel runs (mla_decode_seesaw_fp8._merge_if_last). The counters are the
+# device's (merge_counters): two MLA decodes running at the same time on two streams of one device would share
+# them, so such a caller turns this off.
 SEESAW_MERGE = True
-_MERGE_COUNTERS: dict = {}  # (device, stream) -> the zeroed counters; those outgrown stay (graphs may hold them)
+_MERGE_COUNTERS: dict = {}  # device -> the zeroed counters; those outgrown stay alive (captured graphs hold them)
 
 
 def merge_counters(device: torch.device, count: int) -> torch.Tensor | None:
-    """At least ``count`` zeroed int32 counters for the in-kernel split merge on ``device``'s current stream (the
-    kernels of one stream run one after another; each leaves them at 0). None while a CUDA graph is being captured
-    and the stream has too few (no allocation inside a capture): the merge kernel runs then."""
+    """At least ``count`` zeroed int32 counters of ``device`` for the in-kernel split merge (the kernels that take
+    them leave them at 0). None while a CUDA graph is being captured and the device has too few (nothing is
+    allocated inside a capture; the merge kernel runs then), or for a device other than CUDA."""
     if device.type != "cuda":  # the launch recorded, not run (the compile tests)
         return None
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    held = _MERGE_COUNTERS.setdefault(key, [])
+    held = _MERGE_COUNTERS.setdefault(device, [])
     if not held or held[-1].numel() < count:
         if torch.cuda.is_current_stream_capturing():
             return None
         held.append(torch.zeros(max(count, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
+        torch.cuda.current_stream(device).synchronize()  # zeroed before a kernel on any stream takes them
     return held[-1]
 
 
