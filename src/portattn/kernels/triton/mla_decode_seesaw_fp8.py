@@ -134,17 +134,18 @@ def _active_splits(SeqLensK, seq, num_kv_splits, MIN_SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _merge_if_last(arrivals, Counters, SeqLensK, SIDE: gl.constexpr, head_block, seq, num_heads, num_kv_splits,
+def _merge_if_last(arrivals, counters, num_active, SIDE: gl.constexpr, head_block, seq, num_heads, num_kv_splits,
                    Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                   WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr):  # fmt: skip
+                   WRITE_LSE: gl.constexpr):  # fmt: skip
     """The split merge of this warpgroup's 256 dims, by the last of the sequence's ``num_kv_splits`` programs to
-    finish: every thread counts its arrival on the head block's and side's counter (an atomic add releasing its
+    finish (``num_active`` of them hold keys): every thread counts its arrival on the head block's and side's counter
+    (``counters + SIDE``) (an atomic add releasing its
     partial's stores, acquiring the others'); the warpgroup holding the last count (``128 num_kv_splits - 1``,
     found through ``arrivals``) takes the counter back to 0 (each thread subtracting ``num_kv_splits``, acquiring
     every program's stores), weighs the active splits' partials by their LSEs, as ``mla_decode_merge_kernel`` does,
     and stores the output and its natural-log LSE."""
     THREADS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    counter = Counters + ((seq * gl.num_programs(0) + head_block) * 2 + SIDE) + gl.zeros([128], gl.int32, THREADS)
+    counter = counters + SIDE + gl.zeros([128], gl.int32, THREADS)
     old = gl.atomic_add(counter, gl.full([128], 1, gl.int32, THREADS), sem="acq_rel", scope="gpu")
     arrivals.slice(SIDE * 128, 128).store(old)
     _barrier()
@@ -155,7 +156,6 @@ def _merge_if_last(arrivals, Counters, SeqLensK, SIDE: gl.constexpr, head_block,
         offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, MERGE))
         h_ok = offs_h < num_heads
         first = (seq * num_heads + offs_h) * num_kv_splits
-        num_active = _active_splits(SeqLensK, seq, num_kv_splits, MIN_SPLIT)
         for c in gl.static_range(HALF // 64):  # 64 dims at a time (registers)
             dims = SIDE * HALF + c * 64 + gl.arange(0, 64, gl.SliceLayout(0, MERGE))
             m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, MERGE))
@@ -185,8 +185,7 @@ def _merge_if_last(arrivals, Counters, SeqLensK, SIDE: gl.constexpr, head_block,
 def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
                  num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
                  stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-                 O_MMA: gl.constexpr, arrivals, Counters, SeqLensK, MERGE: gl.constexpr,
-                 MIN_SPLIT: gl.constexpr):  # fmt: skip
+                 O_MMA: gl.constexpr, arrivals, counters, num_active, MERGE: gl.constexpr):  # fmt: skip
     """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
     dims normalised and stored; ``MERGE`` (with ``WRITE_PARTIAL``): the splits merged by the last program
     (:func:`_merge_if_last`)."""
@@ -203,9 +202,8 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
                   end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
     if MERGE and WRITE_PARTIAL:
-        _merge_if_last(arrivals, Counters, SeqLensK, SIDE, head_block, seq, num_heads, num_kv_splits, Out, Lse,
-                       PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE,
-                       MIN_SPLIT)  # fmt: skip
+        _merge_if_last(arrivals, counters, num_active, SIDE, head_block, seq, num_heads, num_kv_splits, Out, Lse,
+                       PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE)  # fmt: skip
 
 
 @gluon.jit
@@ -213,8 +211,8 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
           m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
           num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
           stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-          O_MMA: gl.constexpr, RING: gl.constexpr, arrivals, Counters, SeqLensK, MERGE: gl.constexpr,
-          MIN_SPLIT: gl.constexpr):  # fmt: skip
+          O_MMA: gl.constexpr, RING: gl.constexpr, arrivals, counters, num_active,
+          MERGE: gl.constexpr):  # fmt: skip
     """The left warpgroup: each pair's tile ``a`` (its scores, ``m0`` and ``p_a`` published), both tiles' products
     into dims [0, 256)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -263,7 +261,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
             mbarrier.arrive(vt_empty.index(1), count=1)
     _finish_half(acc, m_i, l_i, l_x, l_done, 0, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, arrivals, Counters, SeqLensK, MERGE, MIN_SPLIT)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, arrivals, counters, num_active, MERGE)  # fmt: skip
 
 
 @gluon.jit
@@ -271,8 +269,8 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
            m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
            num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
            stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-           O_MMA: gl.constexpr, RING: gl.constexpr, arrivals, Counters, SeqLensK, MERGE: gl.constexpr,
-           MIN_SPLIT: gl.constexpr):  # fmt: skip
+           O_MMA: gl.constexpr, RING: gl.constexpr, arrivals, counters, num_active,
+           MERGE: gl.constexpr):  # fmt: skip
     """The right warpgroup: each pair's tile ``b`` (its scores, ``m1`` and ``p_b`` published), both tiles' products
     into dims [256, 512)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -326,7 +324,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
         m_i = m1
     _finish_half(acc, m_i, l_i, l_x, l_done, 1, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, arrivals, Counters, SeqLensK, MERGE, MIN_SPLIT)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, arrivals, counters, num_active, MERGE)  # fmt: skip
 
 
 @gluon.jit
@@ -402,6 +400,10 @@ def mla_decode_seesaw_kernel(
     m1_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     arrivals = gl.allocate_shared_memory(gl.int32, [2 * 128], flat)  # the split merge's counts, left and right
+    counters = Counters + (seq * gl.num_programs(0) + head_block) * 2  # the head block's, left and right
+    num_active = 0
+    if MERGE:
+        num_active = _active_splits(SeqLensK, seq, num_kv_splits, MIN_SPLIT)
     for j in gl.static_range(RING):
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)
@@ -422,12 +424,12 @@ def mla_decode_seesaw_kernel(
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING, arrivals,
-                      Counters, SeqLensK, MERGE, MIN_SPLIT)),
+                      counters, num_active, MERGE)),
             (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING, arrivals,
-                      Counters, SeqLensK, MERGE, MIN_SPLIT)),
+                      counters, num_active, MERGE)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                         ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
         ],
