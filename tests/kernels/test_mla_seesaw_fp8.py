@@ -66,7 +66,7 @@ CHILD = textwrap.dedent(
 
     KERNEL, CONSTEXPRS, NUM_WARPS = {KERNEL}
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
-            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32", "Counters": "*i32"}
+            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
         const = {**CONSTEXPRS(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
@@ -84,10 +84,7 @@ CHILD = textwrap.dedent(
             ("register_values",
              rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
             ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
-            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"),
-            # the in-kernel split merge (seesaw, MERGE): each thread's arrival and, in the last warpgroup, the
-            # counter set back; the partials read past the L1
-            ("atomics", r"atom\\.global\\.gpu\\.acq_rel\\.add\\.u32"), ("partial_loads", r"ld\\.global\\.cg"))}
+            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"))}
         counts["transposes"] = ptx.count("prmt.b32 t0,")  # vregs' 4x4 byte transposes (_TRANSPOSE_4X4)
         # the blocks whose register products take their operands as the transposes leave them: no byte shuffled
         # or selected outside the inline assembly
@@ -110,9 +107,7 @@ def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
     """``(cache, page size, counts)`` of ``kernel`` (``seesaw`` or ``vregs``) compiled for sm_90 over an e4m3 cache
     of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
     name = {"seesaw": "mla_decode_seesaw_kernel", "vregs": "mla_decode_seesaw_vregs_kernel"}[kernel]
-    constexprs = {"seesaw": "lambda: {**seesaw.seesaw_constexprs(), 'MERGE': True}",  # the launcher's default
-                  "vregs": "vregs.vregs_constexprs"}[kernel]  # fmt: skip
-    spec = f"{kernel}.{name}, {constexprs}, {kernel}.NUM_WARPS"
+    spec = f"{kernel}.{name}, {kernel}.{kernel}_constexprs, {kernel}.NUM_WARPS"
     lines = run_compile_child(tmp_path, CHILD.replace("{KERNEL}", spec), f"compile_mla_{kernel}", timeout=900)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
     assert len(kernels) == 2, lines
@@ -133,8 +128,6 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert regs <= set(counts["regs"].split(",")), where
         assert (counts["scores"], counts["values"]) == (2 * 18, 2 * 2 * 2), where
         assert counts["wgmma"] == counts["scores"] + counts["values"], where
-        # the split merge: an arrival and a counter set back a warpgroup, its partials' loads (64 dims at a time)
-        assert counts["atomics"] == 2 * 2 and counts["partial_loads"] >= 2 * 4, where
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (seesaw.RING + 1) * pages * 2 and counts["copies"] == 0, where
         # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 8 bytes, 3.6, the GPU machine's: 72, and
@@ -143,8 +136,7 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # serialized every product (its note C7512, 168-176 bytes of stack); promoting within the product
         # (max_num_imprecise_acc) serialized them too (C7514). The queries' two merged passes spilled 488 bytes
         # before _queries_fp8(RELOAD=True)
-        # With the split merge (MERGE): Triton 3.6 48 bytes, Triton 3.9 144 (some of its loop's addresses spilled)
-        assert counts["stack"] <= 160, where
+        assert counts["stack"] <= 80, where
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
 
 

@@ -245,28 +245,6 @@ WIDE_FP8_VALUES_TILES = dataclasses.replace(WIDE_FP8_SCORES_TILES, fp8_values=Tr
 # 0.0230, 0.0312 at 16 sequences against 0.0450, 0.0808 at 64 against 0.0901 (17 heads: 0.0786 against 0.0780); on an
 # H200 0.0200 at 8 sequences against 0.0230, one sequence 0.0177 against 0.0168 (benchmarks/results/round57/NOTES.md).
 WIDE_FP8_MIN_BATCH = 8
-# The seesaw kernel merges its splits itself: the last of a sequence's programs to finish (counted on a zeroed
-# counter of each sequence, head block and consuming warpgroup, which it sets back to 0) reads the partials back
-# and stores the output, and no merge kernel runs (mla_decode_seesaw_fp8._merge_if_last). The counters are the
-# device's (merge_counters): two MLA decodes running at the same time on two streams of one device would share
-# them, so such a caller turns this off.
-SEESAW_MERGE = True
-_MERGE_COUNTERS: dict = {}  # device -> the zeroed counters; those outgrown stay alive (captured graphs hold them)
-
-
-def merge_counters(device: torch.device, count: int) -> torch.Tensor | None:
-    """At least ``count`` zeroed int32 counters of ``device`` for the in-kernel split merge (the kernels that take
-    them leave them at 0). None while a CUDA graph is being captured and the device has too few (nothing is
-    allocated inside a capture; the merge kernel runs then), or for a device other than CUDA."""
-    if device.type != "cuda":  # the launch recorded, not run (the compile tests)
-        return None
-    held = _MERGE_COUNTERS.setdefault(device, [])
-    if not held or held[-1].numel() < count:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        held.append(torch.zeros(max(count, 2 * held[-1].numel() if held else 1024), dtype=torch.int32, device=device))
-        torch.cuda.current_stream(device).synchronize()  # zeroed before a kernel on any stream takes them
-    return held[-1]
 
 
 def choose_tiles(
@@ -529,10 +507,7 @@ def mla_decode_forward(
     block_r = max(16, next_pow2(rank))
     block_rp = max(16, next_pow2(rope_dim)) if rope_dim else 16
 
-    merged_in_kernel = [False]  # the seesaw kernel merged the splits itself (SEESAW_MERGE)
-
     def launch(t: MLATileConfig) -> None:
-        merged_in_kernel[0] = False
         if t.fp8_mma:
             from . import mla_decode_fp8_mma
 
@@ -551,7 +526,7 @@ def mla_decode_forward(
             from . import mla_decode_wide_fp8
 
             ring = t.num_stages if t.num_stages > 2 else mla_decode_wide_fp8.RING
-            form, merge = mla_decode_wide_fp8, {}
+            form = mla_decode_wide_fp8
             if mla_decode_wide_fp8.SEESAW and t.fp8_values and t.block_n == 64:
                 from . import mla_decode_seesaw_fp8
 
@@ -559,17 +534,12 @@ def mla_decode_forward(
                     form = mla_decode_seesaw_fp8
                     if mla_decode_wide_fp8.SEESAW_VREGS:
                         from . import mla_decode_seesaw_vregs as form
-                    elif split and SEESAW_MERGE:
-                        count = mla_decode_seesaw_fp8.merge_counter_count(batch, num_heads)
-                        counters = merge_counters(q_nope.device, count)
-                        merge = {} if counters is None else {"merge_counters": counters}
             form.launch(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                 q_scale=1.0, qk_scale_log2=scale * kv_scale * LOG2E, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                fp8_values=t.fp8_values, ring=ring, value_bufs=2 if t.fp8_values and ring == 3 else 1, **merge,
+                fp8_values=t.fp8_values, ring=ring, value_bufs=2 if t.fp8_values and ring == 3 else 1,
             )  # fmt: skip
-            merged_in_kernel[0] = bool(merge)
             return
         if t.wide:
             from . import mla_decode_wide
@@ -612,7 +582,7 @@ def mla_decode_forward(
         _shrink,
         key=(q_nope.device, tiles, dtype, kv_cache.dtype, num_heads, rank, rope_dim, kv_cache.shape[1]),
     )
-    if split and not merged_in_kernel[0]:
+    if split:
         mla_decode_merge_kernel[(num_heads, batch)](
             part_out, part_lse, seq_lens_k, out, lse_buf,
             num_heads, num_kv_splits,

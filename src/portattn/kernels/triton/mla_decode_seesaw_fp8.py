@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -98,8 +97,7 @@ def shared_bytes(ring: int = RING) -> int:
     """Shared memory of the kernel's buffers, before Triton's scratch."""
     queries, tile = BLOCK_H.value * (RANK + ROPE), BLOCK_N.value * (RANK + ROPE)
     values, probabilities = 2 * RANK * BLOCK_N.value, 4 * BLOCK_H.value * BLOCK_N.value
-    arrivals = 4 * 2 * 128  # the split merge's counts, a thread each, a warpgroup each
-    return queries + ring * tile + values + probabilities + 4 * 5 * BLOCK_H.value + arrivals + 8 * (2 * ring + 11)
+    return queries + ring * tile + values + probabilities + 4 * 5 * BLOCK_H.value + 8 * (2 * ring + 11)
 
 
 @gluon.jit
@@ -125,70 +123,12 @@ def _scaled(acc, factor, O_MMA: gl.constexpr):
 
 
 @gluon.jit
-def _active_splits(SeqLensK, seq, num_kv_splits, MIN_SPLIT: gl.constexpr):
-    """The splits of sequence ``seq`` that hold keys (``_key_range``'s cut; the others write no partial)."""
-    num_keys = gl.load(SeqLensK + seq)
-    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
-    per_split = gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
-    return gl.cdiv(num_keys, per_split)
-
-
-@gluon.jit
-def _merge_if_last(arrivals, counters, num_active, SIDE: gl.constexpr, head_block, seq, num_heads, num_kv_splits,
-                   Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                   WRITE_LSE: gl.constexpr):  # fmt: skip
-    """The split merge of this warpgroup's 256 dims, by the last of the sequence's ``num_kv_splits`` programs to
-    finish (``num_active`` of them hold keys): every thread counts its arrival on the head block's and side's counter
-    (``counters + SIDE``) (an atomic add releasing its
-    partial's stores, acquiring the others'); the warpgroup holding the last count (``128 num_kv_splits - 1``,
-    found through ``arrivals``) takes the counter back to 0 (each thread subtracting ``num_kv_splits``, acquiring
-    every program's stores), weighs the active splits' partials by their LSEs, as ``mla_decode_merge_kernel`` does,
-    and stores the output and its natural-log LSE."""
-    THREADS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    counter = counters + SIDE + gl.zeros([128], gl.int32, THREADS)
-    old = gl.atomic_add(counter, gl.full([128], 1, gl.int32, THREADS), sem="acq_rel", scope="gpu")
-    arrivals.slice(SIDE * 128, 128).store(old)
-    _barrier()
-    counts = arrivals.slice(SIDE * 128, 128).load(gl.BlockedLayout([128], [32], [4], [0]))  # each thread all
-    if gl.max(counts, 0) == 128 * num_kv_splits - 1:
-        gl.atomic_add(counter, gl.full([128], 0, gl.int32, THREADS) - num_kv_splits, sem="acq_rel", scope="gpu")
-        MERGE: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-        offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, MERGE))
-        h_ok = offs_h < num_heads
-        first = (seq * num_heads + offs_h) * num_kv_splits
-        for c in gl.static_range(HALF // 64):  # 64 dims at a time (registers)
-            dims = SIDE * HALF + c * 64 + gl.arange(0, 64, gl.SliceLayout(0, MERGE))
-            m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, MERGE))
-            denom = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, MERGE))
-            acc = gl.zeros([BLOCK_H, 64], gl.float32, MERGE)
-            for split in range(num_active):
-                lse = gl.load(PartLse + first + split, mask=h_ok, other=0.0, cache_modifier=".cg")
-                part = gl.load(PartOut + (first + split)[:, None] * 512 + dims[None, :], mask=h_ok[:, None],
-                               other=0.0, cache_modifier=".cg")  # fmt: skip
-                m_new = gl.maximum(m, lse)
-                alpha = gl.exp2(m - m_new)
-                weight = gl.exp2(lse - m_new)
-                denom = denom * alpha + weight
-                acc = acc * alpha[:, None] + weight[:, None] * part
-                m = m_new
-            out = acc / gl.where(denom > 0.0, denom, 1.0)[:, None]  # a sequence without keys: zeros
-            gl.store(Out + seq * stride_o_b + offs_h[:, None] * stride_o_h + dims[None, :],
-                     out.to(Out.dtype.element_ty), mask=h_ok[:, None])  # fmt: skip
-            if WRITE_LSE and SIDE == 0 and c == 0:  # natural log; -inf for a sequence without keys
-                has_keys = denom > 0.0
-                lse = gl.where(has_keys, (m + gl.log2(gl.where(has_keys, denom, 1.0))) * 0.6931471805599453,
-                               float("-inf"))  # fmt: skip
-                gl.store(Lse + seq * stride_lse_b + offs_h * stride_lse_h, lse, mask=h_ok)
-
-
-@gluon.jit
 def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
                  num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
                  stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-                 O_MMA: gl.constexpr, arrivals, counters, num_active, MERGE: gl.constexpr):  # fmt: skip
+                 O_MMA: gl.constexpr):  # fmt: skip
     """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
-    dims normalised and stored; ``MERGE`` (with ``WRITE_PARTIAL``): the splits merged by the last program
-    (:func:`_merge_if_last`)."""
+    dims normalised and stored."""
     l_x.slice(SIDE * BLOCK_H, BLOCK_H).store(l_i)
     _barrier()
     mbarrier.arrive(l_done, count=1)
@@ -201,9 +141,6 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
     _store_result(acc, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), offs_h, dims, seq, split, start,
                   end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
-    if MERGE and WRITE_PARTIAL:
-        _merge_if_last(arrivals, counters, num_active, SIDE, head_block, seq, num_heads, num_kv_splits, Out, Lse,
-                       PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE)  # fmt: skip
 
 
 @gluon.jit
@@ -211,8 +148,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
           m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
           num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
           stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-          O_MMA: gl.constexpr, RING: gl.constexpr, arrivals, counters, num_active,
-          MERGE: gl.constexpr):  # fmt: skip
+          O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
     """The left warpgroup: each pair's tile ``a`` (its scores, ``m0`` and ``p_a`` published), both tiles' products
     into dims [0, 256)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -261,7 +197,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
             mbarrier.arrive(vt_empty.index(1), count=1)
     _finish_half(acc, m_i, l_i, l_x, l_done, 0, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, arrivals, counters, num_active, MERGE)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
 
 
 @gluon.jit
@@ -269,8 +205,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
            m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
            num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
            stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-           O_MMA: gl.constexpr, RING: gl.constexpr, arrivals, counters, num_active,
-           MERGE: gl.constexpr):  # fmt: skip
+           O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
     """The right warpgroup: each pair's tile ``b`` (its scores, ``m1`` and ``p_b`` published), both tiles' products
     into dims [256, 512)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -324,7 +259,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
         m_i = m1
     _finish_half(acc, m_i, l_i, l_x, l_done, 1, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, arrivals, counters, num_active, MERGE)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
 
 
 @gluon.jit
@@ -366,14 +301,13 @@ def mla_decode_seesaw_kernel(
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
     stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
     stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
-    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, Counters,
+    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
-    RING: gl.constexpr, TMA_ROWS: gl.constexpr, MERGE: gl.constexpr,
+    RING: gl.constexpr, TMA_ROWS: gl.constexpr,
 ):  # fmt: skip
-    """The left consuming warpgroup (the default partition), the right one and the producer (workers); ``MERGE``:
-    the split merge in the kernel (``Counters``: a zeroed int32 counter for each sequence, head block and side)."""
+    """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
@@ -399,11 +333,6 @@ def mla_decode_seesaw_kernel(
     m0_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     m1_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    arrivals = gl.allocate_shared_memory(gl.int32, [2 * 128], flat)  # the split merge's counts, left and right
-    counters = Counters + (seq * gl.num_programs(0) + head_block) * 2  # the head block's, left and right
-    num_active = 0
-    if MERGE:
-        num_active = _active_splits(SeqLensK, seq, num_kv_splits, MIN_SPLIT)
     for j in gl.static_range(RING):
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)
@@ -423,13 +352,11 @@ def mla_decode_seesaw_kernel(
             (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING, arrivals,
-                      counters, num_active, MERGE)),
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
             (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING, arrivals,
-                      counters, num_active, MERGE)),
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                         ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
         ],
@@ -451,29 +378,14 @@ def supports(kv_cache) -> str | None:
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split,
                      block_n=BLOCK_N.value, fp8_values=True, ring=RING, value_bufs=None, tma=None,
-                     pipelined=None, merge_counters=None):  # fmt: skip
+                     pipelined=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
-    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree).
-    ``merge_counters`` (with ``write_partial``): a zeroed int32 tensor of at least :func:`merge_counter_count`
-    elements, and the kernel merges the splits itself (the caller launches no merge; the counters are zero again
-    when it ends)."""
+    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
-    grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
-                                    part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
-                                    write_lse, min_split, seesaw_constexprs(ring), NUM_WARPS)  # fmt: skip
-    merge = merge_counters is not None and write_partial
-    if merge:
-        need = merge_counter_count(q_nope.shape[0], q_nope.shape[1])
-        if merge_counters.dtype != torch.int32 or merge_counters.numel() < need:
-            raise ValueError(f"expected {need}+ int32 merge counters, got {merge_counters.numel()} of "
-                             f"{merge_counters.dtype}")  # fmt: skip
-    return grid, (*args, merge_counters if merge else seq_lens_k), {**kwargs, "MERGE": merge}
-
-
-def merge_counter_count(batch: int, num_heads: int) -> int:
-    """Counters the in-kernel split merge takes: one a sequence, 64-head block and consuming warpgroup."""
-    return batch * -(-num_heads // BLOCK_H.value) * 2
+    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
+                      seesaw_constexprs(ring), NUM_WARPS)  # fmt: skip
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
