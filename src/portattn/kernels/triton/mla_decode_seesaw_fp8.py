@@ -70,12 +70,18 @@ HALF = gl.constexpr(256)  # the latent dims a consuming warpgroup accumulates
 PRODUCER_REGS = gl.constexpr(56)
 CONSUMER_REGS = gl.constexpr(224)
 NUM_WARPS = 4  # the default partition: the left warpgroup
+# Both warpgroups take one row maximum a pair of tiles (``_consume``): each publishes its tile's and reads the
+# other's, both scale their outputs once and issue both value products back to back, where the default form hands
+# m0 then m1 across and rescales the left's output between its two products. Off until measured.
+PAIR_MAX = False
+LEFT = gl.constexpr(0)
+RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
-def seesaw_constexprs(ring: int = RING) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup)."""
+def seesaw_constexprs(ring: int = RING, pair_max: bool = False) -> dict:
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``: ``PAIR_MAX``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -90,6 +96,7 @@ def seesaw_constexprs(ring: int = RING) -> dict:
         "TLOAD": transposing_load(BLOCK_N.value),  # the producer's transposition (mla_decode_wide_fp8's)
         "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
         "RING": ring,
+        "PAIR_MAX": pair_max,
     }
 
 
@@ -263,6 +270,77 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
 
 
 @gluon.jit
+def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty,
+             vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+             num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
+             stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
+             O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """A consuming warpgroup of the ``PAIR_MAX`` form: tile ``2 i + SIDE`` of each pair scored, the pair's row
+    maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
+    published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
+    if SIDE == 0:
+        own_max, other_max, own_p, own_p_ready = m0_ready, m1_ready, p_a, pa_ready
+    else:
+        own_max, other_max, own_p, own_p_ready = m1_ready, m0_ready, p_b, pb_ready
+    scale = scale_smem.load(ROWS) * qk_scale_log2
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for i in range(gl.cdiv(num_tiles, 2)):
+        t = 2 * i + SIDE
+        mine = t < num_tiles  # the left's tile always is
+        has_b = 2 * i + 1 < num_tiles
+        s = gl.full([BLOCK_H, BLOCK_N], float("-inf"), gl.float32, S_MMA)
+        r = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+        if mine:
+            slot = t % RING
+            mbarrier.wait(ready.index(slot), (t // RING) & 1)
+            s = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
+            s = _scores(s, 0)
+            _barrier()  # every warp's share of the product read the slot
+            mbarrier.arrive(empty.index(slot), count=1)
+            s = _masked_scores(s, start + t * BLOCK_N, end, scale, S_MMA)
+            r = gl.max(s, 1)
+        m_x.slice(SIDE * BLOCK_H, BLOCK_H).store(r)
+        _barrier()
+        mbarrier.arrive(own_max, count=1)
+        mbarrier.wait(other_max, i & 1)
+        m_new = gl.maximum(m_i, gl.maximum(r, m_x.slice((1 - SIDE) * BLOCK_H, BLOCK_H).load(ROWS)))
+        alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
+        l_i = l_i * alpha
+        if mine:
+            p = gl.exp2(s - m_new[:, None])
+            l_i = l_i + gl.sum(p, 1)
+            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2))
+        acc = _scaled(acc, alpha, O_MMA)
+        mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
+        mbarrier.wait(vt_ready.index(0), i & 1)
+        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc,
+                            is_async=True)  # fmt: skip
+        acc = warpgroup_mma_wait(1, deps=[acc])  # waits for nothing: the product left running
+        if has_b:
+            mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
+            mbarrier.wait(vt_ready.index(1), i & 1)
+            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(1, deps=[acc])
+            _barrier()  # every warp's product of tile a done: the producer may fill its buffer
+            mbarrier.arrive(vt_empty.index(0), count=1)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _barrier()
+        if has_b:
+            mbarrier.arrive(vt_empty.index(1), count=1)
+        else:
+            mbarrier.arrive(vt_empty.index(0), count=1)
+        m_i = m_new
+    _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
+                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
+
+
+@gluon.jit
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
              RING: gl.constexpr):  # fmt: skip
@@ -305,7 +383,7 @@ def mla_decode_seesaw_kernel(
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
-    RING: gl.constexpr, TMA_ROWS: gl.constexpr,
+    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAIR_MAX: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -347,22 +425,40 @@ def mla_decode_seesaw_kernel(
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
-    gl.warp_specialize(
-        [
-            (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+    if PAIR_MAX:  # one function for both consuming warpgroups
+        gl.warp_specialize(
+            [
+                (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
-            (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
-            (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                         ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
-        ],
-        [4, PRODUCER_WARPS],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+                (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 def supports(kv_cache) -> str | None:
@@ -385,7 +481,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring), NUM_WARPS)  # fmt: skip
+                      seesaw_constexprs(ring, PAIR_MAX), NUM_WARPS)  # fmt: skip
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
