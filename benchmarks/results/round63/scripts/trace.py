@@ -9,9 +9,9 @@ import sys
 import torch
 
 sys.path.insert(0, "scripts")
-import ncu_mla  # noqa: E402
+import ncu_mla
 
-from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw  # noqa: E402
+from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
 
 OUT_DIR = sys.argv[1]
 BASE = ["e4m3", "--fp8-scores", "--fp8-values", "--seesaw"]
