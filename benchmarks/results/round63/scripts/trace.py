@@ -1,4 +1,5 @@
-"""clock64 stamps of the seesaw kernel's partitions (``trace.patch`` applied): ``python3 trace.py OUT_DIR``.
+"""clock64 stamps of the seesaw kernel's partitions (``trace.patch`` applied): ``python3 trace.py OUT_DIR [NAME...]``
+(the cases named, default all).
 
 Each case makes ``ncu_mla.py``'s four launches with ``mla_decode_seesaw_fp8.TRACE`` set; the last launch's stamps of
 two programs (sequences 0 and 32, split 0) are saved as ``OUT_DIR/trace_NAME.pt`` ([2 programs, 3 partitions (left,
@@ -13,7 +14,7 @@ import ncu_mla
 
 from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw
 
-OUT_DIR = sys.argv[1]
+OUT_DIR, NAMES = sys.argv[1], sys.argv[2:]
 BASE = ["e4m3", "--fp8-scores", "--fp8-values", "--seesaw"]
 CASES = {
     "pair_h64_s2": (True, ["--heads", "64"]),
@@ -24,6 +25,8 @@ CASES = {
     "seesaw_h64_s2_resident": (False, ["--heads", "64", "--resident"]),
 }
 for name, (pair_max, words) in CASES.items():
+    if NAMES and name not in NAMES:
+        continue
     seesaw.PAIR_MAX = pair_max
     seesaw.TRACE = torch.zeros(2, 3, 64, 16, dtype=torch.int64, device="cuda")
     sys.argv = ["ncu_mla.py", *BASE, *words]

@@ -109,9 +109,14 @@ def shared_bytes(ring: int = RING) -> int:
 
 @gluon.jit
 def _masked_scores(s, tile_start, end, scale, S_MMA: gl.constexpr):
-    """A tile's scores in base 2, keys from ``end`` on at -inf."""
-    offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
-    return gl.where(offs_n[None, :] < end, s * scale[:, None], float("-inf"))
+    """A tile's scores in base 2, keys from ``end`` on at -inf. Only a sequence's last tile is masked: the keys'
+    offsets, short of registers, were each recomputed from the thread's index, a chain of about a dozen ``S2R``
+    on every tile's path to its row maximum (round 63's clock64 traces)."""
+    s = s * scale[:, None]
+    if tile_start + BLOCK_N > end:
+        offs_n = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_MMA))
+        s = gl.where(offs_n[None, :] < end, s, float("-inf"))
+    return s
 
 
 @gluon.jit
