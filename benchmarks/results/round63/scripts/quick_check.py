@@ -1,4 +1,5 @@
-"""The fp8-values GPU test's check for the seesaw kernel with one row maximum a pair (``PAIR_MAX``) and without:
+"""The fp8-values GPU test's check for the seesaw kernel with one row maximum a pair (``PAIR_MAX``), with the producer's
+page ids loaded ahead (``PAGE_AHEAD``), both, and neither:
 page 64 e4m3 with 64 heads, page 16 e5m2 with 100 heads, 1 and 3 splits, both forms against the float64 reference
 within the test's bound, and how far apart the two forms are: ``python3 quick_check.py [short]`` (with ``tests``
 importable; ``short``: the first case only)."""
@@ -14,7 +15,7 @@ from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
 from portattn.kernels.triton.mla_decode_launch import MLATileConfig, mla_decode_forward
 from portattn.testing import max_error
 
-FORMS = {"seesaw": False, "pair max": True}
+FORMS = {"seesaw": (False, False), "pair max": (True, False), "page ahead": (False, True), "both": (True, True)}
 wide_fp8.SEESAW = True
 failures = 0
 CASES = ((64, 64, torch.float8_e4m3fn), (16, 100, torch.float8_e5m2))
@@ -28,7 +29,7 @@ for page_size, heads, cache in CASES[: 1 if short else 2]:
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         outs = {}
         for splits, name in itertools.product((1, 3), FORMS):
-            seesaw.PAIR_MAX = FORMS[name]
+            seesaw.PAIR_MAX, seesaw.PAGE_AHEAD = FORMS[name]
             workspace = torch.empty(4 * batch * heads * splits * 513, dtype=torch.uint8, device="cuda")
             out = torch.full_like(inputs["q_nope"], float("nan"))
             lse = torch.full((batch, heads), float("nan"), device="cuda")
@@ -47,6 +48,9 @@ for page_size, heads, cache in CASES[: 1 if short else 2]:
                   f"LSE {lse_error:.3e}{'' if ok else '  FAILED'}", flush=True)  # fmt: skip
         for splits in (1, 3):
             apart = max_error(outs[splits, "pair max"], outs[splits, "seesaw"])
-            print(f"  {splits} splits: the two forms differ by at most {apart:.3e}")
-seesaw.PAIR_MAX = False
+            ahead = max_error(outs[splits, "page ahead"], outs[splits, "seesaw"])
+            both = max_error(outs[splits, "both"], outs[splits, "pair max"])
+            print(f"  {splits} splits: pair max and not differ by at most {apart:.3e}, page ahead and not by "
+                  f"{ahead:.3e}, both and pair max by {both:.3e}")  # fmt: skip
+seesaw.PAIR_MAX = seesaw.PAGE_AHEAD = False
 print(f"{failures} failures")

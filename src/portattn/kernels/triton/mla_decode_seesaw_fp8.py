@@ -58,6 +58,7 @@ from .mla_decode_wide_fp8 import (
     _issue_tile,
     _queries_fp8,
     _scores,
+    _tma_load,
     tma_rows,
     transposing_load,
 )
@@ -74,14 +75,18 @@ NUM_WARPS = 4  # the default partition: the left warpgroup
 # other's, both scale their outputs once and issue both value products back to back, where the default form hands
 # m0 then m1 across and rescales the left's output between its two products. Off until measured.
 PAIR_MAX = False
+# The producer loads the page id of the tile it refills before waiting for the tile it transposes, so that the
+# load's latency is not on its path (pages of 64 keys: one TMA copy a tile). Off until measured.
+PAGE_AHEAD = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
-def seesaw_constexprs(ring: int = RING, pair_max: bool = False) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``: ``PAIR_MAX``'s)."""
+def seesaw_constexprs(ring: int = RING, pair_max: bool = False, page_ahead: bool = False) -> dict:
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``, ``page_ahead``:
+    ``PAIR_MAX``'s and ``PAGE_AHEAD``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -97,6 +102,7 @@ def seesaw_constexprs(ring: int = RING, pair_max: bool = False) -> dict:
         "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
         "RING": ring,
         "PAIR_MAX": pair_max,
+        "PAGE_AHEAD": page_ahead,
     }
 
 
@@ -346,9 +352,19 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
 
 
 @gluon.jit
+def _issue_page(CDesc, PeDesc, page, c_buf, pe_buf, bar, PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr):
+    """:func:`mla_decode_wide_fp8._issue_tile` for a tile that is one copy of page ``page`` (loaded ahead), from its
+    first row on."""
+    mbarrier.expect(bar, BLOCK_N * 576)
+    row = page * PAGE_SIZE
+    _tma_load(CDesc, [row, 0], bar, c_buf.slice(0, TMA_ROWS, dim=0))
+    _tma_load(PeDesc, [row, 512], bar, pe_buf.slice(0, TMA_ROWS, dim=0))
+
+
+@gluon.jit
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             RING: gl.constexpr):  # fmt: skip
+             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
@@ -360,6 +376,11 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
     for t in range(num_tiles):
         slot = t % RING
         tile_start = start + t * BLOCK_N
+        ahead = t + RING
+        if PAGE_AHEAD and TMA_ROWS == BLOCK_N and PAGE_SIZE == BLOCK_N:  # one copy a tile, one page
+            # the page id of the tile refilled below, loaded before the waits and the transposition (not after)
+            page_ahead = gl.load(page_row + ((start + ahead * BLOCK_N) // PAGE_SIZE) * stride_pt_p,
+                                 mask=ahead < num_tiles, other=0)  # fmt: skip
         mbarrier.wait(ready.index(slot), (t // RING) & 1)
         buf = t % 2
         mbarrier.wait(vt_empty.index(buf), ((t // 2) & 1) ^ 1)
@@ -372,10 +393,13 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
         _barrier()
         mbarrier.arrive(vt_ready.index(buf), count=1)
         mbarrier.wait(empty.index(slot), (t // RING) & 1)
-        ahead = t + RING
         if ahead < num_tiles:
-            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + ahead * BLOCK_N, end, c_ring.index(slot),
-                        pe_ring.index(slot), ready.index(slot), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+            if PAGE_AHEAD and TMA_ROWS == BLOCK_N and PAGE_SIZE == BLOCK_N:
+                _issue_page(CDesc, PeDesc, page_ahead, c_ring.index(slot), pe_ring.index(slot), ready.index(slot),
+                            PAGE_SIZE, TMA_ROWS)  # fmt: skip
+            else:
+                _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + ahead * BLOCK_N, end, c_ring.index(slot),
+                            pe_ring.index(slot), ready.index(slot), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
 
 
 @gluon.jit
@@ -388,7 +412,7 @@ def mla_decode_seesaw_kernel(
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
-    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAIR_MAX: gl.constexpr,
+    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAIR_MAX: gl.constexpr, PAGE_AHEAD: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -442,7 +466,7 @@ def mla_decode_seesaw_kernel(
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
                 (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD)),
             ],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -459,7 +483,7 @@ def mla_decode_seesaw_kernel(
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
                 (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING)),
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD)),
             ],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -486,7 +510,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAIR_MAX), NUM_WARPS)  # fmt: skip
+                      seesaw_constexprs(ring, PAIR_MAX, PAGE_AHEAD), NUM_WARPS)  # fmt: skip
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
