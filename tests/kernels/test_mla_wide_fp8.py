@@ -25,6 +25,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 from kernels.mla_checks import run_compile_child
 from ops.test_mla import make_mla_case
 from portattn.device import is_triton_interpreter
+from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw_fp8
 from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
 from portattn.kernels.triton.mla_decode_launch import WIDE_PRODUCER_TILES, MLATileConfig, mla_decode_forward
 from portattn.kv_quant import dequantize_kv, quantize_kv
@@ -387,25 +388,27 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
         allowed = c.tol + c.drift + 2.0**-4 * weighted + 2.0**-18 * plain
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         pipelined = (True, False) if ring == 2 else (False,)  # two values buffers (ring 3): pipelined or not
-        # (pipelined, seesaw, value products from registers): the seesaw kernel (mla_decode_seesaw_fp8, or
-        # mla_decode_seesaw_vregs) where TMA copies 64-key tiles
-        forms = [(pipe, False, False) for pipe in pipelined] + [(False, True, False), (False, True, True)] * (
-            block_n == 64
-        )
-        for splits, tma, (pipe, seesaw, vregs) in itertools.product((1, 3), copies(kv_cache, block_n), forms):
+        # (pipelined, seesaw, value products from registers, the seesaw kernel's first form): the seesaw kernel
+        # (mla_decode_seesaw_fp8 as by default, as before PAIR_MAX and PAGE_AHEAD, or mla_decode_seesaw_vregs) where
+        # TMA copies 64-key tiles
+        seesaw_forms = [(False, True, False, False), (False, True, False, True), (False, True, True, False)]
+        forms = [(pipe, False, False, False) for pipe in pipelined] + seesaw_forms * (block_n == 64)
+        for splits, tma, (pipe, seesaw, vregs, first) in itertools.product((1, 3), copies(kv_cache, block_n), forms):
             if seesaw and not tma:
                 continue
             monkeypatch.setattr(wide_fp8, "TMA", tma)
             monkeypatch.setattr(wide_fp8, "PIPELINED", pipe)
             monkeypatch.setattr(wide_fp8, "SEESAW", seesaw)
             monkeypatch.setattr(wide_fp8, "SEESAW_VREGS", vregs)
+            monkeypatch.setattr(seesaw_fp8, "PAIR_MAX", not first)
+            monkeypatch.setattr(seesaw_fp8, "PAGE_AHEAD", not first)
             workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
             out = torch.full_like(queries["q_nope"], float("nan"))
             lse = torch.full((batch, num_heads), float("nan"), device="cuda")
             mla_decode_forward(*args, out, scale=SCALE, num_kv_splits=splits, workspace=workspace, lse=lse,
                                tiles=tiles, kv_scale=KV_SCALE)  # fmt: skip
             form = f"{'TMA' if tma else 'cp.async'}{', pipelined' if pipe else ''}{', seesaw' if seesaw else ''}"
-            form += ", values from registers" if vregs else ""
+            form += ", values from registers" if vregs else ", its first form" if first else ""
             where = f"{dtype}, {cache}, page {page_size}, {block_n} keys, {heads} heads, ring {ring}, {splits} splits"
             where += f", {form}"
             finite = torch.isfinite(ref_lse)

@@ -15,6 +15,10 @@ value product one after another. Here the tiles go in pairs ``(a, b)``, as Flash
   rowmax(b))`` and ``p_b = exp2(s_b - m1)`` and publishes them. Each accumulator is scaled to ``m0``, takes
   ``p_a``'s product, is scaled by ``exp2(m0 - m1)`` and takes ``p_b``'s. The softmax's sums are kept per warpgroup
   and added at the end.
+* By default (``PAIR_MAX``) the pair takes one maximum instead: each warpgroup publishes its tile's row maximum and
+  reads the other's, ``m = max(m_prev, rowmax(a), rowmax(b))``, both scale their outputs once by
+  ``exp2(m_prev - m)`` and issue both tiles' products back to back (``_consume``, one function for both sides); the
+  first value buffer is released once its product is done, so the producer may fill it while the second runs.
 * A producer warpgroup copies the tiles by TMA into a ring of ``RING`` fp8 slots (``mla_decode_wide_fp8``'s copies:
   the cache must allow them, ``tma_rows``) and transposes each tile's latent into one of two value buffers (one a
   pair's tile).
@@ -72,19 +76,22 @@ PRODUCER_REGS = gl.constexpr(56)
 CONSUMER_REGS = gl.constexpr(224)
 NUM_WARPS = 4  # the default partition: the left warpgroup
 # Both warpgroups take one row maximum a pair of tiles (``_consume``): each publishes its tile's and reads the
-# other's, both scale their outputs once and issue both value products back to back, where the default form hands
-# m0 then m1 across and rescales the left's output between its two products. Off until measured.
-PAIR_MAX = False
+# other's, both scale their outputs once and issue both value products back to back, where the form before
+# (``_left``, ``_right``) hands m0 then m1 across and rescales the left's output between its two products.
+PAIR_MAX = True
 # The producer loads the page id of the tile it refills before waiting for the tile it transposes, so that the
-# load's latency is not on its path (pages of 64 keys: one TMA copy a tile). Off until measured.
-PAGE_AHEAD = False
+# load's latency is not on its path (pages of 64 keys: one TMA copy a tile). With PAIR_MAX, on an H100 (64
+# sequences over 4096 keys, page 64, e4m3): 0.0966 ms against 0.1051 at 64 heads in one split, 0.0687 against
+# 0.0722 at 17 heads, 0.0740 against 0.0757 at 64 heads with the cache in the L2; 0.0856-0.0865 against 0.0858 at
+# 64 heads from DRAM (benchmarks/results/round63/NOTES.md). Outputs equal to the form without, bit for bit.
+PAGE_AHEAD = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
-def seesaw_constexprs(ring: int = RING, pair_max: bool = False, page_ahead: bool = False) -> dict:
+def seesaw_constexprs(ring: int = RING, pair_max: bool = True, page_ahead: bool = True) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``, ``page_ahead``:
     ``PAIR_MAX``'s and ``PAGE_AHEAD``'s)."""
     if ring < 2:
