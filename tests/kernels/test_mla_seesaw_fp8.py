@@ -84,7 +84,11 @@ CHILD = textwrap.dedent(
             ("register_values",
              rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
             ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
-            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"))}
+            ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"),
+            # the producer's transposing loads (TRANS_LOAD) and 16-bit shared loads
+            ("trans_loads", r"ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"),
+            ("short_loads", r"ld\\.shared(\\.v\\d)?\\.[ub]16"))}
+        counts["pairs_to_dims"] = ptx.count("0x6420;")  # the producer's regrouping (_PAIRS_TO_DIMS)
         counts["transposes"] = ptx.count("prmt.b32 t0,")  # vregs' 4x4 byte transposes (_TRANSPOSE_4X4)
         # the blocks whose register products take their operands as the transposes leave them: no byte shuffled
         # or selected outside the inline assembly
@@ -120,7 +124,8 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
     ``PRODUCER_REGS`` and the right warpgroup ``CONSUMER_REGS``; a pair's scores as one ``m64n64`` fp8 product a
     warpgroup (16 + 2 MMAs of K 32, the cache's own type against e4m3 queries), its values as two ``m64n256k32``
     ones a tile a warpgroup (no float16 product); TMA copies of each page's latent and rope at the first ``RING``
-    tiles' sites and the loop's, no ``cp.async``; within Hopper's shared memory; spills at most a few scalars."""
+    tiles' sites and the loop's, no ``cp.async``; the values transposed by ``ldmatrix``'s transposing loads and one
+    ``prmt`` a word; within Hopper's shared memory; spills at most a few scalars."""
     for kv, page_size, counts in compiled_counts(tmp_path, "seesaw"):
         where = (kv, page_size, counts)
         assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
@@ -130,6 +135,11 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert counts["wgmma"] == counts["scores"] + counts["values"], where
         pages = 64 // min(int(page_size), 64)
         assert counts["tma"] == (seesaw.RING + 1) * pages * 2 and counts["copies"] == 0, where
+        # the producer's transposition (TRANS_LOAD), each tile's branch (within the sequence or its last): 16
+        # transposing loads (LLVM may merge the branches' first) and 32 regroupings (8 a 64-dim chunk), no byte or
+        # 16-bit shared loads (one byte: the warp-specialization's own)
+        assert 31 <= counts["trans_loads"] <= 32 and counts["pairs_to_dims"] == 2 * 32, where
+        assert counts["byte_loads"] <= 1 and counts["short_loads"] == 0, where
         # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 8 bytes, 3.6, the GPU machine's: 72, and
         # 40 before the values' transposition by rows and the output's columns relabelled, value_columns).
         # The scores in two partial sums (_issue_scores_folded): with three, ptxas had too few registers and

@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
-from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, nvmma, value_columns
+from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, columns_first, nvmma, value_columns
 from .mla_decode_wide_fp8 import (
     P_FP8_SCALE,
     _convert_values,
@@ -85,15 +85,26 @@ PAIR_MAX = True
 # 0.0722 at 17 heads, 0.0740 against 0.0757 at 64 heads with the cache in the L2; 0.0856-0.0865 against 0.0858 at
 # 64 heads from DRAM (benchmarks/results/round63/NOTES.md). Outputs equal to the form without, bit for bit.
 PAGE_AHEAD = True
+# The producer reads each tile's latent with ``ldmatrix``'s transposing form (16-bit elements: two dims of a key)
+# and joins each dim's keys in its registers with one ``prmt`` a word (:func:`_transpose_values`: a tile's 16
+# loads, 64 prmt and 16 stores a thread, where ``mla_decode_wide_fp8._convert_values`` took 192 prmt), the keys
+# in another order in the value buffers and the probabilities (:func:`key_columns`; the probabilities then stored
+# 16 bytes at a time, not 2). On an H100 (64 sequences over 4096 keys, page 64, e4m3), against the form without:
+# 0.0799-0.0807 ms against 0.0854-0.0864 at 64 heads, 0.0889 against 0.0975 in one split, 0.0588 against 0.0718
+# with the cache in the L2, 0.0696 against 0.0715 at 17 heads, 0.0974-0.0977 against 0.1070-0.1095 at 128
+# (benchmarks/results/round64/NOTES.md). The keys' order changes the sums' rounding only.
+TRANS_LOAD = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
-def seesaw_constexprs(ring: int = RING, pair_max: bool = True, page_ahead: bool = True) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``, ``page_ahead``:
-    ``PAIR_MAX``'s and ``PAGE_AHEAD``'s)."""
+def seesaw_constexprs(
+    ring: int = RING, pair_max: bool = True, page_ahead: bool = True, trans_load: bool = True
+) -> dict:
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``, ``page_ahead``,
+    ``trans_load``: ``PAIR_MAX``'s, ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -105,12 +116,39 @@ def seesaw_constexprs(ring: int = RING, pair_max: bool = True, page_ahead: bool 
         "PE_8": nvmma(ROPE, 8),
         "P_S": nvmma(BLOCK_N.value, 8),  # [heads, keys] e4m3
         "V_S": nvmma(BLOCK_N.value, 8),  # [dims, keys] fp8
-        "TLOAD": transposing_load(BLOCK_N.value),  # the producer's transposition (mla_decode_wide_fp8's)
+        # the producer's transposition: its load (ldmatrix, transposing), or mla_decode_wide_fp8's
+        "TLOAD": pairs_load() if trans_load else transposing_load(BLOCK_N.value),
         "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
         "RING": ring,
         "PAIR_MAX": pair_max,
         "PAGE_AHEAD": page_ahead,
+        "TRANS_LOAD": trans_load,
     }
+
+
+def key_columns() -> list[int]:
+    """The key each column of a value buffer and of the probabilities holds (``TRANS_LOAD``): column ``c``'s bits,
+    the lowest first, are the key's bits ``1, 8, 16, 32, 2, 4``, so that a thread's transposed words (keys ``k, k +
+    1, k + 8, k + 9``) and its probabilities are 16 consecutive columns. The value product sums over keys in any
+    order; both operands take this one."""
+    order = (0, 3, 4, 5, 1, 2)  # column bit i holds key bit order[i]
+    return [sum(((c >> i) & 1) << b for i, b in enumerate(order)) for c in range(BLOCK_N.value)]
+
+
+def pairs_load() -> gl.DistributedLinearLayout:
+    """How the producer loads a ``[64 keys, 64 pairs of dims]`` chunk of a tile's latent, 16 bits an element (a key's
+    two dims), to transpose it (``TRANS_LOAD``), as ``ldmatrix``'s transposing form delivers it. A thread's register
+    holds a pair of keys ``k, k + 1`` (a matrix's rows ``1``); its registers keys ``8, 16, 32`` apart (a load's four
+    matrices and two loads) and pairs ``32`` apart; its lanes keys ``2, 4`` (a matrix's rows ``2, 4``: its eight
+    rows, keys ``k .. k + 7``, in the eight bank groups of the 128-byte swizzle) and pairs ``1, 2, 4`` (its
+    columns); the warps pairs ``8, 16``."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [8, 0], [16, 0], [32, 0], [0, 32]],
+        lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+        warp_bases=[[0, 8], [0, 16]],
+        block_bases=[],
+        shape=[64, 64],
+    )
 
 
 def shared_bytes(ring: int = RING) -> int:
@@ -133,10 +171,14 @@ def _masked_scores(s, tile_start, end, scale, S_MMA: gl.constexpr):
 
 
 @gluon.jit
-def _publish_probabilities(p, p_smem, bar):
-    """A tile's probabilities (times ``P_FP8_SCALE``, e4m3) into shared memory for either warpgroup's product,
-    ``bar`` arrived once every lane's stores are visible to the tensor cores."""
-    p_smem.store((p * P_FP8_SCALE).to(p_smem.dtype))
+def _publish_probabilities(p, p_smem, bar, TRANS_LOAD: gl.constexpr):
+    """A tile's probabilities (times ``P_FP8_SCALE``, e4m3) into shared memory for either warpgroup's product, its
+    keys in the value buffers' order (``TRANS_LOAD``: :func:`key_columns`'), ``bar`` arrived once every lane's
+    stores are visible to the tensor cores."""
+    p = (p * P_FP8_SCALE).to(p_smem.dtype)
+    if TRANS_LOAD:  # [heads, k32 k16 k8 k4 k2 k1] to [heads, k4 k2 k32 k16 k8 k1]
+        p = gl.reshape(gl.permute(gl.reshape(p, [p.shape[0], 2, 2, 2, 2, 2, 2]), (0, 4, 5, 1, 2, 3, 6)), p.shape)
+    p_smem.store(p)
     fence_async_shared()
     _barrier()
     mbarrier.arrive(bar, count=1)
@@ -151,7 +193,7 @@ def _scaled(acc, factor, O_MMA: gl.constexpr):
 def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
                  num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
                  stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-                 O_MMA: gl.constexpr):  # fmt: skip
+                 O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
     dims normalised and stored."""
     l_x.slice(SIDE * BLOCK_H, BLOCK_H).store(l_i)
@@ -159,7 +201,7 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
     mbarrier.arrive(l_done, count=1)
     mbarrier.wait(l_done, 0)
     l_i = l_i + l_x.slice((1 - SIDE) * BLOCK_H, BLOCK_H).load(gl.SliceLayout(1, S_MMA))
-    acc = value_columns(acc, HALF)  # the buffers' rows to dims
+    acc = _rows_to_dims(acc, TRANS_LOAD)
     rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, rows)
     dims = SIDE * HALF + gl.arange(0, HALF, gl.SliceLayout(0, acc.type.layout))
@@ -173,7 +215,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
           m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
           num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
           stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-          O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+          O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """The left warpgroup: each pair's tile ``a`` (its scores, ``m0`` and ``p_a`` published), both tiles' products
     into dims [0, 256)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -198,7 +240,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
         p = gl.exp2(s - m0[:, None])
         alpha = gl.exp2(m_i - m0)
         l_i = l_i * alpha + gl.sum(p, 1)
-        _publish_probabilities(p, p_a.index(i % 2), pa_ready.index(i % 2))
+        _publish_probabilities(p, p_a.index(i % 2), pa_ready.index(i % 2), TRANS_LOAD)
         acc = _scaled(acc, alpha, O_MMA)
         mbarrier.wait(vt_ready.index(0), i & 1)
         acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(0, HALF, dim=0).permute((1, 0)), acc, is_async=True)
@@ -222,7 +264,7 @@ def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x,
             mbarrier.arrive(vt_empty.index(1), count=1)
     _finish_half(acc, m_i, l_i, l_x, l_done, 0, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
 
 
 @gluon.jit
@@ -230,7 +272,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
            m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
            num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
            stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-           O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+           O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """The right warpgroup: each pair's tile ``b`` (its scores, ``m1`` and ``p_b`` published), both tiles' products
     into dims [256, 512)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -264,7 +306,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
             mbarrier.arrive(m1_ready, count=1)
             p = gl.exp2(s - m1[:, None])
             l_i = l_i * gl.exp2(m0 - m1) + gl.sum(p, 1)
-            _publish_probabilities(p, p_b.index(i % 2), pb_ready.index(i % 2))
+            _publish_probabilities(p, p_b.index(i % 2), pb_ready.index(i % 2), TRANS_LOAD)
         acc = _scaled(acc, alpha, O_MMA)
         mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
         mbarrier.wait(vt_ready.index(0), i & 1)
@@ -284,7 +326,7 @@ def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x
         m_i = m1
     _finish_half(acc, m_i, l_i, l_x, l_done, 1, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
 
 
 @gluon.jit
@@ -292,7 +334,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
              vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-             O_MMA: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """A consuming warpgroup of the ``PAIR_MAX`` form: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
@@ -331,7 +373,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
         if mine:
             p = gl.exp2(s - m_new[:, None])
             l_i = l_i + gl.sum(p, 1)
-            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2))
+            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD)
         acc = _scaled(acc, alpha, O_MMA)
         mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
         mbarrier.wait(vt_ready.index(0), i & 1)
@@ -355,7 +397,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
         m_i = m_new
     _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
 
 
 @gluon.jit
@@ -368,10 +410,71 @@ def _issue_page(CDesc, PeDesc, page, c_buf, pe_buf, bar, PAGE_SIZE: gl.constexpr
     _tma_load(PeDesc, [row, 512], bar, pe_buf.slice(0, TMA_ROWS, dim=0))
 
 
+# Two dims of four keys (``$2``: keys 0, 1, ``$3``: keys 2, 3, each register a key's two dims, the lower first) to
+# the four keys of each dim (``$0``: the lower dim's, ``$1``: the higher's).
+_PAIRS_TO_DIMS = gl.constexpr("""{
+prmt.b32 $0, $2, $3, 0x6420;
+prmt.b32 $1, $2, $3, 0x7531;
+}""")
+
+
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # a shared buffer's bytes as another type (Triton 3.6:
+    # _reinterpret)
+
+    @gluon.jit
+    def _as_int16(smem, shape: gl.constexpr, layout: gl.constexpr):
+        return smem.reinterpret(gl.int16, shape, layout)
+
+else:
+
+    @gluon.jit
+    def _as_int16(smem, shape: gl.constexpr, layout: gl.constexpr):
+        return smem._reinterpret(gl.int16, shape, layout)
+
+
+@gluon.jit
+def _transpose_values(c_tile, v_buf, tile_start, end, TLOAD: gl.constexpr, ZERO_TAIL: gl.constexpr):
+    """The tile's latent bytes transposed into the value buffer ``[dims, keys]`` (``TRANS_LOAD``), both seen as
+    16-bit elements: a ``[64 keys, 64 pairs of dims]`` chunk at a time loaded as :func:`pairs_load` lays it, each
+    thread's keys ``k, k + 1, k + 8, k + 9`` of a pair regrouped by :data:`_PAIRS_TO_DIMS` into a word of each dim.
+    The buffer's columns hold the keys in :func:`key_columns`' order, and in each 128-row chunk row ``64 j + q``
+    holds dim ``2 q + j``: a quarter warp's 16-byte stores (four key columns, two rows of opposite parity) fill eight
+    bank groups of the 64-byte swizzle. :func:`_rows_to_dims` relabels the output's columns back. ``ZERO_TAIL``:
+    keys from ``end`` on are zeros (TMA copies whole pages)."""
+    pairs = _as_int16(c_tile, [BLOCK_N, 256], gl.NVMMASharedLayout(128, 16, 2))
+    rows = _as_int16(v_buf, [512, BLOCK_N // 2], gl.NVMMASharedLayout(64, 16, 2))
+    for c in gl.static_range(4):
+        x = pairs.slice(64 * c, 64, dim=1).load(TLOAD)  # [keys, pairs]
+        if ZERO_TAIL:
+            keys = tile_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, TLOAD))
+            x = gl.where((keys < end)[:, None], x, gl.zeros_like(x))
+        y = gl.permute(gl.reshape(x, [2, 2, 2, 2, 2, 2, 64]), (0, 1, 3, 4, 5, 6, 2))  # [k32 k16 k4 k2 k1, pairs, k8]
+        keys_01, keys_89 = gl.split(y)
+        lower, higher = gl.inline_asm_elementwise(
+            _PAIRS_TO_DIMS, "=r,=r,r,r", [keys_01, keys_89], (gl.int16, gl.int16), is_pure=True, pack=2
+        )
+        # an element: keys k, k + 1 of pair q's lower (higher) dim, the axis k1 now k8
+        j = gl.join(lower, higher)  # [k32 k16 k4 k2 k8, q, j]: dim 2 q + j to row 64 j + q, keys to key_columns'
+        rows.slice(128 * c, 128, dim=0).store(gl.reshape(gl.permute(j, (6, 5, 2, 3, 0, 1, 4)), [128, BLOCK_N // 2]))
+
+
+@gluon.jit
+def _rows_to_dims(acc, TRANS_LOAD: gl.constexpr):
+    """A warpgroup's output ``[heads, 256]`` whose columns are value-buffer rows, its columns put in the dims' order
+    (``TRANS_LOAD``: row ``64 j + q`` of each 128-row chunk holds dim ``2 q + j``; else ``value_columns``')."""
+    if TRANS_LOAD:
+        acc = gl.reshape(acc, [acc.shape[0], HALF // 128, 2, 64])
+        acc = gl.reshape(gl.permute(acc, (0, 1, 3, 2)), [acc.shape[0], HALF])
+        acc = gl.convert_layout(acc, columns_first(acc.type.layout))
+    else:
+        acc = value_columns(acc, HALF)
+    return acc
+
+
 @gluon.jit
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr):  # fmt: skip
+             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
@@ -391,7 +494,12 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
         mbarrier.wait(ready.index(slot), (t // RING) & 1)
         buf = t % 2
         mbarrier.wait(vt_empty.index(buf), ((t // 2) & 1) ^ 1)
-        if tile_start + BLOCK_N > end:
+        if TRANS_LOAD:
+            if tile_start + BLOCK_N > end:
+                _transpose_values(c_ring.index(slot), vt.index(buf), tile_start, end, TLOAD, True)
+            else:
+                _transpose_values(c_ring.index(slot), vt.index(buf), tile_start, end, TLOAD, False)
+        elif tile_start + BLOCK_N > end:
             _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True, True)
         else:
             _convert_values(c_ring.index(slot), vt.index(buf), tile_start, end, BLOCK_N, CVT, TLOAD, True,
@@ -420,6 +528,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAIR_MAX: gl.constexpr, PAGE_AHEAD: gl.constexpr,
+    TRANS_LOAD: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -467,13 +576,16 @@ def mla_decode_seesaw_kernel(
                 (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD)),
                 (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD)),
                 (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD)),
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
+                        TRANS_LOAD)),
             ],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -484,13 +596,16 @@ def mla_decode_seesaw_kernel(
                 (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD)),
                 (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING)),
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD)),
                 (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD)),
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
+                        TRANS_LOAD)),
             ],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -517,7 +632,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAIR_MAX, PAGE_AHEAD), NUM_WARPS)  # fmt: skip
+                      seesaw_constexprs(ring, PAIR_MAX, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
