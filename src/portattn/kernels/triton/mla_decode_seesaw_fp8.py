@@ -43,7 +43,6 @@ the portable kernel's.
 from __future__ import annotations
 
 import functools
-import math
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -95,23 +94,17 @@ PAGE_AHEAD = True
 # with the cache in the L2, 0.0696 against 0.0715 at 17 heads, 0.0974-0.0977 against 0.1070-0.1095 at 128
 # (benchmarks/results/round64/NOTES.md). The keys' order changes the sums' rounding only.
 TRANS_LOAD = True
-# The consumers of the PAIR_MAX form take each tile's row maximum of its unscaled scores and compute its probabilities
-# as exp2 of one fused multiply-add a score, ``s * scale - (m - log2 P_FP8_SCALE)``: the scores' scaling and the
-# probabilities' factor folded in (their sums then carry the factor, taken out at the end), where the form before
-# multiplied each score by its row's scale and each probability by ``P_FP8_SCALE``.
-FOLD_SCALES = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
-LOG2_P = gl.constexpr(math.log2(P_FP8_SCALE.value))  # P_FP8_SCALE, a power of two
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
 def seesaw_constexprs(
-    ring: int = RING, pair_max: bool = True, page_ahead: bool = True, trans_load: bool = True, fold_scales: bool = True
+    ring: int = RING, pair_max: bool = True, page_ahead: bool = True, trans_load: bool = True
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``, ``page_ahead``,
-    ``trans_load``, ``fold_scales``: ``PAIR_MAX``'s, ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``FOLD_SCALES``')."""
+    ``trans_load``: ``PAIR_MAX``'s, ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -130,7 +123,6 @@ def seesaw_constexprs(
         "PAIR_MAX": pair_max,
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
-        "FOLD_SCALES": fold_scales,
     }
 
 
@@ -179,13 +171,11 @@ def _masked_scores(s, tile_start, end, scale, S_MMA: gl.constexpr):
 
 
 @gluon.jit
-def _publish_probabilities(p, p_smem, bar, TRANS_LOAD: gl.constexpr, SCALED: gl.constexpr = False):
-    """A tile's probabilities (times ``P_FP8_SCALE``, e4m3; ``SCALED``: ``p`` holds the factor) into shared memory
-    for either warpgroup's product, its keys in the value buffers' order (``TRANS_LOAD``: :func:`key_columns`'),
-    ``bar`` arrived once every lane's stores are visible to the tensor cores."""
-    if not SCALED:
-        p = p * P_FP8_SCALE
-    p = p.to(p_smem.dtype)
+def _publish_probabilities(p, p_smem, bar, TRANS_LOAD: gl.constexpr):
+    """A tile's probabilities (times ``P_FP8_SCALE``, e4m3) into shared memory for either warpgroup's product, its
+    keys in the value buffers' order (``TRANS_LOAD``: :func:`key_columns`'), ``bar`` arrived once every lane's
+    stores are visible to the tensor cores."""
+    p = (p * P_FP8_SCALE).to(p_smem.dtype)
     if TRANS_LOAD:  # [heads, k32 k16 k8 k4 k2 k1] to [heads, k4 k2 k32 k16 k8 k1]
         p = gl.reshape(gl.permute(gl.reshape(p, [p.shape[0], 2, 2, 2, 2, 2, 2]), (0, 4, 5, 1, 2, 3, 6)), p.shape)
     p_smem.store(p)
@@ -203,9 +193,9 @@ def _scaled(acc, factor, O_MMA: gl.constexpr):
 def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
                  num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
                  stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-                 O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr, FOLDED: gl.constexpr = False):  # fmt: skip
+                 O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
-    dims normalised and stored (``FOLDED``: the sums hold ``P_FP8_SCALE`` as the output does)."""
+    dims normalised and stored."""
     l_x.slice(SIDE * BLOCK_H, BLOCK_H).store(l_i)
     _barrier()
     mbarrier.arrive(l_done, count=1)
@@ -215,13 +205,9 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
     rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, rows)
     dims = SIDE * HALF + gl.arange(0, HALF, gl.SliceLayout(0, acc.type.layout))
-    if FOLDED:  # the factor cancels in the output and leaves the LSE
-        m_i = m_i - LOG2_P
-    else:
-        kv_scale = kv_scale / P_FP8_SCALE
     _store_result(acc, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), offs_h, dims, seq, split, start,
-                  end, num_heads, num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
-                  stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
+                  end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
+                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
 
 
 @gluon.jit
@@ -348,8 +334,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
              vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr,
-             FOLD_SCALES: gl.constexpr):  # fmt: skip
+             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """A consuming warpgroup of the ``PAIR_MAX`` form: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
@@ -376,12 +361,8 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
             s = _scores(s, 0)
             _barrier()  # every warp's share of the product read the slot
             mbarrier.arrive(empty.index(slot), count=1)
-            if FOLD_SCALES:  # the row maximum of the unscaled scores, scaled (the scales are positive)
-                s = _masked_scores(s, start + t * BLOCK_N, end, gl.full_like(scale, 1.0), S_MMA)
-                r = gl.max(s, 1) * scale
-            else:
-                s = _masked_scores(s, start + t * BLOCK_N, end, scale, S_MMA)
-                r = gl.max(s, 1)
+            s = _masked_scores(s, start + t * BLOCK_N, end, scale, S_MMA)
+            r = gl.max(s, 1)
         m_x.slice(SIDE * BLOCK_H, BLOCK_H).store(r)
         _barrier()
         mbarrier.arrive(own_max, count=1)
@@ -390,12 +371,9 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
         alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
         l_i = l_i * alpha
         if mine:
-            if FOLD_SCALES:  # P_FP8_SCALE p, one fused multiply-add a score before the exp2
-                p = gl.exp2(s * scale[:, None] - (m_new - LOG2_P)[:, None])
-            else:
-                p = gl.exp2(s - m_new[:, None])
+            p = gl.exp2(s - m_new[:, None])
             l_i = l_i + gl.sum(p, 1)
-            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD, FOLD_SCALES)
+            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD)
         acc = _scaled(acc, alpha, O_MMA)
         mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
         mbarrier.wait(vt_ready.index(0), i & 1)
@@ -419,7 +397,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
         m_i = m_new
     _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
                  kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD, FOLD_SCALES)  # fmt: skip
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
 
 
 @gluon.jit
@@ -550,7 +528,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAIR_MAX: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, FOLD_SCALES: gl.constexpr,
+    TRANS_LOAD: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -599,12 +577,12 @@ def mla_decode_seesaw_kernel(
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD, FOLD_SCALES)),
+                      TRANS_LOAD)),
                 (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                       vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                       num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                       stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD, FOLD_SCALES)),
+                      TRANS_LOAD)),
                 (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                         ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
                         TRANS_LOAD)),
@@ -654,7 +632,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAIR_MAX, PAGE_AHEAD, TRANS_LOAD, FOLD_SCALES), NUM_WARPS)  # fmt: skip
+                      seesaw_constexprs(ring, PAIR_MAX, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
