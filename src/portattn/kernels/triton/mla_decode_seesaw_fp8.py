@@ -34,7 +34,9 @@ Since round 57 its producer's transposition is free of bank conflicts (``mla_dec
 the output's columns relabelled back by ``mla_decode_wide.value_columns``) and it is the launcher's default over fp8
 caches where each program has many tiles: on an H100 (64 sequences over 4096 keys, page 64) 128 heads took 0.1079
 ms (1.54x the bf16 cache), 32 heads 0.0789 (1.51x), 17 heads 0.0738 (1.55x); with few tiles a program its pairs
-cost more than they save (benchmarks/results/round57/NOTES.md).
+cost more than they save (benchmarks/results/round57/NOTES.md). Since round 64 the producer transposes with
+``ldmatrix``'s transposing loads and one ``prmt`` a word (``TRANS_LOAD``, :func:`_transpose_values`), the keys in
+:func:`key_columns`' order in the value buffers and the probabilities.
 
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits, partial results and the merge are
 the portable kernel's.
