@@ -35,6 +35,19 @@ def test_seesaw_names_what_it_needs():
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, pipelined=True)
 
 
+def test_the_transposed_values_and_the_probabilities_hold_the_keys_in_one_order():
+    """``key_columns`` (``TRANS_LOAD``) is a permutation of a tile's keys, and the order both sides of the value
+    product take: the probabilities' (``_publish_probabilities``: ``[heads, k32 k16 k8 k4 k2 k1]`` permuted to ``[heads,
+    k4 k2 k32 k16 k8 k1]``) and the producer's 16-bit columns (``_transpose_values``: ``[k32 k16 k4 k2 k8]`` a column,
+    keys ``k, k + 1`` in each)."""
+    order = seesaw.key_columns()
+    assert sorted(order) == list(range(64)) and order[:4] == [0, 1, 8, 9]
+    keys = torch.arange(64).reshape(2, 2, 2, 2, 2, 2)  # k32 k16 k8 k4 k2 k1
+    assert keys.permute(3, 4, 0, 1, 2, 5).reshape(64).tolist() == order
+    pairs = keys[..., 0].permute(3, 4, 0, 1, 2).reshape(32)  # an element's first key, [k4 k2 k32 k16 k8]
+    assert torch.stack((pairs, pairs + 1), 1).reshape(64).tolist() == order
+
+
 def test_seesaw_with_values_from_registers_names_what_it_needs():
     """``mla_decode_seesaw_vregs`` refuses what the seesaw kernel refuses, and a ring past shared memory (its ring
     takes the value buffers' place: 4 slots by default, also where the launcher asks for the other forms' 3)."""

@@ -412,16 +412,16 @@ def _issue_page(CDesc, PeDesc, page, c_buf, pe_buf, bar, PAGE_SIZE: gl.constexpr
     _tma_load(PeDesc, [row, 512], bar, pe_buf.slice(0, TMA_ROWS, dim=0))
 
 
-# Two dims of four keys (``$2``: keys 0, 1, ``$3``: keys 2, 3, each register a key's two dims, the lower first) to
-# the four keys of each dim (``$0``: the lower dim's, ``$1``: the higher's).
+# Two dims of four keys to the four keys of each dim: ``$2`` holds keys ``a, a + 1`` and ``$3`` keys ``b, b + 1``,
+# each a key's two dims, the lower first; ``$0`` gets the lower dim of keys ``a, a + 1, b, b + 1``, ``$1`` the higher.
 _PAIRS_TO_DIMS = gl.constexpr("""{
 prmt.b32 $0, $2, $3, 0x6420;
 prmt.b32 $1, $2, $3, 0x7531;
 }""")
 
 
-if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # a shared buffer's bytes as another type (Triton 3.6:
-    # _reinterpret)
+# a shared buffer's bytes as 16-bit elements (Triton 3.6 names the method _reinterpret)
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
 
     @gluon.jit
     def _as_int16(smem, shape: gl.constexpr, layout: gl.constexpr):
