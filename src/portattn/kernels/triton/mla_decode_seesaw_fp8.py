@@ -140,10 +140,10 @@ def key_columns() -> list[int]:
 def pairs_load() -> gl.DistributedLinearLayout:
     """How the producer loads a ``[64 keys, 64 pairs of dims]`` chunk of a tile's latent, 16 bits an element (a key's
     two dims), to transpose it (``TRANS_LOAD``), as ``ldmatrix``'s transposing form delivers it. A thread's register
-    holds a pair of keys ``k, k + 1`` (a matrix's rows ``1``); its registers keys ``8, 16, 32`` apart (a load's four
-    matrices and two loads) and pairs ``32`` apart; its lanes keys ``2, 4`` (a matrix's rows ``2, 4``: its eight
-    rows, keys ``k .. k + 7``, in the eight bank groups of the 128-byte swizzle) and pairs ``1, 2, 4`` (its
-    columns); the warps pairs ``8, 16``."""
+    holds one pair of dims of keys ``k`` and ``k + 1`` (two rows of an 8 x 8 matrix); its registers keys ``8, 16,
+    32`` apart (a load's four matrices and two loads) and pairs ``32`` apart; its lanes keys ``2, 4`` apart (the
+    matrix's rows two and four apart: its eight rows, keys ``k .. k + 7``, in the eight bank groups of the 128-byte
+    swizzle) and pairs ``1, 2, 4`` apart (its columns); the warps pairs ``8, 16`` apart."""
     return gl.DistributedLinearLayout(
         reg_bases=[[1, 0], [8, 0], [16, 0], [32, 0], [0, 32]],
         lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
