@@ -153,8 +153,8 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # 16-bit shared loads (one byte: the warp-specialization's own)
         assert 31 <= counts["trans_loads"] <= 32 and counts["pairs_to_dims"] == 2 * 32, where
         assert counts["byte_loads"] <= 1 and counts["short_loads"] == 0, where
-        # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 8 bytes, 3.6, the GPU machine's: 72, and
-        # 40 before the values' transposition by rows and the output's columns relabelled, value_columns).
+        # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 24-32 bytes, 3.6, the GPU machine's: 32;
+        # 24 and 48 before the transposing loads, TRANS_LOAD).
         # The scores in two partial sums (_issue_scores_folded): with three, ptxas had too few registers and
         # serialized every product (its note C7512, 168-176 bytes of stack); promoting within the product
         # (max_num_imprecise_acc) serialized them too (C7514). The queries' two merged passes spilled 488 bytes
