@@ -389,8 +389,8 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         pipelined = (True, False) if ring == 2 else (False,)  # two values buffers (ring 3): pipelined or not
         # (pipelined, seesaw, value products from registers, the seesaw kernel's first form): the seesaw kernel
-        # (mla_decode_seesaw_fp8 as by default, as before PAIR_MAX, PAGE_AHEAD and TRANS_LOAD, or
-        # mla_decode_seesaw_vregs) where TMA copies 64-key tiles
+        # (mla_decode_seesaw_fp8 as by default, as before PAGE_AHEAD and TRANS_LOAD, or mla_decode_seesaw_vregs)
+        # where TMA copies 64-key tiles
         seesaw_forms = [(False, True, False, False), (False, True, False, True), (False, True, True, False)]
         forms = [(pipe, False, False, False) for pipe in pipelined] + seesaw_forms * (block_n == 64)
         for splits, tma, (pipe, seesaw, vregs, first) in itertools.product((1, 3), copies(kv_cache, block_n), forms):
@@ -400,7 +400,6 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
             monkeypatch.setattr(wide_fp8, "PIPELINED", pipe)
             monkeypatch.setattr(wide_fp8, "SEESAW", seesaw)
             monkeypatch.setattr(wide_fp8, "SEESAW_VREGS", vregs)
-            monkeypatch.setattr(seesaw_fp8, "PAIR_MAX", not first)
             monkeypatch.setattr(seesaw_fp8, "PAGE_AHEAD", not first)
             monkeypatch.setattr(seesaw_fp8, "TRANS_LOAD", not first)
             workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")

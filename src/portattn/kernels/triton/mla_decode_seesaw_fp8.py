@@ -11,14 +11,13 @@ value product one after another. Here the tiles go in pairs ``(a, b)``, as Flash
 * Each owns half the output, 256 latent dims (128 accumulator registers a thread), and adds both tiles' value
   products to it: fp8 ones (``m64n256k32``), the producer having transposed each tile's latent bytes to ``[dims,
   keys]`` (K-major, as the fp8 product needs) and the probabilities going to e4m3 times ``P_FP8_SCALE``.
-* The left publishes ``m0 = max(m, rowmax(a))`` and ``p_a = exp2(s_a - m0)``; the right takes ``m1 = max(m0,
-  rowmax(b))`` and ``p_b = exp2(s_b - m1)`` and publishes them. Each accumulator is scaled to ``m0``, takes
-  ``p_a``'s product, is scaled by ``exp2(m0 - m1)`` and takes ``p_b``'s. The softmax's sums are kept per warpgroup
-  and added at the end.
-* By default (``PAIR_MAX``) the pair takes one maximum instead: each warpgroup publishes its tile's row maximum and
-  reads the other's, ``m = max(m_prev, rowmax(a), rowmax(b))``, both scale their outputs once by
-  ``exp2(m_prev - m)`` and issue both tiles' products back to back (``_consume``, one function for both sides); the
-  first value buffer is released once its product is done, so the producer may fill it while the second runs.
+* The pair takes one row maximum (since round 63): each warpgroup publishes its tile's row maximum and reads the
+  other's, ``m = max(m_prev, rowmax(a), rowmax(b))``, publishes its probabilities ``exp2(s - m)``, scales its output
+  once by ``exp2(m_prev - m)`` and issues both tiles' products back to back (``_consume``, one function for both
+  sides); the first value buffer is released once its product is done, so the producer may fill it while the
+  second runs. The softmax's sums are kept per warpgroup and added at the end. (Until round 63 the left published
+  ``m0 = max(m, rowmax(a))``, the right ``m1 = max(m0, rowmax(b))``, and the left's output was rescaled between its
+  two products: 0.1051 ms against 0.0966 at 64 heads in one split on an H100, benchmarks/results/round63/NOTES.md.)
 * A producer warpgroup copies the tiles by TMA into a ring of ``RING`` fp8 slots (``mla_decode_wide_fp8``'s copies:
   the cache must allow them, ``tma_rows``) and transposes each tile's latent into one of two value buffers (one a
   pair's tile).
@@ -77,12 +76,8 @@ HALF = gl.constexpr(256)  # the latent dims a consuming warpgroup accumulates
 PRODUCER_REGS = gl.constexpr(56)
 CONSUMER_REGS = gl.constexpr(224)
 NUM_WARPS = 4  # the default partition: the left warpgroup
-# Both warpgroups take one row maximum a pair of tiles (``_consume``): each publishes its tile's and reads the
-# other's, both scale their outputs once and issue both value products back to back, where the form before
-# (``_left``, ``_right``) hands m0 then m1 across and rescales the left's output between its two products.
-PAIR_MAX = True
 # The producer loads the page id of the tile it refills before waiting for the tile it transposes, so that the
-# load's latency is not on its path (pages of 64 keys: one TMA copy a tile). With PAIR_MAX, on an H100 (64
+# load's latency is not on its path (pages of 64 keys: one TMA copy a tile). With one maximum a pair, on an H100 (64
 # sequences over 4096 keys, page 64, e4m3): 0.0966 ms against 0.1051 at 64 heads in one split, 0.0687 against
 # 0.0722 at 17 heads, 0.0740 against 0.0757 at 64 heads with the cache in the L2; 0.0856-0.0865 against 0.0858 at
 # 64 heads from DRAM (benchmarks/results/round63/NOTES.md). Outputs equal to the form without, bit for bit.
@@ -102,11 +97,9 @@ HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute 
 
 
 @functools.cache
-def seesaw_constexprs(
-    ring: int = RING, pair_max: bool = True, page_ahead: bool = True, trans_load: bool = True
-) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup) and its form (``pair_max``, ``page_ahead``,
-    ``trans_load``: ``PAIR_MAX``'s, ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
+def seesaw_constexprs(ring: int = RING, page_ahead: bool = True, trans_load: bool = True) -> dict:
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``:
+    ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -122,7 +115,6 @@ def seesaw_constexprs(
         "TLOAD": pairs_load() if trans_load else transposing_load(BLOCK_N.value),
         "CVT": gl.BlockedLayout([1, 16], [4, 8], [w, 1], [1, 0]),
         "RING": ring,
-        "PAIR_MAX": pair_max,
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
     }
@@ -213,131 +205,12 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
 
 
 @gluon.jit
-def _left(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready, vt_empty,
-          m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
-          num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
-          stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-          O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
-    """The left warpgroup: each pair's tile ``a`` (its scores, ``m0`` and ``p_a`` published), both tiles' products
-    into dims [0, 256)."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
-    scale = scale_smem.load(ROWS) * qk_scale_log2
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
-    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
-    num_tiles = gl.cdiv(end - start, BLOCK_N)
-    for i in range(gl.cdiv(num_tiles, 2)):
-        a = 2 * i
-        slot = a % RING
-        mbarrier.wait(ready.index(slot), (a // RING) & 1)
-        s = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
-        s = _scores(s, 0)
-        _barrier()  # every warp's share of the product read the slot
-        mbarrier.arrive(empty.index(slot), count=1)
-        s = _masked_scores(s, start + a * BLOCK_N, end, scale, S_MMA)
-        m0 = gl.maximum(m_i, gl.max(s, 1))  # finite: every tile holds a key
-        m_x.slice(0, BLOCK_H).store(m0)
-        _barrier()
-        mbarrier.arrive(m0_ready, count=1)
-        p = gl.exp2(s - m0[:, None])
-        alpha = gl.exp2(m_i - m0)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        _publish_probabilities(p, p_a.index(i % 2), pa_ready.index(i % 2), TRANS_LOAD)
-        acc = _scaled(acc, alpha, O_MMA)
-        mbarrier.wait(vt_ready.index(0), i & 1)
-        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(0, HALF, dim=0).permute((1, 0)), acc, is_async=True)
-        m_i = m0
-        if a + 1 < num_tiles:  # tile b: rescaled to m1, its probabilities the right warpgroup's
-            mbarrier.wait(m1_ready, i & 1)
-            m1 = m_x.slice(BLOCK_H, BLOCK_H).load(ROWS)
-            beta = gl.exp2(m0 - m1)
-            l_i = l_i * beta
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            acc = _scaled(acc, beta, O_MMA)
-            mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
-            mbarrier.wait(vt_ready.index(1), i & 1)
-            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(0, HALF, dim=0).permute((1, 0)), acc,
-                                is_async=True)  # fmt: skip
-            m_i = m1
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _barrier()  # every warp's products done with the value buffers
-        mbarrier.arrive(vt_empty.index(0), count=1)
-        if a + 1 < num_tiles:
-            mbarrier.arrive(vt_empty.index(1), count=1)
-    _finish_half(acc, m_i, l_i, l_x, l_done, 0, head_block, seq, split, start, end, num_heads, num_kv_splits,
-                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
-
-
-@gluon.jit
-def _right(qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready, vt_empty,
-           m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
-           num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
-           stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-           O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
-    """The right warpgroup: each pair's tile ``b`` (its scores, ``m1`` and ``p_b`` published), both tiles' products
-    into dims [256, 512)."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
-    scale = scale_smem.load(ROWS) * qk_scale_log2
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
-    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
-    num_tiles = gl.cdiv(end - start, BLOCK_N)
-    for i in range(gl.cdiv(num_tiles, 2)):
-        b = 2 * i + 1
-        has_b = b < num_tiles
-        s = gl.full([BLOCK_H, BLOCK_N], float("-inf"), gl.float32, S_MMA)
-        m_b = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
-        if has_b:
-            slot = b % RING
-            mbarrier.wait(ready.index(slot), (b // RING) & 1)
-            s = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), BLOCK_N, S_MMA)
-            s = _scores(s, 0)
-            _barrier()
-            mbarrier.arrive(empty.index(slot), count=1)
-            s = _masked_scores(s, start + b * BLOCK_N, end, scale, S_MMA)
-            m_b = gl.max(s, 1)
-        mbarrier.wait(m0_ready, i & 1)
-        m0 = m_x.slice(0, BLOCK_H).load(ROWS)
-        m1 = gl.maximum(m0, m_b)
-        alpha = gl.exp2(m_i - m0)
-        l_i = l_i * alpha
-        if has_b:
-            m_x.slice(BLOCK_H, BLOCK_H).store(m1)
-            _barrier()
-            mbarrier.arrive(m1_ready, count=1)
-            p = gl.exp2(s - m1[:, None])
-            l_i = l_i * gl.exp2(m0 - m1) + gl.sum(p, 1)
-            _publish_probabilities(p, p_b.index(i % 2), pb_ready.index(i % 2), TRANS_LOAD)
-        acc = _scaled(acc, alpha, O_MMA)
-        mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
-        mbarrier.wait(vt_ready.index(0), i & 1)
-        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(HALF, HALF, dim=0).permute((1, 0)), acc,
-                            is_async=True)  # fmt: skip
-        if has_b:
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            acc = _scaled(acc, gl.exp2(m0 - m1), O_MMA)
-            mbarrier.wait(vt_ready.index(1), i & 1)
-            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(HALF, HALF, dim=0).permute((1, 0)), acc,
-                                is_async=True)  # fmt: skip
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _barrier()
-        mbarrier.arrive(vt_empty.index(0), count=1)
-        if has_b:
-            mbarrier.arrive(vt_empty.index(1), count=1)
-        m_i = m1
-    _finish_half(acc, m_i, l_i, l_x, l_done, 1, head_block, seq, split, start, end, num_heads, num_kv_splits,
-                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
-
-
-@gluon.jit
 def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty,
              vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
              O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
-    """A consuming warpgroup of the ``PAIR_MAX`` form: tile ``2 i + SIDE`` of each pair scored, the pair's row
+    """A consuming warpgroup: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
     ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
@@ -529,7 +402,7 @@ def mla_decode_seesaw_kernel(
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
-    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAIR_MAX: gl.constexpr, PAGE_AHEAD: gl.constexpr,
+    RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
     TRANS_LOAD: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
@@ -572,46 +445,26 @@ def mla_decode_seesaw_kernel(
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
-    if PAIR_MAX:  # one function for both consuming warpgroups
-        gl.warp_specialize(
-            [
-                (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD)),
-                (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD)),
-                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                        TRANS_LOAD)),
-            ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-    else:
-        gl.warp_specialize(
-            [
-                (_left, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD)),
-                (_right, (qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD)),
-                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                        TRANS_LOAD)),
-            ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
+    # one function for both consuming warpgroups
+    gl.warp_specialize(
+        [
+            (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                  vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                  num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                  TRANS_LOAD)),
+            (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                  vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                  num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                  TRANS_LOAD)),
+            (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                    ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
+                    TRANS_LOAD)),
+        ],
+        [4, PRODUCER_WARPS],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
 
 
 def supports(kv_cache) -> str | None:
@@ -634,7 +487,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAIR_MAX, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
+                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
