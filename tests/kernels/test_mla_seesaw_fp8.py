@@ -79,7 +79,7 @@ CHILD = textwrap.dedent(
 
     KERNEL, CONSTEXPRS, NUM_WARPS = {KERNEL}
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
-            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32"}
+            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32", "Counters": "*i32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
         const = {**CONSTEXPRS(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
@@ -100,7 +100,9 @@ CHILD = textwrap.dedent(
             ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"),
             # the producer's transposing loads (TRANS_LOAD) and 16-bit shared loads
             ("trans_loads", r"ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"),
-            ("short_loads", r"ld\\.shared(\\.v\\d)?\\.[ub]16"))}
+            ("short_loads", r"ld\\.shared(\\.v\\d)?\\.[ub]16"),
+            # the in-kernel merge's tickets (MERGE_IN_KERNEL) and its reads through the L2
+            ("tickets", r"atom\\.global\\.gpu\\.acq_rel\\.add"), ("l2_reads", r"ld\\.global\\.cg\\.v4"))}
         counts["pairs_to_dims"] = ptx.count("0x6420;")  # the producer's regrouping (_PAIRS_TO_DIMS)
         counts["transposes"] = ptx.count("prmt.b32 t0,")  # vregs' 4x4 byte transposes (_TRANSPOSE_4X4)
         # the blocks whose register products take their operands as the transposes leave them: no byte shuffled
@@ -121,10 +123,17 @@ CHILD = textwrap.dedent(
 
 
 def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
-    """``(cache, page size, counts)`` of ``kernel`` (``seesaw`` or ``vregs``) compiled for sm_90 over an e4m3 cache
-    of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
-    name = {"seesaw": "mla_decode_seesaw_kernel", "vregs": "mla_decode_seesaw_vregs_kernel"}[kernel]
-    spec = f"{kernel}.{name}, {kernel}.{kernel}_constexprs, {kernel}.NUM_WARPS"
+    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``seesaw_ahead``: its ``SCORES_AHEAD`` form,
+    ``seesaw_merge``: its ``MERGE_IN_KERNEL`` form, or ``vregs``) compiled for sm_90 over an e4m3 cache of 64-key
+    pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
+    spec = {
+        "seesaw": "seesaw.mla_decode_seesaw_kernel, seesaw.seesaw_constexprs, seesaw.NUM_WARPS",
+        "seesaw_ahead": "seesaw.mla_decode_seesaw_kernel, lambda: seesaw.seesaw_constexprs(scores_ahead=True), "
+        "seesaw.NUM_WARPS",
+        "seesaw_merge": "seesaw.mla_decode_seesaw_kernel, lambda: seesaw.seesaw_constexprs(merge_in_kernel=True), "
+        "seesaw.NUM_WARPS",
+        "vregs": "vregs.mla_decode_seesaw_vregs_kernel, vregs.vregs_constexprs, vregs.NUM_WARPS",
+    }[kernel]
     lines = run_compile_child(tmp_path, CHILD.replace("{KERNEL}", spec), f"compile_mla_{kernel}", timeout=900)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
     assert len(kernels) == 2, lines
@@ -153,6 +162,7 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # 16-bit shared loads (one byte: the warp-specialization's own)
         assert 31 <= counts["trans_loads"] <= 32 and counts["pairs_to_dims"] == 2 * 32, where
         assert counts["byte_loads"] <= 1 and counts["short_loads"] == 0, where
+        assert counts["tickets"] == 0 and counts["l2_reads"] == 0, where  # the splits merged by the merge kernel
         # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 24-32 bytes, 3.6, the GPU machine's: 32;
         # 24 and 48 before the transposing loads, TRANS_LOAD).
         # The scores in two partial sums (_issue_scores_folded): with three, ptxas had too few registers and
@@ -161,6 +171,37 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # before _queries_fp8(RELOAD=True)
         assert counts["stack"] <= 80, where
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
+
+
+def test_the_seesaw_kernel_with_scores_ahead_compiles_for_hopper(tmp_path):
+    """The ``SCORES_AHEAD`` form (``_consume_ahead``, off by default): each consumer issues a pair's scores at two
+    sites (the first pair's before its loop, the next pair's behind the value products), 2 x 2 x 18 products, the
+    value products as the default form's; no product serialized by ptxas. Stack: Triton 3.6 (the GPU machine's)
+    64 bytes, some addresses reloaded once a pair in the left warpgroup's loop; later Tritons 136 bytes, spills in
+    a consumer's loop (the form is off by default)."""
+    import triton
+
+    stack = 80 if triton.__version__.startswith("3.6") else 160
+    for kv, page_size, counts in compiled_counts(tmp_path, "seesaw_ahead"):
+        where = (kv, page_size, counts)
+        assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
+        assert (counts["scores"], counts["values"]) == (2 * 2 * 18, 2 * 2 * 2), where
+        assert counts["wgmma"] == counts["scores"] + counts["values"], where
+        assert counts["stack"] <= stack and counts["serialized"] <= 0, where
+
+
+def test_the_seesaw_kernel_merging_its_splits_compiles_for_hopper(tmp_path):
+    """The ``MERGE_IN_KERNEL`` form: each consuming warpgroup takes one ticket (an acquire-release atomic add) and
+    the last reads the block's partials through the L2, 16 bytes a load (four 64-dim chunks); the products and
+    copies as the default form's; no product serialized, a few scalars of stack (Triton 3.6: 48 bytes, 3.9: 40),
+    none in the merge's loop. The default form takes no ticket."""
+    for kv, page_size, counts in compiled_counts(tmp_path, "seesaw_merge"):
+        where = (kv, page_size, counts)
+        assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
+        assert (counts["scores"], counts["values"]) == (2 * 18, 2 * 2 * 2), where
+        assert counts["wgmma"] == counts["scores"] + counts["values"], where
+        assert counts["tickets"] == 2 and counts["l2_reads"] >= 2 * 4, where
+        assert counts["stack"] <= 80 and counts["serialized"] <= 0, where
 
 
 def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_path):

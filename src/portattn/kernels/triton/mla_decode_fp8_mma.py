@@ -368,13 +368,26 @@ def _unpack(x, E5M2: gl.constexpr, INT: gl.constexpr):
 
 
 @gluon.jit
+def _per_split(num_keys, num_kv_splits, BLOCK_N: gl.constexpr, MIN_SPLIT: gl.constexpr):
+    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
+    return gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
+
+
+@gluon.jit
 def _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N: gl.constexpr, MIN_SPLIT: gl.constexpr):
     """The split's keys ``[start, end)``, as ``mla_decode._split_range`` cuts them."""
     num_keys = gl.load(SeqLensK + seq)
-    per_split = gl.cdiv(gl.cdiv(num_keys, num_kv_splits), BLOCK_N) * BLOCK_N
-    per_split = gl.maximum(per_split, gl.cdiv(gl.maximum(MIN_SPLIT, 1), BLOCK_N) * BLOCK_N)
+    per_split = _per_split(num_keys, num_kv_splits, BLOCK_N, MIN_SPLIT)
     start = split * per_split
     return start, gl.minimum(start + per_split, num_keys)
+
+
+@gluon.jit
+def _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N: gl.constexpr, MIN_SPLIT: gl.constexpr):
+    """How many of the sequence's splits hold keys (the first ones; the others write no partials), as
+    ``mla_decode_merge_kernel`` counts them."""
+    num_keys = gl.load(SeqLensK + seq)
+    return gl.cdiv(num_keys, _per_split(num_keys, num_kv_splits, BLOCK_N, MIN_SPLIT))
 
 
 @gluon.jit

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -54,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
+from .mla_decode_fp8_mma import RANK, ROPE, _active_splits, _barrier, _key_range, _store_result, arguments
 from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, columns_first, nvmma, value_columns
 from .mla_decode_wide_fp8 import (
     P_FP8_SCALE,
@@ -91,15 +92,29 @@ PAGE_AHEAD = True
 # with the cache in the L2, 0.0696 against 0.0715 at 17 heads, 0.0974-0.0977 against 0.1070-0.1095 at 128
 # (benchmarks/results/round64/NOTES.md). The keys' order changes the sums' rounding only.
 TRANS_LOAD = True
+# The consumers issue the next pair's scores right after this pair's value products, before waiting for them, so
+# that the tensor cores run both back to back (FlashAttention-3's overlap within a warpgroup): ``_consume_ahead``.
+# Off until measured.
+SCORES_AHEAD = False
+# Split launches: the last of a block's splits to finish merges them (each warpgroup its 256 dims, on a ticket per
+# block and warpgroup from ``launch.merge_counters``), so that no merge kernel follows (:func:`_merge_splits`).
+# Off until measured.
+MERGE_IN_KERNEL = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
 
 
 @functools.cache
-def seesaw_constexprs(ring: int = RING, page_ahead: bool = True, trans_load: bool = True) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``:
-    ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
+def seesaw_constexprs(
+    ring: int = RING,
+    page_ahead: bool = True,
+    trans_load: bool = True,
+    scores_ahead: bool = False,
+    merge_in_kernel: bool = False,
+) -> dict:
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
+    ``scores_ahead``, ``merge_in_kernel``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``SCORES_AHEAD``' and ``MERGE_IN_KERNEL``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -117,6 +132,10 @@ def seesaw_constexprs(ring: int = RING, page_ahead: bool = True, trans_load: boo
         "RING": ring,
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
+        "SCORES_AHEAD": scores_ahead,
+        "MERGE_IN_KERNEL": merge_in_kernel,
+        # the in-kernel merge's [heads, 64 dims] chunks: 16 bytes a thread, a warp's 32 on two heads
+        "MERGE_L": gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]),
     }
 
 
@@ -186,10 +205,12 @@ def _scaled(acc, factor, O_MMA: gl.constexpr):
 @gluon.jit
 def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
                  num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
-                 stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-                 O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
+                 stride_lse_h, counter, num_active, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+                 S_MMA: gl.constexpr, O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr, MERGE: gl.constexpr,
+                 MERGE_L: gl.constexpr):  # fmt: skip
     """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
-    dims normalised and stored."""
+    dims normalised and stored; ``MERGE`` (split launches): the last of the block's splits to store them merges
+    them (:func:`_merge_splits`)."""
     l_x.slice(SIDE * BLOCK_H, BLOCK_H).store(l_i)
     _barrier()
     mbarrier.arrive(l_done, count=1)
@@ -202,6 +223,51 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
     _store_result(acc, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), offs_h, dims, seq, split, start,
                   end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
+    if MERGE:
+        # A ticket a (block, warpgroup), taken once every thread's partials are stored (the barrier) with release
+        # semantics and read with acquire semantics; the last merges and puts the counter back to 0.
+        _barrier()
+        ticket = gl.atomic_add(counter + SIDE, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_kv_splits - 1:
+            _merge_splits(PartOut, PartLse, Out, Lse, head_block, seq, SIDE, num_heads, num_kv_splits, num_active,
+                          stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE, MERGE_L)  # fmt: skip
+            gl.atomic_xchg(counter + SIDE, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _merge_splits(PartOut, PartLse, Out, Lse, head_block, seq, SIDE: gl.constexpr, num_heads, num_kv_splits,
+                  num_active, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE: gl.constexpr,
+                  L: gl.constexpr):  # fmt: skip
+    """``mla_decode_merge_kernel``'s arithmetic over the block's ``num_active`` splits for dims ``[SIDE * 256,
+    SIDE * 256 + 256)``, 64 at a time, read through the L2 (``.cg``: other programs wrote them); the left
+    warpgroup writes the LSE."""
+    rows: gl.constexpr = gl.SliceLayout(1, L)
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, rows)
+    h_ok = offs_h < num_heads
+    row0 = (seq * num_heads + offs_h) * num_kv_splits
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, rows)
+    for s in range(num_active):
+        m = gl.maximum(m, gl.load(PartLse + row0 + s, mask=h_ok, other=float("-inf"), cache_modifier=".cg"))
+    m = gl.where(m == float("-inf"), 0.0, m)
+    denom = gl.zeros([BLOCK_H], gl.float32, rows)
+    for c in gl.static_range(HALF // 64):
+        dims = SIDE * HALF + c * 64 + gl.arange(0, 64, gl.SliceLayout(0, L))
+        acc = gl.zeros([BLOCK_H, 64], gl.float32, L)
+        denom = gl.zeros([BLOCK_H], gl.float32, rows)
+        for s in range(num_active):
+            weight = gl.exp2(gl.load(PartLse + row0 + s, mask=h_ok, other=float("-inf"), cache_modifier=".cg") - m)
+            part = gl.load(PartOut + (row0 + s)[:, None] * 512 + dims[None, :], mask=h_ok[:, None], other=0.0,
+                           cache_modifier=".cg")  # fmt: skip
+            acc = acc + part * weight[:, None]
+            denom = denom + weight
+        out = acc / gl.where(denom > 0.0, denom, 1.0)[:, None]
+        gl.store(Out + seq * stride_o_b + offs_h[:, None] * stride_o_h + dims[None, :], out.to(Out.dtype.element_ty),
+                 mask=h_ok[:, None])  # fmt: skip
+    if WRITE_LSE and SIDE == 0:  # natural log; -inf for a sequence without keys
+        lse = gl.where(
+            denom > 0.0, (m + gl.log2(gl.where(denom > 0.0, denom, 1.0))) * 0.6931471805599453, float("-inf")
+        )
+        gl.store(Lse + seq * stride_lse_b + offs_h * stride_lse_h, lse, mask=h_ok)
 
 
 @gluon.jit
@@ -209,7 +275,8 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
              vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
+             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr, counter, num_active,
+             MERGE: gl.constexpr, MERGE_L: gl.constexpr):  # fmt: skip
     """A consuming warpgroup: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
@@ -271,8 +338,90 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
             mbarrier.arrive(vt_empty.index(0), count=1)
         m_i = m_new
     _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
-                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
-                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
+                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, counter,
+                 num_active, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD, MERGE, MERGE_L)  # fmt: skip
+
+
+@gluon.jit
+def _consume_ahead(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready,
+                   empty, vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split,
+                   start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse,
+                   stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr,
+                   WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, RING: gl.constexpr,
+                   TRANS_LOAD: gl.constexpr, counter, num_active, MERGE: gl.constexpr,
+                   MERGE_L: gl.constexpr):  # fmt: skip
+    """:func:`_consume` with each pair's scores issued during the pair before (``SCORES_AHEAD``): after its value
+    products, before waiting for them; the loop waits for a pair's scores at its top."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
+    if SIDE == 0:
+        own_max, other_max, own_p, own_p_ready = m0_ready, m1_ready, p_a, pa_ready
+    else:
+        own_max, other_max, own_p, own_p_ready = m1_ready, m0_ready, p_b, pb_ready
+    scale = scale_smem.load(ROWS) * qk_scale_log2
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    # The scores are issued for every pair, whether or not the warpgroup has a tile in it (the right's in a last pair
+    # of one tile, a pair past the end): an asynchronous product's result cannot be joined with a tensor in a branch.
+    # Such a product reads a slot it did not wait for and its result is dropped.
+    if num_tiles > SIDE:  # the first pair's scores
+        mbarrier.wait(ready.index(SIDE % RING), (SIDE // RING) & 1)
+    lo, hi = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(SIDE % RING), pe_ring.index(SIDE % RING), BLOCK_N,
+                                  S_MMA)  # fmt: skip
+    for i in range(gl.cdiv(num_tiles, 2)):
+        t = 2 * i + SIDE
+        mine = t < num_tiles  # the left's tile always is
+        has_b = 2 * i + 1 < num_tiles
+        s = _scores((lo, hi), 0)  # with them, the last pair's products
+        r = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
+        if mine:
+            _barrier()  # every warp's share of the product read the slot
+            mbarrier.arrive(empty.index(t % RING), count=1)
+            s = _masked_scores(s, start + t * BLOCK_N, end, scale, S_MMA)
+            r = gl.max(s, 1)
+        m_x.slice(SIDE * BLOCK_H, BLOCK_H).store(r)
+        _barrier()
+        mbarrier.arrive(own_max, count=1)
+        mbarrier.wait(other_max, i & 1)
+        m_new = gl.maximum(m_i, gl.maximum(r, m_x.slice((1 - SIDE) * BLOCK_H, BLOCK_H).load(ROWS)))
+        alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
+        l_i = l_i * alpha
+        if mine:
+            p = gl.exp2(s - m_new[:, None])
+            l_i = l_i + gl.sum(p, 1)
+            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD)
+        acc = _scaled(acc, alpha, O_MMA)
+        mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
+        mbarrier.wait(vt_ready.index(0), i & 1)
+        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc,
+                            is_async=True)  # fmt: skip
+        acc = warpgroup_mma_wait(1, deps=[acc])  # waits for nothing: the product left running
+        if has_b:
+            mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
+            mbarrier.wait(vt_ready.index(1), i & 1)
+            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(1, deps=[acc])
+            _barrier()  # every warp's product of tile a done: the producer may fill its buffer
+            mbarrier.arrive(vt_empty.index(0), count=1)
+        nxt = t + 2
+        if nxt < num_tiles:
+            mbarrier.wait(ready.index(nxt % RING), (nxt // RING) & 1)
+        # the next pair's scores behind the products (three groups), then the products waited for
+        lo, hi = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(nxt % RING), pe_ring.index(nxt % RING), BLOCK_N,
+                                      S_MMA)  # fmt: skip
+        acc = warpgroup_mma_wait(3, deps=[acc])
+        _barrier()
+        if has_b:
+            mbarrier.arrive(vt_empty.index(1), count=1)
+        else:
+            mbarrier.arrive(vt_empty.index(0), count=1)
+        m_i = m_new
+    _scores((lo, hi), 0)  # the scores issued past the last pair, dropped
+    _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
+                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, counter,
+                 num_active, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD, MERGE, MERGE_L)  # fmt: skip
 
 
 @gluon.jit
@@ -398,18 +547,20 @@ def mla_decode_seesaw_kernel(
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
     stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
     stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
-    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, Counters,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr,
+    TRANS_LOAD: gl.constexpr, SCORES_AHEAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
     start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    counter = Counters + (seq * gl.num_programs(0) + head_block) * 2  # the block's two tickets (MERGE_IN_KERNEL)
+    num_active = _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N, MIN_SPLIT)
     qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
                                                stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
                                                True)  # fmt: skip
@@ -445,26 +596,46 @@ def mla_decode_seesaw_kernel(
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
-    # one function for both consuming warpgroups
-    gl.warp_specialize(
-        [
-            (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                  vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                  num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD)),
-            (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                  vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                  num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD)),
-            (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                    ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                    TRANS_LOAD)),
-        ],
-        [4, PRODUCER_WARPS],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+    if SCORES_AHEAD:  # the next pair's scores issued during this pair's products
+        gl.warp_specialize(
+            [
+                (_consume_ahead, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                (_consume_ahead, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
+                        TRANS_LOAD)),
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:  # one function for both consuming warpgroups
+        gl.warp_specialize(
+            [
+                (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
+                        TRANS_LOAD)),
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 def supports(kv_cache) -> str | None:
@@ -480,14 +651,29 @@ def supports(kv_cache) -> str | None:
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split,
                      block_n=BLOCK_N.value, fp8_values=True, ring=RING, value_bufs=None, tma=None,
-                     pipelined=None):  # fmt: skip
+                     pipelined=None, counters=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
-    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
+    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree).
+    ``counters`` (split launches): int32 zeros, two a head block and sequence (``launch.merge_counters``), with
+    which the kernel merges the splits into ``out`` itself (:func:`_merge_splits`); None: the caller merges."""
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
-    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
+    merge = counters is not None
+    if merge and not (write_partial and counters.dtype == torch.int32 and counters.numel() >= merge_tickets(q_nope)):
+        raise ValueError(
+            f"expected a split launch and at least {merge_tickets(q_nope)} int32 counters to merge in "
+            f"the kernel, got write_partial={write_partial}, {counters.dtype} x {counters.numel()}"
+        )
+    grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
+                                    part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
+                                    write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
+                                    SCORES_AHEAD, merge), NUM_WARPS)  # fmt: skip
+    return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
+
+
+def merge_tickets(q_nope) -> int:
+    """The counters a launch merging in the kernel takes: two (one a warpgroup) a head block and sequence."""
+    return 2 * -(-q_nope.shape[1] // BLOCK_H.value) * q_nope.shape[0]
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
