@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Round 65's second call: OUT=... bash benchmarks/results/round65/scripts/call2.sh [NAME=value ...]
-#   python -m portattn.bench.mla --fp8 (17, 64, 128 heads): the defaults, then with the settings given
-#   (scripts/bench_with.py).
+# Round 65's second call (under 10 minutes): OUT=... bash benchmarks/results/round65/scripts/call2.sh
+#   1. python -m portattn.bench.mla --fp8 (17, 64, 128 heads), the defaults, alone on the GPU;
+#   2. the seesaw compile tests and the fp8-values GPU test (four processes).
 set -f
 export PYTHONUNBUFFERED=1
 S=benchmarks/results/round65/scripts
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-ARGS="--fp8 --no-torch --page-sizes 64 --batches 64 --heads 17,64,128 --lengths 4096"
-PYTHONPATH=src timeout 120 python3 -m portattn.bench.mla $ARGS --label "$(cat $OUT/gpu.txt), round 65 defaults" \
-  --out $OUT/bench_defaults.json 2>&1 | grep -v Warning | tee $OUT/bench_defaults.txt
-PYTHONPATH=src timeout 120 python3 $S/bench_with.py "$@" -- $ARGS --label "$(cat $OUT/gpu.txt), round 65, $*" \
-  --out $OUT/bench_with.json 2>&1 | grep -v Warning | tee $OUT/bench_with.txt
+PYTHONPATH=src timeout 120 python3 -m portattn.bench.mla --fp8 --no-torch --page-sizes 64 --batches 64 \
+  --heads 17,64,128 --lengths 4096 --label "$(cat $OUT/gpu.txt), round 65 defaults" --out $OUT/bench.json 2>&1 \
+  | grep -v Warning | tee $OUT/bench.txt
+PYTHONPATH=src:tests timeout 400 python3 -m pytest -q -p no:cacheprovider -n 4 -s tests/kernels/test_mla_seesaw_fp8.py \
+  tests/kernels/test_mla_wide_fp8.py -k "seesaw or fp8_values" 2>&1 | grep -v Warning > $OUT/tests_full.txt
+grep -E "splits|passed|failed|Error|assert" $OUT/tests_full.txt | tail -80 | tee $OUT/tests.txt
