@@ -9,6 +9,6 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 PYTHONPATH=src timeout 120 python3 -m portattn.bench.mla --fp8 --no-torch --page-sizes 64 --batches 64 \
   --heads 17,64,128 --lengths 4096 --label "$(cat $OUT/gpu.txt), round 65 defaults" --out $OUT/bench.json 2>&1 \
   | grep -v Warning | tee $OUT/bench.txt
-PYTHONPATH=src:tests timeout 400 python3 -m pytest -q -p no:cacheprovider -n 4 -s tests/kernels/test_mla_seesaw_fp8.py \
+PYTHONPATH=src:tests timeout 400 python3 -m pytest -q -p no:cacheprovider -n 4 -rP tests/kernels/test_mla_seesaw_fp8.py \
   tests/kernels/test_mla_wide_fp8.py -k "seesaw or fp8_values" 2>&1 | grep -v Warning > $OUT/tests_full.txt
-grep -E "splits|passed|failed|Error|assert" $OUT/tests_full.txt | tail -80 | tee $OUT/tests.txt
+grep -E "merged|splits, TMA, seesaw|passed|failed|Error" $OUT/tests_full.txt | tail -60 | tee $OUT/tests.txt
