@@ -7,6 +7,6 @@ set -f
 export PYTHONUNBUFFERED=1
 S=benchmarks/results/round65/scripts
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-PYTHONPATH=src:tests timeout 180 python3 $S/quick_check.py default MERGE_IN_KERNEL=True \
+PYTHONPATH=src:tests timeout 160 python3 $S/quick_check.py default MERGE_IN_KERNEL=True \
   SCORES_AHEAD=True,MERGE_IN_KERNEL=True 2>&1 | grep -v Warning | tee $OUT/check.txt
-PYTHONPATH=src timeout 300 python3 scripts/mla_times.py $S/cases.txt 270 2>&1 | grep -v Warning | tee $OUT/times.txt
+PYTHONPATH=src timeout 220 python3 scripts/mla_times.py $S/cases.txt 190 2>&1 | grep -v Warning | tee $OUT/times.txt
