@@ -7,6 +7,6 @@ set -f
 export PYTHONUNBUFFERED=1
 S=benchmarks/results/round65/scripts
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-PYTHONPATH=src:tests timeout 120 python3 $S/quick_check.py default SCORES_AHEAD=True,MERGE_IN_KERNEL=True \
+PYTHONPATH=src:tests timeout 110 python3 $S/quick_check.py default SCORES_AHEAD=True,MERGE_IN_KERNEL=True \
   short 2>&1 | grep -v Warning | tee $OUT/check.txt
-PYTHONPATH=src timeout 140 python3 scripts/mla_times.py $S/cases.txt 110 2>&1 | grep -v Warning | tee $OUT/times.txt
+PYTHONPATH=src timeout 120 python3 scripts/mla_times.py $S/cases.txt 95 2>&1 | grep -v Warning | tee $OUT/times.txt
