@@ -37,8 +37,10 @@ cost more than they save (benchmarks/results/round57/NOTES.md). Since round 64 t
 ``ldmatrix``'s transposing loads and one ``prmt`` a word (``TRANS_LOAD``, :func:`_transpose_values`), the keys in
 :func:`key_columns`' order in the value buffers and the probabilities.
 
-Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits, partial results and the merge are
-the portable kernel's.
+Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits and partial results are the
+portable kernel's; so is the merge, unless ``MERGE_IN_KERNEL`` (off until timed) has the last split program of a
+head block merge them (:func:`_merge_splits`). ``SCORES_AHEAD`` (off until timed) issues each pair's scores during
+the pair before (:func:`_consume_ahead`).
 """
 
 from __future__ import annotations
