@@ -123,13 +123,10 @@ CHILD = textwrap.dedent(
 
 
 def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
-    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``seesaw_ahead``: its ``SCORES_AHEAD`` form,
-    ``seesaw_merge``: its ``MERGE_IN_KERNEL`` form, or ``vregs``) compiled for sm_90 over an e4m3 cache of 64-key
-    pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
+    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``seesaw_merge``: its ``MERGE_IN_KERNEL`` form, or
+    ``vregs``) compiled for sm_90 over an e4m3 cache of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
     spec = {
         "seesaw": "seesaw.mla_decode_seesaw_kernel, seesaw.seesaw_constexprs, seesaw.NUM_WARPS",
-        "seesaw_ahead": "seesaw.mla_decode_seesaw_kernel, lambda: seesaw.seesaw_constexprs(scores_ahead=True), "
-        "seesaw.NUM_WARPS",
         "seesaw_merge": "seesaw.mla_decode_seesaw_kernel, lambda: seesaw.seesaw_constexprs(merge_in_kernel=True), "
         "seesaw.NUM_WARPS",
         "vregs": "vregs.mla_decode_seesaw_vregs_kernel, vregs.vregs_constexprs, vregs.NUM_WARPS",
@@ -173,28 +170,11 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
 
 
-def test_the_seesaw_kernel_with_scores_ahead_compiles_for_hopper(tmp_path):
-    """The ``SCORES_AHEAD`` form (``_consume_ahead``, off by default): each consumer issues a pair's scores at two
-    sites (the first pair's before its loop, the next pair's behind the value products), 2 x 2 x 18 products, the
-    value products as the default form's; no product serialized by ptxas. Stack: Triton 3.6 (the GPU machine's)
-    64 bytes, some addresses reloaded once a pair in the left warpgroup's loop; later Tritons 136 bytes, spills in
-    a consumer's loop (the form is off by default)."""
-    import triton
-
-    stack = 80 if triton.__version__.startswith("3.6") else 160
-    for kv, page_size, counts in compiled_counts(tmp_path, "seesaw_ahead"):
-        where = (kv, page_size, counts)
-        assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
-        assert (counts["scores"], counts["values"]) == (2 * 2 * 18, 2 * 2 * 2), where
-        assert counts["wgmma"] == counts["scores"] + counts["values"], where
-        assert counts["stack"] <= stack and counts["serialized"] <= 0, where
-
-
 def test_the_seesaw_kernel_merging_its_splits_compiles_for_hopper(tmp_path):
     """The ``MERGE_IN_KERNEL`` form: each consuming warpgroup takes one ticket (an acquire-release atomic add) and
     the last reads the block's partials through the L2, 16 bytes a load (four 64-dim chunks); the products and
-    copies as the default form's; no product serialized, a few scalars of stack (Triton 3.6: 48 bytes, 3.9: 40),
-    none in the merge's loop. The default form takes no ticket."""
+    copies as the default form's; no product serialized, a few scalars of stack (Triton 3.6: 48 bytes, 3.9: 40;
+    two reloaded before the merge's loop). The default form takes no ticket."""
     for kv, page_size, counts in compiled_counts(tmp_path, "seesaw_merge"):
         where = (kv, page_size, counts)
         assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where

@@ -38,9 +38,8 @@ cost more than they save (benchmarks/results/round57/NOTES.md). Since round 64 t
 :func:`key_columns`' order in the value buffers and the probabilities.
 
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits and partial results are the
-portable kernel's; so is the merge, unless ``MERGE_IN_KERNEL`` (off until timed) has the last split program of a
-head block merge them (:func:`_merge_splits`). ``SCORES_AHEAD`` (off until timed) issues each pair's scores during
-the pair before (:func:`_consume_ahead`).
+portable kernel's; so is the merge, unless ``MERGE_IN_KERNEL`` (off, measured slower) has the last split program of
+a head block merge them (:func:`_merge_splits`).
 """
 
 from __future__ import annotations
@@ -94,13 +93,10 @@ PAGE_AHEAD = True
 # with the cache in the L2, 0.0696 against 0.0715 at 17 heads, 0.0974-0.0977 against 0.1070-0.1095 at 128
 # (benchmarks/results/round64/NOTES.md). The keys' order changes the sums' rounding only.
 TRANS_LOAD = True
-# The consumers issue the next pair's scores right after this pair's value products, before waiting for them, so
-# that the tensor cores run both back to back (FlashAttention-3's overlap within a warpgroup): ``_consume_ahead``.
-# Off until measured.
-SCORES_AHEAD = False
 # Split launches: the last of a block's splits to finish merges them (each warpgroup its 256 dims, on a ticket per
 # block and warpgroup from ``launch.merge_counters``), so that no merge kernel follows (:func:`_merge_splits`).
-# Off until measured.
+# Off: on an H100 (64 sequences over 4096 keys, page 64, e4m3) it took 0.1032-0.1038 ms against 0.0805 at 64 heads,
+# 0.0965 against 0.0693 at 17, 20-27 us more than its reads explain (benchmarks/results/round65/NOTES.md).
 MERGE_IN_KERNEL = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
@@ -112,11 +108,10 @@ def seesaw_constexprs(
     ring: int = RING,
     page_ahead: bool = True,
     trans_load: bool = True,
-    scores_ahead: bool = False,
     merge_in_kernel: bool = False,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``scores_ahead``, ``merge_in_kernel``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``SCORES_AHEAD``' and ``MERGE_IN_KERNEL``'s)."""
+    ``merge_in_kernel``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``MERGE_IN_KERNEL``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -134,7 +129,6 @@ def seesaw_constexprs(
         "RING": ring,
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
-        "SCORES_AHEAD": scores_ahead,
         "MERGE_IN_KERNEL": merge_in_kernel,
         # the in-kernel merge's [heads, 64 dims] chunks: 16 bytes a thread, a warp's 32 on two heads
         "MERGE_L": gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]),
@@ -345,88 +339,6 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
 
 
 @gluon.jit
-def _consume_ahead(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready,
-                   empty, vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split,
-                   start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse,
-                   stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr,
-                   WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, RING: gl.constexpr,
-                   TRANS_LOAD: gl.constexpr, counter, num_active, MERGE: gl.constexpr,
-                   MERGE_L: gl.constexpr):  # fmt: skip
-    """:func:`_consume` with each pair's scores issued during the pair before (``SCORES_AHEAD``): after its value
-    products, before waiting for them; the loop waits for a pair's scores at its top."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, S_MMA)
-    if SIDE == 0:
-        own_max, other_max, own_p, own_p_ready = m0_ready, m1_ready, p_a, pa_ready
-    else:
-        own_max, other_max, own_p, own_p_ready = m1_ready, m0_ready, p_b, pb_ready
-    scale = scale_smem.load(ROWS) * qk_scale_log2
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
-    l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, O_MMA)
-    num_tiles = gl.cdiv(end - start, BLOCK_N)
-    # The scores are issued for every pair, whether or not the warpgroup has a tile in it (the right's in a last pair
-    # of one tile, a pair past the end): an asynchronous product's result cannot be joined with a tensor in a branch.
-    # Such a product reads a slot it did not wait for and its result is dropped.
-    if num_tiles > SIDE:  # the first pair's scores
-        mbarrier.wait(ready.index(SIDE % RING), (SIDE // RING) & 1)
-    lo, hi = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(SIDE % RING), pe_ring.index(SIDE % RING), BLOCK_N,
-                                  S_MMA)  # fmt: skip
-    for i in range(gl.cdiv(num_tiles, 2)):
-        t = 2 * i + SIDE
-        mine = t < num_tiles  # the left's tile always is
-        has_b = 2 * i + 1 < num_tiles
-        s = _scores((lo, hi), 0)  # with them, the last pair's products
-        r = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
-        if mine:
-            _barrier()  # every warp's share of the product read the slot
-            mbarrier.arrive(empty.index(t % RING), count=1)
-            s = _masked_scores(s, start + t * BLOCK_N, end, scale, S_MMA)
-            r = gl.max(s, 1)
-        m_x.slice(SIDE * BLOCK_H, BLOCK_H).store(r)
-        _barrier()
-        mbarrier.arrive(own_max, count=1)
-        mbarrier.wait(other_max, i & 1)
-        m_new = gl.maximum(m_i, gl.maximum(r, m_x.slice((1 - SIDE) * BLOCK_H, BLOCK_H).load(ROWS)))
-        alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
-        l_i = l_i * alpha
-        if mine:
-            p = gl.exp2(s - m_new[:, None])
-            l_i = l_i + gl.sum(p, 1)
-            _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD)
-        acc = _scaled(acc, alpha, O_MMA)
-        mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
-        mbarrier.wait(vt_ready.index(0), i & 1)
-        acc = warpgroup_mma(p_a.index(i % 2), vt.index(0).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc,
-                            is_async=True)  # fmt: skip
-        acc = warpgroup_mma_wait(1, deps=[acc])  # waits for nothing: the product left running
-        if has_b:
-            mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
-            mbarrier.wait(vt_ready.index(1), i & 1)
-            acc = warpgroup_mma(p_b.index(i % 2), vt.index(1).slice(SIDE * HALF, HALF, dim=0).permute((1, 0)), acc,
-                                is_async=True)  # fmt: skip
-            acc = warpgroup_mma_wait(1, deps=[acc])
-            _barrier()  # every warp's product of tile a done: the producer may fill its buffer
-            mbarrier.arrive(vt_empty.index(0), count=1)
-        nxt = t + 2
-        if nxt < num_tiles:
-            mbarrier.wait(ready.index(nxt % RING), (nxt // RING) & 1)
-        # the next pair's scores behind the products (three groups), then the products waited for
-        lo, hi = _issue_scores_folded(qn_smem, qr_smem, c_ring.index(nxt % RING), pe_ring.index(nxt % RING), BLOCK_N,
-                                      S_MMA)  # fmt: skip
-        acc = warpgroup_mma_wait(3, deps=[acc])
-        _barrier()
-        if has_b:
-            mbarrier.arrive(vt_empty.index(1), count=1)
-        else:
-            mbarrier.arrive(vt_empty.index(0), count=1)
-        m_i = m_new
-    _scores((lo, hi), 0)  # the scores issued past the last pair, dropped
-    _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
-                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, counter,
-                 num_active, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD, MERGE, MERGE_L)  # fmt: skip
-
-
-@gluon.jit
 def _issue_page(CDesc, PeDesc, page, c_buf, pe_buf, bar, PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr):
     """:func:`mla_decode_wide_fp8._issue_tile` for a tile that is one copy of page ``page`` (loaded ahead), from its
     first row on."""
@@ -554,7 +466,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, SCORES_AHEAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr,
+    TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -562,7 +474,9 @@ def mla_decode_seesaw_kernel(
     seq = gl.program_id(2).to(gl.int64)
     start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
     counter = Counters + (seq * gl.num_programs(0) + head_block) * 2  # the block's two tickets (MERGE_IN_KERNEL)
-    num_active = _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    num_active = 0
+    if MERGE_IN_KERNEL:
+        num_active = _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N, MIN_SPLIT)
     qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
                                                stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
                                                True)  # fmt: skip
@@ -598,46 +512,26 @@ def mla_decode_seesaw_kernel(
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
-    if SCORES_AHEAD:  # the next pair's scores issued during this pair's products
-        gl.warp_specialize(
-            [
-                (_consume_ahead, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
-                (_consume_ahead, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
-                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                        TRANS_LOAD)),
-            ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-    else:  # one function for both consuming warpgroups
-        gl.warp_specialize(
-            [
-                (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
-                (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
-                      vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                      num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                      stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                      TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
-                (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
-                        ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                        TRANS_LOAD)),
-            ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
+    # one function for both consuming warpgroups
+    gl.warp_specialize(
+        [
+            (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                  vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                  num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+            (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
+                  vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
+                  num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
+                  stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
+                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+            (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+                    ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
+                    TRANS_LOAD)),
+        ],
+        [4, PRODUCER_WARPS],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
 
 
 def supports(kv_cache) -> str | None:
@@ -669,7 +563,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
                                     part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
                                     write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
-                                    SCORES_AHEAD, merge), NUM_WARPS)  # fmt: skip
+                                    merge), NUM_WARPS)  # fmt: skip
     return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
 
 
