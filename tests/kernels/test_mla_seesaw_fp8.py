@@ -16,8 +16,9 @@ HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute 
 
 
 def test_seesaw_names_what_it_needs():
-    """A 16-bit cache, pages TMA cannot copy as 64-key tiles, a ring past shared memory and another form's options
-    are refused with what the kernel expects."""
+    """A 16-bit cache, pages TMA cannot copy as 64-key tiles, a ring past shared memory, another form's options and
+    counters to merge with in a launch without splits, too few or not int32 are refused with what the kernel
+    expects."""
     assert "expected an fp8 cache" in seesaw.supports(torch.zeros(4, 64, 576, dtype=torch.bfloat16))
     fp8 = torch.zeros(4, 7, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 7 keys a page: no whole tiles
     assert "expected a cache TMA can copy" in seesaw.supports(fp8)
@@ -33,6 +34,17 @@ def test_seesaw_names_what_it_needs():
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, block_n=32)
     with pytest.raises(ValueError, match="pipelined=True"):
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, pipelined=True)
+    # merging in the kernel (MERGE_IN_KERNEL): a split launch, two int32 counters a head block and sequence
+    q_nope = torch.zeros(3, 100, 512, dtype=torch.bfloat16)  # 3 sequences, 2 head blocks: 12 counters
+    assert seesaw.merge_tickets(q_nope) == 12
+    with pytest.raises(ValueError, match=r"expected a split launch and at least 12 int32 counters .* write_partial="
+                       r"False, torch.int32 x 12"):  # fmt: skip
+        seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **rest, counters=torch.zeros(12, dtype=torch.int32))
+    split = {**rest, "num_kv_splits": 2, "write_partial": True}
+    with pytest.raises(ValueError, match=r"at least 12 int32 counters .* torch.int32 x 11"):
+        seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **split, counters=torch.zeros(11, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"at least 12 int32 counters .* torch.int64 x 12"):
+        seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **split, counters=torch.zeros(12, dtype=torch.int64))
 
 
 def test_the_transposed_values_and_the_probabilities_hold_the_keys_in_one_order():
