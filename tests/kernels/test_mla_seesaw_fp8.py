@@ -47,6 +47,40 @@ def test_seesaw_names_what_it_needs():
         seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **split, counters=torch.zeros(12, dtype=torch.int64))
 
 
+def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer():
+    """``bf16_partials`` (``BF16_PARTIALS``) is the float32 partials buffer's first half of bytes in its shape, and
+    the merge kernel given it merges as a float64 merge of those bfloat16 values does (interpreted on the CPU): the
+    splits weighed by their LSEs, the empty splits past a short sequence skipped, the second half of the buffer
+    (NaN here) never read."""
+    from portattn.kernels.triton.mla_decode import mla_decode_merge_kernel
+
+    batch, heads, splits, rank = 3, 5, 3, 512
+    part_out = torch.full((batch, heads, splits, rank), float("nan"))
+    written = seesaw.bf16_partials(part_out)
+    assert (written.dtype, written.shape, written.data_ptr()) == (torch.bfloat16, part_out.shape, part_out.data_ptr())
+    values = torch.randn(batch, heads, splits, rank, generator=torch.Generator().manual_seed(0))
+    written.copy_(values)
+    assert part_out.view(-1)[part_out.numel() // 2 :].isnan().all()  # the second half untouched
+    part_lse = torch.randn(batch, heads, splits, generator=torch.Generator().manual_seed(1)) * 4
+    seq_lens = torch.tensor([300, 64, 0], dtype=torch.int32)  # 2 active splits of 256 keys, 1, none
+    out = torch.full((batch, heads, rank), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((batch, heads), float("nan"))
+    mla_decode_merge_kernel[(heads, batch)](
+        written, part_lse, seq_lens, out, lse, heads, splits, *out.stride(), *lse.stride(),
+        KV_LORA_RANK=rank, BLOCK_R=rank, SPLIT_ALIGN=64, WRITE_LSE=True, MIN_SPLIT=256,
+    )  # fmt: skip
+    for b, active in enumerate((2, 1, 0)):
+        if active == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b])) and torch.isneginf(lse[b]).all()
+            continue
+        weights = torch.softmax(part_lse[b, :, :active].double() * 0.6931471805599453, dim=-1)  # base-2 LSEs
+        want = (weights[..., None] * written[b, :, :active].double()).sum(1)
+        want_lse = torch.logsumexp(part_lse[b, :, :active].double() * 0.6931471805599453, dim=-1)
+        # one bfloat16 rounding (the interpreter's may truncate): within one unit in the last place
+        assert ((out[b].double() - want).abs() <= 2.0**-7 * want.abs() + 1e-12).all(), b
+        assert (lse[b].double() - want_lse).abs().max() <= 1e-5 * want_lse.abs().max(), b
+
+
 def test_the_transposed_values_and_the_probabilities_hold_the_keys_in_one_order():
     """``key_columns`` (``TRANS_LOAD``) is a permutation of a tile's keys, and the order both sides of the value
     product take: the probabilities' (``_publish_probabilities``: ``[heads, k32 k16 k8 k4 k2 k1]`` permuted to ``[heads,
@@ -90,8 +124,10 @@ CHILD = textwrap.dedent(
     from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw, mla_decode_seesaw_vregs as vregs
 
     KERNEL, CONSTEXPRS, NUM_WARPS = {KERNEL}
+    # the seesaw kernel's partial outputs as the launcher passes them (BF16_PARTIALS)
+    part = "*bf16" if KERNEL is seesaw.mla_decode_seesaw_kernel and seesaw.BF16_PARTIALS else "*fp32"
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
-            "Lse": "*fp32", "PartOut": "*fp32", "PartLse": "*fp32", "Counters": "*i32"}
+            "Lse": "*fp32", "PartOut": part, "PartLse": "*fp32", "Counters": "*i32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
         const = {**CONSTEXPRS(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
@@ -114,7 +150,9 @@ CHILD = textwrap.dedent(
             ("trans_loads", r"ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"),
             ("short_loads", r"ld\\.shared(\\.v\\d)?\\.[ub]16"),
             # the in-kernel merge's tickets (MERGE_IN_KERNEL) and its reads through the L2
-            ("tickets", r"atom\\.global\\.gpu\\.acq_rel\\.add"), ("l2_reads", r"ld\\.global\\.cg\\.v4"))}
+            ("tickets", r"atom\\.global\\.gpu\\.acq_rel\\.add"), ("l2_reads", r"ld\\.global\\.cg\\.v[24]"),
+            # the partial outputs' stores, four dims a thread: bfloat16 (two words) or float32 (four)
+            ("bf16_partials", r"st\\.global\\.v2\\.b32"), ("f32_partials", r"st\\.global\\.v4\\.b32"))}
         counts["pairs_to_dims"] = ptx.count("0x6420;")  # the producer's regrouping (_PAIRS_TO_DIMS)
         counts["transposes"] = ptx.count("prmt.b32 t0,")  # vregs' 4x4 byte transposes (_TRANSPOSE_4X4)
         # the blocks whose register products take their operands as the transposes leave them: no byte shuffled
@@ -172,6 +210,8 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         assert 31 <= counts["trans_loads"] <= 32 and counts["pairs_to_dims"] == 2 * 32, where
         assert counts["byte_loads"] <= 1 and counts["short_loads"] == 0, where
         assert counts["tickets"] == 0 and counts["l2_reads"] == 0, where  # the splits merged by the merge kernel
+        # each warpgroup's 64 x 256 partial outputs in bfloat16 (BF16_PARTIALS), 32 stores of four dims a thread
+        assert (counts["bf16_partials"], counts["f32_partials"]) == (2 * 32, 0), where
         # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 24-32 bytes, 3.6, the GPU machine's: 32;
         # 24 and 48 before the transposing loads, TRANS_LOAD).
         # The scores in two partial sums (_issue_scores_folded): with three, ptxas had too few registers and
@@ -184,7 +224,7 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
 
 def test_the_seesaw_kernel_merging_its_splits_compiles_for_hopper(tmp_path):
     """The ``MERGE_IN_KERNEL`` form: each consuming warpgroup takes one ticket (an acquire-release atomic add) and
-    the last reads the block's partials through the L2, 16 bytes a load (four 64-dim chunks); the products and
+    the last reads the block's partials through the L2, four dims a load (four 64-dim chunks); the products and
     copies as the default form's; no product serialized, a few scalars of stack (Triton 3.6: 48 bytes, 3.9: 40;
     two reloaded before the merge's loop). The default form takes no ticket."""
     for kv, page_size, counts in compiled_counts(tmp_path, "seesaw_merge"):

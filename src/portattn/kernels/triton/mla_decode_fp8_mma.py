@@ -402,7 +402,7 @@ def _store_result(acc, m_i, l_i, offs_h, dims, seq, split, start, end, num_heads
     if WRITE_PARTIAL:
         if start < end:  # empty splits write nothing; the merge skips them
             row = (seq * num_heads + offs_h) * num_kv_splits + split
-            gl.store(PartOut + row[:, None] * 512 + dims[None, :], out, mask=h_ok[:, None])
+            gl.store(PartOut + row[:, None] * 512 + dims[None, :], out.to(PartOut.dtype.element_ty), mask=h_ok[:, None])
             gl.store(PartLse + row, m_i + gl.log2(l_i), mask=h_ok)
     else:
         gl.store(

@@ -98,6 +98,10 @@ TRANS_LOAD = True
 # Off: on an H100 (64 sequences over 4096 keys, page 64, e4m3) it took 0.1032-0.1038 ms against 0.0805 at 64 heads,
 # 0.0965 against 0.0693 at 17, 20-27 us more than its reads explain (benchmarks/results/round65/NOTES.md).
 MERGE_IN_KERNEL = False
+# Split launches write their partial outputs in bfloat16 (:func:`bf16_partials`), half the bytes of float32 ones, which
+# each program writes at its end and the merge reads back; the LSEs stay float32. The output, a bfloat16 or float16
+# rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider.
+BF16_PARTIALS = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -565,6 +569,12 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
                                     write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
                                     merge), NUM_WARPS)  # fmt: skip
     return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
+
+
+def bf16_partials(part_out: torch.Tensor) -> torch.Tensor:
+    """The bfloat16 partial outputs a split launch writes (``BF16_PARTIALS``): the first half of the contiguous float32
+    buffer ``part_out``'s bytes, in its shape."""
+    return part_out.view(-1).view(torch.bfloat16)[: part_out.numel()].view(part_out.shape)
 
 
 def merge_tickets(q_nope) -> int:
