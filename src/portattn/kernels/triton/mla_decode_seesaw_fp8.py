@@ -102,6 +102,10 @@ MERGE_IN_KERNEL = False
 # each program writes at its end and the merge reads back; the LSEs stay float32. The output, a bfloat16 or float16
 # rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider.
 BF16_PARTIALS = True
+# The probabilities' exp2: every other key's by a polynomial on the FMA pipe (:func:`_exp2_fma`), the rest by the MUFU
+# pipe, which takes both warpgroups' 64 exp2 a thread a pair at 16 a cycle an SM (about 512 cycles a pair, while
+# the tensor cores wait for the probabilities).
+SPLIT_EXP2 = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -113,9 +117,11 @@ def seesaw_constexprs(
     page_ahead: bool = True,
     trans_load: bool = True,
     merge_in_kernel: bool = False,
+    split_exp2: bool = False,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``merge_in_kernel``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``MERGE_IN_KERNEL``'s)."""
+    ``merge_in_kernel``, ``split_exp2``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``MERGE_IN_KERNEL``'s and
+    ``SPLIT_EXP2``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -134,6 +140,7 @@ def seesaw_constexprs(
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
         "MERGE_IN_KERNEL": merge_in_kernel,
+        "SPLIT_EXP2": split_exp2,
         # the in-kernel merge's [heads, 64 dims] chunks: 16 bytes a thread, a warp's 32 on two heads
         "MERGE_L": gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]),
     }
@@ -195,6 +202,31 @@ def _publish_probabilities(p, p_smem, bar, TRANS_LOAD: gl.constexpr):
     fence_async_shared()
     _barrier()
     mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _exp2_fma(x):
+    """``2^x`` for ``x <= 0`` (-inf included) on the FMA pipe, within 1.2e-4 of it (relative) above ``2^-126``:
+    ``x = n + f`` (``n`` rounded to the nearest integer by the float32 rounding of ``x + 1.5 * 2^23``, ``|f| <=
+    1/2``), ``2^f`` a cubic fitted to it on ``[-1/2, 1/2]``, ``n`` added to its exponent's bits."""
+    x = gl.maximum(x, -126.0)  # n >= -126: the exponent stays in its field
+    t = x + 12582912.0
+    f = x - (t - 12582912.0)
+    poly = ((0.0551716685 * f + 0.242611155) * f + 0.693260968) * f + 0.999928057
+    bits = poly.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)  # t's low bits: n
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _probabilities(x, S_MMA: gl.constexpr, SPLIT_EXP2: gl.constexpr):
+    """``exp2(x)`` of a tile's ``[heads, keys]`` (``SPLIT_EXP2``: the odd keys', a thread's second of each pair it
+    holds, by :func:`_exp2_fma`)."""
+    if SPLIT_EXP2:
+        even, odd = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+        x = gl.convert_layout(gl.reshape(gl.join(gl.exp2(even), _exp2_fma(odd)), x.shape), S_MMA)
+    else:
+        x = gl.exp2(x)
+    return x
 
 
 @gluon.jit
@@ -276,7 +308,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
              O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr, counter, num_active,
-             MERGE: gl.constexpr, MERGE_L: gl.constexpr):  # fmt: skip
+             MERGE: gl.constexpr, MERGE_L: gl.constexpr, SPLIT_EXP2: gl.constexpr):  # fmt: skip
     """A consuming warpgroup: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
@@ -313,7 +345,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
         alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
         l_i = l_i * alpha
         if mine:
-            p = gl.exp2(s - m_new[:, None])
+            p = _probabilities(s - m_new[:, None], S_MMA, SPLIT_EXP2)
             l_i = l_i + gl.sum(p, 1)
             _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD)
         acc = _scaled(acc, alpha, O_MMA)
@@ -470,7 +502,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr,
+    TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr, SPLIT_EXP2: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -523,12 +555,12 @@ def mla_decode_seesaw_kernel(
                   vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L, SPLIT_EXP2)),
             (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                   vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L, SPLIT_EXP2)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
                     TRANS_LOAD)),
@@ -567,7 +599,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
                                     part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
                                     write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
-                                    merge), NUM_WARPS)  # fmt: skip
+                                    merge, SPLIT_EXP2), NUM_WARPS)  # fmt: skip
     return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
 
 
