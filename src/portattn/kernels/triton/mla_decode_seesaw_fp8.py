@@ -106,6 +106,9 @@ BF16_PARTIALS = True
 # pipe, which takes both warpgroups' 64 exp2 a thread a pair at 16 a cycle an SM (about 512 cycles a pair, while
 # the tensor cores wait for the probabilities).
 SPLIT_EXP2 = False
+# The first ``RING`` tiles' copies are started before the queries are loaded and rounded to e4m3 (by the warps that
+# load them, ahead of the partitions), not by the producer after them: the copies' latency overlaps the queries'.
+EARLY_TILES = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -118,10 +121,11 @@ def seesaw_constexprs(
     trans_load: bool = True,
     merge_in_kernel: bool = False,
     split_exp2: bool = False,
+    early_tiles: bool = False,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``merge_in_kernel``, ``split_exp2``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``MERGE_IN_KERNEL``'s and
-    ``SPLIT_EXP2``'s)."""
+    ``merge_in_kernel``, ``split_exp2``, ``early_tiles``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``MERGE_IN_KERNEL``'s,
+    ``SPLIT_EXP2``'s and ``EARLY_TILES``')."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -141,6 +145,7 @@ def seesaw_constexprs(
         "TRANS_LOAD": trans_load,
         "MERGE_IN_KERNEL": merge_in_kernel,
         "SPLIT_EXP2": split_exp2,
+        "EARLY_TILES": early_tiles,
         # the in-kernel merge's [heads, 64 dims] chunks: 16 bytes a thread, a warp's 32 on two heads
         "MERGE_L": gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]),
     }
@@ -446,17 +451,29 @@ def _rows_to_dims(acc, TRANS_LOAD: gl.constexpr):
 
 
 @gluon.jit
-def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
-             PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
-    """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
-    tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
-    once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
+def _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready,
+                       PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """Start the copies of the range's first ``RING`` tiles (those it has) into the ring's slots."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for j in gl.static_range(RING):
         if j < num_tiles:
             _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
                         pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+
+
+@gluon.jit
+def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
+             PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
+             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr,
+             EARLY_TILES: gl.constexpr):  # fmt: skip
+    """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
+    tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
+    once both warpgroups' products of that buffer's last tile are done (``vt_empty``). ``EARLY_TILES``: the first
+    ``RING`` tiles' copies were started before the partitions (:func:`_issue_first_tiles`)."""
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    if not EARLY_TILES:
+        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
+                           TMA_ROWS, RING)  # fmt: skip
     for t in range(num_tiles):
         slot = t % RING
         tile_start = start + t * BLOCK_N
@@ -503,6 +520,7 @@ def mla_decode_seesaw_kernel(
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
     TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr, SPLIT_EXP2: gl.constexpr,
+    EARLY_TILES: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -513,11 +531,12 @@ def mla_decode_seesaw_kernel(
     num_active = 0
     if MERGE_IN_KERNEL:
         num_active = _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N, MIN_SPLIT)
-    qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
-                                               stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
-                                               True)  # fmt: skip
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
+    if not EARLY_TILES:
+        qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                                   stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
+                                                   True)  # fmt: skip
+        scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
     vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
@@ -545,6 +564,15 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(m0_ready, count=1)
     mbarrier.init(m1_ready, count=1)
     mbarrier.init(l_done, count=2)
+    if EARLY_TILES:  # the barriers' initialisation visible to the copies, which start before the queries load
+        fence_async_shared()
+        _barrier()
+        _issue_first_tiles(CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring,
+                           ready, PAGE_SIZE, TMA_ROWS, RING)  # fmt: skip
+        qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                                   stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
+                                                   True)  # fmt: skip
+        scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
@@ -563,7 +591,7 @@ def mla_decode_seesaw_kernel(
                   TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L, SPLIT_EXP2)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                    TRANS_LOAD)),
+                    TRANS_LOAD, EARLY_TILES)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -599,7 +627,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
                                     part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
                                     write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
-                                    merge, SPLIT_EXP2), NUM_WARPS)  # fmt: skip
+                                    merge, SPLIT_EXP2, EARLY_TILES), NUM_WARPS)  # fmt: skip
     return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
 
 
