@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Round 66's second call, on the warm machine right after the first (about 5 minutes):
 #   OUT=... bash benchmarks/results/round66/scripts/call2.sh
-#   1. round 65's merge probe in a copy of the tree (merge_probe.patch: the in-kernel merge's ticket alone, its merge
+#   1. round 65's merge probe in a copy of the tree (merge_probe.patch, here for this tree: the in-kernel merge's ticket alone, its merge
 #      alone), beside the default and the full in-kernel merge;
 #   2. cases.txt timed again (a second sample of the first call's forms).
 set -f
