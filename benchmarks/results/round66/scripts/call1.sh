@@ -2,9 +2,7 @@
 # Round 66's first call (under 10 minutes; the most wanted first): OUT=... bash benchmarks/results/round66/scripts/call1.sh
 #   1. cases.txt timed (graph replays, alternated, the bf16 cache beside);
 #   2. python -m portattn.bench.mla --fp8 (17, 64, 128 heads), the defaults, alone on the GPU;
-#   3. the seesaw compile tests and the fp8-values GPU test (four processes);
-#   4. round 65's quick_check.py: the seesaw kernel's bfloat16 partials (the default), float32 ones, SPLIT_EXP2 and
-#      EARLY_TILES against float64 and each other, 1 and 3 splits (its first case).
+#   3. the seesaw compile tests and the fp8-values GPU test (four processes).
 set -f
 export PYTHONUNBUFFERED=1
 S=benchmarks/results/round66/scripts
@@ -16,5 +14,3 @@ PYTHONPATH=src timeout 90 python3 -m portattn.bench.mla --fp8 --no-torch --page-
 PYTHONPATH=src:tests timeout 290 python3 -m pytest -q -p no:cacheprovider -n 4 -rP tests/kernels/test_mla_seesaw_fp8.py \
   tests/kernels/test_mla_wide_fp8.py -k "seesaw or fp8_values" 2>&1 | grep -v Warning > $OUT/tests_full.txt
 grep -E "merged|splits, TMA, seesaw|passed|failed|Error" $OUT/tests_full.txt | tail -60 | tee $OUT/tests.txt
-PYTHONPATH=src:tests timeout 60 python3 benchmarks/results/round65/scripts/quick_check.py default BF16_PARTIALS=False \
-  SPLIT_EXP2=True EARLY_TILES=True short 2>&1 | grep -v Warning | tee $OUT/check.txt
