@@ -47,24 +47,23 @@ def test_seesaw_names_what_it_needs():
         seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **split, counters=torch.zeros(12, dtype=torch.int64))
 
 
-def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer():
+def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer(device):
     """``bf16_partials`` (``BF16_PARTIALS``) is the float32 partials buffer's first half of bytes in its shape, and
     the merge kernel given it merges as a float64 merge of those bfloat16 values does (interpreted on the CPU): the
     splits weighed by their LSEs, the empty splits past a short sequence skipped, the second half of the buffer
-    (NaN here) never read."""
+    (NaN here) never read. On the GPU where there is one."""
     from portattn.kernels.triton.mla_decode import mla_decode_merge_kernel
 
     batch, heads, splits, rank = 3, 5, 3, 512
-    part_out = torch.full((batch, heads, splits, rank), float("nan"))
+    part_out = torch.full((batch, heads, splits, rank), float("nan"), device=device)
     written = seesaw.bf16_partials(part_out)
     assert (written.dtype, written.shape, written.data_ptr()) == (torch.bfloat16, part_out.shape, part_out.data_ptr())
-    values = torch.randn(batch, heads, splits, rank, generator=torch.Generator().manual_seed(0))
-    written.copy_(values)
+    written.copy_(torch.randn(batch, heads, splits, rank, generator=torch.Generator().manual_seed(0)))
     assert part_out.view(-1)[part_out.numel() // 2 :].isnan().all()  # the second half untouched
-    part_lse = torch.randn(batch, heads, splits, generator=torch.Generator().manual_seed(1)) * 4
-    seq_lens = torch.tensor([300, 64, 0], dtype=torch.int32)  # 2 active splits of 256 keys, 1, none
-    out = torch.full((batch, heads, rank), float("nan"), dtype=torch.bfloat16)
-    lse = torch.full((batch, heads), float("nan"))
+    part_lse = (torch.randn(batch, heads, splits, generator=torch.Generator().manual_seed(1)) * 4).to(device)
+    seq_lens = torch.tensor([300, 64, 0], dtype=torch.int32, device=device)  # 2 active splits of 256 keys, 1, none
+    out = torch.full((batch, heads, rank), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((batch, heads), float("nan"), device=device)
     mla_decode_merge_kernel[(heads, batch)](
         written, part_lse, seq_lens, out, lse, heads, splits, *out.stride(), *lse.stride(),
         KV_LORA_RANK=rank, BLOCK_R=rank, SPLIT_ALIGN=64, WRITE_LSE=True, MIN_SPLIT=256,

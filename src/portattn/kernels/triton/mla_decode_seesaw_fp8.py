@@ -102,13 +102,6 @@ MERGE_IN_KERNEL = False
 # each program writes at its end and the merge reads back; the LSEs stay float32. The output, a bfloat16 or float16
 # rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider.
 BF16_PARTIALS = True
-# The probabilities' exp2: every other key's by a polynomial on the FMA pipe (:func:`_exp2_fma`), the rest by the MUFU
-# pipe, which takes both warpgroups' 64 exp2 a thread a pair at 16 a cycle an SM (about 512 cycles a pair, while
-# the tensor cores wait for the probabilities).
-SPLIT_EXP2 = False
-# The first ``RING`` tiles' copies are started before the queries are loaded and rounded to e4m3 (by the warps that
-# load them, ahead of the partitions), not by the producer after them: the copies' latency overlaps the queries'.
-EARLY_TILES = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -120,12 +113,9 @@ def seesaw_constexprs(
     page_ahead: bool = True,
     trans_load: bool = True,
     merge_in_kernel: bool = False,
-    split_exp2: bool = False,
-    early_tiles: bool = False,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``merge_in_kernel``, ``split_exp2``, ``early_tiles``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``MERGE_IN_KERNEL``'s,
-    ``SPLIT_EXP2``'s and ``EARLY_TILES``')."""
+    ``merge_in_kernel``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``MERGE_IN_KERNEL``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -144,8 +134,6 @@ def seesaw_constexprs(
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
         "MERGE_IN_KERNEL": merge_in_kernel,
-        "SPLIT_EXP2": split_exp2,
-        "EARLY_TILES": early_tiles,
         # the in-kernel merge's [heads, 64 dims] chunks: 16 bytes a thread, a warp's 32 on two heads
         "MERGE_L": gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]),
     }
@@ -207,31 +195,6 @@ def _publish_probabilities(p, p_smem, bar, TRANS_LOAD: gl.constexpr):
     fence_async_shared()
     _barrier()
     mbarrier.arrive(bar, count=1)
-
-
-@gluon.jit
-def _exp2_fma(x):
-    """``2^x`` for ``x <= 0`` (-inf included) on the FMA pipe, within 1.2e-4 of it (relative) above ``2^-126``:
-    ``x = n + f`` (``n`` rounded to the nearest integer by the float32 rounding of ``x + 1.5 * 2^23``, ``|f| <=
-    1/2``), ``2^f`` a cubic fitted to it on ``[-1/2, 1/2]``, ``n`` added to its exponent's bits."""
-    x = gl.maximum(x, -126.0)  # n >= -126: the exponent stays in its field
-    t = x + 12582912.0
-    f = x - (t - 12582912.0)
-    poly = ((0.0551716685 * f + 0.242611155) * f + 0.693260968) * f + 0.999928057
-    bits = poly.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)  # t's low bits: n
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _probabilities(x, S_MMA: gl.constexpr, SPLIT_EXP2: gl.constexpr):
-    """``exp2(x)`` of a tile's ``[heads, keys]`` (``SPLIT_EXP2``: the odd keys', a thread's second of each pair it
-    holds, by :func:`_exp2_fma`)."""
-    if SPLIT_EXP2:
-        even, odd = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-        x = gl.convert_layout(gl.reshape(gl.join(gl.exp2(even), _exp2_fma(odd)), x.shape), S_MMA)
-    else:
-        x = gl.exp2(x)
-    return x
 
 
 @gluon.jit
@@ -313,7 +276,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
              O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr, counter, num_active,
-             MERGE: gl.constexpr, MERGE_L: gl.constexpr, SPLIT_EXP2: gl.constexpr):  # fmt: skip
+             MERGE: gl.constexpr, MERGE_L: gl.constexpr):  # fmt: skip
     """A consuming warpgroup: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
@@ -350,7 +313,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
         alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
         l_i = l_i * alpha
         if mine:
-            p = _probabilities(s - m_new[:, None], S_MMA, SPLIT_EXP2)
+            p = gl.exp2(s - m_new[:, None])
             l_i = l_i + gl.sum(p, 1)
             _publish_probabilities(p, own_p.index(i % 2), own_p_ready.index(i % 2), TRANS_LOAD)
         acc = _scaled(acc, alpha, O_MMA)
@@ -451,29 +414,17 @@ def _rows_to_dims(acc, TRANS_LOAD: gl.constexpr):
 
 
 @gluon.jit
-def _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready,
-                       PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, RING: gl.constexpr):  # fmt: skip
-    """Start the copies of the range's first ``RING`` tiles (those it has) into the ring's slots."""
+def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
+             PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
+             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
+    """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
+    tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
+    once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for j in gl.static_range(RING):
         if j < num_tiles:
             _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
                         pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
-
-
-@gluon.jit
-def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
-             PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr,
-             EARLY_TILES: gl.constexpr):  # fmt: skip
-    """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
-    tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
-    once both warpgroups' products of that buffer's last tile are done (``vt_empty``). ``EARLY_TILES``: the first
-    ``RING`` tiles' copies were started before the partitions (:func:`_issue_first_tiles`)."""
-    num_tiles = gl.cdiv(end - start, BLOCK_N)
-    if not EARLY_TILES:
-        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                           TMA_ROWS, RING)  # fmt: skip
     for t in range(num_tiles):
         slot = t % RING
         tile_start = start + t * BLOCK_N
@@ -519,8 +470,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr, SPLIT_EXP2: gl.constexpr,
-    EARLY_TILES: gl.constexpr,
+    TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -531,12 +481,11 @@ def mla_decode_seesaw_kernel(
     num_active = 0
     if MERGE_IN_KERNEL:
         num_active = _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N, MIN_SPLIT)
+    qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                               stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
+                                               True)  # fmt: skip
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    if not EARLY_TILES:
-        qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
-                                                   stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
-                                                   True)  # fmt: skip
-        scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
     vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
@@ -564,15 +513,6 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(m0_ready, count=1)
     mbarrier.init(m1_ready, count=1)
     mbarrier.init(l_done, count=2)
-    if EARLY_TILES:  # the barriers' initialisation visible to the copies, which start before the queries load
-        fence_async_shared()
-        _barrier()
-        _issue_first_tiles(CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring,
-                           ready, PAGE_SIZE, TMA_ROWS, RING)  # fmt: skip
-        qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
-                                                   stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
-                                                   True)  # fmt: skip
-        scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
@@ -583,15 +523,15 @@ def mla_decode_seesaw_kernel(
                   vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L, SPLIT_EXP2)),
+                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
             (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                   vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L, SPLIT_EXP2)),
+                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                    TRANS_LOAD, EARLY_TILES)),
+                    TRANS_LOAD)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -627,7 +567,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
                                     part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
                                     write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
-                                    merge, SPLIT_EXP2, EARLY_TILES), NUM_WARPS)  # fmt: skip
+                                    merge), NUM_WARPS)  # fmt: skip
     return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
 
 
