@@ -38,8 +38,9 @@ cost more than they save (benchmarks/results/round57/NOTES.md). Since round 64 t
 :func:`key_columns`' order in the value buffers and the probabilities.
 
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits and partial results are the
-portable kernel's; so is the merge, unless ``MERGE_IN_KERNEL`` (off, measured slower) has the last split program of
-a head block merge them (:func:`_merge_splits`).
+portable kernel's, the partial outputs in bfloat16 since round 66 (``BF16_PARTIALS``); so is the merge, unless
+``MERGE_IN_KERNEL`` (off, measured slower) has the last split program of a head block merge them
+(:func:`_merge_splits`).
 """
 
 from __future__ import annotations
@@ -96,11 +97,16 @@ TRANS_LOAD = True
 # Split launches: the last of a block's splits to finish merges them (each warpgroup its 256 dims, on a ticket per
 # block and warpgroup from ``launch.merge_counters``), so that no merge kernel follows (:func:`_merge_splits`).
 # Off: on an H100 (64 sequences over 4096 keys, page 64, e4m3) it took 0.1032-0.1038 ms against 0.0805 at 64 heads,
-# 0.0965 against 0.0693 at 17, 20-27 us more than its reads explain (benchmarks/results/round65/NOTES.md).
+# 0.0965 against 0.0693 at 17, 20-27 us more than its reads explain (benchmarks/results/round65/NOTES.md). Round
+# 66's probe: the tickets alone (no merge) 0.0699 against 0.0758, the merge alone in every program 0.0995; the
+# merge's execution, not its ticket, is the cost (benchmarks/results/round66/NOTES.md).
 MERGE_IN_KERNEL = False
 # Split launches write their partial outputs in bfloat16 (:func:`bf16_partials`), half the bytes of float32 ones, which
 # each program writes at its end and the merge reads back; the LSEs stay float32. The output, a bfloat16 or float16
-# rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider.
+# rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider (the GPU
+# tests' largest shares of it as with float32 partials). On an H100 (64 sequences over 4096 keys, page 64, e4m3),
+# against float32 partials: 0.0764-0.0767 ms against 0.0802-0.0815 at 64 heads, 0.0555-0.0574 against 0.0593 with
+# the cache in the L2, 0.0689-0.0694 against 0.0698-0.0704 at 17 heads (benchmarks/results/round66/NOTES.md).
 BF16_PARTIALS = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)

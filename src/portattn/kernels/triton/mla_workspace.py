@@ -2,8 +2,10 @@
 
 The Triton MLA decode kernel (``mla_decode.py`` beside this file) writes one float32 partial output
 ``[B, H, S, R]`` and one float32 log-sum-exp ``[B, H, S]`` per split into a caller's workspace and
-merges them. This module owns that layout and imports no Triton, so that any caller (the engine's
-plan step, a graph-capturing runner, another backend) can size a workspace on any machine.
+merges them (the seesaw kernel over an fp8 cache writes its partial outputs in bfloat16 into the first half
+of the same bytes, ``mla_decode_seesaw_fp8.bf16_partials``). This module owns that layout and imports no
+Triton, so that any caller (the engine's plan step, a graph-capturing runner, another backend) can size a
+workspace on any machine.
 
 The split count is a pure function of the problem (:func:`choose_num_kv_splits`); no device property
 enters it: a workspace sized on one machine fits the same call on any other.
