@@ -49,9 +49,9 @@ def test_seesaw_names_what_it_needs():
 
 def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer(device):
     """``bf16_partials`` (``BF16_PARTIALS``) is the float32 partials buffer's first half of bytes in its shape, and
-    the merge kernel given it merges as a float64 merge of those bfloat16 values does (interpreted on the CPU): the
-    splits weighed by their LSEs, the empty splits past a short sequence skipped, the second half of the buffer
-    (NaN here) never read. On the GPU where there is one."""
+    the merge kernel given it merges as a float64 merge of those bfloat16 values does (on the GPU where there is one,
+    else interpreted): the splits weighed by their LSEs, the empty splits past a short sequence skipped, the second
+    half of the buffer (NaN here) never read."""
     from portattn.kernels.triton.mla_decode import mla_decode_merge_kernel
 
     batch, heads, splits, rank = 3, 5, 3, 512
