@@ -105,7 +105,7 @@ MERGE_IN_KERNEL = False
 # each program writes at its end and the merge reads back; the LSEs stay float32. The output, a bfloat16 or float16
 # rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider (the GPU
 # tests' largest shares of it as with float32 partials). On an H100 (64 sequences over 4096 keys, page 64, e4m3),
-# against float32 partials: 0.0764-0.0767 ms against 0.0802-0.0815 at 64 heads, 0.0555-0.0574 against 0.0593 with
+# against float32 partials: 0.0764-0.0772 ms against 0.0802-0.0815 at 64 heads, 0.0555-0.0574 against 0.0593 with
 # the cache in the L2, 0.0689-0.0694 against 0.0698-0.0704 at 17 heads (benchmarks/results/round66/NOTES.md).
 BF16_PARTIALS = True
 LEFT = gl.constexpr(0)
