@@ -71,8 +71,7 @@ def shared_bytes(ring: int = RING) -> int:
     """Shared memory of the kernel's buffers, before Triton's scratch."""
     queries, tile = HEADS.value * (RANK + ROPE), BLOCK_N.value * (RANK + ROPE)
     probabilities = 4 * HEADS.value * BLOCK_N.value  # two buffers a warpgroup
-    floats = 5 * HEADS.value  # the row scales; both warpgroups' maxima and sums
-    return queries + ring * tile + probabilities + 4 * floats + 8 * (2 * ring + 7)
+    return queries + ring * tile + probabilities + 4 * HEADS.value + 8 * 2 * ring
 
 
 @gluon.jit
@@ -99,13 +98,13 @@ def _masked_scores(s, tile_start, end, scale, ST_MMA: gl.constexpr):
 
 
 @gluon.jit
-def _publish(p, p_smem, bar):
-    """A tile's probabilities ``[keys, heads]`` (times ``P_FP8_SCALE``, e4m3) into ``p_smem`` (``[heads, keys]``),
-    ``bar`` arrived once every lane's stores are visible to the tensor cores."""
-    p_smem.store(gl.permute((p * P_FP8_SCALE).to(p_smem.dtype), (1, 0)))
+def _publish(p_a, p_b, p_own):
+    """A pair's probabilities ``[keys, heads]`` (times ``P_FP8_SCALE``, e4m3) into the warpgroup's buffers ``p_own``
+    (``[2, heads, keys]``), visible to its tensor cores on return."""
+    p_own.index(0).store(gl.permute((p_a * P_FP8_SCALE).to(p_own.dtype), (1, 0)))
+    p_own.index(1).store(gl.permute((p_b * P_FP8_SCALE).to(p_own.dtype), (1, 0)))
     fence_async_shared()
     _barrier()
-    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
@@ -134,20 +133,18 @@ def _value_product(acc, c_ring, slot, p_smem, side: gl.constexpr, tile_start, en
 
 
 @gluon.jit
-def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, ready, empty,
-             m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end, num_heads,
-             num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
-             stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr,
-             ST_MMA: gl.constexpr, OT_MMA: gl.constexpr, V_LOAD: gl.constexpr, V_DOT: gl.constexpr,
-             RING: gl.constexpr):  # fmt: skip
-    """A consuming warpgroup: tile ``2 i + SIDE`` of each pair (its scores, maximum and probabilities published),
-    both tiles' value products into dims ``[256 SIDE, 256 SIDE + 256)``."""
+def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_own, ready, empty, head_block,
+             seq, split, start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse,
+             stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr,
+             WRITE_LSE: gl.constexpr, ST_MMA: gl.constexpr, OT_MMA: gl.constexpr, V_LOAD: gl.constexpr,
+             V_DOT: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """A consuming warpgroup: the whole softmax over a pair of tiles at a time (both tiles' scores issued before
+    either is waited for), their value products into dims ``[256 SIDE, 256 SIDE + 256)``. Both warpgroups compute
+    the same scores and probabilities, so neither waits for the other; the probabilities go to its own buffers
+    ``p_own``. A pair's second tile past the sequence's end (an odd count) is scored from its ring slot as it lies
+    (not waited for, masked to -inf) and not multiplied."""
     COLS: gl.constexpr = gl.SliceLayout(0, ST_MMA)  # a head's
     OUT_COLS: gl.constexpr = gl.SliceLayout(0, OT_MMA)
-    if SIDE == 0:
-        own_max, other_max, own_p, own_p_ready = m0_ready, m1_ready, p_a, pa_ready
-    else:
-        own_max, other_max, own_p, own_p_ready = m1_ready, m0_ready, p_b, pb_ready
     scale = scale_smem.load(COLS) * qk_scale_log2
     m_i = gl.full([HEADS], float("-inf"), gl.float32, COLS)
     l_t = gl.zeros([BLOCK_N, HEADS], gl.float32, ST_MMA)  # the sums, a thread's share
@@ -156,46 +153,28 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
     for i in range(gl.cdiv(num_tiles, 2)):
         a = 2 * i
         b = a + 1
-        t = a + SIDE
-        mine = t < num_tiles  # the left's tile always is
         has_b = b < num_tiles
-        s = gl.full([BLOCK_N, HEADS], float("-inf"), gl.float32, ST_MMA)
-        r = gl.full([HEADS], float("-inf"), gl.float32, COLS)
-        if mine:
-            slot = t % RING
-            mbarrier.wait(ready.index(slot), (t // RING) & 1)
-            s = _scores(_issue_scores(qn_smem, qr_smem, c_ring.index(slot), pe_ring.index(slot), ST_MMA), 0)
-            s = _masked_scores(s, start + t * BLOCK_N, end, scale, ST_MMA)
-            r = gl.max(s, 0)
-        m_x.slice(SIDE * HEADS, HEADS).store(r)
-        _barrier()
-        mbarrier.arrive(own_max, count=1)
-        mbarrier.wait(other_max, i & 1)
-        m_new = gl.maximum(m_i, gl.maximum(r, m_x.slice((1 - SIDE) * HEADS, HEADS).load(COLS)))
-        alpha = gl.exp2(m_i - m_new)  # finite m_new: tile a holds a key
-        l_t = l_t * alpha[None, :]
-        if mine:
-            p = gl.exp2(s - m_new[None, :])
-            l_t = l_t + p
-            _publish(p, own_p.index(i % 2), own_p_ready.index(i % 2))
-        acc = acc * gl.convert_layout(alpha, OUT_COLS)[None, :]
-        mbarrier.wait(pa_ready.index(i % 2), (i // 2) & 1)
         mbarrier.wait(ready.index(a % RING), (a // RING) & 1)
-        acc = _value_product(acc, c_ring, a % RING, p_a.index(i % 2), SIDE, start + a * BLOCK_N, end,
+        if has_b:
+            mbarrier.wait(ready.index(b % RING), (b // RING) & 1)
+        s_a = _issue_scores(qn_smem, qr_smem, c_ring.index(a % RING), pe_ring.index(a % RING), ST_MMA)
+        s_b = _issue_scores(qn_smem, qr_smem, c_ring.index(b % RING), pe_ring.index(b % RING), ST_MMA)
+        s_a = _masked_scores(_scores(s_a, 3), start + a * BLOCK_N, end, scale, ST_MMA)  # b's three may run
+        s_b = _masked_scores(_scores(s_b, 0), start + b * BLOCK_N, end, scale, ST_MMA)
+        m_new = gl.maximum(m_i, gl.max(gl.maximum(s_a, s_b), 0))  # finite: tile a holds a key
+        alpha = gl.exp2(m_i - m_new)
+        p_a = gl.exp2(s_a - m_new[None, :])
+        p_b = gl.exp2(s_b - m_new[None, :])
+        l_t = l_t * alpha[None, :] + p_a + p_b
+        _publish(p_a, p_b, p_own)
+        acc = acc * gl.convert_layout(alpha, OUT_COLS)[None, :]
+        acc = _value_product(acc, c_ring, a % RING, p_own.index(0), SIDE, start + a * BLOCK_N, end,
                              empty.index(a % RING), V_LOAD, V_DOT)  # fmt: skip
         if has_b:
-            mbarrier.wait(pb_ready.index(i % 2), (i // 2) & 1)
-            mbarrier.wait(ready.index(b % RING), (b // RING) & 1)
-            acc = _value_product(acc, c_ring, b % RING, p_b.index(i % 2), SIDE, start + b * BLOCK_N, end,
+            acc = _value_product(acc, c_ring, b % RING, p_own.index(1), SIDE, start + b * BLOCK_N, end,
                                  empty.index(b % RING), V_LOAD, V_DOT)  # fmt: skip
         m_i = m_new
-    # the sums: a thread's share added across the warpgroup, then the other warpgroup's
-    l_i = gl.sum(l_t, 0)
-    l_x.slice(SIDE * HEADS, HEADS).store(l_i)
-    _barrier()
-    mbarrier.arrive(l_done, count=1)
-    mbarrier.wait(l_done, 0)
-    l_i = l_i + l_x.slice((1 - SIDE) * HEADS, HEADS).load(COLS)
+    l_i = gl.sum(l_t, 0)  # a thread's share added across the warpgroup: the same in both warpgroups
     out = _rows_to_dims(acc)  # [heads, 256 dims]
     rows: gl.constexpr = gl.SliceLayout(1, out.type.layout)
     offs_h = head_block * HEADS + gl.arange(0, HEADS, rows)
@@ -228,41 +207,26 @@ def mla_decode_narrow_kernel(
     scale_smem = gl.allocate_shared_memory(gl.float32, [HEADS], flat, row_scale)
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
-    p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, HEADS, BLOCK_N], P_S)  # a pair's parity
-    p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, HEADS, BLOCK_N], P_S)
-    m_x = gl.allocate_shared_memory(gl.float32, [2 * HEADS], flat)  # each warpgroup's tile maxima
-    l_x = gl.allocate_shared_memory(gl.float32, [2 * HEADS], flat)  # the sums, left and right
+    p_left = gl.allocate_shared_memory(gl.float8e4nv, [2, HEADS, BLOCK_N], P_S)  # a pair's, each warpgroup's own
+    p_right = gl.allocate_shared_memory(gl.float8e4nv, [2, HEADS, BLOCK_N], P_S)
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    pa_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    pb_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    m0_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    m1_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    l_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for j in gl.static_range(RING):
         mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=2)  # both warpgroups' values read
-    for j in gl.static_range(2):
-        mbarrier.init(pa_ready.index(j), count=1)
-        mbarrier.init(pb_ready.index(j), count=1)
-    mbarrier.init(m0_ready, count=1)
-    mbarrier.init(m1_ready, count=1)
-    mbarrier.init(l_done, count=2)
+        mbarrier.init(empty.index(j), count=2)  # both warpgroups' scores and values read
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
     gl.warp_specialize(
         [
-            (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, ready, empty,
-                        m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                        num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                        stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, ST_MMA, OT_MMA, V_LOAD,
-                        V_DOT, RING)),
-            (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_a, p_b, m_x, l_x, ready, empty,
-                        m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
-                        num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
-                        stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, ST_MMA, OT_MMA, V_LOAD,
-                        V_DOT, RING)),
+            (_consume, (LEFT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_left, ready, empty, head_block, seq,
+                        split, start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut,
+                        PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE,
+                        ST_MMA, OT_MMA, V_LOAD, V_DOT, RING)),
+            (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, p_right, ready, empty, head_block, seq,
+                        split, start, end, num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut,
+                        PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE,
+                        ST_MMA, OT_MMA, V_LOAD, V_DOT, RING)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring,
                         ready, empty, PAGE_SIZE, TMA_ROWS, RING)),
         ],
