@@ -13,11 +13,14 @@ over 4096 keys: 0.069 ms against 0.077). Here both products are transposed, so t
   ``mla_decode_seesaw_vregs`` loads and regroups it, ``P^T`` the probabilities' ``[heads, keys]`` buffers.
 
 Each product is about half the work of the 64-head one, the softmax half the elements, the output accumulator
-64 registers a thread. The tiles go in pairs as in the seesaw kernel, one row maximum a pair: each consuming
-warpgroup takes a tile's scores, the two publish their maxima and probabilities, and each adds both tiles' value
-products to its 256 dims. A head's maximum over a tile's keys crosses the warps of the warpgroup (the keys are the
-product's rows); the softmax's sums are kept a thread's share at a time and added across the warps once, at the
-end. The producer only copies tiles (TMA) into a ring of ``RING`` slots (``mla_decode_seesaw_vregs._produce``).
+64 registers a thread. With the work that small, the two consuming warpgroups do not split the scores between them
+as the seesaw kernel's do (each a tile of a pair, then an exchange of maxima and probabilities): each computes the
+scores and probabilities of both tiles of a pair itself, both products issued before either is waited for, and
+adds both tiles' value products to its 256 dims. So the two never wait for each other, and each warpgroup's chain
+(scores, maximum, probabilities, value products) covers two tiles at once. A head's maximum over a pair's keys
+crosses the warps of the warpgroup (the keys are the product's rows); the softmax's sums are kept a thread's share
+at a time and added across the warps once, at the end. The producer only copies tiles (TMA) into a ring of ``RING``
+slots (``mla_decode_seesaw_vregs._produce``), a slot released once both warpgroups have read it.
 
 Requirements, splits, the partial outputs (bfloat16, ``mla_decode_seesaw_fp8.BF16_PARTIALS``) and the merge as the
 seesaw kernel's.
