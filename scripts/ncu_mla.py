@@ -76,11 +76,6 @@ def main() -> None:
         action="store_true",
         help="with --seesaw: its value products read from registers (mla_decode_wide_fp8.SEESAW_VREGS)",
     )
-    parser.add_argument(
-        "--narrow",
-        action="store_true",
-        help="with --seesaw, up to 32 heads: mla_decode_narrow_fp8's kernel (mla_decode_wide_fp8.SEESAW_NARROW)",
-    )
     parser.add_argument("--ring", type=int, default=2, help="with --fp8-scores: fp8 tiles in flight (2: its default)")
     parser.add_argument("--block-n", type=int, default=64, help="with --wide or --fp8-scores: keys a tile (32 or 64)")
     parser.add_argument("--heads", type=int, default=16)
@@ -96,8 +91,8 @@ def main() -> None:
         parser.error("--pipelined and --seesaw are forms of --fp8-scores")
     if args.seesaw and not args.fp8_values:
         parser.error("--seesaw takes fp8 values (--fp8-values)")
-    if (args.vregs or args.narrow) and not args.seesaw:
-        parser.error("--vregs and --narrow are forms of --seesaw")
+    if args.vregs and not args.seesaw:
+        parser.error("--vregs is a form of --seesaw")
     if args.pipelined or args.seesaw:
         from portattn.kernels.triton import mla_decode_wide_fp8
 
@@ -105,8 +100,6 @@ def main() -> None:
         mla_decode_wide_fp8.SEESAW = args.seesaw
         if args.vregs:  # else as set (round 60's many.py sets it by its cases' prefixes)
             mla_decode_wide_fp8.SEESAW_VREGS = True
-        if args.narrow:
-            mla_decode_wide_fp8.SEESAW_NARROW = True
     dev = torch.device("cuda")
     b, L, P, heads = args.batch, args.keys, args.page, args.heads
     gen = torch.Generator(device=dev).manual_seed(0)

@@ -121,12 +121,10 @@ CHILD = textwrap.dedent(
         print("no compiler:", exc); sys.exit(3)
     from kernels.mla_checks import cache_descriptors, compile_for_hopper, serialized_mma_notes, stack_bytes
     from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw, mla_decode_seesaw_vregs as vregs
-    from portattn.kernels.triton import mla_decode_narrow_fp8 as narrow
 
     KERNEL, CONSTEXPRS, NUM_WARPS = {KERNEL}
     # the seesaw kernel's partial outputs as the launcher passes them (BF16_PARTIALS)
-    bf16 = KERNEL in (seesaw.mla_decode_seesaw_kernel, narrow.mla_decode_narrow_kernel) and seesaw.BF16_PARTIALS
-    part = "*bf16" if bf16 else "*fp32"
+    part = "*bf16" if KERNEL is seesaw.mla_decode_seesaw_kernel and seesaw.BF16_PARTIALS else "*fp32"
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
             "Lse": "*fp32", "PartOut": part, "PartLse": "*fp32", "Counters": "*i32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
@@ -145,12 +143,6 @@ CHILD = textwrap.dedent(
             # ... or the cache's bytes in registers against the probabilities (vregs)
             ("register_values",
              rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
-            # the narrow kernel's: the transposed scores (the cache against the queries, both in shared memory) and
-            # values (the cache's bytes in registers against the probabilities)
-            ("narrow_scores",
-             rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*%rd"),
-            ("narrow_values",
-             rf"wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k32\\.f32\\.{b}\\.e4m3\\s+{{[^}}]*}},\\s*{{"),
             ("wgmma", r"wgmma\\.mma_async"), ("tma", r"cp\\.async\\.bulk\\.tensor\\.2d"),
             ("copies", r"cp\\.async\\.cg\\.shared\\.global"), ("byte_loads", r"ld\\.shared\\.[ub]8"),
             # the producer's transposing loads (TRANS_LOAD) and 16-bit shared loads
@@ -180,14 +172,13 @@ CHILD = textwrap.dedent(
 
 
 def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
-    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``seesaw_merge``: its ``MERGE_IN_KERNEL`` form,
-    ``vregs`` or ``narrow``) compiled for sm_90 over an e4m3 cache of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
+    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``seesaw_merge``: its ``MERGE_IN_KERNEL`` form, or
+    ``vregs``) compiled for sm_90 over an e4m3 cache of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
     spec = {
         "seesaw": "seesaw.mla_decode_seesaw_kernel, seesaw.seesaw_constexprs, seesaw.NUM_WARPS",
         "seesaw_merge": "seesaw.mla_decode_seesaw_kernel, lambda: seesaw.seesaw_constexprs(merge_in_kernel=True), "
         "seesaw.NUM_WARPS",
         "vregs": "vregs.mla_decode_seesaw_vregs_kernel, vregs.vregs_constexprs, vregs.NUM_WARPS",
-        "narrow": "narrow.mla_decode_narrow_kernel, narrow.narrow_constexprs, narrow.NUM_WARPS",
     }[kernel]
     lines = run_compile_child(tmp_path, CHILD.replace("{KERNEL}", spec), f"compile_mla_{kernel}", timeout=900)
     kernels = [line.split() for line in lines if line.startswith("kernel ")]
@@ -272,29 +263,3 @@ def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_pa
         assert counts["tma"] == (vregs.RING + 1) * pages * 2 and counts["copies"] == 0, where
         assert counts["stack"] <= 64, where  # Triton 3.6: 48-56 bytes, as the seesaw kernel's (the queries)
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
-
-
-def test_the_narrow_kernel_compiles_for_hopper(tmp_path):
-    """``mla_decode_narrow_fp8``: twelve warps, ``setmaxnreg`` giving the producer ``PRODUCER_REGS`` and the right
-    warpgroup ``CONSUMER_REGS``; a tile's scores as ``m64n32k32`` fp8 products of the cache (the first operand, in
-    shared memory) against the e4m3 queries (16 + 2 a tile, both tiles of a pair, both warpgroups), its values as ``m64n32k32`` products whose first
-    operand (the cache's bytes) is in registers: 4 (256 dims) a 32-key half of a tile, two halves, the tiles within
-    the sequence and the last, two tiles, two warpgroups; no product with 64 rows of heads; bfloat16 partials; TMA
-    copies at the first ``RING`` tiles' sites and the loop's; within Hopper's shared memory; no product serialized
-    by ptxas and no stack beyond a few scalars."""
-    from portattn.kernels.triton import mla_decode_narrow_fp8 as narrow
-
-    for kv, page_size, counts in compiled_counts(tmp_path, "narrow"):
-        where = (kv, page_size, counts)
-        assert counts["warps"] == 12 and narrow.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
-        regs = {str(narrow.PRODUCER_REGS.value), str(narrow.CONSUMER_REGS.value)}
-        assert regs <= set(counts["regs"].split(",")), where
-        assert (counts["narrow_scores"], counts["narrow_values"]) == (2 * 2 * 18, 4 * 2 * 2 * 2 * 2), where
-        assert counts["scores"] == counts["values"] == counts["register_values"] == 0, where
-        assert counts["wgmma"] == counts["narrow_scores"] + counts["narrow_values"], where
-        assert counts["transposes"] == 2 * 2 * 2 * 2 * 4, where
-        # each warpgroup's 32 x 256 partial outputs in bfloat16: 8 stores of 16 bytes a thread (float32: 16)
-        assert (counts["bf16_partials"], counts["f32_partials"]) == (0, 2 * 8), where
-        pages = 64 // min(int(page_size), 64)
-        assert counts["tma"] == (narrow.RING + 1) * pages * 2 and counts["copies"] == 0, where
-        assert counts["stack"] <= 64 and counts["serialized"] <= 0, where

@@ -28,7 +28,6 @@ from portattn.device import is_triton_interpreter
 from portattn.kernels.triton import mla_decode_seesaw_fp8 as seesaw_fp8
 from portattn.kernels.triton import mla_decode_wide_fp8 as wide_fp8
 from portattn.kernels.triton.mla_decode_launch import WIDE_PRODUCER_TILES, MLATileConfig, mla_decode_forward
-from portattn.kernels.triton.mla_decode_narrow_fp8 import MAX_HEADS as MAX_NARROW_HEADS
 from portattn.kv_quant import dequantize_kv, quantize_kv
 from portattn.testing import gather_sequence, max_error, mla_decode_ref, tolerance
 
@@ -368,10 +367,6 @@ FP8_VALUES_CASES = [
     (3, 32, 128, torch.float8_e5m2, 2),
     (16, 64, 100, torch.float8_e5m2, 2),
     (8, 64, 40, torch.float8_e4m3fn, 2),
-    # up to 32 heads: the narrow kernel (mla_decode_narrow_fp8) beside the seesaw ones
-    (64, 64, 17, torch.float8_e4m3fn, 2),
-    (16, 64, 32, torch.float8_e5m2, 2),
-    (8, 64, 24, torch.float8_e4m3fn, 2),
 ]
 
 
@@ -394,21 +389,15 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         pipelined = (True, False) if ring == 2 else (False,)  # two values buffers (ring 3): pipelined or not
         # (pipelined, seesaw, value products from registers, the seesaw kernel's first form, its splits merged in
-        # the kernel, the narrow kernel): the seesaw kernel (mla_decode_seesaw_fp8 as by default, merging the other
-        # way, as before PAGE_AHEAD and TRANS_LOAD, or mla_decode_seesaw_vregs) where TMA copies 64-key tiles, and
-        # up to 32 heads mla_decode_narrow_fp8 (SEESAW_NARROW) on or off. Merging in the kernel, each launch after
-        # the first finds the counters the one before put back to 0, or its output stays NaN.
-        merge, narrow = seesaw_fp8.MERGE_IN_KERNEL, wide_fp8.SEESAW_NARROW and num_heads <= MAX_NARROW_HEADS
-        seesaw_forms = [
-            (False, True, False, False, merge, narrow),
-            (False, True, False, False, not merge, False),
-            (False, True, False, True, merge, False),
-            (False, True, True, False, merge, False),
-        ]
-        if num_heads <= MAX_NARROW_HEADS:  # the narrow kernel and, where it is the default, the seesaw kernel
-            seesaw_forms.append((False, True, False, False, merge, not narrow))
-        forms = [(pipe, False, False, False, merge, False) for pipe in pipelined] + seesaw_forms * (block_n == 64)
-        for splits, tma, (pipe, seesaw, vregs, first, merged, narrowed) in itertools.product(
+        # the kernel): the seesaw kernel (mla_decode_seesaw_fp8 as by default, merging the other way, as before
+        # PAGE_AHEAD and TRANS_LOAD, or mla_decode_seesaw_vregs) where TMA copies 64-key tiles. Merging in the
+        # kernel, each launch after the first finds the counters the one before put back to 0, or its output stays
+        # NaN.
+        merge = seesaw_fp8.MERGE_IN_KERNEL
+        seesaw_forms = [(False, True, False, False, merge), (False, True, False, False, not merge),
+                        (False, True, False, True, merge), (False, True, True, False, merge)]  # fmt: skip
+        forms = [(pipe, False, False, False, merge) for pipe in pipelined] + seesaw_forms * (block_n == 64)
+        for splits, tma, (pipe, seesaw, vregs, first, merged) in itertools.product(
             (1, 3), copies(kv_cache, block_n), forms
         ):
             if (seesaw and not tma) or (merged != merge and splits == 1):  # one split: nothing to merge
@@ -417,7 +406,6 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
             monkeypatch.setattr(wide_fp8, "PIPELINED", pipe)
             monkeypatch.setattr(wide_fp8, "SEESAW", seesaw)
             monkeypatch.setattr(wide_fp8, "SEESAW_VREGS", vregs)
-            monkeypatch.setattr(wide_fp8, "SEESAW_NARROW", narrowed)
             monkeypatch.setattr(seesaw_fp8, "PAGE_AHEAD", not first)
             monkeypatch.setattr(seesaw_fp8, "TRANS_LOAD", not first)
             monkeypatch.setattr(seesaw_fp8, "MERGE_IN_KERNEL", merged)
@@ -428,7 +416,6 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
                                tiles=tiles, kv_scale=KV_SCALE)  # fmt: skip
             form = f"{'TMA' if tma else 'cp.async'}{', pipelined' if pipe else ''}{', seesaw' if seesaw else ''}"
             form += ", values from registers" if vregs else ", its first form" if first else ""
-            form += ", narrow" if narrowed else ""
             form += ", merged in the kernel" if seesaw and not vregs and merged and splits > 1 else ""
             where = f"{dtype}, {cache}, page {page_size}, {block_n} keys, {heads} heads, ring {ring}, {splits} splits"
             where += f", {form}"

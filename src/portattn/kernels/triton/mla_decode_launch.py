@@ -532,15 +532,11 @@ def mla_decode_forward(
             ring = t.num_stages if t.num_stages > 2 else mla_decode_wide_fp8.RING
             form, extra, written = mla_decode_wide_fp8, {}, part_out
             if mla_decode_wide_fp8.SEESAW and t.fp8_values and t.block_n == 64:
-                from . import mla_decode_narrow_fp8, mla_decode_seesaw_fp8
+                from . import mla_decode_seesaw_fp8
 
                 if mla_decode_seesaw_fp8.supports(kv_cache) is None:
                     form = mla_decode_seesaw_fp8
-                    if mla_decode_wide_fp8.SEESAW_NARROW and num_heads <= mla_decode_narrow_fp8.MAX_HEADS:
-                        form = mla_decode_narrow_fp8
-                        if split and mla_decode_seesaw_fp8.BF16_PARTIALS:
-                            written = mla_decode_seesaw_fp8.bf16_partials(part_out)
-                    elif mla_decode_wide_fp8.SEESAW_VREGS:
+                    if mla_decode_wide_fp8.SEESAW_VREGS:
                         from . import mla_decode_seesaw_vregs as form
                     else:
                         if split and mla_decode_seesaw_fp8.MERGE_IN_KERNEL:  # None while capturing a graph needing more

@@ -602,14 +602,14 @@ def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, 
 
 
 def tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, scalars,
-               write_partial, write_lse, min_split, const, num_warps, block_h=BLOCK_H.value):  # fmt: skip
-    """``(grid, args, kwargs)`` of a seesaw kernel's launch over ``[head blocks of block_h, splits, sequences]``: the
-    portable kernel's arguments with the TMA descriptors of the cache's latent and rope (layouts ``C_8``, ``PE_8`` of
-    ``const``) after its first three; ``scalars`` are ``(q_scale, qk_scale_log2, kv_scale, num_kv_splits)``."""
+               write_partial, write_lse, min_split, const, num_warps):  # fmt: skip
+    """``(grid, args, kwargs)`` of a seesaw kernel's launch: the portable kernel's arguments with the TMA descriptors
+    of the cache's latent and rope (layouts ``C_8``, ``PE_8`` of ``const``) after its first three; ``scalars`` are
+    ``(q_scale, qk_scale_log2, kv_scale, num_kv_splits)``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, num_heads, _ = q_nope.shape
-    grid = (-(-num_heads // block_h), scalars[3], batch)
+    grid = (-(-num_heads // BLOCK_H.value), scalars[3], batch)
     args = list(arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                           *scalars))  # fmt: skip
     rows = tma_rows(kv_cache, BLOCK_N.value)

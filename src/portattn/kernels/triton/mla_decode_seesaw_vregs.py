@@ -192,9 +192,9 @@ def _publish_halves(p, p_buf, parity, bar):
 def _rows_to_dims(acc):
     """The transposed output ``[256 rows, heads]`` as ``[heads, 256 dims]`` (:func:`_values`' relabelling undone in
     registers), a thread's consecutive dims in consecutive registers for vector stores."""
-    y = gl.reshape(acc, [2, 2, 2, 2, 2, 2, 2, 2, acc.shape[1]])  # [b1 b0 w1 w0 a r2 r1 r0, heads]
+    y = gl.reshape(acc, [2, 2, 2, 2, 2, 2, 2, 2, BLOCK_H])  # [b1 b0 w1 w0 a r2 r1 r0, heads]
     y = gl.permute(y, (2, 3, 5, 6, 7, 0, 1, 4, 8))  # [w1 w0 r2 r1 r0 b1 b0 a, heads]
-    y = gl.permute(gl.reshape(y, [HALF, acc.shape[1]]), (1, 0))
+    y = gl.permute(gl.reshape(y, [HALF, BLOCK_H]), (1, 0))
     return gl.convert_layout(y, columns_first(y.type.layout))
 
 

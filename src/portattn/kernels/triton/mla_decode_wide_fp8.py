@@ -91,8 +91,6 @@ SEESAW = True
 # the seesaw kernel's value products read from registers (mla_decode_seesaw_vregs: no transposition by the producer);
 # on an H200 1-3% faster at one split, 5-15% slower with more (benchmarks/results/round61/NOTES.md)
 SEESAW_VREGS = False
-# up to 32 heads, mla_decode_narrow_fp8's kernel in the seesaw kernel's place: the heads on its products' N side
-SEESAW_NARROW = False
 P_FP8_SCALE = gl.constexpr(256.0)  # fp8 values: the probabilities (at most 1) times this in e4m3
 # The tensor cores sum fp8 products keeping about 14 bits; the scores' sums are added into float32 every
 # PROMOTE_EVERY dims (two-level accumulation, as DeepSeek-V3's fp8 GEMMs): on an H100 (64 sequences over 4096 keys)
@@ -191,14 +189,13 @@ def shared_bytes(block_n: int, fp8_values: bool = False, ring: int = RING, value
 @gluon.jit
 def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
                  q_scale, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
-                 RELOAD: gl.constexpr = False, HEADS: gl.constexpr = BLOCK_H):  # fmt: skip
-    """The queries of head block ``head_block`` (``HEADS`` heads) times ``q_scale`` in e4m3, each row by its own
-    power of two (its largest magnitude to [128, 256)), in shared memory as the warpgroup MMA reads them (nope,
-    rope), and the rows' scales (what a row's fp8 values are multiplied by). ``RELOAD``: the second pass loads the
-    queries again (volatile loads, which the compiler does not merge with the first pass's) rather than keeping
-    them in registers."""
+                 RELOAD: gl.constexpr = False):  # fmt: skip
+    """The queries times ``q_scale`` in e4m3, each row by its own power of two (its largest magnitude to [128,
+    256)), in shared memory as the warpgroup MMA reads them (nope, rope), and the rows' scales (what a row's fp8
+    values are multiplied by). ``RELOAD``: the second pass loads the queries again (volatile loads, which the
+    compiler does not merge with the first pass's) rather than keeping them in registers."""
     ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
-    offs_h = head_block * HEADS + gl.arange(0, HEADS, ROWS)
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
     h_ok = offs_h[:, None] < num_heads
     cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
     cols_pe = gl.arange(0, 64, gl.SliceLayout(0, Q_LOAD))
@@ -217,11 +214,11 @@ def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_q
     to_fp8 = ((261 - exponent) << 23).to(gl.float32, bitcast=True)
     row_scale = ((exponent - 7) << 23).to(gl.float32, bitcast=True)
     to_fp8 = to_fp8[:, None]
-    qn_smem = gl.allocate_shared_memory(gl.float8e4nv, [HEADS, 512], C_8)
+    qn_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_8)
     for c in gl.static_range(4):
         qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0, volatile=RELOAD)
         qn_smem.slice(128 * c, 128, dim=1).store((qn.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
-    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [HEADS, 64], PE_8, (qr * to_fp8).to(gl.float8e4nv))
+    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 64], PE_8, (qr * to_fp8).to(gl.float8e4nv))
     return qn_smem, qr_smem, row_scale
 
 
