@@ -16,9 +16,8 @@ HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute 
 
 
 def test_seesaw_names_what_it_needs():
-    """A 16-bit cache, pages TMA cannot copy as 64-key tiles, a ring past shared memory, another form's options and
-    counters to merge with in a launch without splits, too few or not int32 are refused with what the kernel
-    expects."""
+    """A 16-bit cache, pages TMA cannot copy as 64-key tiles, a ring past shared memory and another form's options
+    are refused with what the kernel expects."""
     assert "expected an fp8 cache" in seesaw.supports(torch.zeros(4, 64, 576, dtype=torch.bfloat16))
     fp8 = torch.zeros(4, 7, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 7 keys a page: no whole tiles
     assert "expected a cache TMA can copy" in seesaw.supports(fp8)
@@ -34,17 +33,32 @@ def test_seesaw_names_what_it_needs():
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, block_n=32)
     with pytest.raises(ValueError, match="pipelined=True"):
         seesaw.launch_arguments(*[None] * 2, whole, *[None] * 6, **rest, pipelined=True)
-    # merging in the kernel (MERGE_IN_KERNEL): a split launch, two int32 counters a head block and sequence
-    q_nope = torch.zeros(3, 100, 512, dtype=torch.bfloat16)  # 3 sequences, 2 head blocks: 12 counters
-    assert seesaw.merge_tickets(q_nope) == 12
-    with pytest.raises(ValueError, match=r"expected a split launch and at least 12 int32 counters .* write_partial="
-                       r"False, torch.int32 x 12"):  # fmt: skip
-        seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **rest, counters=torch.zeros(12, dtype=torch.int32))
-    split = {**rest, "num_kv_splits": 2, "write_partial": True}
-    with pytest.raises(ValueError, match=r"at least 12 int32 counters .* torch.int32 x 11"):
-        seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **split, counters=torch.zeros(11, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"at least 12 int32 counters .* torch.int64 x 12"):
-        seesaw.launch_arguments(q_nope, None, whole, *[None] * 6, **split, counters=torch.zeros(12, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("form", ["seesaw", "vregs"])
+def test_the_launch_arguments_fill_the_kernel_parameters(form):
+    """A seesaw kernel's launch arguments (built on any machine, CPU tensors) fill its parameters exactly: the runtime
+    arguments in order, then each constexpr by name, none missing or left over; the grid is ``[head blocks of 64,
+    splits, sequences]``."""
+    from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
+
+    module, kernel = {"seesaw": (seesaw, seesaw.mla_decode_seesaw_kernel),
+                      "vregs": (vregs, vregs.mla_decode_seesaw_vregs_kernel)}[form]  # fmt: skip
+    batch, heads, splits = 3, 100, 2
+    q_nope, q_rope = torch.zeros(batch, heads, 512, dtype=torch.bfloat16), torch.zeros(batch, heads, 64)
+    kv_cache = torch.zeros(8, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    page_table, seq_lens = torch.zeros(batch, 2, dtype=torch.int32), torch.full((batch,), 100, dtype=torch.int32)
+    out, lse = torch.zeros_like(q_nope), torch.zeros(batch, heads)
+    part_out, part_lse = torch.zeros(batch, heads, splits, 512), torch.zeros(batch, heads, splits)
+    grid, args, kwargs = module.launch_arguments(
+        q_nope, q_rope.to(torch.bfloat16), kv_cache, page_table, seq_lens, out, lse, part_out, part_lse,
+        q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0, num_kv_splits=splits, write_partial=True, write_lse=True,
+        min_split=64,
+    )  # fmt: skip
+    named = set(kwargs) - {"num_warps", "maxnreg"}  # launch options, not parameters
+    assert list(kernel.arg_names[len(args) :]) == [n for n in kernel.arg_names if n in named], (kernel.arg_names, named)
+    assert len(args) + len(named) == len(kernel.arg_names), (len(args), sorted(named), kernel.arg_names)
+    assert grid == (2, splits, batch)
 
 
 def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer(device):
@@ -126,7 +140,7 @@ CHILD = textwrap.dedent(
     # the seesaw kernel's partial outputs as the launcher passes them (BF16_PARTIALS)
     part = "*bf16" if KERNEL is seesaw.mla_decode_seesaw_kernel and seesaw.BF16_PARTIALS else "*fp32"
     ptrs = {"QNope": "*bf16", "QRope": "*bf16", "PageTable": "*i32", "SeqLensK": "*i32", "Out": "*bf16",
-            "Lse": "*fp32", "PartOut": part, "PartLse": "*fp32", "Counters": "*i32"}
+            "Lse": "*fp32", "PartOut": part, "PartLse": "*fp32"}
     for kv, page_size in (("*fp8e4nv", 64), ("*fp8e5", 16)):
         const = {**CONSTEXPRS(), "PAGE_SIZE": page_size, "WRITE_PARTIAL": True, "WRITE_LSE": True,
                  "MIN_SPLIT": 256, "TMA_ROWS": min(page_size, 64)}
@@ -148,8 +162,6 @@ CHILD = textwrap.dedent(
             # the producer's transposing loads (TRANS_LOAD) and 16-bit shared loads
             ("trans_loads", r"ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"),
             ("short_loads", r"ld\\.shared(\\.v\\d)?\\.[ub]16"),
-            # the in-kernel merge's tickets (MERGE_IN_KERNEL) and its reads through the L2
-            ("tickets", r"atom\\.global\\.gpu\\.acq_rel\\.add"), ("l2_reads", r"ld\\.global\\.cg\\.v[24]"),
             # the partial outputs' stores, four dims a thread: bfloat16 (two words) or float32 (four)
             ("bf16_partials", r"st\\.global\\.v2\\.b32"), ("f32_partials", r"st\\.global\\.v4\\.b32"))}
         counts["pairs_to_dims"] = ptx.count("0x6420;")  # the producer's regrouping (_PAIRS_TO_DIMS)
@@ -172,12 +184,10 @@ CHILD = textwrap.dedent(
 
 
 def compiled_counts(tmp_path, kernel: str) -> list[tuple[str, str, dict]]:
-    """``(cache, page size, counts)`` of ``kernel`` (``seesaw``, ``seesaw_merge``: its ``MERGE_IN_KERNEL`` form, or
-    ``vregs``) compiled for sm_90 over an e4m3 cache of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
+    """``(cache, page size, counts)`` of ``kernel`` (``seesaw`` or ``vregs``) compiled for sm_90 over an e4m3 cache
+    of 64-key pages and an e5m2 one of 16-key pages (:data:`CHILD`)."""
     spec = {
         "seesaw": "seesaw.mla_decode_seesaw_kernel, seesaw.seesaw_constexprs, seesaw.NUM_WARPS",
-        "seesaw_merge": "seesaw.mla_decode_seesaw_kernel, lambda: seesaw.seesaw_constexprs(merge_in_kernel=True), "
-        "seesaw.NUM_WARPS",
         "vregs": "vregs.mla_decode_seesaw_vregs_kernel, vregs.vregs_constexprs, vregs.NUM_WARPS",
     }[kernel]
     lines = run_compile_child(tmp_path, CHILD.replace("{KERNEL}", spec), f"compile_mla_{kernel}", timeout=900)
@@ -208,7 +218,6 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # 16-bit shared loads (one byte: the warp-specialization's own)
         assert 31 <= counts["trans_loads"] <= 32 and counts["pairs_to_dims"] == 2 * 32, where
         assert counts["byte_loads"] <= 1 and counts["short_loads"] == 0, where
-        assert counts["tickets"] == 0 and counts["l2_reads"] == 0, where  # the splits merged by the merge kernel
         # each warpgroup's 64 x 256 partial outputs in bfloat16 (BF16_PARTIALS), 32 stores of four dims a thread
         assert (counts["bf16_partials"], counts["f32_partials"]) == (2 * 32, 0), where
         # a few addresses reloaded once a pair, no accumulator (Triton 3.9: 24-32 bytes, 3.6, the GPU machine's: 32;
@@ -219,20 +228,6 @@ def test_the_seesaw_kernel_compiles_for_hopper(tmp_path):
         # before _queries_fp8(RELOAD=True)
         assert counts["stack"] <= 80, where
         assert counts["serialized"] <= 0, where  # -1: no ptxas to ask
-
-
-def test_the_seesaw_kernel_merging_its_splits_compiles_for_hopper(tmp_path):
-    """The ``MERGE_IN_KERNEL`` form: each consuming warpgroup takes one ticket (an acquire-release atomic add) and
-    the last reads the block's partials through the L2, four dims a load (four 64-dim chunks); the products and
-    copies as the default form's; no product serialized, a few scalars of stack (Triton 3.6: 48 bytes, 3.9: 40;
-    two reloaded before the merge's loop). The default form takes no ticket."""
-    for kv, page_size, counts in compiled_counts(tmp_path, "seesaw_merge"):
-        where = (kv, page_size, counts)
-        assert counts["warps"] == 12 and seesaw.shared_bytes() <= counts["shared"] <= HOPPER_SHARED, where
-        assert (counts["scores"], counts["values"]) == (2 * 18, 2 * 2 * 2), where
-        assert counts["wgmma"] == counts["scores"] + counts["values"], where
-        assert counts["tickets"] == 2 and counts["l2_reads"] >= 2 * 4, where
-        assert counts["stack"] <= 80 and counts["serialized"] <= 0, where
 
 
 def test_the_seesaw_kernel_with_values_from_registers_compiles_for_hopper(tmp_path):

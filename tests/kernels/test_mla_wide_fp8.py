@@ -367,6 +367,9 @@ FP8_VALUES_CASES = [
     (3, 32, 128, torch.float8_e5m2, 2),
     (16, 64, 100, torch.float8_e5m2, 2),
     (8, 64, 40, torch.float8_e4m3fn, 2),
+    # up to 32 heads in the seesaw kernel's 64-head programs (pages TMA copies)
+    (64, 64, 17, torch.float8_e4m3fn, 2),
+    (16, 64, 32, torch.float8_e5m2, 2),
 ]
 
 
@@ -388,19 +391,13 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
         allowed = c.tol + c.drift + 2.0**-4 * weighted + 2.0**-18 * plain
         args = [inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
         pipelined = (True, False) if ring == 2 else (False,)  # two values buffers (ring 3): pipelined or not
-        # (pipelined, seesaw, value products from registers, the seesaw kernel's first form, its splits merged in
-        # the kernel): the seesaw kernel (mla_decode_seesaw_fp8 as by default, merging the other way, as before
-        # PAGE_AHEAD and TRANS_LOAD, or mla_decode_seesaw_vregs) where TMA copies 64-key tiles. Merging in the
-        # kernel, each launch after the first finds the counters the one before put back to 0, or its output stays
-        # NaN.
-        merge = seesaw_fp8.MERGE_IN_KERNEL
-        seesaw_forms = [(False, True, False, False, merge), (False, True, False, False, not merge),
-                        (False, True, False, True, merge), (False, True, True, False, merge)]  # fmt: skip
-        forms = [(pipe, False, False, False, merge) for pipe in pipelined] + seesaw_forms * (block_n == 64)
-        for splits, tma, (pipe, seesaw, vregs, first, merged) in itertools.product(
-            (1, 3), copies(kv_cache, block_n), forms
-        ):
-            if (seesaw and not tma) or (merged != merge and splits == 1):  # one split: nothing to merge
+        # (pipelined, seesaw, value products from registers, the seesaw kernel's first form): the seesaw kernel
+        # (mla_decode_seesaw_fp8 as by default, as before PAGE_AHEAD and TRANS_LOAD, or mla_decode_seesaw_vregs)
+        # where TMA copies 64-key tiles
+        seesaw_forms = [(False, True, False, False), (False, True, False, True), (False, True, True, False)]
+        forms = [(pipe, False, False, False) for pipe in pipelined] + seesaw_forms * (block_n == 64)
+        for splits, tma, (pipe, seesaw, vregs, first) in itertools.product((1, 3), copies(kv_cache, block_n), forms):
+            if seesaw and not tma:
                 continue
             monkeypatch.setattr(wide_fp8, "TMA", tma)
             monkeypatch.setattr(wide_fp8, "PIPELINED", pipe)
@@ -408,7 +405,6 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
             monkeypatch.setattr(wide_fp8, "SEESAW_VREGS", vregs)
             monkeypatch.setattr(seesaw_fp8, "PAGE_AHEAD", not first)
             monkeypatch.setattr(seesaw_fp8, "TRANS_LOAD", not first)
-            monkeypatch.setattr(seesaw_fp8, "MERGE_IN_KERNEL", merged)
             workspace = torch.empty(4 * batch * num_heads * splits * 513, dtype=torch.uint8, device="cuda")
             out = torch.full_like(queries["q_nope"], float("nan"))
             lse = torch.full((batch, num_heads), float("nan"), device="cuda")
@@ -416,7 +412,6 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
                                tiles=tiles, kv_scale=KV_SCALE)  # fmt: skip
             form = f"{'TMA' if tma else 'cp.async'}{', pipelined' if pipe else ''}{', seesaw' if seesaw else ''}"
             form += ", values from registers" if vregs else ", its first form" if first else ""
-            form += ", merged in the kernel" if seesaw and not vregs and merged and splits > 1 else ""
             where = f"{dtype}, {cache}, page {page_size}, {block_n} keys, {heads} heads, ring {ring}, {splits} splits"
             where += f", {form}"
             finite = torch.isfinite(ref_lse)

@@ -1,8 +1,8 @@
-"""The fp8-values GPU test's check for forms of the seesaw kernel up to 32 heads: page 64 e4m3 with 17 heads, page 16
-e5m2 with 32 heads, 1 and 3 splits, each form against the float64 reference within the test's bound, and how far each is from
-the first: ``python3 quick_check.py FORM [FORM ...] [short]`` (with ``tests`` importable; ``short``: the first case
-only). A form is ``default`` or settings ``NAME=value[,NAME=value]`` of ``mla_decode_seesaw_fp8`` (``module.NAME``
-for another module of ``portattn.kernels.triton``)."""
+"""The fp8-values GPU test's check for forms of the seesaw kernel up to 32 heads: page 64 e4m3 with 17 heads, page
+16 e5m2 with 32 heads, 1 and 3 splits, each form against the float64 reference within the test's bound, and how far
+each is from the first: ``python3 quick_check.py FORM [FORM ...] [short]`` (with ``tests`` importable; ``short``:
+the first case only). A form is ``default`` or settings ``NAME=value[,NAME=value]`` of ``mla_decode_seesaw_fp8``
+(``module.NAME`` for another module of ``portattn.kernels.triton``)."""
 
 import ast
 import importlib

@@ -383,14 +383,6 @@ def _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N: gl.constexpr, MIN_S
 
 
 @gluon.jit
-def _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N: gl.constexpr, MIN_SPLIT: gl.constexpr):
-    """How many of the sequence's splits hold keys (the first ones; the others write no partials), as
-    ``mla_decode_merge_kernel`` counts them."""
-    num_keys = gl.load(SeqLensK + seq)
-    return gl.cdiv(num_keys, _per_split(num_keys, num_kv_splits, BLOCK_N, MIN_SPLIT))
-
-
-@gluon.jit
 def _store_result(acc, m_i, l_i, offs_h, dims, seq, split, start, end, num_heads, num_kv_splits, kv_scale,
                   Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
                   WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr):  # fmt: skip

@@ -16,7 +16,7 @@ from ...device import compute_units, is_triton_interpreter
 from ...errors import check_int, expect, fail
 from ...kv_quant import FP8_DTYPES
 from . import launch as attention_launch
-from .launch import dot_precision, f16_query_scale, merge_counters, next_pow2
+from .launch import dot_precision, f16_query_scale, next_pow2
 from .mla_decode import mla_decode_merge_kernel, mla_decode_split_kernel
 from .mla_workspace import partial_buffers
 from .resources import fewer_stages_then, launch_fitting
@@ -506,12 +506,11 @@ def mla_decode_forward(
     f16_dots = attention_launch.f16_dots_for(dtype, kv_cache.dtype)
     block_r = max(16, next_pow2(rank))
     block_rp = max(16, next_pow2(rope_dim)) if rope_dim else 16
-    merged = False  # whether the launch merged its splits itself (the seesaw kernel's MERGE_IN_KERNEL)
     merge_out = part_out  # the partial outputs the launch wrote (the seesaw kernel's BF16_PARTIALS: bfloat16)
 
     def launch(t: MLATileConfig) -> None:
-        nonlocal merged, merge_out
-        merged, merge_out = False, part_out
+        nonlocal merge_out
+        merge_out = part_out
         if t.fp8_mma:
             from . import mla_decode_fp8_mma
 
@@ -530,7 +529,7 @@ def mla_decode_forward(
             from . import mla_decode_wide_fp8
 
             ring = t.num_stages if t.num_stages > 2 else mla_decode_wide_fp8.RING
-            form, extra, written = mla_decode_wide_fp8, {}, part_out
+            form, written = mla_decode_wide_fp8, part_out
             if mla_decode_wide_fp8.SEESAW and t.fp8_values and t.block_n == 64:
                 from . import mla_decode_seesaw_fp8
 
@@ -538,19 +537,15 @@ def mla_decode_forward(
                     form = mla_decode_seesaw_fp8
                     if mla_decode_wide_fp8.SEESAW_VREGS:
                         from . import mla_decode_seesaw_vregs as form
-                    else:
-                        if split and mla_decode_seesaw_fp8.MERGE_IN_KERNEL:  # None while capturing a graph needing more
-                            counters = merge_counters(device, mla_decode_seesaw_fp8.merge_tickets(q_nope))
-                            extra = {} if counters is None else {"counters": counters}
-                        if split and mla_decode_seesaw_fp8.BF16_PARTIALS:
-                            written = mla_decode_seesaw_fp8.bf16_partials(part_out)
+                    elif split and mla_decode_seesaw_fp8.BF16_PARTIALS:
+                        written = mla_decode_seesaw_fp8.bf16_partials(part_out)
             form.launch(
                 q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, written, part_lse,
                 q_scale=1.0, qk_scale_log2=scale * kv_scale * LOG2E, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
-                fp8_values=t.fp8_values, ring=ring, value_bufs=2 if t.fp8_values and ring == 3 else 1, **extra,
+                fp8_values=t.fp8_values, ring=ring, value_bufs=2 if t.fp8_values and ring == 3 else 1,
             )  # fmt: skip
-            merged, merge_out = bool(extra), written
+            merge_out = written
             return
         if t.wide:
             from . import mla_decode_wide
@@ -593,7 +588,7 @@ def mla_decode_forward(
         _shrink,
         key=(q_nope.device, tiles, dtype, kv_cache.dtype, num_heads, rank, rope_dim, kv_cache.shape[1]),
     )
-    if split and not merged:
+    if split:
         mla_decode_merge_kernel[(num_heads, batch)](
             merge_out, part_lse, seq_lens_k, out, lse_buf,
             num_heads, num_kv_splits,

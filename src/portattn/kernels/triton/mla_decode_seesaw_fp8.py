@@ -38,9 +38,9 @@ cost more than they save (benchmarks/results/round57/NOTES.md). Since round 64 t
 :func:`key_columns`' order in the value buffers and the probabilities.
 
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits and partial results are the
-portable kernel's, the partial outputs in bfloat16 since round 66 (``BF16_PARTIALS``); so is the merge, unless
-``MERGE_IN_KERNEL`` (off, measured slower) has the last split program of a head block merge them
-(:func:`_merge_splits`).
+portable kernel's, the partial outputs in bfloat16 since round 66 (``BF16_PARTIALS``); so is the merge
+(``mla_decode_merge_kernel``). A form whose last split program of a head block merged the splits itself ran 20-27 us
+slower and was removed in round 67 (benchmarks/results/round65, round66; round67/scripts/merge_in_kernel.patch).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .mla_decode_fp8_mma import RANK, ROPE, _active_splits, _barrier, _key_range, _store_result, arguments
+from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
 from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, columns_first, nvmma, value_columns
 from .mla_decode_wide_fp8 import (
     P_FP8_SCALE,
@@ -94,13 +94,6 @@ PAGE_AHEAD = True
 # with the cache in the L2, 0.0696 against 0.0715 at 17 heads, 0.0974-0.0977 against 0.1070-0.1095 at 128
 # (benchmarks/results/round64/NOTES.md). The keys' order changes the sums' rounding only.
 TRANS_LOAD = True
-# Split launches: the last of a block's splits to finish merges them (each warpgroup its 256 dims, on a ticket per
-# block and warpgroup from ``launch.merge_counters``), so that no merge kernel follows (:func:`_merge_splits`).
-# Off: on an H100 (64 sequences over 4096 keys, page 64, e4m3) it took 0.1032-0.1038 ms against 0.0805 at 64 heads,
-# 0.0965 against 0.0693 at 17, 20-27 us more than its reads explain (benchmarks/results/round65/NOTES.md). Round
-# 66's probe: the tickets alone (no merge) 0.0699 against 0.0758, the merge alone in every program 0.0995; the
-# merge's execution, not its ticket, is the cost (benchmarks/results/round66/NOTES.md).
-MERGE_IN_KERNEL = False
 # Split launches write their partial outputs in bfloat16 (:func:`bf16_partials`), half the bytes of float32 ones, which
 # each program writes at its end and the merge reads back; the LSEs stay float32. The output, a bfloat16 or float16
 # rounding of the merged partials, then carries two 16-bit roundings; the fp8 values' bound is far wider (the GPU
@@ -118,10 +111,9 @@ def seesaw_constexprs(
     ring: int = RING,
     page_ahead: bool = True,
     trans_load: bool = True,
-    merge_in_kernel: bool = False,
 ) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``merge_in_kernel``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``MERGE_IN_KERNEL``'s)."""
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``:
+    ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -139,9 +131,6 @@ def seesaw_constexprs(
         "RING": ring,
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
-        "MERGE_IN_KERNEL": merge_in_kernel,
-        # the in-kernel merge's [heads, 64 dims] chunks: 16 bytes a thread, a warp's 32 on two heads
-        "MERGE_L": gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]),
     }
 
 
@@ -211,12 +200,10 @@ def _scaled(acc, factor, O_MMA: gl.constexpr):
 @gluon.jit
 def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq, split, start, end, num_heads,
                  num_kv_splits, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b,
-                 stride_lse_h, counter, num_active, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr,
-                 S_MMA: gl.constexpr, O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr, MERGE: gl.constexpr,
-                 MERGE_L: gl.constexpr):  # fmt: skip
+                 stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
+                 O_MMA: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """A warpgroup's half of the result: the softmax's sums of both warpgroups added (through ``l_x``), its 256
-    dims normalised and stored; ``MERGE`` (split launches): the last of the block's splits to store them merges
-    them (:func:`_merge_splits`)."""
+    dims normalised and stored."""
     l_x.slice(SIDE * BLOCK_H, BLOCK_H).store(l_i)
     _barrier()
     mbarrier.arrive(l_done, count=1)
@@ -229,51 +216,6 @@ def _finish_half(acc, m_i, l_i, l_x, l_done, SIDE: gl.constexpr, head_block, seq
     _store_result(acc, gl.convert_layout(m_i, rows), gl.convert_layout(l_i, rows), offs_h, dims, seq, split, start,
                   end, num_heads, num_kv_splits, kv_scale / P_FP8_SCALE, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE)  # fmt: skip
-    if MERGE:
-        # A ticket a (block, warpgroup), taken once every thread's partials are stored (the barrier) with release
-        # semantics and read with acquire semantics; the last merges and puts the counter back to 0.
-        _barrier()
-        ticket = gl.atomic_add(counter + SIDE, 1, sem="acq_rel", scope="gpu")
-        if ticket == num_kv_splits - 1:
-            _merge_splits(PartOut, PartLse, Out, Lse, head_block, seq, SIDE, num_heads, num_kv_splits, num_active,
-                          stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE, MERGE_L)  # fmt: skip
-            gl.atomic_xchg(counter + SIDE, 0, sem="relaxed", scope="gpu")
-
-
-@gluon.jit
-def _merge_splits(PartOut, PartLse, Out, Lse, head_block, seq, SIDE: gl.constexpr, num_heads, num_kv_splits,
-                  num_active, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, WRITE_LSE: gl.constexpr,
-                  L: gl.constexpr):  # fmt: skip
-    """``mla_decode_merge_kernel``'s arithmetic over the block's ``num_active`` splits for dims ``[SIDE * 256,
-    SIDE * 256 + 256)``, 64 at a time, read through the L2 (``.cg``: other programs wrote them); the left
-    warpgroup writes the LSE."""
-    rows: gl.constexpr = gl.SliceLayout(1, L)
-    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, rows)
-    h_ok = offs_h < num_heads
-    row0 = (seq * num_heads + offs_h) * num_kv_splits
-    m = gl.full([BLOCK_H], float("-inf"), gl.float32, rows)
-    for s in range(num_active):
-        m = gl.maximum(m, gl.load(PartLse + row0 + s, mask=h_ok, other=float("-inf"), cache_modifier=".cg"))
-    m = gl.where(m == float("-inf"), 0.0, m)
-    denom = gl.zeros([BLOCK_H], gl.float32, rows)
-    for c in gl.static_range(HALF // 64):
-        dims = SIDE * HALF + c * 64 + gl.arange(0, 64, gl.SliceLayout(0, L))
-        acc = gl.zeros([BLOCK_H, 64], gl.float32, L)
-        denom = gl.zeros([BLOCK_H], gl.float32, rows)
-        for s in range(num_active):
-            weight = gl.exp2(gl.load(PartLse + row0 + s, mask=h_ok, other=float("-inf"), cache_modifier=".cg") - m)
-            part = gl.load(PartOut + (row0 + s)[:, None] * 512 + dims[None, :], mask=h_ok[:, None], other=0.0,
-                           cache_modifier=".cg")  # fmt: skip
-            acc = acc + part * weight[:, None]
-            denom = denom + weight
-        out = acc / gl.where(denom > 0.0, denom, 1.0)[:, None]
-        gl.store(Out + seq * stride_o_b + offs_h[:, None] * stride_o_h + dims[None, :], out.to(Out.dtype.element_ty),
-                 mask=h_ok[:, None])  # fmt: skip
-    if WRITE_LSE and SIDE == 0:  # natural log; -inf for a sequence without keys
-        lse = gl.where(
-            denom > 0.0, (m + gl.log2(gl.where(denom > 0.0, denom, 1.0))) * 0.6931471805599453, float("-inf")
-        )
-        gl.store(Lse + seq * stride_lse_b + offs_h * stride_lse_h, lse, mask=h_ok)
 
 
 @gluon.jit
@@ -281,8 +223,7 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
              vt_ready, vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
              num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h,
              stride_lse_b, stride_lse_h, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, S_MMA: gl.constexpr,
-             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr, counter, num_active,
-             MERGE: gl.constexpr, MERGE_L: gl.constexpr):  # fmt: skip
+             O_MMA: gl.constexpr, RING: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
     """A consuming warpgroup: tile ``2 i + SIDE`` of each pair scored, the pair's row
     maximum taken from both tiles' (its own published in ``m_x``, ``m0_ready`` or ``m1_ready``), its probabilities
     published, and both tiles' products into dims ``[SIDE * 256, SIDE * 256 + 256)`` at one scale."""
@@ -344,8 +285,8 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
             mbarrier.arrive(vt_empty.index(0), count=1)
         m_i = m_new
     _finish_half(acc, m_i, l_i, l_x, l_done, SIDE, head_block, seq, split, start, end, num_heads, num_kv_splits,
-                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, counter,
-                 num_active, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD, MERGE, MERGE_L)  # fmt: skip
+                 kv_scale, Out, Lse, PartOut, PartLse, stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
+                 WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, TRANS_LOAD)  # fmt: skip
 
 
 @gluon.jit
@@ -471,22 +412,18 @@ def mla_decode_seesaw_kernel(
     q_scale, qk_scale_log2, kv_scale, num_heads, num_kv_splits,
     stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
     stride_kv_page, stride_kv_slot, stride_pt_b, stride_pt_p,
-    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h, Counters,
+    stride_o_b, stride_o_h, stride_lse_b, stride_lse_h,
     PAGE_SIZE: gl.constexpr, WRITE_PARTIAL: gl.constexpr, WRITE_LSE: gl.constexpr, MIN_SPLIT: gl.constexpr,
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, MERGE_IN_KERNEL: gl.constexpr, MERGE_L: gl.constexpr,
+    TRANS_LOAD: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
     start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
-    counter = Counters + (seq * gl.num_programs(0) + head_block) * 2  # the block's two tickets (MERGE_IN_KERNEL)
-    num_active = 0
-    if MERGE_IN_KERNEL:
-        num_active = _active_splits(SeqLensK, seq, num_kv_splits, BLOCK_N, MIN_SPLIT)
     qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
                                                stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
                                                True)  # fmt: skip
@@ -529,12 +466,12 @@ def mla_decode_seesaw_kernel(
                   vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                  TRANS_LOAD)),
             (_consume, (RIGHT, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, vt, p_a, p_b, m_x, l_x, ready, empty, vt_ready,
                   vt_empty, m0_ready, m1_ready, pa_ready, pb_ready, l_done, head_block, seq, split, start, end,
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
-                  TRANS_LOAD, counter, num_active, MERGE_IN_KERNEL, MERGE_L)),
+                  TRANS_LOAD)),
             (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
                     TRANS_LOAD)),
@@ -557,35 +494,20 @@ def supports(kv_cache) -> str | None:
 def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse, *,
                      q_scale, qk_scale_log2, kv_scale, num_kv_splits, write_partial, write_lse, min_split,
                      block_n=BLOCK_N.value, fp8_values=True, ring=RING, value_bufs=None, tma=None,
-                     pipelined=None, counters=None):  # fmt: skip
+                     pipelined=None):  # fmt: skip
     """``(grid, args, kwargs)`` of one launch over ``[head blocks of 64, splits, sequences]`` (the arguments as
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
-    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree).
-    ``counters`` (split launches): int32 zeros, two a head block and sequence (``launch.merge_counters``), with
-    which the kernel merges the splits into ``out`` itself (:func:`_merge_splits`); None: the caller merges."""
+    TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
-    merge = counters is not None
-    if merge and not (write_partial and counters.dtype == torch.int32 and counters.numel() >= merge_tickets(q_nope)):
-        raise ValueError(
-            f"expected a split launch and at least {merge_tickets(q_nope)} int32 counters to merge in "
-            f"the kernel, got write_partial={write_partial}, {counters.dtype} x {counters.numel()}"
-        )
-    grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out,
-                                    part_lse, (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial,
-                                    write_lse, min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD,
-                                    merge), NUM_WARPS)  # fmt: skip
-    return grid, args, {**kwargs, "Counters": counters if merge else part_lse}
+    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
+                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
 
 
 def bf16_partials(part_out: torch.Tensor) -> torch.Tensor:
     """The bfloat16 partial outputs a split launch writes (``BF16_PARTIALS``): the first half of the contiguous float32
     buffer ``part_out``'s bytes, in its shape."""
     return part_out.view(-1).view(torch.bfloat16)[: part_out.numel()].view(part_out.shape)
-
-
-def merge_tickets(q_nope) -> int:
-    """The counters a launch merging in the kernel takes: two (one a warpgroup) a head block and sequence."""
-    return 2 * -(-q_nope.shape[1] // BLOCK_H.value) * q_nope.shape[0]
 
 
 def check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, ring_bytes, max_ring) -> None:
