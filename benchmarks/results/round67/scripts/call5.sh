@@ -14,7 +14,7 @@ PYTHONPATH=src timeout 100 python3 -m portattn.bench.mla --fp8 --no-torch --page
 PYTHONPATH=src timeout 45 python3 -m portattn.bench.mla --fp8 --no-torch --page-sizes 64 --batches 64 \
   --heads 17 --lengths 8192 --label "$(cat $OUT/gpu.txt), round 67, 8192 keys" --out $OUT/bench_8192.json 2>&1 \
   | grep -v Warning | tee $OUT/bench_8192.txt
-PYTHONPATH=src:tests timeout 160 python3 -m pytest -q -p no:cacheprovider -n 4 -rP tests/kernels/test_mla_seesaw_fp8.py \
+PYTHONPATH=src:tests timeout 190 python3 -m pytest -q -p no:cacheprovider -n 4 -rP tests/kernels/test_mla_seesaw_fp8.py \
   tests/kernels/test_mla_fp8_scores_default.py tests/kernels/test_mla_wide_fp8.py \
   -k "not fp8_values or 64-64-64 or 64-64-17 or 16-64-32" 2>&1 | grep -v Warning > $OUT/tests_full.txt
 grep -E "splits, TMA, seesaw|passed|failed|Error|FAILED" $OUT/tests_full.txt | tail -60 | tee $OUT/tests.txt
