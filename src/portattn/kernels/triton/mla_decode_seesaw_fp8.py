@@ -40,7 +40,7 @@ cost more than they save (benchmarks/results/round57/NOTES.md). Since round 64 t
 Requirements as the fp8-scores form's, and TMA copies (:func:`supports`). Splits and partial results are the
 portable kernel's, the partial outputs in bfloat16 since round 66 (``BF16_PARTIALS``); so is the merge
 (``mla_decode_merge_kernel``). A form whose last split program of a head block merged the splits itself ran 20-27 us
-slower and was removed in round 67 (benchmarks/results/round65, round66; round67/scripts/merge_in_kernel.patch).
+slower and was removed in round 67 (benchmarks/results/round65 and round66; the patch in round67/scripts).
 """
 
 from __future__ import annotations
