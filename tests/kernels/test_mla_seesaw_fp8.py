@@ -37,21 +37,22 @@ def test_seesaw_names_what_it_needs():
 
 @pytest.mark.parametrize("form", ["seesaw", "vregs"])
 def test_the_launch_arguments_fill_the_kernel_parameters(form):
-    """A seesaw kernel's launch arguments (built on any machine, CPU tensors) fill its parameters exactly: the runtime
-    arguments in order, then each constexpr by name, none missing or left over; the grid is ``[head blocks of 64,
-    splits, sequences]``."""
+    """A seesaw kernel's launch arguments (built on any machine, CPU tensors) fill its parameters exactly: as many
+    positional arguments as it has parameters before its constexprs, then each constexpr by name, none missing or
+    left over; the grid is ``[head blocks of 64, splits, sequences]``."""
     from portattn.kernels.triton import mla_decode_seesaw_vregs as vregs
 
     module, kernel = {"seesaw": (seesaw, seesaw.mla_decode_seesaw_kernel),
                       "vregs": (vregs, vregs.mla_decode_seesaw_vregs_kernel)}[form]  # fmt: skip
     batch, heads, splits = 3, 100, 2
-    q_nope, q_rope = torch.zeros(batch, heads, 512, dtype=torch.bfloat16), torch.zeros(batch, heads, 64)
+    q_nope = torch.zeros(batch, heads, 512, dtype=torch.bfloat16)
+    q_rope = torch.zeros(batch, heads, 64, dtype=torch.bfloat16)
     kv_cache = torch.zeros(8, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
     page_table, seq_lens = torch.zeros(batch, 2, dtype=torch.int32), torch.full((batch,), 100, dtype=torch.int32)
     out, lse = torch.zeros_like(q_nope), torch.zeros(batch, heads)
     part_out, part_lse = torch.zeros(batch, heads, splits, 512), torch.zeros(batch, heads, splits)
     grid, args, kwargs = module.launch_arguments(
-        q_nope, q_rope.to(torch.bfloat16), kv_cache, page_table, seq_lens, out, lse, part_out, part_lse,
+        q_nope, q_rope, kv_cache, page_table, seq_lens, out, lse, part_out, part_lse,
         q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0, num_kv_splits=splits, write_partial=True, write_lse=True,
         min_split=64,
     )  # fmt: skip
