@@ -39,6 +39,8 @@ ran 1.5-2.3x slower than the default (benchmarks/results/round20_h200/NOTES.md).
 import triton
 import triton.language as tl
 
+from .pdl import wait_for_previous
+
 
 @triton.jit
 def _split_range(num_keys, split, num_kv_splits, SPLIT_ALIGN: tl.constexpr, MIN_SPLIT: tl.constexpr):
@@ -213,7 +215,9 @@ def mla_decode_merge_kernel(
     SPLIT_ALIGN: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_previous(PDL)  # the splits' partials written and visible
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     num_keys = tl.load(SeqLensK + seq)

@@ -595,6 +595,6 @@ def mla_decode_forward(
             *out.stride(), *lse_buf.stride(),
             KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n, WRITE_LSE=lse is not None,
             MIN_SPLIT=min_split_keys,
-            num_warps=4,
+            num_warps=4, **attention_launch.pdl_options(device),
         )  # fmt: skip
     return out

@@ -57,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .launch import pdl_options
 from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
 from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, columns_first, nvmma, value_columns
 from .mla_decode_wide_fp8 import (
@@ -101,6 +102,9 @@ TRANS_LOAD = True
 # against float32 partials: 0.0764-0.0772 ms against 0.0802-0.0815 at 64 heads, 0.0555-0.0574 against 0.0593 with
 # the cache in the L2, 0.0689-0.0694 against 0.0698-0.0704 at 17 heads (benchmarks/results/round66/NOTES.md).
 BF16_PARTIALS = True
+# The first ``RING`` tiles' copies are started before the queries are loaded and rounded (the program's prologue), not
+# by the producer after it, so the cache's first bytes are on their way while the queries are.
+EARLY_COPIES = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -111,9 +115,10 @@ def seesaw_constexprs(
     ring: int = RING,
     page_ahead: bool = True,
     trans_load: bool = True,
+    early_copies: bool = True,
 ) -> dict:
-    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``:
-    ``PAGE_AHEAD``'s and ``TRANS_LOAD``'s)."""
+    """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
+    ``early_copies``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``EARLY_COPIES``')."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -131,6 +136,7 @@ def seesaw_constexprs(
         "RING": ring,
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
+        "EARLY_COPIES": early_copies,
     }
 
 
@@ -290,6 +296,25 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
 
 
 @gluon.jit
+def _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE: gl.constexpr,
+                       TMA_ROWS: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """The copies of the split's first ``RING`` tiles (as many as it has), one into each ring slot."""
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for j in gl.static_range(RING):
+        if j < num_tiles:
+            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
+                        pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+
+
+@gluon.jit
+def _wait_for_previous():
+    """Programmatic dependent launch (``launch.PDL``): wait until the previous kernel in the stream has completed and
+    its writes are visible, then let the next one (the split merge) launch; it waits in turn before it reads."""
+    gl.inline_asm_elementwise("griddepcontrol.wait;\ngriddepcontrol.launch_dependents; // $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
 def _issue_page(CDesc, PeDesc, page, c_buf, pe_buf, bar, PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr):
     """:func:`mla_decode_wide_fp8._issue_tile` for a tile that is one copy of page ``page`` (loaded ahead), from its
     first row on."""
@@ -363,15 +388,16 @@ def _rows_to_dims(acc, TRANS_LOAD: gl.constexpr):
 @gluon.jit
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
-             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr):  # fmt: skip
+             RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr,
+             EARLY_COPIES: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
-    once both warpgroups' products of that buffer's last tile are done (``vt_empty``)."""
+    once both warpgroups' products of that buffer's last tile are done (``vt_empty``). The first ``RING`` copies are
+    its own unless the prologue started them (``EARLY_COPIES``)."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
-    for j in gl.static_range(RING):
-        if j < num_tiles:
-            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
-                        pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+    if not EARLY_COPIES:
+        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
+                           TMA_ROWS, RING)  # fmt: skip
     for t in range(num_tiles):
         slot = t % RING
         tile_start = start + t * BLOCK_N
@@ -417,25 +443,18 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr,
+    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
+    if PDL:
+        _wait_for_previous()
     start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
-    qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
-                                               stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
-                                               True)  # fmt: skip
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
+    page_row = PageTable + seq * stride_pt_b
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
-    vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
-    p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
-    p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
-    m_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # m0, m1
-    l_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # the sums, left and right
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     vt_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -456,6 +475,21 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(m0_ready, count=1)
     mbarrier.init(m1_ready, count=1)
     mbarrier.init(l_done, count=2)
+    if EARLY_COPIES:
+        fence_async_shared()  # the barriers' initialisation before the copies arrive on them
+        _barrier()
+        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
+                           TMA_ROWS, RING)  # fmt: skip
+    qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                               stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
+                                               True)  # fmt: skip
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
+    vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
+    p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
+    p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
+    m_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # m0, m1
+    l_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # the sums, left and right
     fence_async_shared()  # the queries' stores before the tensor cores read them
     _barrier()
 
@@ -472,9 +506,9 @@ def mla_decode_seesaw_kernel(
                   num_heads, num_kv_splits, qk_scale_log2, kv_scale, Out, Lse, PartOut, PartLse, stride_o_b,
                   stride_o_h, stride_lse_b, stride_lse_h, WRITE_PARTIAL, WRITE_LSE, S_MMA, O_MMA, RING,
                   TRANS_LOAD)),
-            (_produce, (CDesc, PeDesc, PageTable + seq * stride_pt_b, stride_pt_p, start, end, c_ring, pe_ring, vt,
+            (_produce, (CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                    TRANS_LOAD)),
+                    TRANS_LOAD, EARLY_COPIES)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -499,9 +533,12 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
     TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
-    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD), NUM_WARPS)  # fmt: skip
+    grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                                    (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse,
+                                    min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES),
+                                    NUM_WARPS)  # fmt: skip
+    pdl = pdl_options(q_nope.device)  # {"PDL": True, "launch_pdl": True} where the device takes it
+    return grid, args, {**kwargs, "PDL": False, **pdl}
 
 
 def bf16_partials(part_out: torch.Tensor) -> torch.Tensor:
