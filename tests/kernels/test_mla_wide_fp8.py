@@ -423,3 +423,50 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
                       f"{float((error / allowed).max()):.3f}, LSE {lse_error:.3e}")  # fmt: skip
             print(f"{where}: {report}")  # shown with pytest -s
             assert bool((error <= allowed).all()) and lse_error <= LSE_REL_TOL, f"{where}: {report}"
+
+
+@pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 9.x (no Gluon interpreter)")
+def test_pdl_and_early_copies_change_no_output(monkeypatch):
+    """Programmatic dependent launch (``launch.PDL``: the seesaw kernel and the split merge) and the seesaw kernel's
+    ``EARLY_COPIES`` change when copies and kernels start, not what they compute: on the poisoned fixture (17 heads,
+    page 64, e4m3, 3 splits), every form's output and LSE equal those of the form with neither, bit for bit, eager and
+    replayed from a captured graph; the launch asks for PDL only where it is switched on."""
+    from portattn.kernels.triton import launch
+
+    tiles = MLATileConfig(64, 64, 8, 3, wide=True, producer=True, fp8_scores=True, fp8_values=True)
+    c = next(quantized_cases(64, 64, 17, torch.float8_e4m3fn))
+    args = [c.inputs[k] for k in ("q_nope", "q_rope", "kv_cache", "page_table", "seq_lens")]
+    batch, splits = len(c.inputs["seq_lens"]), 3
+    workspace = torch.empty(4 * batch * 17 * splits * 513, dtype=torch.uint8, device="cuda")
+    out = torch.full_like(c.inputs["q_nope"], float("nan"))
+    lse = torch.full((batch, 17), float("nan"), device="cuda")
+
+    def run():
+        mla_decode_forward(*args, out, scale=SCALE, num_kv_splits=splits, workspace=workspace, lse=lse, tiles=tiles,
+                           kv_scale=KV_SCALE)  # fmt: skip
+
+    monkeypatch.setattr(wide_fp8, "SEESAW", True)
+    results = {}
+    for pdl, early in itertools.product((False, True), repeat=2):
+        monkeypatch.setattr(launch, "PDL", pdl)
+        monkeypatch.setattr(seesaw_fp8, "EARLY_COPIES", early)
+        _, _, kwargs = seesaw_fp8.launch_arguments(
+            *args, out, lse, out, lse, q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0, num_kv_splits=splits,
+            write_partial=True, write_lse=True, min_split=1,
+        )  # fmt: skip
+        assert (kwargs["PDL"], kwargs.get("launch_pdl", False), kwargs["EARLY_COPIES"]) == (pdl, pdl, early)
+        out.fill_(float("nan")), lse.fill_(float("nan"))
+        run()
+        results[pdl, early, "eager"] = out.clone(), lse.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        out.fill_(float("nan")), lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        results[pdl, early, "graph"] = out.clone(), lse.clone()
+    plain_out, plain_lse = results[False, False, "eager"]
+    assert torch.isfinite(plain_out).all() and torch.equal(plain_out[-1], torch.zeros_like(plain_out[-1]))
+    for form, (o, s) in results.items():
+        assert torch.equal(o, plain_out), form
+        assert torch.equal(s.nan_to_num(), plain_lse.nan_to_num()) and torch.equal(s.isnan(), plain_lse.isnan()), form
