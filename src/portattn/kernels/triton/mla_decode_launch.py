@@ -529,7 +529,7 @@ def mla_decode_forward(
             from . import mla_decode_wide_fp8
 
             ring = t.num_stages if t.num_stages > 2 else mla_decode_wide_fp8.RING
-            form, written = mla_decode_wide_fp8, part_out
+            form = mla_decode_wide_fp8
             if mla_decode_wide_fp8.SEESAW and t.fp8_values and t.block_n == 64:
                 from . import mla_decode_seesaw_fp8
 
@@ -538,14 +538,13 @@ def mla_decode_forward(
                     if mla_decode_wide_fp8.SEESAW_VREGS:
                         from . import mla_decode_seesaw_vregs as form
                     elif split and mla_decode_seesaw_fp8.BF16_PARTIALS:
-                        written = mla_decode_seesaw_fp8.bf16_partials(part_out)
+                        merge_out = mla_decode_seesaw_fp8.bf16_partials(part_out)
             form.launch(
-                q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, written, part_lse,
+                q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, merge_out, part_lse,
                 q_scale=1.0, qk_scale_log2=scale * kv_scale * LOG2E, kv_scale=kv_scale, num_kv_splits=num_kv_splits,
                 write_partial=split, write_lse=lse is not None, min_split=min_split_keys, block_n=t.block_n,
                 fp8_values=t.fp8_values, ring=ring, value_bufs=2 if t.fp8_values and ring == 3 else 1,
             )  # fmt: skip
-            merge_out = written
             return
         if t.wide:
             from . import mla_decode_wide
