@@ -1,11 +1,12 @@
-"""The MLA decode step with and without programmatic dependent launch (``launch.PDL``: the seesaw kernel and the split
-merge) and the seesaw kernel's ``EARLY_COPIES``, timed alternately in one process, as ``bench.mla`` times a case (graph
-replays rotating through page tables over a pool larger than the L2, page 64, the plan's splits):
+"""The MLA decode step in the forms of round 68's changes, timed alternately in one process: programmatic dependent
+launch (``launch.PDL``: the seesaw kernel and the split merge), the seesaw kernel's ``EARLY_COPIES`` (0, 1, 2) and the
+merge's splits a load (``MERGE_SPLIT_CHUNK``), as ``bench.mla`` times a case (graph replays rotating through page
+tables over a pool larger than the L2, page 64, the plan's splits):
 ``PYTHONPATH=src python3 forms.py [--cases 17:4096,64:4096,128:4096,17:8192] [--rounds 3]``.
 
-Each round times every form of each case once, the bf16 cache (its kernel takes neither setting; the merge takes
-PDL) beside the e4m3 one; printed: each form's median over the rounds and its spread, and e4m3's ratio to bf16 of the
-same PDL setting."""
+Each round times every form of each case once, the bf16 cache (its kernel takes neither of the seesaw settings; the
+merge takes the others) beside the e4m3 one; printed: each form's median over the rounds and its spread, and e4m3's
+ratio to the bf16 cache with all of them and with none (round 67's step)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from portattn.kv_quant import quantize_kv
 from portattn.mla import plan_mla_decode
 
 RANK, ROPE, PAGE, SETS = 512, 64, 64, 4
-FORMS = {  # name: (launch.PDL, EARLY_COPIES)
-    "neither": (False, False),
-    "early": (False, True),
-    "pdl": (True, False),
-    "both": (True, True),
+FORMS = {  # name: (launch.PDL, EARLY_COPIES, MERGE_SPLIT_CHUNK)
+    "round 67": (False, 0, 1),
+    "chunk": (False, 0, 8),
+    "early": (False, 1, 8),
+    "between": (False, 2, 8),
+    "pdl": (True, 0, 8),
+    "all": (True, 2, 8),
 }
 
 
@@ -53,7 +56,7 @@ def main() -> None:
     kv_scale = float(pool.abs().max()) / 240.0
     fp8 = quantize_kv(pool, torch.float8_e4m3fn, kv_scale)
     scale = (128 + ROPE) ** -0.5
-    saved = attention_launch.PDL, seesaw.EARLY_COPIES
+    saved = attention_launch.PDL, seesaw.EARLY_COPIES, mla_decode_launch.MERGE_SPLIT_CHUNK
     for heads, length in cases:
         q_nope = torch.randn(batch, heads, RANK, dtype=torch.bfloat16, device=device, generator=gen)
         q_rope = torch.randn(batch, heads, ROPE, dtype=torch.bfloat16, device=device, generator=gen)
@@ -66,26 +69,34 @@ def main() -> None:
         seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
         plan = plan_mla_decode(tables[0], seq_lens, PAGE, num_heads=heads, kv_lora_rank=RANK, max_seqlen_k=length)
         runs = [("e4m3 " + f, fp8, kv_scale, *FORMS[f]) for f in FORMS]
-        runs += [("bf16 pdl", pool, 1.0, True, True), ("bf16 no pdl", pool, 1.0, False, True)]
+        runs += [("bf16 all", pool, 1.0, *FORMS["all"]), ("bf16 round 67", pool, 1.0, *FORMS["round 67"])]
         times: dict[str, list[float]] = {}
         outs: dict[str, torch.Tensor] = {}
         for _ in range(args.rounds):
-            for name, cache, cache_scale, pdl, early in runs:
-                attention_launch.PDL, seesaw.EARLY_COPIES = pdl, early
+            for name, cache, cache_scale, pdl, early, chunk in runs:
+                attention_launch.PDL, seesaw.EARLY_COPIES, mla_decode_launch.MERGE_SPLIT_CHUNK = pdl, early, chunk
                 fn = functools.partial(call, q_nope=q_nope, q_rope=q_rope, cache=cache, seq_lens=seq_lens, out=out,
                                        scale=scale, plan=plan, kv_scale=cache_scale)  # fmt: skip
                 times.setdefault(name, []).append(measure_graph(fn, tables, device).median_ms)
                 fn(tables[0])
                 outs[name] = out.clone()
-        attention_launch.PDL, seesaw.EARLY_COPIES = saved
+        attention_launch.PDL, seesaw.EARLY_COPIES, mla_decode_launch.MERGE_SPLIT_CHUNK = saved
         print(f"H={heads} L={length} B={batch} splits {plan.num_kv_splits}", flush=True)
+        bf16 = {k: statistics.median(times["bf16 " + k]) for k in ("all", "round 67")}
         for name, ts in times.items():
             med = statistics.median(ts)
-            ref = statistics.median(times["bf16 pdl" if " pdl" in name or "both" in name else "bf16 no pdl"])
-            same = torch.equal(outs[name], outs["e4m3 neither" if name.startswith("e4m3") else "bf16 no pdl"])
-            print(f"  {name:12s} {med:.4f} ms (spread {min(ts):.4f}-{max(ts):.4f})"
-                  f"{'' if name.startswith('bf16') else f', x{ref / med:.3f} bf16'}; output as without: {same}",
-                  flush=True)  # fmt: skip
+            # the same merge's output: round 67's, else the chunked merge's without the other settings
+            ref = (
+                "e4m3 round 67" if name == "e4m3 round 67" else "e4m3 chunk" if name.startswith("e4m3") else "bf16 all"
+            )
+            same = torch.equal(outs[name], outs[ref])
+            ratios = (
+                ""
+                if name.startswith("bf16")
+                else f", x{bf16['all'] / med:.3f} bf16 (x{bf16['round 67'] / med:.3f} round 67's)"
+            )
+            print(f"  {name:14s} {med:.4f} ms (spread {min(ts):.4f}-{max(ts):.4f}){ratios}; "
+                  f"output as {ref}'s: {same}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

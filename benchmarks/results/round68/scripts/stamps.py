@@ -1,5 +1,6 @@
 """Where each program of the seesaw kernel spends the MLA decode step's time that does not grow with the keys
-(``stamps.patch`` applied): ``PYTHONPATH=src python3 stamps.py [--heads 17] [--lengths 64,1024,4096,8192] [--neither]``.
+(``stamps.patch`` applied, or for round 68's second call ``stamps2.patch``): ``PYTHONPATH=src python3 stamps.py
+[--heads 17] [--lengths 64,1024,4096,8192] [--neither] [--early N]``.
 
 For an e4m3 cache (64 sequences, page 64, the plan's splits as ``bench.mla`` runs them, a page table per launch
 drawn from a pool larger than the L2), the kernel's ``%globaltimer`` stamps of every program (ns):
@@ -41,11 +42,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lengths", default="64,1024,4096,8192")
     parser.add_argument("--neither", action="store_true", help="launch.PDL and EARLY_COPIES off")
+    parser.add_argument("--early", type=int, help="EARLY_COPIES")
     args = parser.parse_args()
     if args.neither:
         from portattn.kernels.triton import launch as attention_launch
 
-        attention_launch.PDL, seesaw.EARLY_COPIES = False, False
+        attention_launch.PDL, seesaw.EARLY_COPIES = False, 0
+    if args.early is not None:
+        seesaw.EARLY_COPIES = args.early
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     lengths = [int(x) for x in args.lengths.split(",")]

@@ -65,7 +65,8 @@ from .mla_decode_wide_fp8 import (
     _convert_values,
     _issue_scores_folded,
     _issue_tile,
-    _queries_fp8,
+    _queries_amax,
+    _queries_store,
     _scores,
     _tma_load,
     tma_rows,
@@ -102,9 +103,11 @@ TRANS_LOAD = True
 # against float32 partials: 0.0764-0.0772 ms against 0.0802-0.0815 at 64 heads, 0.0555-0.0574 against 0.0593 with
 # the cache in the L2, 0.0689-0.0694 against 0.0698-0.0704 at 17 heads (benchmarks/results/round66/NOTES.md).
 BF16_PARTIALS = True
-# The first ``RING`` tiles' copies are started before the queries are loaded and rounded (the program's prologue), not
-# by the producer after it, so the cache's first bytes are on their way while the queries are.
-EARLY_COPIES = True
+# Where the first ``RING`` tiles' copies are started: 0 by the producer (after the program's prologue, which loads and
+# rounds the queries), 1 in the prologue before the queries' loads, 2 in the prologue between the queries' two passes
+# (the largest magnitudes of the rows, then the rounding), so that the cache's first bytes are on their way while the
+# queries are.
+EARLY_COPIES = 2
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -115,7 +118,7 @@ def seesaw_constexprs(
     ring: int = RING,
     page_ahead: bool = True,
     trans_load: bool = True,
-    early_copies: bool = True,
+    early_copies: int = 2,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
     ``early_copies``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``EARLY_COPIES``')."""
@@ -395,7 +398,7 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``). The first ``RING`` copies are
     its own unless the prologue started them (``EARLY_COPIES``)."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
-    if not EARLY_COPIES:
+    if EARLY_COPIES == 0:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
                            TMA_ROWS, RING)  # fmt: skip
     for t in range(num_tiles):
@@ -475,14 +478,18 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(m0_ready, count=1)
     mbarrier.init(m1_ready, count=1)
     mbarrier.init(l_done, count=2)
-    if EARLY_COPIES:
-        fence_async_shared()  # the barriers' initialisation before the copies arrive on them
-        _barrier()
+    fence_async_shared()  # the barriers' initialisation before the copies arrive on them
+    _barrier()
+    if EARLY_COPIES == 1:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
                            TMA_ROWS, RING)  # fmt: skip
-    qn_smem, qr_smem, row_scale = _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
-                                               stride_qr_b, stride_qr_h, q_scale, Q_LOAD, C_8, PE_8,
-                                               True)  # fmt: skip
+    qr, amax = _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b,
+                             stride_qr_h, q_scale, Q_LOAD)  # fmt: skip
+    if EARLY_COPIES == 2:
+        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
+                           TMA_ROWS, RING)  # fmt: skip
+    qn_smem, qr_smem, row_scale = _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b,
+                                                 stride_qn_h, q_scale, Q_LOAD, C_8, PE_8, True)  # fmt: skip
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
     vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)

@@ -194,6 +194,17 @@ def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_q
     256)), in shared memory as the warpgroup MMA reads them (nope, rope), and the rows' scales (what a row's fp8
     values are multiplied by). ``RELOAD``: the second pass loads the queries again (volatile loads, which the
     compiler does not merge with the first pass's) rather than keeping them in registers."""
+    qr, amax = _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b,
+                             stride_qr_h, q_scale, Q_LOAD)  # fmt: skip
+    return _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b, stride_qn_h, q_scale, Q_LOAD, C_8,
+                          PE_8, RELOAD)  # fmt: skip
+
+
+@gluon.jit
+def _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+                  q_scale, Q_LOAD: gl.constexpr):  # fmt: skip
+    """:func:`_queries_fp8`'s first pass: the rope queries times ``q_scale`` (float32) and each head row's largest
+    magnitude."""
     ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
     h_ok = offs_h[:, None] < num_heads
@@ -206,6 +217,19 @@ def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_q
     for c in gl.static_range(4):  # a quarter at a time (registers)
         qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0)
         amax = gl.maximum(amax, gl.max(gl.abs(qn.to(gl.float32)), 1) * q_scale)
+    return qr, amax
+
+
+@gluon.jit
+def _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b, stride_qn_h, q_scale,
+                   Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr, RELOAD: gl.constexpr):  # fmt: skip
+    """:func:`_queries_fp8`'s second pass: each row's power of two from its largest magnitude ``amax``, the queries
+    (the latent part loaded again) rounded to e4m3 by it and stored."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
+    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
+    h_ok = offs_h[:, None] < num_heads
+    cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
+    qn_ptr = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + cols[None, :]
     # a power of two (exact products, the rounding as any IEEE float to e4m3; ``448 / amax`` divides
     # approximately): with amax in [2^E, 2^(E+1)) the row's values go to [-256, 256), 2^(7 - E) times themselves
     exponent = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF  # E + 127
