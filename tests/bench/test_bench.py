@@ -193,6 +193,38 @@ def test_the_mla_benchmark_counts_fp8_bytes_and_reports_fp8_caches_beside_bf16()
     assert "| 0.200 | 0.210 | 0.250 |" in line and line.endswith("| 0.125 | 0.150 | 1.60 | 40 | error | | | |")
 
 
+def test_the_mla_benchmark_times_the_plan_an_engine_makes(monkeypatch):
+    """The default rows (the bf16 cache and each fp8 one) run as the Triton backend runs a plan it made itself: at the
+    plan's split count, with its ``min_split_keys`` and ``fewer_splits`` (a kernel filling each SM once may take fewer
+    splits); a sweep's variants at the split counts they name. Until round 68 the default rows re-planned at the
+    chosen count given explicitly, so the fp8 kernels ran 4 splits at 17 heads where an engine runs 2."""
+    from portattn.bench import mla
+    from portattn.bench.timing import Timing
+    from portattn.kernels.triton import mla_decode_launch
+
+    calls = []
+
+    def forward(*args, **kwargs):
+        calls.append(kwargs)
+
+    monkeypatch.setattr(mla_decode_launch, "mla_decode_forward", forward)
+    timed = lambda fn, inputs, device, **kw: (fn(inputs[0]), Timing(0.1, 0.1, 0.1, 1))[1]
+    monkeypatch.setattr(mla, "measure", timed)
+    monkeypatch.setattr(mla, "measure_graph", timed)
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.zeros(4 * 5 * 64, 576, dtype=torch.bfloat16)  # 4 sequences of 300 keys in pages of 64
+    fp8 = torch.zeros(pool.shape, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    res = mla.run_case(pool, 4, 17, 300, 64, sweep=False, torch_check=False, gen=gen, device=torch.device("cpu"),
+                       fp8_pools={"e4m3": (fp8, 1.0)})  # fmt: skip
+    plan = mla.plan_mla_decode(torch.zeros(4, 5, dtype=torch.int32), torch.full((4,), 300, dtype=torch.int32), 64,
+                               num_heads=17, kv_lora_rank=512, max_seqlen_k=300)  # fmt: skip
+    assert plan.splits_chosen and calls
+    for kwargs in calls:
+        assert kwargs["fewer_splits"] is True and kwargs["min_split_keys"] == plan.min_split_keys, kwargs
+        assert kwargs["num_kv_splits"] == plan.num_kv_splits, kwargs
+    assert res["default"]["num_kv_splits"] == res["e4m3"]["num_kv_splits"] == plan.num_kv_splits
+
+
 def test_the_mla_benchmarks_case_lists_take_comma_separated_positive_integers():
     """``--heads 17,32,64`` and the like; anything else is refused naming what was expected and what came."""
     import argparse

@@ -62,13 +62,11 @@ def test_the_launch_arguments_fill_the_kernel_parameters(form):
     assert grid == (2, splits, batch)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 4])
-def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer(device, chunk):
+def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer(device):
     """``bf16_partials`` (``BF16_PARTIALS``) is the float32 partials buffer's first half of bytes in its shape, and
     the merge kernel given it merges as a float64 merge of those bfloat16 values does (on the GPU where there is one,
     else interpreted): the splits weighed by their LSEs, the empty splits past a short sequence skipped, the second
-    half of the buffer (NaN here) never read; one split at a time or ``chunk`` at once (``SPLIT_CHUNK``, a chunk
-    reaching past the splits)."""
+    half of the buffer (NaN here) never read."""
     from portattn.kernels.triton.mla_decode import mla_decode_merge_kernel
 
     batch, heads, splits, rank = 3, 5, 3, 512
@@ -83,7 +81,7 @@ def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer
     lse = torch.full((batch, heads), float("nan"), device=device)
     mla_decode_merge_kernel[(heads, batch)](
         written, part_lse, seq_lens, out, lse, heads, splits, *out.stride(), *lse.stride(),
-        KV_LORA_RANK=rank, BLOCK_R=rank, SPLIT_ALIGN=64, WRITE_LSE=True, MIN_SPLIT=256, SPLIT_CHUNK=chunk,
+        KV_LORA_RANK=rank, BLOCK_R=rank, SPLIT_ALIGN=64, WRITE_LSE=True, MIN_SPLIT=256,
     )  # fmt: skip
     for b, active in enumerate((2, 1, 0)):
         if active == 0:

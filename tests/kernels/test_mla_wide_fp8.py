@@ -427,11 +427,10 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 9.x (no Gluon interpreter)")
 def test_pdl_and_early_copies_change_no_output(monkeypatch):
-    """Programmatic dependent launch (``launch.PDL``: the seesaw kernel and the split merge) and the seesaw kernel's
-    ``EARLY_COPIES`` (the first copies started by the producer, or before or between the queries' passes) change when
-    copies and kernels start, not what they compute: on the poisoned fixture (17 heads, page 64, e4m3, 3 splits),
-    every form's output and LSE equal those of the form with neither, bit for bit, eager and replayed from a captured
-    graph; the launch asks for PDL only where it is switched on."""
+    """Programmatic dependent launch of the split merge (``launch.PDL``) and the seesaw kernel's ``EARLY_COPIES`` (the
+    first copies started between the queries' two passes, not by the producer) change when copies and kernels start,
+    not what they compute: on the poisoned fixture (17 heads, page 64, e4m3, 3 splits), every form's output and LSE
+    equal those of the form with neither, bit for bit, eager and replayed from a captured graph."""
     from portattn.kernels.triton import launch
 
     tiles = MLATileConfig(64, 64, 8, 3, wide=True, producer=True, fp8_scores=True, fp8_values=True)
@@ -447,15 +446,16 @@ def test_pdl_and_early_copies_change_no_output(monkeypatch):
                            kv_scale=KV_SCALE)  # fmt: skip
 
     monkeypatch.setattr(wide_fp8, "SEESAW", True)
+    assert launch.pdl_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}  # compute capability 9
     results = {}
-    for pdl, early in itertools.product((False, True), (0, 1, 2)):
+    for pdl, early in itertools.product((False, True), repeat=2):
         monkeypatch.setattr(launch, "PDL", pdl)
         monkeypatch.setattr(seesaw_fp8, "EARLY_COPIES", early)
         _, _, kwargs = seesaw_fp8.launch_arguments(
             *args, out, lse, out, lse, q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0, num_kv_splits=splits,
             write_partial=True, write_lse=True, min_split=1,
         )  # fmt: skip
-        assert (kwargs["PDL"], kwargs.get("launch_pdl", False), kwargs["EARLY_COPIES"]) == (pdl, pdl, early)
+        assert kwargs["EARLY_COPIES"] == early
         out.fill_(float("nan")), lse.fill_(float("nan"))
         run()
         results[pdl, early, "eager"] = out.clone(), lse.clone()
@@ -466,7 +466,7 @@ def test_pdl_and_early_copies_change_no_output(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         results[pdl, early, "graph"] = out.clone(), lse.clone()
-    plain_out, plain_lse = results[False, 0, "eager"]
+    plain_out, plain_lse = results[False, False, "eager"]
     assert torch.isfinite(plain_out).all() and torch.equal(plain_out[-1], torch.zeros_like(plain_out[-1]))
     for form, (o, s) in results.items():
         assert torch.equal(o, plain_out), form

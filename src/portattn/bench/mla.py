@@ -111,12 +111,15 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
     default_tiles = choose_tiles(heads, torch.bfloat16, interpret=False)
 
     def time_variant(tiles, splits, kv=cache, kv_scale=1.0) -> tuple[dict, torch.Tensor | None]:
+        """``splits`` None: the plan's own choice, as an engine's plan makes it (``splits_chosen``: a kernel that runs
+        faster at fewer splits may take fewer; each split at least ``min_split_keys``)."""
         out = torch.full_like(q_nope, float("nan"))
         plan = plan_for(splits)
-        row = {"tiles": vars(tiles or default_tiles), "num_kv_splits": splits}
+        row = {"tiles": vars(tiles or default_tiles), "num_kv_splits": plan.num_kv_splits}
         fn = lambda table: mla_decode_forward(
-            q_nope, q_rope, kv, table, seq_lens_k, out, scale=scale, num_kv_splits=splits, partials=plan.partials,
-            tiles=tiles, kv_scale=kv_scale, fewer_splits=plan.splits_chosen,
+            q_nope, q_rope, kv, table, seq_lens_k, out, scale=scale, num_kv_splits=plan.num_kv_splits,
+            partials=plan.partials, tiles=tiles, kv_scale=kv_scale, min_split_keys=plan.min_split_keys,
+            fewer_splits=plan.splits_chosen,
         )  # fmt: skip
         try:
             single_ms = measure(fn, tables, device, burst=0).median_ms
@@ -134,10 +137,10 @@ def run_case(pool, batch, heads, length, page_size, *, sweep, torch_check, gen, 
         }, out
 
     result = {"batch": batch, "heads": heads, "length": length, "page_size": page_size, "bytes": nbytes, "flops": flops}
-    result["default"], out = time_variant(None, default_plan.num_kv_splits)
+    result["default"], out = time_variant(None, None)
     for name, (rows, kv_scale) in (fp8_pools or {}).items():
         kv = rows.view(-1, page_size, RANK + ROPE)
-        row, got = time_variant(None, default_plan.num_kv_splits, kv, kv_scale)
+        row, got = time_variant(None, None, kv, kv_scale)
         row["tiles"] = vars(choose_tiles(heads, torch.bfloat16, interpret=False, kv_dtype=kv.dtype, batch=batch))
         if "ms" in row:
             row["tb_s"] = case_cost(batch, heads, length, page_size, cache_bytes=1)[0] / row["ms"] / 1e9

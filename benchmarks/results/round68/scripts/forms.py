@@ -1,12 +1,13 @@
-"""The MLA decode step in the forms of round 68's changes, timed alternately in one process: programmatic dependent
-launch (``launch.PDL``: the seesaw kernel and the split merge), the seesaw kernel's ``EARLY_COPIES`` (0, 1, 2) and the
-merge's splits a load (``MERGE_SPLIT_CHUNK``), as ``bench.mla`` times a case (graph replays rotating through page
-tables over a pool larger than the L2, page 64, the plan's splits):
-``PYTHONPATH=src python3 forms.py [--cases 17:4096,64:4096,128:4096,17:8192] [--rounds 3]``.
+"""The MLA decode step with and without the changes of round 68 that landed, timed alternately in one process:
+programmatic dependent launch of the split merge (``launch.PDL``) and the seesaw kernel's ``EARLY_COPIES``, as
+``bench.mla`` times a case (graph replays rotating through page tables over a pool larger than the L2, page 64, the
+plan's splits): ``PYTHONPATH=src python3 forms.py [--cases 17:4096,64:4096,128:4096,17:8192] [--rounds 3]``.
 
-Each round times every form of each case once, the bf16 cache (its kernel takes neither of the seesaw settings; the
-merge takes the others) beside the e4m3 one; printed: each form's median over the rounds and its spread, and e4m3's
-ratio to the bf16 cache with all of them and with none (round 67's step)."""
+Each round times every form of each case once, the bf16 cache (its kernel takes no ``EARLY_COPIES``; its merge takes
+PDL) beside the e4m3 one; printed: each form's median over the rounds and its spread, and e4m3's ratio to the bf16
+cache with PDL and without (round 67's step). The runs of round 68 (``gpu_run/``) timed forms since removed: the
+seesaw kernel launched with PDL itself, its first copies before the queries' loads, and a merge loading 8 splits at
+once (``NOTES.md``)."""
 
 from __future__ import annotations
 
@@ -24,20 +25,18 @@ from portattn.kv_quant import quantize_kv
 from portattn.mla import plan_mla_decode
 
 RANK, ROPE, PAGE, SETS = 512, 64, 64, 4
-FORMS = {  # name: (launch.PDL, EARLY_COPIES, MERGE_SPLIT_CHUNK)
-    "round 67": (False, 0, 1),
-    "chunk": (False, 0, 8),
-    "early": (False, 1, 8),
-    "between": (False, 2, 8),
-    "pdl": (True, 0, 8),
-    "all": (True, 2, 8),
+FORMS = {  # name: (launch.PDL, EARLY_COPIES)
+    "round 67": (False, False),
+    "early": (False, True),
+    "pdl": (True, False),
+    "all": (True, True),
 }
 
 
 def call(table, *, q_nope, q_rope, cache, seq_lens, out, scale, plan, kv_scale) -> None:
     mla_decode_launch.mla_decode_forward(
         q_nope, q_rope, cache, table, seq_lens, out, scale=scale, num_kv_splits=plan.num_kv_splits,
-        partials=plan.partials, kv_scale=kv_scale, fewer_splits=plan.splits_chosen,
+        partials=plan.partials, kv_scale=kv_scale, min_split_keys=plan.min_split_keys, fewer_splits=plan.splits_chosen,
     )  # fmt: skip
 
 
@@ -56,7 +55,7 @@ def main() -> None:
     kv_scale = float(pool.abs().max()) / 240.0
     fp8 = quantize_kv(pool, torch.float8_e4m3fn, kv_scale)
     scale = (128 + ROPE) ** -0.5
-    saved = attention_launch.PDL, seesaw.EARLY_COPIES, mla_decode_launch.MERGE_SPLIT_CHUNK
+    saved = attention_launch.PDL, seesaw.EARLY_COPIES
     for heads, length in cases:
         q_nope = torch.randn(batch, heads, RANK, dtype=torch.bfloat16, device=device, generator=gen)
         q_rope = torch.randn(batch, heads, ROPE, dtype=torch.bfloat16, device=device, generator=gen)
@@ -73,22 +72,19 @@ def main() -> None:
         times: dict[str, list[float]] = {}
         outs: dict[str, torch.Tensor] = {}
         for _ in range(args.rounds):
-            for name, cache, cache_scale, pdl, early, chunk in runs:
-                attention_launch.PDL, seesaw.EARLY_COPIES, mla_decode_launch.MERGE_SPLIT_CHUNK = pdl, early, chunk
+            for name, cache, cache_scale, pdl, early in runs:
+                attention_launch.PDL, seesaw.EARLY_COPIES = pdl, early
                 fn = functools.partial(call, q_nope=q_nope, q_rope=q_rope, cache=cache, seq_lens=seq_lens, out=out,
                                        scale=scale, plan=plan, kv_scale=cache_scale)  # fmt: skip
                 times.setdefault(name, []).append(measure_graph(fn, tables, device).median_ms)
                 fn(tables[0])
                 outs[name] = out.clone()
-        attention_launch.PDL, seesaw.EARLY_COPIES, mla_decode_launch.MERGE_SPLIT_CHUNK = saved
+        attention_launch.PDL, seesaw.EARLY_COPIES = saved
         print(f"H={heads} L={length} B={batch} splits {plan.num_kv_splits}", flush=True)
         bf16 = {k: statistics.median(times["bf16 " + k]) for k in ("all", "round 67")}
         for name, ts in times.items():
             med = statistics.median(ts)
-            # the same merge's output: round 67's, else the chunked merge's without the other settings
-            ref = (
-                "e4m3 round 67" if name == "e4m3 round 67" else "e4m3 chunk" if name.startswith("e4m3") else "bf16 all"
-            )
+            ref = "e4m3 round 67" if name.startswith("e4m3") else "bf16 round 67"
             same = torch.equal(outs[name], outs[ref])
             ratios = (
                 ""

@@ -216,38 +216,28 @@ def mla_decode_merge_kernel(
     WRITE_LSE: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     PDL: tl.constexpr = False,
-    SPLIT_CHUNK: tl.constexpr = 1,
 ):
-    """One (head, sequence) row: its splits' partial outputs weighed by their LSEs, ``SPLIT_CHUNK`` splits loaded at
-    once. A chunk's loads do not wait for the sequence's length: splits past the last that saw keys (which wrote
-    nothing) are dropped after loading, so the first chunk costs one round trip to memory."""
     wait_for_previous(PDL)  # the splits' partials written and visible
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    r_ok = offs_r < KV_LORA_RANK
-    offs_s = tl.arange(0, SPLIT_CHUNK)
-    row0 = (seq * num_heads + head) * num_kv_splits
     num_keys = tl.load(SeqLensK + seq)
     _, _, per_split = _split_range(num_keys, 0, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT)
     num_active = tl.cdiv(num_keys, per_split)  # splits that saw keys; the others wrote nothing
+
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < KV_LORA_RANK
+    row0 = (seq * num_heads + head) * num_kv_splits
     m = float("-inf")
     denom = 0.0
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for first in range(0, num_kv_splits, SPLIT_CHUNK):
-        splits = first + offs_s
-        in_grid = splits < num_kv_splits
-        lse = tl.load(PartLse + row0 + splits, mask=in_grid, other=float("-inf"))
-        part = tl.load(PartOut + (row0 + splits)[:, None] * KV_LORA_RANK + offs_r[None, :],
-                       mask=in_grid[:, None] & r_ok[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        active = splits < num_active
-        lse = tl.where(active, lse, float("-inf"))
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with keys yet
-        alpha = tl.exp2(m - m_safe)
-        weight = tl.where(active, tl.exp2(lse - m_safe), 0.0)  # [SPLIT_CHUNK]
-        denom = denom * alpha + tl.sum(weight, 0)
-        acc = acc * alpha + tl.sum(weight[:, None] * tl.where(active[:, None], part, 0.0), 0)
+    for split in range(0, num_active):
+        lse = tl.load(PartLse + row0 + split)
+        part = tl.load(PartOut + (row0 + split) * KV_LORA_RANK + offs_r, mask=r_ok, other=0.0)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        weight = tl.exp2(lse - m_new)
+        denom = denom * alpha + weight
+        acc = acc * alpha + weight * part
         m = m_new
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(Out + seq * stride_o_b + head * stride_o_h + offs_r * stride_o_d, out.to(Out.dtype.element_ty), mask=r_ok)

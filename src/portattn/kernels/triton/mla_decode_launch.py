@@ -71,8 +71,6 @@ WIDE_MIN_HEADS = 16
 # at 4, at 128 sequences 0.2050 / 0.2071 / 0.2094 at 1 against 0.2163 / 0.2253 / 0.2318 at 2
 # (benchmarks/results/round45/NOTES.md). From 64 heads the plan's count already fills each SM about once.
 WIDE_ONE_PROGRAM_AN_SM = True
-# Splits the merge kernel loads at once (``SPLIT_CHUNK``): up to this many, one round trip to memory a row.
-MERGE_SPLIT_CHUNK = 8
 # The same over an fp8 cache (e4m3, e5m2): 0.246 ms there against the portable kernel's 0.413 (1.68x; 0.77x of
 # itself over bf16: the step is compute-bound and the conversion adds work). Its GPU tests pass once the queries'
 # float16 scale is a power of two (``launch.f16_query_scale``; before, their rounding moved the LSE by 1.1e-3).
@@ -595,7 +593,7 @@ def mla_decode_forward(
             num_heads, num_kv_splits,
             *out.stride(), *lse_buf.stride(),
             KV_LORA_RANK=rank, BLOCK_R=block_r, SPLIT_ALIGN=tiles.block_n, WRITE_LSE=lse is not None,
-            MIN_SPLIT=min_split_keys, SPLIT_CHUNK=min(MERGE_SPLIT_CHUNK, next_pow2(num_kv_splits)),
+            MIN_SPLIT=min_split_keys,
             num_warps=4, **attention_launch.pdl_options(device),
         )  # fmt: skip
     return out

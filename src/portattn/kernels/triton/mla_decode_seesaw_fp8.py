@@ -57,7 +57,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .launch import pdl_options
 from .mla_decode_fp8_mma import RANK, ROPE, _barrier, _key_range, _store_result, arguments
 from .mla_decode_wide import BLOCK_H, FP8, PRODUCER_MAXNREG, PRODUCER_WARPS, columns_first, nvmma, value_columns
 from .mla_decode_wide_fp8 import (
@@ -103,11 +102,13 @@ TRANS_LOAD = True
 # against float32 partials: 0.0764-0.0772 ms against 0.0802-0.0815 at 64 heads, 0.0555-0.0574 against 0.0593 with
 # the cache in the L2, 0.0689-0.0694 against 0.0698-0.0704 at 17 heads (benchmarks/results/round66/NOTES.md).
 BF16_PARTIALS = True
-# Where the first ``RING`` tiles' copies are started: 0 by the producer (after the program's prologue, which loads and
-# rounds the queries), 1 in the prologue before the queries' loads, 2 in the prologue between the queries' two passes
-# (the largest magnitudes of the rows, then the rounding), so that the cache's first bytes are on their way while the
-# queries are.
-EARLY_COPIES = 2
+# The first ``RING`` tiles' copies are started by the program's prologue between the queries' two passes (their rows'
+# largest magnitudes, then their rounding), not by the producer after the prologue: the queries' first loads go out
+# ahead of the copies' 110 KB, the copies ahead of the second pass. On an H200 (64 sequences over 4096 keys, page 64,
+# e4m3, a page table per input set), against copies by the producer: 0.0556-0.0564 ms against 0.0571-0.0583 at 17
+# heads, 0.0638-0.0639 against 0.0653-0.0658 at 64. Started before the queries' loads (as round 66's EARLY_TILES), the
+# copies delay those loads by 3 us and the first tile is seen no sooner (benchmarks/results/round68/NOTES.md).
+EARLY_COPIES = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -118,7 +119,7 @@ def seesaw_constexprs(
     ring: int = RING,
     page_ahead: bool = True,
     trans_load: bool = True,
-    early_copies: int = 2,
+    early_copies: bool = True,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
     ``early_copies``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``EARLY_COPIES``')."""
@@ -310,14 +311,6 @@ def _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring,
 
 
 @gluon.jit
-def _wait_for_previous():
-    """Programmatic dependent launch (``launch.PDL``): wait until the previous kernel in the stream has completed and
-    its writes are visible, then let the next one (the split merge) launch; it waits in turn before it reads."""
-    gl.inline_asm_elementwise("griddepcontrol.wait;\ngriddepcontrol.launch_dependents; // $0", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
 def _issue_page(CDesc, PeDesc, page, c_buf, pe_buf, bar, PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr):
     """:func:`mla_decode_wide_fp8._issue_tile` for a tile that is one copy of page ``page`` (loaded ahead), from its
     first row on."""
@@ -398,7 +391,7 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``). The first ``RING`` copies are
     its own unless the prologue started them (``EARLY_COPIES``)."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
-    if EARLY_COPIES == 0:
+    if not EARLY_COPIES:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
                            TMA_ROWS, RING)  # fmt: skip
     for t in range(num_tiles):
@@ -446,14 +439,12 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr, PDL: gl.constexpr = False,
+    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
     split = gl.program_id(1)
     seq = gl.program_id(2).to(gl.int64)
-    if PDL:
-        _wait_for_previous()
     start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
     page_row = PageTable + seq * stride_pt_b
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
@@ -480,12 +471,9 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(l_done, count=2)
     fence_async_shared()  # the barriers' initialisation before the copies arrive on them
     _barrier()
-    if EARLY_COPIES == 1:
-        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                           TMA_ROWS, RING)  # fmt: skip
     qr, amax = _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b,
                              stride_qr_h, q_scale, Q_LOAD)  # fmt: skip
-    if EARLY_COPIES == 2:
+    if EARLY_COPIES:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
                            TMA_ROWS, RING)  # fmt: skip
     qn_smem, qr_smem, row_scale = _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b,
@@ -540,12 +528,9 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
     TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
-    grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-                                    (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse,
-                                    min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES),
-                                    NUM_WARPS)  # fmt: skip
-    pdl = pdl_options(q_nope.device)  # {"PDL": True, "launch_pdl": True} where the device takes it
-    return grid, args, {**kwargs, "PDL": False, **pdl}
+    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
+                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES), NUM_WARPS)  # fmt: skip
 
 
 def bf16_partials(part_out: torch.Tensor) -> torch.Tensor:
