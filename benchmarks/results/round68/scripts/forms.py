@@ -1,5 +1,6 @@
 """The MLA decode step with and without the changes of round 68 that landed, timed alternately in one process:
-programmatic dependent launch of the split merge (``launch.PDL``) and the seesaw kernel's ``EARLY_COPIES``, as
+programmatic dependent launch of the split merge (``launch.PDL``), the seesaw kernel's ``EARLY_COPIES`` and (not
+yet timed, off by default) its ``KEEP_QUERIES``, as
 ``bench.mla`` times a case (graph replays rotating through page tables over a pool larger than the L2, page 64, the
 plan's splits): ``PYTHONPATH=src python3 forms.py [--cases 17:4096,64:4096,128:4096,17:8192] [--rounds 3]``.
 
@@ -25,11 +26,12 @@ from portattn.kv_quant import quantize_kv
 from portattn.mla import plan_mla_decode
 
 RANK, ROPE, PAGE, SETS = 512, 64, 64, 4
-FORMS = {  # name: (launch.PDL, EARLY_COPIES)
-    "round 67": (False, False),
-    "early": (False, True),
-    "pdl": (True, False),
-    "all": (True, True),
+FORMS = {  # name: (launch.PDL, EARLY_COPIES, KEEP_QUERIES)
+    "round 67": (False, False, False),
+    "early": (False, True, False),
+    "pdl": (True, False, False),
+    "all": (True, True, False),
+    "kept queries": (True, True, True),
 }
 
 
@@ -55,7 +57,7 @@ def main() -> None:
     kv_scale = float(pool.abs().max()) / 240.0
     fp8 = quantize_kv(pool, torch.float8_e4m3fn, kv_scale)
     scale = (128 + ROPE) ** -0.5
-    saved = attention_launch.PDL, seesaw.EARLY_COPIES
+    saved = attention_launch.PDL, seesaw.EARLY_COPIES, seesaw.KEEP_QUERIES
     for heads, length in cases:
         q_nope = torch.randn(batch, heads, RANK, dtype=torch.bfloat16, device=device, generator=gen)
         q_rope = torch.randn(batch, heads, ROPE, dtype=torch.bfloat16, device=device, generator=gen)
@@ -72,14 +74,14 @@ def main() -> None:
         times: dict[str, list[float]] = {}
         outs: dict[str, torch.Tensor] = {}
         for _ in range(args.rounds):
-            for name, cache, cache_scale, pdl, early in runs:
-                attention_launch.PDL, seesaw.EARLY_COPIES = pdl, early
+            for name, cache, cache_scale, pdl, early, keep in runs:
+                attention_launch.PDL, seesaw.EARLY_COPIES, seesaw.KEEP_QUERIES = pdl, early, keep
                 fn = functools.partial(call, q_nope=q_nope, q_rope=q_rope, cache=cache, seq_lens=seq_lens, out=out,
                                        scale=scale, plan=plan, kv_scale=cache_scale)  # fmt: skip
                 times.setdefault(name, []).append(measure_graph(fn, tables, device).median_ms)
                 fn(tables[0])
                 outs[name] = out.clone()
-        attention_launch.PDL, seesaw.EARLY_COPIES = saved
+        attention_launch.PDL, seesaw.EARLY_COPIES, seesaw.KEEP_QUERIES = saved
         print(f"H={heads} L={length} B={batch} splits {plan.num_kv_splits}", flush=True)
         bf16 = {k: statistics.median(times["bf16 " + k]) for k in ("all", "round 67")}
         for name, ts in times.items():

@@ -109,6 +109,10 @@ BF16_PARTIALS = True
 # heads, 0.0638-0.0639 against 0.0653-0.0658 at 64. Started before the queries' loads (as round 66's EARLY_TILES), the
 # copies delay those loads by 3 us and the first tile is seen no sooner (benchmarks/results/round68/NOTES.md).
 EARLY_COPIES = True
+# The queries' first pass keeps the latent queries as they came (bfloat16 or float16, 64 KB) in the value buffers,
+# which the producer fills only after the prologue, and the second pass reads them there rather than loading them again
+# from memory (one round trip less before the first scores). Off until an H200 times it (round 68's next step).
+KEEP_QUERIES = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -120,9 +124,10 @@ def seesaw_constexprs(
     page_ahead: bool = True,
     trans_load: bool = True,
     early_copies: bool = True,
+    keep_queries: bool = False,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``early_copies``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s and ``EARLY_COPIES``')."""
+    ``early_copies``, ``keep_queries``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``EARLY_COPIES``' and ``KEEP_QUERIES``')."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -141,6 +146,7 @@ def seesaw_constexprs(
         "PAGE_AHEAD": page_ahead,
         "TRANS_LOAD": trans_load,
         "EARLY_COPIES": early_copies,
+        "KEEP_QUERIES": keep_queries,
     }
 
 
@@ -328,18 +334,18 @@ prmt.b32 $1, $2, $3, 0x7531;
 }""")
 
 
-# a shared buffer's bytes as 16-bit elements (Triton 3.6 names the method _reinterpret)
+# a shared buffer's bytes as elements of another type (Triton 3.6 names the method _reinterpret)
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
 
     @gluon.jit
-    def _as_int16(smem, shape: gl.constexpr, layout: gl.constexpr):
-        return smem.reinterpret(gl.int16, shape, layout)
+    def _as_type(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return smem.reinterpret(dtype, shape, layout)
 
 else:
 
     @gluon.jit
-    def _as_int16(smem, shape: gl.constexpr, layout: gl.constexpr):
-        return smem._reinterpret(gl.int16, shape, layout)
+    def _as_type(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return smem._reinterpret(dtype, shape, layout)
 
 
 @gluon.jit
@@ -351,8 +357,8 @@ def _transpose_values(c_tile, v_buf, tile_start, end, TLOAD: gl.constexpr, ZERO_
     holds dim ``2 q + j``: a quarter warp's 16-byte stores (four key columns, two rows of opposite parity) fill eight
     bank groups of the 64-byte swizzle. :func:`_rows_to_dims` relabels the output's columns back. ``ZERO_TAIL``:
     keys from ``end`` on are zeros (TMA copies whole pages)."""
-    pairs = _as_int16(c_tile, [BLOCK_N, 256], gl.NVMMASharedLayout(128, 16, 2))
-    rows = _as_int16(v_buf, [512, BLOCK_N // 2], gl.NVMMASharedLayout(64, 16, 2))
+    pairs = _as_type(c_tile, gl.int16, [BLOCK_N, 256], gl.NVMMASharedLayout(128, 16, 2))
+    rows = _as_type(v_buf, gl.int16, [512, BLOCK_N // 2], gl.NVMMASharedLayout(64, 16, 2))
     for c in gl.static_range(4):
         x = pairs.slice(64 * c, 64, dim=1).load(TLOAD)  # [keys, pairs]
         if ZERO_TAIL:
@@ -439,7 +445,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr,
+    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr, KEEP_QUERIES: gl.constexpr,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -471,16 +477,19 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(l_done, count=2)
     fence_async_shared()  # the barriers' initialisation before the copies arrive on them
     _barrier()
+    vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
+    # the raw latent queries in the value buffers' bytes (KEEP_QUERIES), free until the producer's first transposition
+    kept = _as_type(vt, QNope.dtype.element_ty, [BLOCK_H, 512], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     qr, amax = _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b,
-                             stride_qr_h, q_scale, Q_LOAD)  # fmt: skip
+                             stride_qr_h, q_scale, Q_LOAD, kept, KEEP_QUERIES)  # fmt: skip
     if EARLY_COPIES:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
                            TMA_ROWS, RING)  # fmt: skip
     qn_smem, qr_smem, row_scale = _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b,
-                                                 stride_qn_h, q_scale, Q_LOAD, C_8, PE_8, True)  # fmt: skip
+                                                 stride_qn_h, q_scale, Q_LOAD, C_8, PE_8, True, kept,
+                                                 KEEP_QUERIES)  # fmt: skip
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
-    vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
     p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
     p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
     m_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # m0, m1
@@ -530,7 +539,8 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
     return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                       (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES), NUM_WARPS)  # fmt: skip
+                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES, KEEP_QUERIES),
+                      NUM_WARPS)  # fmt: skip
 
 
 def bf16_partials(part_out: torch.Tensor) -> torch.Tensor:

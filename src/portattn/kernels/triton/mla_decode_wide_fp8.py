@@ -202,9 +202,10 @@ def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_q
 
 @gluon.jit
 def _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
-                  q_scale, Q_LOAD: gl.constexpr):  # fmt: skip
+                  q_scale, Q_LOAD: gl.constexpr, kept=None, KEEP: gl.constexpr = False):  # fmt: skip
     """:func:`_queries_fp8`'s first pass: the rope queries times ``q_scale`` (float32) and each head row's largest
-    magnitude."""
+    magnitude. ``KEEP``: the latent queries also stored as they came into ``kept`` (shared ``[BLOCK_H, 512]``), for the
+    second pass to read there."""
     ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
     h_ok = offs_h[:, None] < num_heads
@@ -217,14 +218,18 @@ def _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_
     for c in gl.static_range(4):  # a quarter at a time (registers)
         qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0)
         amax = gl.maximum(amax, gl.max(gl.abs(qn.to(gl.float32)), 1) * q_scale)
+        if KEEP:
+            kept.slice(128 * c, 128, dim=1).store(qn)
     return qr, amax
 
 
 @gluon.jit
 def _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b, stride_qn_h, q_scale,
-                   Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr, RELOAD: gl.constexpr):  # fmt: skip
+                   Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr, RELOAD: gl.constexpr, kept=None,
+                   KEEP: gl.constexpr = False):  # fmt: skip
     """:func:`_queries_fp8`'s second pass: each row's power of two from its largest magnitude ``amax``, the queries
-    (the latent part loaded again) rounded to e4m3 by it and stored."""
+    (the latent part loaded again, or read from ``kept`` where the first pass kept it) rounded to e4m3 by it and
+    stored."""
     ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
     offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
     h_ok = offs_h[:, None] < num_heads
@@ -240,7 +245,10 @@ def _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b, str
     to_fp8 = to_fp8[:, None]
     qn_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_8)
     for c in gl.static_range(4):
-        qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0, volatile=RELOAD)
+        if KEEP:  # each thread reads back what it stored (the same layout)
+            qn = kept.slice(128 * c, 128, dim=1).load(Q_LOAD)
+        else:
+            qn = gl.load(qn_ptr + 128 * c, mask=h_ok, other=0.0, volatile=RELOAD)
         qn_smem.slice(128 * c, 128, dim=1).store((qn.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
     qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 64], PE_8, (qr * to_fp8).to(gl.float8e4nv))
     return qn_smem, qr_smem, row_scale
