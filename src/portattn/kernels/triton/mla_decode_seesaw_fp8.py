@@ -475,8 +475,9 @@ def mla_decode_seesaw_kernel(
     mbarrier.init(m0_ready, count=1)
     mbarrier.init(m1_ready, count=1)
     mbarrier.init(l_done, count=2)
-    fence_async_shared()  # the barriers' initialisation before the copies arrive on them
-    _barrier()
+    if EARLY_COPIES:
+        fence_async_shared()  # the barriers' initialisation before the prologue's copies arrive on them
+        _barrier()
     vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
     # the raw latent queries in the value buffers' bytes (KEEP_QUERIES), free until the producer's first transposition
     kept = _as_type(vt, QNope.dtype.element_ty, [BLOCK_H, 512], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
