@@ -427,11 +427,12 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
 
 @pytest.mark.skipif(not _runs_here(), reason="needs an NVIDIA GPU of compute capability 9.x (no Gluon interpreter)")
 def test_pdl_and_early_copies_change_no_output(monkeypatch):
-    """Programmatic dependent launch of the split merge (``launch.PDL``), the seesaw kernel's ``EARLY_COPIES`` (the
-    first copies started between the queries' two passes, not by the producer) and its ``KEEP_QUERIES`` (the second
-    pass reading the queries from shared memory, not from memory again) change when copies and kernels start, not what
-    they compute: on the poisoned fixture (17 heads, page 64, e4m3, 3 splits), every form's output and LSE equal those
-    of the form with none of them, bit for bit, eager and replayed from a captured graph."""
+    """Programmatic dependent launch of the split merge (``launch.PDL``) and the seesaw kernel's ``EARLY_COPIES`` (the
+    first copies started by the prologue, not by the producer), ``KEEP_QUERIES`` (the second pass reading the queries
+    from shared memory, not from memory again), ``ONE_PASS`` (32 head rows loaded and rounded in one pass) and
+    ``PAGES_AT_ONCE`` (the first copies' page ids loaded together) change when loads, copies and kernels start, not
+    what they compute: on the poisoned fixture (17 heads, page 64, e4m3, 3 splits), each form's output and LSE equal
+    those of the form with none of them, bit for bit, eager and replayed from a captured graph."""
     from portattn.kernels.triton import launch
 
     tiles = MLATileConfig(64, 64, 8, 3, wide=True, producer=True, fp8_scores=True, fp8_values=True)
@@ -449,26 +450,34 @@ def test_pdl_and_early_copies_change_no_output(monkeypatch):
     monkeypatch.setattr(wide_fp8, "SEESAW", True)
     assert launch.pdl_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}  # compute capability 9
     results = {}
-    for pdl, early, keep in itertools.product((False, True), repeat=3):
+    # (PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS, PAGES_AT_ONCE): none, each alone, and together as they combine
+    # (KEEP_QUERIES acts in the two passes only, ONE_PASS off)
+    forms = [(False,) * 5] + [tuple(i == j for j in range(5)) for i in range(5)]
+    forms += [(True, True, True, False, True), (True, True, False, True, True), (False, False, False, True, True)]
+    for form in forms:
+        pdl, early, keep, one_pass, at_once = form
         monkeypatch.setattr(launch, "PDL", pdl)
         monkeypatch.setattr(seesaw_fp8, "EARLY_COPIES", early)
         monkeypatch.setattr(seesaw_fp8, "KEEP_QUERIES", keep)
+        monkeypatch.setattr(seesaw_fp8, "ONE_PASS", one_pass)
+        monkeypatch.setattr(seesaw_fp8, "PAGES_AT_ONCE", at_once)
         _, _, kwargs = seesaw_fp8.launch_arguments(
             *args, out, lse, out, lse, q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0, num_kv_splits=splits,
             write_partial=True, write_lse=True, min_split=1,
         )  # fmt: skip
-        assert (kwargs["EARLY_COPIES"], kwargs["KEEP_QUERIES"]) == (early, keep)
+        assert (kwargs["EARLY_COPIES"], kwargs["KEEP_QUERIES"], kwargs["PAGES_AT_ONCE"]) == (early, keep, at_once)
+        assert kwargs["Q_ROWS"] == (32 if one_pass else 64)
         out.fill_(float("nan")), lse.fill_(float("nan"))
         run()
-        results[pdl, early, keep, "eager"] = out.clone(), lse.clone()
+        results[form, "eager"] = out.clone(), lse.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
         out.fill_(float("nan")), lse.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        results[pdl, early, keep, "graph"] = out.clone(), lse.clone()
-    plain_out, plain_lse = results[False, False, False, "eager"]
+        results[form, "graph"] = out.clone(), lse.clone()
+    plain_out, plain_lse = results[forms[0], "eager"]
     assert torch.isfinite(plain_out).all() and torch.equal(plain_out[-1], torch.zeros_like(plain_out[-1]))
     for form, (o, s) in results.items():
         assert torch.equal(o, plain_out), form

@@ -66,6 +66,7 @@ from .mla_decode_wide_fp8 import (
     _issue_tile,
     _queries_amax,
     _queries_store,
+    _row_scales,
     _scores,
     _tma_load,
     tma_rows,
@@ -113,6 +114,17 @@ EARLY_COPIES = True
 # which the producer fills only after the prologue, and the second pass reads them there rather than loading them again
 # from memory (one round trip less before the first scores). Off until an H200 times it (round 68's next step).
 KEEP_QUERIES = False
+# Where a head block has at most 32 heads, a program loads only its first 16 or 32 head rows (``query_rows``), all at
+# once, and rounds them from its registers (:func:`_queries_rows`, :func:`_queries_rounded`): one round trip to memory
+# rather than two, and half or a quarter of the loads and conversions (at 17 heads 18 loads of 16 bytes a thread, not
+# 66); the rows past them are stored as zeros at a row of zeros' scale, as the two passes store a padding head. With
+# ``EARLY_COPIES`` the first copies are issued behind the queries' loads, before their values are used. Off until an
+# H200 times it (round 69's next step, benchmarks/results/round69/NOTES.md).
+ONE_PASS = False
+# The first copies' page ids are loaded together before any copy is issued (pages of 64 keys, one copy a tile), where
+# each copy waited for its own page id's load: one round trip to the page table, not ``RING``. Off until an H200 times
+# it (round 69's next step).
+PAGES_AT_ONCE = False
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -125,9 +137,11 @@ def seesaw_constexprs(
     trans_load: bool = True,
     early_copies: bool = True,
     keep_queries: bool = False,
+    pages_at_once: bool = False,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``early_copies``, ``keep_queries``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``EARLY_COPIES``' and ``KEEP_QUERIES``')."""
+    ``early_copies``, ``keep_queries``, ``pages_at_once``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``EARLY_COPIES``',
+    ``KEEP_QUERIES``' and ``PAGES_AT_ONCE``')."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -147,6 +161,7 @@ def seesaw_constexprs(
         "TRANS_LOAD": trans_load,
         "EARLY_COPIES": early_copies,
         "KEEP_QUERIES": keep_queries,
+        "PAGES_AT_ONCE": pages_at_once,
     }
 
 
@@ -307,13 +322,85 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
 
 @gluon.jit
 def _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE: gl.constexpr,
-                       TMA_ROWS: gl.constexpr, RING: gl.constexpr):  # fmt: skip
-    """The copies of the split's first ``RING`` tiles (as many as it has), one into each ring slot."""
+                       TMA_ROWS: gl.constexpr, RING: gl.constexpr, PAGES_AT_ONCE: gl.constexpr):  # fmt: skip
+    """The copies of the split's first ``RING`` tiles (as many as it has), one into each ring slot. Where a tile is one
+    page (``PAGES_AT_ONCE``), the pages' ids are loaded before any copy is issued: one round trip to the page table,
+    not one a tile."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
-    for j in gl.static_range(RING):
-        if j < num_tiles:
-            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
-                        pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+    if PAGES_AT_ONCE and TMA_ROWS == BLOCK_N and PAGE_SIZE == BLOCK_N and RING <= 3:
+        first = page_row + (start // PAGE_SIZE) * stride_pt_p
+        page0 = gl.load(first, mask=num_tiles > 0, other=0)
+        page1 = gl.load(first + stride_pt_p, mask=num_tiles > 1, other=0)
+        page2 = gl.load(first + 2 * stride_pt_p, mask=num_tiles > 2, other=0)
+        if num_tiles > 0:
+            _issue_page(CDesc, PeDesc, page0, c_ring.index(0), pe_ring.index(0), ready.index(0), PAGE_SIZE, TMA_ROWS)
+        if num_tiles > 1:
+            _issue_page(CDesc, PeDesc, page1, c_ring.index(1), pe_ring.index(1), ready.index(1), PAGE_SIZE, TMA_ROWS)
+        if RING > 2:  # noqa: SIM102 (a compile-time test, then a run-time one)
+            if num_tiles > 2:
+                _issue_page(CDesc, PeDesc, page2, c_ring.index(2), pe_ring.index(2), ready.index(2), PAGE_SIZE,
+                            TMA_ROWS)  # fmt: skip
+    else:
+        for j in gl.static_range(RING):
+            if j < num_tiles:
+                _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
+                            pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+
+
+@gluon.jit
+def _queries_rows(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+                  Q_LOAD: gl.constexpr, Q_ROWS: gl.constexpr):  # fmt: skip
+    """The latent queries of the head block's first ``Q_ROWS`` rows in four ``[Q_ROWS, 128]`` quarters and their rope
+    queries, as they came (zeros past ``num_heads``); every load issued before any is used."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
+    offs_h = head_block * BLOCK_H + gl.arange(0, Q_ROWS, ROWS)
+    h_ok = offs_h[:, None] < num_heads
+    cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
+    cols_pe = gl.arange(0, 64, gl.SliceLayout(0, Q_LOAD))
+    qn_ptr = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + cols[None, :]
+    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + cols_pe[None, :], mask=h_ok, other=0.0)
+    qn0 = gl.load(qn_ptr, mask=h_ok, other=0.0)
+    qn1 = gl.load(qn_ptr + 128, mask=h_ok, other=0.0)
+    qn2 = gl.load(qn_ptr + 256, mask=h_ok, other=0.0)
+    qn3 = gl.load(qn_ptr + 384, mask=h_ok, other=0.0)
+    return qn0, qn1, qn2, qn3, qr
+
+
+@gluon.jit
+def _queries_rounded(qn0, qn1, qn2, qn3, qr, q_scale, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
+                     Q_ROWS: gl.constexpr):  # fmt: skip
+    """:func:`_queries_rows`' queries times ``q_scale`` rounded to e4m3 by each row's power of two in shared memory as
+    ``mla_decode_wide_fp8._queries_store`` stores them (the same values, bit for bit), the rows from ``Q_ROWS`` on
+    zeros at the scale of a row of zeros; returns the latent's, the rope's and the rows' scales' shared memory."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
+    qr = qr.to(gl.float32) * q_scale
+    amax = gl.max(gl.abs(qr), 1)
+    amax = gl.maximum(amax, gl.max(gl.abs(qn0.to(gl.float32)), 1) * q_scale)
+    amax = gl.maximum(amax, gl.max(gl.abs(qn1.to(gl.float32)), 1) * q_scale)
+    amax = gl.maximum(amax, gl.max(gl.abs(qn2.to(gl.float32)), 1) * q_scale)
+    amax = gl.maximum(amax, gl.max(gl.abs(qn3.to(gl.float32)), 1) * q_scale)
+    to_fp8, row_scale = _row_scales(amax)
+    to_fp8 = to_fp8[:, None]
+    qn_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_8)
+    qr_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 64], PE_8)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat)
+    rows = qn_smem.slice(0, Q_ROWS, dim=0)
+    rows.slice(0, 128, dim=1).store((qn0.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
+    rows.slice(128, 128, dim=1).store((qn1.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
+    rows.slice(256, 128, dim=1).store((qn2.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
+    rows.slice(384, 128, dim=1).store((qn3.to(gl.float32) * q_scale * to_fp8).to(gl.float8e4nv))
+    qr_smem.slice(0, Q_ROWS, dim=0).store((qr * to_fp8).to(gl.float8e4nv))
+    scale_smem.slice(0, Q_ROWS).store(row_scale)
+    zeros = gl.zeros([Q_ROWS, 128], gl.float32, Q_LOAD).to(gl.float8e4nv)
+    zeros_pe = gl.zeros([Q_ROWS, 64], gl.float32, Q_LOAD).to(gl.float8e4nv)
+    _, zero_scale = _row_scales(gl.zeros([Q_ROWS], gl.float32, ROWS))
+    for r in gl.static_range(Q_ROWS, BLOCK_H, Q_ROWS):  # the padding rows
+        for c in gl.static_range(4):
+            qn_smem.slice(r, Q_ROWS, dim=0).slice(128 * c, 128, dim=1).store(zeros)
+        qr_smem.slice(r, Q_ROWS, dim=0).store(zeros_pe)
+        scale_smem.slice(r, Q_ROWS).store(zero_scale)
+    return qn_smem, qr_smem, scale_smem
 
 
 @gluon.jit
@@ -391,7 +478,7 @@ def _rows_to_dims(acc, TRANS_LOAD: gl.constexpr):
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
              RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr,
-             EARLY_COPIES: gl.constexpr):  # fmt: skip
+             EARLY_COPIES: gl.constexpr, PAGES_AT_ONCE: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``). The first ``RING`` copies are
@@ -399,7 +486,7 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     if not EARLY_COPIES:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                           TMA_ROWS, RING)  # fmt: skip
+                           TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
     for t in range(num_tiles):
         slot = t % RING
         tile_start = start + t * BLOCK_N
@@ -446,6 +533,7 @@ def mla_decode_seesaw_kernel(
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
     TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr, KEEP_QUERIES: gl.constexpr,
+    PAGES_AT_ONCE: gl.constexpr, Q_ROWS: gl.constexpr = 64,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -479,18 +567,27 @@ def mla_decode_seesaw_kernel(
         fence_async_shared()  # the barriers' initialisation before the prologue's copies arrive on them
         _barrier()
     vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
-    # the raw latent queries in the value buffers' bytes (KEEP_QUERIES), free until the producer's first transposition
-    kept = _as_type(vt, QNope.dtype.element_ty, [BLOCK_H, 512], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
-    qr, amax = _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b,
-                             stride_qr_h, q_scale, Q_LOAD, kept, KEEP_QUERIES)  # fmt: skip
-    if EARLY_COPIES:
-        _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                           TMA_ROWS, RING)  # fmt: skip
-    qn_smem, qr_smem, row_scale = _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b,
-                                                 stride_qn_h, q_scale, Q_LOAD, C_8, PE_8, True, kept,
-                                                 KEEP_QUERIES)  # fmt: skip
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
+    if Q_ROWS < BLOCK_H:  # one pass over the block's first Q_ROWS rows (ONE_PASS)
+        qn0, qn1, qn2, qn3, qr = _queries_rows(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                               stride_qr_b, stride_qr_h, Q_LOAD, Q_ROWS)  # fmt: skip
+        if EARLY_COPIES:  # behind the queries' loads, before their values are used
+            _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
+                               TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
+        qn_smem, qr_smem, scale_smem = _queries_rounded(qn0, qn1, qn2, qn3, qr, q_scale, Q_LOAD, C_8, PE_8, Q_ROWS)
+    else:
+        # the raw latent queries in the value buffers' bytes (KEEP_QUERIES), free until the producer's first
+        # transposition
+        kept = _as_type(vt, QNope.dtype.element_ty, [BLOCK_H, 512], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+        qr, amax = _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b,
+                                 stride_qr_h, q_scale, Q_LOAD, kept, KEEP_QUERIES)  # fmt: skip
+        if EARLY_COPIES:
+            _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
+                               TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
+        qn_smem, qr_smem, row_scale = _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b,
+                                                     stride_qn_h, q_scale, Q_LOAD, C_8, PE_8, True, kept,
+                                                     KEEP_QUERIES)  # fmt: skip
+        scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat, row_scale)
     p_a = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
     p_b = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], P_S)
     m_x = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], flat)  # m0, m1
@@ -513,7 +610,7 @@ def mla_decode_seesaw_kernel(
                   TRANS_LOAD)),
             (_produce, (CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                    TRANS_LOAD, EARLY_COPIES)),
+                    TRANS_LOAD, EARLY_COPIES, PAGES_AT_ONCE)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -538,10 +635,19 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     ``mla_decode_wide_fp8.launch_arguments``'; the kernel's own form: 64-key tiles, fp8 values in its two buffers,
     TMA copies, its consumers' order, so ``value_bufs`` is not used and ``tma``, ``pipelined`` may only agree)."""
     check_form(kv_cache, block_n, fp8_values, tma, pipelined, ring, shared_bytes(ring), RING)
-    return tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
-                      (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse, min_split,
-                      seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES, KEEP_QUERIES),
-                      NUM_WARPS)  # fmt: skip
+    grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
+                                    (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse,
+                                    min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES,
+                                                                 KEEP_QUERIES, PAGES_AT_ONCE), NUM_WARPS)  # fmt: skip
+    return grid, args, {**kwargs, "Q_ROWS": query_rows(q_nope.shape[1])}
+
+
+def query_rows(num_heads: int) -> int:
+    """The head rows a program of ``num_heads`` heads loads and rounds: 16 or 32 where a head block has no more
+    (``ONE_PASS``), else the block's 64 in two passes."""
+    if not ONE_PASS or num_heads > 32:
+        return BLOCK_H.value
+    return 16 if num_heads <= 16 else 32
 
 
 def bf16_partials(part_out: torch.Tensor) -> torch.Tensor:

@@ -224,6 +224,20 @@ def _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_
 
 
 @gluon.jit
+def _row_scales(amax):
+    """Each row's power of two from its largest magnitude ``amax``: what its values are multiplied by on their way to
+    e4m3 (``to_fp8``) and what its e4m3 values stand for a unit of (``row_scale``)."""
+    # a power of two (exact products, the rounding as any IEEE float to e4m3; ``448 / amax`` divides
+    # approximately): with amax in [2^E, 2^(E+1)) the row's values go to [-256, 256), 2^(7 - E) times themselves
+    exponent = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF  # E + 127
+    exponent = gl.where(amax > 0.0, exponent, 127)  # a row of zeros (or a padding head): scale 1
+    exponent = gl.minimum(gl.maximum(exponent, 8), 254)  # both scales normal floats
+    to_fp8 = ((261 - exponent) << 23).to(gl.float32, bitcast=True)
+    row_scale = ((exponent - 7) << 23).to(gl.float32, bitcast=True)
+    return to_fp8, row_scale
+
+
+@gluon.jit
 def _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b, stride_qn_h, q_scale,
                    Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr, RELOAD: gl.constexpr, kept=None,
                    KEEP: gl.constexpr = False):  # fmt: skip
@@ -235,13 +249,7 @@ def _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b, str
     h_ok = offs_h[:, None] < num_heads
     cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
     qn_ptr = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + cols[None, :]
-    # a power of two (exact products, the rounding as any IEEE float to e4m3; ``448 / amax`` divides
-    # approximately): with amax in [2^E, 2^(E+1)) the row's values go to [-256, 256), 2^(7 - E) times themselves
-    exponent = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF  # E + 127
-    exponent = gl.where(amax > 0.0, exponent, 127)  # a row of zeros (or a padding head): scale 1
-    exponent = gl.minimum(gl.maximum(exponent, 8), 254)  # both scales normal floats
-    to_fp8 = ((261 - exponent) << 23).to(gl.float32, bitcast=True)
-    row_scale = ((exponent - 7) << 23).to(gl.float32, bitcast=True)
+    to_fp8, row_scale = _row_scales(amax)
     to_fp8 = to_fp8[:, None]
     qn_smem = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 512], C_8)
     for c in gl.static_range(4):
