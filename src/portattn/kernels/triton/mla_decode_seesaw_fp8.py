@@ -541,6 +541,9 @@ def mla_decode_seesaw_kernel(
     seq = gl.program_id(2).to(gl.int64)
     start, end = _key_range(SeqLensK, seq, split, num_kv_splits, BLOCK_N, MIN_SPLIT)
     page_row = PageTable + seq * stride_pt_b
+    if Q_ROWS < BLOCK_H:  # one pass over the block's first Q_ROWS rows (ONE_PASS), loaded before the barriers' set-up
+        qn0, qn1, qn2, qn3, qr = _queries_rows(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                               stride_qr_b, stride_qr_h, Q_LOAD, Q_ROWS)  # fmt: skip
     c_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 512], C_8)
     pe_ring = gl.allocate_shared_memory(KV.dtype.element_ty, [RING, BLOCK_N, 64], PE_8)
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
@@ -568,9 +571,7 @@ def mla_decode_seesaw_kernel(
         _barrier()
     vt = gl.allocate_shared_memory(KV.dtype.element_ty, [2, 512, BLOCK_N], V_S)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    if Q_ROWS < BLOCK_H:  # one pass over the block's first Q_ROWS rows (ONE_PASS)
-        qn0, qn1, qn2, qn3, qr = _queries_rows(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
-                                               stride_qr_b, stride_qr_h, Q_LOAD, Q_ROWS)  # fmt: skip
+    if Q_ROWS < BLOCK_H:
         if EARLY_COPIES:  # behind the queries' loads, before their values are used
             _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
                                TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
