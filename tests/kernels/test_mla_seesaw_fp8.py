@@ -62,6 +62,24 @@ def test_the_launch_arguments_fill_the_kernel_parameters(form):
     assert grid == (2, splits, batch)
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_the_launch_takes_the_query_rows_its_heads_need(monkeypatch, one_pass):
+    """``ONE_PASS``: a launch of at most 16 heads rounds 16 head rows in one pass, of 17-32 heads 32, of more the head
+    block's 64 in two passes; without it, 64 always (``Q_ROWS``, through :func:`query_rows`)."""
+    monkeypatch.setattr(seesaw, "ONE_PASS", one_pass)
+    kv_cache = torch.zeros(8, 64, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    page_table, seq_lens = torch.zeros(2, 2, dtype=torch.int32), torch.full((2,), 100, dtype=torch.int32)
+    for heads, rows in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64), (100, 64)):
+        q_nope = torch.zeros(2, heads, 512, dtype=torch.bfloat16)
+        q_rope = torch.zeros(2, heads, 64, dtype=torch.bfloat16)
+        out, lse = torch.zeros_like(q_nope), torch.zeros(2, heads)
+        _, _, kwargs = seesaw.launch_arguments(
+            q_nope, q_rope, kv_cache, page_table, seq_lens, out, lse, out, lse, q_scale=1.0, qk_scale_log2=1.0,
+            kv_scale=1.0, num_kv_splits=1, write_partial=False, write_lse=True, min_split=64,
+        )  # fmt: skip
+        assert kwargs["Q_ROWS"] == (rows if one_pass else 64), heads
+
+
 def test_the_merge_reads_bf16_partials_from_the_first_half_of_the_float32_buffer(device):
     """``bf16_partials`` (``BF16_PARTIALS``) is the float32 partials buffer's first half of bytes in its shape, and
     the merge kernel given it merges as a float64 merge of those bfloat16 values does (on the GPU where there is one,
