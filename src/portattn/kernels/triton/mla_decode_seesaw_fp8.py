@@ -66,6 +66,7 @@ from .mla_decode_wide_fp8 import (
     _issue_tile,
     _queries_amax,
     _queries_store,
+    _query_pointers,
     _row_scales,
     _scores,
     _tma_load,
@@ -352,13 +353,9 @@ def _queries_rows(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_
                   Q_LOAD: gl.constexpr, Q_ROWS: gl.constexpr):  # fmt: skip
     """The latent queries of the head block's first ``Q_ROWS`` rows in four ``[Q_ROWS, 128]`` quarters and their rope
     queries, as they came (zeros past ``num_heads``); every load issued before any is used."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
-    offs_h = head_block * BLOCK_H + gl.arange(0, Q_ROWS, ROWS)
-    h_ok = offs_h[:, None] < num_heads
-    cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
-    cols_pe = gl.arange(0, 64, gl.SliceLayout(0, Q_LOAD))
-    qn_ptr = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + cols[None, :]
-    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + cols_pe[None, :], mask=h_ok, other=0.0)
+    qn_ptr, qr_ptr, h_ok = _query_pointers(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                           stride_qr_b, stride_qr_h, Q_LOAD, Q_ROWS)  # fmt: skip
+    qr = gl.load(qr_ptr, mask=h_ok, other=0.0)
     qn0 = gl.load(qn_ptr, mask=h_ok, other=0.0)
     qn1 = gl.load(qn_ptr + 128, mask=h_ok, other=0.0)
     qn2 = gl.load(qn_ptr + 256, mask=h_ok, other=0.0)

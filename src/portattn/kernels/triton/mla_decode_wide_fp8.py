@@ -201,18 +201,28 @@ def _queries_fp8(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_q
 
 
 @gluon.jit
+def _query_pointers(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
+                    Q_LOAD: gl.constexpr, ROWS: gl.constexpr):  # fmt: skip
+    """The addresses of the head block's first ``ROWS`` head rows' first 128 latent dims (``[ROWS, 128]``) and of their
+    rope dims (``[ROWS, 64]``), and which of the rows are heads (``[ROWS, 1]``)."""
+    offs_h = head_block * BLOCK_H + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
+    h_ok = offs_h[:, None] < num_heads
+    cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
+    cols_pe = gl.arange(0, 64, gl.SliceLayout(0, Q_LOAD))
+    qn_ptr = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + cols[None, :]
+    qr_ptr = QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + cols_pe[None, :]
+    return qn_ptr, qr_ptr, h_ok
+
+
+@gluon.jit
 def _queries_amax(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h, stride_qr_b, stride_qr_h,
                   q_scale, Q_LOAD: gl.constexpr, kept=None, KEEP: gl.constexpr = False):  # fmt: skip
     """:func:`_queries_fp8`'s first pass: the rope queries times ``q_scale`` (float32) and each head row's largest
     magnitude. ``KEEP``: the latent queries also stored as they came into ``kept`` (shared ``[BLOCK_H, 512]``), for the
     second pass to read there."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, Q_LOAD)
-    offs_h = head_block * BLOCK_H + gl.arange(0, BLOCK_H, ROWS)
-    h_ok = offs_h[:, None] < num_heads
-    cols = gl.arange(0, 128, gl.SliceLayout(0, Q_LOAD))
-    cols_pe = gl.arange(0, 64, gl.SliceLayout(0, Q_LOAD))
-    qn_ptr = QNope + seq * stride_qn_b + offs_h[:, None] * stride_qn_h + cols[None, :]
-    qr = gl.load(QRope + seq * stride_qr_b + offs_h[:, None] * stride_qr_h + cols_pe[None, :], mask=h_ok, other=0.0)
+    qn_ptr, qr_ptr, h_ok = _query_pointers(QNope, QRope, seq, head_block, num_heads, stride_qn_b, stride_qn_h,
+                                           stride_qr_b, stride_qr_h, Q_LOAD, BLOCK_H)  # fmt: skip
+    qr = gl.load(qr_ptr, mask=h_ok, other=0.0)
     qr = qr.to(gl.float32) * q_scale
     amax = gl.max(gl.abs(qr), 1)
     for c in gl.static_range(4):  # a quarter at a time (registers)
