@@ -367,9 +367,10 @@ FP8_VALUES_CASES = [
     (3, 32, 128, torch.float8_e5m2, 2),
     (16, 64, 100, torch.float8_e5m2, 2),
     (8, 64, 40, torch.float8_e4m3fn, 2),
-    # up to 32 heads in the seesaw kernel's 64-head programs (pages TMA copies)
+    # up to 32 heads in the seesaw kernel's 64-head programs (pages TMA copies): 16 and 32 rows in one pass
     (64, 64, 17, torch.float8_e4m3fn, 2),
     (16, 64, 32, torch.float8_e5m2, 2),
+    (64, 64, 16, torch.float8_e5m2, 2),
 ]
 
 
@@ -429,10 +430,10 @@ def test_fp8_values_within_the_bound_of_their_probabilities_rounding(
 def test_pdl_and_early_copies_change_no_output(monkeypatch):
     """Programmatic dependent launch of the split merge (``launch.PDL``) and the seesaw kernel's ``EARLY_COPIES`` (the
     first copies started by the prologue, not by the producer), ``KEEP_QUERIES`` (the second pass reading the queries
-    from shared memory, not from memory again), ``ONE_PASS`` (32 head rows loaded and rounded in one pass) and
-    ``PAGES_AT_ONCE`` (the first copies' page ids loaded together) change when loads, copies and kernels start, not
-    what they compute: on the poisoned fixture (17 heads, page 64, e4m3, 3 splits), each form's output and LSE equal
-    those of the form with none of them, bit for bit, eager and replayed from a captured graph."""
+    from shared memory, not from memory again) and ``ONE_PASS`` (32 head rows loaded and rounded in one pass) change
+    when loads, copies and kernels start, not what they compute: on the poisoned fixture (17 heads, page 64, e4m3, 3
+    splits), each form's output and LSE equal those of the form with none of them, bit for bit, eager and replayed
+    from a captured graph."""
     from portattn.kernels.triton import launch
 
     tiles = MLATileConfig(64, 64, 8, 3, wide=True, producer=True, fp8_scores=True, fp8_values=True)
@@ -450,22 +451,21 @@ def test_pdl_and_early_copies_change_no_output(monkeypatch):
     monkeypatch.setattr(wide_fp8, "SEESAW", True)
     assert launch.pdl_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}  # compute capability 9
     results = {}
-    # (PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS, PAGES_AT_ONCE): none, each alone, and together as they combine
-    # (KEEP_QUERIES acts in the two passes only, ONE_PASS off)
-    forms = [(False,) * 5] + [tuple(i == j for j in range(5)) for i in range(5)]
-    forms += [(True, True, True, False, True), (True, True, False, True, True), (False, False, False, True, True)]
+    # (PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS): none, each alone, and together as they combine (KEEP_QUERIES acts
+    # in the two passes only, ONE_PASS off)
+    forms = [(False,) * 4] + [tuple(i == j for j in range(4)) for i in range(4)]
+    forms += [(True, True, True, False), (True, True, False, True), (False, True, True, True)]
     for form in forms:
-        pdl, early, keep, one_pass, at_once = form
+        pdl, early, keep, one_pass = form
         monkeypatch.setattr(launch, "PDL", pdl)
         monkeypatch.setattr(seesaw_fp8, "EARLY_COPIES", early)
         monkeypatch.setattr(seesaw_fp8, "KEEP_QUERIES", keep)
         monkeypatch.setattr(seesaw_fp8, "ONE_PASS", one_pass)
-        monkeypatch.setattr(seesaw_fp8, "PAGES_AT_ONCE", at_once)
         _, _, kwargs = seesaw_fp8.launch_arguments(
             *args, out, lse, out, lse, q_scale=1.0, qk_scale_log2=1.0, kv_scale=1.0, num_kv_splits=splits,
             write_partial=True, write_lse=True, min_split=1,
         )  # fmt: skip
-        assert (kwargs["EARLY_COPIES"], kwargs["KEEP_QUERIES"], kwargs["PAGES_AT_ONCE"]) == (early, keep, at_once)
+        assert (kwargs["EARLY_COPIES"], kwargs["KEEP_QUERIES"]) == (early, keep)
         assert kwargs["Q_ROWS"] == (32 if one_pass else 64)
         out.fill_(float("nan")), lse.fill_(float("nan"))
         run()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Round 69's first call: OUT=... bash benchmarks/results/round69/scripts/call1.sh
 #   1. python -m portattn.bench.mla --fp8 at 17, 64 and 128 heads over 4096 keys (the tree's defaults), alone;
-#   2. forms.py: round 68's step, PAGES_AT_ONCE, ONE_PASS, both, both without EARLY_COPIES, KEEP_QUERIES (17 and 64
+#   2. forms.py: round 68's step, ONE_PASS, KEEP_QUERIES, both (17 and 64
 #      heads over 4096 keys), the bf16 cache beside, three rounds.
 set -f
 export PYTHONUNBUFFERED=1

@@ -1,13 +1,14 @@
 """The MLA decode step in the forms round 69 tried, timed alternately in one process: round 68's landed step
-(programmatic dependent launch of the split merge, ``EARLY_COPIES``), with the first copies' page ids loaded together
-(``PAGES_AT_ONCE``), with 16-32 head rows' queries in one pass (``ONE_PASS``), with both, with both and the producer's
-own first copies, and with round 68's untimed ``KEEP_QUERIES``, as ``bench.mla`` times a case (graph replays rotating
-through page tables over a pool larger than the L2, page 64, the plan's splits):
-``PYTHONPATH=src python3 forms.py [--cases 17:4096,64:4096] [--rounds 3]``.
+(programmatic dependent launch of the split merge, ``EARLY_COPIES``), with 16-32 head rows' queries in one pass
+(``ONE_PASS``), with the queries kept in shared memory for the second pass (``KEEP_QUERIES``), and with both (round 69's
+defaults), as ``bench.mla`` times a case (graph replays rotating through page tables over a pool larger than the L2,
+page 64, the plan's splits): ``PYTHONPATH=src python3 forms.py [--cases 17:4096,64:4096] [--rounds 3]``.
 
 Each round times every form of each case once, the bf16 cache (with and without the merge's PDL) beside the e4m3 one;
 printed: each form's median over the rounds and its spread, e4m3's ratio to the bf16 cache with PDL and without, and
-whether its output equals round 68's bit for bit."""
+whether its output equals round 68's bit for bit. Round 69's first call ran it at d4b0678 with two forms more: the
+first copies' page ids loaded together (``PAGES_AT_ONCE``, since removed), alone and with ``ONE_PASS``, and that pair
+without ``EARLY_COPIES`` (``NOTES.md``)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,13 @@ from portattn.kv_quant import quantize_kv
 from portattn.mla import plan_mla_decode
 
 RANK, ROPE, PAGE, SETS = 512, 64, 64, 4
-FORMS = {  # name: (launch.PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS, PAGES_AT_ONCE)
-    "round 68": (True, True, False, False, False),
-    "pages": (True, True, False, False, True),
-    "one pass": (True, True, False, True, False),
-    "both": (True, True, False, True, True),
-    "both, late": (True, False, False, True, True),
-    "kept queries": (True, True, True, False, False),
+FORMS = {  # name: (launch.PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS)
+    "round 68": (True, True, False, False),
+    "one pass": (True, True, False, True),
+    "kept queries": (True, True, True, False),
+    "both": (True, True, True, True),
 }
-SWITCHES = ("EARLY_COPIES", "KEEP_QUERIES", "ONE_PASS", "PAGES_AT_ONCE")
+SWITCHES = ("EARLY_COPIES", "KEEP_QUERIES", "ONE_PASS")
 
 
 def call(table, *, q_nope, q_rope, cache, seq_lens, out, scale, plan, kv_scale) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Round 69's GPU tests: OUT=... bash benchmarks/results/round69/scripts/tests.sh
-#   each form of the seesaw kernel against the plain one (PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS, PAGES_AT_ONCE),
+#   each form of the seesaw kernel against the plain one (PDL, EARLY_COPIES, KEEP_QUERIES, ONE_PASS; PAGES_AT_ONCE in call 2),
 #   the fp8-values test's cases that reach the seesaw kernel, the engine's PDL steps.
 set -f
 export PYTHONUNBUFFERED=1

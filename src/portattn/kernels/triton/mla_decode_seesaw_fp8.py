@@ -113,19 +113,20 @@ BF16_PARTIALS = True
 EARLY_COPIES = True
 # The queries' first pass keeps the latent queries as they came (bfloat16 or float16, 64 KB) in the value buffers,
 # which the producer fills only after the prologue, and the second pass reads them there rather than loading them again
-# from memory (one round trip less before the first scores). Off until an H200 times it (round 68's next step).
-KEEP_QUERIES = False
+# from memory (one round trip less before the first scores). On an H100 (64 sequences over 4096 keys, page 64, e4m3, a
+# page table per input set), against the volatile reloads: 0.0731 ms against 0.0746 at 64 heads; `bench.mla --fp8`
+# 0.092 ms against 0.100 at 128 heads (benchmarks/results/round69/NOTES.md; no H200 was lent).
+KEEP_QUERIES = True
 # Where a head block has at most 32 heads, a program loads only its first 16 or 32 head rows (``query_rows``), all at
-# once, and rounds them from its registers (:func:`_queries_rows`, :func:`_queries_rounded`): one round trip to memory
-# rather than two, and half or a quarter of the loads and conversions (at 17 heads 18 loads of 16 bytes a thread, not
-# 66); the rows past them are stored as zeros at a row of zeros' scale, as the two passes store a padding head. With
-# ``EARLY_COPIES`` the first copies are issued behind the queries' loads, before their values are used. Off until an
-# H200 times it (round 69's next step, benchmarks/results/round69/NOTES.md).
-ONE_PASS = False
-# The first copies' page ids are loaded together before any copy is issued (pages of 64 keys, one copy a tile), where
-# each copy waited for its own page id's load: one round trip to the page table, not ``RING``. Off until an H200 times
-# it (round 69's next step).
-PAGES_AT_ONCE = False
+# once and before the barriers' set-up, and rounds them from its registers (:func:`_queries_rows`,
+# :func:`_queries_rounded`): one round trip to memory rather than two, and a half or a quarter of the loads and
+# conversions (at 17 heads 18 loads of 16 bytes a thread, not 66); the rows past them are stored as zeros at a row of
+# zeros' scale, as the two passes store a padding head. With ``EARLY_COPIES`` the first copies are issued behind the
+# queries' loads, before their values are used. On an H100 (as ``KEEP_QUERIES``'): 0.0628 ms against 0.0660 at 17
+# heads, 1.79x the bf16 cache against 1.70x. Without ``EARLY_COPIES`` it took 0.0653; the first copies' page ids
+# loaded together (one round trip to the page table, not three) changed nothing and were removed
+# (benchmarks/results/round69/NOTES.md).
+ONE_PASS = True
 LEFT = gl.constexpr(0)
 RIGHT = gl.constexpr(1)
 HOPPER_SHARED = 232_448  # bytes of shared memory a program may take on compute capability 9.0
@@ -137,12 +138,10 @@ def seesaw_constexprs(
     page_ahead: bool = True,
     trans_load: bool = True,
     early_copies: bool = True,
-    keep_queries: bool = False,
-    pages_at_once: bool = False,
+    keep_queries: bool = True,
 ) -> dict:
     """The kernel's layout arguments (each partition one warpgroup) and its form (``page_ahead``, ``trans_load``,
-    ``early_copies``, ``keep_queries``, ``pages_at_once``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``EARLY_COPIES``',
-    ``KEEP_QUERIES``' and ``PAGES_AT_ONCE``')."""
+    ``early_copies``, ``keep_queries``: ``PAGE_AHEAD``'s, ``TRANS_LOAD``'s, ``EARLY_COPIES``' and ``KEEP_QUERIES``')."""
     if ring < 2:
         raise ValueError(f"expected 2+ ring slots, got {ring}")
     w = PRODUCER_WARPS.value
@@ -162,7 +161,6 @@ def seesaw_constexprs(
         "TRANS_LOAD": trans_load,
         "EARLY_COPIES": early_copies,
         "KEEP_QUERIES": keep_queries,
-        "PAGES_AT_ONCE": pages_at_once,
     }
 
 
@@ -323,29 +321,13 @@ def _consume(SIDE: gl.constexpr, qn_smem, qr_smem, scale_smem, c_ring, pe_ring, 
 
 @gluon.jit
 def _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE: gl.constexpr,
-                       TMA_ROWS: gl.constexpr, RING: gl.constexpr, PAGES_AT_ONCE: gl.constexpr):  # fmt: skip
-    """The copies of the split's first ``RING`` tiles (as many as it has), one into each ring slot. Where a tile is one
-    page (``PAGES_AT_ONCE``), the pages' ids are loaded before any copy is issued: one round trip to the page table,
-    not one a tile."""
+                       TMA_ROWS: gl.constexpr, RING: gl.constexpr):  # fmt: skip
+    """The copies of the split's first ``RING`` tiles (as many as it has), one into each ring slot."""
     num_tiles = gl.cdiv(end - start, BLOCK_N)
-    if PAGES_AT_ONCE and TMA_ROWS == BLOCK_N and PAGE_SIZE == BLOCK_N and RING <= 3:
-        first = page_row + (start // PAGE_SIZE) * stride_pt_p
-        page0 = gl.load(first, mask=num_tiles > 0, other=0)
-        page1 = gl.load(first + stride_pt_p, mask=num_tiles > 1, other=0)
-        page2 = gl.load(first + 2 * stride_pt_p, mask=num_tiles > 2, other=0)
-        if num_tiles > 0:
-            _issue_page(CDesc, PeDesc, page0, c_ring.index(0), pe_ring.index(0), ready.index(0), PAGE_SIZE, TMA_ROWS)
-        if num_tiles > 1:
-            _issue_page(CDesc, PeDesc, page1, c_ring.index(1), pe_ring.index(1), ready.index(1), PAGE_SIZE, TMA_ROWS)
-        if RING > 2:  # noqa: SIM102 (a compile-time test, then a run-time one)
-            if num_tiles > 2:
-                _issue_page(CDesc, PeDesc, page2, c_ring.index(2), pe_ring.index(2), ready.index(2), PAGE_SIZE,
-                            TMA_ROWS)  # fmt: skip
-    else:
-        for j in gl.static_range(RING):
-            if j < num_tiles:
-                _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
-                            pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
+    for j in gl.static_range(RING):
+        if j < num_tiles:
+            _issue_tile(CDesc, PeDesc, page_row, stride_pt_p, start + j * BLOCK_N, end, c_ring.index(j),
+                        pe_ring.index(j), ready.index(j), PAGE_SIZE, BLOCK_N, TMA_ROWS)  # fmt: skip
 
 
 @gluon.jit
@@ -475,7 +457,7 @@ def _rows_to_dims(acc, TRANS_LOAD: gl.constexpr):
 def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt, ready, empty, vt_ready, vt_empty,
              PAGE_SIZE: gl.constexpr, TMA_ROWS: gl.constexpr, CVT: gl.constexpr, TLOAD: gl.constexpr,
              RING: gl.constexpr, PAGE_AHEAD: gl.constexpr, TRANS_LOAD: gl.constexpr,
-             EARLY_COPIES: gl.constexpr, PAGES_AT_ONCE: gl.constexpr):  # fmt: skip
+             EARLY_COPIES: gl.constexpr):  # fmt: skip
     """The producer: tiles copied by TMA ``RING`` ahead (``ready[slot]`` by their bytes; a slot refilled once its
     tile's scores are read, ``empty``), each tile's latent transposed into value buffer ``t % 2`` (``vt_ready``)
     once both warpgroups' products of that buffer's last tile are done (``vt_empty``). The first ``RING`` copies are
@@ -483,7 +465,7 @@ def _produce(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     if not EARLY_COPIES:
         _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                           TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
+                           TMA_ROWS, RING)  # fmt: skip
     for t in range(num_tiles):
         slot = t % RING
         tile_start = start + t * BLOCK_N
@@ -529,8 +511,7 @@ def mla_decode_seesaw_kernel(
     S_MMA: gl.constexpr, O_MMA: gl.constexpr, Q_LOAD: gl.constexpr, C_8: gl.constexpr, PE_8: gl.constexpr,
     P_S: gl.constexpr, V_S: gl.constexpr, TLOAD: gl.constexpr, CVT: gl.constexpr,
     RING: gl.constexpr, TMA_ROWS: gl.constexpr, PAGE_AHEAD: gl.constexpr,
-    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr, KEEP_QUERIES: gl.constexpr,
-    PAGES_AT_ONCE: gl.constexpr, Q_ROWS: gl.constexpr = 64,
+    TRANS_LOAD: gl.constexpr, EARLY_COPIES: gl.constexpr, KEEP_QUERIES: gl.constexpr, Q_ROWS: gl.constexpr = 64,
 ):  # fmt: skip
     """The left consuming warpgroup (the default partition), the right one and the producer (workers)."""
     head_block = gl.program_id(0)
@@ -571,7 +552,7 @@ def mla_decode_seesaw_kernel(
     if Q_ROWS < BLOCK_H:
         if EARLY_COPIES:  # behind the queries' loads, before their values are used
             _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                               TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
+                               TMA_ROWS, RING)  # fmt: skip
         qn_smem, qr_smem, scale_smem = _queries_rounded(qn0, qn1, qn2, qn3, qr, q_scale, Q_LOAD, C_8, PE_8, Q_ROWS)
     else:
         # the raw latent queries in the value buffers' bytes (KEEP_QUERIES), free until the producer's first
@@ -581,7 +562,7 @@ def mla_decode_seesaw_kernel(
                                  stride_qr_h, q_scale, Q_LOAD, kept, KEEP_QUERIES)  # fmt: skip
         if EARLY_COPIES:
             _issue_first_tiles(CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, ready, PAGE_SIZE,
-                               TMA_ROWS, RING, PAGES_AT_ONCE)  # fmt: skip
+                               TMA_ROWS, RING)  # fmt: skip
         qn_smem, qr_smem, row_scale = _queries_store(QNope, qr, amax, seq, head_block, num_heads, stride_qn_b,
                                                      stride_qn_h, q_scale, Q_LOAD, C_8, PE_8, True, kept,
                                                      KEEP_QUERIES)  # fmt: skip
@@ -608,7 +589,7 @@ def mla_decode_seesaw_kernel(
                   TRANS_LOAD)),
             (_produce, (CDesc, PeDesc, page_row, stride_pt_p, start, end, c_ring, pe_ring, vt,
                     ready, empty, vt_ready, vt_empty, PAGE_SIZE, TMA_ROWS, CVT, TLOAD, RING, PAGE_AHEAD,
-                    TRANS_LOAD, EARLY_COPIES, PAGES_AT_ONCE)),
+                    TRANS_LOAD, EARLY_COPIES)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -636,7 +617,7 @@ def launch_arguments(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_
     grid, args, kwargs = tma_launch(q_nope, q_rope, kv_cache, page_table, seq_lens_k, out, lse_buf, part_out, part_lse,
                                     (q_scale, qk_scale_log2, kv_scale, num_kv_splits), write_partial, write_lse,
                                     min_split, seesaw_constexprs(ring, PAGE_AHEAD, TRANS_LOAD, EARLY_COPIES,
-                                                                 KEEP_QUERIES, PAGES_AT_ONCE), NUM_WARPS)  # fmt: skip
+                                                                 KEEP_QUERIES), NUM_WARPS)  # fmt: skip
     return grid, args, {**kwargs, "Q_ROWS": query_rows(q_nope.shape[1])}
 
 
